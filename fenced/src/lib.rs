@@ -1,0 +1,21 @@
+#![doc = include_str!("../README.md")]
+#![forbid(unsafe_code)]
+
+use std::sync::Arc;
+
+pub use lease_core::*;
+
+/// A registry with every backend of this workspace registered.
+pub fn registry() -> Registry {
+    Registry::new()
+}
+
+/// Connects to the coordinator named by `url` (see the table above), instrumented.
+pub async fn connect(url: &str) -> Result<Arc<dyn Coordinator>> {
+    registry().connect(url).await
+}
+
+/// Connects to the fence named by `url`, instrumented.
+pub async fn connect_fence(url: &str) -> Result<Arc<dyn Fence>> {
+    registry().connect_fence(url).await
+}

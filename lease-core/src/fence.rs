@@ -1,0 +1,104 @@
+//! The [`Fence`] trait: the protected resource's side of the protocol.
+
+use std::fmt;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+
+use crate::error::Result;
+use crate::key::ResourceId;
+use crate::token::Token;
+
+/// What a fence returns when it accepts a token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Accepted {
+    /// The newest token the resource had accepted before this call (`None` for a fresh resource).
+    pub previous: Option<Token>,
+}
+
+impl Accepted {
+    /// An acceptance after `previous`.
+    pub fn new(previous: Option<Token>) -> Self {
+        Accepted { previous }
+    }
+}
+
+/// The state of a fenced resource.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct FencedValue {
+    /// The newest token accepted (by a write or a claim).
+    pub newest: Token,
+    /// The last value written, and the token that wrote it (`None` if only claims happened).
+    pub value: Option<(Token, Bytes)>,
+}
+
+impl FencedValue {
+    /// A resource state.
+    pub fn new(newest: Token, value: Option<(Token, Bytes)>) -> Self {
+        FencedValue { newest, value }
+    }
+}
+
+/// The resource side of fencing: accept a token only if it is not older than the newest accepted.
+///
+/// # Contract
+///
+/// - `write(resource, t, v)` commits `v` **and** records `t` as the newest accepted token in one
+///   atomic step, if and only if `t >= newest` (an equal token is accepted: one holder writes many
+///   times). Otherwise nothing changes and the call returns
+///   `Err(Stale { presented: t, current: newest })`.
+/// - `claim(resource, t)` advances the newest accepted token to `t` without writing (same rule), so
+///   that a new owner cuts off the old one before reading.
+/// - The newest accepted token is as durable as the resource's data (the in-memory fence is not).
+/// - A token is scoped to one resource; unrelated resources do not affect each other.
+#[async_trait]
+pub trait Fence: Send + Sync + fmt::Debug {
+    /// A short, stable backend name.
+    fn backend(&self) -> &'static str;
+
+    /// Writes `value` under `token` if `token >= newest accepted`, atomically.
+    ///
+    /// # Behaviour
+    /// - `Ok(Accepted)`: written; the newest accepted token is now `token`.
+    /// - `Err(Stale)`: a newer holder has written or claimed; stop, nothing was written.
+    /// - `Err(Unavailable)`: nothing was written; retry. `Err(OutcomeUnknown)`: re-read first.
+    async fn write(&self, resource: &ResourceId, token: Token, value: Bytes) -> Result<Accepted>;
+
+    /// Advances the newest accepted token to `token` without writing, if `token >= newest`.
+    /// Errors as for [`write`](Fence::write).
+    async fn claim(&self, resource: &ResourceId, token: Token) -> Result<Accepted>;
+
+    /// The resource's current state, or `None` if nothing was ever accepted.
+    async fn read(&self, resource: &ResourceId) -> Result<Option<FencedValue>>;
+}
+
+macro_rules! forward_fence {
+    ($ty:ty) => {
+        #[async_trait]
+        impl<F: Fence + ?Sized> Fence for $ty {
+            fn backend(&self) -> &'static str {
+                (**self).backend()
+            }
+            async fn write(
+                &self,
+                resource: &ResourceId,
+                token: Token,
+                value: Bytes,
+            ) -> Result<Accepted> {
+                (**self).write(resource, token, value).await
+            }
+            async fn claim(&self, resource: &ResourceId, token: Token) -> Result<Accepted> {
+                (**self).claim(resource, token).await
+            }
+            async fn read(&self, resource: &ResourceId) -> Result<Option<FencedValue>> {
+                (**self).read(resource).await
+            }
+        }
+    };
+}
+
+forward_fence!(Arc<F>);
+forward_fence!(Box<F>);

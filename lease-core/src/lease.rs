@@ -1,0 +1,512 @@
+//! The [`Lease`] trait, its status, and the [`LostSignal`] that fires when ownership goes.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::error::{Error, LostReason, Result};
+use crate::key::LockKey;
+use crate::token::Token;
+
+/// What a lease's holder knows about its ownership right now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LeaseStatus {
+    /// Held, and local validity has not run out.
+    Held,
+    /// The connection to the coordinator is in doubt (for example disconnected inside a session):
+    /// the lease may still be held, but nothing new should start under it.
+    InDoubt,
+    /// Known or presumed gone.
+    Lost(LostReason),
+}
+
+#[derive(Debug, Clone, Copy)]
+struct View {
+    valid_until: Instant,
+    status: LeaseStatus,
+}
+
+struct TrackerInner {
+    backend: &'static str,
+    key: LockKey,
+    token: Token,
+    ttl: Duration,
+    margin: Duration,
+    acquired_at: Instant,
+    tx: watch::Sender<View>,
+}
+
+/// The client-side state of one lease, shared by the lease object, its [`LostSignal`]s and
+/// whatever in the adapter learns that the lease is gone (a watch, a keepalive, a revocation).
+///
+/// Adapters create one per acquisition and expose it through [`Lease::tracker`]; everything that
+/// depends only on this state (status, validity, the lost signal, the `Lost` error) is written once
+/// here. Cloning is cheap and shares the state.
+#[derive(Clone)]
+pub struct LeaseTracker {
+    inner: Arc<TrackerInner>,
+}
+
+impl fmt::Debug for LeaseTracker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LeaseTracker")
+            .field("backend", &self.inner.backend)
+            .field("key", &self.inner.key)
+            .field("token", &self.inner.token)
+            .field("status", &self.status())
+            .finish()
+    }
+}
+
+impl LeaseTracker {
+    /// State for a lease just granted `ttl` by a request sent at `sent_at`: held, valid until
+    /// `sent_at + ttl - margin` ([`crate::clock::valid_until`]).
+    pub fn new(
+        backend: &'static str,
+        key: LockKey,
+        token: Token,
+        ttl: Duration,
+        margin: Duration,
+        sent_at: Instant,
+    ) -> Self {
+        let valid_until = crate::clock::valid_until(sent_at, ttl, margin);
+        let (tx, _) = watch::channel(View {
+            valid_until,
+            status: LeaseStatus::Held,
+        });
+        LeaseTracker {
+            inner: Arc::new(TrackerInner {
+                backend,
+                key,
+                token,
+                ttl,
+                margin,
+                acquired_at: sent_at,
+                tx,
+            }),
+        }
+    }
+
+    /// The key.
+    pub fn key(&self) -> &LockKey {
+        &self.inner.key
+    }
+
+    /// The token.
+    pub fn token(&self) -> Token {
+        self.inner.token
+    }
+
+    /// The TTL the backend granted.
+    pub fn ttl(&self) -> Duration {
+        self.inner.ttl
+    }
+
+    /// The backend's name.
+    pub fn backend(&self) -> &'static str {
+        self.inner.backend
+    }
+
+    /// When the lease was acquired (local monotonic clock, read before the request was sent).
+    pub fn acquired_at(&self) -> Instant {
+        self.inner.acquired_at
+    }
+
+    /// The local validity deadline.
+    pub fn valid_until(&self) -> Instant {
+        self.inner.tx.borrow().valid_until
+    }
+
+    /// The status now: a held or in-doubt lease whose validity has passed is reported as
+    /// `Lost(Expired)` (and recorded as such).
+    pub fn status(&self) -> LeaseStatus {
+        let view = *self.inner.tx.borrow();
+        match view.status {
+            LeaseStatus::Lost(_) => view.status,
+            _ if Instant::now() >= view.valid_until => {
+                self.mark_lost(LostReason::Expired);
+                LeaseStatus::Lost(LostReason::Expired)
+            }
+            s => s,
+        }
+    }
+
+    /// `Ok` while held (or in doubt, which is still possibly held), `Err(Lost)` once gone.
+    pub fn ensure_not_lost(&self) -> Result<()> {
+        match self.status() {
+            LeaseStatus::Lost(reason) => Err(self.lost_error(reason)),
+            _ => Ok(()),
+        }
+    }
+
+    /// The `Lost` error for this lease.
+    pub fn lost_error(&self, reason: LostReason) -> Error {
+        Error::Lost {
+            key: self.inner.key.to_string(),
+            token: self.inner.token,
+            reason,
+        }
+    }
+
+    /// The drift margin subtracted from the TTL.
+    pub fn drift_margin(&self) -> Duration {
+        self.inner.margin
+    }
+
+    /// Records a renewal confirmed for a request sent at `sent_at`: validity becomes
+    /// `sent_at + ttl - margin` (never earlier than it was). Returns the deadline now in force, or
+    /// `Err(Lost)` if the lease is already lost (a lost lease never comes back).
+    pub fn renewed_from(&self, sent_at: Instant) -> Result<Instant> {
+        let until = crate::clock::valid_until(sent_at, self.inner.ttl, self.inner.margin);
+        if self.renewed(until.max(self.valid_until())) {
+            Ok(self.valid_until())
+        } else {
+            self.ensure_not_lost()?;
+            // Unreachable in practice: `renewed` fails only on a lost lease.
+            Err(self.lost_error(LostReason::Superseded))
+        }
+    }
+
+    /// Records a confirmed renewal: validity moves to `valid_until`, an in-doubt lease is held
+    /// again. Has no effect on a lost lease (a lost lease never comes back) and returns false then.
+    pub fn renewed(&self, valid_until: Instant) -> bool {
+        let mut applied = false;
+        self.inner.tx.send_if_modified(|v| {
+            if matches!(v.status, LeaseStatus::Lost(_)) {
+                return false;
+            }
+            v.valid_until = valid_until;
+            v.status = LeaseStatus::Held;
+            applied = true;
+            true
+        });
+        applied
+    }
+
+    /// Marks the lease in doubt (connection lost inside a still-live session). No effect once lost.
+    pub fn in_doubt(&self) {
+        self.inner.tx.send_if_modified(|v| {
+            if v.status == LeaseStatus::Held {
+                v.status = LeaseStatus::InDoubt;
+                true
+            } else {
+                false
+            }
+        });
+    }
+
+    /// Marks the lease lost. Returns true the first time (later reasons are ignored: the first
+    /// cause wins). Counts `lease_lost_total` and logs the loss, except for a plain release.
+    pub fn mark_lost(&self, reason: LostReason) -> bool {
+        let first = self.inner.tx.send_if_modified(|v| {
+            if matches!(v.status, LeaseStatus::Lost(_)) {
+                false
+            } else {
+                v.status = LeaseStatus::Lost(reason);
+                true
+            }
+        });
+        if first && reason != LostReason::Released {
+            crate::metrics::lease_lost(self.inner.backend, reason);
+            tracing::warn!(
+                backend = self.inner.backend,
+                key = %self.inner.key,
+                token = %self.inner.token,
+                %reason,
+                "lease lost"
+            );
+        }
+        first
+    }
+
+    /// A signal that fires when this lease is lost or its validity runs out.
+    pub fn signal(&self) -> LostSignal {
+        LostSignal {
+            rx: self.inner.tx.subscribe(),
+        }
+    }
+}
+
+/// Fires when a lease is known or presumed gone: lost, released, or its local validity passed
+/// without a confirmed renewal.
+///
+/// Cheap to clone; each clone waits independently. Returned by [`Lease::lost`].
+#[derive(Clone)]
+pub struct LostSignal {
+    rx: watch::Receiver<View>,
+}
+
+impl fmt::Debug for LostSignal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LostSignal")
+            .field("status", &self.status())
+            .finish()
+    }
+}
+
+impl LostSignal {
+    /// The status now (without recording anything).
+    pub fn status(&self) -> LeaseStatus {
+        let view = *self.rx.borrow();
+        match view.status {
+            LeaseStatus::Lost(_) => view.status,
+            _ if Instant::now() >= view.valid_until => LeaseStatus::Lost(LostReason::Expired),
+            s => s,
+        }
+    }
+
+    /// Whether the lease is lost now.
+    pub fn is_lost(&self) -> bool {
+        matches!(self.status(), LeaseStatus::Lost(_))
+    }
+
+    /// The local validity deadline now.
+    pub fn valid_until(&self) -> Instant {
+        self.rx.borrow().valid_until
+    }
+
+    /// Resolves with the reason once the lease is lost or its validity passes. Cancel-safe.
+    ///
+    /// If the lease object is dropped without being lost first, resolves with
+    /// [`LostReason::Released`]: nothing can hold the lease after its owner dropped it.
+    pub async fn wait(&mut self) -> LostReason {
+        self.wait_for(|s| match s {
+            LeaseStatus::Lost(r) => Some(r),
+            _ => None,
+        })
+        .await
+    }
+
+    /// Resolves as soon as the lease is in doubt or lost (the moment to stop starting new work).
+    /// Returns the status seen.
+    pub async fn uncertain(&mut self) -> LeaseStatus {
+        self.wait_for(|s| (s != LeaseStatus::Held).then_some(s))
+            .await
+    }
+
+    async fn wait_for<T>(&mut self, mut pick: impl FnMut(LeaseStatus) -> Option<T>) -> T
+    where
+        T: From<LostReason>,
+    {
+        loop {
+            let view = *self.rx.borrow_and_update();
+            let status = match view.status {
+                LeaseStatus::Lost(_) => view.status,
+                _ if Instant::now() >= view.valid_until => LeaseStatus::Lost(LostReason::Expired),
+                s => s,
+            };
+            if let Some(t) = pick(status) {
+                return t;
+            }
+            tokio::select! {
+                changed = self.rx.changed() => {
+                    if changed.is_err() {
+                        // The tracker is gone: the lease object was dropped.
+                        let last = self.rx.borrow().status;
+                        return match last {
+                            LeaseStatus::Lost(r) => T::from(r),
+                            _ => T::from(LostReason::Released),
+                        };
+                    }
+                }
+                _ = tokio::time::sleep_until(view.valid_until) => {}
+            }
+        }
+    }
+}
+
+impl From<LostReason> for LeaseStatus {
+    fn from(r: LostReason) -> Self {
+        LeaseStatus::Lost(r)
+    }
+}
+
+/// A held, time-bounded grant on one key.
+///
+/// # Contract
+///
+/// - [`token`](Lease::token) is strictly greater than the token of every earlier acquisition of
+///   the key at this coordinator (including across restarts where the backend declares durable
+///   tokens). Carry it on every protected write ([`crate::Fence`]).
+/// - [`valid_until`](Lease::valid_until) is a local, monotonic estimate: the send time of the last
+///   confirmed acquire or renew plus the granted TTL minus a drift margin. It is an upper bound on
+///   how long this process may *believe* it holds the lock, never proof that it does.
+/// - [`renew`](Lease::renew) extends validity or returns `Lost`; it never revives a lost lease and
+///   never extends another owner's lock.
+/// - [`release`](Lease::release) is compare-and-delete: it removes the lock only if this lease
+///   still owns it, and returns `Lost` otherwise (a no-op for the new owner).
+/// - [`lost`](Lease::lost) fires when ownership is known or presumed gone.
+/// - Dropping a lease without releasing it stops any renewal; the lock is released best-effort
+///   without blocking in `Drop` (never a blocking call), and in any case expires at its TTL.
+///
+/// Adapters implement [`tracker`](Lease::tracker), `renew` and `release`; the rest is provided.
+#[async_trait]
+pub trait Lease: Send + Sync + fmt::Debug {
+    /// The shared client-side state of this lease.
+    fn tracker(&self) -> &LeaseTracker;
+
+    /// Extends the lease by its TTL, measured from the moment the request is sent.
+    ///
+    /// # Behaviour
+    /// - `Ok(valid_until)`: the coordinator confirmed; the new local deadline is returned.
+    /// - `Err(Lost)`: the lease is gone (expired, revoked, superseded, released); stop working.
+    /// - `Err(Unavailable)` / `Err(OutcomeUnknown)`: not confirmed; validity is unchanged, the
+    ///   caller may retry until [`valid_until`](Lease::valid_until).
+    async fn renew(&self) -> Result<Instant>;
+
+    /// Releases the lock if this lease still owns it (compare-and-delete), and marks the lease
+    /// lost with [`LostReason::Released`].
+    ///
+    /// # Behaviour
+    /// - `Ok(())`: the lock was ours and is deleted; waiters are woken.
+    /// - `Err(Lost)`: it was not ours any more (or already released); nothing was deleted.
+    /// - `Err(Unavailable)` / `Err(OutcomeUnknown)`: the lock expires at its TTL in any case.
+    async fn release(&self) -> Result<()>;
+
+    /// The key.
+    fn key(&self) -> &LockKey {
+        self.tracker().key()
+    }
+
+    /// The fencing token of this acquisition.
+    fn token(&self) -> Token {
+        self.tracker().token()
+    }
+
+    /// The TTL the backend granted (may be larger than asked: backends round up).
+    fn ttl(&self) -> Duration {
+        self.tracker().ttl()
+    }
+
+    /// The local monotonic validity deadline.
+    fn valid_until(&self) -> Instant {
+        self.tracker().valid_until()
+    }
+
+    /// Validity left now (zero once passed).
+    fn remaining(&self) -> Duration {
+        self.valid_until().saturating_duration_since(Instant::now())
+    }
+
+    /// The status now.
+    fn status(&self) -> LeaseStatus {
+        self.tracker().status()
+    }
+
+    /// A signal that fires when the lease is lost.
+    fn lost(&self) -> LostSignal {
+        self.tracker().signal()
+    }
+
+    /// `Ok` only while the lease is [`LeaseStatus::Held`]. An in-doubt lease gives a retryable
+    /// `Err(Unavailable)` (it may still be held: do not start new work, but do not assume it is
+    /// gone); a lost one gives `Err(Lost)`.
+    fn ensure_held(&self) -> Result<()> {
+        match self.status() {
+            LeaseStatus::Held => Ok(()),
+            LeaseStatus::InDoubt => Err(Error::Unavailable {
+                backend: self.tracker().backend(),
+                message: format!("lease on {:?} is in doubt (connection lost)", self.key()),
+                source: None,
+            }),
+            LeaseStatus::Lost(r) => Err(self.tracker().lost_error(r)),
+        }
+    }
+}
+
+#[async_trait]
+impl<L: Lease + ?Sized> Lease for Box<L> {
+    fn tracker(&self) -> &LeaseTracker {
+        (**self).tracker()
+    }
+    async fn renew(&self) -> Result<Instant> {
+        (**self).renew().await
+    }
+    async fn release(&self) -> Result<()> {
+        (**self).release().await
+    }
+}
+
+#[async_trait]
+impl<L: Lease + ?Sized> Lease for Arc<L> {
+    fn tracker(&self) -> &LeaseTracker {
+        (**self).tracker()
+    }
+    async fn renew(&self) -> Result<Instant> {
+        (**self).renew().await
+    }
+    async fn release(&self) -> Result<()> {
+        (**self).release().await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tracker(valid_for: Duration) -> LeaseTracker {
+        LeaseTracker::new(
+            "test",
+            LockKey::new("k").unwrap(),
+            Token::new(1).unwrap(),
+            valid_for,
+            Duration::ZERO,
+            Instant::now(),
+        )
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn signal_fires_on_expiry_and_renewal_postpones_it() {
+        let t = tracker(Duration::from_secs(10));
+        let mut sig = t.signal();
+        let start = Instant::now();
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert!(t.renewed(Instant::now() + Duration::from_secs(10)));
+        assert_eq!(sig.wait().await, LostReason::Expired);
+        assert_eq!(Instant::now() - start, Duration::from_secs(15));
+        assert_eq!(t.status(), LeaseStatus::Lost(LostReason::Expired));
+        // A lost lease never comes back.
+        assert!(!t.renewed(Instant::now() + Duration::from_secs(10)));
+        assert!(t.ensure_not_lost().is_err());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn first_reason_wins_and_signal_sees_it() {
+        let t = tracker(Duration::from_secs(10));
+        let mut sig = t.signal();
+        let t2 = t.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            t2.mark_lost(LostReason::Revoked);
+        });
+        assert_eq!(sig.wait().await, LostReason::Revoked);
+        assert!(!t.mark_lost(LostReason::Released));
+        match t.ensure_not_lost() {
+            Err(Error::Lost { reason, .. }) => assert_eq!(reason, LostReason::Revoked),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn in_doubt_is_uncertain_and_renewal_restores() {
+        let t = tracker(Duration::from_secs(10));
+        let mut sig = t.signal();
+        t.in_doubt();
+        assert_eq!(sig.uncertain().await, LeaseStatus::InDoubt);
+        assert!(!sig.is_lost());
+        t.renewed(Instant::now() + Duration::from_secs(10));
+        assert_eq!(t.status(), LeaseStatus::Held);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn dropped_tracker_resolves_signal() {
+        let t = tracker(Duration::from_secs(100));
+        let mut sig = t.signal();
+        drop(t);
+        assert_eq!(sig.wait().await, LostReason::Released);
+    }
+}

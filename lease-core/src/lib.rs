@@ -1,0 +1,34 @@
+#![doc = include_str!("../README.md")]
+#![forbid(unsafe_code)]
+
+pub mod clock;
+mod connect;
+mod coordinator;
+mod error;
+mod fence;
+mod instrument;
+mod keeper;
+mod key;
+mod lease;
+pub mod memory;
+pub mod metrics;
+mod multi;
+mod options;
+mod section;
+mod token;
+
+pub use connect::{BackendUrl, CoordinatorFactory, FenceFactory, Registry};
+pub use coordinator::{Coordinator, HolderInfo};
+pub use error::{BoxError, Error, InvalidInput, LostReason, Result};
+pub use fence::{Accepted, Fence, FencedValue};
+pub use instrument::Instrumented;
+pub use keeper::{keep, KeeperOptions, KeeperStop, Kept, Progress};
+pub use key::{LockKey, ResourceId, MAX_NAME_BYTES};
+pub use lease::{Lease, LeaseStatus, LeaseTracker, LostSignal};
+pub use multi::{acquire_many, MultiLease};
+pub use options::{Capabilities, ForceRelease, LeaseOptions, OwnerId, MAX_LABEL_BYTES};
+pub use section::{bounded, bounded_with, SectionGuard, SectionOptions};
+pub use token::{FencingToken, Token};
+
+/// Re-exported so callers name the same `Bytes` type the [`Fence`] trait uses.
+pub use bytes::Bytes;

@@ -1,0 +1,469 @@
+//! The in-memory [`Coordinator`].
+
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::SystemTime;
+
+use async_trait::async_trait;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::coordinator::{Coordinator, HolderInfo};
+use crate::error::{Error, LostReason, Result};
+use crate::key::LockKey;
+use crate::lease::{Lease, LeaseTracker};
+use crate::options::{Capabilities, ForceRelease, LeaseOptions, OwnerId};
+use crate::token::Token;
+
+const BACKEND: &str = "memory";
+
+/// A forced release as the in-memory coordinator recorded it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ForcedReleaseRecord {
+    /// The key.
+    pub key: LockKey,
+    /// Who forced it.
+    pub actor: String,
+    /// Why.
+    pub reason: String,
+    /// The holder removed, if any.
+    pub removed: Option<HolderInfo>,
+    /// When (wall clock, for display).
+    pub at: SystemTime,
+}
+
+struct Holder {
+    nonce: u128,
+    token: Token,
+    expires_at: Instant,
+    owner: OwnerId,
+    operation: Option<String>,
+    acquired_wall: SystemTime,
+    tracker: LeaseTracker,
+}
+
+struct Waiter {
+    id: u64,
+    notify: Arc<Notify>,
+}
+
+#[derive(Default)]
+struct KeyState {
+    holder: Option<Holder>,
+    /// The last token issued for this key. Never reset, even when the key is free.
+    last_token: u64,
+    waiters: VecDeque<Waiter>,
+}
+
+impl KeyState {
+    /// Drops an expired holder (marking its lease lost) and wakes the head waiter.
+    fn expire(&mut self, now: Instant) {
+        if self.holder.as_ref().is_some_and(|h| h.expires_at <= now) {
+            let h = self.holder.take().expect("checked");
+            h.tracker.mark_lost(LostReason::Expired);
+            self.wake_head();
+        }
+    }
+
+    fn wake_head(&self) {
+        if self.holder.is_none() {
+            if let Some(w) = self.waiters.front() {
+                w.notify.notify_one();
+            }
+        }
+    }
+
+    fn holder_info(&self, key: &LockKey, now: Instant) -> Option<HolderInfo> {
+        self.holder.as_ref().map(|h| {
+            HolderInfo::new(key.clone(), h.owner.clone(), h.token)
+                .with_operation(h.operation.clone())
+                .with_acquired_at(Some(h.acquired_wall))
+                .with_expires_in(Some(h.expires_at.saturating_duration_since(now)))
+        })
+    }
+}
+
+#[derive(Default)]
+struct State {
+    keys: HashMap<LockKey, KeyState>,
+    next_waiter: u64,
+    forced: Vec<ForcedReleaseRecord>,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    caps: Capabilities,
+    default_owner: OwnerId,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock cannot leave the maps half-updated in a way that breaks
+        // the invariants (every update is a single assignment), so recover from poisoning.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// An in-process coordinator: the embedded default and the reference implementation.
+///
+/// # Semantics
+///
+/// - Tokens start at 1 and increase by one per acquisition of a key; they are never reset while
+///   the coordinator lives, and are lost with it (not durable, not shared across processes).
+/// - Waiters are served strictly first-in, first-out and are woken by notification, never by
+///   polling: the queue head sleeps until the holder's expiry or a release, whichever comes first.
+/// - `try_acquire` fails with `Held` while anyone holds the key *or* waits for it (no barging).
+/// - Expiry uses the monotonic clock (tokio's, so tests may pause and advance time).
+/// - Dropping a lease releases it at once (the in-memory release cannot block).
+/// - Dropping an `acquire` future removes its waiter entry and passes the turn on.
+///
+/// Cloning is cheap and shares the coordinator.
+#[derive(Clone)]
+pub struct MemoryCoordinator {
+    shared: Arc<Shared>,
+}
+
+impl fmt::Debug for MemoryCoordinator {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let st = self.shared.lock();
+        f.debug_struct("MemoryCoordinator")
+            .field("keys", &st.keys.len())
+            .finish()
+    }
+}
+
+impl Default for MemoryCoordinator {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl MemoryCoordinator {
+    /// A new, empty coordinator (minimum TTL 1 ms, FIFO, per-lease TTL).
+    pub fn new() -> Self {
+        Self::with_owner(OwnerId::for_this_process())
+    }
+
+    /// A coordinator whose leases carry `owner` unless the options name another.
+    pub fn with_owner(owner: OwnerId) -> Self {
+        MemoryCoordinator {
+            shared: Arc::new(Shared {
+                state: Mutex::new(State::default()),
+                caps: Capabilities::new(BACKEND),
+                default_owner: owner,
+            }),
+        }
+    }
+
+    /// Every forced release so far, oldest first (the audit trail an operator tool would show).
+    pub fn forced_releases(&self) -> Vec<ForcedReleaseRecord> {
+        self.shared.lock().forced.clone()
+    }
+
+    /// How many acquire calls are waiting on `key` (for tests and diagnostics).
+    pub fn waiters(&self, key: &LockKey) -> usize {
+        self.shared
+            .lock()
+            .keys
+            .get(key)
+            .map_or(0, |k| k.waiters.len())
+    }
+
+    /// The last token issued for `key`, if any.
+    pub fn last_token(&self, key: &LockKey) -> Option<Token> {
+        self.shared
+            .lock()
+            .keys
+            .get(key)
+            .filter(|k| k.last_token > 0)
+            .map(|k| Token::new(k.last_token).expect("in range"))
+    }
+
+    fn grant(
+        &self,
+        st: &mut State,
+        key: &LockKey,
+        options: &LeaseOptions,
+        sent_at: Instant,
+        now: Instant,
+    ) -> Result<MemoryLease> {
+        let ks = st.keys.entry(key.clone()).or_default();
+        let token = Token::new(ks.last_token + 1).map_err(|_| Error::TokenRegression {
+            backend: BACKEND,
+            key: key.to_string(),
+            observed: Token::MAX,
+            floor: Token::MAX,
+        })?;
+        ks.last_token = token.get();
+        let ttl = options.ttl_value();
+        let margin = options.drift_margin_for(ttl);
+        let tracker = LeaseTracker::new(BACKEND, key.clone(), token, ttl, margin, sent_at);
+        let nonce: u128 = rand::random();
+        ks.holder = Some(Holder {
+            nonce,
+            token,
+            expires_at: now + ttl,
+            owner: options
+                .owner_value()
+                .cloned()
+                .unwrap_or_else(|| self.shared.default_owner.clone()),
+            operation: options.operation_value().map(str::to_owned),
+            acquired_wall: SystemTime::now(),
+            tracker: tracker.clone(),
+        });
+        Ok(MemoryLease {
+            shared: self.shared.clone(),
+            nonce,
+            tracker,
+        })
+    }
+}
+
+/// Removes a waiter entry when an acquire call ends in any way, including being dropped.
+struct WaiterGuard {
+    /// `None` once the waiter has been served (its entry is already gone).
+    shared: Option<Arc<Shared>>,
+    key: LockKey,
+    id: u64,
+    notify: Arc<Notify>,
+}
+
+impl Drop for WaiterGuard {
+    fn drop(&mut self) {
+        let Some(shared) = self.shared.take() else {
+            return;
+        };
+        let mut st = shared.lock();
+        if let Some(ks) = st.keys.get_mut(&self.key) {
+            let was_head = ks.waiters.front().is_some_and(|w| w.id == self.id);
+            ks.waiters.retain(|w| w.id != self.id);
+            if was_head {
+                // We may have consumed the wake-up meant for the head: pass it on.
+                ks.expire(Instant::now());
+                ks.wake_head();
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl Coordinator for MemoryCoordinator {
+    fn capabilities(&self) -> &Capabilities {
+        &self.shared.caps
+    }
+
+    async fn acquire(&self, key: &LockKey, options: &LeaseOptions) -> Result<Box<dyn Lease>> {
+        options.validate(&self.shared.caps)?;
+        let start = Instant::now();
+        let deadline = start + options.wait_value();
+        let mut ticket: Option<WaiterGuard> = None;
+        loop {
+            let now = Instant::now();
+            let (notify, sleep_until) = {
+                let mut st = self.shared.lock();
+                let ks = st.keys.entry(key.clone()).or_default();
+                ks.expire(now);
+                let my_id = ticket.as_ref().map(|t| t.id);
+                let my_turn = ks.holder.is_none()
+                    && match ks.waiters.front() {
+                        None => true,
+                        Some(w) => Some(w.id) == my_id,
+                    };
+                if my_turn {
+                    if let Some(id) = my_id {
+                        ks.waiters.retain(|w| w.id != id);
+                    }
+                    let lease = self.grant(&mut st, key, options, now, now)?;
+                    if let Some(t) = ticket.as_mut() {
+                        // Already removed from the queue: disarm the guard.
+                        t.shared = None;
+                    }
+                    return Ok(Box::new(lease));
+                }
+                if now >= deadline {
+                    drop(st);
+                    drop(ticket);
+                    return Err(Error::Timeout {
+                        key: key.to_string(),
+                        waited: now - start,
+                    });
+                }
+                if ticket.is_none() {
+                    st.next_waiter += 1;
+                    let id = st.next_waiter;
+                    let notify = Arc::new(Notify::new());
+                    st.keys
+                        .get_mut(key)
+                        .expect("entry exists")
+                        .waiters
+                        .push_back(Waiter {
+                            id,
+                            notify: notify.clone(),
+                        });
+                    ticket = Some(WaiterGuard {
+                        shared: Some(self.shared.clone()),
+                        key: key.clone(),
+                        id,
+                        notify,
+                    });
+                }
+                let t = ticket.as_ref().expect("set above");
+                let ks = st.keys.get(key).expect("entry exists");
+                let is_head = ks.waiters.front().is_some_and(|w| w.id == t.id);
+                let expiry = ks.holder.as_ref().map(|h| h.expires_at).filter(|_| is_head);
+                (
+                    t.notify.clone(),
+                    expiry.map_or(deadline, |e| e.min(deadline)),
+                )
+            };
+            tokio::select! {
+                _ = notify.notified() => {}
+                _ = tokio::time::sleep_until(sleep_until) => {}
+            }
+        }
+    }
+
+    async fn try_acquire(&self, key: &LockKey, options: &LeaseOptions) -> Result<Box<dyn Lease>> {
+        options.validate(&self.shared.caps)?;
+        let now = Instant::now();
+        let mut st = self.shared.lock();
+        let ks = st.keys.entry(key.clone()).or_default();
+        ks.expire(now);
+        if ks.holder.is_some() || !ks.waiters.is_empty() {
+            return Err(Error::Held {
+                key: key.to_string(),
+            });
+        }
+        let lease = self.grant(&mut st, key, options, now, now)?;
+        Ok(Box::new(lease))
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>> {
+        let now = Instant::now();
+        let mut st = self.shared.lock();
+        Ok(st.keys.get_mut(key).and_then(|ks| {
+            ks.expire(now);
+            ks.holder_info(key, now)
+        }))
+    }
+
+    async fn force_release(
+        &self,
+        key: &LockKey,
+        request: &ForceRelease,
+    ) -> Result<Option<HolderInfo>> {
+        let now = Instant::now();
+        let mut st = self.shared.lock();
+        let removed = st.keys.get_mut(key).and_then(|ks| {
+            ks.expire(now);
+            let info = ks.holder_info(key, now);
+            if let Some(h) = ks.holder.take() {
+                h.tracker.mark_lost(LostReason::Revoked);
+                ks.wake_head();
+            }
+            info
+        });
+        st.forced.push(ForcedReleaseRecord {
+            key: key.clone(),
+            actor: request.actor().to_owned(),
+            reason: request.reason().to_owned(),
+            removed: removed.clone(),
+            at: SystemTime::now(),
+        });
+        Ok(removed)
+    }
+}
+
+/// A lease from [`MemoryCoordinator`].
+pub struct MemoryLease {
+    shared: Arc<Shared>,
+    nonce: u128,
+    tracker: LeaseTracker,
+}
+
+impl fmt::Debug for MemoryLease {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The nonce is the lease's private proof of ownership: never shown.
+        f.debug_struct("MemoryLease")
+            .field("tracker", &self.tracker)
+            .finish_non_exhaustive()
+    }
+}
+
+impl MemoryLease {
+    /// Applies `f` to our holder entry if we still hold the key; otherwise marks the lease lost
+    /// with the reason found and returns `Err(Lost)`.
+    fn with_own_holder<T>(&self, f: impl FnOnce(&mut KeyState, Instant) -> T) -> Result<T> {
+        self.tracker.ensure_not_lost()?;
+        let now = Instant::now();
+        let mut st = self.shared.lock();
+        let ks = st
+            .keys
+            .get_mut(self.tracker.key())
+            .expect("a key with a lease has an entry");
+        let ours_but_expired = ks
+            .holder
+            .as_ref()
+            .is_some_and(|h| h.nonce == self.nonce && h.expires_at <= now);
+        ks.expire(now);
+        if ks.holder.as_ref().is_some_and(|h| h.nonce == self.nonce) {
+            return Ok(f(ks, now));
+        }
+        let reason = if ours_but_expired {
+            LostReason::Expired
+        } else {
+            LostReason::Superseded
+        };
+        drop(st);
+        self.tracker.mark_lost(reason);
+        // The first recorded reason wins (a revocation is recorded by force_release).
+        match self.tracker.status() {
+            crate::LeaseStatus::Lost(r) => Err(self.tracker.lost_error(r)),
+            _ => Err(self.tracker.lost_error(reason)),
+        }
+    }
+}
+
+#[async_trait]
+impl Lease for MemoryLease {
+    fn tracker(&self) -> &LeaseTracker {
+        &self.tracker
+    }
+
+    async fn renew(&self) -> Result<Instant> {
+        let ttl = self.tracker.ttl();
+        let sent_at = Instant::now();
+        self.with_own_holder(|ks, now| {
+            ks.holder.as_mut().expect("ours").expires_at = now + ttl;
+        })?;
+        self.tracker.renewed_from(sent_at)
+    }
+
+    async fn release(&self) -> Result<()> {
+        self.with_own_holder(|ks, _| {
+            ks.holder = None;
+            ks.wake_head();
+        })?;
+        self.tracker.mark_lost(LostReason::Released);
+        Ok(())
+    }
+}
+
+impl Drop for MemoryLease {
+    fn drop(&mut self) {
+        if matches!(self.tracker.status(), crate::LeaseStatus::Lost(_)) {
+            return;
+        }
+        let mut st = self.shared.lock();
+        if let Some(ks) = st.keys.get_mut(self.tracker.key()) {
+            if ks.holder.as_ref().is_some_and(|h| h.nonce == self.nonce) {
+                ks.holder = None;
+                ks.wake_head();
+            }
+        }
+        drop(st);
+        self.tracker.mark_lost(LostReason::Released);
+    }
+}

@@ -1,0 +1,128 @@
+//! Multi-lock: several keys, one global order, one bounded wait.
+
+use std::fmt;
+
+use futures::future::select_all;
+use tokio::time::Instant;
+
+use crate::coordinator::Coordinator;
+use crate::error::{Error, LostReason, Result};
+use crate::key::LockKey;
+use crate::lease::Lease;
+use crate::options::LeaseOptions;
+use crate::token::Token;
+
+/// Leases on several keys, held together. Keys are in their global (byte) order.
+pub struct MultiLease {
+    leases: Vec<Box<dyn Lease>>,
+}
+
+impl fmt::Debug for MultiLease {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list()
+            .entries(self.leases.iter().map(|l| (l.key(), l.token())))
+            .finish()
+    }
+}
+
+/// Acquires every key in `keys`, in one global order (sorted by bytes, duplicates removed), so
+/// that two callers naming the same keys in different orders cannot deadlock.
+///
+/// # Behaviour
+/// - `options.wait` bounds the *total* wait: each key gets what is left of it.
+/// - If a key cannot be had (timeout or any error), every lease already taken is released (in
+///   reverse order) before the error is returned; nothing stays held.
+/// - An empty `keys` is invalid input.
+pub async fn acquire_many(
+    coordinator: &dyn Coordinator,
+    keys: &[LockKey],
+    options: &LeaseOptions,
+) -> Result<MultiLease> {
+    if keys.is_empty() {
+        return Err(crate::InvalidInput::Empty { what: "key list" }.into());
+    }
+    options.validate(coordinator.capabilities())?;
+    let mut ordered: Vec<&LockKey> = keys.iter().collect();
+    ordered.sort();
+    ordered.dedup();
+    let deadline = Instant::now() + options.wait_value();
+    let mut held: Vec<Box<dyn Lease>> = Vec::with_capacity(ordered.len());
+    for key in ordered {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match coordinator.acquire(key, &options.clone().wait(left)).await {
+            Ok(lease) => held.push(lease),
+            Err(e) => {
+                release_all(held).await;
+                return Err(e);
+            }
+        }
+    }
+    Ok(MultiLease { leases: held })
+}
+
+async fn release_all(leases: Vec<Box<dyn Lease>>) -> Option<Error> {
+    let mut first = None;
+    for lease in leases.into_iter().rev() {
+        if let Err(e) = lease.release().await {
+            tracing::warn!(key = %lease.key(), error = %e, "multi-lock: release failed");
+            first.get_or_insert(e);
+        }
+    }
+    first
+}
+
+impl MultiLease {
+    /// The leases, in key order.
+    pub fn leases(&self) -> &[Box<dyn Lease>] {
+        &self.leases
+    }
+
+    /// Each key with its token, in key order.
+    pub fn tokens(&self) -> Vec<(LockKey, Token)> {
+        self.leases
+            .iter()
+            .map(|l| (l.key().clone(), l.token()))
+            .collect()
+    }
+
+    /// The earliest local validity among the leases.
+    pub fn valid_until(&self) -> Instant {
+        self.leases
+            .iter()
+            .map(|l| l.valid_until())
+            .min()
+            .expect("a multi-lease is never empty")
+    }
+
+    /// Renews every lease; the first error is returned (the others are still attempted).
+    pub async fn renew(&self) -> Result<Instant> {
+        let mut first = None;
+        for l in &self.leases {
+            if let Err(e) = l.renew().await {
+                first.get_or_insert(e);
+            }
+        }
+        match first {
+            Some(e) => Err(e),
+            None => Ok(self.valid_until()),
+        }
+    }
+
+    /// Resolves when any of the leases is lost, with its key and the reason.
+    pub async fn lost(&self) -> (LockKey, LostReason) {
+        let waits = self.leases.iter().map(|l| {
+            let mut s = l.lost();
+            let key = l.key().clone();
+            Box::pin(async move { (key, s.wait().await) })
+        });
+        select_all(waits).await.0
+    }
+
+    /// Releases every lease (reverse order). All are attempted; the first error is returned.
+    pub async fn release(self) -> Result<()> {
+        match release_all(self.leases).await {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}

@@ -1,0 +1,153 @@
+//! Bounded critical sections: run work under a lease, and stop it when the lease goes.
+
+use std::future::Future;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::error::{Error, LostReason, Result};
+use crate::lease::{Lease, LeaseStatus, LostSignal};
+
+/// How a bounded section ends early.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SectionOptions {
+    margin: Option<Duration>,
+    max_duration: Option<Duration>,
+}
+
+impl Default for SectionOptions {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl SectionOptions {
+    /// The default: stop a tenth of the TTL before validity ends (at least 1 ms), no other limit.
+    pub fn new() -> Self {
+        SectionOptions {
+            margin: None,
+            max_duration: None,
+        }
+    }
+
+    /// Stop this long before the lease's local validity ends.
+    pub fn margin(mut self, margin: Duration) -> Self {
+        self.margin = Some(margin);
+        self
+    }
+
+    /// Stop after this long, whatever the lease's validity.
+    pub fn max_duration(mut self, d: Duration) -> Self {
+        self.max_duration = Some(d);
+        self
+    }
+}
+
+/// Given to the work inside [`bounded_with`]: lets it check, before starting each piece of
+/// sub-work, that the lease is still certainly held. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct SectionGuard {
+    signal: LostSignal,
+    margin: Duration,
+    key: String,
+    token: crate::Token,
+}
+
+impl SectionGuard {
+    /// `Ok` while the lease is held with more than the margin left; otherwise `Err(Lost)` (an
+    /// in-doubt lease counts: renewal is uncertain, so no new sub-work starts).
+    pub fn check(&self) -> Result<()> {
+        let reason = match self.signal.status() {
+            LeaseStatus::Held if self.signal.valid_until() > Instant::now() + self.margin => {
+                return Ok(())
+            }
+            LeaseStatus::Held | LeaseStatus::InDoubt => LostReason::Expired,
+            LeaseStatus::Lost(r) => r,
+        };
+        Err(Error::Lost {
+            key: self.key.clone(),
+            token: self.token,
+            reason,
+        })
+    }
+}
+
+/// Runs `work` under `lease`; see [`bounded_with`].
+pub async fn bounded<T, F>(lease: &dyn Lease, work: F) -> Result<T>
+where
+    F: Future<Output = T>,
+{
+    bounded_with(
+        lease,
+        SectionOptions::new(),
+        |_| async move { Ok(work.await) },
+    )
+    .await
+}
+
+/// Runs the future made by `work` under `lease`, with a deadline below the lease's validity.
+///
+/// # Behaviour
+///
+/// - Refuses to start (`Err(Lost)`) unless the lease is held with more than the margin left.
+/// - The deadline is the lease's local validity minus the margin, re-read whenever it is reached
+///   (a keeper renewing the lease moves it), and at most `max_duration` after the start.
+/// - When the lease is lost or the deadline passes, the future is dropped (cancelled) and the
+///   call returns `Err(Lost)` (reason `Expired` for a deadline).
+/// - If the work finishes but the lease was lost meanwhile, its result is discarded and the call
+///   returns `Err(Lost)`, counted in `lease_work_after_loss_total`: never a silent success.
+/// - The duration is recorded in `lease_critical_section_seconds` by outcome.
+pub async fn bounded_with<T, W, F>(lease: &dyn Lease, options: SectionOptions, work: W) -> Result<T>
+where
+    W: FnOnce(SectionGuard) -> F,
+    F: Future<Output = Result<T>>,
+{
+    let margin = options
+        .margin
+        .unwrap_or_else(|| (lease.ttl() / 10).max(Duration::from_millis(1)));
+    let guard = SectionGuard {
+        signal: lease.lost(),
+        margin,
+        key: lease.key().to_string(),
+        token: lease.token(),
+    };
+    guard.check()?;
+    let start = Instant::now();
+    let hard_deadline = options.max_duration.map(|d| start + d);
+    let mut signal = lease.lost();
+    let fut = work(guard);
+    tokio::pin!(fut);
+    let outcome: Result<T> = loop {
+        let soft = signal.valid_until().checked_sub(margin).unwrap_or(start);
+        let deadline = hard_deadline.map_or(soft, |h| h.min(soft));
+        tokio::select! {
+            biased;
+            reason = signal.wait() => break Err(lease.tracker().lost_error(reason)),
+            out = &mut fut => {
+                break match lease.status() {
+                    LeaseStatus::Lost(reason) => {
+                        crate::metrics::work_after_loss();
+                        tracing::warn!(key = %lease.key(), token = %lease.token(), %reason,
+                            "work finished after its lease was lost; result discarded");
+                        Err(lease.tracker().lost_error(reason))
+                    }
+                    _ => out,
+                };
+            }
+            _ = tokio::time::sleep_until(deadline) => {
+                let moved = signal.valid_until().checked_sub(margin).unwrap_or(start) > deadline;
+                let hard_hit = hard_deadline.is_some_and(|h| Instant::now() >= h);
+                if hard_hit || !moved {
+                    break Err(lease.tracker().lost_error(LostReason::Expired));
+                }
+            }
+        }
+    };
+    let label = match &outcome {
+        Ok(_) => "completed",
+        Err(Error::Lost { .. }) => "lost",
+        Err(_) => "failed",
+    };
+    crate::metrics::critical_section(label, start.elapsed());
+    outcome
+}
