@@ -1,0 +1,6 @@
+//! The shared conformance suite, fault injectors and real-server harness.
+#![forbid(unsafe_code)]
+
+pub mod harness;
+pub mod process;
+pub mod proxy;

@@ -1,0 +1,432 @@
+//! A TCP fault proxy: put it between a client and a server, then break the network on demand.
+//!
+//! [`FaultProxy::start`] listens on a free loopback port ([`FaultProxy::addr`]) and forwards every
+//! accepted connection to one upstream address. Point the client at the proxy instead of the
+//! server, then switch modes at any time (the switches are synchronous and take effect at once
+//! for new *and* existing connections):
+//!
+//! | call | effect |
+//! |---|---|
+//! | [`heal`](FaultProxy::heal) / [`pass_through`](FaultProxy::pass_through) | forward bytes both ways as they come (the initial mode) |
+//! | [`blackhole`](FaultProxy::blackhole) | a partition: connections are still accepted, but nothing is forwarded in either direction and nothing is closed; new connections are not even opened upstream |
+//! | [`delay`](FaultProxy::delay) | each chunk is forwarded `d` after the proxy read it, in each direction (a round trip gains at least `2 d`) |
+//! | [`cut`](FaultProxy::cut) | every current connection is reset now (both sides get `RST`); new connections are accepted as usual in the current mode |
+//!
+//! **Healing keeps held bytes.** While black-holed the proxy stops reading, so bytes wait in
+//! kernel buffers (and at most one chunk per direction inside the proxy); after `heal()` they are
+//! delivered, late and in order, like TCP retransmissions after a short partition. Nothing is
+//! dropped silently: to model a partition that outlived the connections, call `cut()` and then
+//! `heal()`.
+//!
+//! The proxy runs on the Tokio runtime that called `start` (it must be called inside one).
+//! Dropping the `FaultProxy` stops accepting and resets every connection it carries.
+
+use std::io;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{ReadHalf, WriteHalf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+/// What the proxy does with traffic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultMode {
+    /// Forward as fast as possible.
+    PassThrough,
+    /// Forward nothing, close nothing.
+    Blackhole,
+    /// Forward each chunk this long after it was read, per direction.
+    Delay(Duration),
+}
+
+impl FaultMode {
+    fn forwards(self) -> bool {
+        self != FaultMode::Blackhole
+    }
+
+    fn delay(self) -> Duration {
+        match self {
+            FaultMode::Delay(d) => d,
+            _ => Duration::ZERO,
+        }
+    }
+}
+
+/// Shared state: the mode and a counter bumped by every `cut()`.
+#[derive(Debug, Clone, Copy)]
+struct Control {
+    mode: FaultMode,
+    cut_epoch: u64,
+}
+
+/// A running fault proxy. See the [module docs](self) for the modes and their contract.
+#[derive(Debug)]
+pub struct FaultProxy {
+    addr: SocketAddr,
+    upstream: SocketAddr,
+    control: watch::Sender<Control>,
+    accepted: Arc<AtomicU64>,
+    accept_task: JoinHandle<()>,
+}
+
+impl FaultProxy {
+    /// Binds `127.0.0.1:0` and starts forwarding to `upstream` in pass-through mode.
+    ///
+    /// Must be called within a Tokio runtime; the proxy's tasks run there. Fails only if the
+    /// listening socket cannot be bound. Upstream connect failures close the client connection.
+    pub async fn start(upstream: SocketAddr) -> io::Result<Self> {
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?;
+        let addr = listener.local_addr()?;
+        let (control, rx) = watch::channel(Control {
+            mode: FaultMode::PassThrough,
+            cut_epoch: 0,
+        });
+        let accepted = Arc::new(AtomicU64::new(0));
+        let accept_task = tokio::spawn(accept_loop(listener, upstream, rx, accepted.clone()));
+        Ok(Self {
+            addr,
+            upstream,
+            control,
+            accepted,
+            accept_task,
+        })
+    }
+
+    /// The address clients should connect to.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The server the proxy forwards to.
+    pub fn upstream(&self) -> SocketAddr {
+        self.upstream
+    }
+
+    /// The current mode.
+    pub fn mode(&self) -> FaultMode {
+        self.control.borrow().mode
+    }
+
+    /// How many client connections the proxy has accepted so far.
+    pub fn accepted_connections(&self) -> u64 {
+        self.accepted.load(Ordering::Relaxed)
+    }
+
+    /// Sets the mode (for all connections, at once).
+    pub fn set_mode(&self, mode: FaultMode) {
+        self.control.send_modify(|c| c.mode = mode);
+    }
+
+    /// Back to pass-through; bytes held by a blackhole are then delivered (see module docs).
+    pub fn heal(&self) {
+        self.set_mode(FaultMode::PassThrough);
+    }
+
+    /// Same as [`Self::heal`].
+    pub fn pass_through(&self) {
+        self.heal();
+    }
+
+    /// Partition: accept and hold connections, forward nothing either way, close nothing.
+    pub fn blackhole(&self) {
+        self.set_mode(FaultMode::Blackhole);
+    }
+
+    /// Forward each chunk `d` after it was read, in each direction.
+    pub fn delay(&self, d: Duration) {
+        self.set_mode(FaultMode::Delay(d));
+    }
+
+    /// Resets every connection open now (both the client and the upstream side see `RST`).
+    /// The mode is unchanged and new connections are accepted.
+    pub fn cut(&self) {
+        self.control.send_modify(|c| c.cut_epoch += 1);
+    }
+}
+
+impl Drop for FaultProxy {
+    fn drop(&mut self) {
+        self.accept_task.abort();
+        // Dropping `control` (after this) closes the watch channel; every connection task sees
+        // it and resets its sockets.
+    }
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    upstream: SocketAddr,
+    control: watch::Receiver<Control>,
+    accepted: Arc<AtomicU64>,
+) {
+    loop {
+        match listener.accept().await {
+            Ok((client, _)) => {
+                accepted.fetch_add(1, Ordering::Relaxed);
+                let _ = client.set_nodelay(true);
+                tokio::spawn(connection(client, upstream, control.clone()));
+            }
+            Err(e) => {
+                // E.g. EMFILE: back off instead of spinning.
+                tracing::warn!(error = %e, "fault proxy accept failed");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    }
+}
+
+/// Resolves once a `cut()` after `epoch` happened or the proxy was dropped.
+async fn cut_or_closed(mut control: watch::Receiver<Control>, epoch: u64) {
+    loop {
+        if control.borrow_and_update().cut_epoch != epoch {
+            return;
+        }
+        if control.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Waits until the mode forwards; errors when the proxy was dropped.
+async fn forwarding(control: &mut watch::Receiver<Control>) -> io::Result<()> {
+    control
+        .wait_for(|c| c.mode.forwards())
+        .await
+        .map(|_| ())
+        .map_err(|_| io::Error::new(io::ErrorKind::ConnectionAborted, "fault proxy stopped"))
+}
+
+/// Closes with `RST` instead of `FIN` (zero linger).
+fn reset(stream: &TcpStream) {
+    let _ = socket2::SockRef::from(stream).set_linger(Some(Duration::ZERO));
+}
+
+async fn connection(
+    mut client: TcpStream,
+    upstream_addr: SocketAddr,
+    control: watch::Receiver<Control>,
+) {
+    let epoch = control.borrow().cut_epoch;
+    let connect = async {
+        let mut ctl = control.clone();
+        forwarding(&mut ctl).await?;
+        TcpStream::connect(upstream_addr).await
+    };
+    let mut upstream = tokio::select! {
+        up = connect => match up {
+            Ok(up) => up,
+            Err(e) => {
+                tracing::debug!(error = %e, %upstream_addr, "fault proxy upstream connect failed");
+                reset(&client);
+                return;
+            }
+        },
+        () = cut_or_closed(control.clone(), epoch) => {
+            reset(&client);
+            return;
+        }
+    };
+    let _ = upstream.set_nodelay(true);
+    let was_cut = {
+        let (client_read, client_write) = client.split();
+        let (upstream_read, upstream_write) = upstream.split();
+        let both = async {
+            tokio::try_join!(
+                pump(client_read, upstream_write, control.clone()),
+                pump(upstream_read, client_write, control.clone()),
+            )
+        };
+        tokio::select! {
+            _ = both => false,
+            () = cut_or_closed(control.clone(), epoch) => true,
+        }
+    };
+    if was_cut {
+        reset(&client);
+        reset(&upstream);
+    }
+}
+
+/// Copies one direction, honouring the mode; ends after forwarding EOF as a write shutdown.
+async fn pump(
+    mut from: ReadHalf<'_>,
+    mut to: WriteHalf<'_>,
+    control: watch::Receiver<Control>,
+) -> io::Result<()> {
+    let (tx, mut rx) = mpsc::channel::<(Instant, Vec<u8>)>(64);
+    let mut read_ctl = control.clone();
+    let mut write_ctl = control;
+    let reader = async move {
+        let mut buf = vec![0u8; 16 * 1024];
+        loop {
+            forwarding(&mut read_ctl).await?;
+            let n = from.read(&mut buf).await?;
+            if n == 0 {
+                return Ok(()); // drops `tx`: the writer shuts down after the queue drains
+            }
+            let due = Instant::now() + read_ctl.borrow().mode.delay();
+            if tx.send((due, buf[..n].to_vec())).await.is_err() {
+                return Ok(());
+            }
+        }
+    };
+    let writer = async move {
+        while let Some((due, chunk)) = rx.recv().await {
+            tokio::time::sleep_until(due).await;
+            forwarding(&mut write_ctl).await?;
+            to.write_all(&chunk).await?;
+        }
+        to.shutdown().await
+    };
+    tokio::try_join!(reader, writer).map(|_| ())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::time::timeout;
+
+    /// A tiny echo server; returns its address.
+    async fn echo_server() -> SocketAddr {
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            loop {
+                let Ok((mut s, _)) = listener.accept().await else {
+                    return;
+                };
+                tokio::spawn(async move {
+                    let (mut r, mut w) = s.split();
+                    let _ = tokio::io::copy(&mut r, &mut w).await;
+                });
+            }
+        });
+        addr
+    }
+
+    async fn roundtrip(s: &mut TcpStream, msg: &[u8], limit: Duration) -> io::Result<Vec<u8>> {
+        s.write_all(msg).await?;
+        let mut buf = vec![0u8; msg.len()];
+        timeout(limit, s.read_exact(&mut buf))
+            .await
+            .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "echo timed out"))??;
+        Ok(buf)
+    }
+
+    const SHORT: Duration = Duration::from_millis(300);
+    const LONG: Duration = Duration::from_secs(5);
+
+    #[tokio::test]
+    async fn pass_through_echoes() {
+        let proxy = FaultProxy::start(echo_server().await).await.unwrap();
+        let mut s = TcpStream::connect(proxy.addr()).await.unwrap();
+        assert_eq!(roundtrip(&mut s, b"hello", LONG).await.unwrap(), b"hello");
+        assert_eq!(proxy.mode(), FaultMode::PassThrough);
+        assert_eq!(proxy.accepted_connections(), 1);
+    }
+
+    #[tokio::test]
+    async fn blackhole_stalls_and_heal_restores() {
+        let proxy = FaultProxy::start(echo_server().await).await.unwrap();
+        let mut old = TcpStream::connect(proxy.addr()).await.unwrap();
+        assert_eq!(roundtrip(&mut old, b"x", LONG).await.unwrap(), b"x");
+
+        proxy.blackhole();
+        // An existing connection stalls without being closed.
+        let err = roundtrip(&mut old, b"held", SHORT).await.unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut);
+        // A new connection is accepted but gets nothing either.
+        let mut fresh = timeout(LONG, TcpStream::connect(proxy.addr()))
+            .await
+            .unwrap()
+            .unwrap();
+        let err = roundtrip(&mut fresh, b"new", SHORT).await.unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut);
+
+        proxy.heal();
+        let mut after = TcpStream::connect(proxy.addr()).await.unwrap();
+        assert_eq!(roundtrip(&mut after, b"ok", LONG).await.unwrap(), b"ok");
+        // Held bytes are delivered late, in order (documented choice).
+        let mut held = [0u8; 4];
+        timeout(LONG, old.read_exact(&mut held))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(&held, b"held");
+        let mut held = [0u8; 3];
+        timeout(LONG, fresh.read_exact(&mut held))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(&held, b"new");
+    }
+
+    #[tokio::test]
+    async fn delay_adds_latency_per_direction() {
+        let proxy = FaultProxy::start(echo_server().await).await.unwrap();
+        let mut s = TcpStream::connect(proxy.addr()).await.unwrap();
+        roundtrip(&mut s, b"warm", LONG).await.unwrap();
+        let d = Duration::from_millis(100);
+        proxy.delay(d);
+        let began = std::time::Instant::now();
+        assert_eq!(roundtrip(&mut s, b"slow", LONG).await.unwrap(), b"slow");
+        let took = began.elapsed();
+        assert!(
+            took >= 2 * d,
+            "round trip took {took:?}, expected >= {:?}",
+            2 * d
+        );
+        proxy.heal();
+        let began = std::time::Instant::now();
+        roundtrip(&mut s, b"fast", LONG).await.unwrap();
+        assert!(began.elapsed() < d, "healed round trip still slow");
+    }
+
+    #[tokio::test]
+    async fn cut_resets_existing_connections_only() {
+        let proxy = FaultProxy::start(echo_server().await).await.unwrap();
+        let mut s = TcpStream::connect(proxy.addr()).await.unwrap();
+        roundtrip(&mut s, b"a", LONG).await.unwrap();
+        proxy.cut();
+        let mut buf = [0u8; 1];
+        match timeout(LONG, s.read(&mut buf)).await.expect("no EOF/reset") {
+            Ok(0) => {}
+            Ok(n) => panic!("read {n} bytes after cut"),
+            Err(e) => assert_eq!(e.kind(), io::ErrorKind::ConnectionReset),
+        }
+        let mut again = TcpStream::connect(proxy.addr()).await.unwrap();
+        assert_eq!(roundtrip(&mut again, b"b", LONG).await.unwrap(), b"b");
+    }
+
+    #[tokio::test]
+    async fn drop_stops_the_proxy() {
+        let proxy = FaultProxy::start(echo_server().await).await.unwrap();
+        let addr = proxy.addr();
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        roundtrip(&mut s, b"a", LONG).await.unwrap();
+        drop(proxy);
+        let mut buf = [0u8; 1];
+        match timeout(LONG, s.read(&mut buf)).await.expect("no EOF/reset") {
+            Ok(0) => {}
+            Ok(n) => panic!("read {n} bytes after drop"),
+            Err(e) => assert_eq!(e.kind(), io::ErrorKind::ConnectionReset),
+        }
+        // The listener is gone (the abort is processed at the next scheduling point).
+        tokio::task::yield_now().await;
+        let refused = timeout(LONG, async {
+            loop {
+                if TcpStream::connect(addr).await.is_err() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await;
+        assert!(refused.is_ok(), "proxy still accepting after drop");
+    }
+}

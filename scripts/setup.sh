@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# Installs the real servers the conformance harness starts (Debian 12 "bookworm" packages):
+#
+#   redis-server redis-tools     Redis 7.0   (redis-server on PATH)
+#   etcd-server etcd-client      etcd 3.4    (etcd, etcdctl on PATH)
+#   libzookeeper-java            ZooKeeper 3.8 jars in /usr/share/java (zookeeper.jar + deps,
+#                                including libslf4j-java's slf4j-simple.jar used for logging)
+#   default-jre-headless         Java 17 to run ZooKeeper
+#   protobuf-compiler libprotobuf-dev   protoc for the etcd gRPC client's build script
+#   postgresql                   PostgreSQL 15 server (for the PostgreSQL backend work)
+#
+# Debian's `zookeeper` package is deliberately not installed: it only adds an init script, a
+# system user and a dependency on the full (GUI) `default-jre`; the harness runs
+# ZooKeeperServerMain straight from libzookeeper-java's jars.
+#
+# Contract:
+#   - idempotent: installs only what is missing; runs `apt-get update` once, and only then;
+#   - must run as root (or with sudo available) on Debian 12;
+#   - starts no service: a policy-rc.d answering 101 is in place during the install (the
+#     previous policy-rc.d, if any, is restored afterwards), so neither sysvinit scripts nor
+#     systemd units of the new packages are started; the harness starts its own servers on
+#     free ports with temporary data directories;
+#   - prints what it installed and the versions found.
+set -euo pipefail
+
+PACKAGES=(
+  redis-server
+  redis-tools
+  etcd-server
+  etcd-client
+  libzookeeper-java
+  default-jre-headless
+  protobuf-compiler
+  libprotobuf-dev
+  postgresql
+)
+
+if [[ "$(id -u)" -ne 0 ]]; then
+  if command -v sudo >/dev/null 2>&1; then
+    exec sudo --preserve-env=DEBIAN_FRONTEND "$0" "$@"
+  fi
+  echo "setup.sh: must run as root (no sudo found)" >&2
+  exit 1
+fi
+
+if [[ ! -r /etc/debian_version ]] || ! command -v apt-get >/dev/null 2>&1; then
+  echo "setup.sh: this script installs Debian packages; not a Debian system" >&2
+  exit 1
+fi
+
+installed() {
+  [[ "$(dpkg-query -W -f='${Status}' "$1" 2>/dev/null || true)" == "install ok installed" ]]
+}
+
+missing=()
+for pkg in "${PACKAGES[@]}"; do
+  installed "$pkg" || missing+=("$pkg")
+done
+
+if ((${#missing[@]} == 0)); then
+  echo "setup.sh: all packages already installed: ${PACKAGES[*]}"
+else
+  echo "setup.sh: installing: ${missing[*]}"
+
+  # Keep services from starting during the install (exit 101 = "action forbidden").
+  policy=/usr/sbin/policy-rc.d
+  backup=""
+  if [[ -e "$policy" ]]; then
+    backup="$(mktemp)"
+    cp -p "$policy" "$backup"
+  fi
+  restore_policy() {
+    if [[ -n "$backup" ]]; then
+      mv -f "$backup" "$policy"
+    else
+      rm -f "$policy"
+    fi
+  }
+  trap restore_policy EXIT
+  printf '#!/bin/sh\n# written by fenced-leases scripts/setup.sh during apt-get install\nexit 101\n' >"$policy"
+  chmod 0755 "$policy"
+
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update
+  apt-get install -y --no-install-recommends "${missing[@]}"
+
+  restore_policy
+  trap - EXIT
+  echo "setup.sh: installed: ${missing[*]}"
+fi
+
+# Warn (do not kill: those processes are not ours) if a server daemon is running anyway, e.g.
+# one a system administrator started earlier. The harness does not need the standard ports.
+running=()
+for comm in /proc/[0-9]*/comm; do
+  name="$(cat "$comm" 2>/dev/null || true)"
+  case "$name" in
+    redis-server | etcd | postgres) running+=("$name(pid ${comm//[^0-9]/})") ;;
+  esac
+done
+if ((${#running[@]} > 0)); then
+  echo "setup.sh: note: server processes not started by this script are running: ${running[*]}" >&2
+fi
+
+echo "setup.sh: versions:"
+redis-server --version | sed 's/^/  /'
+etcd --version | head -1 | sed 's/^/  /'
+java -version 2>&1 | head -1 | sed 's/^/  /'
+zk_jar="$(readlink -f /usr/share/java/zookeeper.jar)"
+echo "  ZooKeeper jar: ${zk_jar}"
+protoc --version | sed 's/^/  /'
+pg_bin="$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1 || true)"
+if [[ -n "$pg_bin" ]]; then
+  "$pg_bin/postgres" --version | sed 's/^/  /'
+fi
