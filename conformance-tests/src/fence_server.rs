@@ -1,0 +1,477 @@
+//! A protected resource reachable over TCP, so that worker *processes* write through the same
+//! [`Fence`] as the test, and so that a [`crate::proxy::FaultProxy`] can sit between a worker and
+//! its storage (or deliberately not: the partition case cuts the worker from the coordinator only).
+//!
+//! [`FenceServer`] serves any `Arc<dyn Fence>`; [`RemoteFence`] is a client that implements
+//! [`Fence`] itself. The wire format is one line per request and one per reply:
+//!
+//! ```text
+//! WRITE <resource-hex> <token> <value-hex>   ->  OK <previous|->  |  STALE <current>  |  ERR <message>
+//! CLAIM <resource-hex> <token>               ->  OK <previous|->  |  STALE <current>  |  ERR <message>
+//! READ <resource-hex>                        ->  NONE  |  VALUE <newest> <value-token|-> <value-hex|->
+//! ```
+//!
+//! Every accepted or rejected operation is also appended to a [`FenceLog`], the checker's input.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use lease_core::{Accepted, Bytes, Error, Fence, FencedValue, ResourceId, Token};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinHandle;
+
+/// One operation seen by a [`RecordingFence`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FenceRecord {
+    /// The resource.
+    pub resource: ResourceId,
+    /// `write` or `claim`.
+    pub op: &'static str,
+    /// The token presented.
+    pub token: Token,
+    /// Whether the fence accepted it.
+    pub accepted: bool,
+    /// The value, for writes.
+    pub value: Option<Bytes>,
+}
+
+/// The ordered log of a [`RecordingFence`].
+#[derive(Debug, Clone, Default)]
+pub struct FenceLog(Arc<Mutex<Vec<FenceRecord>>>);
+
+impl FenceLog {
+    /// Every record so far, in the order the fence answered.
+    pub fn records(&self) -> Vec<FenceRecord> {
+        self.0.lock().expect("log").clone()
+    }
+
+    /// Checks the safety property on the accepted records: per resource, accepted tokens never
+    /// decrease, so no write was accepted from a holder superseded by an already accepted token.
+    pub fn check_monotonic(&self) -> Result<usize, String> {
+        let mut newest: std::collections::HashMap<ResourceId, Token> = Default::default();
+        let mut accepted = 0;
+        for (i, r) in self.records().iter().enumerate() {
+            if !r.accepted {
+                continue;
+            }
+            accepted += 1;
+            if let Some(prev) = newest.get(&r.resource) {
+                if r.token < *prev {
+                    return Err(format!(
+                        "record {i}: {} {} accepted token {} after {} was accepted",
+                        r.op, r.resource, r.token, prev
+                    ));
+                }
+            }
+            newest.insert(r.resource.clone(), r.token);
+        }
+        Ok(accepted)
+    }
+}
+
+/// Wraps a fence and logs every write and claim with its outcome, in answer order. The log
+/// lock is held across the call, so the log order is the fence's commit order.
+#[derive(Clone)]
+pub struct RecordingFence {
+    inner: Arc<dyn Fence>,
+    log: FenceLog,
+    order: Arc<tokio::sync::Mutex<()>>,
+}
+
+impl fmt::Debug for RecordingFence {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RecordingFence")
+            .field("inner", &self.inner)
+            .finish()
+    }
+}
+
+impl RecordingFence {
+    /// Wraps `inner`.
+    pub fn new(inner: Arc<dyn Fence>) -> Self {
+        RecordingFence {
+            inner,
+            log: FenceLog::default(),
+            order: Arc::new(tokio::sync::Mutex::new(())),
+        }
+    }
+
+    /// The log.
+    pub fn log(&self) -> FenceLog {
+        self.log.clone()
+    }
+
+    fn record(
+        &self,
+        resource: &ResourceId,
+        op: &'static str,
+        token: Token,
+        value: Option<Bytes>,
+        r: &lease_core::Result<Accepted>,
+    ) {
+        if matches!(r, Ok(_) | Err(Error::Stale { .. })) {
+            self.log.0.lock().expect("log").push(FenceRecord {
+                resource: resource.clone(),
+                op,
+                token,
+                accepted: r.is_ok(),
+                value,
+            });
+        }
+    }
+}
+
+#[async_trait]
+impl Fence for RecordingFence {
+    fn backend(&self) -> &'static str {
+        self.inner.backend()
+    }
+
+    async fn write(
+        &self,
+        resource: &ResourceId,
+        token: Token,
+        value: Bytes,
+    ) -> lease_core::Result<Accepted> {
+        let _g = self.order.lock().await;
+        let r = self.inner.write(resource, token, value.clone()).await;
+        self.record(resource, "write", token, Some(value), &r);
+        r
+    }
+
+    async fn claim(&self, resource: &ResourceId, token: Token) -> lease_core::Result<Accepted> {
+        let _g = self.order.lock().await;
+        let r = self.inner.claim(resource, token).await;
+        self.record(resource, "claim", token, None, &r);
+        r
+    }
+
+    async fn read(&self, resource: &ResourceId) -> lease_core::Result<Option<FencedValue>> {
+        self.inner.read(resource).await
+    }
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Result<Vec<u8>, String> {
+    if s.len() % 2 != 0 {
+        return Err(format!("odd hex length in {s:?}"));
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).map_err(|e| format!("bad hex {s:?}: {e}")))
+        .collect()
+}
+
+/// Serves a fence on a loopback port until dropped.
+pub struct FenceServer {
+    addr: SocketAddr,
+    task: JoinHandle<()>,
+}
+
+impl fmt::Debug for FenceServer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FenceServer")
+            .field("addr", &self.addr)
+            .finish()
+    }
+}
+
+impl Drop for FenceServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl FenceServer {
+    /// Serves `fence` on a free loopback port.
+    pub async fn start(fence: Arc<dyn Fence>) -> std::io::Result<FenceServer> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((sock, _)) = listener.accept().await else {
+                    continue;
+                };
+                let fence = fence.clone();
+                tokio::spawn(async move {
+                    let _ = serve(sock, fence).await;
+                });
+            }
+        });
+        Ok(FenceServer { addr, task })
+    }
+
+    /// Where clients connect.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+async fn serve(sock: TcpStream, fence: Arc<dyn Fence>) -> std::io::Result<()> {
+    let (r, mut w) = sock.into_split();
+    let mut lines = BufReader::new(r).lines();
+    while let Some(line) = lines.next_line().await? {
+        let reply = match handle(&line, &*fence).await {
+            Ok(s) => s,
+            Err(e) => format!("ERR {}", e.replace('\n', " ")),
+        };
+        w.write_all(reply.as_bytes()).await?;
+        w.write_all(b"\n").await?;
+    }
+    Ok(())
+}
+
+async fn handle(line: &str, fence: &dyn Fence) -> Result<String, String> {
+    let parts: Vec<&str> = line.split(' ').collect();
+    let resource = |i: usize| -> Result<ResourceId, String> {
+        let raw = unhex(parts.get(i).ok_or("missing resource")?)?;
+        ResourceId::from_bytes(&raw).map_err(|e| e.to_string())
+    };
+    let token = |i: usize| -> Result<Token, String> {
+        parts
+            .get(i)
+            .ok_or("missing token")?
+            .parse::<Token>()
+            .map_err(|e| e.to_string())
+    };
+    let answer = |r: lease_core::Result<Accepted>| match r {
+        Ok(a) => Ok(format!(
+            "OK {}",
+            a.previous.map_or("-".into(), |t| t.to_string())
+        )),
+        Err(Error::Stale { current, .. }) => Ok(format!("STALE {current}")),
+        Err(e) => Err(e.to_string()),
+    };
+    match parts.first().copied() {
+        Some("WRITE") => {
+            let value = unhex(parts.get(3).ok_or("missing value")?)?;
+            answer(
+                fence
+                    .write(&resource(1)?, token(2)?, Bytes::from(value))
+                    .await,
+            )
+        }
+        Some("CLAIM") => answer(fence.claim(&resource(1)?, token(2)?).await),
+        Some("READ") => match fence.read(&resource(1)?).await.map_err(|e| e.to_string())? {
+            None => Ok("NONE".into()),
+            Some(v) => Ok(match &v.value {
+                Some((t, b)) => format!("VALUE {} {t} {}", v.newest, hex(b)),
+                None => format!("VALUE {} - -", v.newest),
+            }),
+        },
+        _ => Err(format!("unknown request {line:?}")),
+    }
+}
+
+/// A [`Fence`] client of a [`FenceServer`] (one connection, requests in turn).
+pub struct RemoteFence {
+    addr: SocketAddr,
+    conn: tokio::sync::Mutex<Option<BufReader<TcpStream>>>,
+}
+
+impl fmt::Debug for RemoteFence {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RemoteFence")
+            .field("addr", &self.addr)
+            .finish()
+    }
+}
+
+impl RemoteFence {
+    /// A client of the server at `addr` (connects on first use, reconnects after an error).
+    pub fn new(addr: SocketAddr) -> Self {
+        RemoteFence {
+            addr,
+            conn: tokio::sync::Mutex::new(None),
+        }
+    }
+
+    async fn call(&self, request: String) -> lease_core::Result<String> {
+        let mut guard = self.conn.lock().await;
+        let unavailable =
+            |e: std::io::Error| Error::unavailable("remote-fence", "fence server unreachable", e);
+        if guard.is_none() {
+            *guard = Some(BufReader::new(
+                TcpStream::connect(self.addr).await.map_err(unavailable)?,
+            ));
+        }
+        let conn = guard.as_mut().expect("connected");
+        let result = async {
+            conn.get_mut().write_all(request.as_bytes()).await?;
+            conn.get_mut().write_all(b"\n").await?;
+            let mut line = String::new();
+            if conn.read_line(&mut line).await? == 0 {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    "fence server closed",
+                ));
+            }
+            Ok(line.trim_end().to_owned())
+        }
+        .await;
+        match result {
+            Ok(line) => Ok(line),
+            Err(e) => {
+                *guard = None;
+                Err(Error::OutcomeUnknown {
+                    backend: "remote-fence",
+                    operation: "fence request",
+                    message: e.to_string(),
+                    source: None,
+                })
+            }
+        }
+    }
+
+    fn accepted(resource: &ResourceId, token: Token, line: &str) -> lease_core::Result<Accepted> {
+        let bad = || Error::Unavailable {
+            backend: "remote-fence",
+            message: format!("bad reply {line:?}"),
+            source: None,
+        };
+        let (head, rest) = line.split_once(' ').ok_or_else(bad)?;
+        match head {
+            "OK" => Ok(Accepted::new(if rest == "-" {
+                None
+            } else {
+                Some(rest.parse().map_err(|_| bad())?)
+            })),
+            "STALE" => Err(Error::Stale {
+                resource: resource.to_string(),
+                presented: token,
+                current: rest.parse().map_err(|_| bad())?,
+            }),
+            _ => Err(Error::Unavailable {
+                backend: "remote-fence",
+                message: rest.to_owned(),
+                source: None,
+            }),
+        }
+    }
+}
+
+#[async_trait]
+impl Fence for RemoteFence {
+    fn backend(&self) -> &'static str {
+        "remote-fence"
+    }
+
+    async fn write(
+        &self,
+        resource: &ResourceId,
+        token: Token,
+        value: Bytes,
+    ) -> lease_core::Result<Accepted> {
+        let line = self
+            .call(format!(
+                "WRITE {} {token} {}",
+                hex(resource.as_str().as_bytes()),
+                hex(&value)
+            ))
+            .await?;
+        Self::accepted(resource, token, &line)
+    }
+
+    async fn claim(&self, resource: &ResourceId, token: Token) -> lease_core::Result<Accepted> {
+        let line = self
+            .call(format!(
+                "CLAIM {} {token}",
+                hex(resource.as_str().as_bytes())
+            ))
+            .await?;
+        Self::accepted(resource, token, &line)
+    }
+
+    async fn read(&self, resource: &ResourceId) -> lease_core::Result<Option<FencedValue>> {
+        let line = self
+            .call(format!("READ {}", hex(resource.as_str().as_bytes())))
+            .await?;
+        let bad = || Error::Unavailable {
+            backend: "remote-fence",
+            message: format!("bad reply {line:?}"),
+            source: None,
+        };
+        let parts: Vec<&str> = line.split(' ').collect();
+        match parts.as_slice() {
+            ["NONE"] => Ok(None),
+            ["VALUE", newest, "-", "-"] => Ok(Some(FencedValue::new(
+                newest.parse().map_err(|_| bad())?,
+                None,
+            ))),
+            ["VALUE", newest, t, v] => Ok(Some(FencedValue::new(
+                newest.parse().map_err(|_| bad())?,
+                Some((
+                    t.parse().map_err(|_| bad())?,
+                    Bytes::from(unhex(v).map_err(|_| bad())?),
+                )),
+            ))),
+            _ => Err(bad()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lease_core::memory::MemoryFence;
+
+    #[tokio::test]
+    async fn remote_fence_round_trips_and_records() {
+        let rec = RecordingFence::new(Arc::new(MemoryFence::new()));
+        let log = rec.log();
+        let server = FenceServer::start(Arc::new(rec)).await.unwrap();
+        let remote = RemoteFence::new(server.addr());
+        let r = ResourceId::new("res/ü").unwrap();
+        let t = |n| Token::new(n).unwrap();
+        assert_eq!(
+            remote
+                .write(&r, t(3), Bytes::from_static(b"v\n3"))
+                .await
+                .unwrap()
+                .previous,
+            None
+        );
+        assert_eq!(remote.claim(&r, t(5)).await.unwrap().previous, Some(t(3)));
+        match remote.write(&r, t(4), Bytes::new()).await {
+            Err(Error::Stale {
+                presented, current, ..
+            }) => assert_eq!((presented, current), (t(4), t(5))),
+            other => panic!("{other:?}"),
+        }
+        let v = remote.read(&r).await.unwrap().unwrap();
+        assert_eq!(v.newest, t(5));
+        assert_eq!(v.value, Some((t(3), Bytes::from_static(b"v\n3"))));
+        assert_eq!(log.check_monotonic(), Ok(2));
+        assert_eq!(log.records().len(), 3);
+        assert!(remote
+            .read(&ResourceId::new("none").unwrap())
+            .await
+            .unwrap()
+            .is_none());
+    }
+
+    #[test]
+    fn checker_finds_a_regression() {
+        let log = FenceLog::default();
+        let r = ResourceId::new("r").unwrap();
+        for (t, accepted) in [(2, true), (1, false), (1, true)] {
+            log.0.lock().unwrap().push(FenceRecord {
+                resource: r.clone(),
+                op: "write",
+                token: Token::new(t).unwrap(),
+                accepted,
+                value: None,
+            });
+        }
+        assert!(log
+            .check_monotonic()
+            .unwrap_err()
+            .contains("accepted token 1 after 2"));
+    }
+}

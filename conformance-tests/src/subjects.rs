@@ -1,0 +1,20 @@
+//! Subjects for the backends this workspace ships, as the runner and the per-backend suite test
+//! files build them.
+
+use std::path::PathBuf;
+
+use crate::suite::Subject;
+
+/// The subject for `backend`, with its server started by the harness (or taken from the
+/// environment). `Ok(None)` is a named skip (already reported); `Err` is a setup failure,
+/// including a missing server under `CI=true`.
+pub async fn subject_for(
+    backend: &str,
+    worker_exe: Option<PathBuf>,
+) -> Result<Option<Subject>, String> {
+    let _ = worker_exe;
+    match backend {
+        "memory" => Ok(Some(Subject::memory())),
+        other => Err(format!("unknown backend {other:?} (known: memory)")),
+    }
+}

@@ -1,0 +1,800 @@
+//! The lock cases: exclusion, token order, waiting, ownership checks, keys, input, operators.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use lease_core::{
+    acquire_many, keep, Bytes, Error, ForceRelease, InvalidInput, KeeperOptions, LeaseOptions,
+    LeaseStatus, LockKey, LostReason, OwnerId, Token,
+};
+use tokio::time::Instant;
+
+use super::{boxed, Case, CaseResult, Ctx, Failure, Verdict};
+use crate::check;
+
+pub(super) fn cases() -> Vec<Case> {
+    vec![
+        Case::new("mutual_exclusion_16_contenders", &[], 60, |c| {
+            boxed(mutual_exclusion(c))
+        }),
+        Case::new("tokens_increase_across_handoffs", &[], 20, |c| {
+            boxed(tokens_increase(c))
+        }),
+        Case::new("try_acquire_and_wait_bound", &[], 20, |c| {
+            boxed(try_and_wait(c))
+        }),
+        Case::new("stale_release_and_renew_are_no_ops", &[], 20, |c| {
+            boxed(stale_release_and_renew(c))
+        }),
+        Case::new("renew_extends_validity", &[], 20, |c| {
+            boxed(renew_extends(c))
+        }),
+        Case::new("lost_fires_on_expiry", &[], 20, |c| {
+            boxed(lost_on_expiry(c))
+        }),
+        Case::new("lost_fires_on_revocation", &[], 20, |c| {
+            boxed(lost_on_revocation(c))
+        }),
+        Case::new(
+            "keeper_holds_past_ttl_and_stops_when_dropped",
+            &[],
+            30,
+            |c| boxed(keeper(c)),
+        ),
+        Case::new("cancelled_acquire_leaves_nothing", &[], 40, |c| {
+            boxed(cancelled_acquire(c))
+        }),
+        Case::new("keys_are_independent", &[], 20, |c| {
+            boxed(key_independence(c))
+        }),
+        Case::new("bad_input_is_rejected_before_sending", &[], 10, |c| {
+            boxed(bad_input(c))
+        }),
+        Case::new("inspect_and_force_release", &[], 20, |c| {
+            boxed(inspect_and_force(c))
+        }),
+        Case::new("multi_lock_opposite_orders_no_deadlock", &[], 60, |c| {
+            boxed(multi_lock(c))
+        }),
+        Case::new("fence_semantics", &[], 10, |c| boxed(fence_semantics(c))),
+    ]
+}
+
+fn opts(ctx: &Ctx) -> LeaseOptions {
+    LeaseOptions::new(ctx.ttl())
+}
+
+/// A long TTL for leases that must not expire during a case step.
+fn long(ctx: &Ctx) -> LeaseOptions {
+    LeaseOptions::new(ctx.ttl() * 20)
+}
+
+async fn mutual_exclusion(ctx: Arc<Ctx>) -> CaseResult {
+    let key = ctx.key("contended");
+    let resource = ctx.resource(&key);
+    let inside = Arc::new(AtomicBool::new(false));
+    let entries = Arc::new(AtomicUsize::new(0));
+    let tokens = Arc::new(std::sync::Mutex::new(
+        Vec::<(Instant, Instant, Token)>::new(),
+    ));
+    let mut tasks = Vec::new();
+    for _ in 0..16 {
+        let client = ctx.client().await?;
+        let (inside, entries, tokens, key, resource, fence) = (
+            inside.clone(),
+            entries.clone(),
+            tokens.clone(),
+            key.clone(),
+            resource.clone(),
+            ctx.fence().clone(),
+        );
+        let holds: Vec<u64> = (0..4)
+            .map(|_| ctx.random(0..(ctx.ttl().as_millis() as u64 / 20).max(2)))
+            .collect();
+        let options = long(&ctx).wait(ctx.ttl() * 50);
+        tasks.push(tokio::spawn(async move {
+            for hold in holds {
+                let called = Instant::now();
+                let lease = client.acquire(&key, &options).await?;
+                let got = Instant::now();
+                if inside.swap(true, Ordering::SeqCst) {
+                    return Err(Failure(format!(
+                        "two holders inside at once (token {})",
+                        lease.token()
+                    )));
+                }
+                entries.fetch_add(1, Ordering::SeqCst);
+                fence.claim(&resource, lease.token()).await?;
+                tokio::time::sleep(Duration::from_millis(hold)).await;
+                fence
+                    .write(
+                        &resource,
+                        lease.token(),
+                        Bytes::from(lease.token().to_string()),
+                    )
+                    .await?;
+                tokens
+                    .lock()
+                    .expect("lock")
+                    .push((called, got, lease.token()));
+                inside.store(false, Ordering::SeqCst);
+                lease.release().await?;
+            }
+            Ok::<_, Failure>(())
+        }));
+    }
+    for t in tasks {
+        t.await
+            .map_err(|e| Failure(format!("contender panicked: {e}")))??;
+    }
+    check!(entries.load(Ordering::SeqCst) == 64, "expected 64 holdings");
+    let mut seen = tokens.lock().expect("lock").clone();
+    seen.sort_by_key(|(_, got, _)| *got);
+    for w in seen.windows(2) {
+        check!(
+            w[0].2 < w[1].2,
+            "tokens not increasing in acquisition order: {} then {}",
+            w[0].2,
+            w[1].2
+        );
+    }
+    Ok(Verdict::Passed)
+}
+
+async fn tokens_increase(ctx: Arc<Ctx>) -> CaseResult {
+    let key = ctx.key("handoff");
+    let (a, b) = (ctx.client().await?, ctx.client().await?);
+    let mut last = Token::ZERO;
+    for round in 0..3 {
+        // Hand-off by release.
+        let l = a.acquire(&key, &opts(&ctx).wait(ctx.ttl() * 10)).await?;
+        check!(
+            l.token() > last,
+            "round {round}: token {} after {last} (release hand-off)",
+            l.token()
+        );
+        last = l.token();
+        l.release().await?;
+        // Hand-off by expiry: the holder never releases.
+        let l = a.acquire(&key, &opts(&ctx).wait(ctx.ttl() * 10)).await?;
+        check!(
+            l.token() > last,
+            "round {round}: token {} after {last}",
+            l.token()
+        );
+        last = l.token();
+        let stale = l;
+        let t = b.acquire(&key, &opts(&ctx).wait(ctx.ttl() * 10)).await?;
+        check!(
+            t.token() > last,
+            "round {round}: token {} after {last} (expiry takeover)",
+            t.token()
+        );
+        last = t.token();
+        t.release().await?;
+        drop(stale);
+    }
+    Ok(Verdict::Passed)
+}
+
+async fn try_and_wait(ctx: Arc<Ctx>) -> CaseResult {
+    let key = ctx.key("try");
+    let (a, b) = (ctx.client().await?, ctx.client().await?);
+    let held = a.acquire(&key, &long(&ctx)).await?;
+    match b.try_acquire(&key, &opts(&ctx)).await {
+        Err(Error::Held { .. }) => {}
+        other => {
+            return Err(Failure(format!(
+                "try_acquire on a held key: expected Held, got {other:?}"
+            )))
+        }
+    }
+    let wait = ctx.ttl() / 2;
+    let start = Instant::now();
+    match b.acquire(&key, &opts(&ctx).wait(wait)).await {
+        Err(Error::Timeout { waited, .. }) => {
+            check!(
+                start.elapsed() >= wait,
+                "timed out after {:?}, before the wait bound {wait:?}",
+                start.elapsed()
+            );
+            check!(
+                waited >= wait.mul_f64(0.9),
+                "reported waited {waited:?} below the bound {wait:?}"
+            );
+        }
+        other => {
+            return Err(Failure(format!(
+                "acquire with a wait bound on a held key: expected Timeout, got {other:?}"
+            )))
+        }
+    }
+    check!(
+        held.status() == LeaseStatus::Held,
+        "holder disturbed by the timed-out waiter: {:?}",
+        held.status()
+    );
+    let waiter = {
+        let b = b.clone();
+        let key = key.clone();
+        let o = opts(&ctx).wait(ctx.ttl() * 20);
+        tokio::spawn(async move { b.acquire(&key, &o).await })
+    };
+    tokio::time::sleep(ctx.ttl() / 4).await;
+    check!(
+        !waiter.is_finished(),
+        "waiter acquired while the key was held"
+    );
+    held.release().await?;
+    let got = tokio::time::timeout(ctx.ttl() * 10, waiter)
+        .await
+        .map_err(|_| Failure("waiter not woken after release".into()))?
+        .map_err(|e| Failure(format!("waiter panicked: {e}")))??;
+    check!(
+        got.token() > held.token(),
+        "waiter token {} not above {}",
+        got.token(),
+        held.token()
+    );
+    got.release().await?;
+    Ok(Verdict::Passed)
+}
+
+async fn stale_release_and_renew(ctx: Arc<Ctx>) -> CaseResult {
+    let key = ctx.key("stale");
+    let (a, b) = (ctx.client().await?, ctx.client().await?);
+    let old = a.acquire(&key, &opts(&ctx)).await?;
+    let new = b.acquire(&key, &long(&ctx).wait(ctx.ttl() * 10)).await?;
+    check!(
+        new.token() > old.token(),
+        "takeover token {} not above {}",
+        new.token(),
+        old.token()
+    );
+    match old.renew().await {
+        Err(Error::Lost { .. }) => {}
+        other => {
+            return Err(Failure(format!(
+                "stale renew: expected Lost, got {other:?}"
+            )))
+        }
+    }
+    match old.release().await {
+        Err(Error::Lost { .. }) => {}
+        other => {
+            return Err(Failure(format!(
+                "stale release: expected Lost, got {other:?}"
+            )))
+        }
+    }
+    let holder = b.inspect(&key).await?;
+    check!(
+        holder.as_ref().map(|h| h.token) == Some(new.token()),
+        "after a stale release the new owner must still hold the key, inspect shows {holder:?}"
+    );
+    match a.try_acquire(&key, &opts(&ctx)).await {
+        Err(Error::Held { .. }) => {}
+        other => {
+            return Err(Failure(format!(
+                "key must still be held by the new owner, try_acquire gave {other:?}"
+            )))
+        }
+    }
+    new.renew().await?;
+    new.release().await?;
+    Ok(Verdict::Passed)
+}
+
+async fn renew_extends(ctx: Arc<Ctx>) -> CaseResult {
+    let key = ctx.key("renew");
+    let (a, b) = (ctx.client().await?, ctx.client().await?);
+    let lease = a.acquire(&key, &opts(&ctx)).await?;
+    let first = lease.valid_until();
+    for _ in 0..4 {
+        tokio::time::sleep(ctx.ttl() / 2).await;
+        let until = lease.renew().await?;
+        check!(
+            until > first,
+            "renew did not move validity ({until:?} <= {first:?})"
+        );
+        match b.try_acquire(&key, &opts(&ctx)).await {
+            Err(Error::Held { .. }) => {}
+            other => {
+                return Err(Failure(format!(
+                    "renewed lease lost the key: try_acquire gave {other:?}"
+                )))
+            }
+        }
+    }
+    check!(
+        lease.status() == LeaseStatus::Held,
+        "status after renewals: {:?}",
+        lease.status()
+    );
+    lease.release().await?;
+    Ok(Verdict::Passed)
+}
+
+async fn lost_on_expiry(ctx: Arc<Ctx>) -> CaseResult {
+    let key = ctx.key("expiry");
+    let a = ctx.client().await?;
+    let lease = a.acquire(&key, &opts(&ctx)).await?;
+    let valid_until = lease.valid_until();
+    let mut signal = lease.lost();
+    let reason = tokio::time::timeout(ctx.ttl() * 4, signal.wait())
+        .await
+        .map_err(|_| Failure("lost() did not fire after the TTL".into()))?;
+    check!(
+        Instant::now() >= valid_until,
+        "lost() fired before validity ended"
+    );
+    check!(
+        reason == LostReason::Expired,
+        "reason {reason:?}, expected Expired"
+    );
+    match lease.renew().await {
+        Err(Error::Lost { .. }) => {}
+        other => {
+            return Err(Failure(format!(
+                "renew after expiry: expected Lost, got {other:?}"
+            )))
+        }
+    }
+    Ok(Verdict::Passed)
+}
+
+async fn lost_on_revocation(ctx: Arc<Ctx>) -> CaseResult {
+    let key = ctx.key("revoke");
+    let (a, op) = (ctx.client().await?, ctx.client().await?);
+    let lease = a.acquire(&key, &long(&ctx)).await?;
+    let mut signal = lease.lost();
+    let removed = op
+        .force_release(&key, &ForceRelease::new("conformance", "revocation case")?)
+        .await?;
+    check!(
+        removed.map(|h| h.token) == Some(lease.token()),
+        "force_release did not report the holder"
+    );
+    // A backend may learn of the revocation only when the holder next talks to it.
+    let renew = lease.renew().await;
+    check!(
+        matches!(renew, Err(Error::Lost { .. })),
+        "renew after revocation: expected Lost, got {renew:?}"
+    );
+    let reason = tokio::time::timeout(ctx.ttl(), signal.wait())
+        .await
+        .map_err(|_| Failure("lost() did not fire after revocation and a failed renew".into()))?;
+    check!(
+        matches!(reason, LostReason::Revoked | LostReason::Superseded),
+        "reason {reason:?}, expected Revoked or Superseded"
+    );
+    Ok(Verdict::Passed)
+}
+
+async fn keeper(ctx: Arc<Ctx>) -> CaseResult {
+    let key = ctx.key("keeper");
+    let (a, b) = (ctx.client().await?, ctx.client().await?);
+    let kept = keep(a.acquire(&key, &opts(&ctx)).await?, KeeperOptions::new())?;
+    let token = kept.token();
+    let until = Instant::now() + ctx.ttl() * 3;
+    while Instant::now() < until {
+        match b.try_acquire(&key, &opts(&ctx)).await {
+            Err(Error::Held { .. }) => {}
+            other => return Err(Failure(format!("kept lease lost the key: {other:?}"))),
+        }
+        tokio::time::sleep(ctx.ttl() / 5).await;
+    }
+    check!(
+        kept.lease().status() == LeaseStatus::Held,
+        "kept lease status {:?}",
+        kept.lease().status()
+    );
+    // Dropping the keeper stops renewal; the key comes free within a TTL (immediately where the
+    // backend releases on drop).
+    drop(kept);
+    let next = b
+        .acquire(&key, &opts(&ctx).wait(ctx.ttl() * 3))
+        .await
+        .map_err(|e| Failure(format!("key not free after the keeper was dropped: {e}")))?;
+    check!(
+        next.token() > token,
+        "token {} not above {token}",
+        next.token()
+    );
+    next.release().await?;
+    Ok(Verdict::Passed)
+}
+
+async fn cancelled_acquire(ctx: Arc<Ctx>) -> CaseResult {
+    let key = ctx.key("cancel");
+    let (a, b, c) = (
+        ctx.client().await?,
+        ctx.client().await?,
+        ctx.client().await?,
+    );
+    let ttl_ms = ctx.ttl().as_millis() as u64;
+    // Cancel waiting acquires at several points: before the first poll completes, while queued,
+    // and after the holder released (the wake-up may be in flight).
+    for delay_ms in [0, 1, ctx.random(2..ttl_ms.max(3)), ttl_ms / 2] {
+        let holder = a.acquire(&key, &long(&ctx).wait(ctx.ttl() * 10)).await?;
+        let cancelled = {
+            let b = b.clone();
+            let key = key.clone();
+            let o = long(&ctx).wait(ctx.ttl() * 20);
+            tokio::spawn(async move { b.acquire(&key, &o).await })
+        };
+        tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+        cancelled.abort();
+        if let Ok(Ok(lease)) = cancelled.await {
+            return Err(Failure(format!(
+                "cancelled waiter got the key ({})",
+                lease.token()
+            )));
+        }
+        holder.release().await?;
+        // The next contender must get the key within a TTL: the cancelled waiter left no entry
+        // and no lock behind (a lock taken just before the abort would expire at its TTL).
+        let next = c
+            .acquire(&key, &opts(&ctx).wait(ctx.ttl() * 3))
+            .await
+            .map_err(|e| {
+                Failure(format!(
+                    "after cancelling at {delay_ms} ms the key stayed blocked: {e}"
+                ))
+            })?;
+        next.release().await?;
+    }
+    // Cancel an acquire racing a release.
+    let holder = a.acquire(&key, &long(&ctx)).await?;
+    let race = {
+        let b = b.clone();
+        let key = key.clone();
+        let o = long(&ctx).wait(ctx.ttl() * 20);
+        tokio::spawn(async move { b.acquire(&key, &o).await })
+    };
+    tokio::time::sleep(ctx.ttl() / 10).await;
+    holder.release().await?;
+    race.abort();
+    let _ = race.await;
+    let next = c
+        .acquire(&key, &opts(&ctx).wait(ctx.ttl() * 3))
+        .await
+        .map_err(|e| {
+            Failure(format!(
+                "after cancelling a waiter racing a release the key stayed blocked: {e}"
+            ))
+        })?;
+    next.release().await?;
+    Ok(Verdict::Passed)
+}
+
+async fn key_independence(ctx: Arc<Ctx>) -> CaseResult {
+    let a = ctx.client().await?;
+    let names = [
+        "p",
+        "p/b",
+        "pb",
+        "p/b/c",
+        "ключ/日本語",
+        "with space",
+        "q.r",
+        "a-b_c~d",
+    ];
+    let mut held = Vec::new();
+    for n in names {
+        let key = ctx.key(n);
+        let lease = a
+            .try_acquire(&key, &long(&ctx))
+            .await
+            .map_err(|e| Failure(format!("key {key:?} blocked by another key: {e}")))?;
+        held.push(lease);
+    }
+    for lease in &held {
+        let info = a.inspect(lease.key()).await?;
+        check!(
+            info.as_ref().map(|h| (&h.key, h.token)) == Some((lease.key(), lease.token())),
+            "inspect({:?}) shows {info:?}",
+            lease.key()
+        );
+    }
+    // Releasing the prefix key leaves the others held.
+    held.remove(0).release().await?;
+    for lease in &held {
+        check!(
+            lease.renew().await.is_ok(),
+            "releasing {:?} disturbed {:?}",
+            ctx.key("p"),
+            lease.key()
+        );
+    }
+    for lease in held {
+        lease.release().await?;
+    }
+    Ok(Verdict::Passed)
+}
+
+async fn bad_input(ctx: Arc<Ctx>) -> CaseResult {
+    let a = ctx.client().await?;
+    let caps = a.capabilities().clone();
+    let key = ctx.key("bad-input");
+    let mut attempts: Vec<(&str, LeaseOptions)> = vec![
+        ("zero TTL", LeaseOptions::new(Duration::ZERO)),
+        (
+            "TTL above maximum",
+            LeaseOptions::new(LeaseOptions::MAX_TTL + Duration::from_secs(1)),
+        ),
+        ("TTL overflow", LeaseOptions::new(Duration::MAX)),
+        ("wait overflow", opts(&ctx).wait(Duration::MAX)),
+        ("empty operation", opts(&ctx).operation("")),
+        (
+            "operation with control character",
+            opts(&ctx).operation("a\nb"),
+        ),
+        (
+            "drift margin not below TTL",
+            opts(&ctx).drift_margin(ctx.ttl()),
+        ),
+    ];
+    if caps.min_ttl > Duration::from_nanos(1) {
+        attempts.push((
+            "TTL below the backend minimum",
+            LeaseOptions::new(caps.min_ttl - Duration::from_nanos(1)),
+        ));
+    }
+    for (what, o) in &attempts {
+        for (mode, r) in [
+            ("acquire", a.acquire(&key, o).await),
+            ("try_acquire", a.try_acquire(&key, o).await),
+        ] {
+            match r {
+                Err(Error::InvalidInput(_)) => {}
+                other => {
+                    return Err(Failure(format!(
+                        "{mode} with {what}: expected InvalidInput, got {other:?}"
+                    )))
+                }
+            }
+        }
+    }
+    let info = a.inspect(&key).await?;
+    check!(
+        info.is_none(),
+        "rejected calls left something on the backend: {info:?}"
+    );
+    // The first real acquisition still works, and the key's validation errors are typed.
+    let lease = a.try_acquire(&key, &opts(&ctx)).await?;
+    lease.release().await?;
+    for (bad, expect) in [
+        ("", "empty"),
+        ("/lead", "starts with"),
+        ("trail/", "ends with"),
+        ("a//b", "empty segment"),
+        ("a/../b", "'..'"),
+        ("nul\u{0}", "control"),
+    ] {
+        let e = LockKey::new(bad)
+            .err()
+            .ok_or_else(|| Failure(format!("key {bad:?} accepted")))?;
+        check!(
+            e.to_string().contains(expect),
+            "key {bad:?}: error {e} does not say {expect:?}"
+        );
+    }
+    check!(
+        matches!(
+            LockKey::new("k".repeat(1000)),
+            Err(InvalidInput::TooLong { .. })
+        ),
+        "oversized key accepted"
+    );
+    Ok(Verdict::Passed)
+}
+
+async fn inspect_and_force(ctx: Arc<Ctx>) -> CaseResult {
+    let key = ctx.key("inspect");
+    let (a, op) = (ctx.client().await?, ctx.client().await?);
+    check!(
+        op.inspect(&key).await?.is_none(),
+        "fresh key shows a holder"
+    );
+    let owner = OwnerId::new("worker-7/pid-42")?;
+    let lease = a
+        .acquire(
+            &key,
+            &long(&ctx)
+                .owner(owner.clone())
+                .operation("nightly-reconcile"),
+        )
+        .await?;
+    let info = op
+        .inspect(&key)
+        .await?
+        .ok_or_else(|| Failure("inspect shows no holder".into()))?;
+    check!(
+        info.owner == owner,
+        "owner {:?}, expected {owner:?}",
+        info.owner
+    );
+    check!(
+        info.operation.as_deref() == Some("nightly-reconcile"),
+        "operation {:?}",
+        info.operation
+    );
+    check!(
+        info.token == lease.token(),
+        "token {} vs lease {}",
+        info.token,
+        lease.token()
+    );
+    if let Some(e) = info.expires_in {
+        check!(
+            e <= lease.ttl() + Duration::from_secs(1),
+            "expires_in {e:?} above the TTL {:?}",
+            lease.ttl()
+        );
+    }
+    let shown = format!("{info:?} {lease:?}");
+    if let Some(secret) = &ctx.subject.secret {
+        check!(
+            !shown.contains(secret.as_str()),
+            "inspect or lease Debug output shows the secret"
+        );
+    }
+    let request = ForceRelease::new("oncall-alice", "stuck after deploy 1234")?;
+    let removed = op.force_release(&key, &request).await?;
+    check!(
+        removed.as_ref().map(|h| h.token) == Some(lease.token()),
+        "force_release returned {removed:?}"
+    );
+    check!(
+        op.inspect(&key).await?.is_none(),
+        "key still held after force_release"
+    );
+    check!(
+        op.force_release(&key, &request).await?.is_none(),
+        "second force_release found a holder"
+    );
+    let next = op.acquire(&key, &opts(&ctx)).await?;
+    check!(
+        next.token() > lease.token(),
+        "token after force_release {} not above {}",
+        next.token(),
+        lease.token()
+    );
+    check!(
+        matches!(lease.release().await, Err(Error::Lost { .. })),
+        "revoked holder's release must be Lost"
+    );
+    check!(
+        op.inspect(&key).await?.map(|h| h.token) == Some(next.token()),
+        "revoked holder's release removed the new lock"
+    );
+    next.release().await?;
+    Ok(Verdict::Passed)
+}
+
+async fn multi_lock(ctx: Arc<Ctx>) -> CaseResult {
+    let keys = [ctx.key("m/a"), ctx.key("m/b"), ctx.key("m/c")];
+    let busy: Arc<Vec<AtomicBool>> = Arc::new((0..3).map(|_| AtomicBool::new(false)).collect());
+    let mut tasks = Vec::new();
+    for reverse in [false, true] {
+        let client = ctx.client().await?;
+        let mut mine = keys.to_vec();
+        if reverse {
+            mine.reverse();
+        }
+        let busy = busy.clone();
+        let all = keys.clone();
+        let o = long(&ctx).wait(ctx.ttl() * 20);
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..10 {
+                let multi = acquire_many(&*client, &mine, &o).await?;
+                let order: Vec<_> = multi.tokens().into_iter().map(|(k, _)| k).collect();
+                if order != all {
+                    return Err(Failure(format!(
+                        "keys not taken in global order: {order:?}"
+                    )));
+                }
+                for b in busy.iter() {
+                    if b.swap(true, Ordering::SeqCst) {
+                        return Err(Failure("two multi-lock holders overlap".into()));
+                    }
+                }
+                tokio::task::yield_now().await;
+                for b in busy.iter() {
+                    b.store(false, Ordering::SeqCst);
+                }
+                multi.release().await?;
+            }
+            Ok::<_, Failure>(())
+        }));
+    }
+    for t in tasks {
+        t.await
+            .map_err(|e| Failure(format!("worker panicked: {e}")))??;
+    }
+    // A key that cannot be had: what was taken is given back, within the total wait.
+    let (a, b) = (ctx.client().await?, ctx.client().await?);
+    let blocker = a.acquire(&keys[2], &long(&ctx)).await?;
+    let wait = ctx.ttl() / 2;
+    let start = Instant::now();
+    match acquire_many(&*b, &keys, &long(&ctx).wait(wait)).await {
+        Err(Error::Timeout { .. }) => {}
+        other => return Err(Failure(format!("expected Timeout, got {other:?}"))),
+    }
+    check!(
+        start.elapsed() < wait * 3 + Duration::from_secs(1),
+        "total wait not bounded: {:?}",
+        start.elapsed()
+    );
+    for k in &keys[..2] {
+        check!(
+            a.inspect(k).await?.is_none(),
+            "{k:?} left held after a failed multi-lock"
+        );
+    }
+    blocker.release().await?;
+    Ok(Verdict::Passed)
+}
+
+async fn fence_semantics(ctx: Arc<Ctx>) -> CaseResult {
+    let fence = ctx.fence();
+    let r1 = ctx.resource(&ctx.key("fence/one"));
+    let r2 = ctx.resource(&ctx.key("fence/two"));
+    let t = |n: u64| Token::new(n).expect("small");
+    check!(fence.read(&r1).await?.is_none(), "fresh resource has state");
+    fence.write(&r1, t(5), Bytes::from_static(b"five")).await?;
+    let acc = fence
+        .write(&r1, t(5), Bytes::from_static(b"five again"))
+        .await?;
+    check!(
+        acc.previous == Some(t(5)),
+        "equal token must be accepted with previous 5, got {acc:?}"
+    );
+    match fence.write(&r1, t(4), Bytes::from_static(b"four")).await {
+        Err(Error::Stale {
+            presented, current, ..
+        }) => {
+            check!(
+                presented == t(4) && current == t(5),
+                "stale error has presented {presented}, current {current}"
+            )
+        }
+        other => {
+            return Err(Failure(format!(
+                "older token: expected Stale, got {other:?}"
+            )))
+        }
+    }
+    fence.claim(&r1, t(9)).await?;
+    let state = fence
+        .read(&r1)
+        .await?
+        .ok_or_else(|| Failure("resource lost its state".into()))?;
+    check!(
+        state.newest == t(9),
+        "claim did not advance newest: {state:?}"
+    );
+    check!(
+        state.value.as_ref().map(|(tok, v)| (*tok, v.as_ref())) == Some((t(5), &b"five again"[..])),
+        "claim changed the value: {state:?}"
+    );
+    check!(
+        matches!(
+            fence.write(&r1, t(8), Bytes::new()).await,
+            Err(Error::Stale { .. })
+        ),
+        "write below a claim accepted"
+    );
+    check!(
+        matches!(fence.claim(&r1, t(8)).await, Err(Error::Stale { .. })),
+        "claim below newest accepted"
+    );
+    fence.write(&r2, t(1), Bytes::from_static(b"other")).await?;
+    check!(
+        fence.read(&r1).await?.map(|s| s.newest) == Some(t(9)),
+        "resources are not independent"
+    );
+    Ok(Verdict::Passed)
+}

@@ -1,0 +1,479 @@
+//! The conformance suite: cases every [`Coordinator`] and [`Fence`] must pass.
+//!
+//! A backend is described once as a [`Subject`] (how to make clients, which fence protects the
+//! resource, what the harness can do to the server) and the whole suite runs against it with one
+//! call, [`run_suite`]. Each case is an async function over the traits plus a [`Ctx`]; a case
+//! whose [`Need`]s the subject cannot meet is reported as **skipped, by name, with the reason**,
+//! never counted as passed.
+//!
+//! Every case runs under a fresh random key prefix, so runs never collide, and under a time bound
+//! so a hang is a failure, not a stuck CI job.
+
+use std::fmt;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use lease_core::{Coordinator, Fence, LockKey, ResourceId};
+use rand::{Rng, SeedableRng};
+use tokio::sync::Mutex;
+
+use crate::harness::ServerControl;
+
+mod basic;
+mod chaos;
+mod faults;
+mod report;
+
+pub use report::{junit, CaseReport, Report, Verdict};
+
+/// A failed check inside a case: the message says what was expected and what was seen.
+#[derive(Debug)]
+pub struct Failure(pub String);
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl<E: std::error::Error> From<E> for Failure {
+    fn from(e: E) -> Self {
+        Failure(format!("unexpected error: {e}"))
+    }
+}
+
+/// What a case returns: `Ok(Verdict::Passed)`, `Ok(Verdict::Skipped(why))`, or a failure.
+pub type CaseResult = Result<Verdict, Failure>;
+
+/// Fails the case with a message unless the condition holds.
+#[macro_export]
+macro_rules! check {
+    ($cond:expr, $($fmt:tt)+) => {
+        if !$cond {
+            return Err($crate::suite::Failure(format!($($fmt)+)));
+        }
+    };
+}
+
+/// What a case needs from a subject; a missing need makes the case a named skip.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Need {
+    /// The coordinator is reachable from other OS processes (worker processes can be paused and
+    /// killed), and a worker URL is configured.
+    Processes,
+    /// The harness can kill and restart the server on the same data directory.
+    Restart,
+    /// Tokens are declared durable across a server restart.
+    DurableTokens,
+    /// A client can be connected through a fault proxy.
+    Proxy,
+    /// The subject can delete a lock's backing keys the way an operator would.
+    Operator,
+}
+
+impl Need {
+    fn missing_reason(self) -> &'static str {
+        match self {
+            Need::Processes => "the coordinator is not shared across OS processes (no worker URL)",
+            Need::Restart => "the harness cannot restart this server (in-process or external)",
+            Need::DurableTokens => "the backend does not declare durable tokens",
+            Need::Proxy => "no fault proxy can be placed between client and server",
+            Need::Operator => "the subject has no operator hook to delete a lock's keys",
+        }
+    }
+}
+
+/// Makes a new client of the backend.
+pub type ConnectFn =
+    Arc<dyn Fn() -> BoxFuture<'static, lease_core::Result<Arc<dyn Coordinator>>> + Send + Sync>;
+/// Makes a new client of the backend that talks to the server at the given address (a proxy).
+pub type ConnectViaFn = Arc<
+    dyn Fn(SocketAddr) -> BoxFuture<'static, lease_core::Result<Arc<dyn Coordinator>>>
+        + Send
+        + Sync,
+>;
+
+/// Operator actions on a backend's storage (what an operator with a CLI could do).
+pub trait Operator: Send + Sync {
+    /// Deletes everything stored for `key` (the lock itself, and any per-key counter), as an
+    /// operator cleaning up would.
+    fn delete_key<'a>(&'a self, key: &'a LockKey) -> BoxFuture<'a, Result<(), String>>;
+    /// Deletes the parent node/prefix holding `key`'s lock entries, where the backend has one.
+    /// Returns `Ok(false)` when there is no such thing on this backend.
+    fn delete_parent<'a>(&'a self, key: &'a LockKey) -> BoxFuture<'a, Result<bool, String>>;
+}
+
+/// A backend under test.
+#[derive(Clone)]
+pub struct Subject {
+    /// The backend's name, used in reports (`memory`, `redis`, ...).
+    pub name: String,
+    /// Makes a new client. Cases use one client per simulated process.
+    pub connect: ConnectFn,
+    /// The fence the cases write through.
+    pub fence: Arc<dyn Fence>,
+    /// The TTL cases use for leases they expect to expire; at least the backend's minimum.
+    pub ttl: Duration,
+    /// The server, if the harness controls it.
+    pub server: Option<Arc<Mutex<Box<dyn ServerControl>>>>,
+    /// For proxy cases: the server's address and a client factory that dials another address.
+    pub proxy: Option<(SocketAddr, ConnectViaFn)>,
+    /// For operator cases.
+    pub operator: Option<Arc<dyn Operator>>,
+    /// For process cases: the coordinator URL a worker process connects to.
+    pub worker_url: Option<String>,
+    /// The worker executable (see the `conformance-worker` binary).
+    pub worker_exe: Option<std::path::PathBuf>,
+    /// A secret (a password in the URL) that must never show in any Debug/Display output.
+    pub secret: Option<String>,
+}
+
+impl fmt::Debug for Subject {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Subject")
+            .field("name", &self.name)
+            .field("ttl", &self.ttl)
+            .field("server", &self.server.is_some())
+            .field("proxy", &self.proxy.is_some())
+            .field("operator", &self.operator.is_some())
+            .field("worker_url", &self.worker_url.is_some())
+            .finish()
+    }
+}
+
+impl Subject {
+    /// A subject with only the essentials; add capabilities with the setters.
+    pub fn new(
+        name: impl Into<String>,
+        connect: ConnectFn,
+        fence: Arc<dyn Fence>,
+        ttl: Duration,
+    ) -> Self {
+        Subject {
+            name: name.into(),
+            connect,
+            fence,
+            ttl,
+            server: None,
+            proxy: None,
+            operator: None,
+            worker_url: None,
+            worker_exe: None,
+            secret: None,
+        }
+    }
+
+    /// The in-memory backend: one shared coordinator, one in-memory fence, 300 ms TTL.
+    pub fn memory() -> Self {
+        let coord: Arc<dyn Coordinator> = Arc::new(lease_core::Instrumented::new(
+            lease_core::memory::MemoryCoordinator::new(),
+        ));
+        Subject::new(
+            "memory",
+            Arc::new(move || {
+                let c = coord.clone();
+                Box::pin(async move { Ok(c) })
+            }),
+            Arc::new(lease_core::memory::MemoryFence::new()),
+            Duration::from_millis(300),
+        )
+    }
+
+    /// Sets the server control.
+    pub fn with_server(mut self, server: Box<dyn ServerControl>) -> Self {
+        self.server = Some(Arc::new(Mutex::new(server)));
+        self
+    }
+
+    /// Sets the proxy hook.
+    pub fn with_proxy(mut self, upstream: SocketAddr, connect_via: ConnectViaFn) -> Self {
+        self.proxy = Some((upstream, connect_via));
+        self
+    }
+
+    /// Sets the operator hook.
+    pub fn with_operator(mut self, op: Arc<dyn Operator>) -> Self {
+        self.operator = Some(op);
+        self
+    }
+
+    /// Sets the worker URL and executable for process cases.
+    pub fn with_workers(
+        mut self,
+        url: impl Into<String>,
+        exe: impl Into<std::path::PathBuf>,
+    ) -> Self {
+        self.worker_url = Some(url.into());
+        self.worker_exe = Some(exe.into());
+        self
+    }
+
+    /// Sets a secret that must never appear in output.
+    pub fn with_secret(mut self, secret: impl Into<String>) -> Self {
+        self.secret = Some(secret.into());
+        self
+    }
+
+    async fn missing(&self, needs: &[Need]) -> Option<Need> {
+        for &need in needs {
+            let ok = match need {
+                Need::Processes => self.worker_url.is_some() && self.worker_exe.is_some(),
+                Need::Restart => match &self.server {
+                    Some(s) => s.lock().await.controllable(),
+                    None => false,
+                },
+                Need::DurableTokens => match (self.connect)().await {
+                    Ok(c) => c.capabilities().durable_tokens,
+                    Err(_) => false,
+                },
+                Need::Proxy => self.proxy.is_some(),
+                Need::Operator => self.operator.is_some(),
+            };
+            if !ok {
+                return Some(need);
+            }
+        }
+        None
+    }
+}
+
+/// The per-case context: the subject, a unique key prefix and a seeded random source.
+pub struct Ctx {
+    /// The subject under test.
+    pub subject: Subject,
+    prefix: String,
+    /// The case's seed (printed on failure).
+    pub seed: u64,
+    rng: std::sync::Mutex<rand::rngs::StdRng>,
+}
+
+impl fmt::Debug for Ctx {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Ctx")
+            .field("subject", &self.subject.name)
+            .field("prefix", &self.prefix)
+            .field("seed", &self.seed)
+            .finish()
+    }
+}
+
+impl Ctx {
+    /// A key under this case's unique prefix.
+    pub fn key(&self, name: &str) -> LockKey {
+        LockKey::new(format!("{}/{name}", self.prefix)).expect("case keys are valid")
+    }
+
+    /// The resource protected by `key`.
+    pub fn resource(&self, key: &LockKey) -> ResourceId {
+        ResourceId::from(key)
+    }
+
+    /// A new client.
+    pub async fn client(&self) -> Result<Arc<dyn Coordinator>, Failure> {
+        (self.subject.connect)()
+            .await
+            .map_err(|e| Failure(format!("connecting a client failed: {e}")))
+    }
+
+    /// The fence.
+    pub fn fence(&self) -> &Arc<dyn Fence> {
+        &self.subject.fence
+    }
+
+    /// The TTL for short leases.
+    pub fn ttl(&self) -> Duration {
+        self.subject.ttl
+    }
+
+    /// A random number in `range` from the case's seeded source.
+    pub fn random(&self, range: std::ops::Range<u64>) -> u64 {
+        self.rng.lock().expect("rng").gen_range(range)
+    }
+
+    /// A child seed for a task.
+    pub fn fork_seed(&self) -> u64 {
+        self.rng.lock().expect("rng").gen()
+    }
+}
+
+type CaseFn = fn(Arc<Ctx>) -> BoxFuture<'static, CaseResult>;
+
+/// One named case.
+#[derive(Clone, Copy)]
+pub struct Case {
+    /// The case's name, stable across releases (reports and filters use it).
+    pub name: &'static str,
+    /// What it needs.
+    pub needs: &'static [Need],
+    /// The time bound, in multiples of the subject's TTL plus 10 s.
+    pub ttl_budget: u32,
+    run: CaseFn,
+}
+
+impl fmt::Debug for Case {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Case")
+            .field("name", &self.name)
+            .field("needs", &self.needs)
+            .finish()
+    }
+}
+
+impl Case {
+    /// A case.
+    pub const fn new(
+        name: &'static str,
+        needs: &'static [Need],
+        ttl_budget: u32,
+        run: CaseFn,
+    ) -> Self {
+        Case {
+            name,
+            needs,
+            ttl_budget,
+            run,
+        }
+    }
+}
+
+/// Boxes an async case function into a [`CaseFn`]-compatible future.
+pub fn boxed<F>(f: F) -> BoxFuture<'static, CaseResult>
+where
+    F: Future<Output = CaseResult> + Send + 'static,
+{
+    Box::pin(f)
+}
+
+/// Every case of the suite, in report order.
+pub fn cases() -> Vec<Case> {
+    let mut all = basic::cases();
+    all.extend(faults::cases());
+    all.extend(chaos::cases());
+    all
+}
+
+/// Options for a run.
+#[derive(Debug, Clone, Default)]
+pub struct RunOptions {
+    /// Only cases whose name contains this.
+    pub filter: Option<String>,
+    /// The base seed (default: from `CONFORMANCE_SEED` or random).
+    pub seed: Option<u64>,
+}
+
+/// Runs every case (matching the filter) against `subject`, one after another, and reports.
+pub async fn run_suite(subject: Subject, options: &RunOptions) -> Report {
+    let base_seed = options
+        .seed
+        .or_else(|| {
+            std::env::var("CONFORMANCE_SEED")
+                .ok()
+                .and_then(|s| s.parse().ok())
+        })
+        .unwrap_or_else(rand::random);
+    let run_id: u32 = rand::random();
+    let mut report = Report::new(subject.name.clone(), base_seed);
+    for (i, case) in cases().into_iter().enumerate() {
+        if let Some(f) = &options.filter {
+            if !case.name.contains(f.as_str()) {
+                continue;
+            }
+        }
+        let start = std::time::Instant::now();
+        if let Some(need) = subject.missing(case.needs).await {
+            report.push(CaseReport::new(
+                case.name,
+                Verdict::Skipped(need.missing_reason().into()),
+                start.elapsed(),
+                None,
+            ));
+            continue;
+        }
+        let seed = base_seed.wrapping_add(i as u64);
+        let ctx = Arc::new(Ctx {
+            subject: subject.clone(),
+            prefix: format!("conformance/{run_id:08x}/{}", case.name),
+            seed,
+            rng: std::sync::Mutex::new(rand::rngs::StdRng::seed_from_u64(seed)),
+        });
+        let budget = subject.ttl * case.ttl_budget + Duration::from_secs(10);
+        let handle = tokio::spawn((case.run)(ctx));
+        let verdict = match tokio::time::timeout(budget, handle).await {
+            Ok(Ok(Ok(v))) => v,
+            Ok(Ok(Err(f))) => Verdict::Failed(f.0),
+            Ok(Err(join)) => Verdict::Failed(format!("case panicked: {}", panic_message(join))),
+            Err(_) => Verdict::Failed(format!("case did not finish within {budget:?}")),
+        };
+        let verdict = match (&verdict, &subject.secret) {
+            (Verdict::Failed(m), Some(s)) if m.contains(s.as_str()) => {
+                Verdict::Failed("failure message contained the subject's secret (redacted)".into())
+            }
+            _ => verdict,
+        };
+        report.push(CaseReport::new(
+            case.name,
+            verdict,
+            start.elapsed(),
+            Some(seed),
+        ));
+    }
+    report
+}
+
+fn panic_message(e: tokio::task::JoinError) -> String {
+    match e.try_into_panic() {
+        Ok(p) => p
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_else(|| "non-string panic".into()),
+        Err(e) => e.to_string(),
+    }
+}
+
+/// The entry point of a `harness = false` test file: builds the subject, runs the suite, prints
+/// the report and a closing `N passed, N failed, N skipped` line, and returns the exit code.
+///
+/// Arguments: an optional name filter; flags starting with `-` are ignored (so `cargo test`'s own
+/// flags do not break it). `CONFORMANCE_JUNIT=path` also writes JUnit XML.
+pub fn main_for<F, Fut>(make_subject: F) -> std::process::ExitCode
+where
+    F: FnOnce() -> Fut,
+    Fut: Future<Output = Result<Option<Subject>, String>>,
+{
+    let filter = std::env::args().skip(1).find(|a| !a.starts_with('-'));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    rt.block_on(async move {
+        let subject = match make_subject().await {
+            Ok(Some(s)) => s,
+            Ok(None) => {
+                println!("0 passed, 0 failed, 1 skipped");
+                return std::process::ExitCode::SUCCESS;
+            }
+            Err(e) => {
+                eprintln!("could not set up the subject: {e}");
+                println!("0 passed, 1 failed, 0 skipped");
+                return std::process::ExitCode::FAILURE;
+            }
+        };
+        let report = run_suite(subject, &RunOptions { filter, seed: None }).await;
+        report.print();
+        if let Ok(path) = std::env::var("CONFORMANCE_JUNIT") {
+            if let Err(e) = std::fs::write(&path, report.junit()) {
+                eprintln!("could not write {path}: {e}");
+            }
+        }
+        if report.failed() > 0 {
+            std::process::ExitCode::FAILURE
+        } else {
+            std::process::ExitCode::SUCCESS
+        }
+    })
+}
