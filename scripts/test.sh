@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Runs every test of the workspace on a fresh Debian 12 machine:
+#   1. installs the servers the harness starts (scripts/setup.sh; root or sudo; nothing is started),
+#   2. checks formatting and lints,
+#   3. runs all tests: unit, property, harness, and the conformance suite against every backend
+#      (the harness starts each real server on a free loopback port with a temporary data
+#      directory and stops it afterwards),
+#   4. runs the stale-holder demo, which must show the fence rejecting the stale write.
+# With CI=true, a server that cannot be started fails the run instead of being skipped.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+step() { printf '\n==> %s\n' "$*"; }
+
+step "installing server packages when missing"
+scripts/setup.sh
+
+step "cargo fmt --check"
+cargo fmt --all -- --check
+
+step "cargo clippy"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
+step "cargo test (unit, property, harness, conformance suite per backend)"
+cargo test --workspace --locked
+
+step "stale-holder demo"
+cargo run --quiet --locked --example stale-holder
+
+step "all checks passed"
