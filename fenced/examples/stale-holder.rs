@@ -109,7 +109,10 @@ async fn run(args: Args) -> Result<bool, Error> {
     let t = Timeline(Instant::now());
     println!(
         "stale-holder demo: coordinator {}, fence {}, TTL {:?}, A pauses {:?}\n",
-        args.coordinator, args.fence, args.ttl, args.pause
+        fenced::BackendUrl::parse(&args.coordinator)?,
+        fenced::BackendUrl::parse(&args.fence)?,
+        args.ttl,
+        args.pause
     );
 
     // Worker A acquires and starts its work.

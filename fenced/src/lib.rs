@@ -7,7 +7,21 @@ pub use lease_core::*;
 
 /// A registry with every backend of this workspace registered.
 pub fn registry() -> Registry {
-    Registry::new()
+    let mut r = Registry::new();
+    for scheme in ["postgres", "postgresql"] {
+        r.register_fence(
+            scheme,
+            Arc::new(|url: BackendUrl| {
+                Box::pin(async move {
+                    Ok(
+                        Arc::new(fence_postgres::PgFence::connect(url.expose().as_str()).await?)
+                            as Arc<dyn Fence>,
+                    )
+                })
+            }),
+        );
+    }
+    r
 }
 
 /// Connects to the coordinator named by `url` (see the table above), instrumented.

@@ -13,6 +13,7 @@
 //! | [`Error::InvalidInput`] | the call itself is wrong; nothing was sent | fix the call |
 //! | [`Error::Unsupported`] | the backend cannot do this | use another backend or another call |
 //! | [`Error::Misconfigured`] | the backend's settings cannot keep the guarantees | fix the server's configuration |
+//! | [`Error::NotFound`] | the thing to act on does not exist | create it first |
 //! | [`Error::TokenRegression`] | the backend issued a token not above one seen before | stop: the token source went backwards |
 
 use std::time::Duration;
@@ -249,6 +250,12 @@ pub enum Error {
         /// Each missing or wrong setting, named.
         problems: Vec<String>,
     },
+    /// The thing to act on does not exist (for example a fenced row that was never created).
+    #[error("{what} does not exist")]
+    NotFound {
+        /// What was looked for, without secrets.
+        what: String,
+    },
     /// The backend issued a token that is not above one already seen: fail closed.
     #[error("{backend} issued token {observed} for {key:?}, not above the floor {floor}: the token source went backwards")]
     TokenRegression {
@@ -305,6 +312,7 @@ impl Error {
             Error::InvalidInput(_) => "invalid_input",
             Error::Unsupported { .. } => "unsupported",
             Error::Misconfigured { .. } => "misconfigured",
+            Error::NotFound { .. } => "not_found",
             Error::TokenRegression { .. } => "token_regression",
         }
     }

@@ -31,11 +31,13 @@ use std::io;
 use std::path::PathBuf;
 
 pub mod etcd;
+pub mod postgres;
 pub mod redis;
 mod server;
 pub mod zookeeper;
 
 pub use etcd::{EtcdConfig, EtcdServer};
+pub use postgres::PostgresServer;
 pub use redis::{AppendFsync, RedisConfig, RedisServer};
 pub use server::{free_ports, tcp_exchange};
 pub use zookeeper::{ZooKeeperConfig, ZooKeeperInstall, ZooKeeperServer};
@@ -116,15 +118,18 @@ pub enum Backend {
     ZooKeeper,
     /// Consul (`http://`); the harness has no local Consul server, only external endpoints.
     Consul,
+    /// PostgreSQL (`postgres://`), a protected resource (fence), not a coordinator.
+    Postgres,
 }
 
 impl Backend {
     /// All backends, in a stable order.
-    pub const ALL: [Backend; 4] = [
+    pub const ALL: [Backend; 5] = [
         Backend::Redis,
         Backend::Etcd,
         Backend::ZooKeeper,
         Backend::Consul,
+        Backend::Postgres,
     ];
 
     /// Lower-case name: `redis`, `etcd`, `zookeeper`, `consul`.
@@ -134,6 +139,7 @@ impl Backend {
             Backend::Etcd => "etcd",
             Backend::ZooKeeper => "zookeeper",
             Backend::Consul => "consul",
+            Backend::Postgres => "postgres",
         }
     }
 
@@ -144,6 +150,7 @@ impl Backend {
             Backend::Etcd => "FENCED_ETCD_URL",
             Backend::ZooKeeper => "FENCED_ZK_URL",
             Backend::Consul => "CONSUL_HTTP_ADDR",
+            Backend::Postgres => "FENCED_POSTGRES_URL",
         }
     }
 
@@ -157,6 +164,7 @@ impl Backend {
             Backend::Consul => Err(
                 "the harness does not run Consul locally; set CONSUL_HTTP_ADDR to an agent".into(),
             ),
+            Backend::Postgres => PostgresServer::binary(),
         }
     }
 }
@@ -245,7 +253,8 @@ impl ServerControl for ExternalEndpoint {
 
 /// Externally run backends named by the environment.
 ///
-/// Reads `FENCED_REDIS_URL`, `FENCED_ETCD_URL`, `FENCED_ZK_URL` and `CONSUL_HTTP_ADDR`; an unset
+/// Reads `FENCED_REDIS_URL`, `FENCED_ETCD_URL`, `FENCED_ZK_URL`, `CONSUL_HTTP_ADDR` and
+/// `FENCED_POSTGRES_URL`; an unset
 /// or empty (after trimming) variable means "not external". URLs are not validated here.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ExternalEndpoints {
@@ -257,10 +266,12 @@ pub struct ExternalEndpoints {
     pub zookeeper: Option<String>,
     /// From `CONSUL_HTTP_ADDR`, e.g. `http://127.0.0.1:8500`.
     pub consul: Option<String>,
+    /// From `FENCED_POSTGRES_URL`, e.g. `postgres://postgres@127.0.0.1:5432/postgres`.
+    pub postgres: Option<String>,
 }
 
 impl ExternalEndpoints {
-    /// Reads the four variables from the process environment.
+    /// Reads the variables from the process environment.
     pub fn from_env() -> Self {
         Self::from_lookup(|name| std::env::var(name).ok())
     }
@@ -277,6 +288,7 @@ impl ExternalEndpoints {
             etcd: get(Backend::Etcd),
             zookeeper: get(Backend::ZooKeeper),
             consul: get(Backend::Consul),
+            postgres: get(Backend::Postgres),
         }
     }
 
@@ -287,6 +299,7 @@ impl ExternalEndpoints {
             Backend::Etcd => &self.etcd,
             Backend::ZooKeeper => &self.zookeeper,
             Backend::Consul => &self.consul,
+            Backend::Postgres => &self.postgres,
         };
         url.clone().map(|url| ExternalEndpoint { backend, url })
     }
