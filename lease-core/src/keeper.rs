@@ -43,8 +43,9 @@ impl KeeperOptions {
         self
     }
 
-    /// Stop renewing once the lease has been held this long in total (counted from acquisition);
-    /// the lease then runs out at its validity and reports `Lost(KeeperStopped)`.
+    /// Never hold the lease longer than this in total (counted from acquisition): the keeper skips
+    /// any renewal that would let the lock outlive `acquired_at + max`, so the lease runs out at
+    /// or before that point and reports `Lost(KeeperStopped)`.
     pub fn max_hold(mut self, max: Duration) -> Self {
         self.max_hold = Some(max);
         self
@@ -217,7 +218,7 @@ async fn run(
         }
         if options
             .max_hold
-            .is_some_and(|max| Instant::now() >= acquired_at + max)
+            .is_some_and(|max| Instant::now() + ttl > acquired_at + max)
         {
             break KeeperStop::MaxHold;
         }
@@ -240,12 +241,13 @@ async fn run(
         reason = ?give_up,
         "keeper stopped renewing; the lease runs out at its validity"
     );
-    tokio::select! {
-        _ = lost.wait() => {}
-        _ = tokio::time::sleep_until(lease.valid_until()) => {
-            lease.tracker().mark_lost(LostReason::KeeperStopped);
-        }
-    }
+    // `wait` resolves when validity ends (re-read if the lease is renewed meanwhile) or when the
+    // lease is lost for another reason. Record `KeeperStopped` in either case: the first recorded
+    // reason wins, so a revocation or release seen earlier stays. (A `select!` between `wait` and
+    // a sleep until validity would pick either branch at random at that instant, and the lease
+    // then ended `Lost(Expired)` half of the time.)
+    lost.wait().await;
+    lease.tracker().mark_lost(LostReason::KeeperStopped);
 }
 
 /// Renews, retrying transient failures with backoff until validity ends. Returns the send time of

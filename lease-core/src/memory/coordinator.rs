@@ -69,9 +69,16 @@ impl KeyState {
 
     fn wake_head(&self) {
         if self.holder.is_none() {
-            if let Some(w) = self.waiters.front() {
-                w.notify.notify_one();
-            }
+            self.notify_head();
+        }
+    }
+
+    /// Wakes the head waiter whatever the holder state, so that a waiter that has just become
+    /// head re-arms its sleep to the current holder's expiry (a waiter behind the head sleeps
+    /// until its own deadline).
+    fn notify_head(&self) {
+        if let Some(w) = self.waiters.front() {
+            w.notify.notify_one();
         }
     }
 
@@ -240,9 +247,11 @@ impl Drop for WaiterGuard {
             let was_head = ks.waiters.front().is_some_and(|w| w.id == self.id);
             ks.waiters.retain(|w| w.id != self.id);
             if was_head {
-                // We may have consumed the wake-up meant for the head: pass it on.
+                // We may have consumed the wake-up meant for the head: pass it on. The new head
+                // is woken even while the key is held, so that it sleeps until the holder's
+                // expiry rather than until its own deadline.
                 ks.expire(Instant::now());
-                ks.wake_head();
+                ks.notify_head();
             }
         }
     }
@@ -279,6 +288,10 @@ impl Coordinator for MemoryCoordinator {
                     if let Some(t) = ticket.as_mut() {
                         // Already removed from the queue: disarm the guard.
                         t.shared = None;
+                        // The next waiter is head now: wake it so it sleeps until our expiry.
+                        if let Some(ks) = st.keys.get(key) {
+                            ks.notify_head();
+                        }
                     }
                     return Ok(Box::new(lease));
                 }
