@@ -1,0 +1,354 @@
+//! The keeper (`lease_core::keep`) over the in-memory backend and over a scripted lease.
+
+mod common;
+
+use common::*;
+use lease_core::memory::MemoryCoordinator;
+use lease_core::{
+    keep, Coordinator, Error, ForceRelease, InvalidInput, KeeperOptions, KeeperStop, Lease,
+    LeaseOptions, LeaseStatus, LostReason,
+};
+use std::sync::atomic::Ordering;
+use tokio::time::Instant;
+
+async fn assert_held_by_other(c: &MemoryCoordinator, k: &lease_core::LockKey) {
+    match c.try_acquire(k, &exact(secs(1))).await {
+        Err(Error::Held { .. }) => {}
+        other => panic!("expected Held, got {other:?}"),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn keeps_a_lease_alive_past_several_ttls() {
+    let c = MemoryCoordinator::new();
+    let k = key("k");
+    let lease = c
+        .try_acquire(&k, &LeaseOptions::new(secs(3)))
+        .await
+        .unwrap();
+    let kept = keep(lease, KeeperOptions::new()).unwrap();
+    let t0 = Instant::now();
+    while Instant::now() - t0 < secs(15) {
+        tokio::time::sleep(ms(250)).await;
+        assert_held_by_other(&c, &k).await;
+        assert_eq!(kept.lease().status(), LeaseStatus::Held);
+        let info = c.inspect(&k).await.unwrap().unwrap();
+        assert_eq!(info.token, tok(1));
+        // Renewed every second: never less than 2 s left on the server.
+        assert!(info.expires_in.unwrap() >= secs(2), "{info:?}");
+    }
+    assert_eq!(kept.stopped(), None);
+    assert_eq!(c.last_token(&k), Some(tok(1)));
+}
+
+#[tokio::test(start_paused = true)]
+async fn renews_at_the_configured_fraction_of_the_ttl() {
+    let lease = ScriptedLease::new(secs(4), RenewScript::Ok);
+    let renews = lease.renews.clone();
+    let kept = keep(Box::new(lease), KeeperOptions::new().renew_fraction(0.5)).unwrap();
+    tokio::time::sleep(ms(1999)).await;
+    assert_eq!(renews.load(Ordering::SeqCst), 0);
+    tokio::time::sleep(ms(2)).await;
+    assert_eq!(renews.load(Ordering::SeqCst), 1);
+    tokio::time::sleep(secs(4)).await; // t = 6.001
+    assert_eq!(renews.load(Ordering::SeqCst), 3);
+    assert_eq!(
+        kept.lease().valid_until(),
+        kept.lease().tracker().acquired_at() + secs(10)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn dropping_kept_stops_renewal_and_drops_the_lease() {
+    let lease = ScriptedLease::new(secs(3), RenewScript::Ok);
+    let renews = lease.renews.clone();
+    let kept = keep(Box::new(lease), KeeperOptions::new()).unwrap();
+    let mut sig = kept.lost();
+    tokio::time::sleep(ms(3500)).await;
+    assert_eq!(renews.load(Ordering::SeqCst), 3);
+    let dropped_at = Instant::now();
+    drop(kept);
+    // The keeper task is gone and took the lease with it: the signal sees the lease dropped.
+    assert_eq!(
+        within(secs(600), "lost signal", sig.wait()).await,
+        LostReason::Released
+    );
+    assert_eq!(Instant::now(), dropped_at);
+    tokio::time::sleep(secs(30)).await;
+    assert_eq!(renews.load(Ordering::SeqCst), 3, "no renewal after drop");
+}
+
+#[tokio::test(start_paused = true)]
+async fn dropping_kept_frees_the_memory_lock_by_the_ttl() {
+    let c = MemoryCoordinator::new();
+    let k = key("k");
+    let lease = c.try_acquire(&k, &exact(secs(3))).await.unwrap();
+    let kept = keep(lease, KeeperOptions::new()).unwrap();
+    tokio::time::sleep(secs(5)).await;
+    assert_held_by_other(&c, &k).await;
+    let dropped_at = Instant::now();
+    drop(kept);
+    // Without renewal the lock is gone at the latest one TTL later (in memory, as soon as the
+    // aborted keeper task drops the lease).
+    let next = c.acquire(&k, &exact(secs(3)).wait(secs(3))).await.unwrap();
+    assert!(Instant::now() - dropped_at <= secs(3));
+    assert_eq!(next.token(), tok(2));
+}
+
+#[tokio::test(start_paused = true)]
+async fn kept_release_frees_at_once() {
+    let c = MemoryCoordinator::new();
+    let k = key("k");
+    let lease = c.try_acquire(&k, &exact(secs(3))).await.unwrap();
+    let kept = keep(lease, KeeperOptions::new()).unwrap();
+    let mut sig = kept.lost();
+    tokio::time::sleep(secs(7)).await;
+    assert_held_by_other(&c, &k).await;
+    kept.release().await.unwrap();
+    // No await on time: free now.
+    let next = c.try_acquire(&k, &exact(secs(3))).await.unwrap();
+    assert_eq!(next.token(), tok(2));
+    assert_eq!(
+        within(secs(600), "lost signal", sig.wait()).await,
+        LostReason::Released
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_progress_the_keeper_stops_and_the_lease_ends_keeper_stopped() {
+    // Repeated: the end of the lease must be recorded as KeeperStopped every time, not by chance.
+    for round in 0..16 {
+        let c = MemoryCoordinator::new();
+        let k = key("k");
+        let opts = LeaseOptions::new(secs(3));
+        let lease = c.try_acquire(&k, &opts).await.unwrap();
+        let valid_until = lease.valid_until();
+        let kept = keep(lease, KeeperOptions::new().require_progress(true)).unwrap();
+        let t0 = Instant::now();
+
+        tokio::time::sleep(secs(2)).await;
+        assert_eq!(
+            kept.stopped(),
+            Some(KeeperStop::NoProgress),
+            "round {round}"
+        );
+        assert_eq!(kept.lease().status(), LeaseStatus::Held);
+        // Not renewed: the server expiry is still the original one.
+        assert_eq!(
+            c.inspect(&k).await.unwrap().unwrap().expires_in,
+            Some(secs(1))
+        );
+        assert_eq!(kept.lease().valid_until(), valid_until);
+
+        tokio::time::sleep_until(t0 + secs(3)).await;
+        assert_eq!(
+            kept.lease().status(),
+            LeaseStatus::Lost(LostReason::KeeperStopped),
+            "round {round}"
+        );
+        // The server expired it at its TTL.
+        assert_eq!(
+            c.try_acquire(&k, &exact(secs(1))).await.unwrap().token(),
+            tok(2)
+        );
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn with_progress_the_keeper_keeps_renewing_until_progress_stops() {
+    let c = MemoryCoordinator::new();
+    let k = key("k");
+    let lease = c
+        .try_acquire(&k, &LeaseOptions::new(secs(3)))
+        .await
+        .unwrap();
+    let kept = keep(lease, KeeperOptions::new().require_progress(true)).unwrap();
+    let progress = kept.progress();
+    let ticker = tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(ms(400)).await;
+            progress.tick();
+        }
+    });
+    tokio::time::sleep(secs(10)).await;
+    assert_eq!(kept.stopped(), None);
+    assert_eq!(kept.lease().status(), LeaseStatus::Held);
+    assert_held_by_other(&c, &k).await;
+
+    ticker.abort();
+    let stuck_at = Instant::now();
+    let mut sig = kept.lost();
+    // `LostSignal::wait` reports the time-based expiry at the instant validity passes, whether or
+    // not the keeper has recorded `KeeperStopped` yet.
+    let r = within(secs(600), "lost signal", sig.wait()).await;
+    assert!(
+        matches!(r, LostReason::Expired | LostReason::KeeperStopped),
+        "{r:?}"
+    );
+    // Stopped within one renewal interval, then ran out: at most interval + TTL after stalling.
+    assert!(Instant::now() - stuck_at <= secs(4));
+    tokio::time::sleep(ms(1)).await;
+    assert_eq!(kept.stopped(), Some(KeeperStop::NoProgress));
+    assert_eq!(
+        kept.lease().status(),
+        LeaseStatus::Lost(LostReason::KeeperStopped)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn max_hold_stops_renewing_after_the_maximum() {
+    let c = MemoryCoordinator::new();
+    let k = key("k");
+    let lease = c
+        .try_acquire(&k, &LeaseOptions::new(secs(3)))
+        .await
+        .unwrap();
+    let margin = lease.ttl() - (lease.valid_until() - Instant::now());
+    let t0 = Instant::now();
+    let kept = keep(lease, KeeperOptions::new().max_hold(secs(7))).unwrap();
+
+    tokio::time::sleep(ms(4500)).await;
+    assert_eq!(kept.stopped(), None);
+    tokio::time::sleep(ms(1000)).await; // t = 5.5
+    // The renewal due at t=5 would have let the lock live until 8 > 7: skipped.
+    assert_eq!(kept.stopped(), Some(KeeperStop::MaxHold));
+    // The last renewal was sent at t=4: valid until 7 - margin, server expiry at 7.
+    assert_eq!(kept.lease().valid_until(), t0 + secs(7) - margin);
+    assert_eq!(kept.lease().status(), LeaseStatus::Held);
+    assert_held_by_other(&c, &k).await;
+
+    tokio::time::sleep_until(t0 + secs(7)).await;
+    assert_eq!(
+        kept.lease().status(),
+        LeaseStatus::Lost(LostReason::KeeperStopped)
+    );
+    // Never held longer than max_hold.
+    let next = c.try_acquire(&k, &exact(secs(1))).await.unwrap();
+    assert_eq!(next.token(), tok(2));
+    assert!(Instant::now() - t0 <= secs(7));
+}
+
+#[tokio::test(start_paused = true)]
+async fn stop_lets_the_lease_run_out() {
+    let lease = ScriptedLease::new(secs(3), RenewScript::Ok);
+    let renews = lease.renews.clone();
+    let kept = keep(Box::new(lease), KeeperOptions::new()).unwrap();
+    tokio::time::sleep(ms(1500)).await;
+    assert_eq!(renews.load(Ordering::SeqCst), 1);
+    kept.stop();
+    tokio::time::sleep(ms(2499)).await; // t = 3.999, valid until 4
+    assert_eq!(kept.lease().status(), LeaseStatus::Held);
+    assert_eq!(kept.stopped(), Some(KeeperStop::Requested));
+    tokio::time::sleep(ms(2)).await;
+    assert_eq!(
+        kept.lease().status(),
+        LeaseStatus::Lost(LostReason::KeeperStopped)
+    );
+    assert_eq!(renews.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn failing_renewals_fire_lost_when_validity_ends_and_not_before() {
+    let lease = ScriptedLease::new(secs(3), RenewScript::Unavailable);
+    let renews = lease.renews.clone();
+    let t0 = Instant::now();
+    let kept = keep(Box::new(lease), KeeperOptions::new()).unwrap();
+    let mut sig = kept.lost();
+    let watcher = tokio::spawn(async move {
+        let r = within(secs(600), "lost signal", sig.wait()).await;
+        (r, Instant::now())
+    });
+
+    tokio::time::sleep(ms(2999)).await;
+    assert_eq!(kept.lease().status(), LeaseStatus::Held);
+    assert!(!watcher.is_finished());
+    let tries = renews.load(Ordering::SeqCst);
+    assert!(tries >= 3, "the keeper retries failed renewals: {tries}");
+
+    let (reason, at) = within(secs(600), "lost watcher", watcher).await.unwrap();
+    assert_eq!(reason, LostReason::Expired);
+    assert_eq!(at - t0, secs(3));
+    tokio::time::sleep(ms(1)).await;
+    assert_eq!(
+        kept.lease().status(),
+        LeaseStatus::Lost(LostReason::Expired)
+    );
+    let after = renews.load(Ordering::SeqCst);
+    tokio::time::sleep(secs(30)).await;
+    assert_eq!(renews.load(Ordering::SeqCst), after, "the keeper exited");
+}
+
+#[tokio::test(start_paused = true)]
+async fn transient_renewal_failures_are_retried() {
+    let lease = ScriptedLease::new(secs(3), RenewScript::FailFirst(3));
+    let renews = lease.renews.clone();
+    let kept = keep(Box::new(lease), KeeperOptions::new()).unwrap();
+    tokio::time::sleep(secs(12)).await;
+    assert_eq!(kept.lease().status(), LeaseStatus::Held);
+    assert!(renews.load(Ordering::SeqCst) > 3);
+    assert!(kept.lease().remaining() >= secs(2));
+}
+
+#[tokio::test(start_paused = true)]
+async fn refused_renewal_marks_the_lease_lost_at_once() {
+    let lease = ScriptedLease::new(secs(3), RenewScript::Lost);
+    let renews = lease.renews.clone();
+    let t0 = Instant::now();
+    let kept = keep(Box::new(lease), KeeperOptions::new()).unwrap();
+    let mut sig = kept.lost();
+    assert_eq!(
+        within(secs(600), "lost signal", sig.wait()).await,
+        LostReason::Superseded
+    );
+    assert_eq!(Instant::now() - t0, secs(1));
+    tokio::time::sleep(secs(10)).await;
+    assert_eq!(renews.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn force_release_stops_the_keeper() {
+    let c = MemoryCoordinator::new();
+    let k = key("k");
+    let lease = c.try_acquire(&k, &exact(secs(3))).await.unwrap();
+    let kept = keep(lease, KeeperOptions::new()).unwrap();
+    tokio::time::sleep(secs(4)).await;
+    c.force_release(&k, &ForceRelease::new("alice", "drill").unwrap())
+        .await
+        .unwrap();
+    let next = c.try_acquire(&k, &exact(secs(30))).await.unwrap();
+    tokio::time::sleep(secs(10)).await;
+    assert_eq!(
+        kept.lease().status(),
+        LeaseStatus::Lost(LostReason::Revoked)
+    );
+    // The keeper never renewed (or released) the new owner's lock.
+    let info = c.inspect(&k).await.unwrap().unwrap();
+    assert_eq!(info.token, next.token());
+    assert_eq!(info.expires_in, Some(secs(20)));
+    assert!(matches!(kept.release().await, Err(Error::Lost { .. })));
+    assert_eq!(c.inspect(&k).await.unwrap().unwrap().token, tok(2));
+}
+
+#[tokio::test(start_paused = true)]
+async fn invalid_renew_fraction_is_rejected() {
+    for f in [0.0, -0.5, 0.95, 1.0, f64::NAN, f64::INFINITY] {
+        let lease = ScriptedLease::new(secs(3), RenewScript::Ok);
+        let renews = lease.renews.clone();
+        match keep(Box::new(lease), KeeperOptions::new().renew_fraction(f)) {
+            Err(Error::InvalidInput(InvalidInput::OutOfRange { field, .. })) => {
+                assert_eq!(field, "renew_fraction", "{f}")
+            }
+            other => panic!("{f}: {other:?}"),
+        }
+        tokio::time::sleep(secs(5)).await;
+        assert_eq!(
+            renews.load(Ordering::SeqCst),
+            0,
+            "nothing was spawned for {f}"
+        );
+    }
+    for f in [0.01, 0.5, 0.9] {
+        let lease = ScriptedLease::new(secs(3), RenewScript::Ok);
+        assert!(keep(Box::new(lease), KeeperOptions::new().renew_fraction(f)).is_ok());
+    }
+}

@@ -1,0 +1,335 @@
+//! Multi-lock (`acquire_many`) over the in-memory backend.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use common::*;
+use lease_core::memory::MemoryCoordinator;
+use lease_core::{
+    acquire_many, Capabilities, Coordinator, Error, ForceRelease, HolderInfo, InvalidInput, Lease,
+    LeaseOptions, LockKey, LostReason,
+};
+use tokio::time::Instant;
+
+/// A coordinator that records each `acquire` call (key and wait bound) before delegating.
+#[derive(Debug, Default)]
+struct Recording {
+    inner: MemoryCoordinator,
+    calls: Mutex<Vec<(String, Duration)>>,
+}
+
+impl Recording {
+    fn calls(&self) -> Vec<(String, Duration)> {
+        self.calls.lock().unwrap().clone()
+    }
+}
+
+#[async_trait]
+impl Coordinator for Recording {
+    fn capabilities(&self) -> &Capabilities {
+        self.inner.capabilities()
+    }
+    async fn acquire(
+        &self,
+        key: &LockKey,
+        options: &LeaseOptions,
+    ) -> lease_core::Result<Box<dyn Lease>> {
+        self.calls
+            .lock()
+            .unwrap()
+            .push((key.to_string(), options.wait_value()));
+        self.inner.acquire(key, options).await
+    }
+    async fn try_acquire(
+        &self,
+        key: &LockKey,
+        options: &LeaseOptions,
+    ) -> lease_core::Result<Box<dyn Lease>> {
+        self.inner.try_acquire(key, options).await
+    }
+    async fn inspect(&self, key: &LockKey) -> lease_core::Result<Option<HolderInfo>> {
+        self.inner.inspect(key).await
+    }
+    async fn force_release(
+        &self,
+        key: &LockKey,
+        request: &ForceRelease,
+    ) -> lease_core::Result<Option<HolderInfo>> {
+        self.inner.force_release(key, request).await
+    }
+}
+
+fn keys(names: &[&str]) -> Vec<LockKey> {
+    names.iter().map(|n| key(n)).collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn acquires_in_sorted_order_without_duplicates() {
+    let rec = Recording::default();
+    let m = acquire_many(
+        &rec,
+        &keys(&["c", "a", "b", "a", "a/b", "c"]),
+        &exact(secs(10)).wait(secs(5)),
+    )
+    .await
+    .unwrap();
+    let order: Vec<String> = rec.calls().into_iter().map(|(k, _)| k).collect();
+    assert_eq!(order, ["a", "a/b", "b", "c"]);
+    assert_eq!(
+        m.tokens(),
+        vec![
+            (key("a"), tok(1)),
+            (key("a/b"), tok(1)),
+            (key("b"), tok(1)),
+            (key("c"), tok(1)),
+        ]
+    );
+    assert_eq!(m.leases().len(), 4);
+    for k in ["a", "a/b", "b", "c"] {
+        assert!(rec.inspect(&key(k)).await.unwrap().is_some(), "{k}");
+    }
+    assert_eq!(m.valid_until(), Instant::now() + secs(10));
+    assert!(format!("{m:?}").contains("\"a/b\""));
+    m.release().await.unwrap();
+    for k in ["a", "a/b", "b", "c"] {
+        assert!(rec.inspect(&key(k)).await.unwrap().is_none(), "{k}");
+    }
+}
+
+/// Two (four) workers naming the same keys in opposite orders, many times: no deadlock (every
+/// acquisition succeeds well inside its bounded wait) and never overlapping holds.
+#[tokio::test(start_paused = true)]
+async fn opposite_orders_never_deadlock_or_overlap() {
+    let c = Arc::new(MemoryCoordinator::new());
+    let in_use: Arc<[AtomicBool; 3]> = Arc::new(Default::default());
+    let names = ["a", "b", "c"];
+    let orders: Vec<Vec<usize>> = vec![vec![0, 1, 2], vec![2, 1, 0], vec![1, 0], vec![2, 0]];
+    let mut tasks = Vec::new();
+    for (w, order) in orders.into_iter().enumerate() {
+        let (c, in_use) = (c.clone(), in_use.clone());
+        tasks.push(tokio::spawn(async move {
+            let ks: Vec<LockKey> = order.iter().map(|&i| key(names[i])).collect();
+            for round in 0..200u64 {
+                let m = acquire_many(&*c, &ks, &exact(secs(10)).wait(secs(60)))
+                    .await
+                    .unwrap_or_else(|e| panic!("worker {w} round {round}: {e}"));
+                for &i in &order {
+                    assert!(
+                        !in_use[i].swap(true, Ordering::SeqCst),
+                        "worker {w} round {round}: key {} already in use",
+                        names[i]
+                    );
+                }
+                tokio::time::sleep(ms(1 + (round + w as u64) % 3)).await;
+                for &i in &order {
+                    in_use[i].store(false, Ordering::SeqCst);
+                }
+                m.release().await.unwrap();
+            }
+        }));
+    }
+    let all = async {
+        for t in tasks {
+            t.await.unwrap();
+        }
+    };
+    tokio::time::timeout(secs(3600), all)
+        .await
+        .expect("workers finished");
+}
+
+/// The same on a multi-thread runtime with real time (no sleeps: bounded by a real timeout).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn opposite_orders_on_threads_never_deadlock_or_overlap() {
+    let c = Arc::new(MemoryCoordinator::new());
+    let in_use: Arc<[AtomicBool; 2]> = Arc::new(Default::default());
+    let mut tasks = Vec::new();
+    for (w, order) in [[0usize, 1], [1, 0], [0, 1], [1, 0]]
+        .into_iter()
+        .enumerate()
+    {
+        let (c, in_use) = (c.clone(), in_use.clone());
+        tasks.push(tokio::spawn(async move {
+            let ks: Vec<LockKey> = order.iter().map(|&i| key(["a", "b"][i])).collect();
+            for round in 0..300 {
+                let m = acquire_many(&*c, &ks, &exact(secs(30)).wait(secs(20)))
+                    .await
+                    .unwrap_or_else(|e| panic!("worker {w} round {round}: {e}"));
+                for i in 0..2 {
+                    assert!(
+                        !in_use[i].swap(true, Ordering::SeqCst),
+                        "overlap on key {i}"
+                    );
+                }
+                tokio::task::yield_now().await;
+                for i in 0..2 {
+                    in_use[i].store(false, Ordering::SeqCst);
+                }
+                m.release().await.unwrap();
+            }
+        }));
+    }
+    tokio::time::timeout(Duration::from_secs(20), async {
+        for t in tasks {
+            t.await.unwrap();
+        }
+    })
+    .await
+    .expect("no deadlock");
+    assert_eq!(c.last_token(&key("a")), Some(tok(1200)));
+}
+
+#[tokio::test(start_paused = true)]
+async fn releases_what_it_took_when_the_next_key_times_out() {
+    let c = MemoryCoordinator::new();
+    let _b = c.try_acquire(&key("b"), &exact(secs(3600))).await.unwrap();
+    let t0 = Instant::now();
+    match acquire_many(&c, &keys(&["b", "a"]), &exact(secs(10)).wait(secs(5))).await {
+        Err(Error::Timeout { key, waited }) => {
+            assert_eq!(key, "b");
+            assert_eq!(waited, secs(5));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(Instant::now() - t0, secs(5));
+    // `a` was taken (token 1) and given back.
+    assert_eq!(c.last_token(&key("a")), Some(tok(1)));
+    assert!(c.inspect(&key("a")).await.unwrap().is_none());
+    assert_eq!(c.waiters(&key("b")), 0);
+    assert_eq!(
+        c.try_acquire(&key("a"), &exact(secs(1)))
+            .await
+            .unwrap()
+            .token(),
+        tok(2)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_wait_bound_is_total_not_per_key() {
+    let rec = Arc::new(Recording::default());
+    let a = rec
+        .inner
+        .try_acquire(&key("a"), &exact(secs(3600)))
+        .await
+        .unwrap();
+    let b = rec
+        .inner
+        .try_acquire(&key("b"), &exact(secs(3600)))
+        .await
+        .unwrap();
+    tokio::spawn(async move {
+        tokio::time::sleep(secs(4)).await;
+        a.release().await.unwrap();
+        tokio::time::sleep(secs(4)).await;
+        b.release().await.unwrap();
+    });
+    let t0 = Instant::now();
+    // `a` comes free at 4 s, `b` at 8 s; the total wait of 6 s ends at 6 s.
+    match acquire_many(&*rec, &keys(&["a", "b"]), &exact(secs(10)).wait(secs(6))).await {
+        Err(Error::Timeout { key, waited }) => {
+            assert_eq!(key, "b");
+            assert_eq!(waited, secs(2));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(Instant::now() - t0, secs(6));
+    assert_eq!(
+        rec.calls(),
+        vec![("a".to_owned(), secs(6)), ("b".to_owned(), secs(2))]
+    );
+    assert!(rec.inspect(&key("a")).await.unwrap().is_none());
+
+    // Within the total it succeeds, as soon as the last key comes free.
+    tokio::time::sleep(secs(3)).await; // t = 9: b is free now
+    let c = MemoryCoordinator::new();
+    let x = c.try_acquire(&key("x"), &exact(secs(3600))).await.unwrap();
+    let y = c.try_acquire(&key("y"), &exact(secs(3600))).await.unwrap();
+    tokio::spawn(async move {
+        tokio::time::sleep(secs(2)).await;
+        x.release().await.unwrap();
+        tokio::time::sleep(secs(1)).await;
+        y.release().await.unwrap();
+    });
+    let t1 = Instant::now();
+    let m = acquire_many(&c, &keys(&["y", "x"]), &exact(secs(10)).wait(secs(6)))
+        .await
+        .unwrap();
+    assert_eq!(Instant::now() - t1, secs(3));
+    assert_eq!(m.tokens(), vec![(key("x"), tok(2)), (key("y"), tok(2))]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn empty_key_list_and_bad_options_are_invalid_input() {
+    let c = MemoryCoordinator::new();
+    match acquire_many(&c, &[], &exact(secs(10))).await {
+        Err(Error::InvalidInput(InvalidInput::Empty { what })) => assert_eq!(what, "key list"),
+        other => panic!("{other:?}"),
+    }
+    let r = acquire_many(&c, &keys(&["a", "b"]), &LeaseOptions::new(Duration::ZERO)).await;
+    assert!(matches!(r, Err(Error::InvalidInput(InvalidInput::ZeroTtl))));
+    let r = acquire_many(
+        &c,
+        &keys(&["a", "b"]),
+        &exact(secs(1)).wait(LeaseOptions::MAX_WAIT + secs(1)),
+    )
+    .await;
+    assert!(matches!(
+        r,
+        Err(Error::InvalidInput(InvalidInput::WaitTooLarge { .. }))
+    ));
+    assert_eq!(c.last_token(&key("a")), None);
+    assert_eq!(c.last_token(&key("b")), None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn lost_renew_release_and_drop_cover_every_key() {
+    let c = MemoryCoordinator::new();
+    let m = acquire_many(&c, &keys(&["a", "b", "c"]), &exact(secs(10)))
+        .await
+        .unwrap();
+    tokio::time::advance(secs(4)).await;
+    let until = m.renew().await.unwrap();
+    assert_eq!(until, Instant::now() + secs(10));
+    for k in ["a", "b", "c"] {
+        assert_eq!(
+            c.inspect(&key(k)).await.unwrap().unwrap().expires_in,
+            Some(secs(10))
+        );
+    }
+
+    let (c2, kb) = (c.clone(), key("b"));
+    tokio::spawn(async move {
+        tokio::time::sleep(secs(1)).await;
+        c2.force_release(&kb, &ForceRelease::new("alice", "drill").unwrap())
+            .await
+            .unwrap();
+    });
+    assert_eq!(m.lost().await, (key("b"), LostReason::Revoked));
+
+    // Renew reports the loss but still renews the others.
+    tokio::time::advance(secs(2)).await;
+    assert!(matches!(m.renew().await, Err(Error::Lost { .. })));
+    assert_eq!(
+        c.inspect(&key("c")).await.unwrap().unwrap().expires_in,
+        Some(secs(10))
+    );
+    // Release reports the first error but releases the rest.
+    assert!(matches!(m.release().await, Err(Error::Lost { .. })));
+    for k in ["a", "b", "c"] {
+        assert!(c.inspect(&key(k)).await.unwrap().is_none(), "{k}");
+    }
+
+    // Dropping a multi-lease releases every key.
+    let m = acquire_many(&c, &keys(&["a", "c"]), &exact(secs(10)))
+        .await
+        .unwrap();
+    drop(m);
+    for k in ["a", "c"] {
+        assert!(c.inspect(&key(k)).await.unwrap().is_none(), "{k}");
+    }
+}
