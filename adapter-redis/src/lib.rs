@@ -1,4 +1,65 @@
-//! Fenced leases on redis.
-//!
-//! This crate is a placeholder in the workspace: the adapter is built by its own issue. It depends
-//! on `lease-core` so that the workspace layout (one crate per backend) is fixed from the start.
+#![doc = include_str!("../README.md")]
+#![forbid(unsafe_code)]
+
+mod config;
+mod connection;
+mod coordinator;
+mod error;
+mod fence;
+mod keys;
+mod lease;
+mod scripts;
+mod wakeups;
+
+use std::sync::Arc;
+
+use lease_core::{BackendUrl, Coordinator, Fence, Registry};
+
+pub use config::{
+    RedisConfig, DEFAULT_COMMAND_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_KEY_PREFIX,
+    DEFAULT_POLL_INTERVAL, MAX_INTERVAL, MAX_KEY_PREFIX_BYTES,
+};
+pub use coordinator::{AuditRecord, RedisCoordinator, MIN_TTL};
+pub use fence::RedisFence;
+pub use lease::RedisLease;
+
+/// The URL schemes this adapter serves: `redis` (plain TCP) and `rediss` (TLS).
+pub const SCHEMES: [&str; 2] = ["redis", "rediss"];
+
+/// Registers [`RedisCoordinator`] and [`RedisFence`] for every scheme in [`SCHEMES`].
+///
+/// After this, `registry.connect("redis://...")` and `registry.connect_fence("redis://...")`
+/// parse the URL with [`RedisConfig::from_backend_url`] and connect (durability check included).
+pub fn register(registry: &mut Registry) {
+    for scheme in SCHEMES {
+        registry.register_coordinator(
+            scheme,
+            Arc::new(|url: BackendUrl| {
+                Box::pin(async move {
+                    let config = RedisConfig::from_backend_url(url)?;
+                    let c = RedisCoordinator::connect(config).await?;
+                    Ok(Arc::new(c) as Arc<dyn Coordinator>)
+                })
+            }),
+        );
+        registry.register_fence(
+            scheme,
+            Arc::new(|url: BackendUrl| {
+                Box::pin(async move {
+                    let config = RedisConfig::from_backend_url(url)?;
+                    let f = RedisFence::connect(config).await?;
+                    Ok(Arc::new(f) as Arc<dyn Fence>)
+                })
+            }),
+        );
+    }
+}
+
+/// The Redis keys that store the lock `key` under `config`'s key prefix (the lock itself, its
+/// token counter, its revocation marker and its audit stream), for operators and tests that
+/// delete a lock's storage the way `redis-cli DEL` would. Deleting them is what an operator must
+/// not rely on for safety: see the "Semantics on Redis" section on tokens.
+pub fn storage_keys(config: &RedisConfig, key: &lease_core::LockKey) -> Vec<String> {
+    let k = keys::LockKeys::new(config.key_prefix(), key);
+    vec![k.lock, k.counter, k.revoked, k.audit]
+}

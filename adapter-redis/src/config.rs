@@ -1,0 +1,491 @@
+//! [`RedisConfig`]: where the server is and how the adapter behaves, parsed from a URL.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use lease_core::{BackendUrl, Error, InvalidInput, OwnerId, Result, Token};
+
+/// The default key prefix.
+pub const DEFAULT_KEY_PREFIX: &str = "fenced";
+/// The default bound on one command's response (also the bound on a re-read after it).
+pub const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_secs(2);
+/// The default bound on opening a connection.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// The default longest sleep of a waiting `acquire` between two attempts when no release
+/// notification arrives (the fallback for lost pub/sub messages).
+pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(250);
+/// The longest key prefix, in bytes.
+pub const MAX_KEY_PREFIX_BYTES: usize = 64;
+/// The largest command timeout, connect timeout or poll interval accepted.
+pub const MAX_INTERVAL: Duration = Duration::from_secs(60);
+
+/// The URL query parameters the adapter understands (every other one is rejected).
+const PARAMS: &[&str] = &[
+    "key_prefix",
+    "volatile_tokens",
+    "token_floor",
+    "clock_start",
+    "command_timeout_ms",
+    "connect_timeout_ms",
+    "poll_interval_ms",
+    "tls_ca_file",
+];
+
+/// How to reach a Redis server and how the adapter uses it.
+///
+/// Parsed from a URL ([`RedisConfig::from_url`]):
+///
+/// ```text
+/// redis://[user[:password]@]host[:port][/db][?option=value&...]
+/// rediss://...                      (TLS; the server certificate is checked against the
+///                                    system roots, or against `tls_ca_file`)
+/// ```
+///
+/// | option | default | meaning |
+/// |---|---|---|
+/// | `key_prefix` | `fenced` | first part of every key; 1 to 64 bytes, no `{`, `}`, spaces or control characters |
+/// | `volatile_tokens` | `false` | `true` accepts a server that cannot keep the token counter across a crash (see the crate docs); the durability check at connect is skipped |
+/// | `token_floor` | none | every token issued is above this value (raise it after a restore or failover) |
+/// | `clock_start` | `true` | a key's counter that does not exist (first use, or lost) starts at the server's clock in microseconds; `false` starts it at 0 (tokens 1, 2, 3, ...) |
+/// | `command_timeout_ms` | `2000` | bound on each command's response |
+/// | `connect_timeout_ms` | `2000` | bound on opening a connection |
+/// | `poll_interval_ms` | `250` | longest sleep of a waiter between attempts without a notification |
+/// | `tls_ca_file` | none | PEM file of the CA that signed the server certificate (`rediss://` only) |
+///
+/// `Debug` and `Display` show the URL with the password replaced by `***`; errors name values
+/// the same way.
+#[derive(Clone)]
+pub struct RedisConfig {
+    url: BackendUrl,
+    key_prefix: String,
+    volatile_tokens: bool,
+    token_floor: Option<Token>,
+    clock_start: bool,
+    command_timeout: Duration,
+    connect_timeout: Duration,
+    poll_interval: Duration,
+    tls_ca_file: Option<PathBuf>,
+    owner: Option<OwnerId>,
+}
+
+impl fmt::Debug for RedisConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisConfig")
+            .field("url", &self.url)
+            .field("key_prefix", &self.key_prefix)
+            .field("volatile_tokens", &self.volatile_tokens)
+            .field("token_floor", &self.token_floor)
+            .field("clock_start", &self.clock_start)
+            .field("command_timeout", &self.command_timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("poll_interval", &self.poll_interval)
+            .field("tls_ca_file", &self.tls_ca_file)
+            .field("owner", &self.owner)
+            .finish()
+    }
+}
+
+impl fmt::Display for RedisConfig {
+    /// The URL, password redacted.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.url, f)
+    }
+}
+
+impl RedisConfig {
+    /// Parses `url` (`redis://` or `rediss://`, options as query parameters; see the type docs).
+    ///
+    /// Errors are `Error::InvalidInput` naming the offending value, with the password redacted.
+    /// Nothing is sent.
+    pub fn from_url(url: &str) -> Result<Self> {
+        let parsed = BackendUrl::parse(url)?;
+        Self::from_backend_url(parsed)
+    }
+
+    /// Like [`RedisConfig::from_url`], for an already parsed URL (as the registry hands it over).
+    pub fn from_backend_url(url: BackendUrl) -> Result<Self> {
+        let raw = url.expose();
+        match raw.scheme() {
+            "redis" | "rediss" => {}
+            other => {
+                return Err(url
+                    .invalid(format!(
+                        "scheme {other:?} is not a Redis scheme (use redis:// or rediss://)"
+                    ))
+                    .into())
+            }
+        }
+        if raw.host_str().is_none_or(str::is_empty) {
+            return Err(url.invalid("the URL names no host").into());
+        }
+        if raw.fragment().is_some() {
+            return Err(url
+                .invalid(
+                    "URL fragments are not supported (certificate checks cannot be turned off; \
+                     use tls_ca_file for a private CA)",
+                )
+                .into());
+        }
+        let db = raw.path().trim_matches('/');
+        if !db.is_empty() && db.parse::<u16>().is_err() {
+            return Err(url
+                .invalid(format!(
+                    "the path {db:?} is not a database number (use /0, /1, ...)"
+                ))
+                .into());
+        }
+
+        let mut config = RedisConfig {
+            url: url.clone(),
+            key_prefix: DEFAULT_KEY_PREFIX.to_owned(),
+            volatile_tokens: false,
+            token_floor: None,
+            clock_start: true,
+            command_timeout: DEFAULT_COMMAND_TIMEOUT,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            poll_interval: DEFAULT_POLL_INTERVAL,
+            tls_ca_file: None,
+            owner: None,
+        };
+        let mut seen: Vec<String> = Vec::new();
+        for (name, value) in raw.query_pairs() {
+            let (name, value) = (name.into_owned(), value.into_owned());
+            if !PARAMS.contains(&name.as_str()) {
+                return Err(url
+                    .invalid(format!(
+                        "unknown option {name:?} (known: {})",
+                        PARAMS.join(", ")
+                    ))
+                    .into());
+            }
+            if seen.contains(&name) {
+                return Err(url
+                    .invalid(format!("option {name:?} is given twice"))
+                    .into());
+            }
+            seen.push(name.clone());
+            let bad =
+                |expected: &str| url.invalid(format!("{name}={value:?}: expected {expected}"));
+            match name.as_str() {
+                "key_prefix" => {
+                    validate_prefix(&value).map_err(&bad)?;
+                    config.key_prefix = value;
+                }
+                "volatile_tokens" | "clock_start" => {
+                    let yes = match value.to_ascii_lowercase().as_str() {
+                        "true" | "1" | "yes" => true,
+                        "false" | "0" | "no" => false,
+                        _ => return Err(bad("true or false").into()),
+                    };
+                    if name == "clock_start" {
+                        config.clock_start = yes;
+                    } else {
+                        config.volatile_tokens = yes;
+                    }
+                }
+                "token_floor" => {
+                    let floor: Token = value
+                        .parse()
+                        .map_err(|_| bad("an integer in 0..=9223372036854775806"))?;
+                    if floor == Token::MAX {
+                        return Err(bad("an integer in 0..=9223372036854775806").into());
+                    }
+                    config.token_floor = Some(floor);
+                }
+                "command_timeout_ms" | "connect_timeout_ms" | "poll_interval_ms" => {
+                    let d = value
+                        .parse::<u64>()
+                        .ok()
+                        .map(Duration::from_millis)
+                        .filter(|d| !d.is_zero() && *d <= MAX_INTERVAL)
+                        .ok_or_else(|| bad("milliseconds in 1..=60000"))?;
+                    match name.as_str() {
+                        "command_timeout_ms" => config.command_timeout = d,
+                        "connect_timeout_ms" => config.connect_timeout = d,
+                        _ => config.poll_interval = d,
+                    }
+                }
+                "tls_ca_file" => {
+                    if raw.scheme() != "rediss" {
+                        return Err(bad("a rediss:// URL (tls_ca_file needs TLS)").into());
+                    }
+                    if value.is_empty() {
+                        return Err(bad("a file path").into());
+                    }
+                    config.tls_ca_file = Some(PathBuf::from(value));
+                }
+                _ => unreachable!("checked against PARAMS"),
+            }
+        }
+        Ok(config)
+    }
+
+    /// Sets the key prefix (1 to [`MAX_KEY_PREFIX_BYTES`] bytes; no `{`, `}`, whitespace or control
+    /// characters, so that it never interferes with the Cluster hash tag).
+    pub fn with_key_prefix(mut self, prefix: impl Into<String>) -> Result<Self> {
+        let prefix = prefix.into();
+        validate_prefix(&prefix).map_err(|problem| {
+            Error::from(InvalidInput::OutOfRange {
+                field: "key_prefix",
+                value: format!("{prefix:?}"),
+                expected: problem,
+            })
+        })?;
+        self.key_prefix = prefix;
+        Ok(self)
+    }
+
+    /// Accepts (`true`) a server whose token counter may not survive a crash; see the crate docs.
+    pub fn with_volatile_tokens(mut self, yes: bool) -> Self {
+        self.volatile_tokens = yes;
+        self
+    }
+
+    /// Every token issued is above `floor` (for example after a restore or failover).
+    pub fn with_token_floor(mut self, floor: Token) -> Self {
+        self.token_floor = Some(floor);
+        self
+    }
+
+    /// Whether a key's counter that does not exist starts at the server's clock in microseconds
+    /// (`true`, the default) or at 0. See the crate docs, "Token source".
+    pub fn with_clock_start(mut self, yes: bool) -> Self {
+        self.clock_start = yes;
+        self
+    }
+
+    /// Sets the bound on each command's response (1 ms to [`MAX_INTERVAL`]).
+    pub fn with_command_timeout(mut self, d: Duration) -> Result<Self> {
+        self.command_timeout = checked_interval("command_timeout", d)?;
+        Ok(self)
+    }
+
+    /// Sets the bound on opening a connection (1 ms to [`MAX_INTERVAL`]).
+    pub fn with_connect_timeout(mut self, d: Duration) -> Result<Self> {
+        self.connect_timeout = checked_interval("connect_timeout", d)?;
+        Ok(self)
+    }
+
+    /// Sets the longest sleep of a waiter between attempts without a notification (1 ms to
+    /// [`MAX_INTERVAL`]).
+    pub fn with_poll_interval(mut self, d: Duration) -> Result<Self> {
+        self.poll_interval = checked_interval("poll_interval", d)?;
+        Ok(self)
+    }
+
+    /// The owner label for leases whose options name none (default: `host/pid`).
+    pub fn with_owner(mut self, owner: OwnerId) -> Self {
+        self.owner = Some(owner);
+        self
+    }
+
+    /// The URL (its `Display` and `Debug` redact the password).
+    pub fn url(&self) -> &BackendUrl {
+        &self.url
+    }
+
+    /// The key prefix.
+    pub fn key_prefix(&self) -> &str {
+        &self.key_prefix
+    }
+
+    /// Whether the user accepted tokens that may not survive a crash.
+    pub fn volatile_tokens(&self) -> bool {
+        self.volatile_tokens
+    }
+
+    /// The token floor, if any.
+    pub fn token_floor(&self) -> Option<Token> {
+        self.token_floor
+    }
+
+    /// Whether a missing counter starts at the server's clock.
+    pub fn clock_start(&self) -> bool {
+        self.clock_start
+    }
+
+    /// The bound on each command's response.
+    pub fn command_timeout(&self) -> Duration {
+        self.command_timeout
+    }
+
+    /// The bound on opening a connection.
+    pub fn connect_timeout(&self) -> Duration {
+        self.connect_timeout
+    }
+
+    /// The waiters' fallback poll interval.
+    pub fn poll_interval(&self) -> Duration {
+        self.poll_interval
+    }
+
+    /// The CA file for `rediss://`, if any.
+    pub fn tls_ca_file(&self) -> Option<&std::path::Path> {
+        self.tls_ca_file.as_deref()
+    }
+
+    /// The default owner label, if set.
+    pub fn owner(&self) -> Option<&OwnerId> {
+        self.owner.as_ref()
+    }
+
+    /// Builds the redis-rs client: the URL without the adapter's own options.
+    pub(crate) fn client(&self) -> Result<redis::Client> {
+        let mut raw = self.url.expose().clone();
+        raw.set_query(None);
+        let client = match &self.tls_ca_file {
+            None => {
+                if raw.scheme() == "rediss" {
+                    install_crypto_provider();
+                }
+                redis::Client::open(raw)
+            }
+            Some(path) => {
+                install_crypto_provider();
+                let pem = std::fs::read(path).map_err(|e| {
+                    Error::from(
+                        self.url
+                            .invalid(format!("tls_ca_file {}: cannot read: {e}", path.display())),
+                    )
+                })?;
+                redis::Client::build_with_tls(
+                    raw,
+                    redis::TlsCertificates {
+                        client_tls: None,
+                        root_cert: Some(pem),
+                    },
+                )
+            }
+        };
+        client.map_err(|e| {
+            Error::from(
+                self.url
+                    .invalid(format!("the Redis client rejected it: {e}")),
+            )
+        })
+    }
+}
+
+/// Makes sure rustls has a process-wide crypto provider (ring), even when another crate in the
+/// build enables a second one (then rustls cannot pick one by itself).
+fn install_crypto_provider() {
+    // An error means a provider is installed already, which is all we need.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+fn validate_prefix(prefix: &str) -> std::result::Result<(), &'static str> {
+    if prefix.is_empty() {
+        return Err("a non-empty prefix");
+    }
+    if prefix.len() > MAX_KEY_PREFIX_BYTES {
+        return Err("at most 64 bytes");
+    }
+    if prefix
+        .chars()
+        .any(|c| c == '{' || c == '}' || c.is_whitespace() || c.is_control())
+    {
+        return Err("no '{', '}', whitespace or control characters");
+    }
+    Ok(())
+}
+
+fn checked_interval(field: &'static str, d: Duration) -> Result<Duration> {
+    if d < Duration::from_millis(1) || d > MAX_INTERVAL {
+        return Err(InvalidInput::OutOfRange {
+            field,
+            value: format!("{d:?}"),
+            expected: "1 ms to 60 s",
+        }
+        .into());
+    }
+    Ok(d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn invalid(url: &str) -> String {
+        match RedisConfig::from_url(url) {
+            Err(Error::InvalidInput(e)) => e.to_string(),
+            other => panic!("{url}: expected InvalidInput, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn parses_options() {
+        let c = RedisConfig::from_url(
+            "redis://alice:pw@127.0.0.1:6390/2?key_prefix=app&volatile_tokens=true&token_floor=1000&command_timeout_ms=500&connect_timeout_ms=700&poll_interval_ms=50&clock_start=false",
+        )
+        .unwrap();
+        assert!(!c.clock_start());
+        assert_eq!(c.key_prefix(), "app");
+        assert!(c.volatile_tokens());
+        assert_eq!(c.token_floor(), Some(Token::new(1000).unwrap()));
+        assert_eq!(c.command_timeout(), Duration::from_millis(500));
+        assert_eq!(c.connect_timeout(), Duration::from_millis(700));
+        assert_eq!(c.poll_interval(), Duration::from_millis(50));
+        let d = RedisConfig::from_url("rediss://h").unwrap();
+        assert_eq!(d.key_prefix(), DEFAULT_KEY_PREFIX);
+        assert!(!d.volatile_tokens());
+        assert!(d.clock_start());
+        assert_eq!(d.command_timeout(), DEFAULT_COMMAND_TIMEOUT);
+    }
+
+    #[test]
+    fn rejects_bad_values_naming_them_without_the_password() {
+        for (url, needle) in [
+            ("redis://:hunter2@h?volatile_tokens=maybe", "maybe"),
+            ("redis://:hunter2@h?clock_start=2", "clock_start"),
+            ("redis://:hunter2@h?token_floor=-1", "-1"),
+            (
+                "redis://:hunter2@h?token_floor=9223372036854775807",
+                "token_floor",
+            ),
+            (
+                "redis://:hunter2@h?command_timeout_ms=0",
+                "command_timeout_ms",
+            ),
+            (
+                "redis://:hunter2@h?poll_interval_ms=600000",
+                "poll_interval_ms",
+            ),
+            ("redis://:hunter2@h?key_prefix=a%7Bb", "key_prefix"),
+            ("redis://:hunter2@h?key_prefix=", "key_prefix"),
+            ("redis://:hunter2@h?nosuch=1", "nosuch"),
+            ("redis://:hunter2@h?key_prefix=a&key_prefix=b", "twice"),
+            ("redis://:hunter2@h/abc", "abc"),
+            ("redis://:hunter2@h#insecure", "fragment"),
+            ("redis://:hunter2@h?tls_ca_file=/x", "rediss"),
+            ("http://:hunter2@h", "http"),
+            ("redis://:hunter2@[bad", "redis://:***@"),
+        ] {
+            let e = invalid(url);
+            assert!(e.contains(needle), "{url}: {e}");
+            assert!(!e.contains("hunter2"), "{url}: {e}");
+        }
+    }
+
+    #[test]
+    fn debug_and_display_redact_the_password() {
+        let c = RedisConfig::from_url("redis://bob:s3cret@h:1/0?key_prefix=p").unwrap();
+        for shown in [format!("{c}"), format!("{c:?}")] {
+            assert!(!shown.contains("s3cret"), "{shown}");
+            assert!(shown.contains("bob"), "{shown}");
+        }
+    }
+
+    #[test]
+    fn setters_validate() {
+        let c = RedisConfig::from_url("redis://h").unwrap();
+        assert!(c.clone().with_key_prefix("a}b").is_err());
+        assert!(c.clone().with_key_prefix("ok:prefix").is_ok());
+        assert!(c.clone().with_command_timeout(Duration::ZERO).is_err());
+        assert!(c
+            .clone()
+            .with_poll_interval(Duration::from_secs(61))
+            .is_err());
+        assert!(c.with_connect_timeout(Duration::from_millis(5)).is_ok());
+    }
+}

@@ -1,0 +1,304 @@
+//! The command connection: one multiplexed connection, reopened after it breaks, checked for
+//! durability every time it is opened.
+
+use std::future::Future;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use lease_core::{Error, Result};
+use redis::aio::MultiplexedConnection;
+use redis::{AsyncConnectionConfig, RedisResult};
+use tokio::time::Instant;
+
+use crate::config::RedisConfig;
+use crate::error::{self, Op, BACKEND};
+
+/// A failure of the last connect attempt, kept so that callers queued behind it fail fast instead
+/// of each waiting a whole connect timeout.
+#[derive(Debug, Clone)]
+enum CachedFailure {
+    Unavailable(String),
+    Misconfigured(Vec<String>),
+}
+
+impl CachedFailure {
+    fn of(e: &Error) -> Self {
+        match e {
+            Error::Misconfigured { problems, .. } => CachedFailure::Misconfigured(problems.clone()),
+            other => CachedFailure::Unavailable(other.to_string()),
+        }
+    }
+
+    fn to_error(&self) -> Error {
+        match self {
+            CachedFailure::Unavailable(m) => Error::Unavailable {
+                backend: BACKEND,
+                message: m.clone(),
+                source: None,
+            },
+            CachedFailure::Misconfigured(p) => Error::Misconfigured {
+                backend: BACKEND,
+                problems: p.clone(),
+            },
+        }
+    }
+}
+
+#[derive(Default)]
+struct ConnectState {
+    generation: u64,
+    last_failure: Option<(Instant, CachedFailure)>,
+}
+
+/// One multiplexed command connection, opened lazily again after it broke.
+///
+/// Every request goes through [`Connection::run`], which maps errors in one place
+/// ([`crate::error`]) and drops a connection that redis-rs reports as unusable (or that timed
+/// out: a half-open TCP connection never recovers by itself).
+pub(crate) struct Connection {
+    client: redis::Client,
+    async_config: AsyncConnectionConfig,
+    connect_timeout: Duration,
+    verify_durability: bool,
+    current: Mutex<Option<(u64, MultiplexedConnection)>>,
+    connecting: tokio::sync::Mutex<ConnectState>,
+}
+
+impl Connection {
+    /// Opens the first connection (and checks durability unless the config opts out).
+    pub(crate) async fn open(config: &RedisConfig) -> Result<Self> {
+        let client = config.client()?;
+        let async_config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(config.connect_timeout()))
+            .set_response_timeout(Some(config.command_timeout()));
+        let conn = Connection {
+            client,
+            async_config,
+            connect_timeout: config.connect_timeout(),
+            verify_durability: !config.volatile_tokens(),
+            current: Mutex::new(None),
+            connecting: tokio::sync::Mutex::new(ConnectState::default()),
+        };
+        conn.get().await?;
+        Ok(conn)
+    }
+
+    /// The redis-rs client (for the pub/sub connection).
+    pub(crate) fn client(&self) -> &redis::Client {
+        &self.client
+    }
+
+    /// The connect timeout.
+    pub(crate) fn connect_timeout(&self) -> Duration {
+        self.connect_timeout
+    }
+
+    fn lock_current(&self) -> std::sync::MutexGuard<'_, Option<(u64, MultiplexedConnection)>> {
+        self.current.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The current connection, opening (and checking) a new one if there is none.
+    async fn get(&self) -> Result<(u64, MultiplexedConnection)> {
+        if let Some(c) = self.lock_current().clone() {
+            return Ok(c);
+        }
+        let started = Instant::now();
+        let mut state = self.connecting.lock().await;
+        if let Some(c) = self.lock_current().clone() {
+            return Ok(c);
+        }
+        if let Some((at, failure)) = &state.last_failure {
+            if *at >= started {
+                return Err(failure.to_error());
+            }
+        }
+        match self.connect().await {
+            Ok(conn) => {
+                state.generation += 1;
+                state.last_failure = None;
+                let entry = (state.generation, conn);
+                *self.lock_current() = Some(entry.clone());
+                Ok(entry)
+            }
+            Err(e) => {
+                state.last_failure = Some((Instant::now(), CachedFailure::of(&e)));
+                Err(e)
+            }
+        }
+    }
+
+    async fn connect(&self) -> Result<MultiplexedConnection> {
+        let mut conn = tokio::time::timeout(
+            self.connect_timeout,
+            self.client
+                .get_multiplexed_async_connection_with_config(&self.async_config),
+        )
+        .await
+        .map_err(|_| error::connect_timed_out(self.connect_timeout))?
+        .map_err(error::connect_failed)?;
+        if self.verify_durability {
+            check_durability(&mut conn).await?;
+        }
+        tracing::debug!(backend = BACKEND, "command connection opened");
+        Ok(conn)
+    }
+
+    /// Forgets the connection of `generation` (or any, for `None`) so the next request opens a
+    /// new one. Requests in flight on it finish or fail by themselves.
+    pub(crate) fn discard(&self, generation: Option<u64>) {
+        let mut current = self.lock_current();
+        if current
+            .as_ref()
+            .is_some_and(|(g, _)| generation.is_none_or(|want| *g == want))
+        {
+            *current = None;
+        }
+    }
+
+    /// Runs one request on the connection and maps its error.
+    ///
+    /// A connection found dropped (the server closed it, for example on a restart, before or
+    /// while the request was sent) is replaced, and an idempotent request is sent once more on the
+    /// new connection. A non-idempotent write, or a retry that cannot connect, reports the first
+    /// failure (`OutcomeUnknown` for a write).
+    pub(crate) async fn run<T, F, Fut>(&self, op: Op, f: F) -> Result<T>
+    where
+        F: Fn(MultiplexedConnection) -> Fut,
+        Fut: Future<Output = RedisResult<T>>,
+    {
+        let (generation, conn) = self.get().await?;
+        let first = match f(conn).await {
+            Ok(v) => return Ok(v),
+            Err(e) => e,
+        };
+        if first.is_unrecoverable_error() || first.is_timeout() {
+            self.discard(Some(generation));
+        }
+        let dropped = first.is_connection_dropped() && !first.is_timeout();
+        if !(dropped && op.idempotent) {
+            return Err(error::from_redis(op, first));
+        }
+        let first = error::from_redis(op, first);
+        let (generation, conn) = match self.get().await {
+            Ok(c) => c,
+            // Cannot reconnect: for a write the first request's fate stays unknown.
+            Err(e) => return Err(if op.writes { first } else { e }),
+        };
+        match f(conn).await {
+            Ok(v) => Ok(v),
+            Err(e) => {
+                if e.is_unrecoverable_error() || e.is_timeout() {
+                    self.discard(Some(generation));
+                }
+                Err(error::from_redis(op, e))
+            }
+        }
+    }
+}
+
+impl Connection {
+    /// Runs `script` (`EVALSHA`, loading it on `NOSCRIPT`) with `keys` and `args`.
+    pub(crate) async fn eval(
+        &self,
+        op: Op,
+        script: &redis::Script,
+        keys: &[&str],
+        args: &[&[u8]],
+    ) -> Result<redis::Value> {
+        self.run(op, |mut c| async move {
+            let mut inv = script.prepare_invoke();
+            for k in keys {
+                inv.key(*k);
+            }
+            for a in args {
+                inv.arg(*a);
+            }
+            inv.invoke_async(&mut c).await
+        })
+        .await
+    }
+}
+
+/// Refuses a server that would lose the token counter (or a fence's newest token) in a crash or
+/// under memory pressure, naming each missing setting.
+async fn check_durability(conn: &mut MultiplexedConnection) -> Result<()> {
+    async fn get(conn: &MultiplexedConnection, name: &str) -> RedisResult<Option<String>> {
+        let mut conn = conn.clone();
+        let pairs: Vec<String> = redis::cmd("CONFIG")
+            .arg("GET")
+            .arg(name)
+            .query_async(&mut conn)
+            .await?;
+        Ok(pairs
+            .chunks(2)
+            .find(|p| p.len() == 2 && p[0].eq_ignore_ascii_case(name))
+            .map(|p| p[1].to_ascii_lowercase()))
+    }
+    let (aof, fsync, policy) = futures::join!(
+        get(conn, "appendonly"),
+        get(conn, "appendfsync"),
+        get(conn, "maxmemory-policy")
+    );
+    let values = match (aof, fsync, policy) {
+        (Ok(a), Ok(f), Ok(p)) => (a, f, p),
+        (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => {
+            if e.code().is_some() {
+                // The server answered with an error: CONFIG is disabled, renamed or not permitted
+                // (typical of managed Redis services).
+                return Err(Error::Misconfigured {
+                    backend: BACKEND,
+                    problems: vec![format!(
+                        "cannot verify that the server keeps tokens across a crash: CONFIG GET \
+                         failed ({}). If the service guarantees appendonly yes, appendfsync \
+                         always and maxmemory-policy noeviction, or you accept tokens that may \
+                         go backwards after a crash or failover, opt in with \
+                         volatile_tokens=true (and set token_floor after every restore or \
+                         failover)",
+                        e.detail().unwrap_or(e.code().unwrap_or("error"))
+                    )],
+                });
+            }
+            return Err(error::from_redis(Op::CHECK, e));
+        }
+    };
+    let mut problems = Vec::new();
+    let mut expect = |name: &str, got: Option<String>, want: &str, why: &str| match got {
+        Some(v) if v == want => {}
+        Some(v) => problems.push(format!("{name} is {v} (must be {want}: {why})")),
+        None => problems.push(format!(
+            "{name} is not reported by the server (must be {want})"
+        )),
+    };
+    expect(
+        "appendonly",
+        values.0,
+        "yes",
+        "without the AOF the token counter is lost on a crash",
+    );
+    expect(
+        "appendfsync",
+        values.1,
+        "always",
+        "otherwise the last second of tokens can be lost on a crash",
+    );
+    expect(
+        "maxmemory-policy",
+        values.2,
+        "noeviction",
+        "any eviction policy may evict the token counter",
+    );
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        problems.push(
+            "fix the server configuration, or opt in with volatile_tokens=true (tokens may then \
+             go backwards after a crash; this process fails closed with TokenRegression when it \
+             sees that, and token_floor keeps them increasing)"
+                .to_owned(),
+        );
+        Err(Error::Misconfigured {
+            backend: BACKEND,
+            problems,
+        })
+    }
+}

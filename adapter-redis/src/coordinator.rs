@@ -1,0 +1,679 @@
+//! [`RedisCoordinator`]: the `Coordinator` on one Redis server (or one Cluster node's slots).
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use lease_core::{
+    Capabilities, Coordinator, Error, ForceRelease, HolderInfo, Lease, LeaseOptions, LeaseStatus,
+    LeaseTracker, LockKey, LostReason, OwnerId, Result, Token,
+};
+use tokio::time::Instant;
+
+use crate::config::RedisConfig;
+use crate::connection::Connection;
+use crate::error::{bad_reply, Op, BACKEND};
+use crate::keys::{LockKeys, LockValue, ValueParts};
+use crate::lease::RedisLease;
+use crate::scripts::{self, reply};
+use crate::wakeups::{Subscription, Wakeups};
+
+/// The smallest TTL the adapter accepts. Redis expires keys with millisecond precision, but a
+/// lease must outlive at least one round trip and the drift margin to be of any use.
+pub const MIN_TTL: Duration = Duration::from_millis(10);
+
+/// How long a `revoked` marker lives when the removed lock had no TTL (never the case for locks
+/// this adapter wrote).
+const MARKER_WITHOUT_TTL_MS: u64 = 60_000;
+
+/// One forced release as recorded in a lock's audit stream (`<prefix>:{<key>}:audit`, capped at
+/// the 100 newest entries).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct AuditRecord {
+    /// Who forced the release.
+    pub actor: String,
+    /// Why.
+    pub reason: String,
+    /// When, by the wall clock of the process that forced it (for display only).
+    pub at: Option<SystemTime>,
+    /// The token of the holder that was removed, if the key was held.
+    pub removed_token: Option<Token>,
+    /// The owner label of the holder that was removed, if the key was held.
+    pub removed_owner: Option<String>,
+}
+
+/// The state shared by a coordinator, its leases and its background tasks.
+pub(crate) struct Inner {
+    pub(crate) config: RedisConfig,
+    pub(crate) conn: Arc<Connection>,
+    wakeups: Wakeups,
+    caps: Capabilities,
+    default_owner: OwnerId,
+    /// The highest token this process has granted per key (fail closed below it).
+    high_water: Mutex<HashMap<LockKey, Token>>,
+    /// Live leases of this process by nonce, so that a local force release marks them revoked.
+    live: Mutex<HashMap<u128, LeaseTracker>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Inner {
+    /// Compare-and-delete by nonce (`head`), then wake waiters. `Ok(true)` when deleted.
+    pub(crate) async fn release_by_head(&self, keys: &LockKeys, head: &str) -> Result<i64> {
+        let v = self
+            .conn
+            .eval(
+                Op::RELEASE,
+                &scripts::RELEASE,
+                &[&keys.lock, &keys.revoked],
+                &[head.as_bytes(), keys.channel.as_bytes()],
+            )
+            .await?;
+        reply::int(&v).ok_or_else(|| bad_reply(Op::RELEASE, "not an integer"))
+    }
+
+    pub(crate) fn forget(&self, nonce: u128) {
+        lock(&self.live).remove(&nonce);
+    }
+}
+
+/// How long a background cleanup keeps trying.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Cleanup {
+    /// Release once (a dropped lease): retry only while the server cannot be reached.
+    Once,
+    /// A request of ours may still be pending at the server (its reply was never seen): keep
+    /// trying to compare-and-delete until our lock is deleted or the TTL has passed, because the
+    /// request may run after a first "not ours".
+    UntilExpiry,
+}
+
+/// Removes, in the background and best-effort, a lock of ours (compare-and-delete by nonce).
+/// Never outlives the lock's TTL (after which Redis has removed it anyway). Needs a tokio runtime;
+/// without one the lock simply expires.
+pub(crate) fn spawn_cleanup(
+    inner: Arc<Inner>,
+    keys: Arc<LockKeys>,
+    head: String,
+    ttl: Duration,
+    mode: Cleanup,
+) {
+    let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    let give_up = Instant::now() + ttl + Duration::from_secs(1);
+    let cap = (ttl / 20).clamp(Duration::from_secs(1), Duration::from_secs(30));
+    rt.spawn(async move {
+        let mut nap = Duration::from_millis(50);
+        loop {
+            let outcome = inner.release_by_head(&keys, &head).await;
+            match (&outcome, mode) {
+                (Ok(1), _) | (Ok(_), Cleanup::Once) => return,
+                _ => {}
+            }
+            if Instant::now() + nap >= give_up {
+                if let Err(e) = outcome {
+                    tracing::debug!(backend = BACKEND, key = %keys.lock, error = %e, "cleanup gave up; the lock expires at its TTL");
+                }
+                return;
+            }
+            tokio::time::sleep(nap).await;
+            nap = (nap * 2).min(cap);
+        }
+    });
+}
+
+/// Lives for one acquire call. If the call ends without a lease (an error, or the future is
+/// dropped) while a request of ours may still apply, it starts an `UntilExpiry` cleanup.
+struct CallGuard {
+    inner: Arc<Inner>,
+    keys: Arc<LockKeys>,
+    head: String,
+    ttl: Duration,
+    /// A request may have applied without our seeing it (or is in flight right now).
+    pending: bool,
+}
+
+impl Drop for CallGuard {
+    fn drop(&mut self) {
+        if self.pending {
+            spawn_cleanup(
+                self.inner.clone(),
+                self.keys.clone(),
+                std::mem::take(&mut self.head),
+                self.ttl,
+                Cleanup::UntilExpiry,
+            );
+        }
+    }
+}
+
+/// The result of one run of the acquire script.
+enum Attempt {
+    Granted(RedisLease),
+    /// Held by someone else; the holder's remaining TTL when known.
+    Held(Option<Duration>),
+    /// The reply was lost and a re-read found the key free: the request did not apply yet (it may
+    /// still be pending at the server; the acquire script is idempotent per nonce, so retrying is
+    /// safe).
+    Free(Error),
+    /// The reply was lost and the re-read failed too.
+    Unknown(Error),
+}
+
+/// Fenced leases on Redis.
+///
+/// - **Acquire** is one script ([`EVALSHA`](crate#round-trips)): if the lock key is free, increment
+///   the key's counter (above the configured floor) and set the lock to
+///   `nonce|token|acquired-at|owner|operation` with `PX ttl`; else return the holder and its TTL.
+/// - **Waiting** subscribes to the key's release channel on a dedicated pub/sub connection and
+///   retries on each notification, at the holder's expiry, and at least every `poll_interval`.
+///   Waiters are not served in arrival order: the first to run the script after a release wins.
+/// - **Renew** and **release** are one script each, comparing the lease's nonce first.
+/// - **Tokens** never go backwards in this process: a token at or below one this process already
+///   granted for the key fails closed with `TokenRegression`. Across processes, durability (checked
+///   at connect) and the token floor keep them increasing; see the crate docs.
+///
+/// Cloning is cheap and shares the connections.
+#[derive(Clone)]
+pub struct RedisCoordinator {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for RedisCoordinator {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisCoordinator")
+            .field("url", self.inner.config.url())
+            .field("key_prefix", &self.inner.config.key_prefix())
+            .field("durable_tokens", &self.inner.caps.durable_tokens)
+            .finish_non_exhaustive()
+    }
+}
+
+impl fmt::Display for RedisCoordinator {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "redis coordinator at {}", self.inner.config.url())
+    }
+}
+
+impl RedisCoordinator {
+    /// Connects: opens the command connection, checks durability (unless `volatile_tokens`), and
+    /// opens the pub/sub connection for wake-ups.
+    ///
+    /// # Errors
+    /// - `Misconfigured` naming each setting that would lose tokens (`appendonly`, `appendfsync`,
+    ///   `maxmemory-policy`), or saying that they cannot be checked (`CONFIG` disabled), or bad
+    ///   credentials.
+    /// - `Unavailable` when the server cannot be reached within the connect timeout.
+    /// - `InvalidInput` for an unreadable `tls_ca_file` or a URL the client rejects.
+    pub async fn connect(config: RedisConfig) -> Result<Self> {
+        let conn = Arc::new(Connection::open(&config).await?);
+        let wakeups = Wakeups::start(&conn, config.command_timeout()).await?;
+        let caps = Capabilities::new(BACKEND)
+            .min_ttl(MIN_TTL)
+            .ttl_granularity(Duration::from_millis(1))
+            .per_lease_ttl(true)
+            .fifo(false)
+            .durable_tokens(!config.volatile_tokens())
+            .shared_across_processes(true);
+        let default_owner = config
+            .owner()
+            .cloned()
+            .unwrap_or_else(OwnerId::for_this_process);
+        Ok(RedisCoordinator {
+            inner: Arc::new(Inner {
+                config,
+                conn,
+                wakeups,
+                caps,
+                default_owner,
+                high_water: Mutex::new(HashMap::new()),
+                live: Mutex::new(HashMap::new()),
+            }),
+        })
+    }
+
+    /// Parses `url` ([`RedisConfig::from_url`]) and connects.
+    pub async fn connect_url(url: &str) -> Result<Self> {
+        Self::connect(RedisConfig::from_url(url)?).await
+    }
+
+    /// The configuration (its `Debug` and `Display` redact the password).
+    pub fn config(&self) -> &RedisConfig {
+        &self.inner.config
+    }
+
+    /// The highest token this process has granted for `key`, if any: tokens at or below it are
+    /// refused with `TokenRegression`.
+    pub fn high_water_mark(&self, key: &LockKey) -> Option<Token> {
+        lock(&self.inner.high_water).get(key).copied()
+    }
+
+    /// The newest forced releases of `key` first, at most `limit` (the stream keeps 100).
+    pub async fn audit_trail(&self, key: &LockKey, limit: usize) -> Result<Vec<AuditRecord>> {
+        let keys = LockKeys::new(self.inner.config.key_prefix(), key);
+        let limit = limit.clamp(1, scripts::AUDIT_MAXLEN);
+        let audit = keys.audit.as_str();
+        let v: redis::Value = self
+            .inner
+            .conn
+            .run(Op::AUDIT, |mut c| async move {
+                redis::cmd("XREVRANGE")
+                    .arg(audit)
+                    .arg("+")
+                    .arg("-")
+                    .arg("COUNT")
+                    .arg(limit)
+                    .query_async(&mut c)
+                    .await
+            })
+            .await?;
+        let entries = reply::array(v).ok_or_else(|| bad_reply(Op::AUDIT, "not an array"))?;
+        let mut out = Vec::with_capacity(entries.len());
+        for entry in entries {
+            let mut parts =
+                reply::array(entry).ok_or_else(|| bad_reply(Op::AUDIT, "entry is not an array"))?;
+            let fields = parts
+                .pop()
+                .and_then(reply::array)
+                .ok_or_else(|| bad_reply(Op::AUDIT, "entry has no fields"))?;
+            let mut map = HashMap::new();
+            for pair in fields.chunks(2) {
+                if let [k, v] = pair {
+                    if let (Some(k), Some(v)) = (reply::text(k), reply::text(v)) {
+                        map.insert(k, v);
+                    }
+                }
+            }
+            let take = |name: &str| map.get(name).cloned().filter(|s| !s.is_empty());
+            out.push(AuditRecord {
+                actor: take("actor").unwrap_or_default(),
+                reason: take("reason").unwrap_or_default(),
+                at: take("at_ms")
+                    .and_then(|s| s.parse::<u64>().ok())
+                    .and_then(|ms| UNIX_EPOCH.checked_add(Duration::from_millis(ms))),
+                removed_token: take("removed_token").and_then(|s| s.parse().ok()),
+                removed_owner: take("removed_owner")
+                    .map(|s| s.replace("%7C", "|").replace("%25", "%")),
+            });
+        }
+        Ok(out)
+    }
+
+    async fn acquire_inner(
+        &self,
+        key: &LockKey,
+        options: &LeaseOptions,
+        wait: Option<Duration>,
+    ) -> Result<Box<dyn Lease>> {
+        options.validate(&self.inner.caps)?;
+        let keys = Arc::new(LockKeys::new(self.inner.config.key_prefix(), key));
+        let owner = options
+            .owner_value()
+            .cloned()
+            .unwrap_or_else(|| self.inner.default_owner.clone());
+        let parts = ValueParts::new(rand::random(), &owner, options.operation_value());
+        let mut guard = CallGuard {
+            inner: self.inner.clone(),
+            keys: keys.clone(),
+            head: parts.head.clone(),
+            ttl: options.ttl_value(),
+            pending: false,
+        };
+        let start = Instant::now();
+        let deadline = start + wait.unwrap_or_default();
+        let mut subscription: Option<Subscription> = None;
+        let mut first_sent: Option<Instant> = None;
+        let mut retries_left = 1u8;
+        loop {
+            let holder_ttl = match self
+                .attempt(key, &keys, &parts, options, &mut guard, &mut first_sent)
+                .await?
+            {
+                Attempt::Granted(lease) => {
+                    guard.pending = false;
+                    return Ok(Box::new(lease));
+                }
+                Attempt::Held(ttl) => ttl,
+                Attempt::Unknown(e) => return Err(e),
+                Attempt::Free(e) => {
+                    // `try_acquire` runs the (idempotent) script once more; `acquire` keeps
+                    // trying within its wait bound. Giving up leaves the guard armed.
+                    if wait.is_none() {
+                        if retries_left == 0 {
+                            return Err(e);
+                        }
+                        retries_left -= 1;
+                        continue;
+                    }
+                    Some(Duration::ZERO)
+                }
+            };
+            let now = Instant::now();
+            let Some(_) = wait else {
+                return Err(Error::Held {
+                    key: key.to_string(),
+                });
+            };
+            if now >= deadline {
+                return Err(Error::Timeout {
+                    key: key.to_string(),
+                    waited: now - start,
+                });
+            }
+            let Some(sub) = subscription.as_mut() else {
+                // Subscribe, then run the script again at once: a release between the failed
+                // attempt and the subscription would otherwise go unnoticed until the next poll.
+                subscription = Some(self.inner.wakeups.subscribe(&keys.channel).await);
+                continue;
+            };
+            let mut nap = self.inner.config.poll_interval();
+            if let Some(ttl) = holder_ttl {
+                nap = nap.min(ttl + Duration::from_millis(1));
+            }
+            let until = (now + nap).min(deadline);
+            tokio::select! {
+                _ = sub.notified() => {}
+                _ = tokio::time::sleep_until(until) => {}
+            }
+        }
+    }
+
+    /// Runs the acquire script once and resolves an unseen outcome by re-reading the lock.
+    async fn attempt(
+        &self,
+        key: &LockKey,
+        keys: &Arc<LockKeys>,
+        parts: &ValueParts,
+        options: &LeaseOptions,
+        guard: &mut CallGuard,
+        first_sent: &mut Option<Instant>,
+    ) -> Result<Attempt> {
+        let ttl_ms = options.ttl_value().as_millis().to_string();
+        let floor = self
+            .inner
+            .config
+            .token_floor()
+            .map(|t| t.to_string())
+            .unwrap_or_default();
+        let clock_start: &[u8] = if self.inner.config.clock_start() {
+            b"1"
+        } else {
+            b"0"
+        };
+        let sent_at = Instant::now();
+        // Local validity counts from the first request that may have applied: a lost earlier
+        // attempt's grant is what a later attempt finds (the script is idempotent per nonce).
+        let validity_from = *first_sent.get_or_insert(sent_at);
+        let was_pending = guard.pending;
+        guard.pending = true;
+        let result = self
+            .inner
+            .conn
+            .eval(
+                Op::ACQUIRE,
+                &scripts::ACQUIRE,
+                &[&keys.lock, &keys.counter],
+                &[
+                    parts.head.as_bytes(),
+                    parts.tail.as_bytes(),
+                    ttl_ms.as_bytes(),
+                    floor.as_bytes(),
+                    clock_start,
+                ],
+            )
+            .await;
+        let v = match result {
+            Ok(v) => v,
+            Err(original @ Error::OutcomeUnknown { .. }) => {
+                // `guard.pending` stays set until a grant: this request may apply later.
+                return self
+                    .resolve(key, keys, parts, options, validity_from, original)
+                    .await;
+            }
+            Err(e) => {
+                // The server refused or could not be reached: this request did not apply.
+                guard.pending = was_pending;
+                if !was_pending {
+                    *first_sent = None;
+                }
+                return Err(e);
+            }
+        };
+        // A definitive reply for this request. An earlier request whose reply was lost may still
+        // be pending at the server, so only a grant (which such a request then finds and leaves
+        // alone, the script being idempotent per nonce) clears `pending`.
+        guard.pending = was_pending;
+        let items = reply::array(v).ok_or_else(|| bad_reply(Op::ACQUIRE, "not an array"))?;
+        match items.as_slice() {
+            [flag, token] if reply::int(flag) == Some(1) => {
+                let token: Token = reply::text(token)
+                    .and_then(|t| t.parse().ok())
+                    .ok_or_else(|| bad_reply(Op::ACQUIRE, "token is not a number in range"))?;
+                self.grant(key, keys, parts, token, options, validity_from)
+                    .await
+            }
+            [flag, _holder, pttl] if reply::int(flag) == Some(0) => {
+                if !was_pending {
+                    *first_sent = None;
+                }
+                let pttl = reply::int(pttl).unwrap_or(-1);
+                Ok(Attempt::Held(
+                    (pttl >= 0).then(|| Duration::from_millis(pttl as u64)),
+                ))
+            }
+            _ => Err(bad_reply(Op::ACQUIRE, "unexpected shape")),
+        }
+    }
+
+    /// The acquire script's reply was not seen: re-read the lock. Ours: we hold it. Someone
+    /// else's: we do not (yet; a pending request of ours is cleaned up if the call gives up).
+    /// Free: retry (idempotent). Unreadable: report the original `OutcomeUnknown`.
+    async fn resolve(
+        &self,
+        key: &LockKey,
+        keys: &Arc<LockKeys>,
+        parts: &ValueParts,
+        options: &LeaseOptions,
+        validity_from: Instant,
+        original: Error,
+    ) -> Result<Attempt> {
+        match self.read_lock(keys, Op::RESOLVE).await {
+            Ok(Some((value, pttl))) => match LockValue::parse(&value) {
+                Some(v) if value.starts_with(&parts.head) => {
+                    tracing::debug!(backend = BACKEND, key = %key, "acquire reply lost; re-read shows we hold the lock");
+                    self.grant(key, keys, parts, v.token, options, validity_from)
+                        .await
+                }
+                _ => Ok(Attempt::Held(
+                    (pttl >= 0).then(|| Duration::from_millis(pttl as u64)),
+                )),
+            },
+            Ok(None) => Ok(Attempt::Free(original)),
+            Err(e) => {
+                tracing::debug!(backend = BACKEND, key = %key, error = %e, "acquire outcome unknown; cleaning up in the background");
+                Ok(Attempt::Unknown(original))
+            }
+        }
+    }
+
+    /// Turns a token the script issued into a lease, unless it does not exceed the high-water
+    /// mark (then the lock is released again and the call fails closed).
+    async fn grant(
+        &self,
+        key: &LockKey,
+        keys: &Arc<LockKeys>,
+        parts: &ValueParts,
+        token: Token,
+        options: &LeaseOptions,
+        sent_at: Instant,
+    ) -> Result<Attempt> {
+        let ttl = options.ttl_value();
+        let margin = options.drift_margin_for(ttl);
+        let valid_until = lease_core::clock::valid_until(sent_at, ttl, margin);
+        let regression = {
+            let mut hw = lock(&self.inner.high_water);
+            match hw.get(key).copied() {
+                Some(prev) if token <= prev => Some(prev),
+                _ => {
+                    if Instant::now() < valid_until {
+                        hw.insert(key.clone(), token);
+                    }
+                    None
+                }
+            }
+        };
+        if Instant::now() >= valid_until || regression.is_some() {
+            // Either the lease expired before we could use it (a very slow reply), or the token
+            // went backwards: give the lock back either way.
+            let _ = self.inner.release_by_head(keys, &parts.head).await;
+            if let Some(prev) = regression {
+                tracing::error!(
+                    backend = BACKEND,
+                    key = %key,
+                    observed = %token,
+                    floor = %prev,
+                    "Redis issued a token not above one this process already granted; refusing \
+                     (the server lost its counter: set token_floor above {prev})"
+                );
+                return Err(Error::TokenRegression {
+                    backend: BACKEND,
+                    key: key.to_string(),
+                    observed: token,
+                    floor: prev,
+                });
+            }
+            return Ok(Attempt::Held(None));
+        }
+        let nonce = parts.nonce;
+        let tracker = LeaseTracker::new(BACKEND, key.clone(), token, ttl, margin, sent_at);
+        lock(&self.inner.live).insert(nonce, tracker.clone());
+        Ok(Attempt::Granted(RedisLease::new(
+            self.inner.clone(),
+            keys.clone(),
+            parts.head.clone(),
+            nonce,
+            tracker,
+        )))
+    }
+
+    /// The lock's value and PTTL (`GET` and `PTTL` in one `MULTI`/`EXEC`: one round trip, atomic,
+    /// and read-only, so it passes `CLIENT PAUSE WRITE` and works on a replica), or `None` when
+    /// free.
+    async fn read_lock(&self, keys: &LockKeys, op: Op) -> Result<Option<(String, i64)>> {
+        let (value, pttl): (Option<Vec<u8>>, i64) = self
+            .inner
+            .conn
+            .run(op, |mut c| async move {
+                redis::pipe()
+                    .atomic()
+                    .cmd("GET")
+                    .arg(&keys.lock)
+                    .cmd("PTTL")
+                    .arg(&keys.lock)
+                    .query_async(&mut c)
+                    .await
+            })
+            .await?;
+        match value {
+            None => Ok(None),
+            Some(v) => {
+                let v = String::from_utf8(v).map_err(|_| bad_reply(op, "value not UTF-8"))?;
+                Ok(Some((v, pttl)))
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl Coordinator for RedisCoordinator {
+    fn capabilities(&self) -> &Capabilities {
+        &self.inner.caps
+    }
+
+    async fn acquire(&self, key: &LockKey, options: &LeaseOptions) -> Result<Box<dyn Lease>> {
+        self.acquire_inner(key, options, Some(options.wait_value()))
+            .await
+    }
+
+    async fn try_acquire(&self, key: &LockKey, options: &LeaseOptions) -> Result<Box<dyn Lease>> {
+        self.acquire_inner(key, options, None).await
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>> {
+        let keys = LockKeys::new(self.inner.config.key_prefix(), key);
+        let Some((value, pttl)) = self.read_lock(&keys, Op::INSPECT).await? else {
+            return Ok(None);
+        };
+        let v = LockValue::parse(&value)
+            .ok_or_else(|| bad_reply(Op::INSPECT, "the lock holds a value of another writer"))?;
+        Ok(Some(v.holder_info(key, pttl)))
+    }
+
+    async fn force_release(
+        &self,
+        key: &LockKey,
+        request: &ForceRelease,
+    ) -> Result<Option<HolderInfo>> {
+        let keys = LockKeys::new(self.inner.config.key_prefix(), key);
+        let at_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_millis())
+            .unwrap_or(0)
+            .to_string();
+        let maxlen = scripts::AUDIT_MAXLEN.to_string();
+        let marker = MARKER_WITHOUT_TTL_MS.to_string();
+        let v = self
+            .inner
+            .conn
+            .eval(
+                Op::FORCE_RELEASE,
+                &scripts::FORCE_RELEASE,
+                &[&keys.lock, &keys.revoked, &keys.audit],
+                &[
+                    keys.channel.as_bytes(),
+                    request.actor().as_bytes(),
+                    request.reason().as_bytes(),
+                    at_ms.as_bytes(),
+                    maxlen.as_bytes(),
+                    marker.as_bytes(),
+                ],
+            )
+            .await?;
+        let items = reply::array(v).ok_or_else(|| bad_reply(Op::FORCE_RELEASE, "not an array"))?;
+        let (value, pttl) = match items.as_slice() {
+            [] => return Ok(None),
+            [value, pttl] => (
+                reply::text(value).ok_or_else(|| bad_reply(Op::FORCE_RELEASE, "not UTF-8"))?,
+                reply::int(pttl).unwrap_or(-1),
+            ),
+            _ => return Err(bad_reply(Op::FORCE_RELEASE, "unexpected shape")),
+        };
+        let Some(v) = LockValue::parse(&value) else {
+            // A foreign value was removed: report it without details.
+            return Err(bad_reply(
+                Op::FORCE_RELEASE,
+                "removed a lock value of another writer",
+            ));
+        };
+        if let Some(tracker) = lock(&self.inner.live).get(&v.nonce) {
+            tracker.mark_lost(LostReason::Revoked);
+        }
+        Ok(Some(v.holder_info(key, pttl)))
+    }
+}
+
+/// Whether a status means the lease is already gone without anything to delete.
+pub(crate) fn nothing_to_delete(status: LeaseStatus) -> Option<LostReason> {
+    match status {
+        LeaseStatus::Lost(
+            r @ (LostReason::Released | LostReason::Revoked | LostReason::Superseded),
+        ) => Some(r),
+        _ => None,
+    }
+}

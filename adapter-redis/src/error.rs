@@ -1,0 +1,254 @@
+//! The one place where Redis client errors become [`lease_core::Error`]s.
+//!
+//! The mapping uses redis-rs's own classification ([`redis::RedisError::kind`],
+//! [`redis::RedisError::retry_method`], `is_timeout`, `is_connection_dropped`) and one more fact
+//! only the adapter knows: whether the failed request could have changed state (a *write*: the
+//! acquire, renew, release, force-release and fence scripts) or not (a *read*).
+//!
+//! | what happened | read | write |
+//! |---|---|---|
+//! | could not connect (refused, unreachable, connect timeout) | `Unavailable` | `Unavailable` |
+//! | response timeout, connection dropped after sending | `Unavailable` | `OutcomeUnknown` |
+//! | `LOADING`, `BUSY`, `MASTERDOWN`, `TRYAGAIN`, `CLUSTERDOWN`, `READONLY`, `OOM` | `Unavailable` | `Unavailable` (the server refused before running anything) |
+//! | `MOVED` / `ASK` (a Redis Cluster node that does not own the slot) | `Unsupported` | `Unsupported` |
+//! | `NOPERM`, `NOAUTH`, `WRONGPASS`, unknown command (`CONFIG` renamed) | `Misconfigured` | `Misconfigured` |
+//! | `WRONGTYPE` and other script errors (a foreign value in the adapter's keys) | `Misconfigured` | `Misconfigured` |
+
+use lease_core::Error;
+use redis::{ErrorKind, RedisError, RetryMethod, ServerErrorKind};
+
+/// The backend name used in every error, metric and capability.
+pub(crate) const BACKEND: &str = "redis";
+
+/// What kind of request failed: its name for messages, and whether it could have changed state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Op {
+    /// The operation ("acquire", "renew", "release", "write", ...).
+    pub(crate) name: &'static str,
+    /// Whether the request could have changed state on the server.
+    pub(crate) writes: bool,
+    /// Whether running the request twice has the effect of running it once (reads; the acquire
+    /// script per nonce; renew; fence writes and claims with the same token and value). Such a
+    /// request is retried once on a fresh connection when its connection was found dropped.
+    pub(crate) idempotent: bool,
+}
+
+impl Op {
+    pub(crate) const ACQUIRE: Op = Op::write("acquire", true);
+    pub(crate) const RENEW: Op = Op::write("renew", true);
+    pub(crate) const RELEASE: Op = Op::write("release", false);
+    pub(crate) const FORCE_RELEASE: Op = Op::write("force_release", false);
+    pub(crate) const FENCE_WRITE: Op = Op::write("write", true);
+    pub(crate) const FENCE_CLAIM: Op = Op::write("claim", true);
+    pub(crate) const INSPECT: Op = Op::read("inspect");
+    pub(crate) const FENCE_READ: Op = Op::read("read");
+    pub(crate) const RESOLVE: Op = Op::read("re-read after an unseen acquire outcome");
+    pub(crate) const CHECK: Op = Op::read("durability check");
+    pub(crate) const AUDIT: Op = Op::read("audit trail read");
+
+    const fn write(name: &'static str, idempotent: bool) -> Op {
+        Op {
+            name,
+            writes: true,
+            idempotent,
+        }
+    }
+
+    const fn read(name: &'static str) -> Op {
+        Op {
+            name,
+            writes: false,
+            idempotent: true,
+        }
+    }
+}
+
+/// Maps an error of a request that was handed to an established connection.
+pub(crate) fn from_redis(op: Op, err: RedisError) -> Error {
+    let code = err.code().unwrap_or("").to_owned();
+    let kind = err.kind();
+
+    // The server answered with an error: it either ran the script (whose writes are ordered so
+    // that a failure leaves nothing behind) or refused it before running anything.
+    match kind {
+        ErrorKind::Server(ServerErrorKind::Moved) | ErrorKind::Server(ServerErrorKind::Ask) => {
+            return Error::Unsupported {
+                backend: BACKEND,
+                what: format!(
+                    "Redis Cluster redirection ({code}) during {}: connect to the node that owns \
+                     the key's slot (all keys of one lock share a hash tag)",
+                    op.name
+                ),
+            };
+        }
+        ErrorKind::Server(ServerErrorKind::NoPerm) => {
+            return misconfigured(format!(
+                "the Redis user may not run {} ({}): grant it EVALSHA, SCRIPT LOAD, GET, SET, \
+                 INCR, PEXPIRE, PTTL, DEL, PUBLISH, SUBSCRIBE, XADD, XREVRANGE, HGET, HSET, HMGET \
+                 and CONFIG GET",
+                op.name,
+                detail(&err)
+            ));
+        }
+        ErrorKind::AuthenticationFailed => return auth_failed(&err),
+        _ => {}
+    }
+    if matches!(code.as_str(), "NOAUTH" | "WRONGPASS") {
+        return auth_failed(&err);
+    }
+    if matches!(code.as_str(), "OOM" | "BUSY")
+        || matches!(err.retry_method(), RetryMethod::WaitAndRetry)
+    {
+        return unavailable(
+            format!(
+                "{} refused by the server ({}): {}",
+                op.name,
+                code,
+                detail(&err)
+            ),
+            err,
+        );
+    }
+    if let ErrorKind::Server(ServerErrorKind::ReadOnly) = kind {
+        return unavailable(
+            format!(
+                "{} refused: the server is a read-only replica (after a failover, connect to \
+                 the new primary)",
+                op.name
+            ),
+            err,
+        );
+    }
+    if matches!(
+        kind,
+        ErrorKind::Server(ServerErrorKind::ResponseError) | ErrorKind::Extension
+    ) {
+        let text = detail(&err);
+        if text.contains("unknown command") {
+            return misconfigured(format!("{} failed: {}", op.name, text));
+        }
+        return misconfigured(format!(
+            "{} failed on the server ({code}): {text}; another client may have written a \
+             different type of value into this adapter's keys",
+            op.name
+        ));
+    }
+
+    // No answer: the request may or may not have reached the server.
+    if err.is_timeout() || err.is_io_error() || err.is_unrecoverable_error() {
+        let what = if err.is_timeout() {
+            "no response within the command timeout"
+        } else {
+            "the connection failed"
+        };
+        return if op.writes {
+            Error::OutcomeUnknown {
+                backend: BACKEND,
+                operation: op.name,
+                message: format!("{what}; the request may have been applied"),
+                source: Some(Box::new(err)),
+            }
+        } else {
+            unavailable(format!("{} failed: {what}", op.name), err)
+        };
+    }
+    unavailable(format!("{} failed: {}", op.name, detail(&err)), err)
+}
+
+/// Maps an error while opening a connection: nothing was sent.
+pub(crate) fn connect_failed(err: RedisError) -> Error {
+    if err.kind() == ErrorKind::AuthenticationFailed
+        || matches!(err.code(), Some("NOAUTH" | "WRONGPASS"))
+    {
+        return auth_failed(&err);
+    }
+    if matches!(err.kind(), ErrorKind::InvalidClientConfig) {
+        return misconfigured(format!("the client rejected the configuration: {err}"));
+    }
+    unavailable(format!("cannot connect: {err}"), err)
+}
+
+/// An `Unavailable` for a connect attempt that did not finish in time.
+pub(crate) fn connect_timed_out(timeout: std::time::Duration) -> Error {
+    Error::Unavailable {
+        backend: BACKEND,
+        message: format!("cannot connect within {timeout:?}"),
+        source: None,
+    }
+}
+
+/// An error for a script reply that does not have the shape the script returns.
+pub(crate) fn bad_reply(op: Op, what: impl std::fmt::Display) -> Error {
+    misconfigured(format!(
+        "unexpected reply to {}: {what} (a different script version or a foreign value in this \
+         adapter's keys)",
+        op.name
+    ))
+}
+
+fn auth_failed(err: &RedisError) -> Error {
+    misconfigured(format!(
+        "authentication failed ({}): check the user and password in the URL",
+        detail(err)
+    ))
+}
+
+fn misconfigured(problem: String) -> Error {
+    Error::Misconfigured {
+        backend: BACKEND,
+        problems: vec![problem],
+    }
+}
+
+fn unavailable(message: String, err: RedisError) -> Error {
+    Error::Unavailable {
+        backend: BACKEND,
+        message,
+        source: Some(Box::new(err)),
+    }
+}
+
+fn detail(err: &RedisError) -> String {
+    err.detail()
+        .map(str::to_owned)
+        .unwrap_or_else(|| err.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io;
+
+    fn io_err(kind: io::ErrorKind) -> RedisError {
+        RedisError::from(io::Error::new(kind, "x"))
+    }
+
+    #[test]
+    fn timeouts_after_send_are_unknown_for_writes_only() {
+        let e = from_redis(Op::ACQUIRE, io_err(io::ErrorKind::TimedOut));
+        assert!(matches!(e, Error::OutcomeUnknown { .. }), "{e}");
+        let e = from_redis(Op::INSPECT, io_err(io::ErrorKind::TimedOut));
+        assert!(matches!(e, Error::Unavailable { .. }), "{e}");
+        let e = from_redis(Op::RELEASE, io_err(io::ErrorKind::ConnectionReset));
+        assert!(matches!(e, Error::OutcomeUnknown { .. }), "{e}");
+    }
+
+    #[test]
+    fn connect_errors_are_retryable() {
+        let e = connect_failed(io_err(io::ErrorKind::ConnectionRefused));
+        assert!(e.is_retryable(), "{e}");
+        assert!(connect_timed_out(std::time::Duration::from_secs(1)).is_retryable());
+    }
+
+    #[test]
+    fn server_refusals_are_unavailable() {
+        let e = redis::make_extension_error("OOM".into(), Some("command not allowed".into()));
+        let mapped = from_redis(Op::ACQUIRE, e);
+        assert!(mapped.is_retryable(), "{mapped}");
+        let e = redis::make_extension_error("WRONGTYPE".into(), Some("wrong kind".into()));
+        assert!(matches!(
+            from_redis(Op::ACQUIRE, e),
+            Error::Misconfigured { .. }
+        ));
+    }
+}

@@ -1,0 +1,165 @@
+//! [`RedisFence`]: a fenced store on Redis.
+
+use std::fmt;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use lease_core::{Accepted, Bytes, Error, Fence, FencedValue, ResourceId, Result, Token};
+
+use crate::config::RedisConfig;
+use crate::connection::Connection;
+use crate::error::{bad_reply, Op, BACKEND};
+use crate::keys::fence_key;
+use crate::scripts::{self, reply};
+
+/// A fenced store on Redis: each resource is a hash `<prefix>:{<resource>}:fence` holding the
+/// newest accepted token, the last value and the token that wrote it.
+///
+/// `write` and `claim` are one script each: compare the presented token with the newest accepted
+/// one and, if it is not older, record it (and the value) in the same atomic step; otherwise
+/// return `Stale { presented, current }` and change nothing. `read` is one `HMGET`.
+///
+/// The newest accepted token is as durable as the server: `connect` runs the same durability
+/// check as the coordinator (`appendonly yes`, `appendfsync always`, `maxmemory-policy
+/// noeviction`) and refuses a server that could forget it, unless the URL says
+/// `volatile_tokens=true`. A fence that forgets its newest token accepts a stale holder's write.
+///
+/// Cloning is cheap and shares the connection.
+#[derive(Clone)]
+pub struct RedisFence {
+    conn: Arc<Connection>,
+    config: Arc<RedisConfig>,
+}
+
+impl fmt::Debug for RedisFence {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisFence")
+            .field("url", self.config.url())
+            .field("key_prefix", &self.config.key_prefix())
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisFence {
+    /// Connects and checks durability (unless `volatile_tokens`). Errors as for
+    /// [`crate::RedisCoordinator::connect`].
+    pub async fn connect(config: RedisConfig) -> Result<Self> {
+        let conn = Arc::new(Connection::open(&config).await?);
+        Ok(RedisFence {
+            conn,
+            config: Arc::new(config),
+        })
+    }
+
+    /// Parses `url` ([`RedisConfig::from_url`]) and connects.
+    pub async fn connect_url(url: &str) -> Result<Self> {
+        Self::connect(RedisConfig::from_url(url)?).await
+    }
+
+    /// The configuration (its `Debug` and `Display` redact the password).
+    pub fn config(&self) -> &RedisConfig {
+        &self.config
+    }
+
+    async fn accept(
+        &self,
+        op: Op,
+        resource: &ResourceId,
+        token: Token,
+        value: Option<&[u8]>,
+    ) -> Result<Accepted> {
+        let key = fence_key(self.config.key_prefix(), resource);
+        let token_s = token.to_string();
+        let (mode, value): (&[u8], &[u8]) = match value {
+            Some(v) => (b"w", v),
+            None => (b"c", b""),
+        };
+        let v = self
+            .conn
+            .eval(
+                op,
+                &scripts::FENCE,
+                &[&key],
+                &[token_s.as_bytes(), mode, value],
+            )
+            .await?;
+        let items = reply::array(v).ok_or_else(|| bad_reply(op, "not an array"))?;
+        let parse = |v: &redis::Value| -> Result<Option<Token>> {
+            let s = reply::text(v).ok_or_else(|| bad_reply(op, "token is not text"))?;
+            if s.is_empty() {
+                return Ok(None);
+            }
+            s.parse()
+                .map(Some)
+                .map_err(|_| bad_reply(op, "stored token is not a number in range"))
+        };
+        match items.as_slice() {
+            [flag, previous] if reply::int(flag) == Some(1) => Ok(Accepted::new(parse(previous)?)),
+            [flag, current] if reply::int(flag) == Some(0) => {
+                let current = parse(current)?.ok_or_else(|| bad_reply(op, "no current token"))?;
+                Err(Error::Stale {
+                    resource: resource.to_string(),
+                    presented: token,
+                    current,
+                })
+            }
+            _ => Err(bad_reply(op, "unexpected shape")),
+        }
+    }
+}
+
+#[async_trait]
+impl Fence for RedisFence {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    async fn write(&self, resource: &ResourceId, token: Token, value: Bytes) -> Result<Accepted> {
+        self.accept(Op::FENCE_WRITE, resource, token, Some(&value))
+            .await
+    }
+
+    async fn claim(&self, resource: &ResourceId, token: Token) -> Result<Accepted> {
+        self.accept(Op::FENCE_CLAIM, resource, token, None).await
+    }
+
+    async fn read(&self, resource: &ResourceId) -> Result<Option<FencedValue>> {
+        let key = fence_key(self.config.key_prefix(), resource);
+        let op = Op::FENCE_READ;
+        let key = key.as_str();
+        let v: redis::Value = self
+            .conn
+            .run(op, |mut c| async move {
+                redis::cmd("HMGET")
+                    .arg(key)
+                    .arg("newest")
+                    .arg("vtoken")
+                    .arg("value")
+                    .query_async(&mut c)
+                    .await
+            })
+            .await?;
+        let mut items = reply::array(v).ok_or_else(|| bad_reply(op, "not an array"))?;
+        if items.len() != 3 {
+            return Err(bad_reply(op, "unexpected shape"));
+        }
+        let value = items.pop().and_then(reply::bytes);
+        let vtoken = items.pop().and_then(|v| reply::text(&v));
+        let newest = items.pop().and_then(|v| reply::text(&v));
+        let token = |s: Option<String>| -> Result<Option<Token>> {
+            s.map(|s| {
+                s.parse()
+                    .map_err(|_| bad_reply(op, "stored token is not a number"))
+            })
+            .transpose()
+        };
+        let Some(newest) = token(newest)? else {
+            return Ok(None);
+        };
+        let value = match (token(vtoken)?, value) {
+            (Some(t), Some(v)) => Some((t, Bytes::from(v))),
+            _ => None,
+        };
+        Ok(Some(FencedValue::new(newest, value)))
+    }
+}

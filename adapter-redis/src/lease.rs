@@ -1,0 +1,135 @@
+//! [`RedisLease`]: a lease held on Redis.
+
+use std::fmt;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use lease_core::{Error, Lease, LeaseStatus, LeaseTracker, LostReason, Result};
+use tokio::time::Instant;
+
+use crate::coordinator::{nothing_to_delete, spawn_cleanup, Cleanup, Inner};
+use crate::error::{bad_reply, Op};
+use crate::keys::LockKeys;
+use crate::scripts::{self, reply};
+
+/// A lease from [`crate::RedisCoordinator`].
+///
+/// Renew and release are one script each and act only while the lock still carries this lease's
+/// private nonce. Dropping the lease without releasing it releases it in the background on the
+/// current tokio runtime (never blocking in `Drop`); without a runtime the lock expires at its TTL.
+pub struct RedisLease {
+    inner: Arc<Inner>,
+    keys: Arc<LockKeys>,
+    /// `v1|<nonce>|`: the prefix of our lock value, compared by every script. Never shown.
+    head: String,
+    nonce: u128,
+    tracker: LeaseTracker,
+}
+
+impl fmt::Debug for RedisLease {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The nonce is the lease's private proof of ownership: never shown.
+        f.debug_struct("RedisLease")
+            .field("tracker", &self.tracker)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisLease {
+    pub(crate) fn new(
+        inner: Arc<Inner>,
+        keys: Arc<LockKeys>,
+        head: String,
+        nonce: u128,
+        tracker: LeaseTracker,
+    ) -> Self {
+        RedisLease {
+            inner,
+            keys,
+            head,
+            nonce,
+            tracker,
+        }
+    }
+
+    /// Records why the lock is not ours (from a script's code) and returns the `Lost` error with
+    /// the first recorded reason.
+    fn lost(&self, code: i64) -> Error {
+        let reason = match code {
+            -2 => LostReason::Revoked,
+            -1 => LostReason::Superseded,
+            _ => LostReason::Expired,
+        };
+        self.tracker.mark_lost(reason);
+        match self.tracker.status() {
+            LeaseStatus::Lost(r) => self.tracker.lost_error(r),
+            _ => self.tracker.lost_error(reason),
+        }
+    }
+}
+
+#[async_trait]
+impl Lease for RedisLease {
+    fn tracker(&self) -> &LeaseTracker {
+        &self.tracker
+    }
+
+    async fn renew(&self) -> Result<Instant> {
+        self.tracker.ensure_not_lost()?;
+        let ttl_ms = self.tracker.ttl().as_millis().to_string();
+        let sent_at = Instant::now();
+        let v = self
+            .inner
+            .conn
+            .eval(
+                Op::RENEW,
+                &scripts::RENEW,
+                &[&self.keys.lock, &self.keys.revoked],
+                &[self.head.as_bytes(), ttl_ms.as_bytes()],
+            )
+            .await?;
+        match reply::int(&v) {
+            Some(1) => self.tracker.renewed_from(sent_at),
+            Some(code) => Err(self.lost(code)),
+            None => Err(bad_reply(Op::RENEW, "not an integer")),
+        }
+    }
+
+    async fn release(&self) -> Result<()> {
+        let status = self.tracker.status();
+        if let Some(reason) = nothing_to_delete(status) {
+            return Err(self.tracker.lost_error(reason));
+        }
+        let code = self.inner.release_by_head(&self.keys, &self.head).await?;
+        if let LeaseStatus::Lost(reason) = status {
+            // Locally expired (or the keeper stopped): the delete above frees the key early if it
+            // was still ours, but the lease was already gone for its holder.
+            return Err(self.tracker.lost_error(reason));
+        }
+        if code == 1 {
+            self.tracker.mark_lost(LostReason::Released);
+            Ok(())
+        } else {
+            Err(self.lost(code))
+        }
+    }
+}
+
+impl Drop for RedisLease {
+    fn drop(&mut self) {
+        self.inner.forget(self.nonce);
+        let status = self.tracker.status();
+        if nothing_to_delete(status).is_some() {
+            return;
+        }
+        // Expired locally or still held: delete it if it is still ours (compare-and-delete).
+        self.tracker.mark_lost(LostReason::Released);
+        spawn_cleanup(
+            self.inner.clone(),
+            self.keys.clone(),
+            std::mem::take(&mut self.head),
+            self.tracker.ttl(),
+            Cleanup::Once,
+        );
+    }
+}

@@ -1,0 +1,191 @@
+//! The Lua scripts: each operation is one script, run with `EVALSHA` (redis-rs loads it with
+//! `SCRIPT LOAD` and retries once when the server answers `NOSCRIPT`, for example after a restart).
+//!
+//! Every script touches only keys of one lock (or one fenced resource), which share a hash tag,
+//! so they run on a Redis Cluster node too. Tokens are handled as decimal strings (compared by
+//! length, then lexically) so that Lua's double-precision numbers never round them.
+//!
+//! Writes are ordered so that an error part-way (for example `OOM` on the first write when the
+//! server is out of memory) leaves nothing half-done: the acquire script reads first, then
+//! increments the counter, and sets the lock last; a failed attempt writes nothing at all (no AOF
+//! fsync), like `SET NX PX` first would, while a token is never issued without its lock value.
+
+use std::sync::LazyLock;
+
+use redis::Script;
+
+const LT: &str = r"
+local function lt(a, b)
+  if #a ~= #b then return #a < #b end
+  return a < b
+end
+";
+
+/// Acquire: `KEYS = [lock, counter]`, `ARGV = [head, tail, ttl_ms, floor or '', clock_start]`.
+///
+/// Returns `{1, token}` when granted (the lock holds `head .. token .. tail` with `PX ttl_ms`),
+/// or `{0, holder_value, holder_pttl_ms}` when the key is held by another owner. Idempotent per
+/// nonce: when the lock already carries `head` (an earlier attempt of the same call applied but
+/// its reply was lost), it returns that grant's token and writes nothing.
+///
+/// The token is the counter after `INCR`. A counter that does not exist (first use of the key,
+/// or lost: deleted by an operator, evicted, flushed, or never persisted before a crash) starts
+/// at the server's clock in microseconds when `clock_start` is `1`, so that it resumes above
+/// every token issued before; and never below `floor`.
+const ACQUIRE_BODY: &str = r"
+local cur = redis.call('GET', KEYS[1])
+if cur then
+  if string.sub(cur, 1, #ARGV[1]) == ARGV[1] then
+    return {1, string.match(cur, '^v1|%x+|(%d+)|')}
+  end
+  return {0, cur, redis.call('PTTL', KEYS[1])}
+end
+local c = redis.call('GET', KEYS[2])
+local base = c
+if (not base) and ARGV[5] == '1' then
+  local t = redis.call('TIME')
+  base = t[1] .. string.format('%06d', tonumber(t[2]))
+end
+if ARGV[4] ~= '' and ((not base) or lt(base, ARGV[4])) then
+  base = ARGV[4]
+end
+if base and base ~= c then
+  redis.call('SET', KEYS[2], base)
+end
+redis.call('INCR', KEYS[2])
+local token = redis.call('GET', KEYS[2])
+redis.call('SET', KEYS[1], ARGV[1] .. token .. ARGV[2], 'PX', ARGV[3])
+return {1, token}
+";
+
+/// The common tail of renew and release: why the lock is not ours.
+/// `-2`: revoked by force_release; `-1`: another owner holds it; `0`: nobody does (expired).
+const NOT_OURS: &str = r"
+local rev = redis.call('GET', KEYS[2])
+if rev and string.sub(rev, 1, #head) == head then return -2 end
+if cur then return -1 end
+return 0
+";
+
+/// Renew: `KEYS = [lock, revoked]`, `ARGV = [head, ttl_ms]`. `1` when extended, else see
+/// `NOT_OURS`.
+const RENEW_BODY: &str = r"
+local head = ARGV[1]
+local cur = redis.call('GET', KEYS[1])
+if cur and string.sub(cur, 1, #head) == head then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+";
+
+/// Release (compare-and-delete, then wake waiters): `KEYS = [lock, revoked]`,
+/// `ARGV = [head, channel]`. `1` when deleted, else see `NOT_OURS`.
+const RELEASE_BODY: &str = r"
+local head = ARGV[1]
+local cur = redis.call('GET', KEYS[1])
+if cur and string.sub(cur, 1, #head) == head then
+  redis.call('DEL', KEYS[1])
+  redis.call('PUBLISH', ARGV[2], 'released')
+  return 1
+end
+";
+
+/// Force release: `KEYS = [lock, revoked, audit]`,
+/// `ARGV = [channel, actor, reason, at_ms, audit_maxlen, marker_ms_if_no_ttl]`.
+///
+/// Deletes the lock whoever holds it, keeps the removed value under `revoked` for the rest of its
+/// TTL (so the old holder's renew reports `Revoked`), wakes waiters, and appends actor, reason and
+/// the removed holder's token and owner (never its nonce) to the capped audit stream. Returns
+/// `{removed_value, pttl_ms}` or `{}` when the key was free (the attempt is audited either way).
+const FORCE_RELEASE_SRC: &str = r"
+local cur = redis.call('GET', KEYS[1])
+local pttl = -2
+local removed_token, removed_owner = '', ''
+if cur then
+  pttl = redis.call('PTTL', KEYS[1])
+  redis.call('DEL', KEYS[1])
+  local keep = pttl
+  if keep < 0 then keep = tonumber(ARGV[6]) end
+  redis.call('SET', KEYS[2], cur, 'PX', keep + 1000)
+  redis.call('PUBLISH', ARGV[1], 'forced')
+  local _, _, tok, owner = string.find(cur, '^v1|%x+|(%d+)|%d+|([^|]*)|')
+  removed_token = tok or ''
+  removed_owner = owner or ''
+end
+redis.call('XADD', KEYS[3], 'MAXLEN', ARGV[5], '*',
+  'actor', ARGV[2], 'reason', ARGV[3], 'at_ms', ARGV[4],
+  'removed_token', removed_token, 'removed_owner', removed_owner)
+if cur then return {cur, pttl} end
+return {}
+";
+
+/// Fence write or claim: `KEYS = [fence]`, `ARGV = [token, 'w' | 'c', value]`.
+///
+/// Accepts when `token >= newest` (an equal token is accepted), setting `newest` (and for a write
+/// `vtoken` and `value`) in the same step; returns `{1, previous_newest or ''}`. Otherwise changes
+/// nothing and returns `{0, newest}`. A claim with the current token writes nothing.
+const FENCE_BODY: &str = r"
+local newest = redis.call('HGET', KEYS[1], 'newest')
+if newest and lt(ARGV[1], newest) then return {0, newest} end
+if ARGV[2] == 'w' then
+  redis.call('HSET', KEYS[1], 'newest', ARGV[1], 'vtoken', ARGV[1], 'value', ARGV[3])
+elseif newest ~= ARGV[1] then
+  redis.call('HSET', KEYS[1], 'newest', ARGV[1])
+end
+return {1, newest or ''}
+";
+
+pub(crate) static ACQUIRE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(&format!("{LT}{ACQUIRE_BODY}")));
+pub(crate) static RENEW: LazyLock<Script> =
+    LazyLock::new(|| Script::new(&format!("{RENEW_BODY}{NOT_OURS}")));
+pub(crate) static RELEASE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(&format!("{RELEASE_BODY}{NOT_OURS}")));
+pub(crate) static FORCE_RELEASE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(FORCE_RELEASE_SRC));
+pub(crate) static FENCE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(&format!("{LT}{FENCE_BODY}")));
+
+/// How many entries each lock's audit stream keeps.
+pub(crate) const AUDIT_MAXLEN: usize = 100;
+
+/// Reply helpers: script replies are arrays of integers and bulk strings.
+pub(crate) mod reply {
+    use redis::Value;
+
+    /// The elements of an array reply.
+    pub(crate) fn array(v: Value) -> Option<Vec<Value>> {
+        match v {
+            Value::Array(items) | Value::Set(items) => Some(items),
+            Value::Nil => Some(Vec::new()),
+            _ => None,
+        }
+    }
+
+    /// An integer reply (or a decimal string).
+    pub(crate) fn int(v: &Value) -> Option<i64> {
+        match v {
+            Value::Int(i) => Some(*i),
+            other => text(other)?.parse().ok(),
+        }
+    }
+
+    /// A string reply, as UTF-8.
+    pub(crate) fn text(v: &Value) -> Option<String> {
+        match v {
+            Value::BulkString(b) => String::from_utf8(b.clone()).ok(),
+            Value::SimpleString(s) => Some(s.clone()),
+            Value::VerbatimString { text, .. } => Some(text.clone()),
+            _ => None,
+        }
+    }
+
+    /// A byte-string reply.
+    pub(crate) fn bytes(v: Value) -> Option<Vec<u8>> {
+        match v {
+            Value::BulkString(b) => Some(b),
+            Value::SimpleString(s) => Some(s.into_bytes()),
+            _ => None,
+        }
+    }
+}
