@@ -209,8 +209,8 @@ async fn max_hold_stops_renewing_after_the_maximum() {
 
     tokio::time::sleep(ms(4500)).await;
     assert_eq!(kept.stopped(), None);
-    tokio::time::sleep(ms(1000)).await; // t = 5.5
-    // The renewal due at t=5 would have let the lock live until 8 > 7: skipped.
+    // t = 5.5: the renewal due at t=5 would have let the lock live until 8 > 7, so it was skipped.
+    tokio::time::sleep(ms(1000)).await;
     assert_eq!(kept.stopped(), Some(KeeperStop::MaxHold));
     // The last renewal was sent at t=4: valid until 7 - margin, server expiry at 7.
     assert_eq!(kept.lease().valid_until(), t0 + secs(7) - margin);

@@ -233,13 +233,9 @@ async fn monkey(
         let key = &keys[rng.gen_range(0..keys.len())];
         match rng.gen_range(0..10) {
             0..=3 => {
-                if op
-                    .force_release(key, &ForceRelease::new("chaos-monkey", "chaos run")?)
-                    .await
-                    .is_ok()
-                {
-                    forced += 1;
-                }
+                let request = ForceRelease::new("chaos-monkey", "chaos run")?;
+                let released = op.force_release(key, &request).await;
+                forced += u32::from(released.is_ok());
             }
             4..=5 if can_restart && last_restart.elapsed() > Duration::from_secs(4) => {
                 let server = ctx.subject.server.clone().expect("checked");
