@@ -1,4 +1,46 @@
-//! Fenced leases on consul.
-//!
-//! This crate is a placeholder in the workspace: the adapter is built by its own issue. It depends
-//! on `lease-core` so that the workspace layout (one crate per backend) is fixed from the start.
+#![doc = include_str!("../README.md")]
+#![forbid(unsafe_code)]
+
+mod config;
+mod coordinator;
+mod error;
+mod http;
+mod lease;
+mod session;
+
+use std::sync::Arc;
+
+use lease_core::{BackendUrl, Coordinator, Registry};
+
+pub use config::{
+    escape_key, ConsulConfig, CONSUL_MAX_LOCK_DELAY, CONSUL_SESSION_TTL_MAX,
+    CONSUL_SESSION_TTL_MIN, DEFAULT_CONNECT_TIMEOUT, DEFAULT_KEY_PREFIX, DEFAULT_MAX_BLOCK,
+    DEFAULT_REQUEST_TIMEOUT, MAX_KEY_PREFIX_BYTES,
+};
+pub use coordinator::ConsulCoordinator;
+pub use lease::ConsulLease;
+
+/// The backend name in capabilities, errors and metrics.
+pub const BACKEND: &str = "consul";
+
+/// The URL schemes this adapter serves: `consul` (HTTP) and `consuls` (HTTPS).
+pub const SCHEMES: [&str; 2] = ["consul", "consuls"];
+
+/// Registers [`ConsulCoordinator`] for every scheme in [`SCHEMES`].
+///
+/// After this, `registry.connect("consul://127.0.0.1:8500")` parses the URL with
+/// [`ConsulConfig::from_backend_url`] and makes a coordinator (nothing is sent until the first
+/// acquire). The adapter has no fence: protect the resource with another backend's fence.
+pub fn register(registry: &mut Registry) {
+    for scheme in SCHEMES {
+        registry.register_coordinator(
+            scheme,
+            Arc::new(|url: BackendUrl| {
+                Box::pin(async move {
+                    let config = ConsulConfig::from_backend_url(url)?;
+                    Ok(Arc::new(ConsulCoordinator::new(config)?) as Arc<dyn Coordinator>)
+                })
+            }),
+        );
+    }
+}

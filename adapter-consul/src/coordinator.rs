@@ -1,0 +1,728 @@
+//! [`ConsulCoordinator`]: acquire (one transaction), wait (blocking queries), inspect and
+//! force-release on Consul's KV store.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use lease_core::{
+    Capabilities, Coordinator, Error, ForceRelease, HolderInfo, Lease, LeaseOptions, LeaseTracker,
+    LockKey, LostReason, OwnerId, Result, Token,
+};
+use serde::{Deserialize, Serialize};
+use tokio::sync::OwnedMutexGuard;
+use tokio::time::Instant;
+
+use crate::config::ConsulConfig;
+use crate::http::{Http, KvEntry, TxnOp, TxnOutcome};
+use crate::lease::{spawn_reaper, ConsulLease, LeaseShared};
+use crate::session::{Session, SessionManager};
+use crate::BACKEND;
+
+/// The holder record stored as the lock key's value (shown by `inspect`; never a credential).
+#[derive(Debug, Serialize, Deserialize)]
+struct HolderRecord {
+    owner: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    operation: Option<String>,
+    /// Wall-clock milliseconds since the Unix epoch, for display only.
+    #[serde(default)]
+    acquired_at_ms: u64,
+}
+
+fn unix_ms(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+// ---------------------------------------------------------------------------- token high-water
+
+/// The largest token this process has seen per (agent, KV key): a token not above it means the
+/// cluster's index went backwards (a snapshot restore), and the acquisition fails closed.
+fn high_water() -> &'static Mutex<HashMap<(String, String), u64>> {
+    static HWM: OnceLock<Mutex<HashMap<(String, String), u64>>> = OnceLock::new();
+    HWM.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+fn hwm_floor(agent: &str, kv_key: &str) -> u64 {
+    high_water()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(&(agent.to_owned(), kv_key.to_owned()))
+        .copied()
+        .unwrap_or(0)
+}
+
+fn hwm_raise(agent: &str, kv_key: &str, token: u64) {
+    let mut m = high_water().lock().unwrap_or_else(|p| p.into_inner());
+    let e = m.entry((agent.to_owned(), kv_key.to_owned())).or_insert(0);
+    *e = (*e).max(token);
+}
+
+// ---------------------------------------------------------------------------- local slots
+
+/// Per-key claims inside one client. Consul lets a session re-acquire a key it already holds, so
+/// two leases of one client (one session) on one key must be kept apart locally: a second
+/// acquire waits here (FIFO) until the first lease is released, lost and settled.
+#[derive(Debug, Default)]
+pub(crate) struct Slots {
+    map: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+/// A held claim; dropping it frees the key for the client's next acquire.
+pub(crate) struct SlotGuard {
+    slots: Arc<Slots>,
+    key: String,
+    mutex: Arc<tokio::sync::Mutex<()>>,
+    guard: Option<OwnedMutexGuard<()>>,
+}
+
+impl Drop for SlotGuard {
+    fn drop(&mut self) {
+        let mut map = self.slots.map.lock().unwrap_or_else(|p| p.into_inner());
+        drop(self.guard.take());
+        // Only the map and this guard still know the mutex: nobody waits, forget it.
+        if Arc::strong_count(&self.mutex) == 2 {
+            map.remove(&self.key);
+        }
+    }
+}
+
+impl Slots {
+    /// Claims `key`: at once (`deadline` `None`), or waiting until `deadline`. `None` if busy.
+    async fn claim(self: &Arc<Self>, key: &str, deadline: Option<Instant>) -> Option<SlotGuard> {
+        let mutex = self
+            .map
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(key.to_owned())
+            .or_default()
+            .clone();
+        let guard = match deadline {
+            None => mutex.clone().try_lock_owned().ok()?,
+            Some(d) => tokio::time::timeout_at(d, mutex.clone().lock_owned())
+                .await
+                .ok()?,
+        };
+        Some(SlotGuard {
+            slots: self.clone(),
+            key: key.to_owned(),
+            mutex,
+            guard: Some(guard),
+        })
+    }
+}
+
+// ---------------------------------------------------------------------------- the coordinator
+
+struct Inner {
+    config: ConsulConfig,
+    caps: Capabilities,
+    http: Arc<Http>,
+    sessions: Arc<SessionManager>,
+    slots: Arc<Slots>,
+    default_owner: OwnerId,
+    agent: String,
+    next_lease: AtomicU64,
+}
+
+/// A Consul coordinator: one session per client, locks on KV keys, tokens from the Raft index.
+///
+/// See the crate documentation ("Semantics on Consul") for the exact behaviour. Cloning is cheap
+/// and shares the client and its session.
+#[derive(Clone)]
+pub struct ConsulCoordinator {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for ConsulCoordinator {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ConsulCoordinator")
+            .field("config", &self.inner.config)
+            .field("session", &self.inner.sessions.peek().map(|s| s.id.clone()))
+            .finish()
+    }
+}
+
+/// Exponential backoff between `min` and `max`.
+struct Backoff {
+    next: Duration,
+    min: Duration,
+    max: Duration,
+}
+
+impl Backoff {
+    fn new(min: Duration, max: Duration) -> Self {
+        Backoff {
+            next: min,
+            min,
+            max,
+        }
+    }
+
+    fn next(&mut self) -> Duration {
+        let d = self.next;
+        self.next = (self.next * 2).min(self.max);
+        d
+    }
+
+    fn reset(&mut self) {
+        self.next = self.min;
+    }
+}
+
+/// Sleeps `d`, but not past `deadline`.
+async fn nap(d: Duration, deadline: Option<Instant>) {
+    let until = Instant::now() + d;
+    tokio::time::sleep_until(deadline.map_or(until, |dl| until.min(dl))).await;
+}
+
+/// An acquire transaction in flight. If it is dropped armed (the caller's future was cancelled,
+/// or the answer was lost), the attempt is cancelled in the background: a marker key makes a
+/// late-arriving lock request fail its `check-not-exists`, then the lock is deleted if the
+/// attempt did take it. The client's claim on the key is held until that is done.
+struct Attempt {
+    armed: Option<Armed>,
+}
+
+/// What cancelling an attempt needs.
+struct Armed {
+    http: Arc<Http>,
+    session: Arc<Session>,
+    kv_key: String,
+    marker: String,
+    slot: SlotGuard,
+}
+
+impl Attempt {
+    fn disarm(mut self) -> SlotGuard {
+        self.armed.take().expect("armed until disarmed").slot
+    }
+}
+
+impl Drop for Attempt {
+    fn drop(&mut self) {
+        let Some(Armed {
+            http,
+            session,
+            kv_key,
+            marker,
+            slot,
+        }) = self.armed.take()
+        else {
+            return;
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(h) => {
+                h.spawn(cancel_attempt(http, session, kv_key, marker, slot));
+            }
+            Err(_) => tracing::warn!(
+                key = %kv_key,
+                "an acquire was abandoned outside a runtime; its lock, if taken, lasts until the client's session ends"
+            ),
+        }
+    }
+}
+
+async fn cancel_attempt(
+    http: Arc<Http>,
+    session: Arc<Session>,
+    kv_key: String,
+    marker: String,
+    slot: SlotGuard,
+) {
+    let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(5));
+    // 1. The marker: the attempt's lock request, if it is still on its way, now fails. (If the
+    //    session is gone, the request fails anyway and its keys went with it.)
+    while !session.is_ended() {
+        match http
+            .txn(
+                &[TxnOp::lock(&marker, &session.id, b"")],
+                "cancel acquire",
+                false,
+            )
+            .await
+        {
+            Ok(_) => break,
+            Err(_) => tokio::time::sleep(backoff.next()).await,
+        }
+    }
+    // 2. Undo the lock if the attempt took it: this client holds no other lease on the key (the
+    //    claim is still ours), so a lock of our session on it is the attempt's.
+    backoff.reset();
+    while !session.is_ended() {
+        let ops = [
+            TxnOp::check_session(&kv_key, &session.id),
+            TxnOp::delete(&kv_key),
+        ];
+        match http.txn(&ops, "cancel acquire", false).await {
+            Ok(TxnOutcome::Committed(_)) => {
+                tracing::debug!(key = %kv_key, "removed the lock of a cancelled acquire");
+                break;
+            }
+            Ok(TxnOutcome::RolledBack(_)) => break,
+            Err(_) => tokio::time::sleep(backoff.next()).await,
+        }
+    }
+    drop(slot);
+}
+
+/// Why an acquire transaction was refused.
+enum Refusal {
+    Held,
+    LockDelay,
+    SessionGone,
+}
+
+impl ConsulCoordinator {
+    /// A coordinator for `config`. Sends nothing: the session is created by the first acquire.
+    ///
+    /// # Errors
+    /// `Misconfigured` if TLS cannot be set up (no CA certificates, unreadable `tls_ca_file`);
+    /// `InvalidInput` for a token that cannot be sent as a header.
+    pub fn new(config: ConsulConfig) -> Result<Self> {
+        let http = Arc::new(Http::new(&config)?);
+        let default_owner = config
+            .owner()
+            .cloned()
+            .unwrap_or_else(OwnerId::for_this_process);
+        let caps = Capabilities::new(BACKEND)
+            .min_ttl(config.session_ttl())
+            .max_ttl(LeaseOptions::MAX_TTL)
+            .ttl_granularity(Duration::from_millis(1))
+            .per_lease_ttl(false)
+            .fifo(false)
+            .durable_tokens(true)
+            .shared_across_processes(true);
+        let sessions = Arc::new(SessionManager::new(
+            http.clone(),
+            config.session_ttl(),
+            config.lock_delay(),
+            format!("fenced {default_owner}"),
+        ));
+        Ok(ConsulCoordinator {
+            inner: Arc::new(Inner {
+                agent: config.base_url(),
+                config,
+                caps,
+                http,
+                sessions,
+                slots: Arc::new(Slots::default()),
+                default_owner,
+                next_lease: AtomicU64::new(1),
+            }),
+        })
+    }
+
+    /// Parses `url` ([`ConsulConfig::from_url`]) and makes a coordinator. Sends nothing.
+    pub async fn connect(url: &str) -> Result<Self> {
+        Self::new(ConsulConfig::from_url(url)?)
+    }
+
+    /// The configuration (token redacted in its `Debug` and `Display`).
+    pub fn config(&self) -> &ConsulConfig {
+        &self.inner.config
+    }
+
+    /// The ID of the client's current Consul session, if one is live (for diagnostics).
+    pub fn session_id(&self) -> Option<String> {
+        self.inner.sessions.peek().map(|s| s.id.clone())
+    }
+
+    fn holder_value(&self, options: &LeaseOptions) -> Vec<u8> {
+        let record = HolderRecord {
+            owner: options
+                .owner_value()
+                .unwrap_or(&self.inner.default_owner)
+                .to_string(),
+            operation: options.operation_value().map(str::to_owned),
+            acquired_at_ms: unix_ms(SystemTime::now()),
+        };
+        serde_json::to_vec(&record).unwrap_or_default()
+    }
+
+    async fn acquire_impl(
+        &self,
+        key: &LockKey,
+        options: &LeaseOptions,
+        wait: Option<Duration>,
+    ) -> Result<Box<dyn Lease>> {
+        options.validate(&self.inner.caps)?;
+        let inner = &self.inner;
+        let start = Instant::now();
+        let deadline = wait.map(|w| start + w);
+        let timeout = || Error::Timeout {
+            key: key.to_string(),
+            waited: start.elapsed(),
+        };
+        let held = || Error::Held {
+            key: key.to_string(),
+        };
+        let kv_key = inner.config.kv_key(key);
+        let mut slot = match inner.slots.claim(&kv_key, deadline).await {
+            Some(s) => Some(s),
+            None if deadline.is_none() => return Err(held()),
+            None => return Err(timeout()),
+        };
+        let value = self.holder_value(options);
+        let mut index = 0u64;
+        let mut retry = Backoff::new(Duration::from_millis(20), Duration::from_millis(500));
+        let mut raced = Backoff::new(Duration::from_millis(2), Duration::from_millis(200));
+        let mut sessions_lost = 0;
+        loop {
+            let session = match inner.sessions.session().await {
+                Ok(s) => s,
+                Err(e) if e.is_retryable() && deadline.is_some_and(|d| Instant::now() < d) => {
+                    nap(retry.next(), deadline).await;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            let attempt_id = format!("{:032x}", rand::random::<u128>());
+            let marker = inner.config.attempt_key(&session.id, &attempt_id);
+            let ops = [
+                TxnOp::check_not_exists(&marker),
+                TxnOp::lock(&kv_key, &session.id, &value),
+                TxnOp::get(&kv_key),
+            ];
+            let attempt = Attempt {
+                armed: Some(Armed {
+                    http: inner.http.clone(),
+                    session: session.clone(),
+                    kv_key: kv_key.clone(),
+                    marker,
+                    slot: slot.take().expect("the claim is held between attempts"),
+                }),
+            };
+            let sent_at = Instant::now();
+            let refusal = match inner.http.txn(&ops, "acquire", false).await {
+                Ok(TxnOutcome::Committed(results)) => {
+                    let slot = attempt.disarm();
+                    return self
+                        .granted(key, &kv_key, options, session, results, sent_at, slot)
+                        .await;
+                }
+                Ok(TxnOutcome::RolledBack(errors)) => {
+                    slot = Some(attempt.disarm());
+                    let all = errors.join("; ");
+                    if all.contains("invalid session") {
+                        Refusal::SessionGone
+                    } else if all.contains("lock delay") {
+                        Refusal::LockDelay
+                    } else if all.contains("already held") {
+                        Refusal::Held
+                    } else {
+                        return Err(crate::error::protocol("acquire", all));
+                    }
+                }
+                Err(e @ Error::OutcomeUnknown { .. }) => {
+                    // Dropping the armed attempt cancels it in the background.
+                    drop(attempt);
+                    return Err(e);
+                }
+                Err(e) => {
+                    slot = Some(attempt.disarm());
+                    if e.is_retryable() && deadline.is_some_and(|d| Instant::now() < d) {
+                        nap(retry.next(), deadline).await;
+                        continue;
+                    }
+                    return Err(e);
+                }
+            };
+            match refusal {
+                Refusal::SessionGone => {
+                    inner.sessions.ended(&session);
+                    sessions_lost += 1;
+                    if sessions_lost > 3 {
+                        return Err(Error::Unavailable {
+                            backend: BACKEND,
+                            message: "Consul keeps invalidating new sessions".into(),
+                            source: None,
+                        });
+                    }
+                    continue;
+                }
+                _ if deadline.is_none() => return Err(held()),
+                _ if deadline.is_some_and(|d| Instant::now() >= d) => return Err(timeout()),
+                Refusal::LockDelay => {
+                    // Consul does not say how long the delay lasts: back off, bounded.
+                    nap(retry.next(), deadline).await;
+                }
+                Refusal::Held => {
+                    let free = self
+                        .wait_for_change(&kv_key, &mut index, deadline.expect("checked"))
+                        .await?;
+                    if free {
+                        // Seen free, then refused: another contender won the race.
+                        nap(raced.next(), deadline).await;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Blocks (Consul blocking queries on the key, from the last index seen) until the key looks
+    /// free, or the deadline passes. Returns whether it was seen free. Transient errors are
+    /// retried with backoff within the deadline.
+    async fn wait_for_change(
+        &self,
+        kv_key: &str,
+        index: &mut u64,
+        deadline: Instant,
+    ) -> Result<bool> {
+        let inner = &self.inner;
+        let mut backoff = Backoff::new(Duration::from_millis(20), Duration::from_millis(500));
+        loop {
+            let now = Instant::now();
+            if now >= deadline {
+                return Ok(false);
+            }
+            let wait = (deadline - now).min(inner.config.max_block());
+            let block = (*index > 0).then_some((*index, wait));
+            match tokio::time::timeout_at(deadline, inner.http.kv_get(kv_key, false, block, "wait"))
+                .await
+            {
+                Err(_) => return Ok(false),
+                Ok(Ok((new_index, entry))) => {
+                    // An index that went backwards (a restore) restarts the watch.
+                    *index = if new_index < *index { 0 } else { new_index };
+                    if entry.as_ref().and_then(KvEntry::holder).is_none() {
+                        return Ok(true);
+                    }
+                }
+                Ok(Err(e)) if e.is_retryable() => {
+                    *index = 0;
+                    nap(backoff.next(), Some(deadline)).await;
+                }
+                Ok(Err(e)) => return Err(e),
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn granted(
+        &self,
+        key: &LockKey,
+        kv_key: &str,
+        options: &LeaseOptions,
+        session: Arc<Session>,
+        results: Vec<KvEntry>,
+        sent_at: Instant,
+        slot: SlotGuard,
+    ) -> Result<Box<dyn Lease>> {
+        let inner = &self.inner;
+        let entry = results
+            .iter()
+            .rev()
+            .find(|e| e.key == kv_key)
+            .filter(|e| e.holder() == Some(session.id.as_str()) && e.lock_index > 0)
+            .ok_or_else(|| {
+                crate::error::protocol("acquire", "the transaction did not return the lock")
+            })?;
+        let raw = entry.modify_index;
+        let floor =
+            hwm_floor(&inner.agent, kv_key).max(inner.config.token_floor().map_or(0, Token::get));
+        let token = match Token::new(raw) {
+            Ok(t) if raw > floor => t,
+            bad => {
+                // Fail closed, and do not leave the lock behind.
+                let observed = bad.unwrap_or(Token::MAX);
+                self.release_detached(kv_key, raw, &session, slot);
+                return Err(Error::TokenRegression {
+                    backend: BACKEND,
+                    key: key.to_string(),
+                    observed,
+                    floor: Token::new(floor).unwrap_or(Token::MAX),
+                });
+            }
+        };
+        hwm_raise(&inner.agent, kv_key, raw);
+        let ttl = options.ttl_value();
+        let margin = options.drift_margin_for(ttl);
+        let tracker = LeaseTracker::new(BACKEND, key.clone(), token, ttl, margin, sent_at);
+        let session_until = session.valid_until();
+        if session_until <= Instant::now() {
+            self.release_detached(kv_key, raw, &session, slot);
+            return Err(Error::Unavailable {
+                backend: BACKEND,
+                message: "the client's Consul session has not been renewed recently".into(),
+                source: None,
+            });
+        }
+        // The lease's own deadline, before the session caps it.
+        let own_until = tracker.valid_until();
+        if session_until < own_until {
+            tracker.renewed(session_until);
+        }
+        let shared = Arc::new(LeaseShared::new(
+            inner.next_lease.fetch_add(1, Ordering::Relaxed),
+            kv_key.to_owned(),
+            tracker,
+            own_until,
+            session.clone(),
+            inner.sessions.clone(),
+            inner.http.clone(),
+            slot,
+        ));
+        if !session.register(&shared) {
+            shared.tracker.mark_lost(LostReason::SessionEnded);
+            return Err(Error::Unavailable {
+                backend: BACKEND,
+                message: "the client's Consul session ended during the acquire".into(),
+                source: None,
+            });
+        }
+        spawn_reaper(shared.clone());
+        Ok(Box::new(ConsulLease { shared }))
+    }
+
+    /// Deletes a lock this client just took but will not hand out (compare-and-delete), in the
+    /// background, keeping the claim until done.
+    fn release_detached(&self, kv_key: &str, index: u64, session: &Arc<Session>, slot: SlotGuard) {
+        let http = self.inner.http.clone();
+        let (kv_key, session) = (kv_key.to_owned(), session.clone());
+        tokio::spawn(async move {
+            let ops = [
+                TxnOp::check_index(&kv_key, index),
+                TxnOp::check_session(&kv_key, &session.id),
+                TxnOp::delete(&kv_key),
+            ];
+            let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(5));
+            while !session.is_ended() {
+                match http.txn(&ops, "release", false).await {
+                    Ok(_) => break,
+                    Err(_) => tokio::time::sleep(backoff.next()).await,
+                }
+            }
+            drop(slot);
+        });
+    }
+
+    fn holder_info(key: &LockKey, entry: &KvEntry) -> Result<HolderInfo> {
+        let record: Option<HolderRecord> = serde_json::from_slice(&entry.value_bytes()).ok();
+        let owner = record
+            .as_ref()
+            .and_then(|r| OwnerId::new(r.owner.clone()).ok())
+            .unwrap_or_else(|| OwnerId::new("unknown").expect("valid label"));
+        let token = Token::new(entry.modify_index)
+            .map_err(|_| crate::error::protocol("inspect", "ModifyIndex above the token range"))?;
+        Ok(HolderInfo::new(key.clone(), owner, token)
+            .with_operation(record.as_ref().and_then(|r| r.operation.clone()))
+            .with_acquired_at(
+                record
+                    .as_ref()
+                    .filter(|r| r.acquired_at_ms > 0)
+                    .map(|r| UNIX_EPOCH + Duration::from_millis(r.acquired_at_ms)),
+            ))
+    }
+}
+
+#[async_trait]
+impl Coordinator for ConsulCoordinator {
+    fn capabilities(&self) -> &Capabilities {
+        &self.inner.caps
+    }
+
+    /// One `/v1/txn` round trip when the key is free (`check-not-exists` of the attempt marker,
+    /// `lock`, `get`); otherwise blocking queries on the key until it changes, backing off while
+    /// a lock-delay holds, within `options.wait`.
+    async fn acquire(&self, key: &LockKey, options: &LeaseOptions) -> Result<Box<dyn Lease>> {
+        self.acquire_impl(key, options, Some(options.wait_value()))
+            .await
+    }
+
+    /// One `/v1/txn` round trip; `Held` if another session holds the key (or its lock-delay
+    /// runs).
+    async fn try_acquire(&self, key: &LockKey, options: &LeaseOptions) -> Result<Box<dyn Lease>> {
+        self.acquire_impl(key, options, None).await
+    }
+
+    /// One `?consistent` read of the key.
+    async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>> {
+        let kv_key = self.inner.config.kv_key(key);
+        let (_, entry) = self
+            .inner
+            .http
+            .kv_get(&kv_key, true, None, "inspect")
+            .await?;
+        match entry.filter(|e| e.holder().is_some()) {
+            Some(e) => Ok(Some(Self::holder_info(key, &e)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// A `?consistent` read, then one transaction: `check-index` (what was read), `delete`, and
+    /// `set` of the audit record (actor, reason, removed holder) at `<prefix>/forced/<key>`.
+    async fn force_release(
+        &self,
+        key: &LockKey,
+        request: &ForceRelease,
+    ) -> Result<Option<HolderInfo>> {
+        let inner = &self.inner;
+        let kv_key = inner.config.kv_key(key);
+        for _ in 0..8 {
+            let (_, entry) = inner
+                .http
+                .kv_get(&kv_key, true, None, "force_release")
+                .await?;
+            let Some(entry) = entry.filter(|e| e.holder().is_some()) else {
+                tracing::warn!(
+                    backend = BACKEND,
+                    key = %key,
+                    actor = request.actor(),
+                    reason = request.reason(),
+                    "force_release: the key was not held"
+                );
+                return Ok(None);
+            };
+            let info = Self::holder_info(key, &entry)?;
+            let audit = serde_json::json!({
+                "actor": request.actor(),
+                "reason": request.reason(),
+                "removed_token": entry.modify_index,
+                "removed_owner": info.owner.as_str(),
+                "at_ms": unix_ms(SystemTime::now()),
+            });
+            let ops = [
+                TxnOp::check_index(&kv_key, entry.modify_index),
+                TxnOp::delete(&kv_key),
+                TxnOp::set(&inner.config.audit_key(key), audit.to_string().as_bytes()),
+            ];
+            match inner.http.txn(&ops, "force_release", false).await? {
+                TxnOutcome::Committed(_) => {
+                    tracing::warn!(
+                        backend = BACKEND,
+                        key = %key,
+                        token = %info.token,
+                        owner = %info.owner,
+                        actor = request.actor(),
+                        reason = request.reason(),
+                        "lock force-released; recorded at {}",
+                        inner.config.audit_key(key)
+                    );
+                    // A lease of this very client learns of it at once.
+                    if let Some(lease) = inner
+                        .sessions
+                        .peek()
+                        .and_then(|s| s.lease_on(&kv_key))
+                        .filter(|l| l.token == info.token)
+                    {
+                        let _ = lease.lost(LostReason::Revoked);
+                    }
+                    return Ok(Some(info));
+                }
+                // The key changed between the read and the delete: read again.
+                TxnOutcome::RolledBack(_) => continue,
+            }
+        }
+        Err(Error::Unavailable {
+            backend: BACKEND,
+            message: format!("force_release of {key:?}: the key kept changing"),
+            source: None,
+        })
+    }
+}

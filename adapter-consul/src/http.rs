@@ -1,0 +1,541 @@
+//! The adapter's HTTP client: a small typed layer over hyper 1 (the `hyper-util` pooled client and
+//! `hyper-rustls`, the stack `rs-consul` uses) for exactly the Consul endpoints the adapter needs.
+//! See `docs/decisions/0009-consul-http-client.md` for why it does not use `rs-consul`.
+//!
+//! Every request is bounded ([`crate::ConsulConfig::request_timeout`], plus the wait of a
+//! blocking query). The ACL token travels only in the `X-Consul-Token` header, marked sensitive.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::Engine as _;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::header::HeaderValue;
+use hyper::{Method, Request};
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use lease_core::{Error, Result};
+use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
+use serde::{Deserialize, Serialize};
+
+use crate::config::ConsulConfig;
+use crate::error::{self, Transport};
+use crate::BACKEND;
+
+/// The largest answer body read.
+const MAX_ANSWER: usize = 8 * 1024 * 1024;
+
+/// Characters kept as they are in a KV path (everything else is percent-encoded).
+const PATH: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'_')
+    .remove(b'.')
+    .remove(b'~')
+    .remove(b'/')
+    .remove(b',');
+
+/// A KV entry as Consul returns it (`GET /v1/kv/:key`, transaction results).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+pub(crate) struct KvEntry {
+    #[serde(default)]
+    pub(crate) modify_index: u64,
+    #[serde(default)]
+    pub(crate) lock_index: u64,
+    pub(crate) key: String,
+    #[serde(default)]
+    pub(crate) value: Option<String>,
+    #[serde(default)]
+    pub(crate) session: Option<String>,
+}
+
+impl KvEntry {
+    /// The decoded value (empty when absent or not base64).
+    pub(crate) fn value_bytes(&self) -> Vec<u8> {
+        self.value
+            .as_deref()
+            .and_then(|v| base64::engine::general_purpose::STANDARD.decode(v).ok())
+            .unwrap_or_default()
+    }
+
+    /// The session holding the lock, if any (Consul omits the field or sends it empty).
+    pub(crate) fn holder(&self) -> Option<&str> {
+        self.session.as_deref().filter(|s| !s.is_empty())
+    }
+}
+
+/// One KV operation of a transaction (`{"KV": {...}}` in `PUT /v1/txn`).
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct TxnOp {
+    #[serde(rename = "KV")]
+    kv: TxnKv,
+}
+
+#[derive(Debug, Clone, Serialize)]
+struct TxnKv {
+    #[serde(rename = "Verb")]
+    verb: &'static str,
+    #[serde(rename = "Key")]
+    key: String,
+    #[serde(rename = "Value", skip_serializing_if = "Option::is_none")]
+    value: Option<String>,
+    #[serde(rename = "Index", skip_serializing_if = "is_zero")]
+    index: u64,
+    #[serde(rename = "Session", skip_serializing_if = "String::is_empty")]
+    session: String,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
+}
+
+impl TxnOp {
+    fn new(verb: &'static str, key: &str) -> Self {
+        TxnOp {
+            kv: TxnKv {
+                verb,
+                key: key.to_owned(),
+                value: None,
+                index: 0,
+                session: String::new(),
+            },
+        }
+    }
+
+    /// `lock`: take `key` for `session`, writing `value`.
+    pub(crate) fn lock(key: &str, session: &str, value: &[u8]) -> Self {
+        let mut op = Self::new("lock", key);
+        op.kv.session = session.to_owned();
+        op.kv.value = Some(base64::engine::general_purpose::STANDARD.encode(value));
+        op
+    }
+
+    /// `get`: read `key` (fails the transaction if it does not exist).
+    pub(crate) fn get(key: &str) -> Self {
+        Self::new("get", key)
+    }
+
+    /// `set`: write `value` unconditionally.
+    pub(crate) fn set(key: &str, value: &[u8]) -> Self {
+        let mut op = Self::new("set", key);
+        op.kv.value = Some(base64::engine::general_purpose::STANDARD.encode(value));
+        op
+    }
+
+    /// `check-index`: fail unless `key` exists with this `ModifyIndex`.
+    pub(crate) fn check_index(key: &str, index: u64) -> Self {
+        let mut op = Self::new("check-index", key);
+        op.kv.index = index;
+        op
+    }
+
+    /// `check-session`: fail unless `key` is locked by `session`.
+    pub(crate) fn check_session(key: &str, session: &str) -> Self {
+        let mut op = Self::new("check-session", key);
+        op.kv.session = session.to_owned();
+        op
+    }
+
+    /// `check-not-exists`: fail if `key` exists.
+    pub(crate) fn check_not_exists(key: &str) -> Self {
+        Self::new("check-not-exists", key)
+    }
+
+    /// `delete`: remove `key` (no-op if absent).
+    pub(crate) fn delete(key: &str) -> Self {
+        Self::new("delete", key)
+    }
+}
+
+/// What a transaction did.
+#[derive(Debug)]
+pub(crate) enum TxnOutcome {
+    /// Applied; the KV results in operation order (only operations that return an entry).
+    Committed(Vec<KvEntry>),
+    /// Rolled back (HTTP 409): nothing applied; Consul's reasons, one per failed operation.
+    RolledBack(Vec<String>),
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct TxnAnswer {
+    #[serde(default)]
+    results: Option<Vec<TxnResult>>,
+    #[serde(default)]
+    errors: Option<Vec<TxnErrorAnswer>>,
+}
+
+#[derive(Deserialize)]
+struct TxnResult {
+    #[serde(rename = "KV", default)]
+    kv: Option<KvEntry>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct TxnErrorAnswer {
+    #[serde(default)]
+    what: String,
+}
+
+/// An HTTP answer.
+struct Answer {
+    status: u16,
+    index: Option<u64>,
+    body: Bytes,
+}
+
+/// The pooled HTTP(S) client of one coordinator.
+pub(crate) struct Http {
+    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    base: String,
+    token: Option<HeaderValue>,
+    datacenter: Option<String>,
+    request_timeout: Duration,
+}
+
+impl fmt::Debug for Http {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Http")
+            .field("base", &self.base)
+            .field("token", &self.token.as_ref().map(|_| "***"))
+            .finish_non_exhaustive()
+    }
+}
+
+fn tls_config(config: &ConsulConfig) -> Result<rustls::ClientConfig> {
+    let misconfigured = |problem: String| Error::Misconfigured {
+        backend: BACKEND,
+        problems: vec![problem],
+    };
+    let mut roots = rustls::RootCertStore::empty();
+    if config.tls() {
+        if let Some(path) = config.tls_ca_file() {
+            use rustls::pki_types::pem::PemObject as _;
+            let pem = std::fs::read(path)
+                .map_err(|e| misconfigured(format!("tls_ca_file {}: {e}", path.display())))?;
+            for cert in rustls::pki_types::CertificateDer::pem_slice_iter(&pem) {
+                let cert = cert
+                    .map_err(|e| misconfigured(format!("tls_ca_file {}: {e}", path.display())))?;
+                roots
+                    .add(cert)
+                    .map_err(|e| misconfigured(format!("tls_ca_file {}: {e}", path.display())))?;
+            }
+        } else {
+            for cert in rustls_native_certs::load_native_certs().certs {
+                let _ = roots.add(cert);
+            }
+        }
+        if roots.is_empty() {
+            return Err(misconfigured(
+                "no CA certificate to check the Consul server against (set tls_ca_file)".into(),
+            ));
+        }
+    }
+    rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| misconfigured(format!("TLS: {e}")))
+        .map(|b| b.with_root_certificates(roots).with_no_client_auth())
+}
+
+/// The URL path of a KV key.
+fn kv_path(key: &str) -> String {
+    format!("/v1/kv/{}", utf8_percent_encode(key, PATH))
+}
+
+impl Http {
+    /// A client for `config`'s agent. Sends nothing.
+    pub(crate) fn new(config: &ConsulConfig) -> Result<Self> {
+        let tls = tls_config(config)?;
+        let mut http = HttpConnector::new();
+        http.enforce_http(false);
+        http.set_connect_timeout(Some(config.connect_timeout()));
+        http.set_nodelay(true);
+        let https = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(http);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_timer(TokioTimer::new())
+            .pool_idle_timeout(Duration::from_secs(30))
+            .build(https);
+        let token = match config.token() {
+            Some(t) => {
+                let mut v =
+                    HeaderValue::from_str(t).map_err(|_| lease_core::InvalidInput::OutOfRange {
+                        field: "token",
+                        value: "***".into(),
+                        expected: "a token of visible ASCII characters",
+                    })?;
+                v.set_sensitive(true);
+                Some(v)
+            }
+            None => None,
+        };
+        Ok(Http {
+            client,
+            base: config.base_url(),
+            token,
+            datacenter: config.datacenter().map(str::to_owned),
+            request_timeout: config.request_timeout(),
+        })
+    }
+
+    /// The bound on one ordinary request.
+    pub(crate) fn request_timeout(&self) -> Duration {
+        self.request_timeout
+    }
+
+    async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        query: &[(&str, String)],
+        body: Option<Vec<u8>>,
+        timeout: Duration,
+    ) -> std::result::Result<Answer, Transport> {
+        let mut uri = format!("{}{path}", self.base);
+        let q = {
+            let mut q = url::form_urlencoded::Serializer::new(String::new());
+            for (k, v) in query {
+                q.append_pair(k, v);
+            }
+            if let Some(dc) = &self.datacenter {
+                q.append_pair("dc", dc);
+            }
+            q.finish()
+        };
+        if !q.is_empty() {
+            uri.push('?');
+            uri.push_str(&q);
+        }
+        let mut req = Request::builder().method(method).uri(uri);
+        if let Some(t) = &self.token {
+            req = req.header("x-consul-token", t.clone());
+        }
+        if body.is_some() {
+            req = req.header("content-type", "application/json");
+        }
+        let req = req
+            .body(Full::new(Bytes::from(body.unwrap_or_default())))
+            .map_err(|e| Transport::NotSent(Box::new(e)))?;
+        let exchange = async {
+            let resp = self
+                .client
+                .request(req)
+                .await
+                .map_err(Transport::from_client)?;
+            let status = resp.status().as_u16();
+            let index = resp
+                .headers()
+                .get("x-consul-index")
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse().ok());
+            let body = Limited::new(resp.into_body(), MAX_ANSWER)
+                .collect()
+                .await
+                .map_err(Transport::Failed)?
+                .to_bytes();
+            Ok(Answer {
+                status,
+                index,
+                body,
+            })
+        };
+        match tokio::time::timeout(timeout, exchange).await {
+            Ok(r) => r,
+            Err(_) => Err(Transport::TimedOut(timeout)),
+        }
+    }
+
+    /// `GET /v1/kv/:key`, optionally `?consistent`, optionally blocking (`?index=&wait=`).
+    /// Returns the `X-Consul-Index` and the entry (`None` for 404).
+    pub(crate) async fn kv_get(
+        &self,
+        key: &str,
+        consistent: bool,
+        block: Option<(u64, Duration)>,
+        operation: &'static str,
+    ) -> Result<(u64, Option<KvEntry>)> {
+        let mut query = Vec::new();
+        if consistent {
+            query.push(("consistent", String::new()));
+        }
+        let mut timeout = self.request_timeout;
+        if let Some((index, wait)) = block {
+            let wait = wait.max(Duration::from_millis(1));
+            query.push(("index", index.to_string()));
+            query.push(("wait", format!("{}ms", wait.as_millis())));
+            // Consul adds up to wait/16 of jitter.
+            timeout += wait + wait / 16;
+        }
+        let a = self
+            .send(Method::GET, &kv_path(key), &query, None, timeout)
+            .await
+            .map_err(|t| error::transport(operation, true, t))?;
+        let index = a.index.unwrap_or(0);
+        match a.status {
+            200 => {
+                let entries: Vec<KvEntry> = serde_json::from_slice(&a.body)
+                    .map_err(|e| error::protocol(operation, e.to_string()))?;
+                Ok((index, entries.into_iter().find(|e| e.key == key)))
+            }
+            404 => Ok((index, None)),
+            code => Err(error::status(operation, true, code, &a.body)),
+        }
+    }
+
+    /// `PUT /v1/txn`. `idempotent` transactions (only checks and reads) never report an unknown
+    /// outcome.
+    pub(crate) async fn txn(
+        &self,
+        ops: &[TxnOp],
+        operation: &'static str,
+        idempotent: bool,
+    ) -> Result<TxnOutcome> {
+        let body =
+            serde_json::to_vec(ops).map_err(|e| error::protocol(operation, e.to_string()))?;
+        let a = self
+            .send(
+                Method::PUT,
+                "/v1/txn",
+                &[],
+                Some(body),
+                self.request_timeout,
+            )
+            .await
+            .map_err(|t| error::transport(operation, idempotent, t))?;
+        match a.status {
+            200 | 409 => {
+                let ans: TxnAnswer = serde_json::from_slice(&a.body)
+                    .map_err(|e| error::protocol(operation, e.to_string()))?;
+                if a.status == 200 {
+                    Ok(TxnOutcome::Committed(
+                        ans.results
+                            .unwrap_or_default()
+                            .into_iter()
+                            .filter_map(|r| r.kv)
+                            .collect(),
+                    ))
+                } else {
+                    Ok(TxnOutcome::RolledBack(
+                        ans.errors
+                            .unwrap_or_default()
+                            .into_iter()
+                            .map(|e| e.what)
+                            .collect(),
+                    ))
+                }
+            }
+            code => Err(error::status(operation, idempotent, code, &a.body)),
+        }
+    }
+
+    /// `PUT /v1/session/create` with `body`; returns the session ID.
+    pub(crate) async fn session_create(&self, body: &serde_json::Value) -> Result<String> {
+        const OP: &str = "session create";
+        let a = self
+            .send(
+                Method::PUT,
+                "/v1/session/create",
+                &[],
+                Some(body.to_string().into_bytes()),
+                self.request_timeout,
+            )
+            .await
+            // A session nobody knows of expires by itself: safe to treat as not created.
+            .map_err(|t| error::transport(OP, true, t))?;
+        match a.status {
+            200 => {
+                #[derive(Deserialize)]
+                struct Created {
+                    #[serde(rename = "ID")]
+                    id: String,
+                }
+                let c: Created = serde_json::from_slice(&a.body)
+                    .map_err(|e| error::protocol(OP, e.to_string()))?;
+                Ok(c.id)
+            }
+            500 if String::from_utf8_lossy(&a.body).contains("Session TTL") => {
+                Err(Error::Misconfigured {
+                    backend: BACKEND,
+                    problems: vec![format!(
+                        "Consul refused the session TTL ({}); raise session_ttl_ms to at least the \
+                         server's session_ttl_min (10 s by default)",
+                        String::from_utf8_lossy(&a.body).trim()
+                    )],
+                })
+            }
+            code => Err(error::status(OP, true, code, &a.body)),
+        }
+    }
+
+    /// `PUT /v1/session/renew/:id`: `Ok(true)` renewed, `Ok(false)` the session is gone (404).
+    pub(crate) async fn session_renew(&self, id: &str, timeout: Duration) -> Result<bool> {
+        const OP: &str = "session renew";
+        let a = self
+            .send(
+                Method::PUT,
+                &format!("/v1/session/renew/{}", utf8_percent_encode(id, PATH)),
+                &[],
+                None,
+                timeout,
+            )
+            .await
+            .map_err(|t| error::transport(OP, true, t))?;
+        match a.status {
+            200 => Ok(true),
+            404 => Ok(false),
+            code => Err(error::status(OP, true, code, &a.body)),
+        }
+    }
+
+    /// `PUT /v1/session/destroy/:id`.
+    pub(crate) async fn session_destroy(&self, id: &str) -> Result<()> {
+        const OP: &str = "session destroy";
+        let a = self
+            .send(
+                Method::PUT,
+                &format!("/v1/session/destroy/{}", utf8_percent_encode(id, PATH)),
+                &[],
+                None,
+                self.request_timeout,
+            )
+            .await
+            .map_err(|t| error::transport(OP, true, t))?;
+        match a.status {
+            200 => Ok(()),
+            code => Err(error::status(OP, true, code, &a.body)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tls_needs_a_readable_ca() {
+        let c =
+            ConsulConfig::from_url("consuls://127.0.0.1?tls_ca_file=/nonexistent/ca.pem").unwrap();
+        assert!(matches!(Http::new(&c), Err(Error::Misconfigured { .. })));
+        let dir = std::env::temp_dir().join(format!("consul-ca-{}", std::process::id()));
+        std::fs::write(&dir, b"not a certificate").unwrap();
+        let c =
+            ConsulConfig::from_url(&format!("consuls://h?tls_ca_file={}", dir.display())).unwrap();
+        let e = Http::new(&c).unwrap_err();
+        let _ = std::fs::remove_file(&dir);
+        assert!(matches!(e, Error::Misconfigured { .. }), "{e}");
+    }
+
+    #[test]
+    fn kv_paths_are_percent_encoded() {
+        assert_eq!(kv_path("fenced/locks/a,20b"), "/v1/kv/fenced/locks/a,20b");
+        assert_eq!(kv_path("x y?z#"), "/v1/kv/x%20y%3Fz%23");
+    }
+}

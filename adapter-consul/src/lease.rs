@@ -1,0 +1,260 @@
+//! [`ConsulLease`]: a lock on one KV key held by the client's session, with its fencing token.
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use lease_core::{Error, Lease, LeaseStatus, LeaseTracker, LockKey, LostReason, Result, Token};
+use tokio::time::Instant;
+
+use crate::coordinator::SlotGuard;
+use crate::http::{Http, TxnOp, TxnOutcome};
+use crate::session::{Session, SessionManager};
+
+/// What a compare-and-delete of the lease's key found.
+pub(crate) enum Released {
+    /// The key was ours and is deleted.
+    Deleted,
+    /// The key was not ours any more (nothing deleted), for this reason.
+    NotOurs(LostReason),
+}
+
+/// The state of one lease shared by the lease object, its session and its reaper task.
+pub(crate) struct LeaseShared {
+    pub(crate) id: u64,
+    pub(crate) kv_key: String,
+    pub(crate) token: Token,
+    pub(crate) tracker: LeaseTracker,
+    pub(crate) session: Arc<Session>,
+    pub(crate) sessions: Arc<SessionManager>,
+    pub(crate) http: Arc<Http>,
+    /// The lease's own deadline (last confirmed acquire or renew, plus TTL, minus margin); its
+    /// validity is this or the session's, whichever comes first.
+    own_until: Mutex<Instant>,
+    /// The server side is settled: released by us, or known not to be ours.
+    resolved: AtomicBool,
+    /// This client's claim on the key (no second lease of the same session on it).
+    slot: Mutex<Option<SlotGuard>>,
+}
+
+impl LeaseShared {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        id: u64,
+        kv_key: String,
+        tracker: LeaseTracker,
+        own_until: Instant,
+        session: Arc<Session>,
+        sessions: Arc<SessionManager>,
+        http: Arc<Http>,
+        slot: SlotGuard,
+    ) -> Self {
+        LeaseShared {
+            id,
+            kv_key,
+            token: tracker.token(),
+            own_until: Mutex::new(own_until),
+            tracker,
+            session,
+            sessions,
+            http,
+            resolved: AtomicBool::new(false),
+            slot: Mutex::new(Some(slot)),
+        }
+    }
+
+    fn own_until(&self) -> Instant {
+        *self.own_until.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The session's validity moved to `session_until`: the lease's validity follows, up to its
+    /// own deadline. No effect on a lost lease.
+    pub(crate) fn session_confirmed(&self, session_until: Instant) {
+        let until = self
+            .own_until()
+            .min(session_until)
+            .max(self.tracker.valid_until());
+        if !matches!(self.tracker.status(), LeaseStatus::Lost(_)) {
+            self.tracker.renewed(until);
+        }
+    }
+
+    /// Marks the server side settled and the lease lost; returns the `Lost` error with the
+    /// reason recorded first.
+    pub(crate) fn lost(&self, reason: LostReason) -> Error {
+        self.resolved.store(true, Ordering::SeqCst);
+        self.tracker.mark_lost(reason);
+        match self.tracker.status() {
+            LeaseStatus::Lost(r) => self.tracker.lost_error(r),
+            _ => self.tracker.lost_error(reason),
+        }
+    }
+
+    /// Gives up this client's claim on the key (idempotent).
+    pub(crate) fn free_slot(&self) {
+        self.slot.lock().unwrap_or_else(|p| p.into_inner()).take();
+    }
+
+    /// Why the key is not ours, when Consul's answer does not say.
+    fn reason_gone(&self, key_missing: bool) -> LostReason {
+        if self.session.is_ended() {
+            LostReason::SessionEnded
+        } else if key_missing {
+            LostReason::Revoked
+        } else {
+            LostReason::Superseded
+        }
+    }
+
+    /// Compare-and-delete in one transaction: the key must still carry this lease's
+    /// `ModifyIndex` (its token) and session.
+    pub(crate) async fn release_on_server(&self, operation: &'static str) -> Result<Released> {
+        let ops = [
+            TxnOp::check_index(&self.kv_key, self.token.get()),
+            TxnOp::check_session(&self.kv_key, &self.session.id),
+            TxnOp::delete(&self.kv_key),
+        ];
+        match self.http.txn(&ops, operation, false).await? {
+            TxnOutcome::Committed(_) => {
+                self.resolved.store(true, Ordering::SeqCst);
+                Ok(Released::Deleted)
+            }
+            TxnOutcome::RolledBack(errors) => {
+                self.resolved.store(true, Ordering::SeqCst);
+                let missing = errors.iter().any(|e| e.contains("doesn't exist"));
+                Ok(Released::NotOurs(self.reason_gone(missing)))
+            }
+        }
+    }
+}
+
+/// Runs until the lease is lost (released, dropped, expired, revoked, session ended), then makes
+/// sure its key is not left locked: a compare-and-delete, retried with backoff until it is
+/// settled or the session is gone (whose keys Consul deletes with it).
+pub(crate) fn spawn_reaper(shared: Arc<LeaseShared>) {
+    tokio::spawn(async move {
+        let mut signal = shared.tracker.signal();
+        signal.wait().await;
+        // Records `Expired` if validity ran out without a renewal.
+        let _ = shared.tracker.status();
+        let mut backoff = Duration::from_millis(50);
+        while !shared.resolved.load(Ordering::SeqCst) && !shared.session.is_ended() {
+            match shared.release_on_server("release").await {
+                Ok(_) => break,
+                Err(e) => {
+                    tracing::debug!(key = %shared.tracker.key(), error = %e, "releasing an ended lease failed; retrying");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                }
+            }
+        }
+        shared.free_slot();
+        shared.session.unregister(shared.id);
+    });
+}
+
+/// A lease from [`crate::ConsulCoordinator`]: the lock on one KV key, held by the client's
+/// session, with the `ModifyIndex` of the acquiring write as its token.
+///
+/// Dropping it without `release` stops nothing but the lease itself (the session serves other
+/// leases): the lease is marked released and a background task deletes the key (compare-and-
+/// delete), without blocking in `Drop`.
+pub struct ConsulLease {
+    pub(crate) shared: Arc<LeaseShared>,
+}
+
+impl fmt::Debug for ConsulLease {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ConsulLease")
+            .field("tracker", &self.shared.tracker)
+            .field("kv_key", &self.shared.kv_key)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ConsulLease {
+    /// The Consul KV key holding the lock.
+    pub fn kv_key(&self) -> &str {
+        &self.shared.kv_key
+    }
+
+    /// The lock key.
+    pub fn lock_key(&self) -> &LockKey {
+        self.shared.tracker.key()
+    }
+}
+
+#[async_trait]
+impl Lease for ConsulLease {
+    fn tracker(&self) -> &LeaseTracker {
+        &self.shared.tracker
+    }
+
+    /// Renews the client's session and re-reads the key with `?consistent`, concurrently (one
+    /// round trip of latency). Lost if the session is gone (404), or the key is gone or carries
+    /// another session or index.
+    async fn renew(&self) -> Result<Instant> {
+        let s = &self.shared;
+        s.tracker.ensure_not_lost()?;
+        let sent = Instant::now();
+        let (renewed, read) = tokio::join!(
+            s.sessions.renew(&s.session),
+            s.http.kv_get(&s.kv_key, true, None, "renew"),
+        );
+        match renewed {
+            Ok(true) => {}
+            Ok(false) => return Err(s.lost(LostReason::SessionEnded)),
+            Err(e) => return Err(e),
+        }
+        match read? {
+            (_, Some(e))
+                if e.holder() == Some(s.session.id.as_str()) && e.modify_index == s.token.get() => {
+            }
+            (_, Some(_)) => return Err(s.lost(s.reason_gone(false))),
+            (_, None) => return Err(s.lost(s.reason_gone(true))),
+        }
+        let own = lease_core::clock::valid_until(sent, s.tracker.ttl(), s.tracker.drift_margin());
+        {
+            let mut o = s.own_until.lock().unwrap_or_else(|p| p.into_inner());
+            *o = (*o).max(own);
+        }
+        let until = s
+            .own_until()
+            .min(s.session.valid_until())
+            .max(s.tracker.valid_until());
+        if !s.tracker.renewed(until) {
+            s.tracker.ensure_not_lost()?;
+        }
+        Ok(s.tracker.valid_until())
+    }
+
+    /// One transaction: `check-index` (the token), `check-session`, `delete`.
+    async fn release(&self) -> Result<()> {
+        let s = &self.shared;
+        s.tracker.ensure_not_lost()?;
+        match s.release_on_server("release").await {
+            Ok(Released::Deleted) => {
+                s.tracker.mark_lost(LostReason::Released);
+                s.free_slot();
+                Ok(())
+            }
+            Ok(Released::NotOurs(reason)) => Err(s.lost(reason)),
+            Err(e) => {
+                // It may have applied: nothing new should start under the lease.
+                s.tracker.in_doubt();
+                Err(e)
+            }
+        }
+    }
+}
+
+impl Drop for ConsulLease {
+    fn drop(&mut self) {
+        // The reaper task sees this and deletes the key if it is still ours.
+        if !matches!(self.shared.tracker.status(), LeaseStatus::Lost(_)) {
+            self.shared.tracker.mark_lost(LostReason::Released);
+        }
+    }
+}

@@ -1,0 +1,310 @@
+//! One Consul session per client: created on the first acquire with no health checks, renewed in
+//! the background at half its TTL, shared by every lease of the client, destroyed when the client
+//! and its last lease are gone.
+//!
+//! The session's **local validity** is the send time of its last confirmed renewal (or creation)
+//! plus its TTL minus the drift margin: Consul never invalidates a session before its TTL has
+//! passed since the last renewal it saw, so until then every lock the session holds stays held
+//! (unless someone deletes it). Each lease's validity is capped by it.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Duration;
+
+use lease_core::{LostReason, Result};
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::http::Http;
+use crate::lease::LeaseShared;
+
+struct SessionState {
+    valid_until: Instant,
+    ended: bool,
+    leases: HashMap<u64, Weak<LeaseShared>>,
+}
+
+/// A live (or ended) Consul session and the leases that hold locks with it.
+pub(crate) struct Session {
+    pub(crate) id: String,
+    ttl: Duration,
+    margin: Duration,
+    state: Mutex<SessionState>,
+    ended_tx: watch::Sender<bool>,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("id", &self.id)
+            .field("ttl", &self.ttl)
+            .field("ended", &self.is_ended())
+            .finish()
+    }
+}
+
+impl Session {
+    fn new(id: String, ttl: Duration, margin: Duration, created_sent_at: Instant) -> Self {
+        let (ended_tx, _) = watch::channel(false);
+        Session {
+            id,
+            ttl,
+            margin,
+            state: Mutex::new(SessionState {
+                valid_until: lease_core::clock::valid_until(created_sent_at, ttl, margin),
+                ended: false,
+                leases: HashMap::new(),
+            }),
+            ended_tx,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, SessionState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Until when the session is known to be alive (local monotonic estimate).
+    pub(crate) fn valid_until(&self) -> Instant {
+        self.lock().valid_until
+    }
+
+    /// Whether the session is known to be gone.
+    pub(crate) fn is_ended(&self) -> bool {
+        self.lock().ended
+    }
+
+    /// A renewal sent at `sent_at` was confirmed: extends the session's validity and, through it,
+    /// every lease's (each up to its own deadline).
+    pub(crate) fn confirm(&self, sent_at: Instant) {
+        let (until, leases) = {
+            let mut st = self.lock();
+            if st.ended {
+                return;
+            }
+            let until = lease_core::clock::valid_until(sent_at, self.ttl, self.margin);
+            st.valid_until = st.valid_until.max(until);
+            (st.valid_until, live(&mut st))
+        };
+        for l in leases {
+            l.session_confirmed(until);
+        }
+    }
+
+    /// A renewal failed for a transient reason: the leases may still be held, but nothing new
+    /// should start under them until a renewal is confirmed.
+    fn in_doubt(&self) {
+        let leases = live(&mut self.lock());
+        for l in leases {
+            l.tracker.in_doubt();
+        }
+    }
+
+    /// The session is gone (Consul answered 404 or refused it, or the client destroyed it):
+    /// every lease on it is lost. Idempotent.
+    pub(crate) fn end(&self) {
+        let leases = {
+            let mut st = self.lock();
+            if st.ended {
+                return;
+            }
+            st.ended = true;
+            live(&mut st)
+        };
+        self.ended_tx.send_replace(true);
+        for l in leases {
+            l.tracker.mark_lost(LostReason::SessionEnded);
+        }
+    }
+
+    /// Registers a lease; `false` if the session has ended meanwhile.
+    pub(crate) fn register(&self, lease: &Arc<LeaseShared>) -> bool {
+        let mut st = self.lock();
+        if st.ended {
+            return false;
+        }
+        st.leases.insert(lease.id, Arc::downgrade(lease));
+        true
+    }
+
+    /// Forgets a lease.
+    pub(crate) fn unregister(&self, id: u64) {
+        self.lock().leases.remove(&id);
+    }
+
+    /// The live lease of this session on `kv_key`, if any.
+    pub(crate) fn lease_on(&self, kv_key: &str) -> Option<Arc<LeaseShared>> {
+        live(&mut self.lock())
+            .into_iter()
+            .find(|l| l.kv_key == kv_key)
+    }
+
+    fn ended_signal(&self) -> watch::Receiver<bool> {
+        self.ended_tx.subscribe()
+    }
+}
+
+fn live(st: &mut SessionState) -> Vec<Arc<LeaseShared>> {
+    st.leases.retain(|_, w| w.strong_count() > 0);
+    st.leases.values().filter_map(Weak::upgrade).collect()
+}
+
+/// Creates, renews and ends the client's session.
+pub(crate) struct SessionManager {
+    http: Arc<Http>,
+    ttl: Duration,
+    lock_delay: Duration,
+    name: String,
+    current: Mutex<Option<Arc<Session>>>,
+    create: tokio::sync::Mutex<()>,
+}
+
+impl std::fmt::Debug for SessionManager {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SessionManager")
+            .field("ttl", &self.ttl)
+            .field("current", &self.peek())
+            .finish()
+    }
+}
+
+impl SessionManager {
+    pub(crate) fn new(http: Arc<Http>, ttl: Duration, lock_delay: Duration, name: String) -> Self {
+        SessionManager {
+            http,
+            ttl,
+            lock_delay,
+            name,
+            current: Mutex::new(None),
+            create: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    fn margin(&self) -> Duration {
+        lease_core::clock::default_drift_margin(self.ttl)
+    }
+
+    /// The current session, if one is live.
+    pub(crate) fn peek(&self) -> Option<Arc<Session>> {
+        self.current
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+            .filter(|s| !s.is_ended())
+    }
+
+    /// The current session, creating one (one round trip) if there is none.
+    pub(crate) async fn session(self: &Arc<Self>) -> Result<Arc<Session>> {
+        if let Some(s) = self.peek() {
+            return Ok(s);
+        }
+        let _creating = self.create.lock().await;
+        if let Some(s) = self.peek() {
+            return Ok(s);
+        }
+        let body = serde_json::json!({
+            "Name": self.name,
+            "TTL": format!("{}ms", self.ttl.as_millis()),
+            "Behavior": "delete",
+            "LockDelay": format!("{}ms", self.lock_delay.as_millis()),
+            // No health checks: only the TTL decides. (Without these fields Consul attaches the
+            // node's serfHealth check, which can invalidate the session at any time.)
+            "Checks": [],
+            "NodeChecks": [],
+            "ServiceChecks": [],
+        });
+        let sent = Instant::now();
+        let id = self.http.session_create(&body).await?;
+        let session = Arc::new(Session::new(id, self.ttl, self.margin(), sent));
+        tracing::debug!(session = %session.id, ttl = ?self.ttl, "consul session created");
+        tokio::spawn(renewer(Arc::downgrade(self), session.clone()));
+        *self.current.lock().unwrap_or_else(|p| p.into_inner()) = Some(session.clone());
+        Ok(session)
+    }
+
+    /// Marks `session` ended (its leases are lost) and stops using it.
+    pub(crate) fn ended(&self, session: &Arc<Session>) {
+        session.end();
+        let mut cur = self.current.lock().unwrap_or_else(|p| p.into_inner());
+        if cur.as_ref().is_some_and(|c| Arc::ptr_eq(c, session)) {
+            *cur = None;
+        }
+    }
+
+    /// Renews `session` now (one round trip). `Ok(false)` if Consul no longer knows it (the
+    /// session is then ended and its leases lost).
+    pub(crate) async fn renew(&self, session: &Arc<Session>) -> Result<bool> {
+        let sent = Instant::now();
+        let timeout = self.http.request_timeout();
+        if self.http.session_renew(&session.id, timeout).await? {
+            session.confirm(sent);
+            Ok(true)
+        } else {
+            tracing::warn!(session = %session.id, "consul session no longer exists");
+            self.ended(session);
+            Ok(false)
+        }
+    }
+}
+
+impl Drop for SessionManager {
+    fn drop(&mut self) {
+        let current = self
+            .current
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(session) = current {
+            session.end();
+            // Best effort: the session expires at its TTL anyway.
+            if let Ok(handle) = tokio::runtime::Handle::try_current() {
+                let http = self.http.clone();
+                handle.spawn(async move {
+                    if let Err(e) = http.session_destroy(&session.id).await {
+                        tracing::debug!(error = %e, "consul session destroy failed");
+                    }
+                });
+            }
+        }
+    }
+}
+
+/// Renews `session` at half its TTL until it ends or the manager is gone; on failure, retries
+/// sooner and marks the leases in doubt.
+async fn renewer(manager: Weak<SessionManager>, session: Arc<Session>) {
+    let half = session.ttl / 2;
+    let min_backoff = (session.ttl / 20).max(Duration::from_millis(20));
+    let mut backoff = min_backoff;
+    let mut ended = session.ended_signal();
+    let mut next = Instant::now() + half;
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep_until(next) => {}
+            _ = ended.wait_for(|e| *e) => return,
+        }
+        let Some(m) = manager.upgrade() else { return };
+        let sent = Instant::now();
+        let timeout = m
+            .http
+            .request_timeout()
+            .min(half)
+            .max(Duration::from_millis(50));
+        match m.http.session_renew(&session.id, timeout).await {
+            Ok(true) => {
+                session.confirm(sent);
+                next = sent + half;
+                backoff = min_backoff;
+            }
+            Ok(false) => {
+                tracing::warn!(session = %session.id, "consul session invalidated; its leases are lost");
+                m.ended(&session);
+                return;
+            }
+            Err(e) => {
+                tracing::debug!(session = %session.id, error = %e, "consul session renewal failed");
+                session.in_doubt();
+                next = Instant::now() + backoff;
+                backoff = (backoff * 2).min(half);
+            }
+        }
+    }
+}

@@ -1,0 +1,300 @@
+//! Adapter behaviour the shared suite does not single out, against the Consul stand-in
+//! (`conformance_tests::consul_standin`): tokens across LockIndex resets, sessions without health
+//! checks, token floor, ACL errors, lock-delay back-off without polling, blocking-query hand-off,
+//! cancellation mid-request, and one client's leases on one key.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use adapter_consul::{ConsulConfig, ConsulCoordinator};
+use conformance_tests::consul_standin::{ConsulStandIn, StandInOptions};
+use conformance_tests::subjects::consul::consul_http;
+use lease_core::{Coordinator, Error, Lease, LeaseOptions, LeaseStatus, LockKey};
+use serde_json::{json, Value};
+use tokio::time::Instant;
+
+const TOKEN: &str = "adapter-test-token";
+const TTL: Duration = Duration::from_secs(1);
+
+fn standin() -> ConsulStandIn {
+    ConsulStandIn::start(
+        StandInOptions::default()
+            .session_ttl_min(Duration::from_millis(500))
+            .acl_token(TOKEN),
+    )
+    .expect("stand-in")
+}
+
+fn url(s: &ConsulStandIn, extra: &str) -> String {
+    format!(
+        "consul://{}?token={TOKEN}&session_ttl_ms=1000&key_prefix=t{:08x}{extra}",
+        s.addr(),
+        rand::random::<u32>()
+    )
+}
+
+async fn client(url: &str) -> ConsulCoordinator {
+    ConsulCoordinator::connect(url).await.expect("client")
+}
+
+fn key(name: &str) -> LockKey {
+    LockKey::new(name).unwrap()
+}
+
+async fn raw(s: &ConsulStandIn, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+    let body = body.map(|b| b.to_string().into_bytes());
+    let (st, _, bytes) = consul_http(s.addr(), method, path, Some(TOKEN), body.as_deref())
+        .await
+        .unwrap();
+    (st, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+}
+
+#[tokio::test]
+async fn token_is_the_modify_index_and_keeps_rising_while_lock_index_restarts() {
+    let s = standin();
+    let u = url(&s, "");
+    let c = client(&u).await;
+    let config = ConsulConfig::from_url(&u).unwrap();
+    let k = key("orders/42");
+    let mut last = 0;
+    for round in 0..3 {
+        let lease = c.acquire(&k, &LeaseOptions::new(TTL)).await.unwrap();
+        let (st, entry) = raw(&s, "GET", &format!("/v1/kv/{}", config.kv_key(&k)), None).await;
+        assert_eq!(st, 200);
+        // Release deletes the key, so Consul's LockIndex is 1 every time: not a usable token.
+        assert_eq!(entry[0]["LockIndex"], 1, "round {round}");
+        assert_eq!(entry[0]["ModifyIndex"].as_u64(), Some(lease.token().get()));
+        assert!(lease.token().get() > last, "round {round}");
+        last = lease.token().get();
+        lease.release().await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn sessions_carry_no_health_check_and_survive_a_node_failure() {
+    let s = standin();
+    let c = client(&url(&s, "")).await;
+    let lease = c
+        .acquire(&key("k"), &LeaseOptions::new(TTL * 5))
+        .await
+        .unwrap();
+    let id = c.session_id().expect("a session");
+    let (_, info) = raw(&s, "GET", &format!("/v1/session/info/{id}"), None).await;
+    assert_eq!(info[0]["NodeChecks"], Value::Null, "{info}");
+    assert_eq!(info[0]["LockDelay"], 0);
+    assert_eq!(info[0]["TTL"], "1000ms");
+    assert_eq!(info[0]["Behavior"], "delete");
+    s.fail_serf_health();
+    lease
+        .renew()
+        .await
+        .expect("a session without checks is not invalidated");
+    lease.release().await.unwrap();
+    s.restore_serf_health();
+}
+
+#[tokio::test]
+async fn a_token_floor_fails_closed_and_leaves_no_lock() {
+    let s = standin();
+    let c = client(&url(&s, "&token_floor=1000000")).await;
+    let k = key("floored");
+    match c.acquire(&k, &LeaseOptions::new(TTL)).await {
+        Err(Error::TokenRegression { floor, .. }) => assert_eq!(floor.get(), 1_000_000),
+        other => panic!("expected TokenRegression, got {other:?}"),
+    }
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while c.inspect(&k).await.unwrap().is_some() {
+        assert!(
+            Instant::now() < deadline,
+            "the refused lock was left behind"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_refused_acl_token_is_misconfigured_and_never_shown() {
+    let s = standin();
+    let bad = format!(
+        "consul://{}?token=wrong-secret-xyz&session_ttl_ms=1000",
+        s.addr()
+    );
+    let c = client(&bad).await;
+    let e = c
+        .acquire(&key("k"), &LeaseOptions::new(TTL))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, Error::Misconfigured { .. }), "{e:?}");
+    for shown in [e.to_string(), format!("{e:?}"), format!("{c:?}")] {
+        assert!(!shown.contains("wrong-secret-xyz"), "{shown}");
+    }
+}
+
+#[tokio::test]
+async fn lock_delay_is_waited_out_with_backoff_not_polling() {
+    let s = standin();
+    let u = url(&s, "");
+    let config = ConsulConfig::from_url(&u).unwrap();
+    let k = key("delayed");
+    // Another client's session with a 1 s lock-delay holds the key, then is invalidated.
+    let (_, created) = raw(
+        &s,
+        "PUT",
+        "/v1/session/create",
+        Some(json!({"LockDelay": "1s", "Checks": []})),
+    )
+    .await;
+    let id = created["ID"].as_str().unwrap().to_owned();
+    let path = format!("/v1/kv/{}?acquire={id}", config.kv_key(&k));
+    assert_eq!(raw(&s, "PUT", &path, None).await, (200, json!(true)));
+    raw(&s, "PUT", &format!("/v1/session/destroy/{id}"), None).await;
+    let c = client(&u).await;
+    assert!(matches!(
+        c.try_acquire(&k, &LeaseOptions::new(TTL)).await,
+        Err(Error::Held { .. })
+    ));
+    let before = s.requests();
+    let start = Instant::now();
+    let lease = c
+        .acquire(&k, &LeaseOptions::new(TTL).wait(Duration::from_secs(5)))
+        .await
+        .unwrap();
+    let took = start.elapsed();
+    let spent = s.requests() - before;
+    assert!(
+        took >= Duration::from_millis(800),
+        "acquired during the lock-delay ({took:?})"
+    );
+    assert!(
+        spent < 30,
+        "{spent} requests while waiting out a 1 s lock-delay"
+    );
+    lease.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_waiter_is_woken_by_the_release_through_a_blocking_query() {
+    let s = standin();
+    let u = url(&s, "");
+    let (a, b) = (client(&u).await, client(&u).await);
+    let k = key("handoff");
+    let held = a.acquire(&k, &LeaseOptions::new(TTL * 10)).await.unwrap();
+    let waiter = {
+        let k = k.clone();
+        tokio::spawn(async move {
+            let l = b
+                .acquire(&k, &LeaseOptions::new(TTL).wait(Duration::from_secs(10)))
+                .await;
+            (Instant::now(), l)
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let before = s.requests();
+    let released_at = Instant::now();
+    held.release().await.unwrap();
+    let (got_at, lease) = waiter.await.unwrap();
+    let lease = lease.unwrap();
+    assert!(lease.token() > held.token());
+    assert!(
+        got_at - released_at < Duration::from_millis(300),
+        "hand-off took {:?}",
+        got_at - released_at
+    );
+    // While waiting, the waiter sat in one blocking query: a handful of requests, not a poll.
+    assert!(s.requests() - before < 10);
+    lease.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_cancelled_mid_request_leaves_no_lock() {
+    let s = standin();
+    let u = url(&s, "");
+    let c = client(&u).await;
+    let other = client(&u).await;
+    let k = key("cancelled");
+    // Make sure the session exists, so that the acquire's only request is the lock transaction.
+    c.acquire(&key("warm"), &LeaseOptions::new(TTL))
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    s.pause();
+    let attempt = {
+        let (c, k) = (c.clone(), k.clone());
+        tokio::spawn(async move { c.acquire(&k, &LeaseOptions::new(TTL * 30)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    attempt.abort();
+    assert!(attempt.await.is_err(), "the acquire was cancelled");
+    // The lock request is still queued in the paused server and is applied (or refused) on
+    // resume; the cancellation's marker and clean-up must win either way.
+    s.resume();
+    let got = other
+        .acquire(&k, &LeaseOptions::new(TTL).wait(Duration::from_secs(3)))
+        .await
+        .expect("the cancelled acquire left the key locked");
+    got.release().await.unwrap();
+    // And the same client can take it again.
+    c.acquire(&k, &LeaseOptions::new(TTL).wait(Duration::from_secs(3)))
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn one_clients_leases_on_one_key_are_kept_apart() {
+    let s = standin();
+    let c = Arc::new(client(&url(&s, "")).await);
+    let k = key("same-client");
+    let first = c.acquire(&k, &LeaseOptions::new(TTL * 5)).await.unwrap();
+    // Consul would let the same session "re-acquire"; the adapter must not hand out two leases.
+    assert!(matches!(
+        c.try_acquire(&k, &LeaseOptions::new(TTL)).await,
+        Err(Error::Held { .. })
+    ));
+    let second = {
+        let (c, k) = (c.clone(), k.clone());
+        tokio::spawn(async move {
+            c.acquire(&k, &LeaseOptions::new(TTL).wait(Duration::from_secs(5)))
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!second.is_finished());
+    assert_eq!(first.status(), LeaseStatus::Held);
+    let t1 = first.token();
+    drop(first);
+    let second = second.await.unwrap().unwrap();
+    assert!(second.token() > t1);
+    second.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_lease_longer_than_the_session_lives_on_the_sessions_renewals() {
+    let s = standin();
+    let u = url(&s, "");
+    let c = client(&u).await;
+    let lease = c
+        .acquire(&key("long"), &LeaseOptions::new(TTL * 4))
+        .await
+        .unwrap();
+    // Capped by the session's validity (about one session TTL), pushed by its renewals.
+    assert!(lease.remaining() <= TTL);
+    tokio::time::sleep(TTL * 2).await;
+    assert_eq!(lease.status(), LeaseStatus::Held);
+    // Without a renewal of the lease itself, it ends at its own TTL and the key is freed.
+    let mut lost = lease.lost();
+    tokio::time::timeout(TTL * 3, lost.wait()).await.unwrap();
+    let other = client(&u).await;
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while other.inspect(&key("long")).await.unwrap().is_some() {
+        assert!(
+            Instant::now() < deadline,
+            "the expired lease's key was not freed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
