@@ -1,0 +1,515 @@
+//! [`EtcdConfig`]: where the cluster is and how the adapter behaves, parsed from a URL.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use lease_core::{BackendUrl, Error, InvalidInput, OwnerId, Result, Token};
+
+/// The default key prefix.
+pub const DEFAULT_KEY_PREFIX: &str = "fenced";
+/// The default bound on one request's response.
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(1);
+/// The default bound on opening a connection.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// The longest key prefix, in bytes.
+pub const MAX_KEY_PREFIX_BYTES: usize = 128;
+/// The largest request or connect timeout accepted.
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(60);
+/// The default client port when the URL names none.
+pub const DEFAULT_PORT: u16 = 2379;
+
+/// The URL query parameters the adapter understands (every other one is rejected).
+const PARAMS: &[&str] = &[
+    "key_prefix",
+    "token_floor",
+    "endpoints",
+    "request_timeout_ms",
+    "connect_timeout_ms",
+    "tls_ca_file",
+    "tls_domain",
+];
+
+/// How to reach an etcd cluster and how the adapter uses it.
+///
+/// Parsed from a URL ([`EtcdConfig::from_url`]):
+///
+/// ```text
+/// etcd://[user:password@]host[:port][?option=value&...]      plain gRPC (http)
+/// etcds://[user:password@]host[:port][?option=value&...]     gRPC over TLS
+/// ```
+///
+/// More members: `endpoints=host2:port,host3:port` (a URL authority holds one `host:port`, so
+/// `etcd://a:2379,b:2379` is not a URL; members that share a port can also be written
+/// `etcd://a,b,c:2379`). The port defaults to 2379.
+///
+/// | option | default | meaning |
+/// |---|---|---|
+/// | `key_prefix` | `fenced` | first part of every key the adapter writes; 1 to 128 bytes, printable, no leading or trailing `/` |
+/// | `token_floor` | none | every token issued is above this value; set it after a snapshot restore or when moving to a new cluster (see the crate docs) |
+/// | `endpoints` | none | further members, comma-separated `host:port` |
+/// | `request_timeout_ms` | `1000` | bound on each request's response |
+/// | `connect_timeout_ms` | `2000` | bound on opening a connection |
+/// | `tls_ca_file` | system roots | PEM file of the CA that signed the members' certificates (`etcds://` only) |
+/// | `tls_domain` | the host | the name to check the members' certificates against (`etcds://` only) |
+///
+/// User and password come from the URL's user info and are sent with etcd's `Authenticate` RPC.
+/// `Debug` and `Display` show the URL with the password replaced by `***`; errors name values
+/// the same way, and the password is never logged.
+#[derive(Clone)]
+pub struct EtcdConfig {
+    url: BackendUrl,
+    endpoints: Vec<String>,
+    user: Option<(String, String)>,
+    key_prefix: String,
+    token_floor: Option<Token>,
+    request_timeout: Duration,
+    connect_timeout: Duration,
+    tls: bool,
+    tls_ca_file: Option<PathBuf>,
+    tls_domain: Option<String>,
+    owner: Option<OwnerId>,
+}
+
+impl fmt::Debug for EtcdConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EtcdConfig")
+            .field("url", &self.url)
+            .field("endpoints", &self.endpoints)
+            .field("user", &self.user.as_ref().map(|(u, _)| u))
+            .field("key_prefix", &self.key_prefix)
+            .field("token_floor", &self.token_floor)
+            .field("request_timeout", &self.request_timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("tls", &self.tls)
+            .field("tls_ca_file", &self.tls_ca_file)
+            .field("tls_domain", &self.tls_domain)
+            .field("owner", &self.owner)
+            .finish()
+    }
+}
+
+impl fmt::Display for EtcdConfig {
+    /// The URL, password redacted.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.url, f)
+    }
+}
+
+impl EtcdConfig {
+    /// Parses `url` (`etcd://` or `etcds://`, options as query parameters; see the type docs).
+    ///
+    /// Errors are `Error::InvalidInput` naming the offending value, with the password redacted.
+    /// Nothing is sent.
+    pub fn from_url(url: &str) -> Result<Self> {
+        Self::from_backend_url(BackendUrl::parse(url)?)
+    }
+
+    /// Like [`EtcdConfig::from_url`], for an already parsed URL (as the registry hands it over).
+    pub fn from_backend_url(url: BackendUrl) -> Result<Self> {
+        let raw = url.expose();
+        let tls = match raw.scheme() {
+            "etcd" => false,
+            "etcds" => true,
+            other => {
+                return Err(url
+                    .invalid(format!(
+                        "scheme {other:?} is not an etcd scheme (use etcd:// or etcds://)"
+                    ))
+                    .into())
+            }
+        };
+        if raw.fragment().is_some() {
+            return Err(url.invalid("URL fragments are not supported").into());
+        }
+        if !raw.path().trim_matches('/').is_empty() {
+            return Err(url
+                .invalid(format!(
+                    "the path {:?} means nothing to etcd (use ?key_prefix= for a namespace)",
+                    raw.path()
+                ))
+                .into());
+        }
+        let host = raw.host_str().unwrap_or_default();
+        if host.is_empty() {
+            return Err(url.invalid("the URL names no host").into());
+        }
+        let port = raw.port().unwrap_or(DEFAULT_PORT);
+        let scheme = if tls { "https" } else { "http" };
+        let mut endpoints = Vec::new();
+        for h in host.split(',') {
+            if h.is_empty() || h.contains(['/', '@', ' ']) {
+                return Err(url.invalid(format!("host {h:?} in the host list")).into());
+            }
+            endpoints.push(format!("{scheme}://{h}:{port}"));
+        }
+        let user = match (raw.username(), raw.password()) {
+            ("", None) => None,
+            ("", Some(_)) => return Err(url.invalid("a password needs a user name").into()),
+            (_, None) => {
+                return Err(url
+                    .invalid("etcd authentication needs a password with the user name")
+                    .into())
+            }
+            (u, Some(p)) => Some((decode(&url, u)?, decode(&url, p)?)),
+        };
+
+        let mut config = EtcdConfig {
+            url: url.clone(),
+            endpoints,
+            user,
+            key_prefix: DEFAULT_KEY_PREFIX.to_owned(),
+            token_floor: None,
+            request_timeout: DEFAULT_REQUEST_TIMEOUT,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            tls,
+            tls_ca_file: None,
+            tls_domain: None,
+            owner: None,
+        };
+        let mut seen: Vec<String> = Vec::new();
+        for (name, value) in raw.query_pairs() {
+            let (name, value) = (name.into_owned(), value.into_owned());
+            if !PARAMS.contains(&name.as_str()) {
+                return Err(url
+                    .invalid(format!(
+                        "unknown option {name:?} (known: {})",
+                        PARAMS.join(", ")
+                    ))
+                    .into());
+            }
+            if seen.contains(&name) {
+                return Err(url
+                    .invalid(format!("option {name:?} is given twice"))
+                    .into());
+            }
+            seen.push(name.clone());
+            let bad =
+                |expected: &str| url.invalid(format!("{name}={value:?}: expected {expected}"));
+            match name.as_str() {
+                "key_prefix" => {
+                    validate_prefix(&value).map_err(bad)?;
+                    config.key_prefix = value;
+                }
+                "token_floor" => {
+                    let floor: Token = value
+                        .parse()
+                        .ok()
+                        .filter(|t| *t < Token::MAX)
+                        .ok_or_else(|| bad("an integer in 0..=9223372036854775806"))?;
+                    config.token_floor = Some(floor);
+                }
+                "endpoints" => {
+                    for ep in value.split(',') {
+                        let ok = ep
+                            .rsplit_once(':')
+                            .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok())
+                            && !ep.contains(['/', '@', ' ']);
+                        if !ok {
+                            return Err(bad("comma-separated host:port pairs").into());
+                        }
+                        config.endpoints.push(format!("{scheme}://{ep}"));
+                    }
+                }
+                "request_timeout_ms" | "connect_timeout_ms" => {
+                    let d = value
+                        .parse::<u64>()
+                        .ok()
+                        .map(Duration::from_millis)
+                        .filter(|d| !d.is_zero() && *d <= MAX_TIMEOUT)
+                        .ok_or_else(|| bad("milliseconds in 1..=60000"))?;
+                    if name == "request_timeout_ms" {
+                        config.request_timeout = d;
+                    } else {
+                        config.connect_timeout = d;
+                    }
+                }
+                "tls_ca_file" | "tls_domain" => {
+                    if !tls {
+                        return Err(bad("an etcds:// URL (TLS options need TLS)").into());
+                    }
+                    if value.is_empty() {
+                        return Err(bad("a non-empty value").into());
+                    }
+                    if name == "tls_ca_file" {
+                        config.tls_ca_file = Some(PathBuf::from(value));
+                    } else {
+                        config.tls_domain = Some(value);
+                    }
+                }
+                _ => unreachable!("checked against PARAMS"),
+            }
+        }
+        Ok(config)
+    }
+
+    /// Sets the key prefix (1 to [`MAX_KEY_PREFIX_BYTES`] bytes, printable, no leading or
+    /// trailing `/`).
+    pub fn with_key_prefix(mut self, prefix: impl Into<String>) -> Result<Self> {
+        let prefix = prefix.into();
+        validate_prefix(&prefix).map_err(|problem| {
+            Error::from(InvalidInput::OutOfRange {
+                field: "key_prefix",
+                value: format!("{prefix:?}"),
+                expected: problem,
+            })
+        })?;
+        self.key_prefix = prefix;
+        Ok(self)
+    }
+
+    /// Every token issued is above `floor` (after a snapshot restore or a move to a new cluster).
+    pub fn with_token_floor(mut self, floor: Token) -> Self {
+        self.token_floor = Some(floor);
+        self
+    }
+
+    /// Sets the bound on each request's response (1 ms to [`MAX_TIMEOUT`]).
+    pub fn with_request_timeout(mut self, d: Duration) -> Result<Self> {
+        self.request_timeout = checked_timeout("request_timeout", d)?;
+        Ok(self)
+    }
+
+    /// Sets the bound on opening a connection (1 ms to [`MAX_TIMEOUT`]).
+    pub fn with_connect_timeout(mut self, d: Duration) -> Result<Self> {
+        self.connect_timeout = checked_timeout("connect_timeout", d)?;
+        Ok(self)
+    }
+
+    /// The owner label for leases whose options name none (default: `host/pid`).
+    pub fn with_owner(mut self, owner: OwnerId) -> Self {
+        self.owner = Some(owner);
+        self
+    }
+
+    /// The URL (its `Display` and `Debug` redact the password).
+    pub fn url(&self) -> &BackendUrl {
+        &self.url
+    }
+
+    /// The members' gRPC endpoints (`http://host:port` or `https://host:port`).
+    pub fn endpoints(&self) -> &[String] {
+        &self.endpoints
+    }
+
+    /// The user name, if the URL carries credentials.
+    pub fn user(&self) -> Option<&str> {
+        self.user.as_ref().map(|(u, _)| u.as_str())
+    }
+
+    /// The key prefix.
+    pub fn key_prefix(&self) -> &str {
+        &self.key_prefix
+    }
+
+    /// The token floor, if any.
+    pub fn token_floor(&self) -> Option<Token> {
+        self.token_floor
+    }
+
+    /// The bound on each request's response.
+    pub fn request_timeout(&self) -> Duration {
+        self.request_timeout
+    }
+
+    /// The bound on opening a connection.
+    pub fn connect_timeout(&self) -> Duration {
+        self.connect_timeout
+    }
+
+    /// Whether the members are reached over TLS (`etcds://`).
+    pub fn tls(&self) -> bool {
+        self.tls
+    }
+
+    /// The CA file for `etcds://`, if any.
+    pub fn tls_ca_file(&self) -> Option<&std::path::Path> {
+        self.tls_ca_file.as_deref()
+    }
+
+    /// The name checked against the members' certificates, if not the host.
+    pub fn tls_domain(&self) -> Option<&str> {
+        self.tls_domain.as_deref()
+    }
+
+    /// The default owner label, if set.
+    pub fn owner(&self) -> Option<&OwnerId> {
+        self.owner.as_ref()
+    }
+
+    /// The etcd-client connect options: credentials, TLS, timeouts, HTTP/2 keepalive.
+    pub(crate) fn connect_options(&self) -> Result<etcd_client::ConnectOptions> {
+        let mut o = etcd_client::ConnectOptions::new()
+            .with_connect_timeout(self.connect_timeout)
+            // etcd refuses pings more often than every 5 s (`--grpc-keepalive-min-time`); the
+            // adapter's own request timeouts and session deadline bound everything else.
+            .with_keep_alive(Duration::from_secs(10), Duration::from_secs(3));
+        if let Some((user, password)) = &self.user {
+            o = o
+                .with_user(user.clone(), password.clone())
+                .with_auto_token_refresh(true);
+        }
+        if self.tls {
+            let mut tls = etcd_client::TlsOptions::new();
+            if let Some(path) = &self.tls_ca_file {
+                let pem = std::fs::read(path).map_err(|e| {
+                    Error::from(
+                        self.url
+                            .invalid(format!("tls_ca_file {}: cannot read: {e}", path.display())),
+                    )
+                })?;
+                tls = tls.ca_certificate(etcd_client::Certificate::from_pem(pem));
+            }
+            if let Some(domain) = &self.tls_domain {
+                tls = tls.domain_name(domain.clone());
+            }
+            o = o.with_tls(tls);
+        }
+        Ok(o)
+    }
+}
+
+/// Percent-decodes URL user info (`%40` is `@`).
+fn decode(url: &BackendUrl, s: &str) -> Result<String> {
+    let bad =
+        || Error::from(url.invalid("user info has a malformed percent escape or is not UTF-8"));
+    let mut out = Vec::with_capacity(s.len());
+    let mut bytes = s.bytes();
+    while let Some(b) = bytes.next() {
+        if b == b'%' {
+            let hex = [bytes.next().ok_or_else(bad)?, bytes.next().ok_or_else(bad)?];
+            let hex = std::str::from_utf8(&hex).map_err(|_| bad())?;
+            out.push(u8::from_str_radix(hex, 16).map_err(|_| bad())?);
+        } else {
+            out.push(b);
+        }
+    }
+    String::from_utf8(out).map_err(|_| bad())
+}
+
+fn validate_prefix(prefix: &str) -> std::result::Result<(), &'static str> {
+    if prefix.is_empty() {
+        return Err("a non-empty prefix");
+    }
+    if prefix.len() > MAX_KEY_PREFIX_BYTES {
+        return Err("at most 128 bytes");
+    }
+    if prefix.starts_with('/') || prefix.ends_with('/') {
+        return Err("no leading or trailing '/'");
+    }
+    if prefix.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err("no whitespace or control characters");
+    }
+    Ok(())
+}
+
+fn checked_timeout(field: &'static str, d: Duration) -> Result<Duration> {
+    if d < Duration::from_millis(1) || d > MAX_TIMEOUT {
+        return Err(InvalidInput::OutOfRange {
+            field,
+            value: format!("{d:?}"),
+            expected: "1 ms to 60 s",
+        }
+        .into());
+    }
+    Ok(d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn invalid(url: &str) -> String {
+        match EtcdConfig::from_url(url) {
+            Err(Error::InvalidInput(e)) => e.to_string(),
+            other => panic!("{url}: expected InvalidInput, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn parses_options() {
+        let c = EtcdConfig::from_url(
+            "etcd://alice:s%40cret@127.0.0.1:2390?key_prefix=app/locks&token_floor=1000&endpoints=127.0.0.2:2391,h3:2392&request_timeout_ms=500&connect_timeout_ms=700",
+        )
+        .unwrap();
+        assert_eq!(c.key_prefix(), "app/locks");
+        assert_eq!(c.token_floor(), Some(Token::new(1000).unwrap()));
+        assert_eq!(
+            c.endpoints(),
+            [
+                "http://127.0.0.1:2390",
+                "http://127.0.0.2:2391",
+                "http://h3:2392"
+            ]
+        );
+        assert_eq!(c.user(), Some("alice"));
+        assert_eq!(c.user.as_ref().unwrap().1, "s@cret");
+        assert_eq!(c.request_timeout(), Duration::from_millis(500));
+        assert_eq!(c.connect_timeout(), Duration::from_millis(700));
+        assert!(!c.tls());
+    }
+
+    #[test]
+    fn defaults_and_host_lists() {
+        let c = EtcdConfig::from_url("etcd://a,b").unwrap();
+        assert_eq!(c.endpoints(), ["http://a:2379", "http://b:2379"]);
+        assert_eq!(c.key_prefix(), DEFAULT_KEY_PREFIX);
+        assert_eq!(c.request_timeout(), DEFAULT_REQUEST_TIMEOUT);
+        let c = EtcdConfig::from_url("etcds://h:1?tls_domain=etcd.internal").unwrap();
+        assert!(c.tls());
+        assert_eq!(c.endpoints(), ["https://h:1"]);
+        assert_eq!(c.tls_domain(), Some("etcd.internal"));
+    }
+
+    #[test]
+    fn rejects_bad_input_naming_it_without_the_password() {
+        for (url, needle) in [
+            ("redis://u:pw@h:1", "not an etcd scheme"),
+            ("etcd://u:pw@h:1/x", "path"),
+            ("etcd://u:pw@h:1?nope=1", "unknown option \"nope\""),
+            ("etcd://u:pw@h:1?key_prefix=", "key_prefix"),
+            ("etcd://u:pw@h:1?key_prefix=/a", "leading"),
+            ("etcd://u:pw@h:1?token_floor=-1", "token_floor"),
+            (
+                "etcd://u:pw@h:1?token_floor=9223372036854775807",
+                "token_floor",
+            ),
+            ("etcd://u:pw@h:1?request_timeout_ms=0", "request_timeout_ms"),
+            ("etcd://u:pw@h:1?endpoints=nohostport", "endpoints"),
+            ("etcd://u:pw@h:1?tls_ca_file=/x", "etcds://"),
+            ("etcd://u:pw@h:1?key_prefix=a&key_prefix=b", "twice"),
+            ("etcd://:pw@h:1", "user name"),
+            ("etcd://u:pw@h:1,b:2", "invalid port"),
+        ] {
+            let e = invalid(url);
+            assert!(e.contains(needle), "{url}: {e}");
+            assert!(!e.contains("pw@"), "{url}: password shown: {e}");
+        }
+        assert!(matches!(
+            EtcdConfig::from_url("etcd://u@h:1"),
+            Err(Error::InvalidInput(_))
+        ));
+    }
+
+    #[test]
+    fn debug_and_display_redact_the_password() {
+        let c = EtcdConfig::from_url("etcd://root:hunter2@127.0.0.1:2379?key_prefix=x").unwrap();
+        for shown in [format!("{c}"), format!("{c:?}")] {
+            assert!(!shown.contains("hunter2"), "{shown}");
+            assert!(shown.contains("root"), "{shown}");
+        }
+    }
+
+    #[test]
+    fn builder_setters_check_ranges() {
+        let c = EtcdConfig::from_url("etcd://h").unwrap();
+        assert!(c.clone().with_key_prefix("").is_err());
+        assert!(c.clone().with_request_timeout(Duration::ZERO).is_err());
+        assert!(c
+            .clone()
+            .with_connect_timeout(Duration::from_secs(61))
+            .is_err());
+        let c = c.with_token_floor(Token::new(5).unwrap());
+        assert_eq!(c.token_floor(), Some(Token::new(5).unwrap()));
+    }
+}

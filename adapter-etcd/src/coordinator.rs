@@ -1,0 +1,817 @@
+//! [`EtcdCoordinator`]: acquire, try_acquire, inspect and force_release on etcd.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+use etcd_client::{
+    Client, Compare, CompareOp, EventType, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget,
+    Txn, TxnOp, TxnOpResponse, WatchFilterType, WatchOptions,
+};
+use lease_core::{
+    Capabilities, Coordinator, Error, ForceRelease, HolderInfo, Lease, LeaseOptions, LeaseTracker,
+    LockKey, LostReason, OwnerId, Result, Token,
+};
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+use crate::config::EtcdConfig;
+use crate::error::{bounded, Failure, BACKEND};
+use crate::keys::{self, AuditRecord, HolderRecord};
+use crate::lease::EtcdLease;
+use crate::session::{Cleaner, Cleanup, Session};
+
+/// etcd's smallest lease TTL with its default election timeout (1 s): a 1 s request is
+/// granted 2 s. The adapter rejects smaller TTLs rather than hand out a longer lease than asked.
+pub const MIN_TTL: Duration = Duration::from_secs(2);
+
+/// What a coordinator shares with its leases.
+pub(crate) struct Handle {
+    pub(crate) client: Client,
+    pub(crate) config: EtcdConfig,
+    pub(crate) cleaner: Cleaner,
+}
+
+struct Inner {
+    handle: Arc<Handle>,
+    caps: Capabilities,
+    owner: OwnerId,
+    /// One session per granted TTL, in whole seconds.
+    sessions: tokio::sync::Mutex<HashMap<i64, Arc<Session>>>,
+    /// Numbers each acquisition attempt, so that every attempt has its own key.
+    attempts: AtomicU64,
+    /// The newest token this client was granted per lock (by lock prefix): a later grant must be
+    /// above it, or the acquisition fails closed with `TokenRegression`.
+    high_water: std::sync::Mutex<HashMap<String, Token>>,
+}
+
+/// A coordinator on an etcd cluster.
+///
+/// Cheap to clone (clones share the connection and the sessions). Connect with
+/// [`EtcdCoordinator::connect`] or, by URL, through `fenced::connect("etcd://...")`.
+/// See the crate docs for the semantics.
+#[derive(Clone)]
+pub struct EtcdCoordinator {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for EtcdCoordinator {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EtcdCoordinator")
+            .field("config", &self.inner.handle.config)
+            .field("owner", &self.inner.owner)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Makes an etcd-client from a config (shared with the fence).
+pub(crate) async fn client_for(config: &EtcdConfig) -> Result<Client> {
+    let options = config.connect_options()?;
+    let bound = config.connect_timeout() + config.request_timeout();
+    match tokio::time::timeout(bound, Client::connect(config.endpoints(), Some(options))).await {
+        Ok(Ok(c)) => Ok(c),
+        Ok(Err(
+            e @ (etcd_client::Error::InvalidUri(_)
+            | etcd_client::Error::InvalidArgs(_)
+            | etcd_client::Error::EndpointError(_)),
+        )) => Err(config
+            .url()
+            .invalid(format!("the etcd client rejected it: {e}"))
+            .into()),
+        Ok(Err(e)) => Err(Failure::Etcd(e).into_error("connect", false)),
+        Err(_) => Err(Failure::Timeout(bound).into_error("connect", false)),
+    }
+}
+
+/// The capabilities every etcd coordinator declares.
+fn capabilities() -> Capabilities {
+    Capabilities::new(BACKEND)
+        .min_ttl(MIN_TTL)
+        .ttl_granularity(Duration::from_secs(1))
+        .per_lease_ttl(false)
+        .fifo(true)
+        .durable_tokens(true)
+        .shared_across_processes(true)
+}
+
+/// A waiter's or holder's key that must not outlive the attempt unless handed to a lease:
+/// dropping it armed queues its deletion.
+struct PendingKey {
+    cleaner: Cleaner,
+    key: String,
+    revision: Option<i64>,
+    session: Arc<Session>,
+    armed: bool,
+}
+
+impl Drop for PendingKey {
+    fn drop(&mut self) {
+        if self.armed {
+            self.cleaner.delete(Cleanup::new(
+                self.key.clone(),
+                self.revision,
+                self.session.watch_state(),
+            ));
+        }
+    }
+}
+
+/// How a wait for the predecessor ended.
+enum Wait {
+    /// Its deletion was seen, or the watch broke: re-read the queue.
+    Recheck,
+    /// The caller dropped the acquire future.
+    Cancelled,
+    /// The wait bound passed.
+    Deadline,
+}
+
+impl EtcdCoordinator {
+    /// Connects to the cluster `config` names. With credentials, etcd's `Authenticate` RPC runs
+    /// now (a wrong password is `Misconfigured`); otherwise the connection opens lazily and an
+    /// unreachable cluster shows as `Unavailable` on the first call.
+    pub async fn connect(config: EtcdConfig) -> Result<Self> {
+        let client = client_for(&config).await?;
+        let owner = config
+            .owner()
+            .cloned()
+            .unwrap_or_else(OwnerId::for_this_process);
+        let cleaner = Cleaner::start(client.clone(), config.request_timeout());
+        Ok(EtcdCoordinator {
+            inner: Arc::new(Inner {
+                handle: Arc::new(Handle {
+                    client,
+                    config,
+                    cleaner,
+                }),
+                caps: capabilities(),
+                owner,
+                sessions: tokio::sync::Mutex::new(HashMap::new()),
+                attempts: AtomicU64::new(rand::random::<u32>() as u64),
+                high_water: std::sync::Mutex::new(HashMap::new()),
+            }),
+        })
+    }
+
+    /// Parses `url` ([`EtcdConfig::from_url`]) and connects.
+    pub async fn from_url(url: &str) -> Result<Self> {
+        Self::connect(EtcdConfig::from_url(url)?).await
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &EtcdConfig {
+        &self.inner.handle.config
+    }
+
+    /// The etcd key range holding `key`'s holder and waiters (see [`crate::keys`]).
+    pub fn lock_prefix(&self, key: &LockKey) -> String {
+        keys::lock_prefix(self.config().key_prefix(), key)
+    }
+
+    /// The underlying etcd-client (cheap to clone), for operator tooling and tests.
+    pub fn client(&self) -> Client {
+        self.inner.handle.client.clone()
+    }
+}
+
+/// The session TTL for a requested lease TTL: whole seconds, rounded up.
+fn ttl_secs(ttl: Duration) -> i64 {
+    let secs = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
+    secs.max(1) as i64
+}
+
+fn holder_record(inner: &Inner, options: &LeaseOptions) -> String {
+    let record = HolderRecord {
+        owner: options
+            .owner_value()
+            .unwrap_or(&inner.owner)
+            .as_str()
+            .to_owned(),
+        operation: options.operation_value().map(str::to_owned),
+        at_ms: keys::wall_ms(),
+        ttl_ms: options.ttl_value().as_millis() as u64,
+    };
+    serde_json::to_string(&record).expect("a plain record serialises")
+}
+
+fn range_of(resp: &etcd_client::TxnResponse, index: usize) -> Vec<KeyValue> {
+    match resp.op_responses().into_iter().nth(index) {
+        Some(TxnOpResponse::Get(mut g)) => g.take_kvs(),
+        _ => Vec::new(),
+    }
+}
+
+fn header_revision(h: Option<&etcd_client::ResponseHeader>) -> i64 {
+    h.map_or(0, |h| h.revision())
+}
+
+fn token_of(key: &LockKey, revision: i64) -> Result<Token> {
+    Token::from_i64(revision).map_err(|_| Error::TokenRegression {
+        backend: BACKEND,
+        key: key.to_string(),
+        observed: Token::ZERO,
+        floor: Token::ZERO,
+    })
+}
+
+impl Inner {
+    fn timeout(&self) -> Duration {
+        self.handle.config.request_timeout()
+    }
+
+    /// The live session for `secs`, granting one if there is none (or it ended).
+    async fn session(&self, secs: i64) -> Result<Arc<Session>> {
+        let mut sessions = self.sessions.lock().await;
+        if let Some(s) = sessions.get(&secs) {
+            if !s.is_dead() {
+                return Ok(s.clone());
+            }
+        }
+        let s = Session::grant(&self.handle.client, secs, self.timeout())
+            .await
+            .map_err(|f| f.into_error("grant session lease", false))?;
+        sessions.insert(secs, s.clone());
+        Ok(s)
+    }
+
+    fn pending(&self, key: String, session: &Arc<Session>) -> PendingKey {
+        PendingKey {
+            cleaner: self.handle.cleaner.clone(),
+            key,
+            revision: None,
+            session: session.clone(),
+            armed: true,
+        }
+    }
+
+    /// Fails closed if `token` is not above the configured floor.
+    fn check_floor(&self, key: &LockKey, token: Token) -> Result<()> {
+        match self.handle.config.token_floor() {
+            Some(floor) if token <= floor => Err(Error::TokenRegression {
+                backend: BACKEND,
+                key: key.to_string(),
+                observed: token,
+                floor,
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// Fails closed if `token` is not above every token this client was granted for the lock;
+    /// records it otherwise.
+    fn check_high_water(&self, key: &LockKey, prefix: &str, token: Token) -> Result<()> {
+        let mut hw = self.high_water.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(&seen) = hw.get(prefix) {
+            if token <= seen {
+                return Err(Error::TokenRegression {
+                    backend: BACKEND,
+                    key: key.to_string(),
+                    observed: token,
+                    floor: seen,
+                });
+            }
+        }
+        hw.insert(prefix.to_owned(), token);
+        Ok(())
+    }
+
+    /// Builds the lease for a granted key. Validity counts from the earlier of the request that
+    /// confirmed ownership and the session's last acknowledged keepalive.
+    #[allow(clippy::too_many_arguments)]
+    fn grant(
+        self: &Arc<Self>,
+        session: Arc<Session>,
+        own: String,
+        revision: i64,
+        token: Token,
+        key: &LockKey,
+        options: &LeaseOptions,
+        confirmed_sent: Instant,
+        watch_from: i64,
+    ) -> EtcdLease {
+        let ttl = session.ttl();
+        let margin = options.drift_margin_for(ttl);
+        let from = confirmed_sent.min(session.acked_sent());
+        let tracker = LeaseTracker::new(BACKEND, key.clone(), token, ttl, margin, from);
+        EtcdLease::start(
+            self.handle.clone(),
+            session,
+            own,
+            revision,
+            tracker,
+            watch_from,
+        )
+    }
+
+    /// `try_acquire`: one transaction that creates our key only if the lock has no key at all
+    /// (no holder and no waiter), so nothing is written when it is busy.
+    async fn try_once(
+        self: &Arc<Self>,
+        key: &LockKey,
+        options: &LeaseOptions,
+    ) -> Result<EtcdLease> {
+        let prefix = keys::lock_prefix(self.handle.config.key_prefix(), key);
+        let secs = ttl_secs(options.ttl_value());
+        let record = holder_record(self, options);
+        for _ in 0..3 {
+            let session = self.session(secs).await?;
+            let own = keys::own_key(
+                &prefix,
+                session.id(),
+                self.attempts.fetch_add(1, Ordering::Relaxed),
+            );
+            let mut pending = self.pending(own.clone(), &session);
+            let txn = Txn::new()
+                .when([Compare::version(prefix.clone(), CompareOp::Equal, 0).with_prefix()])
+                .and_then([TxnOp::put(
+                    own.clone(),
+                    record.clone(),
+                    Some(PutOptions::new().with_lease(session.id())),
+                )]);
+            let sent = Instant::now();
+            let mut kv = self.handle.client.clone();
+            let resp = match bounded(self.timeout(), kv.txn(txn)).await {
+                Ok(r) => r,
+                Err(f) if f.is_lease_not_found() => {
+                    pending.armed = false;
+                    session.mark_dead(LostReason::SessionEnded);
+                    continue;
+                }
+                // The key, if the request applied, is deleted in the background (`pending`).
+                Err(f) => return Err(f.into_error("try_acquire", false)),
+            };
+            if !resp.succeeded() {
+                pending.armed = false;
+                return Err(Error::Held {
+                    key: key.to_string(),
+                });
+            }
+            // One write in the transaction: our key's create revision is its revision.
+            let revision = header_revision(resp.header());
+            pending.revision = Some(revision);
+            let token = token_of(key, revision)?;
+            self.check_floor(key, token)?;
+            self.check_high_water(key, &prefix, token)?;
+            pending.armed = false;
+            return Ok(self.grant(
+                session,
+                own,
+                revision,
+                token,
+                key,
+                options,
+                sent,
+                revision + 1,
+            ));
+        }
+        Err(Error::Unavailable {
+            backend: BACKEND,
+            message: "try_acquire: the session lease kept disappearing".into(),
+            source: None,
+        })
+    }
+
+    /// `acquire` with a wait: queue our key, then wait for the predecessor's deletion.
+    async fn acquire_queued(
+        self: &Arc<Self>,
+        key: &LockKey,
+        options: &LeaseOptions,
+        start: Instant,
+        deadline: Instant,
+        caller: &mut oneshot::Sender<Result<EtcdLease>>,
+    ) -> Result<EtcdLease> {
+        let prefix = keys::lock_prefix(self.handle.config.key_prefix(), key);
+        let secs = ttl_secs(options.ttl_value());
+        let record = holder_record(self, options);
+        let timeout = self.timeout();
+        let timed_out = || Error::Timeout {
+            key: key.to_string(),
+            waited: start.elapsed(),
+        };
+        let mut lease_gone = 0;
+        'enqueue: loop {
+            if caller.is_closed() {
+                return Err(timed_out());
+            }
+            let session = self.session(secs).await?;
+            let own = keys::own_key(
+                &prefix,
+                session.id(),
+                self.attempts.fetch_add(1, Ordering::Relaxed),
+            );
+            let mut pending = self.pending(own.clone(), &session);
+            // One round trip: create our key (attached to the session) and read the two newest
+            // keys of the queue: ours, and the one just before it (our predecessor), if any.
+            let queue = GetOptions::new()
+                .with_prefix()
+                .with_sort(SortTarget::Create, SortOrder::Descend)
+                .with_limit(2)
+                .with_keys_only();
+            let txn = Txn::new()
+                .when([Compare::create_revision(own.clone(), CompareOp::Equal, 0)])
+                .and_then([
+                    TxnOp::put(
+                        own.clone(),
+                        record.clone(),
+                        Some(PutOptions::new().with_lease(session.id())),
+                    ),
+                    TxnOp::get(prefix.clone(), Some(queue)),
+                ]);
+            let sent = Instant::now();
+            let mut kv = self.handle.client.clone();
+            let resp = match bounded(timeout, kv.txn(txn)).await {
+                Ok(r) => r,
+                Err(f) if f.is_lease_not_found() && lease_gone < 3 => {
+                    lease_gone += 1;
+                    pending.armed = false;
+                    session.mark_dead(LostReason::SessionEnded);
+                    continue;
+                }
+                Err(f) => return Err(f.into_error("acquire", false)),
+            };
+            if !resp.succeeded() {
+                // Our attempt's key already exists: impossible unless attempt numbers wrapped.
+                pending.armed = false;
+                continue;
+            }
+            let kvs = range_of(&resp, 1);
+            let Some(mine) = kvs.first().filter(|kv| kv.key() == own.as_bytes()) else {
+                return Err(Error::Unavailable {
+                    backend: BACKEND,
+                    message: "acquire: the queue read did not show our own key".into(),
+                    source: None,
+                });
+            };
+            let revision = mine.create_revision();
+            pending.revision = Some(revision);
+            let token = token_of(key, revision)?;
+            self.check_floor(key, token)?;
+            let mut predecessor = kvs.get(1).map(|kv| kv.key().to_vec());
+            let mut read_revision = header_revision(resp.header());
+            let mut confirmed_sent = sent;
+            let mut backoff = Duration::from_millis(20);
+            while let Some(pred) = predecessor.take() {
+                match self
+                    .wait_deleted(&session, &pred, read_revision + 1, deadline, caller)
+                    .await
+                {
+                    Wait::Recheck => {}
+                    Wait::Cancelled => return Err(timed_out()),
+                    Wait::Deadline => {
+                        self.delete_now(&mut pending).await;
+                        return Err(timed_out());
+                    }
+                }
+                // Re-read the part of the queue up to our key: ours must still be there (a
+                // waiter whose session ended must not report acquired), and the next key below
+                // ours, if any, is the new predecessor.
+                let upto = GetOptions::new()
+                    .with_prefix()
+                    .with_max_create_revision(revision)
+                    .with_sort(SortTarget::Create, SortOrder::Descend)
+                    .with_limit(2)
+                    .with_keys_only();
+                let sent2 = Instant::now();
+                let mut kv = self.handle.client.clone();
+                match bounded(timeout, kv.get(prefix.clone(), Some(upto))).await {
+                    Ok(mut g) => {
+                        let header = header_revision(g.header());
+                        let kvs = g.take_kvs();
+                        if kvs.first().map(|kv| kv.key()) != Some(own.as_bytes()) {
+                            tracing::debug!(key = %key, "etcd waiter's key vanished (session ended or deleted); queueing again");
+                            pending.armed = false;
+                            if Instant::now() >= deadline {
+                                return Err(timed_out());
+                            }
+                            continue 'enqueue;
+                        }
+                        read_revision = header;
+                        confirmed_sent = sent2;
+                        predecessor = kvs.get(1).map(|kv| kv.key().to_vec());
+                        backoff = Duration::from_millis(20);
+                    }
+                    Err(f) => {
+                        tracing::debug!(key = %key, error = %f, "etcd waiter could not re-read its queue; retrying");
+                        tokio::select! {
+                            _ = caller.closed() => return Err(timed_out()),
+                            _ = tokio::time::sleep_until(deadline) => {
+                                self.delete_now(&mut pending).await;
+                                return Err(timed_out());
+                            }
+                            _ = tokio::time::sleep(backoff) => {}
+                        }
+                        backoff = (backoff * 2).min(Duration::from_millis(500));
+                        predecessor = Some(pred);
+                    }
+                }
+            }
+            if session.is_dead() {
+                // Our key went with the session (or is about to): queue again.
+                pending.armed = false;
+                continue 'enqueue;
+            }
+            self.check_high_water(key, &prefix, token)?;
+            pending.armed = false;
+            return Ok(self.grant(
+                session,
+                own,
+                revision,
+                token,
+                key,
+                options,
+                confirmed_sent,
+                read_revision + 1,
+            ));
+        }
+    }
+
+    /// Waits for `pred`'s deletion with a watch starting at `from` (the revision after the read
+    /// that found it, so an event after the read is delivered at once, and none is missed).
+    /// The session ending also ends the wait (our key went with it): the re-read then queues
+    /// again.
+    async fn wait_deleted(
+        &self,
+        session: &Session,
+        pred: &[u8],
+        from: i64,
+        deadline: Instant,
+        caller: &mut oneshot::Sender<Result<EtcdLease>>,
+    ) -> Wait {
+        let options = WatchOptions::new()
+            .with_start_revision(from)
+            .with_filters([WatchFilterType::NoPut]);
+        let mut watch_client = self.handle.client.watch_client();
+        let opened = tokio::select! {
+            _ = caller.closed() => return Wait::Cancelled,
+            _ = tokio::time::sleep_until(deadline) => return Wait::Deadline,
+            w = bounded(self.timeout(), watch_client.watch(pred.to_vec(), Some(options))) => w,
+        };
+        let mut stream = match opened {
+            Ok(s) => s,
+            Err(_) => {
+                tokio::select! {
+                    _ = caller.closed() => return Wait::Cancelled,
+                    _ = tokio::time::sleep_until(deadline) => return Wait::Deadline,
+                    _ = tokio::time::sleep(Duration::from_millis(50)) => return Wait::Recheck,
+                }
+            }
+        };
+        let mut state = session.watch_state();
+        loop {
+            tokio::select! {
+                _ = caller.closed() => return Wait::Cancelled,
+                _ = tokio::time::sleep_until(deadline) => return Wait::Deadline,
+                _ = async { state.wait_for(|s| s.dead.is_some()).await.map(|_| ()) } => return Wait::Recheck,
+                m = stream.message() => match m {
+                    Ok(Some(resp)) => {
+                        let deleted = resp.events().iter().any(|e| e.event_type() == EventType::Delete);
+                        // Compaction past `from` cancels the watch: re-read instead.
+                        if deleted || resp.canceled() || resp.compact_revision() > 0 {
+                            return Wait::Recheck;
+                        }
+                    }
+                    Ok(None) | Err(_) => {
+                        tokio::select! {
+                            _ = caller.closed() => return Wait::Cancelled,
+                            _ = tokio::time::sleep_until(deadline) => return Wait::Deadline,
+                            _ = tokio::time::sleep(Duration::from_millis(50)) => return Wait::Recheck,
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Deletes a waiter's key now (compare-and-delete on its create revision); if that fails,
+    /// `pending` stays armed and the deletion is retried in the background.
+    async fn delete_now(&self, pending: &mut PendingKey) {
+        let Some(rev) = pending.revision else { return };
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                pending.key.clone(),
+                CompareOp::Equal,
+                rev,
+            )])
+            .and_then([TxnOp::delete(pending.key.clone(), None)]);
+        let mut kv = self.handle.client.clone();
+        if bounded(self.timeout(), kv.txn(txn)).await.is_ok() {
+            pending.armed = false;
+        }
+    }
+
+    /// The first key of `key`'s queue (the holder), with its value.
+    async fn first_in_queue(
+        &self,
+        key: &LockKey,
+    ) -> std::result::Result<Option<KeyValue>, Failure> {
+        let prefix = keys::lock_prefix(self.handle.config.key_prefix(), key);
+        let options = GetOptions::new()
+            .with_prefix()
+            .with_sort(SortTarget::Create, SortOrder::Ascend)
+            .with_limit(1);
+        let mut last = None;
+        for attempt in 0..3u32 {
+            let mut kv = self.handle.client.clone();
+            match bounded(
+                self.timeout(),
+                kv.get(prefix.clone(), Some(options.clone())),
+            )
+            .await
+            {
+                Ok(mut g) => return Ok(g.take_kvs().into_iter().next()),
+                Err(f) => {
+                    last = Some(f);
+                    tokio::time::sleep(Duration::from_millis(50 << attempt)).await;
+                }
+            }
+        }
+        Err(last.expect("three attempts"))
+    }
+
+    fn holder_info(&self, key: &LockKey, kv: &KeyValue) -> Result<HolderInfo> {
+        let record: Option<HolderRecord> = serde_json::from_slice(kv.value()).ok();
+        let owner = record
+            .as_ref()
+            .and_then(|r| OwnerId::new(r.owner.clone()).ok())
+            .unwrap_or_else(|| OwnerId::new("unknown").expect("valid label"));
+        Ok(
+            HolderInfo::new(key.clone(), owner, token_of(key, kv.create_revision())?)
+                .with_operation(record.as_ref().and_then(|r| r.operation.clone()))
+                .with_acquired_at(
+                    record
+                        .as_ref()
+                        .map(|r| SystemTime::UNIX_EPOCH + Duration::from_millis(r.at_ms)),
+                ),
+        )
+    }
+}
+
+#[async_trait]
+impl Coordinator for EtcdCoordinator {
+    fn capabilities(&self) -> &Capabilities {
+        &self.inner.caps
+    }
+
+    async fn acquire(&self, key: &LockKey, options: &LeaseOptions) -> Result<Box<dyn Lease>> {
+        options.validate(&self.inner.caps)?;
+        let start = Instant::now();
+        let inner = self.inner.clone();
+        let (key, options) = (key.clone(), options.clone());
+        // The attempt runs in its own task, so that dropping this future never cancels a
+        // request in flight: the task sees the caller gone and deletes our key itself (and a
+        // lease it could not hand over is dropped, which releases it).
+        let (mut tx, rx) = oneshot::channel();
+        tokio::spawn(async move {
+            let r = if options.wait_value().is_zero() {
+                inner.try_once(&key, &options).await.map_err(|e| match e {
+                    Error::Held { key } => Error::Timeout {
+                        key,
+                        waited: start.elapsed(),
+                    },
+                    e => e,
+                })
+            } else {
+                let deadline = start + options.wait_value();
+                inner
+                    .acquire_queued(&key, &options, start, deadline, &mut tx)
+                    .await
+            };
+            let _ = tx.send(r);
+        });
+        match rx.await {
+            Ok(r) => r.map(|l| Box::new(l) as Box<dyn Lease>),
+            Err(_) => Err(Error::Unavailable {
+                backend: BACKEND,
+                message: "acquire: the attempt's task ended without an answer".into(),
+                source: None,
+            }),
+        }
+    }
+
+    async fn try_acquire(&self, key: &LockKey, options: &LeaseOptions) -> Result<Box<dyn Lease>> {
+        options.validate(&self.inner.caps)?;
+        let inner = self.inner.clone();
+        let (key, options) = (key.clone(), options.clone());
+        let task = tokio::spawn(async move { inner.try_once(&key, &options).await });
+        match task.await {
+            Ok(r) => r.map(|l| Box::new(l) as Box<dyn Lease>),
+            Err(e) => Err(Error::Unavailable {
+                backend: BACKEND,
+                message: format!("try_acquire: the attempt's task failed: {e}"),
+                source: None,
+            }),
+        }
+    }
+
+    /// The first key of the lock's queue is the holder. `expires_in` is the remaining TTL of the
+    /// holder's session lease (an upper bound: the holder's key is deleted earlier if it stops
+    /// renewing).
+    async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>> {
+        let Some(kv) = self
+            .inner
+            .first_in_queue(key)
+            .await
+            .map_err(|f| f.into_error("inspect", false))?
+        else {
+            return Ok(None);
+        };
+        let mut info = self.inner.holder_info(key, &kv)?;
+        if kv.lease() != 0 {
+            let mut c = self.inner.handle.client.clone();
+            if let Ok(ttl) =
+                bounded(self.inner.timeout(), c.lease_time_to_live(kv.lease(), None)).await
+            {
+                info = info.with_expires_in(Some(Duration::from_secs(ttl.ttl().max(0) as u64)));
+            }
+        }
+        Ok(Some(info))
+    }
+
+    /// Deletes the holder's key (compare-and-delete on its create revision) and records the
+    /// actor and reason in the lock's audit key (`<prefix>/audit/<name>`, the last forced
+    /// release) in the same transaction, and in a `warn` log event.
+    async fn force_release(
+        &self,
+        key: &LockKey,
+        request: &ForceRelease,
+    ) -> Result<Option<HolderInfo>> {
+        let prefix = self.config().key_prefix().to_owned();
+        for _ in 0..5 {
+            let Some(kv) = self
+                .inner
+                .first_in_queue(key)
+                .await
+                .map_err(|f| f.into_error("force_release", false))?
+            else {
+                tracing::warn!(backend = BACKEND, key = %key, actor = request.actor(), reason = request.reason(), "force_release: the lock was free");
+                return Ok(None);
+            };
+            let info = self.inner.holder_info(key, &kv)?;
+            let audit = AuditRecord {
+                actor: request.actor().to_owned(),
+                reason: request.reason().to_owned(),
+                token: info.token.get(),
+                owner: Some(info.owner.as_str().to_owned()),
+                at_ms: keys::wall_ms(),
+            };
+            let txn = Txn::new()
+                .when([Compare::create_revision(
+                    kv.key(),
+                    CompareOp::Equal,
+                    kv.create_revision(),
+                )])
+                .and_then([
+                    TxnOp::delete(kv.key(), None),
+                    TxnOp::put(
+                        keys::audit_key(&prefix, key),
+                        serde_json::to_string(&audit).expect("a plain record serialises"),
+                        None,
+                    ),
+                ]);
+            let mut c = self.inner.handle.client.clone();
+            let resp = bounded(self.inner.timeout(), c.txn(txn))
+                .await
+                .map_err(|f| f.into_error("force_release", true))?;
+            if resp.succeeded() {
+                tracing::warn!(
+                    backend = BACKEND,
+                    key = %key,
+                    token = %info.token,
+                    owner = %info.owner,
+                    actor = request.actor(),
+                    reason = request.reason(),
+                    "force_release removed the holder"
+                );
+                return Ok(Some(info));
+            }
+            // The holder changed between the read and the transaction: look again.
+        }
+        Err(Error::Unavailable {
+            backend: BACKEND,
+            message: "force_release: the holder kept changing".into(),
+            source: None,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ttl_rounds_up_to_whole_seconds() {
+        assert_eq!(ttl_secs(Duration::from_secs(2)), 2);
+        assert_eq!(ttl_secs(Duration::from_millis(2001)), 3);
+        assert_eq!(ttl_secs(Duration::from_millis(10)), 1);
+    }
+
+    #[test]
+    fn capabilities_declare_etcd() {
+        let c = capabilities();
+        assert_eq!(c.min_ttl, MIN_TTL);
+        assert!(!c.per_lease_ttl && c.fifo && c.durable_tokens && c.shared_across_processes);
+    }
+}

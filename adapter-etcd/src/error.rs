@@ -1,0 +1,138 @@
+//! The one place where etcd-client's errors become the workspace's [`Error`].
+//!
+//! | what etcd-client reports | read-only call | call that may write |
+//! |---|---|---|
+//! | transport error, gRPC `Unavailable` while connecting | `Unavailable` | `Unavailable` (nothing was sent) |
+//! | gRPC `Unavailable` after sending, `Unknown`, `Cancelled`, `DeadlineExceeded`, our own timeout | `Unavailable` | `OutcomeUnknown` |
+//! | gRPC `Unauthenticated`, `PermissionDenied`, "authentication failed" | `Misconfigured` (credentials or roles) | same |
+//! | `etcdserver: requested lease not found` | the session ended: callers treat it as `Lost(SessionEnded)` or start a new session | same |
+//! | anything else | `Unavailable` | `OutcomeUnknown` |
+//!
+//! Messages carry the gRPC status text, never the URL's password (etcd-client never puts
+//! credentials in its errors; the adapter formats URLs only through `BackendUrl`).
+
+use std::time::Duration;
+
+use lease_core::Error;
+
+pub(crate) const BACKEND: &str = "etcd";
+
+/// A failed request: etcd-client's error, or no answer within the request timeout.
+#[derive(Debug)]
+pub(crate) enum Failure {
+    /// The client library's error.
+    Etcd(etcd_client::Error),
+    /// No answer within this bound; the request may or may not have applied.
+    Timeout(Duration),
+}
+
+impl From<etcd_client::Error> for Failure {
+    fn from(e: etcd_client::Error) -> Self {
+        Failure::Etcd(e)
+    }
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Failure::Etcd(e) => std::fmt::Display::fmt(e, f),
+            Failure::Timeout(d) => write!(f, "no answer within {d:?}"),
+        }
+    }
+}
+
+impl Failure {
+    /// Whether the server said our session lease does not exist (expired or revoked).
+    pub(crate) fn is_lease_not_found(&self) -> bool {
+        match self {
+            Failure::Etcd(etcd_client::Error::GRpcStatus(s)) => {
+                s.message().contains("requested lease not found")
+            }
+            Failure::Etcd(etcd_client::Error::LeaseKeepAliveError(m)) => {
+                m.contains("lease not found")
+            }
+            _ => false,
+        }
+    }
+
+    /// Whether the request certainly never reached the server (connection refused, no
+    /// connection could be made).
+    pub(crate) fn certainly_not_sent(&self) -> bool {
+        match self {
+            Failure::Etcd(etcd_client::Error::TransportError(_)) => true,
+            Failure::Etcd(etcd_client::Error::GRpcStatus(s)) => {
+                s.code() as i32 == tonic_code::UNAVAILABLE && {
+                    let m = s.message().to_ascii_lowercase();
+                    m.contains("connect") || m.contains("refused") || m.contains("dns")
+                }
+            }
+            _ => false,
+        }
+    }
+
+    fn auth_problem(&self) -> Option<String> {
+        let Failure::Etcd(etcd_client::Error::GRpcStatus(s)) = self else {
+            return None;
+        };
+        let m = s.message();
+        let auth = matches!(
+            s.code() as i32,
+            tonic_code::UNAUTHENTICATED | tonic_code::PERMISSION_DENIED
+        ) || m.contains("authentication failed")
+            || m.contains("permission denied")
+            || m.contains("user name is empty")
+            || m.contains("invalid auth token");
+        auth.then(|| format!("the etcd user cannot do this: {m}"))
+    }
+
+    /// The workspace error for a failure of `operation`. `may_have_written`: the request could
+    /// have changed state if it reached the server.
+    pub(crate) fn into_error(self, operation: &'static str, may_have_written: bool) -> Error {
+        if let Some(problem) = self.auth_problem() {
+            return Error::Misconfigured {
+                backend: BACKEND,
+                problems: vec![problem],
+            };
+        }
+        let message = format!("{operation}: {self}");
+        if !may_have_written || self.certainly_not_sent() {
+            return match self {
+                Failure::Etcd(e) => Error::unavailable(BACKEND, message, e),
+                Failure::Timeout(_) => Error::Unavailable {
+                    backend: BACKEND,
+                    message,
+                    source: None,
+                },
+            };
+        }
+        let source: Option<lease_core::BoxError> = match self {
+            Failure::Etcd(e) => Some(Box::new(e)),
+            Failure::Timeout(_) => None,
+        };
+        Error::OutcomeUnknown {
+            backend: BACKEND,
+            operation,
+            message,
+            source,
+        }
+    }
+}
+
+/// The gRPC status codes the mapping looks at (numbers from the gRPC spec, so that the adapter
+/// does not depend on tonic directly).
+mod tonic_code {
+    pub(super) const PERMISSION_DENIED: i32 = 7;
+    pub(super) const UNAVAILABLE: i32 = 14;
+    pub(super) const UNAUTHENTICATED: i32 = 16;
+}
+
+/// Runs `fut` with a bound; a request still unanswered at the bound is dropped (cancelled).
+pub(crate) async fn bounded<T, F>(timeout: Duration, fut: F) -> Result<T, Failure>
+where
+    F: std::future::Future<Output = Result<T, etcd_client::Error>>,
+{
+    match tokio::time::timeout(timeout, fut).await {
+        Ok(r) => r.map_err(Failure::Etcd),
+        Err(_) => Err(Failure::Timeout(timeout)),
+    }
+}

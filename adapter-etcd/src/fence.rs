@@ -1,0 +1,208 @@
+//! [`EtcdFence`]: a fenced resource stored in etcd.
+//!
+//! Each resource has two keys under `<prefix>/fence/<encoded resource>/`: `newest`, the newest
+//! accepted token as 20 decimal digits (so etcd's byte-wise value comparison orders tokens
+//! numerically), and `value`, the last written value prefixed by its token. A write or claim is
+//! one transaction:
+//!
+//! ```text
+//! if value(newest) > presented          (false when `newest` does not exist yet)
+//! then get(newest)                      -> Stale { presented, current }
+//! else get(newest), put(newest, presented) [, put(value, presented:bytes)]
+//! ```
+//!
+//! The comparison and the write are one atomic step, and the newest token is as durable as
+//! etcd's data.
+
+use std::fmt;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use etcd_client::{Client, Compare, CompareOp, GetOptions, Txn, TxnOp, TxnOpResponse};
+use lease_core::{Accepted, Error, Fence, FencedValue, ResourceId, Result, Token};
+
+use crate::config::EtcdConfig;
+use crate::error::{bounded, Failure, BACKEND};
+use crate::keys;
+
+/// A [`Fence`] whose state lives in etcd (see the module docs for the layout and transaction).
+///
+/// Transient failures are retried a few times within the request timeout: a claim or a write
+/// with the same token and value is idempotent, so a retry after an unseen outcome is safe (it
+/// may then report `Stale` although the first attempt applied, if a newer token came in between).
+#[derive(Clone)]
+pub struct EtcdFence {
+    client: Client,
+    config: EtcdConfig,
+}
+
+impl fmt::Debug for EtcdFence {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EtcdFence")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+const NEWEST: &str = "newest";
+const VALUE: &str = "value";
+const ATTEMPTS: u32 = 4;
+
+fn parse_token(raw: &[u8]) -> Option<Token> {
+    std::str::from_utf8(raw).ok()?.parse().ok()
+}
+
+fn parse_value(raw: &[u8]) -> Option<(Token, Bytes)> {
+    let colon = raw.iter().position(|b| *b == b':')?;
+    Some((
+        parse_token(&raw[..colon])?,
+        Bytes::copy_from_slice(&raw[colon + 1..]),
+    ))
+}
+
+impl EtcdFence {
+    /// Connects to the cluster `config` names (lazily, as [`crate::EtcdCoordinator::connect`]).
+    pub async fn connect(config: EtcdConfig) -> Result<Self> {
+        let client = crate::coordinator::client_for(&config).await?;
+        Ok(EtcdFence { client, config })
+    }
+
+    /// Parses `url` ([`EtcdConfig::from_url`]) and connects.
+    pub async fn from_url(url: &str) -> Result<Self> {
+        Self::connect(EtcdConfig::from_url(url)?).await
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &EtcdConfig {
+        &self.config
+    }
+
+    async fn retrying<T, F, Fut>(&self, operation: &'static str, mut call: F) -> Result<T>
+    where
+        F: FnMut(Client) -> Fut,
+        Fut: std::future::Future<Output = std::result::Result<T, Failure>>,
+    {
+        let mut last = None;
+        for attempt in 0..ATTEMPTS {
+            match call(self.client.clone()).await {
+                Ok(t) => return Ok(t),
+                Err(f) => {
+                    last = Some(f);
+                    if attempt + 1 < ATTEMPTS {
+                        tokio::time::sleep(Duration::from_millis(50 << attempt)).await;
+                    }
+                }
+            }
+        }
+        Err(last
+            .expect("at least one attempt")
+            .into_error(operation, operation != "read"))
+    }
+
+    async fn accept(
+        &self,
+        operation: &'static str,
+        resource: &ResourceId,
+        token: Token,
+        value: Option<Bytes>,
+    ) -> Result<Accepted> {
+        let base = keys::fence_prefix(self.config.key_prefix(), resource);
+        let newest = format!("{base}{NEWEST}");
+        let presented = keys::token_bytes(token);
+        let mut accept = vec![
+            TxnOp::get(newest.clone(), None),
+            TxnOp::put(newest.clone(), presented.clone(), None),
+        ];
+        if let Some(v) = value {
+            let mut stored = format!("{presented}:").into_bytes();
+            stored.extend_from_slice(&v);
+            accept.push(TxnOp::put(format!("{base}{VALUE}"), stored, None));
+        }
+        let txn = Txn::new()
+            .when([Compare::value(
+                newest.clone(),
+                CompareOp::Greater,
+                presented,
+            )])
+            .and_then([TxnOp::get(newest, None)])
+            .or_else(accept);
+        let timeout = self.config.request_timeout();
+        let resp = self
+            .retrying(operation, |mut c| {
+                let txn = txn.clone();
+                async move { bounded(timeout, c.txn(txn)).await }
+            })
+            .await?;
+        let stored = match resp.op_responses().into_iter().next() {
+            Some(TxnOpResponse::Get(g)) => g.kvs().first().and_then(|kv| parse_token(kv.value())),
+            _ => None,
+        };
+        if resp.succeeded() {
+            return Err(Error::Stale {
+                resource: resource.to_string(),
+                presented: token,
+                current: stored.unwrap_or(Token::MAX),
+            });
+        }
+        Ok(Accepted::new(stored))
+    }
+}
+
+#[async_trait]
+impl Fence for EtcdFence {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    async fn write(&self, resource: &ResourceId, token: Token, value: Bytes) -> Result<Accepted> {
+        self.accept("write", resource, token, Some(value)).await
+    }
+
+    async fn claim(&self, resource: &ResourceId, token: Token) -> Result<Accepted> {
+        self.accept("claim", resource, token, None).await
+    }
+
+    async fn read(&self, resource: &ResourceId) -> Result<Option<FencedValue>> {
+        let base = keys::fence_prefix(self.config.key_prefix(), resource);
+        let timeout = self.config.request_timeout();
+        let resp = self
+            .retrying("read", |mut c| {
+                let base = base.clone();
+                async move {
+                    bounded(
+                        timeout,
+                        c.get(base, Some(GetOptions::new().with_prefix())),
+                    )
+                    .await
+                }
+            })
+            .await?;
+        let mut newest = None;
+        let mut value = None;
+        for kv in resp.kvs() {
+            let name = &kv.key()[base.len()..];
+            if name == NEWEST.as_bytes() {
+                newest = parse_token(kv.value());
+            } else if name == VALUE.as_bytes() {
+                value = parse_value(kv.value());
+            }
+        }
+        Ok(newest.map(|n| FencedValue::new(n, value)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stored_values_round_trip() {
+        let t = Token::new(42).unwrap();
+        let mut raw = format!("{}:", keys::token_bytes(t)).into_bytes();
+        raw.extend_from_slice(b"a:b");
+        assert_eq!(parse_value(&raw), Some((t, Bytes::from_static(b"a:b"))));
+        assert_eq!(parse_token(keys::token_bytes(t).as_bytes()), Some(t));
+        assert_eq!(parse_value(b"garbage"), None);
+    }
+}

@@ -1,0 +1,139 @@
+//! The key layout: where each lock, waiter, fence and audit record lives.
+//!
+//! ```text
+//! <prefix>/lock/<name>/<session lease id, 16 hex>-<attempt, hex>   one key per holder or waiter
+//! <prefix>/fence/<resource>/newest                                  newest accepted token, 20 digits
+//! <prefix>/fence/<resource>/value                                   last written value, with its token
+//! <prefix>/audit/<name>                                             the last forced release of a lock
+//! ```
+//!
+//! `<name>` and `<resource>` are percent-encoded: every byte other than `A-Z a-z 0-9 - . _ ~` is
+//! written `%XX`, so an encoded name never contains `/`. Followed by the `/` terminator, no
+//! lock's key range is a prefix of another lock's (`a/` vs `a%2Fb/` vs `ab/`), which is the
+//! mistake of etcd's own Lock RPC (a lock on `pfx` waits while `pfx/b` is held).
+
+use lease_core::{LockKey, ResourceId};
+use serde::{Deserialize, Serialize};
+
+/// Percent-encodes `name` so that it contains no `/` (see the module docs).
+pub fn encode_name(name: &str) -> String {
+    let mut out = String::with_capacity(name.len());
+    for b in name.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// The key range holding `key`'s holder and waiters under `key_prefix`:
+/// `<key_prefix>/lock/<encoded key>/`. An operator deleting every key with this prefix
+/// (`etcdctl del --prefix`) removes the lock and its queue.
+pub fn lock_prefix(key_prefix: &str, key: &LockKey) -> String {
+    format!("{key_prefix}/lock/{}/", encode_name(key.as_str()))
+}
+
+/// The key range holding `resource`'s fence state: `<key_prefix>/fence/<encoded resource>/`.
+pub fn fence_prefix(key_prefix: &str, resource: &ResourceId) -> String {
+    format!("{key_prefix}/fence/{}/", encode_name(resource.as_str()))
+}
+
+/// The key recording the last forced release of `key`: `<key_prefix>/audit/<encoded key>`.
+pub fn audit_key(key_prefix: &str, key: &LockKey) -> String {
+    format!("{key_prefix}/audit/{}", encode_name(key.as_str()))
+}
+
+/// A holder's or waiter's own key: the lock prefix, the session's lease id and a per-client
+/// attempt number (unique per acquisition attempt, so that tasks sharing a client never share a
+/// key).
+pub(crate) fn own_key(lock_prefix: &str, lease_id: i64, attempt: u64) -> String {
+    format!("{lock_prefix}{:016x}-{attempt:x}", lease_id as u64)
+}
+
+/// What a holder's key stores: the labels `inspect` shows. Never a credential.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub(crate) struct HolderRecord {
+    /// The owner label.
+    pub(crate) owner: String,
+    /// The operation name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) operation: Option<String>,
+    /// Wall-clock milliseconds since the Unix epoch when the attempt was made (display only).
+    pub(crate) at_ms: u64,
+    /// The TTL granted, in milliseconds.
+    pub(crate) ttl_ms: u64,
+}
+
+/// What the audit key stores for a forced release.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct AuditRecord {
+    pub(crate) actor: String,
+    pub(crate) reason: String,
+    pub(crate) token: u64,
+    pub(crate) owner: Option<String>,
+    pub(crate) at_ms: u64,
+}
+
+/// Wall-clock milliseconds since the epoch (for display records only).
+pub(crate) fn wall_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// A fence token as stored: 20 decimal digits, so that etcd's byte-wise value comparison in a
+/// transaction orders tokens numerically.
+pub(crate) fn token_bytes(t: lease_core::Token) -> String {
+    format!("{:020}", t.get())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(k: &str) -> String {
+        lock_prefix("fenced", &LockKey::new(k).unwrap())
+    }
+
+    #[test]
+    fn no_name_is_a_prefix_of_another() {
+        let names = [
+            "a", "a/b", "ab", "a/b/c", "a b", "a%2Fb", "ключ", "a.b", "a-b", "a~", "a_",
+        ];
+        for x in names {
+            for y in names {
+                if x != y {
+                    assert!(
+                        !p(y).starts_with(&p(x)),
+                        "{x:?} -> {} vs {y:?} -> {}",
+                        p(x),
+                        p(y)
+                    );
+                }
+            }
+        }
+        assert_eq!(p("a/b"), "fenced/lock/a%2Fb/");
+        assert_eq!(p("a%2Fb"), "fenced/lock/a%252Fb/");
+        assert_eq!(p("with space"), "fenced/lock/with%20space/");
+    }
+
+    #[test]
+    fn own_keys_sit_under_the_lock_prefix() {
+        let k = own_key(&p("x"), 0x1234, 10);
+        assert_eq!(k, "fenced/lock/x/0000000000001234-a");
+        assert!(k.starts_with(&p("x")));
+        // Negative lease ids (never issued by etcd, but the type allows them) stay 16 digits.
+        assert_eq!(own_key("q/", -1, 1), "q/ffffffffffffffff-1");
+    }
+
+    #[test]
+    fn tokens_compare_as_bytes_like_numbers() {
+        let t = |n| lease_core::Token::new(n).unwrap();
+        assert!(token_bytes(t(9)) < token_bytes(t(10)));
+        assert!(token_bytes(t(99)) < token_bytes(lease_core::Token::MAX));
+        assert_eq!(token_bytes(lease_core::Token::MAX).len(), 20);
+    }
+}

@@ -1,0 +1,338 @@
+//! [`EtcdLease`]: a held lock, its renewal and release, and the guardian task that notices
+//! when it is gone.
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use etcd_client::{Compare, CompareOp, EventType, Txn, TxnOp, WatchFilterType, WatchOptions};
+use lease_core::{Lease, LeaseStatus, LeaseTracker, LostReason, Result};
+use tokio::time::Instant;
+
+use crate::coordinator::Handle;
+use crate::error::bounded;
+use crate::session::{Cleanup, Session, Unconfirmed};
+
+/// What a lease shares with its guardian task.
+pub(crate) struct LeaseShared {
+    handle: Arc<Handle>,
+    session: Arc<Session>,
+    /// The holder's own etcd key.
+    key: String,
+    /// Its create revision: the fencing token.
+    revision: i64,
+    /// Set once the key is deleted or its deletion is queued (so it happens once).
+    retired: AtomicBool,
+}
+
+impl LeaseShared {
+    /// Deletes our key in the background (guarded by its create revision), once.
+    fn retire(&self) {
+        if !self.retired.swap(true, Ordering::SeqCst) {
+            self.handle.cleaner.delete(Cleanup::new(
+                self.key.clone(),
+                Some(self.revision),
+                self.session.watch_state(),
+            ));
+        }
+    }
+
+    /// Records that the key is gone (deleted by us or by someone else): nothing to clean up.
+    fn gone(&self) {
+        self.retired.store(true, Ordering::SeqCst);
+    }
+
+    /// Why a key we no longer find is gone: the session ended, or someone deleted it.
+    fn vanished_reason(&self) -> LostReason {
+        match self.session.dead_reason() {
+            Some(r) if r != LostReason::Released => r,
+            _ => LostReason::Revoked,
+        }
+    }
+}
+
+/// A lease on an etcd lock.
+///
+/// Its key is `<prefix>/lock/<name>/<session>-<attempt>`, attached to the client's session lease;
+/// its token is that key's create revision. See the crate docs for renewal, loss and release.
+///
+/// Dropping it without [`release`](Lease::release) marks it lost (`Released`) and deletes its key
+/// in the background, compare-and-delete on the create revision, without blocking.
+pub struct EtcdLease {
+    tracker: LeaseTracker,
+    shared: Arc<LeaseShared>,
+}
+
+impl fmt::Debug for EtcdLease {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EtcdLease")
+            .field("tracker", &self.tracker)
+            .field("etcd_key", &self.shared.key)
+            .field("session", &self.shared.session)
+            .finish()
+    }
+}
+
+impl EtcdLease {
+    /// A granted lease; starts its guardian, which watches our key from `watch_from`.
+    pub(crate) fn start(
+        handle: Arc<Handle>,
+        session: Arc<Session>,
+        key: String,
+        revision: i64,
+        tracker: LeaseTracker,
+        watch_from: i64,
+    ) -> EtcdLease {
+        let shared = Arc::new(LeaseShared {
+            handle,
+            session,
+            key,
+            revision,
+            retired: AtomicBool::new(false),
+        });
+        tokio::spawn(guard(shared.clone(), tracker.clone(), watch_from));
+        EtcdLease { tracker, shared }
+    }
+
+    /// The holder's own etcd key (for operators and tests).
+    pub fn etcd_key(&self) -> &str {
+        &self.shared.key
+    }
+
+    /// The etcd lease id of the session this lease's key is attached to.
+    pub fn session_lease_id(&self) -> i64 {
+        self.shared.session.id()
+    }
+
+    fn lost_now(&self, reason: LostReason) -> lease_core::Error {
+        self.tracker.mark_lost(reason);
+        match self.tracker.status() {
+            LeaseStatus::Lost(r) => self.tracker.lost_error(r),
+            _ => self.tracker.lost_error(reason),
+        }
+    }
+}
+
+#[async_trait]
+impl Lease for EtcdLease {
+    fn tracker(&self) -> &LeaseTracker {
+        &self.tracker
+    }
+
+    /// Confirms ownership and extends local validity from the moment the call started: a
+    /// keepalive of the session's lease sent now (or one already in flight since then) must be
+    /// acknowledged, and our key must still exist (read in parallel, so one round trip).
+    async fn renew(&self) -> Result<Instant> {
+        self.tracker.ensure_not_lost()?;
+        let sent = Instant::now();
+        let timeout = self.shared.handle.config.request_timeout();
+        let mut kv = self.shared.handle.client.clone();
+        let (confirmed, read) = tokio::join!(
+            self.shared.session.confirm(sent, timeout),
+            bounded(timeout, kv.get(self.shared.key.as_bytes(), None)),
+        );
+        match read {
+            Ok(resp) => {
+                let ours = resp
+                    .kvs()
+                    .first()
+                    .is_some_and(|kv| kv.create_revision() == self.shared.revision);
+                if !ours {
+                    self.shared.gone();
+                    return Err(self.lost_now(self.shared.vanished_reason()));
+                }
+            }
+            Err(f) => return Err(f.into_error("renew", false)),
+        }
+        match confirmed {
+            Ok(()) => self.tracker.renewed_from(sent),
+            Err(Unconfirmed::Dead(reason)) => {
+                let reason = if reason == LostReason::Released {
+                    LostReason::SessionEnded
+                } else {
+                    reason
+                };
+                Err(self.lost_now(reason))
+            }
+            Err(Unconfirmed::Timeout) => Err(lease_core::Error::Unavailable {
+                backend: crate::error::BACKEND,
+                message: format!(
+                    "renew: the session keepalive was not acknowledged within {timeout:?}"
+                ),
+                source: None,
+            }),
+        }
+    }
+
+    /// Deletes our key in one transaction guarded by its create revision (the token), so a
+    /// stale release never deletes a newer holder's key.
+    async fn release(&self) -> Result<()> {
+        if let LeaseStatus::Lost(reason) = self.tracker.status() {
+            self.shared.retire();
+            return Err(self.tracker.lost_error(reason));
+        }
+        let key = self.shared.key.clone();
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                key.clone(),
+                CompareOp::Equal,
+                self.shared.revision,
+            )])
+            .and_then([TxnOp::delete(key, None)]);
+        let mut kv = self.shared.handle.client.clone();
+        match bounded(self.shared.handle.config.request_timeout(), kv.txn(txn)).await {
+            Ok(resp) if resp.succeeded() => {
+                self.shared.gone();
+                self.tracker.mark_lost(LostReason::Released);
+                Ok(())
+            }
+            Ok(_) => {
+                self.shared.gone();
+                Err(self.lost_now(self.shared.vanished_reason()))
+            }
+            Err(f) => {
+                // Not seen: delete it in the background; the lease is given up either way.
+                self.shared.retire();
+                self.tracker.mark_lost(LostReason::Released);
+                Err(f.into_error("release", true))
+            }
+        }
+    }
+}
+
+impl Drop for EtcdLease {
+    fn drop(&mut self) {
+        if !matches!(self.tracker.status(), LeaseStatus::Lost(_)) {
+            self.tracker.mark_lost(LostReason::Released);
+        }
+        self.shared.retire();
+    }
+}
+
+/// How long after the grant the guardian opens its watch on our key.
+const WATCH_DELAY: Duration = Duration::from_millis(50);
+
+/// How the guardian's watch ended.
+enum Watched {
+    /// The lease is lost for a reason recorded elsewhere (expiry, release, drop, session end).
+    Lost,
+    /// Our key was deleted by someone else, or by the server with the session.
+    Deleted,
+}
+
+/// The guardian of one lease: watches our own key and deletes it once the lease is lost.
+///
+/// - Our key deleted (force release, an operator, the session lease revoked or expired):
+///   `lost()` fires with `Revoked`, or the session's reason.
+/// - The lease lost otherwise (local validity passed without a renewal, released, dropped,
+///   session over): the key is deleted (compare-and-delete on its create revision) unless it is
+///   gone already, so an unrenewed lease never blocks others past its validity even though the
+///   session keeps living.
+///
+/// A watch cancelled by compaction or broken by a reconnect is re-established after re-reading
+/// the key.
+async fn guard(shared: Arc<LeaseShared>, tracker: LeaseTracker, mut from: i64) {
+    let slot = shared.session.register(tracker.clone());
+    let mut signal = tracker.signal();
+    let timeout = shared.handle.config.request_timeout();
+    let mut backoff = Duration::from_millis(50);
+    let mut first = true;
+    let key = shared.key.as_bytes().to_vec();
+    let outcome = 'outer: loop {
+        if first {
+            // Short holdings never pay for a watch stream: the watch starts a moment later,
+            // from the revision of the read that granted the lease, so a deletion in between is
+            // still delivered (on etcd's sync tick, at most ~100 ms later).
+            first = false;
+            tokio::select! {
+                _ = signal.wait() => break 'outer Watched::Lost,
+                _ = tokio::time::sleep(WATCH_DELAY) => {}
+            }
+        }
+        let mut watch_client = shared.handle.client.watch_client();
+        let options = WatchOptions::new()
+            .with_start_revision(from)
+            .with_filters([WatchFilterType::NoPut]);
+        let opened = tokio::select! {
+            _ = signal.wait() => break 'outer Watched::Lost,
+            w = bounded(timeout, watch_client.watch(key.clone(), Some(options))) => w,
+        };
+        let mut stream = match opened {
+            Ok(s) => s,
+            Err(_) => {
+                tokio::select! {
+                    _ = signal.wait() => break 'outer Watched::Lost,
+                    _ = tokio::time::sleep(backoff) => {}
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(1));
+                continue;
+            }
+        };
+        loop {
+            tokio::select! {
+                _ = signal.wait() => break 'outer Watched::Lost,
+                m = stream.message() => match m {
+                    Ok(Some(resp)) => {
+                        if resp
+                            .events()
+                            .iter()
+                            .any(|e| e.event_type() == EventType::Delete
+                                && e.kv().is_some_and(|kv| kv.key() == key.as_slice()))
+                        {
+                            break 'outer Watched::Deleted;
+                        }
+                        if resp.canceled() || resp.compact_revision() > 0 {
+                            // Compacted past `from` (or cancelled): re-read, then watch again
+                            // from just after the read.
+                            match recheck(&shared, &key, timeout).await {
+                                Some(Some(next)) => {
+                                    from = next;
+                                    continue 'outer;
+                                }
+                                Some(None) => break 'outer Watched::Deleted,
+                                None => {
+                                    tokio::time::sleep(backoff).await;
+                                    continue 'outer;
+                                }
+                            }
+                        }
+                    }
+                    Ok(None) | Err(_) => {
+                        tokio::select! {
+                            _ = signal.wait() => break 'outer Watched::Lost,
+                            _ = tokio::time::sleep(backoff) => {}
+                        }
+                        backoff = (backoff * 2).min(Duration::from_secs(1));
+                        continue 'outer;
+                    }
+                }
+            }
+        }
+    };
+    match outcome {
+        Watched::Lost => {
+            // Records `Expired` when validity ran out (the signal only observed it).
+            let _ = tracker.status();
+            shared.retire();
+        }
+        Watched::Deleted => {
+            shared.gone();
+            tracker.mark_lost(shared.vanished_reason());
+        }
+    }
+    shared.session.unregister(slot);
+}
+
+/// Re-reads our key: `Some(Some(rev))` if it is still ours (watch again from `rev`),
+/// `Some(None)` if it is gone, `None` if the read failed.
+async fn recheck(shared: &LeaseShared, key: &[u8], timeout: Duration) -> Option<Option<i64>> {
+    let mut kv = shared.handle.client.clone();
+    let resp = bounded(timeout, kv.get(key, None)).await.ok()?;
+    let ours = resp
+        .kvs()
+        .first()
+        .is_some_and(|kv| kv.create_revision() == shared.revision);
+    Some(ours.then(|| resp.header().map_or(shared.revision, |h| h.revision()) + 1))
+}

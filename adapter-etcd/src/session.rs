@@ -1,0 +1,476 @@
+//! Sessions: one etcd lease per client and TTL, kept alive by one keepalive stream, and the
+//! background deletion of keys nobody is waiting on any more.
+//!
+//! A [`Session`] is an etcd lease granted once and kept alive by a task that sends a keepalive
+//! every third of the TTL on one `LeaseKeepAlive` stream. Every holder and waiter key the
+//! client writes with that TTL is attached to the session's lease, so a crashed, frozen or
+//! partitioned process loses all its keys when the server expires the lease.
+//!
+//! The task owns the session's **deadline**: the send time of the last keepalive the server
+//! acknowledged plus the TTL it reported. The server cannot have expired the lease before that
+//! instant (it received the keepalive after it was sent). When the deadline passes without a
+//! newer acknowledgement, or a keepalive answers TTL 0 (the lease was revoked or expired), the
+//! session is over: every lease registered on it is marked lost, and the next acquisition
+//! grants a new session. While the stream is broken but the deadline has not passed, the leases
+//! are marked in doubt; the next acknowledgement restores them.
+//!
+//! The session does *not* extend a lease's own validity: that moves only when the holder renews
+//! (see the crate docs), and a lease whose validity passes is deleted by its guardian even though
+//! the session lives on.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp};
+use lease_core::{LeaseStatus, LeaseTracker, LostReason};
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+
+use crate::error::{bounded, Failure};
+
+/// What the keepalive task knows about its session.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SessionState {
+    /// Send time of the newest keepalive (or the grant) the server acknowledged.
+    pub(crate) acked_sent: Instant,
+    /// `acked_sent` plus the TTL the server reported: the lease lives at least until then.
+    pub(crate) deadline: Instant,
+    /// Set once the session is over, with the reason its leases are lost (`Released` when the
+    /// client closed the session itself).
+    pub(crate) dead: Option<LostReason>,
+}
+
+/// One etcd lease of a client, shared by every lease and waiter of one TTL.
+pub(crate) struct Session {
+    id: i64,
+    ttl: Duration,
+    state: Arc<watch::Sender<SessionState>>,
+    kick: mpsc::UnboundedSender<Instant>,
+    leases: Arc<Mutex<HashMap<u64, LeaseTracker>>>,
+    next_slot: AtomicU64,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("id", &format_args!("{:016x}", self.id as u64))
+            .field("ttl", &self.ttl)
+            .field("dead", &self.state.borrow().dead)
+            .finish()
+    }
+}
+
+/// Why [`Session::confirm`] could not confirm.
+#[derive(Debug)]
+pub(crate) enum Unconfirmed {
+    /// The session is over.
+    Dead(LostReason),
+    /// No acknowledgement within the bound.
+    Timeout,
+}
+
+impl Session {
+    /// Grants a lease of `ttl_secs` and starts its keepalive task.
+    pub(crate) async fn grant(
+        client: &Client,
+        ttl_secs: i64,
+        request_timeout: Duration,
+    ) -> Result<Arc<Session>, Failure> {
+        let sent = Instant::now();
+        let mut c = client.clone();
+        let resp = bounded(request_timeout, c.lease_grant(ttl_secs, None)).await?;
+        // The granted TTL: etcd raises a TTL below its minimum (derived from the election
+        // timeout; 2 s with the default settings).
+        let ttl = Duration::from_secs(resp.ttl().max(1) as u64);
+        let (state, _) = watch::channel(SessionState {
+            acked_sent: sent,
+            deadline: sent + ttl,
+            dead: None,
+        });
+        let state = Arc::new(state);
+        let (kick, kick_rx) = mpsc::unbounded_channel();
+        let leases = Arc::new(Mutex::new(HashMap::new()));
+        let session = Arc::new(Session {
+            id: resp.id(),
+            ttl,
+            state: state.clone(),
+            kick,
+            leases: leases.clone(),
+            next_slot: AtomicU64::new(0),
+        });
+        tracing::debug!(lease = %format_args!("{:016x}", resp.id() as u64), ?ttl, "etcd session granted");
+        tokio::spawn(keepalive(KeepAlive {
+            client: client.clone(),
+            id: resp.id(),
+            ttl,
+            state,
+            leases,
+            kick_rx,
+            request_timeout,
+        }));
+        Ok(session)
+    }
+
+    /// The etcd lease id.
+    pub(crate) fn id(&self) -> i64 {
+        self.id
+    }
+
+    /// The TTL the server granted.
+    pub(crate) fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// Whether the session is over.
+    pub(crate) fn is_dead(&self) -> bool {
+        self.state.borrow().dead.is_some()
+    }
+
+    /// Why the session ended, if it has.
+    pub(crate) fn dead_reason(&self) -> Option<LostReason> {
+        self.state.borrow().dead
+    }
+
+    /// Send time of the newest acknowledged keepalive.
+    pub(crate) fn acked_sent(&self) -> Instant {
+        self.state.borrow().acked_sent
+    }
+
+    /// A receiver of the session's state (for the deletion worker: it stops retrying once the
+    /// session is over, because the server then deletes the session's keys itself).
+    pub(crate) fn watch_state(&self) -> watch::Receiver<SessionState> {
+        self.state.subscribe()
+    }
+
+    /// Records that the server no longer knows the session's lease (an operation answered
+    /// "lease not found"): the session is over, its leases are lost.
+    pub(crate) fn mark_dead(&self, reason: LostReason) {
+        end(&self.state, &self.leases, reason);
+    }
+
+    /// Registers a lease to be marked lost when the session ends (and in doubt while its stream
+    /// is broken). Returns the slot to unregister with.
+    pub(crate) fn register(&self, tracker: LeaseTracker) -> u64 {
+        let slot = self.next_slot.fetch_add(1, Ordering::Relaxed);
+        lock(&self.leases).insert(slot, tracker.clone());
+        // The session may have ended between the acquisition and the registration.
+        if let Some(reason) = self.dead_reason() {
+            if reason != LostReason::Released {
+                tracker.mark_lost(reason);
+            }
+        }
+        slot
+    }
+
+    /// Forgets a registered lease.
+    pub(crate) fn unregister(&self, slot: u64) {
+        lock(&self.leases).remove(&slot);
+    }
+
+    /// Waits until the server acknowledged a keepalive sent at or after `since` (sending one now
+    /// unless one is already in flight), within `timeout`.
+    pub(crate) async fn confirm(
+        &self,
+        since: Instant,
+        timeout: Duration,
+    ) -> Result<(), Unconfirmed> {
+        let mut rx = self.state.subscribe();
+        if self.kick.send(since).is_err() {
+            return Err(Unconfirmed::Dead(
+                self.dead_reason().unwrap_or(LostReason::SessionEnded),
+            ));
+        }
+        let outcome = tokio::time::timeout(timeout, async {
+            rx.wait_for(|s| s.dead.is_some() || s.acked_sent >= since)
+                .await
+                .map(|s| s.dead)
+        })
+        .await;
+        match outcome {
+            Ok(Ok(Some(reason))) => Err(Unconfirmed::Dead(reason)),
+            Ok(Ok(None)) => Ok(()),
+            Ok(Err(_)) => Err(Unconfirmed::Dead(LostReason::SessionEnded)),
+            Err(_) => Err(Unconfirmed::Timeout),
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Marks the session over (first reason wins) and its leases lost.
+fn end(
+    state: &watch::Sender<SessionState>,
+    leases: &Mutex<HashMap<u64, LeaseTracker>>,
+    reason: LostReason,
+) {
+    let first = state.send_if_modified(|s| {
+        if s.dead.is_some() {
+            false
+        } else {
+            s.dead = Some(reason);
+            true
+        }
+    });
+    if first && reason != LostReason::Released {
+        for t in lock(leases).values() {
+            t.mark_lost(reason);
+        }
+    }
+}
+
+struct KeepAlive {
+    client: Client,
+    id: i64,
+    ttl: Duration,
+    state: Arc<watch::Sender<SessionState>>,
+    leases: Arc<Mutex<HashMap<u64, LeaseTracker>>>,
+    kick_rx: mpsc::UnboundedReceiver<Instant>,
+    request_timeout: Duration,
+}
+
+impl KeepAlive {
+    fn ack(&self, sent: Instant, server_ttl: Duration) {
+        let mut was_in_doubt = false;
+        self.state.send_modify(|s| {
+            s.acked_sent = s.acked_sent.max(sent);
+            s.deadline = s.deadline.max(sent + server_ttl);
+        });
+        for t in lock(&self.leases).values() {
+            if t.status() == LeaseStatus::InDoubt {
+                was_in_doubt = true;
+                // Connected again inside a live session: held, with validity unchanged.
+                t.renewed(t.valid_until());
+            }
+        }
+        if was_in_doubt {
+            tracing::debug!(lease = %format_args!("{:016x}", self.id as u64), "etcd session reconnected");
+        }
+    }
+
+    fn in_doubt(&self) {
+        for t in lock(&self.leases).values() {
+            t.in_doubt();
+        }
+    }
+
+    fn deadline(&self) -> Instant {
+        self.state.borrow().deadline
+    }
+}
+
+/// Why the keepalive loop ended.
+enum End {
+    Lost(LostReason),
+    Closed,
+}
+
+async fn keepalive(mut ka: KeepAlive) {
+    let interval = ka.ttl / 3;
+    let mut backoff = Duration::from_millis(50);
+    let end_reason = 'session: loop {
+        if Instant::now() >= ka.deadline() {
+            break End::Lost(LostReason::Expired);
+        }
+        // (Re)open the stream: etcd-client sends one keepalive and waits for its answer.
+        let open_sent = Instant::now();
+        let mut lease_client = ka.client.lease_client();
+        let opened = tokio::select! {
+            r = bounded(ka.request_timeout.min(interval * 2), lease_client.keep_alive(ka.id)) => r,
+            _ = tokio::time::sleep_until(ka.deadline()) => break End::Lost(LostReason::Expired),
+        };
+        let (mut keeper, mut stream) = match opened {
+            Ok(pair) => pair,
+            Err(f) if f.is_lease_not_found() => break End::Lost(LostReason::SessionEnded),
+            Err(f) => {
+                tracing::debug!(lease = %format_args!("{:016x}", ka.id as u64), error = %f, "etcd keepalive stream not open; retrying");
+                ka.in_doubt();
+                let wake = (Instant::now() + backoff).min(ka.deadline());
+                backoff = (backoff * 2).min(interval.max(Duration::from_millis(50)));
+                loop {
+                    tokio::select! {
+                        _ = tokio::time::sleep_until(wake) => continue 'session,
+                        k = ka.kick_rx.recv() => if k.is_none() { break 'session End::Closed },
+                    }
+                }
+            }
+        };
+        backoff = Duration::from_millis(50);
+        ka.ack(open_sent, ka.ttl);
+        let mut inflight: VecDeque<Instant> = VecDeque::new();
+        let mut next_tick = open_sent + interval;
+        loop {
+            let deadline = ka.deadline();
+            let send_now = tokio::select! {
+                biased;
+                m = stream.message() => match m {
+                    Ok(Some(resp)) => {
+                        let Some(sent) = inflight.pop_front() else { continue };
+                        if resp.ttl() <= 0 {
+                            break 'session End::Lost(LostReason::SessionEnded);
+                        }
+                        ka.ack(sent, Duration::from_secs(resp.ttl() as u64));
+                        false
+                    }
+                    Ok(None) | Err(_) => {
+                        ka.in_doubt();
+                        continue 'session;
+                    }
+                },
+                k = ka.kick_rx.recv() => match k {
+                    None => break 'session End::Closed,
+                    Some(since) => !inflight.iter().any(|s| *s >= since),
+                },
+                _ = tokio::time::sleep_until(next_tick) => true,
+                _ = tokio::time::sleep_until(deadline) => break 'session End::Lost(LostReason::Expired),
+            };
+            if send_now {
+                let now = Instant::now();
+                if keeper.keep_alive().await.is_err() {
+                    ka.in_doubt();
+                    continue 'session;
+                }
+                inflight.push_back(now);
+                next_tick = now + interval;
+            }
+        }
+    };
+    match end_reason {
+        End::Lost(reason) => {
+            tracing::warn!(lease = %format_args!("{:016x}", ka.id as u64), %reason, "etcd session ended");
+            end(&ka.state, &ka.leases, reason);
+            // Best effort: if the server still has the lease (a partition that healed after the
+            // deadline), revoking it removes the keys at once instead of at its expiry.
+            let mut c = ka.client.clone();
+            let _ = bounded(ka.request_timeout, c.lease_revoke(ka.id)).await;
+        }
+        End::Closed => {
+            end(&ka.state, &ka.leases, LostReason::Released);
+            let mut c = ka.client.clone();
+            let _ = bounded(ka.request_timeout, c.lease_revoke(ka.id)).await;
+            tracing::debug!(lease = %format_args!("{:016x}", ka.id as u64), "etcd session closed");
+        }
+    }
+}
+
+/// A key to delete in the background.
+#[derive(Debug)]
+pub(crate) struct Cleanup {
+    key: String,
+    /// Delete only if the key still has this create revision (`None`: the attempt's outcome was
+    /// not seen; the key is unique to that attempt, so any key by that name is ours).
+    revision: Option<i64>,
+    session: watch::Receiver<SessionState>,
+}
+
+impl Cleanup {
+    pub(crate) fn new(
+        key: String,
+        revision: Option<i64>,
+        session: watch::Receiver<SessionState>,
+    ) -> Self {
+        Cleanup {
+            key,
+            revision,
+            session,
+        }
+    }
+}
+
+/// The sending side of the deletion worker: cheap to clone, never blocks (usable in `Drop`).
+#[derive(Debug, Clone)]
+pub(crate) struct Cleaner {
+    tx: mpsc::UnboundedSender<Cleanup>,
+}
+
+impl Cleaner {
+    /// Starts the worker on the current runtime.
+    pub(crate) fn start(client: Client, request_timeout: Duration) -> Cleaner {
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(cleaner(client, request_timeout, rx));
+        Cleaner { tx }
+    }
+
+    /// Deletes `c.key` in the background, retrying until it is gone or its session is over.
+    pub(crate) fn delete(&self, c: Cleanup) {
+        let _ = self.tx.send(c);
+    }
+}
+
+struct Pending {
+    c: Cleanup,
+    due: Instant,
+    attempts: u32,
+    /// Delete once more later: a request whose outcome was not seen might still be applied
+    /// after the first deletion.
+    again: bool,
+}
+
+async fn cleaner(
+    client: Client,
+    request_timeout: Duration,
+    mut rx: mpsc::UnboundedReceiver<Cleanup>,
+) {
+    let mut pending: Vec<Pending> = Vec::new();
+    let mut open = true;
+    loop {
+        if !open && pending.is_empty() {
+            return;
+        }
+        let next_due = pending.iter().map(|p| p.due).min();
+        tokio::select! {
+            m = rx.recv(), if open => match m {
+                Some(c) => {
+                    let again = c.revision.is_none();
+                    pending.push(Pending { c, due: Instant::now(), attempts: 0, again });
+                }
+                None => open = false,
+            },
+            _ = tokio::time::sleep_until(next_due.unwrap_or_else(Instant::now)), if next_due.is_some() => {}
+        }
+        let now = Instant::now();
+        let (due, rest): (Vec<_>, Vec<_>) = pending.drain(..).partition(|p| p.due <= now);
+        pending = rest;
+        let results = futures::future::join_all(due.into_iter().map(|p| {
+            let mut c = client.clone();
+            async move {
+                if p.c.session.borrow().dead.is_some() {
+                    // The server removes the session's keys with its lease.
+                    return (p, true);
+                }
+                let txn = match p.c.revision {
+                    Some(rev) => Txn::new()
+                        .when([Compare::create_revision(
+                            p.c.key.clone(),
+                            CompareOp::Equal,
+                            rev,
+                        )])
+                        .and_then([TxnOp::delete(p.c.key.clone(), None)]),
+                    None => Txn::new().and_then([TxnOp::delete(p.c.key.clone(), None)]),
+                };
+                let ok = bounded(request_timeout, c.txn(txn)).await.is_ok();
+                (p, ok)
+            }
+        }))
+        .await;
+        let now = Instant::now();
+        for (mut p, ok) in results {
+            if ok {
+                if p.again {
+                    p.again = false;
+                    p.due = now + request_timeout * 2;
+                    pending.push(p);
+                }
+            } else {
+                p.attempts += 1;
+                let wait = Duration::from_millis(50 * 2u64.pow(p.attempts.min(5)));
+                p.due = now + wait;
+                tracing::debug!(key = %p.c.key, attempts = p.attempts, "etcd cleanup failed; retrying");
+                pending.push(p);
+            }
+        }
+    }
+}

@@ -1,0 +1,518 @@
+//! Adapter-specific tests against a real `etcd` started by the conformance harness: the watch
+//! hand-off, loss on outside revocation, compaction during a wait, the token floor and the
+//! per-process high-water mark across a snapshot restore, password redaction, and prefix-free
+//! lock names. Without an `etcd` binary each test is a named skip (a failure under `CI=true`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use adapter_etcd::etcd_client::{self, Client, GetOptions};
+use adapter_etcd::{EtcdConfig, EtcdCoordinator, EtcdFence};
+use conformance_tests::harness::{server_unavailable, EtcdServer};
+use conformance_tests::proxy::FaultProxy;
+use lease_core::{
+    Coordinator, Error, Fence, ForceRelease, Instrumented, Lease, LeaseOptions, LockKey,
+    LostReason, Token,
+};
+use tokio::time::Instant;
+
+const TTL: Duration = Duration::from_secs(2);
+
+/// Starts etcd, or reports a named skip (`None`); under `CI=true` a missing binary panics.
+async fn server(test: &str) -> Option<EtcdServer> {
+    if let Err(reason) = EtcdServer::binary() {
+        match server_unavailable(test, reason) {
+            Ok(skip) => {
+                skip.report();
+                return None;
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    Some(
+        tokio::task::spawn_blocking(EtcdServer::start)
+            .await
+            .expect("start task")
+            .expect("etcd starts"),
+    )
+}
+
+async fn coord(url: &str) -> Arc<dyn Coordinator> {
+    Arc::new(Instrumented::new(
+        EtcdCoordinator::from_url(url).await.expect("connect"),
+    ))
+}
+
+fn key(name: &str) -> LockKey {
+    LockKey::new(name).unwrap()
+}
+
+fn p50(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handoff_is_woken_by_the_watch_and_fast() {
+    let Some(server) = server("handoff_is_woken_by_the_watch_and_fast").await else {
+        return;
+    };
+    let (a, b) = (coord(&server.url()).await, coord(&server.url()).await);
+    let k = key("handoff");
+    let long = LeaseOptions::new(Duration::from_secs(20));
+    // Warm up both sessions.
+    a.acquire(&k, &long).await.unwrap().release().await.unwrap();
+    b.acquire(&k, &long).await.unwrap().release().await.unwrap();
+    let mut handoffs = Vec::new();
+    for round in 0..10 {
+        let held = a.acquire(&k, &long).await.unwrap();
+        let waiter = {
+            let (b, k) = (b.clone(), k.clone());
+            let o = long.clone().wait(Duration::from_secs(10));
+            tokio::spawn(async move {
+                let l = b.acquire(&k, &o).await;
+                (Instant::now(), l)
+            })
+        };
+        // Longer than etcd's 100 ms watch sync tick: a watch started at an old revision would be
+        // served by that tick, a poll by its interval.
+        tokio::time::sleep(Duration::from_millis(if round % 2 == 0 {
+            150
+        } else {
+            350
+        }))
+        .await;
+        assert!(!waiter.is_finished(), "waiter got a held lock");
+        let released = Instant::now();
+        held.release().await.unwrap();
+        let (got_at, lease) = waiter.await.unwrap();
+        let lease = lease.unwrap();
+        assert!(lease.token() > held.token());
+        handoffs.push(got_at - released);
+        lease.release().await.unwrap();
+    }
+    let median = p50(handoffs.clone());
+    println!("hand-off (release called -> waiter holds): p50 {median:?}, all {handoffs:?}");
+    assert!(
+        median < Duration::from_millis(40),
+        "hand-off p50 {median:?}: the waiter is not woken by its watch"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquire_release_round_trips() {
+    let Some(server) = server("acquire_release_round_trips").await else {
+        return;
+    };
+    let c = EtcdCoordinator::from_url(&server.url()).await.unwrap();
+    let k = key("latency");
+    let o = LeaseOptions::new(Duration::from_secs(10));
+    for _ in 0..20 {
+        c.acquire(&k, &o).await.unwrap().release().await.unwrap();
+    }
+    let mut pairs = Vec::new();
+    let mut renews = Vec::new();
+    let mut tries = Vec::new();
+    for _ in 0..200 {
+        let t = Instant::now();
+        let l = c.acquire(&k, &o).await.unwrap();
+        let r = Instant::now();
+        l.renew().await.unwrap();
+        renews.push(r.elapsed());
+        let t2 = Instant::now();
+        l.release().await.unwrap();
+        pairs.push((r - t) + t2.elapsed());
+        let t3 = Instant::now();
+        c.try_acquire(&k, &o)
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+        tries.push(t3.elapsed());
+    }
+    let (pair, renew, tryp) = (p50(pairs), p50(renews), p50(tries));
+    println!("acquire+release p50 {pair:?}; try_acquire+release p50 {tryp:?}; renew p50 {renew:?}");
+    assert!(
+        pair < Duration::from_millis(50),
+        "acquire+release p50 {pair:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_revoked_from_outside_fires_lost() {
+    let Some(server) = server("lease_revoked_from_outside_fires_lost").await else {
+        return;
+    };
+    let c = coord(&server.url()).await;
+    let etcd = EtcdCoordinator::from_url(&server.url()).await.unwrap();
+    let k = key("revoked");
+    let lease = c
+        .acquire(&k, &LeaseOptions::new(Duration::from_secs(20)))
+        .await
+        .unwrap();
+    let mut lost = lease.lost();
+    let holder = etcd
+        .client()
+        .get(etcd.lock_prefix(&k), Some(GetOptions::new().with_prefix()))
+        .await
+        .unwrap();
+    let session = holder.kvs()[0].lease();
+    assert_ne!(session, 0, "the holder key is attached to a session lease");
+    etcd.client().lease_revoke(session).await.unwrap();
+    let reason = tokio::time::timeout(Duration::from_secs(2), lost.wait())
+        .await
+        .expect("lost() fires after the session lease is revoked");
+    assert!(
+        matches!(reason, LostReason::SessionEnded | LostReason::Revoked),
+        "{reason:?}"
+    );
+    assert!(matches!(lease.renew().await, Err(Error::Lost { .. })));
+    assert!(matches!(lease.release().await, Err(Error::Lost { .. })));
+    // The client starts a new session and the next token is larger.
+    let next = c.try_acquire(&k, &LeaseOptions::new(TTL)).await.unwrap();
+    assert!(next.token() > lease.token());
+    next.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiter_whose_session_ended_requeues_and_never_reports_acquired() {
+    let Some(server) = server("waiter_whose_session_ended").await else {
+        return;
+    };
+    let (a, b, c) = (
+        coord(&server.url()).await,
+        coord(&server.url()).await,
+        coord(&server.url()).await,
+    );
+    let etcd = EtcdCoordinator::from_url(&server.url()).await.unwrap();
+    let k = key("requeue");
+    let long = LeaseOptions::new(Duration::from_secs(20)).wait(Duration::from_secs(15));
+    let held = a.acquire(&k, &long).await.unwrap();
+    let b_wait = {
+        let (b, k, o) = (b.clone(), k.clone(), long.clone());
+        tokio::spawn(async move { b.acquire(&k, &o).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // B's session lease is revoked while B waits: its key goes with it.
+    let queue = etcd
+        .client()
+        .get(etcd.lock_prefix(&k), Some(GetOptions::new().with_prefix()))
+        .await
+        .unwrap();
+    assert_eq!(queue.kvs().len(), 2, "holder and one waiter");
+    let b_session = queue.kvs().iter().map(|kv| kv.lease()).find(|l| {
+        *l != queue
+            .kvs()
+            .iter()
+            .min_by_key(|kv| kv.create_revision())
+            .unwrap()
+            .lease()
+    });
+    etcd.client()
+        .lease_revoke(b_session.expect("waiter's session"))
+        .await
+        .unwrap();
+    // C queues now, behind A only.
+    let c_wait = {
+        let (c, k, o) = (c.clone(), k.clone(), long.clone());
+        tokio::spawn(async move { c.acquire(&k, &o).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    held.release().await.unwrap();
+    let c_lease = c_wait.await.unwrap().expect("C is next: B's key is gone");
+    assert!(!b_wait.is_finished(), "B reported acquired without its key");
+    assert!(c_lease.token() > held.token());
+    c_lease.release().await.unwrap();
+    let b_lease = b_wait
+        .await
+        .unwrap()
+        .expect("B queued again and got the lock");
+    assert!(b_lease.token() > c_lease.token());
+    assert_eq!(
+        etcd.inspect(&k).await.unwrap().map(|h| h.token),
+        Some(b_lease.token())
+    );
+    b_lease.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compaction_during_a_wait() {
+    let Some(server) = server("compaction_during_a_wait").await else {
+        return;
+    };
+    let a = coord(&server.url()).await;
+    // B reaches etcd through a proxy that delays each direction, so the gap between B's queue
+    // read and the start of its watch (at the read's revision + 1) is wide enough to compact
+    // past that revision: the watch is then cancelled with a compaction and B must re-read.
+    let proxy = FaultProxy::start(server.addr()).await.unwrap();
+    let b = coord(&format!("etcd://{}", proxy.addr())).await;
+    let etcd = EtcdCoordinator::from_url(&server.url()).await.unwrap();
+    let k = key("compacted");
+    let long = LeaseOptions::new(Duration::from_secs(20)).wait(Duration::from_secs(15));
+    // Warm up B's session before slowing its link.
+    b.acquire(&k, &long).await.unwrap().release().await.unwrap();
+    let held = a.acquire(&k, &long).await.unwrap();
+    proxy.delay(Duration::from_millis(300));
+    let waiter = {
+        let (b, k, o) = (b.clone(), k.clone(), long.clone());
+        tokio::spawn(async move { b.acquire(&k, &o).await })
+    };
+    let prefix = etcd.lock_prefix(&k);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let q = etcd
+            .client()
+            .get(
+                prefix.clone(),
+                Some(GetOptions::new().with_prefix().with_count_only()),
+            )
+            .await
+            .unwrap();
+        if q.count() == 2 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "B never queued");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let mut raw = etcd.client();
+    for i in 0..5 {
+        raw.put(format!("noise/{i}"), "x", None).await.unwrap();
+    }
+    let rev = raw
+        .get("noise/4", None)
+        .await
+        .unwrap()
+        .header()
+        .unwrap()
+        .revision();
+    raw.compact(rev, None).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    proxy.heal();
+    assert!(!waiter.is_finished(), "B got a held lock");
+    held.release().await.unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("B woken after compaction and release")
+        .unwrap()
+        .unwrap();
+    assert!(got.token() > held.token());
+    // B's own-key watch survives a compaction too: a force release still fires lost().
+    let mut lost = got.lost();
+    for i in 5..10 {
+        raw.put(format!("noise/{i}"), "x", None).await.unwrap();
+    }
+    let rev = raw
+        .get("noise/9", None)
+        .await
+        .unwrap()
+        .header()
+        .unwrap()
+        .revision();
+    raw.compact(rev, None).await.unwrap();
+    etcd.force_release(&k, &ForceRelease::new("test", "compaction").unwrap())
+        .await
+        .unwrap();
+    let reason = tokio::time::timeout(Duration::from_secs(2), lost.wait())
+        .await
+        .expect("lost() fires after a force release");
+    assert_eq!(reason, LostReason::Revoked);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_floor_and_high_water_mark_fail_closed_across_a_snapshot_restore() {
+    let Some(mut server) = server("token_floor_and_high_water_mark").await else {
+        return;
+    };
+    let url = server.url();
+    let k = key("restored");
+    let o = LeaseOptions::new(TTL);
+    let c = coord(&url).await;
+    let first = c.try_acquire(&k, &o).await.unwrap();
+    first.release().await.unwrap();
+    // A floor above the current revision: fail closed, and leave nothing behind.
+    let floor = first.token().get() + 1000;
+    let floored = coord(&format!("{url}?token_floor={floor}")).await;
+    for attempt in [
+        floored.try_acquire(&k, &o).await,
+        floored.acquire(&k, &o.clone().wait(TTL)).await,
+    ] {
+        match attempt {
+            Err(Error::TokenRegression { floor: f, .. }) => assert_eq!(f.get(), floor),
+            other => panic!("expected TokenRegression, got {other:?}"),
+        }
+    }
+    let etcd = EtcdCoordinator::from_url(&url).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while etcd.inspect(&k).await.unwrap().is_some() {
+        assert!(Instant::now() < deadline, "a refused attempt left its key");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // Snapshot now, take more tokens, then restore the snapshot: revisions go back.
+    let etcdctl = conformance_tests::harness::find_in_path("etcdctl");
+    let Some(etcdctl) = etcdctl else {
+        println!("SKIPPED: snapshot part: etcdctl not in PATH");
+        return;
+    };
+    let snap = server.root_dir().join("snap.db");
+    let status = std::process::Command::new(&etcdctl)
+        .env("ETCDCTL_API", "3")
+        .args(["--endpoints", &server.http_endpoint(), "snapshot", "save"])
+        .arg(&snap)
+        .output()
+        .unwrap();
+    assert!(status.status.success(), "{status:?}");
+    let mut last = Token::ZERO;
+    for _ in 0..5 {
+        let l = c.acquire(&k, &o.clone().wait(TTL)).await.unwrap();
+        last = l.token();
+        l.release().await.unwrap();
+    }
+    let data = server.data_dir().to_path_buf();
+    let peer = format!("http://127.0.0.1:{}", server.peer_port());
+    tokio::task::block_in_place(|| server.kill()).unwrap();
+    std::fs::remove_dir_all(&data).unwrap();
+    let restored = std::process::Command::new(&etcdctl)
+        .env("ETCDCTL_API", "3")
+        .args(["snapshot", "restore"])
+        .arg(&snap)
+        .arg("--data-dir")
+        .arg(&data)
+        .args([
+            "--name",
+            "fenced",
+            "--initial-cluster",
+            &format!("fenced={peer}"),
+        ])
+        .args(["--initial-advertise-peer-urls", &peer])
+        .output()
+        .unwrap();
+    assert!(restored.status.success(), "{restored:?}");
+    tokio::task::block_in_place(|| server.restart()).unwrap();
+    // The client that saw the newer tokens refuses the rolled-back ones.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let refused = loop {
+        match c.try_acquire(&k, &o).await {
+            Err(e @ Error::TokenRegression { .. }) => break e,
+            Err(Error::Unavailable { .. } | Error::OutcomeUnknown { .. })
+                if Instant::now() < deadline =>
+            {
+                tokio::time::sleep(Duration::from_millis(100)).await
+            }
+            other => panic!("expected TokenRegression after the restore, got {other:?}"),
+        }
+    };
+    assert!(refused.to_string().contains("went backwards"), "{refused}");
+    // A fresh client with the floor set to the newest token any fence saw refuses them too.
+    let fresh = coord(&format!("{url}?token_floor={}", last.get())).await;
+    assert!(matches!(
+        fresh.try_acquire(&k, &o).await,
+        Err(Error::TokenRegression { .. })
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn password_is_used_and_never_shown() {
+    let Some(server) = server("password_is_used_and_never_shown").await else {
+        return;
+    };
+    const SECRET: &str = "s3cr3t-Pa55";
+    let mut admin = Client::connect([server.http_endpoint()], None)
+        .await
+        .unwrap();
+    admin.user_add("root", SECRET, None).await.unwrap();
+    admin.user_grant_role("root", "root").await.unwrap();
+    admin.auth_enable().await.unwrap();
+
+    let url = format!("etcd://root:{SECRET}@{}?key_prefix=auth", server.addr());
+    let config = EtcdConfig::from_url(&url).unwrap();
+    let c = EtcdCoordinator::connect(config.clone()).await.unwrap();
+    let k = key("secret");
+    let lease = c.acquire(&k, &LeaseOptions::new(TTL)).await.unwrap();
+    let info = c.inspect(&k).await.unwrap().unwrap();
+    let fence = EtcdFence::from_url(&url).await.unwrap();
+    fence
+        .claim(&lease_core::ResourceId::from(&k), lease.token())
+        .await
+        .unwrap();
+    let wrong = EtcdCoordinator::from_url(&format!(
+        "etcd://root:{SECRET}x@{}?key_prefix=auth",
+        server.addr()
+    ))
+    .await
+    .unwrap_err();
+    assert!(matches!(wrong, Error::Misconfigured { .. }), "{wrong:?}");
+    let mut registry = lease_core::Registry::new();
+    adapter_etcd::register(&mut registry);
+    let bad = registry
+        .connect(&format!("etcd://root:{SECRET}@{}?nope=1", server.addr()))
+        .await
+        .unwrap_err();
+    assert!(matches!(bad, Error::InvalidInput(_)), "{bad:?}");
+    let bad_port = EtcdConfig::from_url(&format!("etcd://root:{SECRET}@h:1,b:2")).unwrap_err();
+    for shown in [
+        format!("{config} {config:?}"),
+        format!("{c:?}"),
+        format!("{lease:?}"),
+        format!("{info:?}"),
+        format!("{fence:?}"),
+        format!("{wrong} {wrong:?}"),
+        format!("{bad} {bad:?}"),
+        format!("{bad_port} {bad_port:?}"),
+    ] {
+        assert!(!shown.contains(SECRET), "password shown: {shown}");
+    }
+    assert!(format!("{config}").contains("root:***@"));
+    lease.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_names_are_prefix_free() {
+    let Some(server) = server("lock_names_are_prefix_free").await else {
+        return;
+    };
+    let c = EtcdCoordinator::from_url(&server.url()).await.unwrap();
+    let o = LeaseOptions::new(Duration::from_secs(20));
+    let mut held = Vec::new();
+    for name in ["pfx", "pfx/b", "pfxb", "pfx%2Fb", "pfx/b/c", "p f x"] {
+        held.push(
+            c.try_acquire(&key(name), &o)
+                .await
+                .unwrap_or_else(|e| panic!("{name:?} blocked by another name: {e}")),
+        );
+    }
+    // Each name's keys sit in its own range, and each range holds exactly one key.
+    for lease in &held {
+        let prefix = c.lock_prefix(lease.key());
+        let got = c
+            .client()
+            .get(prefix.clone(), Some(GetOptions::new().with_prefix()))
+            .await
+            .unwrap();
+        assert_eq!(got.kvs().len(), 1, "range {prefix} holds other names' keys");
+        assert_eq!(got.kvs()[0].create_revision() as u64, lease.token().get());
+    }
+    assert_eq!(c.lock_prefix(&key("pfx/b")), "fenced/lock/pfx%2Fb/");
+    // Waiting on one name is not disturbed by a release of another.
+    let waiter = {
+        let c = c.clone();
+        tokio::spawn(async move {
+            c.acquire(
+                &key("pfx"),
+                &LeaseOptions::new(TTL).wait(Duration::from_secs(1)),
+            )
+            .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    held.remove(1).release().await.unwrap();
+    match waiter.await.unwrap() {
+        Err(Error::Timeout { .. }) => {}
+        other => panic!("pfx waiter woke for pfx/b: {other:?}"),
+    }
+    for l in held {
+        l.release().await.unwrap();
+    }
+    let _ = etcd_client::SortOrder::Ascend;
+}
