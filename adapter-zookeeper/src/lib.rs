@@ -1,4 +1,43 @@
-//! Fenced leases on zookeeper.
-//!
-//! This crate is a placeholder in the workspace: the adapter is built by its own issue. It depends
-//! on `lease-core` so that the workspace layout (one crate per backend) is fixed from the start.
+#![doc = include_str!("../README.md")]
+#![forbid(unsafe_code)]
+
+mod config;
+mod coordinator;
+mod error;
+mod lease;
+mod paths;
+mod session;
+
+use std::sync::Arc;
+
+use lease_core::{BackendUrl, Coordinator, Registry};
+
+pub use config::{
+    ZkConfig, DEFAULT_BASE_PATH, DEFAULT_PORT, DEFAULT_SESSION_TIMEOUT, MAX_TIMEOUT,
+    MIN_SESSION_TIMEOUT,
+};
+pub use coordinator::{AuditRecord, ZkCoordinator};
+pub use lease::ZkLease;
+/// The client library, re-exported for operators' tools and tests that talk to ZooKeeper directly.
+pub use zookeeper_client;
+
+/// The URL scheme this adapter serves.
+pub const SCHEME: &str = "zk";
+
+/// Registers [`ZkCoordinator`] for [`SCHEME`] (`zk://`).
+///
+/// After this, `registry.connect("zk://...")` parses the URL with
+/// [`ZkConfig::from_backend_url`] and opens a session. ZooKeeper is a coordinator only: no fence
+/// is registered for `zk://`.
+pub fn register(registry: &mut Registry) {
+    registry.register_coordinator(
+        SCHEME,
+        Arc::new(|url: BackendUrl| {
+            Box::pin(async move {
+                let config = ZkConfig::from_backend_url(url)?;
+                let c = ZkCoordinator::connect(config).await?;
+                Ok(Arc::new(c) as Arc<dyn Coordinator>)
+            })
+        }),
+    );
+}

@@ -49,10 +49,7 @@ impl BackendUrl {
         let mut pairs: Vec<(String, String)> = u
             .query_pairs()
             .map(|(k, v)| {
-                let secret = matches!(
-                    k.to_ascii_lowercase().as_str(),
-                    "password" | "token" | "secret" | "auth" | "acl_token"
-                );
+                let secret = is_secret_param(&k);
                 (
                     k.into_owned(),
                     if secret { "***".into() } else { v.into_owned() },
@@ -74,21 +71,44 @@ impl BackendUrl {
     }
 }
 
-/// Redacts `user:password@` in a string that did not parse as a URL.
+/// Whether a query parameter carries a secret (its value is shown as `***`). `digest` is
+/// ZooKeeper's `user:password`.
+fn is_secret_param(key: &str) -> bool {
+    matches!(
+        key.to_ascii_lowercase().as_str(),
+        "password" | "token" | "secret" | "auth" | "acl_token" | "digest"
+    )
+}
+
+/// Redacts `user:password@` and secret query values in a string that did not parse as a URL.
 fn redact_unparsed(s: &str) -> String {
     let Some(scheme_end) = s.find("://") else {
         return s.chars().take(128).collect();
     };
     let rest = &s[scheme_end + 3..];
     let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    match rest[..authority_end].rfind('@') {
+    let shown = match rest[..authority_end].rfind('@') {
         Some(at) => {
             let userinfo = &rest[..at];
             let user = userinfo.split(':').next().unwrap_or("");
             format!("{}://{}:***{}", &s[..scheme_end], user, &rest[at..])
         }
-        None => s.chars().take(256).collect(),
-    }
+        None => s.to_owned(),
+    };
+    let shown = match shown.split_once('?') {
+        Some((head, query)) => {
+            let pairs: Vec<String> = query
+                .split('&')
+                .map(|pair| match pair.split_once('=') {
+                    Some((k, _)) if is_secret_param(k) => format!("{k}=***"),
+                    _ => pair.to_owned(),
+                })
+                .collect();
+            format!("{head}?{}", pairs.join("&"))
+        }
+        None => shown,
+    };
+    shown.chars().take(256).collect()
 }
 
 impl fmt::Debug for BackendUrl {
@@ -227,6 +247,13 @@ mod tests {
             .to_string();
         assert!(!e.contains("hunter2"), "{e}");
         assert!(e.contains("bob:***"), "{e}");
+        // A ZooKeeper host list with ports does not parse; its digest must not show either.
+        let e = BackendUrl::parse("zk://h1:2181,h2:2182/x?digest=alice:s3cret")
+            .unwrap_err()
+            .to_string();
+        assert!(!e.contains("s3cret") && e.contains("digest=***"), "{e}");
+        let u = BackendUrl::parse("zk://h/x?digest=alice:s3cret").unwrap();
+        assert!(!format!("{u:?} {u}").contains("s3cret"), "{u:?}");
         assert!(BackendUrl::parse("not a url").is_err());
     }
 

@@ -1,0 +1,617 @@
+//! [`ZkConfig`]: where the ensemble is and how the adapter uses it, parsed from a URL.
+
+use std::fmt;
+use std::time::Duration;
+
+use lease_core::{BackendUrl, InvalidInput, LockKey, OwnerId, Result, Token};
+
+/// The base znode when the URL names no path.
+pub const DEFAULT_BASE_PATH: &str = "/fenced";
+/// The session timeout asked for when the URL does not say (the server negotiates it into its
+/// `[minSessionTimeout, maxSessionTimeout]` range; the adapter uses the negotiated value).
+pub const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(10);
+/// The smallest session timeout the URL may ask for.
+pub const MIN_SESSION_TIMEOUT: Duration = Duration::from_millis(100);
+/// The largest session timeout, request timeout or connect timeout accepted.
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(600);
+/// The default client port.
+pub const DEFAULT_PORT: u16 = 2181;
+
+/// The URL query parameters the adapter understands (every other one is rejected).
+const PARAMS: &[&str] = &[
+    "session_timeout_ms",
+    "request_timeout_ms",
+    "connect_timeout_ms",
+    "digest",
+    "token_floor",
+];
+
+/// Digest credentials; the password leaves this type only towards the client library.
+#[derive(Clone, PartialEq, Eq)]
+struct Digest {
+    user: String,
+    password: String,
+}
+
+/// How to reach a ZooKeeper ensemble and how the adapter uses it.
+///
+/// Parsed from a URL ([`ZkConfig::from_url`]):
+///
+/// ```text
+/// zk://[user:password@]host[:port][,host[:port]...][/base/path][?option=value&...]
+/// ```
+///
+/// The path is the base znode under which everything lives (it acts as a chroot; default
+/// [`DEFAULT_BASE_PATH`]): lock nodes under `<base>/locks`, force-release audit records under
+/// `<base>/audit`.
+///
+/// | option | default | meaning |
+/// |---|---|---|
+/// | `session_timeout_ms` | `10000` | the session timeout asked for; the negotiated one is the minimum TTL of every lease |
+/// | `request_timeout_ms` | the session timeout | bound on each request's response |
+/// | `connect_timeout_ms` | the session timeout + 1 s | bound on establishing a session |
+/// | `digest` | none | `user:password`: authenticate with the `digest` scheme and create every node with the ACL *creator: all, world: read* (same as `user:password@` before the hosts) |
+/// | `token_floor` | none | every token issued must be above this value (raise it after restoring the ensemble from a backup) |
+///
+/// Several hosts with explicit ports (`zk://h1:2181,h2:2181/x`) parse here, but not through
+/// [`lease_core::BackendUrl`] (the `url` crate rejects them): through the registry, list hosts
+/// without ports (`zk://h1,h2/x`, port 2181 each) or connect with
+/// [`crate::ZkCoordinator::connect`].
+///
+/// `Debug` and `Display` show the URL with the password replaced by `***`; errors name the URL
+/// the same way.
+#[derive(Clone)]
+pub struct ZkConfig {
+    hosts: Vec<String>,
+    base_path: String,
+    session_timeout: Duration,
+    request_timeout: Option<Duration>,
+    connect_timeout: Option<Duration>,
+    digest: Option<Digest>,
+    token_floor: Option<Token>,
+    owner: Option<OwnerId>,
+}
+
+impl fmt::Debug for ZkConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ZkConfig")
+            .field("hosts", &self.hosts)
+            .field("base_path", &self.base_path)
+            .field("session_timeout", &self.session_timeout)
+            .field("request_timeout", &self.request_timeout())
+            .field("connect_timeout", &self.connect_timeout())
+            .field(
+                "digest",
+                &self.digest.as_ref().map(|d| format!("{}:***", d.user)),
+            )
+            .field("token_floor", &self.token_floor)
+            .field("owner", &self.owner)
+            .finish()
+    }
+}
+
+impl fmt::Display for ZkConfig {
+    /// The URL, password redacted.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.redacted())
+    }
+}
+
+impl ZkConfig {
+    /// Parses `url` (see the type docs). Errors are `Error::InvalidInput` naming the URL with the
+    /// password redacted. Nothing is sent.
+    pub fn from_url(url: &str) -> Result<Self> {
+        Ok(Self::parse(url)?)
+    }
+
+    /// Like [`ZkConfig::from_url`], for an already parsed URL (as the registry hands it over).
+    pub fn from_backend_url(url: BackendUrl) -> Result<Self> {
+        Self::from_url(url.expose().as_str())
+    }
+
+    fn parse(url: &str) -> Result<Self, InvalidInput> {
+        let shown = redact_raw(url);
+        let invalid = |problem: String| InvalidInput::Url {
+            url: shown.clone(),
+            problem,
+        };
+        let Some((scheme, rest)) = url.split_once("://") else {
+            return Err(invalid("expected zk://host:port/path".into()));
+        };
+        if !scheme.eq_ignore_ascii_case("zk") {
+            return Err(invalid(format!(
+                "scheme {scheme:?} is not the ZooKeeper scheme (use zk://)"
+            )));
+        }
+        if rest.contains('#') {
+            return Err(invalid("URL fragments are not supported".into()));
+        }
+        let (before_query, query) = match rest.split_once('?') {
+            Some((b, q)) => (b, Some(q)),
+            None => (rest, None),
+        };
+        let (authority, path) = match before_query.find('/') {
+            Some(i) => (&before_query[..i], &before_query[i..]),
+            None => (before_query, ""),
+        };
+        let (userinfo, hostlist) = match authority.rfind('@') {
+            Some(i) => (Some(&authority[..i]), &authority[i + 1..]),
+            None => (None, authority),
+        };
+        let mut config = ZkConfig {
+            hosts: Vec::new(),
+            base_path: DEFAULT_BASE_PATH.to_owned(),
+            session_timeout: DEFAULT_SESSION_TIMEOUT,
+            request_timeout: None,
+            connect_timeout: None,
+            digest: None,
+            token_floor: None,
+            owner: None,
+        };
+        if let Some(ui) = userinfo {
+            config.digest = Some(
+                parse_digest(&percent_decode(ui).map_err(&invalid)?).map_err(|p| {
+                    invalid(format!(
+                        "the credentials before '@' are not user:password: {p}"
+                    ))
+                })?,
+            );
+        }
+        if hostlist.is_empty() {
+            return Err(invalid("the URL names no host".into()));
+        }
+        for h in hostlist.split(',') {
+            config.hosts.push(parse_host(h).map_err(&invalid)?);
+        }
+        config.base_path = parse_base_path(path).map_err(&invalid)?;
+        let mut seen: Vec<String> = Vec::new();
+        for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            let key = percent_decode(k).map_err(&invalid)?;
+            let value = percent_decode(v).map_err(&invalid)?;
+            if !PARAMS.contains(&key.as_str()) {
+                return Err(invalid(format!(
+                    "unknown option {key:?} (known: {})",
+                    PARAMS.join(", ")
+                )));
+            }
+            if seen.contains(&key) {
+                return Err(invalid(format!("option {key:?} is given twice")));
+            }
+            seen.push(key.clone());
+            let shown_value = if key == "digest" {
+                "***".to_owned()
+            } else {
+                value.clone()
+            };
+            let millis = |min: Duration| -> Result<Duration, InvalidInput> {
+                let ms: u64 = value.parse().map_err(|_| {
+                    invalid(format!(
+                        "{key}={shown_value} is not a number of milliseconds"
+                    ))
+                })?;
+                let d = Duration::from_millis(ms);
+                if d < min || d > MAX_TIMEOUT {
+                    return Err(invalid(format!(
+                        "{key}={ms} is out of range ({} to {} ms)",
+                        min.as_millis(),
+                        MAX_TIMEOUT.as_millis()
+                    )));
+                }
+                Ok(d)
+            };
+            match key.as_str() {
+                "session_timeout_ms" => config.session_timeout = millis(MIN_SESSION_TIMEOUT)?,
+                "request_timeout_ms" => {
+                    config.request_timeout = Some(millis(Duration::from_millis(1))?)
+                }
+                "connect_timeout_ms" => {
+                    config.connect_timeout = Some(millis(Duration::from_millis(1))?)
+                }
+                "digest" => {
+                    if config.digest.is_some() {
+                        return Err(invalid(
+                            "credentials are given both before '@' and as digest=".into(),
+                        ));
+                    }
+                    config.digest =
+                        Some(parse_digest(&value).map_err(|p| {
+                            invalid(format!("digest=*** is not user:password: {p}"))
+                        })?);
+                }
+                "token_floor" => {
+                    let n: u64 = value.parse().map_err(|_| {
+                        invalid(format!("token_floor={value} is not a non-negative integer"))
+                    })?;
+                    config.token_floor = Some(Token::new(n)?);
+                }
+                _ => unreachable!("checked against PARAMS"),
+            }
+        }
+        Ok(config)
+    }
+
+    /// The same configuration with other hosts (for example a fault proxy's address).
+    pub fn with_hosts<I, S>(mut self, hosts: I) -> Result<Self>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let mut parsed = Vec::new();
+        for h in hosts {
+            parsed.push(parse_host(h.as_ref()).map_err(|problem| InvalidInput::Url {
+                url: self.redacted(),
+                problem,
+            })?);
+        }
+        if parsed.is_empty() {
+            return Err(InvalidInput::Url {
+                url: self.redacted(),
+                problem: "no host given".into(),
+            }
+            .into());
+        }
+        self.hosts = parsed;
+        Ok(self)
+    }
+
+    /// Sets the session timeout asked for ([`MIN_SESSION_TIMEOUT`] to [`MAX_TIMEOUT`]).
+    pub fn with_session_timeout(mut self, timeout: Duration) -> Result<Self> {
+        if timeout < MIN_SESSION_TIMEOUT || timeout > MAX_TIMEOUT {
+            return Err(InvalidInput::OutOfRange {
+                field: "session_timeout",
+                value: format!("{timeout:?}"),
+                expected: "between 100 ms and 600 s",
+            }
+            .into());
+        }
+        self.session_timeout = timeout;
+        Ok(self)
+    }
+
+    /// Sets the owner label leases carry unless their options name another (default: this
+    /// process's `host/pid`).
+    pub fn with_owner(mut self, owner: OwnerId) -> Self {
+        self.owner = Some(owner);
+        self
+    }
+
+    /// Sets the token floor: every token issued must be above it.
+    pub fn with_token_floor(mut self, floor: Token) -> Self {
+        self.token_floor = Some(floor);
+        self
+    }
+
+    /// The hosts, each `host:port`.
+    pub fn hosts(&self) -> &[String] {
+        &self.hosts
+    }
+
+    /// The connect string the client library wants: `host:port,host:port`.
+    pub fn connect_string(&self) -> String {
+        self.hosts.join(",")
+    }
+
+    /// The base znode path (no trailing `/`).
+    pub fn base_path(&self) -> &str {
+        &self.base_path
+    }
+
+    /// The session timeout asked for.
+    pub fn session_timeout(&self) -> Duration {
+        self.session_timeout
+    }
+
+    /// The bound on each request's response.
+    pub fn request_timeout(&self) -> Duration {
+        self.request_timeout.unwrap_or(self.session_timeout)
+    }
+
+    /// The bound on establishing a session.
+    pub fn connect_timeout(&self) -> Duration {
+        self.connect_timeout
+            .unwrap_or(self.session_timeout + Duration::from_secs(1))
+    }
+
+    /// The digest user, if credentials are configured (never the password).
+    pub fn digest_user(&self) -> Option<&str> {
+        self.digest.as_ref().map(|d| d.user.as_str())
+    }
+
+    /// `user:password` for the client library's `digest` authentication.
+    pub(crate) fn digest_auth(&self) -> Option<Vec<u8>> {
+        self.digest
+            .as_ref()
+            .map(|d| format!("{}:{}", d.user, d.password).into_bytes())
+    }
+
+    /// The znode of `key`'s lock (the parent of its contender nodes), for operators' tools:
+    /// `<base>/locks/<key, percent-encoded into one node name>`.
+    pub fn lock_path(&self, key: &LockKey) -> String {
+        crate::paths::Paths::new(&self.base_path).lock_dir(key)
+    }
+
+    /// The token floor, if set.
+    pub fn token_floor(&self) -> Option<Token> {
+        self.token_floor
+    }
+
+    /// The owner label, if set.
+    pub fn owner(&self) -> Option<&OwnerId> {
+        self.owner.as_ref()
+    }
+
+    /// The URL with the password replaced by `***`.
+    pub fn redacted(&self) -> String {
+        let mut s = format!("zk://{}{}", self.hosts.join(","), self.base_path);
+        let mut params = vec![format!(
+            "session_timeout_ms={}",
+            self.session_timeout.as_millis()
+        )];
+        if let Some(d) = self.request_timeout {
+            params.push(format!("request_timeout_ms={}", d.as_millis()));
+        }
+        if let Some(d) = self.connect_timeout {
+            params.push(format!("connect_timeout_ms={}", d.as_millis()));
+        }
+        if let Some(d) = &self.digest {
+            params.push(format!("digest={}:***", d.user));
+        }
+        if let Some(t) = self.token_floor {
+            params.push(format!("token_floor={t}"));
+        }
+        s.push('?');
+        s.push_str(&params.join("&"));
+        s
+    }
+}
+
+fn parse_digest(s: &str) -> Result<Digest, String> {
+    let Some((user, password)) = s.split_once(':') else {
+        return Err("no ':' between user and password".into());
+    };
+    if user.is_empty() || password.is_empty() {
+        return Err("user and password must both be non-empty".into());
+    }
+    if s.chars().any(char::is_control) {
+        return Err("control characters are not allowed".into());
+    }
+    Ok(Digest {
+        user: user.to_owned(),
+        password: password.to_owned(),
+    })
+}
+
+fn parse_host(h: &str) -> Result<String, String> {
+    let h = h.trim();
+    if h.is_empty() {
+        return Err("an empty host in the host list".into());
+    }
+    let (host, port) = if let Some(rest) = h.strip_prefix('[') {
+        let Some(end) = rest.find(']') else {
+            return Err(format!("host {h:?} has no closing ']'"));
+        };
+        let host = &rest[..end];
+        let after = &rest[end + 1..];
+        let port = match after.strip_prefix(':') {
+            Some(p) => Some(p),
+            None if after.is_empty() => None,
+            None => return Err(format!("host {h:?} has junk after ']'")),
+        };
+        if host.parse::<std::net::Ipv6Addr>().is_err() {
+            return Err(format!("{host:?} is not an IPv6 address"));
+        }
+        (format!("[{host}]"), port)
+    } else {
+        let (host, port) = match h.split_once(':') {
+            Some((host, port)) => (host, Some(port)),
+            None => (h, None),
+        };
+        if host.is_empty()
+            || !host
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '.' || c == '-' || c == '_')
+        {
+            return Err(format!("{host:?} is not a host name or address"));
+        }
+        (host.to_owned(), port)
+    };
+    let port = match port {
+        None => DEFAULT_PORT,
+        Some(p) => match p.parse::<u16>() {
+            Ok(n) if n > 0 => n,
+            _ => return Err(format!("port {p:?} of host {host} is not a port number")),
+        },
+    };
+    Ok(format!("{host}:{port}"))
+}
+
+fn parse_base_path(path: &str) -> Result<String, String> {
+    if path.is_empty() || path == "/" {
+        return Ok(DEFAULT_BASE_PATH.to_owned());
+    }
+    if path.ends_with('/') {
+        return Err(format!("the base path {path:?} ends with '/'"));
+    }
+    let mut out = String::new();
+    for raw in path[1..].split('/') {
+        let seg = percent_decode(raw)?;
+        if seg.is_empty() {
+            return Err(format!("the base path {path:?} has an empty segment"));
+        }
+        if seg == "." || seg == ".." {
+            return Err(format!("the base path {path:?} has a '.' or '..' segment"));
+        }
+        if seg
+            .chars()
+            .any(|c| c.is_control() || ('\u{e000}'..='\u{f8ff}').contains(&c) || c >= '\u{fff0}')
+            || seg.contains('/')
+        {
+            return Err(format!(
+                "segment {seg:?} of the base path has a character ZooKeeper rejects"
+            ));
+        }
+        out.push('/');
+        out.push_str(&seg);
+    }
+    if out == "/zookeeper" || out.starts_with("/zookeeper/") {
+        return Err("the base path may not be under /zookeeper (reserved)".into());
+    }
+    Ok(out)
+}
+
+fn percent_decode(s: &str) -> Result<String, String> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = bytes
+                .get(i + 1..i + 3)
+                .and_then(|h| std::str::from_utf8(h).ok())
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+                .ok_or_else(|| "a '%' not followed by two hex digits".to_owned())?;
+            out.push(hex);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).map_err(|_| "percent-encoded bytes are not UTF-8".to_owned())
+}
+
+/// Redacts the password of `user:password@` and the value of `digest=` in a raw URL string
+/// (used for errors before the URL has been parsed).
+fn redact_raw(s: &str) -> String {
+    let mut s: String = s.chars().take(512).collect();
+    if let Some(start) = s.find("://").map(|i| i + 3) {
+        let end = s[start..]
+            .find(['/', '?', '#'])
+            .map_or(s.len(), |i| start + i);
+        if let Some(at) = s[start..end].rfind('@').map(|i| start + i) {
+            if let Some(colon) = s[start..at].find(':').map(|i| start + i) {
+                s.replace_range(colon + 1..at, "***");
+            }
+        }
+    }
+    if let Some(q) = s.find('?') {
+        let (head, query) = s.split_at(q + 1);
+        let redacted: Vec<String> = query
+            .split('&')
+            .map(|pair| match pair.split_once('=') {
+                Some((k, v)) if k.eq_ignore_ascii_case("digest") => match v.split_once(':') {
+                    Some((user, _)) => format!("{k}={user}:***"),
+                    None => format!("{k}=***"),
+                },
+                Some((k, _))
+                    if ["password", "token", "secret", "auth"]
+                        .contains(&k.to_ascii_lowercase().as_str()) =>
+                {
+                    format!("{k}=***")
+                }
+                _ => pair.to_owned(),
+            })
+            .collect();
+        s = format!("{head}{}", redacted.join("&"));
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn invalid(url: &str) -> String {
+        match ZkConfig::from_url(url) {
+            Err(lease_core::Error::InvalidInput(e)) => e.to_string(),
+            other => panic!("{url}: expected InvalidInput, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn parses_hosts_path_and_options() {
+        let c = ZkConfig::from_url(
+            "zk://127.0.0.1:2181,zk2,[::1]:2182/svc/locks?session_timeout_ms=1500&digest=alice:s3cret&token_floor=42",
+        )
+        .unwrap();
+        assert_eq!(
+            c.hosts(),
+            ["127.0.0.1:2181", "zk2:2181", "[::1]:2182"].map(String::from)
+        );
+        assert_eq!(c.base_path(), "/svc/locks");
+        assert_eq!(c.session_timeout(), Duration::from_millis(1500));
+        assert_eq!(c.request_timeout(), Duration::from_millis(1500));
+        assert_eq!(c.digest_user(), Some("alice"));
+        assert_eq!(c.digest_auth().unwrap(), b"alice:s3cret");
+        assert_eq!(c.token_floor(), Some(Token::new(42).unwrap()));
+        let d = ZkConfig::from_url("zk://h").unwrap();
+        assert_eq!(d.base_path(), DEFAULT_BASE_PATH);
+        assert_eq!(d.hosts(), ["h:2181".to_owned()]);
+        assert_eq!(d.session_timeout(), DEFAULT_SESSION_TIMEOUT);
+    }
+
+    #[test]
+    fn userinfo_credentials_are_a_digest() {
+        let c = ZkConfig::from_url("zk://bob:pa%40ss@h:1/x").unwrap();
+        assert_eq!(c.digest_auth().unwrap(), b"bob:pa@ss");
+        let q = ZkConfig::from_url("zk://h:1/x?digest=bob:pa%40ss").unwrap();
+        assert_eq!(q.digest_auth().unwrap(), b"bob:pa@ss");
+    }
+
+    #[test]
+    fn secrets_never_show() {
+        for url in [
+            "zk://h:1/x?digest=alice:s3cret",
+            "zk://alice:s3cret@h:1/x",
+            "zk://alice:s3cret@h1:1,h2:2/x?session_timeout_ms=1000",
+        ] {
+            let c = ZkConfig::from_url(url).unwrap();
+            for shown in [format!("{c}"), format!("{c:?}"), c.redacted()] {
+                assert!(!shown.contains("s3cret"), "{shown}");
+                assert!(shown.contains("alice"), "{shown}");
+            }
+        }
+        for bad in [
+            "zk://h:1/x?digest=alice:s3cret&nope=1",
+            "zk://alice:s3cret@h:99999/x",
+            "zk://alice:s3cret@/x",
+            "zk://h:1/x?digest=alice:s3cret&session_timeout_ms=abc",
+            "zk://h:1/x?session_timeout_ms=abc&digest=alice:s3cret",
+            "zk://h:1/x?digest=s3cret",
+        ] {
+            let e = invalid(bad);
+            assert!(!e.contains("s3cret"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn bad_input_names_the_problem() {
+        assert!(invalid("redis://h").contains("not the ZooKeeper scheme"));
+        assert!(invalid("zk://").contains("no host"));
+        assert!(invalid("zk://h:0").contains("port"));
+        assert!(invalid("zk://h:1/a//b").contains("empty segment"));
+        assert!(invalid("zk://h:1/a/../b").contains("'..'"));
+        assert!(invalid("zk://h:1/a/").contains("ends with"));
+        assert!(invalid("zk://h:1/zookeeper/x").contains("reserved"));
+        assert!(invalid("zk://h:1/x?session_timeout_ms=5").contains("out of range"));
+        assert!(
+            invalid("zk://h:1/x?session_timeout_ms=1000&session_timeout_ms=2000").contains("twice")
+        );
+        assert!(invalid("zk://h:1/x?frobnicate=1").contains("unknown option"));
+        assert!(invalid("zk://h:1/x?token_floor=-1").contains("token_floor"));
+        assert!(invalid("zk://a:b@h:1/x?digest=c:d").contains("both"));
+        assert!(invalid("zk://h:1/x#frag").contains("fragment"));
+    }
+
+    #[test]
+    fn with_hosts_replaces_the_address() {
+        let c = ZkConfig::from_url("zk://h:1/x?digest=u:p")
+            .unwrap()
+            .with_hosts(["127.0.0.1:5555"])
+            .unwrap();
+        assert_eq!(c.connect_string(), "127.0.0.1:5555");
+        assert_eq!(c.digest_user(), Some("u"));
+        assert!(c.clone().with_hosts(Vec::<String>::new()).is_err());
+    }
+}

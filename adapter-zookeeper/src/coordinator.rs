@@ -1,0 +1,906 @@
+//! [`ZkCoordinator`]: the lock recipe on ZooKeeper.
+//!
+//! # Acquire (round trips)
+//!
+//! 1. `create` an ephemeral sequential node `<lock>/c-<client>-<attempt>-` (1 RTT; 2 more the
+//!    first time a lock is used or after its container node was removed: create the lock node,
+//!    create again). Its `Stat` carries the czxid: the token.
+//! 2. `getChildren` of the lock (1 RTT). Contenders are ordered by their sequence numbers parsed
+//!    as integers, or by czxid (one more multi-read) once a sequence has wrapped negative. First
+//!    means held.
+//! 3. Otherwise watch only the predecessor (`exists` with a watch, 1 RTT) and go back to 2 when it
+//!    changes or the wait bound passes.
+//!
+//! So an uncontended acquire is 2 round trips, a release 1, a renew 1; a waiter is woken by the
+//! predecessor's deletion event and needs 1 round trip to confirm.
+//!
+//! # Cancellation and outcomes not seen
+//!
+//! The node name's prefix is unique to one client and one attempt. If a create's answer is lost
+//! (connection loss, request timeout), the adapter lists the lock's children and adopts its own
+//! node instead of creating a second one. If the acquire ends in any other way than a lease
+//! (error, timeout, the future dropped at any await point), a guard spawns a cleanup task that
+//! lists the lock's children and deletes every node with the attempt's prefix; requests of one
+//! session are processed in order, so the listing sees the create whatever happened to its
+//! answer. Without a runtime to spawn on, or if the process dies, the session's end removes the
+//! node (at most one session timeout later).
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use lease_core::{
+    Capabilities, Coordinator, Error, ForceRelease, HolderInfo, Lease, LeaseOptions, LeaseTracker,
+    LockKey, OwnerId, Result, Token,
+};
+use tokio::time::Instant;
+use zookeeper_client::{CreateMode, Error as ZkError, MultiReadResult, Stat};
+
+use crate::config::ZkConfig;
+use crate::error::{disconnected, from_zk, session_ended, timed_out, Op, BACKEND};
+use crate::lease::{LeaseState, ZkLease};
+use crate::paths::{
+    contender_prefix, holder_data, parse_contender, parse_holder_data, sequence_orders,
+    sort_by_creation, Contender, AUDIT_PREFIX,
+};
+use crate::session::Session;
+
+/// How many times one acquire call starts over when its node vanished under it, or retries a
+/// create whose answer was lost.
+const MAX_RESTARTS: usize = 3;
+
+/// A force-release as recorded in the audit trail (`<base>/audit/forced-<sequence>`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct AuditRecord {
+    /// The audit node's path.
+    pub path: String,
+    /// The key.
+    pub key: String,
+    /// Who forced the release.
+    pub actor: String,
+    /// Why.
+    pub reason: String,
+    /// The owner label of the holder removed, if there was one.
+    pub removed_owner: Option<String>,
+    /// The token of the holder removed, if there was one.
+    pub removed_token: Option<Token>,
+    /// When, by the server's wall clock (the audit node's creation time; display only).
+    pub at: Option<SystemTime>,
+}
+
+struct Inner {
+    config: ZkConfig,
+    caps: Capabilities,
+    session: tokio::sync::Mutex<Option<Arc<Session>>>,
+    client_id: u64,
+    attempts: AtomicU64,
+    owner: OwnerId,
+    namespace: String,
+}
+
+/// A [`Coordinator`] on ZooKeeper: one session per coordinator, one ephemeral sequential node per
+/// contender, the holder's czxid as the token. See the crate docs for the semantics.
+///
+/// Cloning is cheap and shares the session.
+#[derive(Clone)]
+pub struct ZkCoordinator {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for ZkCoordinator {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ZkCoordinator")
+            .field("config", &self.inner.config)
+            .field("session_timeout", &self.inner.caps.min_ttl)
+            .finish()
+    }
+}
+
+/// A contender node we created.
+#[derive(Debug, Clone)]
+struct Node {
+    name: String,
+    path: String,
+    czxid: i64,
+    version: i32,
+}
+
+enum Mode {
+    Try,
+    Wait(Instant),
+}
+
+enum Turn {
+    /// First among the contenders, as a `getChildren` sent at `sent` in connection `epoch` saw.
+    Holder { sent: Instant, epoch: u64 },
+    /// Not first, and not waiting (any more).
+    Busy,
+    /// Our node is gone (deleted by someone, or the lock node was removed).
+    Vanished,
+}
+
+/// The per-process high-water mark of tokens granted, per ensemble, base path and key.
+fn high_water() -> &'static Mutex<HashMap<(String, LockKey), i64>> {
+    static HW: OnceLock<Mutex<HashMap<(String, LockKey), i64>>> = OnceLock::new();
+    HW.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+impl ZkCoordinator {
+    /// Opens a session with the ensemble named by `config` and makes sure `<base>/locks` exists.
+    ///
+    /// The negotiated session timeout becomes [`Capabilities::min_ttl`]. Errors: `Unavailable`
+    /// when no session could be established within the connect timeout, `Misconfigured` when the
+    /// credentials may not create or use the base path.
+    pub async fn connect(config: ZkConfig) -> Result<Self> {
+        let session = Session::connect(&config).await?;
+        let caps = Capabilities::new(BACKEND)
+            .min_ttl(session.timeout())
+            .per_lease_ttl(false)
+            .fifo(true)
+            .durable_tokens(true)
+            .shared_across_processes(true);
+        let namespace = format!("{}{}", config.connect_string(), config.base_path());
+        let owner = config
+            .owner()
+            .cloned()
+            .unwrap_or_else(OwnerId::for_this_process);
+        Ok(ZkCoordinator {
+            inner: Arc::new(Inner {
+                config,
+                caps,
+                session: tokio::sync::Mutex::new(Some(session)),
+                client_id: rand::random(),
+                attempts: AtomicU64::new(0),
+                owner,
+                namespace,
+            }),
+        })
+    }
+
+    /// The configuration (shown redacted).
+    pub fn config(&self) -> &ZkConfig {
+        &self.inner.config
+    }
+
+    /// The session timeout the server negotiated at connect: every lease's minimum TTL.
+    pub fn session_timeout(&self) -> Duration {
+        self.inner.caps.min_ttl
+    }
+
+    /// The znode of `key`'s lock (the parent of its contender nodes), for operators' tools.
+    pub fn lock_path(&self, key: &LockKey) -> String {
+        self.inner.config.lock_path(key)
+    }
+
+    /// The force-release audit trail, oldest first.
+    pub async fn audit_trail(&self) -> Result<Vec<AuditRecord>> {
+        let s = self.session().await?;
+        let dir = s.paths().audit();
+        let mut names = match self
+            .read(&s, Op::AUDIT_READ, s.client().list_children(&dir))
+            .await?
+        {
+            Ok(n) => n,
+            Err(ZkError::NoNode) => return Ok(Vec::new()),
+            Err(e) => return Err(from_zk(Op::AUDIT_READ, e)),
+        };
+        names.retain(|n| n.starts_with(AUDIT_PREFIX));
+        names.sort_by_key(|n| n[AUDIT_PREFIX.len()..].parse::<i64>().unwrap_or(i64::MAX));
+        let mut out = Vec::new();
+        for n in names {
+            let path = format!("{dir}/{n}");
+            match self
+                .read(&s, Op::AUDIT_READ, s.client().get_data(&path))
+                .await?
+            {
+                Ok((data, stat)) => out.push(parse_audit(path, &data, &stat)),
+                Err(ZkError::NoNode) => {}
+                Err(e) => return Err(from_zk(Op::AUDIT_READ, e)),
+            }
+        }
+        Ok(out)
+    }
+
+    /// The live session, or a new one if the last one ended.
+    async fn session(&self) -> Result<Arc<Session>> {
+        let mut slot = self.inner.session.lock().await;
+        if let Some(s) = slot.as_ref() {
+            if !s.is_terminated() {
+                return Ok(s.clone());
+            }
+        }
+        let s = Session::connect(&self.inner.config).await?;
+        if s.timeout() != self.inner.caps.min_ttl {
+            tracing::warn!(
+                negotiated = ?s.timeout(),
+                declared = ?self.inner.caps.min_ttl,
+                "the new zookeeper session negotiated another timeout than the first one; \
+                 leases use the new one for validity"
+            );
+        }
+        *slot = Some(s.clone());
+        Ok(s)
+    }
+
+    /// Runs one read request with the request timeout, confirming the session on any answer.
+    /// The outer error is the adapter's (not connected, timed out); the inner result is the
+    /// server's answer.
+    async fn read<T>(
+        &self,
+        s: &Session,
+        op: Op,
+        request: impl std::future::Future<Output = std::result::Result<T, ZkError>>,
+    ) -> Result<std::result::Result<T, ZkError>> {
+        let sent = Instant::now();
+        match tokio::time::timeout(s.request_timeout(), request).await {
+            Err(_) => Err(timed_out(op, s.request_timeout())),
+            Ok(Ok(v)) => {
+                s.confirm(sent);
+                Ok(Ok(v))
+            }
+            Ok(Err(e)) => {
+                if crate::error::answered(&e) {
+                    s.confirm(sent);
+                }
+                Ok(Err(e))
+            }
+        }
+    }
+
+    async fn grant(
+        &self,
+        key: &LockKey,
+        options: &LeaseOptions,
+        try_only: bool,
+    ) -> Result<Box<dyn Lease>> {
+        options.validate(&self.inner.caps)?;
+        let start = Instant::now();
+        let mode = if try_only {
+            Mode::Try
+        } else {
+            Mode::Wait(start + options.wait_value())
+        };
+        let owner = options
+            .owner_value()
+            .cloned()
+            .unwrap_or_else(|| self.inner.owner.clone());
+        let data = holder_data(owner.as_str(), options.operation_value());
+        let mut restarts = 0;
+        loop {
+            let s = self.session().await?;
+            if !s.is_connected() {
+                return Err(disconnected(Op::ACQUIRE));
+            }
+            let dir = s.paths().lock_dir(key);
+            let attempt = self.inner.attempts.fetch_add(1, Ordering::Relaxed);
+            let prefix = contender_prefix(self.inner.client_id, attempt);
+            let mut guard = ContenderGuard {
+                session: Some(s.clone()),
+                dir: dir.clone(),
+                prefix: prefix.clone(),
+                issued: false,
+            };
+            let node = self
+                .create_contender(&s, &dir, &prefix, &data, &mut guard)
+                .await?;
+            let turn = self.wait_turn(&s, &dir, &node, &mode).await?;
+            let (sent, epoch) = match turn {
+                Turn::Holder { sent, epoch } => (sent, epoch),
+                Turn::Busy => {
+                    self.withdraw(&s, &node, &mut guard).await;
+                    return Err(busy(key, &mode, start));
+                }
+                Turn::Vanished => {
+                    restarts += 1;
+                    let expired = match mode {
+                        Mode::Try => false,
+                        Mode::Wait(d) => Instant::now() >= d,
+                    };
+                    if restarts > MAX_RESTARTS || expired {
+                        return Err(busy(key, &mode, start));
+                    }
+                    tracing::debug!(key = %key, node = %node.path, "contender node vanished; starting over");
+                    continue;
+                }
+            };
+            match self.check_token(&s, key, &node).await {
+                Ok(token) => {
+                    let ttl = options.ttl_value();
+                    let margin = options.drift_margin_for(ttl);
+                    let tracker = LeaseTracker::new(BACKEND, key.clone(), token, ttl, margin, sent);
+                    let state = LeaseState::new(
+                        s.clone(),
+                        tracker,
+                        node.path,
+                        node.czxid,
+                        node.version,
+                        sent,
+                    );
+                    guard.session = None;
+                    return Ok(Box::new(ZkLease::start(state, epoch)));
+                }
+                Err(None) => {
+                    restarts += 1;
+                    if restarts > MAX_RESTARTS {
+                        return Err(busy(key, &mode, start));
+                    }
+                    continue;
+                }
+                Err(Some(e)) => {
+                    self.withdraw(&s, &node, &mut guard).await;
+                    return Err(e);
+                }
+            }
+        }
+    }
+
+    /// Creates our contender node, adopting it if a lost answer hid that it was created.
+    async fn create_contender(
+        &self,
+        s: &Arc<Session>,
+        dir: &str,
+        prefix: &str,
+        data: &[u8],
+        guard: &mut ContenderGuard,
+    ) -> Result<Node> {
+        let options = CreateMode::EphemeralSequential.with_acls(s.acls());
+        let path_prefix = format!("{dir}/{prefix}");
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            if !s.is_connected() {
+                return Err(disconnected(Op::ACQUIRE));
+            }
+            guard.issued = true;
+            let sent = Instant::now();
+            let answer = tokio::time::timeout(
+                s.request_timeout(),
+                s.client().create(&path_prefix, data, &options),
+            )
+            .await;
+            match answer {
+                Ok(Ok((stat, sequence))) => {
+                    s.confirm(sent);
+                    let name = format!("{prefix}{sequence}");
+                    return Ok(Node {
+                        path: format!("{dir}/{name}"),
+                        name,
+                        czxid: stat.czxid,
+                        version: stat.version,
+                    });
+                }
+                Ok(Err(ZkError::NoNode)) if tries <= MAX_RESTARTS => {
+                    s.confirm(sent);
+                    self.ensure_lock_dir(s, dir).await?;
+                }
+                Ok(Err(ZkError::ConnectionLoss)) | Err(_) if tries <= MAX_RESTARTS => {
+                    // The create may have applied: look for our node before creating another.
+                    if let Some(node) = self.find_own(s, dir, prefix).await? {
+                        tracing::debug!(node = %node.path, "adopted a contender node whose create answer was lost");
+                        return Ok(node);
+                    }
+                }
+                Ok(Err(e)) => return Err(from_zk(Op::ACQUIRE, e)),
+                Err(_) => return Err(timed_out(Op::ACQUIRE, s.request_timeout())),
+            }
+        }
+    }
+
+    /// After a create whose answer was lost: our node, if the create applied.
+    async fn find_own(&self, s: &Session, dir: &str, prefix: &str) -> Result<Option<Node>> {
+        s.wait_connected(s.request_timeout()).await;
+        if !s.is_connected() {
+            return Err(Error::OutcomeUnknown {
+                backend: BACKEND,
+                operation: Op::ACQUIRE.name,
+                message: "the connection was lost while creating the contender node; it is \
+                          removed in the background if it was created"
+                    .into(),
+                source: None,
+            });
+        }
+        let children = match self
+            .read(s, Op::ACQUIRE, s.client().list_children(dir))
+            .await?
+        {
+            Ok(c) => c,
+            Err(ZkError::NoNode) => return Ok(None),
+            Err(e) => return Err(from_zk(Op::ACQUIRE, e)),
+        };
+        let Some(name) = children.into_iter().find(|c| c.starts_with(prefix)) else {
+            return Ok(None);
+        };
+        let path = format!("{dir}/{name}");
+        match self
+            .read(s, Op::ACQUIRE, s.client().check_stat(&path))
+            .await?
+        {
+            Ok(Some(stat)) => Ok(Some(Node {
+                name,
+                path,
+                czxid: stat.czxid,
+                version: stat.version,
+            })),
+            Ok(None) | Err(ZkError::NoNode) => Ok(None),
+            Err(e) => Err(from_zk(Op::ACQUIRE, e)),
+        }
+    }
+
+    /// Creates the lock's container node (and `<base>/locks` if it is missing).
+    async fn ensure_lock_dir(&self, s: &Session, dir: &str) -> Result<()> {
+        let options = CreateMode::Container.with_acls(s.acls());
+        for _ in 0..2 {
+            let sent = Instant::now();
+            match tokio::time::timeout(s.request_timeout(), s.client().create(dir, &[], &options))
+                .await
+            {
+                Err(_) => return Err(timed_out(Op::SETUP, s.request_timeout())),
+                Ok(Ok(_)) | Ok(Err(ZkError::NodeExists)) => {
+                    s.confirm(sent);
+                    return Ok(());
+                }
+                Ok(Err(ZkError::NoNode)) => {
+                    s.confirm(sent);
+                    s.ensure_persistent(&s.paths().locks()).await?;
+                }
+                Ok(Err(e)) => return Err(from_zk(Op::SETUP, e)),
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits until our node is first (or the mode says stop).
+    async fn wait_turn(&self, s: &Session, dir: &str, node: &Node, mode: &Mode) -> Result<Turn> {
+        loop {
+            let deadline = match mode {
+                Mode::Try => None,
+                Mode::Wait(d) => Some(*d),
+            };
+            let past = deadline.is_none_or(|d| Instant::now() >= d);
+            if !s.is_connected() {
+                if s.is_terminated() {
+                    return Err(from_zk(Op::WAIT, ZkError::SessionExpired));
+                }
+                if past {
+                    return Err(disconnected(Op::WAIT));
+                }
+                let left = deadline
+                    .map(|d| d.saturating_duration_since(Instant::now()))
+                    .unwrap_or_default();
+                s.wait_connected(left).await;
+                continue;
+            }
+            let epoch = s.epoch();
+            let sent = Instant::now();
+            let list = s.client().get_children(dir);
+            let children = match tokio::time::timeout(s.request_timeout(), list).await {
+                Ok(Ok((children, _))) => {
+                    s.confirm(sent);
+                    children
+                }
+                Ok(Err(ZkError::NoNode)) => {
+                    s.confirm(sent);
+                    return Ok(Turn::Vanished);
+                }
+                Ok(Err(e)) if session_ended(&e) => return Err(from_zk(Op::WAIT, e)),
+                Ok(Err(ZkError::ConnectionLoss)) | Err(_) if !past => continue,
+                Ok(Err(e)) => return Err(from_zk(Op::WAIT, e)),
+                Err(_) => return Err(timed_out(Op::WAIT, s.request_timeout())),
+            };
+            let ordered = self.order(s, dir, children).await?;
+            let Some(index) = ordered.iter().position(|c| c.name == node.name) else {
+                return Ok(Turn::Vanished);
+            };
+            if index == 0 {
+                return Ok(Turn::Holder { sent, epoch });
+            }
+            let Some(deadline) = deadline.filter(|d| Instant::now() < *d) else {
+                return Ok(Turn::Busy);
+            };
+            // Watch only the predecessor: one waiter is woken per release.
+            let predecessor = format!("{dir}/{}", ordered[index - 1].name);
+            let sent = Instant::now();
+            match tokio::time::timeout(
+                s.request_timeout(),
+                s.client().check_and_watch_stat(&predecessor),
+            )
+            .await
+            {
+                Ok(Ok((None, _))) => s.confirm(sent),
+                Ok(Ok((Some(_), watcher))) => {
+                    s.confirm(sent);
+                    tokio::select! {
+                        _ = watcher.changed() => {}
+                        _ = tokio::time::sleep_until(deadline) => {}
+                    }
+                }
+                Ok(Err(e)) if session_ended(&e) => return Err(from_zk(Op::WAIT, e)),
+                // Connection trouble: the next round waits for the connection.
+                _ => tokio::time::sleep(Duration::from_millis(5)).await,
+            }
+        }
+    }
+
+    /// Orders the lock's contenders by creation.
+    async fn order(&self, s: &Session, dir: &str, children: Vec<String>) -> Result<Vec<Contender>> {
+        let mut contenders: Vec<Contender> =
+            children.iter().filter_map(|n| parse_contender(n)).collect();
+        if !sequence_orders(&contenders) {
+            // The parent's counter wrapped: order by creation zxid instead (one multi-read).
+            let paths: Vec<String> = contenders
+                .iter()
+                .map(|c| format!("{dir}/{}", c.name))
+                .collect();
+            let results = {
+                let mut reader = s.client().new_multi_reader();
+                for p in &paths {
+                    reader.add_get_data(p).map_err(|e| from_zk(Op::WAIT, e))?;
+                }
+                match self.read(s, Op::WAIT, reader.commit()).await? {
+                    Ok(r) => r,
+                    Err(e) => return Err(from_zk(Op::WAIT, e)),
+                }
+            };
+            for (c, r) in contenders.iter_mut().zip(results) {
+                if let MultiReadResult::Data { stat, .. } = r {
+                    c.czxid = Some(stat.czxid);
+                }
+            }
+            contenders.retain(|c| c.czxid.is_some());
+        }
+        sort_by_creation(&mut contenders);
+        Ok(contenders)
+    }
+
+    /// Deletes our node when we give up (busy, failed token check). Leaves it to the guard's
+    /// cleanup task if the delete is not confirmed.
+    async fn withdraw(&self, s: &Session, node: &Node, guard: &mut ContenderGuard) {
+        if !s.is_connected() {
+            return;
+        }
+        let sent = Instant::now();
+        if let Ok(Ok(()) | Err(ZkError::NoNode)) =
+            tokio::time::timeout(s.request_timeout(), s.client().delete(&node.path, None)).await
+        {
+            s.confirm(sent);
+            guard.session = None;
+        }
+    }
+
+    /// The token of the node we hold, checked against the floor and this process's high-water
+    /// mark. `Err(None)`: our node vanished meanwhile, start over.
+    async fn check_token(
+        &self,
+        s: &Session,
+        key: &LockKey,
+        node: &Node,
+    ) -> std::result::Result<Token, Option<Error>> {
+        let token = Token::from_i64(node.czxid).map_err(|e| Some(e.into()))?;
+        if let Some(floor) = self.inner.config.token_floor() {
+            if token <= floor {
+                return Err(Some(Error::TokenRegression {
+                    backend: BACKEND,
+                    key: key.to_string(),
+                    observed: token,
+                    floor,
+                }));
+            }
+        }
+        let hw_key = (self.inner.namespace.clone(), key.clone());
+        let previous = high_water()
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&hw_key)
+            .copied();
+        if let Some(prev) = previous.filter(|p| node.czxid <= *p) {
+            // A later token was granted in this process. Either our node was deleted after we saw
+            // it first (and someone else got the lock), or the ensemble's state went backwards.
+            match self
+                .read(s, Op::WAIT, s.client().check_stat(&node.path))
+                .await
+            {
+                Ok(Ok(Some(stat))) if stat.czxid == node.czxid => {
+                    return Err(Some(Error::TokenRegression {
+                        backend: BACKEND,
+                        key: key.to_string(),
+                        observed: token,
+                        floor: Token::from_i64(prev).unwrap_or(Token::MAX),
+                    }));
+                }
+                Ok(Ok(_)) => return Err(None),
+                Ok(Err(e)) => return Err(Some(from_zk(Op::WAIT, e))),
+                Err(e) => return Err(Some(e)),
+            }
+        }
+        let mut hw = high_water().lock().unwrap_or_else(|p| p.into_inner());
+        let entry = hw.entry(hw_key).or_insert(node.czxid);
+        *entry = (*entry).max(node.czxid);
+        Ok(token)
+    }
+
+    /// The current holder's node: `(path, data, stat)`.
+    async fn holder(&self, s: &Session, key: &LockKey) -> Result<Option<(String, Vec<u8>, Stat)>> {
+        let dir = s.paths().lock_dir(key);
+        for _ in 0..5 {
+            let children = match self
+                .read(s, Op::INSPECT, s.client().list_children(&dir))
+                .await?
+            {
+                Ok(c) => c,
+                Err(ZkError::NoNode) => return Ok(None),
+                Err(e) => return Err(from_zk(Op::INSPECT, e)),
+            };
+            let ordered = self.order(s, &dir, children).await?;
+            let Some(first) = ordered.first() else {
+                return Ok(None);
+            };
+            let path = format!("{dir}/{}", first.name);
+            match self
+                .read(s, Op::INSPECT, s.client().get_data(&path))
+                .await?
+            {
+                Ok((data, stat)) => return Ok(Some((path, data, stat))),
+                Err(ZkError::NoNode) => continue,
+                Err(e) => return Err(from_zk(Op::INSPECT, e)),
+            }
+        }
+        Err(Error::Unavailable {
+            backend: BACKEND,
+            message: format!("the holder of {key:?} kept changing while it was read"),
+            source: None,
+        })
+    }
+
+    /// Writes an audit node for a force-release before it happens.
+    async fn audit(
+        &self,
+        s: &Session,
+        key: &LockKey,
+        request: &ForceRelease,
+        target: Option<&HolderInfo>,
+    ) -> Result<()> {
+        let dir = s.paths().audit();
+        let mut data = format!(
+            "key={key}\nactor={}\nreason={}\n",
+            request.actor(),
+            request.reason()
+        );
+        if let Some(h) = target {
+            data.push_str(&format!("owner={}\ntoken={}\n", h.owner, h.token));
+        }
+        let options = CreateMode::PersistentSequential.with_acls(s.acls());
+        let path = format!("{dir}/{AUDIT_PREFIX}");
+        for _ in 0..2 {
+            let sent = Instant::now();
+            match tokio::time::timeout(
+                s.request_timeout(),
+                s.client().create(&path, data.as_bytes(), &options),
+            )
+            .await
+            {
+                Err(_) => return Err(timed_out(Op::AUDIT, s.request_timeout())),
+                Ok(Ok(_)) => {
+                    s.confirm(sent);
+                    return Ok(());
+                }
+                Ok(Err(ZkError::NoNode)) => {
+                    s.confirm(sent);
+                    s.ensure_persistent(&dir).await?;
+                }
+                Ok(Err(e)) => return Err(from_zk(Op::AUDIT, e)),
+            }
+        }
+        Err(Error::Unavailable {
+            backend: BACKEND,
+            message: format!("could not create the audit node under {dir}"),
+            source: None,
+        })
+    }
+}
+
+fn busy(key: &LockKey, mode: &Mode, start: Instant) -> Error {
+    match mode {
+        Mode::Try => Error::Held {
+            key: key.to_string(),
+        },
+        Mode::Wait(_) => Error::Timeout {
+            key: key.to_string(),
+            waited: start.elapsed(),
+        },
+    }
+}
+
+fn holder_info(key: &LockKey, data: &[u8], stat: &Stat) -> Result<HolderInfo> {
+    let (owner, operation) = parse_holder_data(data);
+    let owner = owner
+        .and_then(|o| OwnerId::new(o).ok())
+        .unwrap_or_else(|| OwnerId::new("unknown").expect("valid label"));
+    let at = u64::try_from(stat.ctime)
+        .ok()
+        .map(|ms| UNIX_EPOCH + Duration::from_millis(ms));
+    Ok(
+        HolderInfo::new(key.clone(), owner, Token::from_i64(stat.czxid)?)
+            .with_operation(operation)
+            .with_acquired_at(at),
+    )
+}
+
+fn parse_audit(path: String, data: &[u8], stat: &Stat) -> AuditRecord {
+    let text = String::from_utf8_lossy(data);
+    let field = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix('=')))
+            .map(str::to_owned)
+    };
+    AuditRecord {
+        path,
+        key: field("key").unwrap_or_default(),
+        actor: field("actor").unwrap_or_default(),
+        reason: field("reason").unwrap_or_default(),
+        removed_owner: field("owner"),
+        removed_token: field("token").and_then(|t| t.parse().ok()),
+        at: u64::try_from(stat.ctime)
+            .ok()
+            .map(|ms| UNIX_EPOCH + Duration::from_millis(ms)),
+    }
+}
+
+/// Removes an acquisition attempt's node(s) when the attempt ends without a lease, however it
+/// ends (error, timeout, the future dropped).
+struct ContenderGuard {
+    /// `None` once disarmed (the node became a lease, or is confirmed deleted).
+    session: Option<Arc<Session>>,
+    dir: String,
+    prefix: String,
+    /// Whether a create was sent.
+    issued: bool,
+}
+
+impl Drop for ContenderGuard {
+    fn drop(&mut self) {
+        let Some(s) = self.session.take() else { return };
+        if !self.issued {
+            return;
+        }
+        let (dir, prefix) = (
+            std::mem::take(&mut self.dir),
+            std::mem::take(&mut self.prefix),
+        );
+        match tokio::runtime::Handle::try_current() {
+            Ok(h) => {
+                h.spawn(cleanup(s, dir, prefix));
+            }
+            Err(_) => tracing::debug!(
+                %dir, %prefix,
+                "no runtime to clean up an abandoned contender node; the session's end removes it"
+            ),
+        }
+    }
+}
+
+/// Deletes every node of the lock with the attempt's prefix. Requests of one session are
+/// processed in order, so this listing sees the attempt's create whatever happened to its answer.
+async fn cleanup(s: Arc<Session>, dir: String, prefix: String) {
+    let mut backoff = Duration::from_millis(10);
+    loop {
+        if s.is_terminated() {
+            return;
+        }
+        if !s.is_connected() {
+            s.wait_connected(s.timeout()).await;
+            continue;
+        }
+        let children =
+            match tokio::time::timeout(s.request_timeout(), s.client().list_children(&dir)).await {
+                Ok(Ok(c)) => c,
+                Ok(Err(ZkError::NoNode)) => return,
+                Ok(Err(e)) if session_ended(&e) => return,
+                _ => {
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(s.timeout() / 4);
+                    continue;
+                }
+            };
+        let mut done = true;
+        for name in children.into_iter().filter(|c| c.starts_with(&prefix)) {
+            let path = format!("{dir}/{name}");
+            match tokio::time::timeout(s.request_timeout(), s.client().delete(&path, None)).await {
+                Ok(Ok(())) | Ok(Err(ZkError::NoNode)) => {
+                    tracing::debug!(%path, "removed an abandoned contender node");
+                }
+                Ok(Err(e)) if session_ended(&e) => return,
+                _ => done = false,
+            }
+        }
+        if done {
+            return;
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(s.timeout() / 4);
+    }
+}
+
+#[async_trait]
+impl Coordinator for ZkCoordinator {
+    fn capabilities(&self) -> &Capabilities {
+        &self.inner.caps
+    }
+
+    async fn acquire(&self, key: &LockKey, options: &LeaseOptions) -> Result<Box<dyn Lease>> {
+        self.grant(key, options, false).await
+    }
+
+    async fn try_acquire(&self, key: &LockKey, options: &LeaseOptions) -> Result<Box<dyn Lease>> {
+        self.grant(key, options, true).await
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>> {
+        let s = self.session().await?;
+        if !s.is_connected() {
+            return Err(disconnected(Op::INSPECT));
+        }
+        match self.holder(&s, key).await? {
+            None => Ok(None),
+            Some((_, data, stat)) => holder_info(key, &data, &stat).map(Some),
+        }
+    }
+
+    async fn force_release(
+        &self,
+        key: &LockKey,
+        request: &ForceRelease,
+    ) -> Result<Option<HolderInfo>> {
+        let s = self.session().await?;
+        if !s.is_connected() {
+            return Err(disconnected(Op::FORCE_RELEASE));
+        }
+        for _ in 0..3 {
+            let holder = self.holder(&s, key).await?;
+            let target = match &holder {
+                Some((_, data, stat)) => Some(holder_info(key, data, stat)?),
+                None => None,
+            };
+            // Record first: no forced release goes unrecorded.
+            self.audit(&s, key, request, target.as_ref()).await?;
+            let (Some((path, _, stat)), Some(info)) = (holder, target) else {
+                tracing::info!(key = %key, actor = request.actor(), reason = request.reason(),
+                    "force_release: the lock was free");
+                return Ok(None);
+            };
+            let sent = Instant::now();
+            match tokio::time::timeout(
+                s.request_timeout(),
+                s.client().delete(&path, Some(stat.version)),
+            )
+            .await
+            {
+                Err(_) => return Err(timed_out(Op::FORCE_RELEASE, s.request_timeout())),
+                Ok(Ok(())) => {
+                    s.confirm(sent);
+                    tracing::warn!(
+                        key = %key,
+                        actor = request.actor(),
+                        reason = request.reason(),
+                        owner = %info.owner,
+                        token = %info.token,
+                        node = %path,
+                        "force_release: removed the holder's node (audit node written)"
+                    );
+                    return Ok(Some(info));
+                }
+                // The holder changed meanwhile: look again.
+                Ok(Err(ZkError::NoNode | ZkError::BadVersion)) => s.confirm(sent),
+                Ok(Err(e)) => return Err(from_zk(Op::FORCE_RELEASE, e)),
+            }
+        }
+        Err(Error::Unavailable {
+            backend: BACKEND,
+            message: format!("the holder of {key:?} kept changing during force_release"),
+            source: None,
+        })
+    }
+}

@@ -1,0 +1,201 @@
+//! The one place where ZooKeeper client errors become [`lease_core::Error`]s.
+//!
+//! The mapping uses zookeeper-client's own distinction between "certainly not applied" and
+//! "may have applied", plus one fact only the adapter knows: whether the request could have
+//! changed state (a *write*: create, delete) or not (a *read*: exists, get children, get data).
+//!
+//! | what happened | read | write |
+//! |---|---|---|
+//! | not connected when the call was made (nothing sent) | `Unavailable` | `Unavailable` |
+//! | `ConnectionLoss` or no answer within the request timeout | `Unavailable` | `OutcomeUnknown` |
+//! | session expired or closed, no hosts, connect timeout | `Unavailable` (a new session is opened on the next call) | same |
+//! | `Throttled`, `NotReadOnly` | `Unavailable` | `Unavailable` (refused before applying) |
+//! | `NoAuth`, `InvalidAcl`, `AuthFailed` | `Misconfigured` | `Misconfigured` |
+//! | anything else unexpected | `Unavailable` with the client's message | same |
+//!
+//! `NoNode`, `NodeExists`, `BadVersion` and `NotEmpty` are answers, not failures: the callers
+//! handle them where they mean something (a lost lease, a vanished parent).
+
+use std::time::Duration;
+
+use lease_core::Error;
+use zookeeper_client::Error as ZkError;
+
+/// The backend name used in every error, metric and capability.
+pub(crate) const BACKEND: &str = "zookeeper";
+
+/// What kind of request failed: its name for messages, and whether it could have changed state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Op {
+    /// The operation ("acquire", "renew", "release", ...).
+    pub(crate) name: &'static str,
+    /// Whether the request could have changed state on the server.
+    pub(crate) writes: bool,
+}
+
+impl Op {
+    pub(crate) const ACQUIRE: Op = Op::write("acquire");
+    pub(crate) const WAIT: Op = Op::read("acquire (queue read)");
+    pub(crate) const RENEW: Op = Op::read("renew");
+    pub(crate) const RELEASE: Op = Op::write("release");
+    pub(crate) const INSPECT: Op = Op::read("inspect");
+    pub(crate) const FORCE_RELEASE: Op = Op::write("force_release");
+    pub(crate) const AUDIT: Op = Op::write("force_release audit record");
+    pub(crate) const AUDIT_READ: Op = Op::read("audit trail read");
+    pub(crate) const SETUP: Op = Op::write("creating the lock's parent nodes");
+
+    const fn write(name: &'static str) -> Op {
+        Op { name, writes: true }
+    }
+
+    const fn read(name: &'static str) -> Op {
+        Op {
+            name,
+            writes: false,
+        }
+    }
+}
+
+/// Whether `err` says the session is over (expired, closed, failed): its ephemeral nodes are gone
+/// or going, and the next call needs a new session.
+pub(crate) fn session_ended(err: &ZkError) -> bool {
+    matches!(
+        err,
+        ZkError::SessionExpired
+            | ZkError::ClientClosed
+            | ZkError::AuthFailed
+            | ZkError::NoHosts
+            | ZkError::SessionMoved
+    )
+}
+
+/// Whether the server answered `err` (so the session was alive when it processed the request).
+pub(crate) fn answered(err: &ZkError) -> bool {
+    matches!(
+        err,
+        ZkError::NoNode
+            | ZkError::NodeExists
+            | ZkError::BadVersion
+            | ZkError::NotEmpty
+            | ZkError::NoAuth
+            | ZkError::InvalidAcl
+            | ZkError::NoChildrenForEphemerals
+            | ZkError::QuotaExceeded
+            | ZkError::BadArguments(_)
+    )
+}
+
+/// Maps an error of a request handed to the client library.
+pub(crate) fn from_zk(op: Op, err: ZkError) -> Error {
+    match err {
+        ZkError::ConnectionLoss if op.writes => Error::OutcomeUnknown {
+            backend: BACKEND,
+            operation: op.name,
+            message: "the connection was lost after the request was sent".into(),
+            source: Some(Box::new(err)),
+        },
+        ZkError::NoAuth | ZkError::InvalidAcl | ZkError::AuthFailed => Error::Misconfigured {
+            backend: BACKEND,
+            problems: vec![format!(
+                "{} was refused ({err}): the digest credentials in the URL must be those that \
+                 created the base path and lock nodes (ACL creator: all, world: read)",
+                op.name
+            )],
+        },
+        e if session_ended(&e) => Error::Unavailable {
+            backend: BACKEND,
+            message: format!(
+                "{} failed: the ZooKeeper session ended ({e}); a new session is opened on the \
+                 next call",
+                op.name
+            ),
+            source: Some(Box::new(e)),
+        },
+        e => Error::Unavailable {
+            backend: BACKEND,
+            message: format!("{} failed: {e}", op.name),
+            source: Some(Box::new(e)),
+        },
+    }
+}
+
+/// The error for a request whose answer did not come within `after`.
+pub(crate) fn timed_out(op: Op, after: Duration) -> Error {
+    if op.writes {
+        Error::OutcomeUnknown {
+            backend: BACKEND,
+            operation: op.name,
+            message: format!("no answer within {after:?}"),
+            source: None,
+        }
+    } else {
+        Error::Unavailable {
+            backend: BACKEND,
+            message: format!("{}: no answer within {after:?}", op.name),
+            source: None,
+        }
+    }
+}
+
+/// The error for a call made while the session is disconnected (nothing was sent).
+pub(crate) fn disconnected(op: Op) -> Error {
+    Error::Unavailable {
+        backend: BACKEND,
+        message: format!(
+            "{}: not connected to ZooKeeper (the session is reconnecting); nothing was sent",
+            op.name
+        ),
+        source: None,
+    }
+}
+
+/// The error for a session that could not be established.
+pub(crate) fn connect_failed(hosts: &str, message: String, source: Option<ZkError>) -> Error {
+    match source {
+        Some(ZkError::AuthFailed) => Error::Misconfigured {
+            backend: BACKEND,
+            problems: vec![format!(
+                "authentication with the digest credentials failed at {hosts}"
+            )],
+        },
+        source => Error::Unavailable {
+            backend: BACKEND,
+            message: format!("could not open a session with {hosts}: {message}"),
+            source: source.map(|e| Box::new(e) as lease_core::BoxError),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connection_loss_is_unknown_only_for_writes() {
+        assert!(matches!(
+            from_zk(Op::ACQUIRE, ZkError::ConnectionLoss),
+            Error::OutcomeUnknown { .. }
+        ));
+        assert!(matches!(
+            from_zk(Op::RENEW, ZkError::ConnectionLoss),
+            Error::Unavailable { .. }
+        ));
+        assert!(matches!(
+            timed_out(Op::RELEASE, Duration::from_secs(1)),
+            Error::OutcomeUnknown { .. }
+        ));
+        assert!(timed_out(Op::INSPECT, Duration::from_secs(1)).is_retryable());
+    }
+
+    #[test]
+    fn acl_refusals_are_misconfiguration_and_expiry_is_retryable() {
+        assert!(matches!(
+            from_zk(Op::FORCE_RELEASE, ZkError::NoAuth),
+            Error::Misconfigured { .. }
+        ));
+        let e = from_zk(Op::ACQUIRE, ZkError::SessionExpired);
+        assert!(e.is_retryable(), "{e}");
+        assert!(session_ended(&ZkError::SessionExpired));
+        assert!(answered(&ZkError::NoNode) && !answered(&ZkError::ConnectionLoss));
+    }
+}

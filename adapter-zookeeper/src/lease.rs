@@ -1,0 +1,487 @@
+//! [`ZkLease`]: a held lock node, its validity, and the monitor task that watches it.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use lease_core::{Error, Lease, LeaseStatus, LeaseTracker, LostReason, Result};
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+use zookeeper_client::{Error as ZkError, EventType, WatchedEvent};
+
+use crate::error::{disconnected, from_zk, session_ended, timed_out, Op};
+use crate::session::Session;
+
+/// The shared state of one held lock node.
+pub(crate) struct LeaseState {
+    pub(crate) id: u64,
+    pub(crate) session: Arc<Session>,
+    pub(crate) tracker: LeaseTracker,
+    /// The full path of our node.
+    pub(crate) path: String,
+    /// Our node's creation zxid (the token).
+    pub(crate) czxid: i64,
+    /// Our node's data version at creation (release deletes with it).
+    pub(crate) version: i32,
+    margin: Duration,
+    /// The lease's own deadline: the send time of the last confirmed acquire or renew plus the
+    /// TTL asked for (before the drift margin).
+    deadline: Mutex<Instant>,
+    /// Set while `release` deletes the node, so that the deletion event is not taken for a
+    /// revocation.
+    releasing: AtomicBool,
+    /// Set once our node is known to be gone.
+    node_gone: AtomicBool,
+}
+
+impl fmt::Debug for LeaseState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LeaseState")
+            .field("path", &self.path)
+            .field("czxid", &self.czxid)
+            .field("tracker", &self.tracker)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LeaseState {
+    /// A new state for a node confirmed held by a request sent at `sent`.
+    pub(crate) fn new(
+        session: Arc<Session>,
+        tracker: LeaseTracker,
+        path: String,
+        czxid: i64,
+        version: i32,
+        sent: Instant,
+    ) -> Arc<Self> {
+        let margin = tracker.drift_margin();
+        let deadline = sent + tracker.ttl();
+        Arc::new(LeaseState {
+            id: session.next_lease_id(),
+            session,
+            tracker,
+            path,
+            czxid,
+            version,
+            margin,
+            deadline: Mutex::new(deadline),
+            releasing: AtomicBool::new(false),
+            node_gone: AtomicBool::new(false),
+        })
+    }
+
+    fn deadline(&self) -> Instant {
+        *self.deadline.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn extend(&self, sent: Instant) {
+        let mut d = self.deadline.lock().unwrap_or_else(|p| p.into_inner());
+        let new = sent + self.tracker.ttl();
+        if new > *d {
+            *d = new;
+        }
+    }
+
+    /// Sets validity to `min(own deadline, session bound) − margin` if the lease is held (or in
+    /// doubt, when `allow_in_doubt`); marks it expired if that is already past. Returns whether
+    /// the lease is held afterwards. Called with the session's connection state locked.
+    pub(crate) fn apply(&self, bound: Instant, allow_in_doubt: bool) -> bool {
+        match self.tracker.status() {
+            LeaseStatus::Held => {}
+            LeaseStatus::InDoubt if allow_in_doubt => {}
+            _ => return false,
+        }
+        let until = self.deadline().min(bound);
+        let until = until.checked_sub(self.margin).unwrap_or(until);
+        if Instant::now() >= until {
+            self.tracker.mark_lost(LostReason::Expired);
+            return false;
+        }
+        self.tracker.renewed(until)
+    }
+
+    /// The session ended: the node is gone with it.
+    pub(crate) fn on_session_ended(&self) {
+        self.node_gone.store(true, Ordering::SeqCst);
+        self.tracker.mark_lost(LostReason::SessionEnded);
+    }
+
+    /// Our node is gone, and not by our own release.
+    fn on_node_gone(&self) {
+        self.node_gone.store(true, Ordering::SeqCst);
+        if !self.releasing.load(Ordering::SeqCst) {
+            self.tracker.mark_lost(LostReason::Revoked);
+        }
+    }
+
+    /// The `Lost` error with the reason recorded (or `fallback`).
+    fn lost_error(&self, fallback: LostReason) -> Error {
+        match self.tracker.status() {
+            LeaseStatus::Lost(r) => self.tracker.lost_error(r),
+            _ => self.tracker.lost_error(fallback),
+        }
+    }
+
+    /// After a reconnect: checks that our node still exists and, if so, holds the lease again.
+    pub(crate) async fn verify(self: Arc<Self>, epoch: u64) {
+        if self.tracker.status() != LeaseStatus::InDoubt {
+            return;
+        }
+        let s = &self.session;
+        let sent = Instant::now();
+        match tokio::time::timeout(s.request_timeout(), s.client().check_stat(&self.path)).await {
+            Ok(Ok(Some(stat))) if stat.czxid == self.czxid => {
+                s.confirm(sent);
+                s.with_epoch(epoch, |bound| self.apply(bound, true));
+            }
+            Ok(Ok(_)) => {
+                s.confirm(sent);
+                self.on_node_gone();
+            }
+            Ok(Err(e)) if session_ended(&e) => self.on_session_ended(),
+            _ => {}
+        }
+    }
+
+    /// Sets a watch on our node: `Ok(Some(event future))` if it exists, `Ok(None)` if it is gone,
+    /// `Err(())` to retry later.
+    async fn arm_watch(
+        &self,
+    ) -> Result<Option<Pin<Box<dyn Future<Output = WatchedEvent> + Send>>>, bool> {
+        let s = &self.session;
+        if !s.is_connected() {
+            return Err(s.is_terminated());
+        }
+        let sent = Instant::now();
+        match tokio::time::timeout(
+            s.request_timeout(),
+            s.client().check_and_watch_stat(&self.path),
+        )
+        .await
+        {
+            Ok(Ok((Some(stat), watcher))) if stat.czxid == self.czxid => {
+                s.confirm(sent);
+                Ok(Some(Box::pin(watcher.changed())))
+            }
+            Ok(Ok(_)) => {
+                s.confirm(sent);
+                Ok(None)
+            }
+            Ok(Err(e)) if session_ended(&e) => Err(true),
+            _ => Err(false),
+        }
+    }
+
+    /// Deletes our node, retrying through disconnections until it is gone or the session ends
+    /// (which removes it anyway).
+    async fn delete_own(&self) {
+        let s = &self.session;
+        let mut version = Some(self.version);
+        let mut backoff = Duration::from_millis(10);
+        while !self.node_gone.load(Ordering::SeqCst) {
+            if s.is_terminated() {
+                return;
+            }
+            if !s.is_connected() {
+                s.wait_connected(s.timeout()).await;
+                continue;
+            }
+            let sent = Instant::now();
+            match tokio::time::timeout(s.request_timeout(), s.client().delete(&self.path, version))
+                .await
+            {
+                Ok(Ok(())) | Ok(Err(ZkError::NoNode)) => {
+                    s.confirm(sent);
+                    self.node_gone.store(true, Ordering::SeqCst);
+                }
+                // Someone changed our node's data; the path is unique to this acquisition, so it
+                // is still ours.
+                Ok(Err(ZkError::BadVersion)) => version = None,
+                Ok(Err(e)) if session_ended(&e) => return,
+                Ok(Err(ZkError::NoAuth)) => {
+                    tracing::error!(path = %self.path, "not allowed to delete our own lock node");
+                    return;
+                }
+                _ => {
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(s.timeout() / 4);
+                }
+            }
+        }
+    }
+}
+
+/// How long after an acquisition the monitor sets the watch on the lease's node.
+const ARM_DELAY: Duration = Duration::from_millis(20);
+
+enum End {
+    /// The node is gone (deleted, or with the session).
+    Gone,
+    /// The lease was lost or its validity passed; the node may still exist.
+    Lost(LostReason),
+    /// The lease object was dropped without release.
+    Dropped,
+}
+
+enum Wake {
+    Event(WatchedEvent),
+    Lost(LostReason),
+    Dropped,
+    Retry,
+}
+
+/// Watches our node, and deletes it when the lease ends without a release (validity passed,
+/// lease dropped, release not confirmed). Ends when the node is gone.
+pub(crate) async fn monitor(state: Arc<LeaseState>, mut dropped: oneshot::Receiver<()>) {
+    let mut signal = state.tracker.signal();
+    let mut watch: Option<Pin<Box<dyn Future<Output = WatchedEvent> + Send>>> = None;
+    // The watch is set a moment after the acquisition: a lease released within it never pays
+    // for it (the client library does not disable Nagle, so a request sent right behind
+    // another costs a second round trip). `renew` checks the node in any case.
+    let mut retry_at = Some(Instant::now() + ARM_DELAY.min(state.session.timeout() / 10));
+    let mut backoff = Duration::from_millis(10);
+    let end = loop {
+        if watch.is_none() && retry_at.is_none_or(|t| Instant::now() >= t) {
+            retry_at = None;
+            match state.arm_watch().await {
+                Ok(Some(w)) => watch = Some(w),
+                Ok(None) => {
+                    state.on_node_gone();
+                    break End::Gone;
+                }
+                Err(true) => {
+                    state.on_session_ended();
+                    break End::Gone;
+                }
+                Err(false) => {
+                    retry_at = Some(Instant::now() + backoff);
+                    backoff = (backoff * 2).min(state.session.timeout() / 4);
+                }
+            }
+        }
+        let wake = {
+            let event = async {
+                match watch.as_mut() {
+                    Some(w) => w.await,
+                    None => std::future::pending().await,
+                }
+            };
+            let retry = async {
+                match retry_at {
+                    Some(t) => tokio::time::sleep_until(t).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                e = event => Wake::Event(e),
+                r = signal.wait() => Wake::Lost(r),
+                _ = &mut dropped => Wake::Dropped,
+                _ = retry => Wake::Retry,
+            }
+        };
+        match wake {
+            Wake::Event(e) => {
+                watch = None;
+                match e.event_type {
+                    EventType::NodeDeleted => {
+                        state.on_node_gone();
+                        break End::Gone;
+                    }
+                    EventType::Session if e.session_state.is_terminated() => {
+                        state.on_session_ended();
+                        break End::Gone;
+                    }
+                    // A data change by someone else, or a session event: watch again.
+                    _ => {}
+                }
+            }
+            Wake::Lost(r) => break End::Lost(r),
+            Wake::Dropped => break End::Dropped,
+            Wake::Retry => {}
+        }
+    };
+    match end {
+        End::Gone => {}
+        End::Lost(reason) => {
+            // Validity passed without a confirmed renewal: record it before deleting, so that a
+            // renewal racing with us cannot bring the lease back.
+            state.tracker.mark_lost(reason);
+            state.delete_own().await;
+        }
+        End::Dropped => {
+            state.tracker.mark_lost(LostReason::Released);
+            state.delete_own().await;
+        }
+    }
+    state.session.unregister(state.id);
+}
+
+/// A lease on a ZooKeeper lock: our ephemeral sequential node was first among the lock's
+/// contenders.
+///
+/// - [`token`](Lease::token) is the node's creation zxid.
+/// - [`renew`](Lease::renew) checks that the node still exists (one `exists`, one round trip) and
+///   measures validity from the moment it was sent.
+/// - [`release`](Lease::release) deletes the node with the version it was created with; a lease
+///   whose node is gone returns `Lost` and deletes nothing (the path is unique to this
+///   acquisition, so it can never name another holder's node).
+/// - Dropping it releases best-effort: a background task deletes the node (and in any case the
+///   session's end removes it).
+pub struct ZkLease {
+    state: Arc<LeaseState>,
+    dropped: Mutex<Option<oneshot::Sender<()>>>,
+}
+
+impl fmt::Debug for ZkLease {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ZkLease")
+            .field("path", &self.state.path)
+            .field("tracker", &self.state.tracker)
+            .finish()
+    }
+}
+
+impl ZkLease {
+    /// Wraps a confirmed holding and starts its monitor.
+    pub(crate) fn start(state: Arc<LeaseState>, bound_epoch: u64) -> ZkLease {
+        state.session.register(&state);
+        // Cap the initial validity by the session bound (the tracker started from the TTL).
+        let applied = state
+            .session
+            .with_epoch(bound_epoch, |bound| state.apply(bound, false));
+        if applied.is_none() {
+            // The connection dropped meanwhile: validity is still capped by the last confirmation.
+            let bound = state.session.bound();
+            state.apply(bound, false);
+            state.tracker.in_doubt();
+        }
+        let (tx, rx) = oneshot::channel();
+        tokio::spawn(monitor(state.clone(), rx));
+        ZkLease {
+            state,
+            dropped: Mutex::new(Some(tx)),
+        }
+    }
+
+    /// The path of this lease's node.
+    pub fn node_path(&self) -> &str {
+        &self.state.path
+    }
+}
+
+impl Drop for ZkLease {
+    fn drop(&mut self) {
+        if let Some(tx) = self
+            .dropped
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
+            let _ = tx.send(());
+        }
+    }
+}
+
+#[async_trait]
+impl Lease for ZkLease {
+    fn tracker(&self) -> &LeaseTracker {
+        &self.state.tracker
+    }
+
+    async fn renew(&self) -> Result<Instant> {
+        let st = &self.state;
+        st.tracker.ensure_not_lost()?;
+        let s = &st.session;
+        if !s.is_connected() {
+            if s.is_terminated() {
+                st.on_session_ended();
+                return Err(st.lost_error(LostReason::SessionEnded));
+            }
+            return Err(disconnected(Op::RENEW));
+        }
+        let epoch = s.epoch();
+        let sent = Instant::now();
+        match tokio::time::timeout(s.request_timeout(), s.client().check_stat(&st.path)).await {
+            Err(_) => Err(timed_out(Op::RENEW, s.request_timeout())),
+            Ok(Ok(Some(stat))) if stat.czxid == st.czxid => {
+                s.confirm(sent);
+                st.extend(sent);
+                match s.with_epoch(epoch, |bound| st.apply(bound, true)) {
+                    Some(true) => Ok(st.tracker.valid_until()),
+                    Some(false) => Err(st.lost_error(LostReason::Expired)),
+                    None => Err(Error::Unavailable {
+                        backend: crate::error::BACKEND,
+                        message: "the connection dropped while renewing: the lease is in doubt"
+                            .into(),
+                        source: None,
+                    }),
+                }
+            }
+            Ok(Ok(_)) => {
+                s.confirm(sent);
+                st.on_node_gone();
+                Err(st.lost_error(LostReason::Revoked))
+            }
+            Ok(Err(e)) if session_ended(&e) => {
+                st.on_session_ended();
+                Err(st.lost_error(LostReason::SessionEnded))
+            }
+            Ok(Err(e)) => Err(from_zk(Op::RENEW, e)),
+        }
+    }
+
+    async fn release(&self) -> Result<()> {
+        let st = &self.state;
+        st.tracker.ensure_not_lost()?;
+        let s = &st.session;
+        st.releasing.store(true, Ordering::SeqCst);
+        if !s.is_connected() {
+            // The monitor deletes the node once the connection is back (or the session ends).
+            st.tracker.mark_lost(LostReason::Released);
+            return Err(disconnected(Op::RELEASE));
+        }
+        let mut version = Some(st.version);
+        loop {
+            let sent = Instant::now();
+            match tokio::time::timeout(s.request_timeout(), s.client().delete(&st.path, version))
+                .await
+            {
+                Ok(Ok(())) => {
+                    s.confirm(sent);
+                    st.node_gone.store(true, Ordering::SeqCst);
+                    st.tracker.mark_lost(LostReason::Released);
+                    return Ok(());
+                }
+                Ok(Err(ZkError::NoNode)) => {
+                    s.confirm(sent);
+                    st.node_gone.store(true, Ordering::SeqCst);
+                    // Not deleted by us: revoked (or expired by our own monitor, whose reason
+                    // was recorded first).
+                    st.tracker.mark_lost(LostReason::Revoked);
+                    return Err(st.lost_error(LostReason::Revoked));
+                }
+                Ok(Err(ZkError::BadVersion)) if version.is_some() => {
+                    // Someone changed our node's data; the path is unique to this acquisition.
+                    s.confirm(sent);
+                    version = None;
+                }
+                Ok(Err(e)) if session_ended(&e) => {
+                    st.on_session_ended();
+                    return Err(st.lost_error(LostReason::SessionEnded));
+                }
+                Ok(Err(e)) => {
+                    st.tracker.mark_lost(LostReason::Released);
+                    return Err(from_zk(Op::RELEASE, e));
+                }
+                Err(_) => {
+                    st.tracker.mark_lost(LostReason::Released);
+                    return Err(timed_out(Op::RELEASE, s.request_timeout()));
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,217 @@
+//! Znode layout, lock-name encoding and contender ordering.
+//!
+//! ```text
+//! <base>/locks                          persistent
+//! <base>/locks/<encoded key>            container: one per lock, flat (so `a` and `a/b` never nest)
+//! <base>/locks/<encoded key>/c-<client>-<attempt>-<sequence>
+//!                                       ephemeral sequential: one per contender
+//! <base>/audit/forced-<sequence>        persistent sequential: one per force_release
+//! ```
+//!
+//! A key is percent-encoded into one node name: every byte outside `[A-Za-z0-9._~-]` becomes
+//! `%XX`, so `/` never nests and no key is a path prefix of another.
+
+use std::cmp::Ordering;
+
+use lease_core::LockKey;
+
+/// The child of `<base>` holding one node per lock.
+pub(crate) const LOCKS: &str = "locks";
+/// The child of `<base>` holding force-release audit records.
+pub(crate) const AUDIT: &str = "audit";
+/// The name prefix of audit records.
+pub(crate) const AUDIT_PREFIX: &str = "forced-";
+
+/// Paths under one base znode.
+#[derive(Debug, Clone)]
+pub(crate) struct Paths {
+    base: String,
+}
+
+impl Paths {
+    pub(crate) fn new(base: &str) -> Self {
+        Paths {
+            base: base.to_owned(),
+        }
+    }
+
+    pub(crate) fn base(&self) -> &str {
+        &self.base
+    }
+
+    pub(crate) fn locks(&self) -> String {
+        format!("{}/{LOCKS}", self.base)
+    }
+
+    pub(crate) fn audit(&self) -> String {
+        format!("{}/{AUDIT}", self.base)
+    }
+
+    /// The lock's node: the parent of its contenders.
+    pub(crate) fn lock_dir(&self, key: &LockKey) -> String {
+        format!("{}/{LOCKS}/{}", self.base, encode_key(key))
+    }
+}
+
+/// Encodes a key into one znode name.
+pub(crate) fn encode_key(key: &LockKey) -> String {
+    let mut out = String::with_capacity(key.as_str().len());
+    for b in key.as_str().bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'~' | b'-') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// The name prefix of one acquisition attempt: unique per client and attempt, so that a create
+/// whose answer was lost can be found (or cleaned up) by listing the lock's children.
+pub(crate) fn contender_prefix(client: u64, attempt: u64) -> String {
+    format!("c-{client:016x}-{attempt}-")
+}
+
+/// One contender node, parsed from its name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Contender {
+    /// The node name (not the path).
+    pub(crate) name: String,
+    /// The sequence number ZooKeeper appended (a signed 32-bit counter kept by the parent).
+    pub(crate) sequence: i64,
+    /// The creation zxid, when it had to be read to order the contenders.
+    pub(crate) czxid: Option<i64>,
+}
+
+/// Parses a contender name `c-<16 hex>-<attempt>-<sequence>`; other names are not contenders.
+pub(crate) fn parse_contender(name: &str) -> Option<Contender> {
+    let rest = name.strip_prefix("c-")?;
+    let (client, rest) = rest.split_once('-')?;
+    if client.len() != 16 || !client.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    let (attempt, seq) = rest.split_once('-')?;
+    if attempt.is_empty() || !attempt.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    // After the counter wraps, ZooKeeper formats negative sequences as `-000000005`.
+    let sequence: i64 = seq.parse().ok()?;
+    Some(Contender {
+        name: name.to_owned(),
+        sequence,
+        czxid: None,
+    })
+}
+
+/// Whether the sequence numbers alone order these contenders by creation.
+///
+/// Within one incarnation of the parent (its children all die before it can be deleted), the
+/// sequence grows with each child change until it wraps past `i32::MAX` to negative numbers. As
+/// long as none is negative, numeric order is creation order; once one is, the creation zxids
+/// must be read instead.
+pub(crate) fn sequence_orders(contenders: &[Contender]) -> bool {
+    contenders.iter().all(|c| c.sequence >= 0)
+}
+
+/// Sorts contenders by creation: by czxid when every one has it, else by sequence number (the
+/// caller checked [`sequence_orders`]). Never by comparing name strings.
+pub(crate) fn sort_by_creation(contenders: &mut [Contender]) {
+    contenders.sort_by(|a, b| match (a.czxid, b.czxid) {
+        (Some(x), Some(y)) => x.cmp(&y),
+        _ => a.sequence.cmp(&b.sequence).then(Ordering::Equal),
+    });
+}
+
+/// Node data of a contender: who it is, shown by `inspect`.
+pub(crate) fn holder_data(owner: &str, operation: Option<&str>) -> Vec<u8> {
+    let mut s = format!("fenced-lease v1\nowner={owner}\n");
+    if let Some(op) = operation {
+        s.push_str(&format!("operation={op}\n"));
+    }
+    s.into_bytes()
+}
+
+/// Parses [`holder_data`]: `(owner, operation)`; unknown data gives no owner.
+pub(crate) fn parse_holder_data(data: &[u8]) -> (Option<String>, Option<String>) {
+    let text = String::from_utf8_lossy(data);
+    let mut owner = None;
+    let mut operation = None;
+    for line in text.lines() {
+        if let Some(v) = line.strip_prefix("owner=") {
+            owner = Some(v.to_owned());
+        } else if let Some(v) = line.strip_prefix("operation=") {
+            operation = Some(v.to_owned());
+        }
+    }
+    (owner, operation)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_encode_flat_and_distinct() {
+        let k = |s: &str| encode_key(&LockKey::new(s).unwrap());
+        assert_eq!(k("orders/42"), "orders%2F42");
+        assert_eq!(k("p"), "p");
+        assert_ne!(k("p/b"), k("pb"));
+        assert!(!k("a/b/c").contains('/'));
+        assert_eq!(k("with space"), "with%20space");
+        assert_eq!(k("ключ"), "%D0%BA%D0%BB%D1%8E%D1%87");
+        assert_eq!(k("50%"), "50%25");
+        assert_eq!(k("..."), "...");
+    }
+
+    #[test]
+    fn contenders_parse_and_order_numerically() {
+        let p = contender_prefix(0xabc, 7);
+        assert_eq!(p, "c-0000000000000abc-7-");
+        let c = parse_contender(&format!("{p}0000000010")).unwrap();
+        assert_eq!(c.sequence, 10);
+        assert_eq!(
+            parse_contender(&format!("{p}-000000005")).unwrap().sequence,
+            -5
+        );
+        assert!(parse_contender("lock-0000000001").is_none());
+        assert!(parse_contender("c-xyz-1-0000000001").is_none());
+        // "0000000100" sorts before "0000000099"? Numbers, not strings.
+        let mut v: Vec<Contender> = ["0000000100", "0000000099", "0000001000"]
+            .iter()
+            .map(|s| parse_contender(&format!("{p}{s}")).unwrap())
+            .collect();
+        assert!(sequence_orders(&v));
+        sort_by_creation(&mut v);
+        assert_eq!(
+            v.iter().map(|c| c.sequence).collect::<Vec<_>>(),
+            [99, 100, 1000]
+        );
+    }
+
+    #[test]
+    fn wrapped_sequences_need_czxids() {
+        let p = contender_prefix(1, 1);
+        let mut v = vec![
+            parse_contender(&format!("{p}2147483647")).unwrap(),
+            parse_contender(&format!("{p}-2147483648")).unwrap(),
+        ];
+        assert!(!sequence_orders(&v));
+        v[0].czxid = Some(500);
+        v[1].czxid = Some(501);
+        sort_by_creation(&mut v);
+        assert_eq!(
+            v[0].sequence, 2147483647,
+            "creation order, not numeric order"
+        );
+    }
+
+    #[test]
+    fn holder_data_round_trips() {
+        let d = holder_data("host/1", Some("nightly"));
+        assert_eq!(
+            parse_holder_data(&d),
+            (Some("host/1".into()), Some("nightly".into()))
+        );
+        assert_eq!(parse_holder_data(b"junk"), (None, None));
+    }
+}

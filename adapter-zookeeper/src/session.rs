@@ -1,0 +1,378 @@
+//! One ZooKeeper session per coordinator: connection state, the session-validity bound, and the
+//! registry of live leases that connection events update.
+//!
+//! # What the session tells a lease
+//!
+//! A lease's node is ephemeral: the server deletes it when the session expires, which happens no
+//! earlier than one negotiated session timeout `T` after the server last heard from the client
+//! (the server rounds expiry *up* to its tick). Any answer to a request sent at `s` proves that
+//! the server touched the session at or after `s`, so the node lives at least until `s + T`
+//! unless someone deletes it. The session keeps the largest such `s` ("confirmed") and a
+//! heartbeat (an `exists` on the base node every `T / 3`) keeps it fresh while connected; every
+//! lease's local validity is capped at `confirmed + T − margin`.
+//!
+//! Connection events:
+//!
+//! - `Disconnected`: every live lease becomes in doubt at once ([`LeaseStatus::InDoubt`]); its
+//!   validity stays capped by the last confirmation, so it is lost when that runs out.
+//! - `SyncConnected` after a disconnect: each in-doubt lease checks that its node still exists
+//!   (one `exists` each) and is held again if so, lost (`Revoked`) if not.
+//! - `Expired`, `Closed`, `AuthFailed`: every live lease is lost (`SessionEnded`); the coordinator
+//!   opens a new session on its next call.
+//!
+//! The connection epoch (bumped by every connect and disconnect) guards the transitions: an answer
+//! to a request sent before a disconnect never marks a lease held again after it.
+//!
+//! [`LeaseStatus::InDoubt`]: lease_core::LeaseStatus::InDoubt
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Duration;
+
+use lease_core::Result;
+use tokio::sync::watch;
+use tokio::time::Instant;
+use zookeeper_client::{Acl, Acls, Client, CreateMode, Permission, SessionState, StateWatcher};
+
+use crate::config::ZkConfig;
+use crate::error::{connect_failed, from_zk, timed_out, Op};
+use crate::lease::LeaseState;
+use crate::paths::Paths;
+
+/// The ACL of every node the adapter creates when digest credentials are configured: the
+/// creator's identity (every session authenticated as the same digest user) may do anything,
+/// everyone else may only read.
+static SECURED_ACL: [Acl; 2] = [
+    Acl::new_const(Permission::ALL, "auth", ""),
+    Acl::new_const(Permission::READ, "world", "anyone"),
+];
+
+#[derive(Debug)]
+struct ConnState {
+    connected: bool,
+    terminated: bool,
+    epoch: u64,
+    /// The send time of the latest request the server answered.
+    confirmed: Instant,
+}
+
+/// A live ZooKeeper session and what depends on it.
+pub(crate) struct Session {
+    client: Client,
+    timeout: Duration,
+    request_timeout: Duration,
+    secured: bool,
+    paths: Paths,
+    conn: Mutex<ConnState>,
+    /// `(connected, terminated)`, for tasks that wait for the connection to come back.
+    link: watch::Sender<(bool, bool)>,
+    leases: Mutex<HashMap<u64, Weak<LeaseState>>>,
+    next_lease: AtomicU64,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("id", &self.client.session_id())
+            .field("timeout", &self.timeout)
+            .field("conn", &*self.conn())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Session {
+    /// Opens a session (bounded by the connect timeout), makes sure `<base>/locks` exists, and
+    /// starts the state and heartbeat tasks.
+    pub(crate) async fn connect(config: &ZkConfig) -> Result<Arc<Session>> {
+        let hosts = config.connect_string();
+        let mut connector = Client::connector().with_session_timeout(config.session_timeout());
+        if let Some(auth) = config.digest_auth() {
+            connector = connector.with_auth("digest", &auth);
+        }
+        let sent = Instant::now();
+        let client =
+            match tokio::time::timeout(config.connect_timeout(), connector.connect(&hosts)).await {
+                Err(_) => {
+                    return Err(connect_failed(
+                        &hosts,
+                        format!("no session within {:?}", config.connect_timeout()),
+                        None,
+                    ))
+                }
+                Ok(Err(e)) => return Err(connect_failed(&hosts, e.to_string(), Some(e))),
+                Ok(Ok(c)) => c,
+            };
+        let state_watcher = client.state_watcher();
+        let (link, _) = watch::channel((true, false));
+        let session = Arc::new(Session {
+            timeout: client.session_timeout(),
+            client,
+            request_timeout: config.request_timeout(),
+            secured: config.digest_auth().is_some(),
+            paths: Paths::new(config.base_path()),
+            conn: Mutex::new(ConnState {
+                connected: true,
+                terminated: false,
+                epoch: 0,
+                confirmed: sent,
+            }),
+            link,
+            leases: Mutex::new(HashMap::new()),
+            next_lease: AtomicU64::new(1),
+        });
+        tracing::debug!(
+            session = %session.client.session_id(),
+            timeout = ?session.timeout,
+            hosts = %hosts,
+            "zookeeper session established"
+        );
+        // Observers without credentials may not create (not even an existing node), so look
+        // first.
+        let locks = session.paths.locks();
+        let sent = Instant::now();
+        match tokio::time::timeout(session.request_timeout, session.client.check_stat(&locks)).await
+        {
+            Ok(Ok(Some(_))) => session.confirm(sent),
+            _ => session.ensure_persistent(&locks).await?,
+        }
+        tokio::spawn(watch_state(Arc::downgrade(&session), state_watcher));
+        tokio::spawn(heartbeat(Arc::downgrade(&session)));
+        Ok(session)
+    }
+
+    fn conn(&self) -> MutexGuard<'_, ConnState> {
+        self.conn.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The client library's handle.
+    pub(crate) fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// The negotiated session timeout.
+    pub(crate) fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// The bound on one request's answer.
+    pub(crate) fn request_timeout(&self) -> Duration {
+        self.request_timeout
+    }
+
+    /// The paths under the base node.
+    pub(crate) fn paths(&self) -> &Paths {
+        &self.paths
+    }
+
+    /// The ACL for new nodes.
+    pub(crate) fn acls(&self) -> Acls<'static> {
+        if self.secured {
+            Acls::new(&SECURED_ACL)
+        } else {
+            Acls::anyone_all()
+        }
+    }
+
+    /// Whether the connection is up now (a call made now is sent at once).
+    pub(crate) fn is_connected(&self) -> bool {
+        matches!(
+            self.client.state(),
+            SessionState::SyncConnected | SessionState::ConnectedReadOnly
+        ) && !self.conn().terminated
+    }
+
+    /// Whether the session is over for good.
+    pub(crate) fn is_terminated(&self) -> bool {
+        self.conn().terminated || self.client.state().is_terminated()
+    }
+
+    /// The connection epoch now.
+    pub(crate) fn epoch(&self) -> u64 {
+        self.conn().epoch
+    }
+
+    /// Records that the server answered a request sent at `sent`.
+    pub(crate) fn confirm(&self, sent: Instant) {
+        let mut c = self.conn();
+        if sent > c.confirmed {
+            c.confirmed = sent;
+        }
+    }
+
+    /// Runs `f` with the session bound (`confirmed + T`) if the connection is up and still in
+    /// `epoch`; `None` otherwise.
+    pub(crate) fn with_epoch<R>(&self, epoch: u64, f: impl FnOnce(Instant) -> R) -> Option<R> {
+        let c = self.conn();
+        if c.connected && !c.terminated && c.epoch == epoch {
+            Some(f(c.confirmed + self.timeout))
+        } else {
+            None
+        }
+    }
+
+    /// The session bound now: no ephemeral node of this session disappears by expiry before it.
+    pub(crate) fn bound(&self) -> Instant {
+        self.conn().confirmed + self.timeout
+    }
+
+    /// Waits (at most `max`) until the connection is up or the session is over.
+    pub(crate) async fn wait_connected(&self, max: Duration) {
+        let mut rx = self.link.subscribe();
+        let _ = tokio::time::timeout(max, rx.wait_for(|&(up, ended)| up || ended)).await;
+    }
+
+    /// A fresh lease id.
+    pub(crate) fn next_lease_id(&self) -> u64 {
+        self.next_lease.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Registers a live lease for connection events.
+    pub(crate) fn register(&self, lease: &Arc<LeaseState>) {
+        self.leases
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(lease.id, Arc::downgrade(lease));
+    }
+
+    /// Forgets a lease (its monitor ended).
+    pub(crate) fn unregister(&self, id: u64) {
+        self.leases
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&id);
+    }
+
+    fn live_leases(&self) -> Vec<Arc<LeaseState>> {
+        self.leases
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .filter_map(Weak::upgrade)
+            .collect()
+    }
+
+    /// Creates `path` and its missing ancestors as persistent nodes with the adapter's ACL.
+    pub(crate) async fn ensure_persistent(&self, path: &str) -> Result<()> {
+        let options = CreateMode::Persistent.with_acls(self.acls());
+        let sent = Instant::now();
+        match tokio::time::timeout(self.request_timeout, self.client.mkdir(path, &options)).await {
+            Err(_) => Err(timed_out(Op::SETUP, self.request_timeout)),
+            Ok(Ok(())) => {
+                self.confirm(sent);
+                Ok(())
+            }
+            Ok(Err(e)) => Err(from_zk(Op::SETUP, e)),
+        }
+    }
+
+    fn on_disconnected(&self) {
+        let leases = self.live_leases();
+        let mut c = self.conn();
+        c.connected = false;
+        c.epoch += 1;
+        for l in &leases {
+            l.tracker.in_doubt();
+        }
+        drop(c);
+        self.link.send_replace((false, false));
+        if !leases.is_empty() {
+            tracing::info!(
+                session = %self.client.session_id(),
+                leases = leases.len(),
+                "zookeeper connection lost: leases are in doubt until the session reconnects"
+            );
+        }
+    }
+
+    fn on_connected(self: &Arc<Self>) {
+        let epoch = {
+            let mut c = self.conn();
+            let was = c.connected;
+            c.connected = true;
+            if !was {
+                c.epoch += 1;
+            }
+            c.epoch
+        };
+        self.link.send_replace((true, false));
+        let leases = self.live_leases();
+        if !leases.is_empty() {
+            tokio::spawn(async move {
+                futures::future::join_all(leases.into_iter().map(|l| l.verify(epoch))).await;
+            });
+        }
+    }
+
+    fn on_terminated(&self, state: SessionState) {
+        let leases = self.live_leases();
+        {
+            let mut c = self.conn();
+            c.connected = false;
+            c.terminated = true;
+            c.epoch += 1;
+        }
+        self.link.send_replace((false, true));
+        for l in &leases {
+            l.on_session_ended();
+        }
+        tracing::warn!(
+            session = %self.client.session_id(),
+            %state,
+            leases = leases.len(),
+            "zookeeper session ended: its leases are lost; the next call opens a new session"
+        );
+    }
+
+    /// Refreshes the validity of every held lease after a heartbeat answered in `epoch`.
+    fn refresh(&self, epoch: u64) {
+        let leases = self.live_leases();
+        self.with_epoch(epoch, |bound| {
+            for l in &leases {
+                l.apply(bound, false);
+            }
+        });
+    }
+}
+
+/// Follows the client library's session state.
+async fn watch_state(session: Weak<Session>, mut states: StateWatcher) {
+    loop {
+        let state = states.changed().await;
+        let Some(s) = session.upgrade() else { return };
+        match state {
+            SessionState::Disconnected => s.on_disconnected(),
+            SessionState::SyncConnected | SessionState::ConnectedReadOnly => s.on_connected(),
+            SessionState::Expired | SessionState::Closed | SessionState::AuthFailed => {
+                s.on_terminated(state);
+                return;
+            }
+        }
+    }
+}
+
+/// Confirms the session every third of its timeout while connected.
+async fn heartbeat(session: Weak<Session>) {
+    let period = match session.upgrade() {
+        Some(s) => (s.timeout / 3).max(Duration::from_millis(10)),
+        None => return,
+    };
+    loop {
+        tokio::time::sleep(period).await;
+        let Some(s) = session.upgrade() else { return };
+        if s.is_terminated() {
+            return;
+        }
+        if !s.is_connected() {
+            continue;
+        }
+        let epoch = s.epoch();
+        let sent = Instant::now();
+        let answer =
+            tokio::time::timeout(s.request_timeout, s.client.check_stat(s.paths.base())).await;
+        if let Ok(Ok(_)) = answer {
+            s.confirm(sent);
+            s.refresh(epoch);
+        }
+    }
+}

@@ -1,0 +1,621 @@
+//! The ZooKeeper adapter against a real ZooKeeper started by the conformance harness: token order
+//! across parent recreation and restart, connection loss versus session expiry, ACLs, secrets,
+//! and FIFO hand-off by watch. Without a JVM or the ZooKeeper jars each test is a named skip
+//! (a failure under `CI=true`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use adapter_zookeeper::zookeeper_client as zk;
+use adapter_zookeeper::{ZkConfig, ZkCoordinator};
+use conformance_tests::harness::{server_unavailable, ZooKeeperServer};
+use conformance_tests::proxy::FaultProxy;
+use lease_core::{
+    Coordinator, Error, ForceRelease, Lease, LeaseOptions, LeaseStatus, LockKey, LostReason,
+};
+use tokio::time::Instant;
+
+const PASSWORD: &str = "zk-test-s3cret";
+
+/// Starts a ZooKeeper, or reports a named skip (`None`); panics under `CI=true` without one.
+async fn server(test: &str) -> Option<ZooKeeperServer> {
+    if let Err(reason) = ZooKeeperServer::install() {
+        match server_unavailable(test, reason) {
+            Ok(skip) => {
+                skip.report();
+                return None;
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    Some(
+        tokio::task::spawn_blocking(ZooKeeperServer::start)
+            .await
+            .expect("start task")
+            .expect("zookeeper starts"),
+    )
+}
+
+fn config(addr: impl std::fmt::Display, session_ms: u64) -> ZkConfig {
+    let base = format!("/adapter-test-{:08x}", rand::random::<u32>());
+    ZkConfig::from_url(&format!(
+        "zk://{addr}{base}?session_timeout_ms={session_ms}&digest=alice:{PASSWORD}"
+    ))
+    .expect("valid url")
+}
+
+async fn raw_client(addr: impl std::fmt::Display, digest: Option<&str>) -> zk::Client {
+    let mut c = zk::Client::connector().with_session_timeout(Duration::from_secs(5));
+    if let Some(d) = digest {
+        c = c.with_auth("digest", d.as_bytes());
+    }
+    c.connect(&addr.to_string()).await.expect("raw client")
+}
+
+/// The only child of the lock node, and its sequence suffix.
+async fn single_node(client: &zk::Client, lock: &str) -> (String, i64) {
+    let children = client.list_children(lock).await.expect("list");
+    assert_eq!(children.len(), 1, "{children:?}");
+    let name = children[0].clone();
+    let seq = name.rsplit('-').next().unwrap().parse().unwrap();
+    (format!("{lock}/{name}"), seq)
+}
+
+async fn wait_status(lease: &dyn Lease, want: LeaseStatus, within: Duration) -> bool {
+    let until = Instant::now() + within;
+    while Instant::now() < until {
+        if lease.status() == want {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    lease.status() == want
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_rises_across_parent_recreation_and_restart_while_the_sequence_resets() {
+    let Some(mut server) = server("token_rises_across_parent_recreation").await else {
+        return;
+    };
+    let cfg = config(server.addr(), 2000);
+    let coord = ZkCoordinator::connect(cfg.clone()).await.unwrap();
+    let operator = raw_client(server.addr(), Some(&format!("alice:{PASSWORD}"))).await;
+    let key: LockKey = "orders/42".parse().unwrap();
+    let lock = cfg.lock_path(&key);
+    let o = LeaseOptions::new(Duration::from_secs(2));
+
+    let mut last_token = lease_core::Token::ZERO;
+    let mut last_seq = -1;
+    for _ in 0..3 {
+        let lease = coord.acquire(&key, &o).await.unwrap();
+        let (_, seq) = single_node(&operator, &lock).await;
+        assert!(lease.token() > last_token && seq > last_seq);
+        (last_token, last_seq) = (lease.token(), seq);
+        lease.release().await.unwrap();
+    }
+
+    // An operator deletes the (now empty) lock node: ZooKeeper's sequence starts again at 0.
+    operator.delete(&lock, None).await.unwrap();
+    let lease = coord.acquire(&key, &o).await.unwrap();
+    let (_, seq) = single_node(&operator, &lock).await;
+    assert_eq!(seq, 0, "a recreated parent restarts its sequence counter");
+    assert!(
+        seq < last_seq,
+        "the sequence suffix went backwards ({last_seq} -> {seq})..."
+    );
+    assert!(
+        lease.token() > last_token,
+        "...but the czxid token rose ({last_token} -> {})",
+        lease.token()
+    );
+    last_token = lease.token();
+    lease.release().await.unwrap();
+
+    // A crash and restart of the server: the token keeps rising.
+    drop(operator);
+    tokio::task::block_in_place(|| {
+        server.kill().unwrap();
+        server.restart().unwrap();
+    });
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let lease = loop {
+        match coord
+            .acquire(&key, &o.clone().wait(Duration::from_secs(5)))
+            .await
+        {
+            Ok(l) => break l,
+            Err(e) if e.is_retryable() || matches!(e, Error::OutcomeUnknown { .. }) => {
+                assert!(Instant::now() < deadline, "no acquire after restart: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("acquire after restart: {e}"),
+        }
+    };
+    assert!(lease.token() > last_token, "token after restart");
+    lease.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_loss_is_in_doubt_and_reconnecting_holds_again() {
+    let Some(server) = server("connection_loss_is_in_doubt").await else {
+        return;
+    };
+    let proxy = FaultProxy::start(server.addr()).await.unwrap();
+    let cfg = config(proxy.addr(), 4000);
+    let coord = ZkCoordinator::connect(cfg).await.unwrap();
+    let key: LockKey = "in-doubt".parse().unwrap();
+    let lease = coord
+        .acquire(&key, &LeaseOptions::new(Duration::from_secs(4)))
+        .await
+        .unwrap();
+    let mut signal = lease.lost();
+
+    // Reset the connection and keep new ones from getting through.
+    proxy.blackhole();
+    proxy.cut();
+    assert!(
+        wait_status(&*lease, LeaseStatus::InDoubt, Duration::from_secs(1)).await,
+        "status after connection loss: {:?}",
+        lease.status()
+    );
+    assert!(matches!(
+        tokio::time::timeout(Duration::from_millis(10), signal.uncertain()).await,
+        Ok(LeaseStatus::InDoubt)
+    ));
+    assert!(!signal.is_lost(), "connection loss is not session expiry");
+    let renew = lease.renew().await;
+    assert!(
+        matches!(&renew, Err(e @ Error::Unavailable { .. }) if e.is_retryable()),
+        "{renew:?}"
+    );
+    assert!(matches!(
+        lease.ensure_held(),
+        Err(Error::Unavailable { .. })
+    ));
+
+    // The connection comes back within the session: the node is intact, the lease held again.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    proxy.heal();
+    assert!(
+        wait_status(&*lease, LeaseStatus::Held, Duration::from_secs(3)).await,
+        "status after reconnecting: {:?}",
+        lease.status()
+    );
+    lease.renew().await.unwrap();
+    lease.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_expiry_loses_the_lease_and_a_new_session_takes_over() {
+    let Some(server) = server("session_expiry_loses_the_lease").await else {
+        return;
+    };
+    let proxy = FaultProxy::start(server.addr()).await.unwrap();
+    let cfg = config(proxy.addr(), 1000);
+    let cut_off = ZkCoordinator::connect(cfg.clone()).await.unwrap();
+    let other = ZkCoordinator::connect(cfg.with_hosts([server.addr().to_string()]).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(cut_off.session_timeout(), Duration::from_secs(1));
+    let key: LockKey = "expiry".parse().unwrap();
+    // A TTL ten times the session timeout: the heartbeat keeps the session (and the lease) valid.
+    let lease = cut_off
+        .acquire(&key, &LeaseOptions::new(Duration::from_secs(10)))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        lease.status(),
+        LeaseStatus::Held,
+        "held past the session timeout"
+    );
+
+    proxy.blackhole();
+    let cut_at = Instant::now();
+    let reason = tokio::time::timeout(Duration::from_secs(3), lease.lost().wait())
+        .await
+        .expect("lost() fires once the session can have expired");
+    assert!(
+        matches!(reason, LostReason::Expired | LostReason::SessionEnded),
+        "{reason:?}"
+    );
+    assert!(
+        cut_at.elapsed() <= Duration::from_millis(1100),
+        "lost after {:?}",
+        cut_at.elapsed()
+    );
+
+    // The server expires the session and deletes the node: another client gets the lock.
+    let next = other
+        .acquire(
+            &key,
+            &LeaseOptions::new(Duration::from_secs(1)).wait(Duration::from_secs(10)),
+        )
+        .await
+        .unwrap();
+    assert!(next.token() > lease.token());
+    next.release().await.unwrap();
+
+    // Back online: the old session is expired; the coordinator opens a new one transparently.
+    proxy.heal();
+    assert!(matches!(lease.renew().await, Err(Error::Lost { .. })));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let again = loop {
+        match cut_off
+            .acquire(
+                &key,
+                &LeaseOptions::new(Duration::from_secs(1)).wait(Duration::from_secs(2)),
+            )
+            .await
+        {
+            Ok(l) => break l,
+            Err(e) if e.is_retryable() && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await
+            }
+            Err(e) => panic!("acquire on a new session: {e}"),
+        }
+    };
+    assert!(again.token() > next.token());
+    again.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acl_keeps_other_clients_from_deleting_our_node() {
+    let Some(server) = server("acl_keeps_other_clients_out").await else {
+        return;
+    };
+    let cfg = config(server.addr(), 2000);
+    let coord = ZkCoordinator::connect(cfg.clone()).await.unwrap();
+    let key: LockKey = "guarded".parse().unwrap();
+    let lease = coord
+        .acquire(
+            &key,
+            &LeaseOptions::new(Duration::from_secs(2)).operation("nightly"),
+        )
+        .await
+        .unwrap();
+    let lock = cfg.lock_path(&key);
+
+    let anonymous = raw_client(server.addr(), None).await;
+    let mallory = raw_client(server.addr(), Some("mallory:other-password")).await;
+    // World may read (inspect works for observers)...
+    let (node, _) = single_node(&anonymous, &lock).await;
+    for (who, c) in [("anonymous", &anonymous), ("another digest user", &mallory)] {
+        // ...but may not delete the holder's node, the lock node, or queue in it.
+        assert!(
+            matches!(c.delete(&node, None).await, Err(zk::Error::NoAuth)),
+            "{who} deleted our node"
+        );
+        assert!(matches!(
+            c.delete(&lock, None).await,
+            Err(zk::Error::NoAuth | zk::Error::NotEmpty)
+        ));
+        let create = c
+            .create(
+                &format!("{lock}/intruder-"),
+                b"",
+                &zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all()),
+            )
+            .await;
+        assert!(
+            matches!(create, Err(zk::Error::NoAuth)),
+            "{who}: {create:?}"
+        );
+    }
+    assert!(lease.renew().await.is_ok(), "our node survived");
+
+    // A coordinator without the credentials can inspect but not acquire.
+    let observer_cfg = ZkConfig::from_url(&format!(
+        "zk://{}{}?session_timeout_ms=2000",
+        server.addr(),
+        cfg.base_path()
+    ))
+    .unwrap();
+    let observer = ZkCoordinator::connect(observer_cfg).await.unwrap();
+    let info = observer
+        .inspect(&key)
+        .await
+        .unwrap()
+        .expect("holder visible");
+    assert_eq!(info.token, lease.token());
+    assert_eq!(info.operation.as_deref(), Some("nightly"));
+    let refused = observer
+        .try_acquire(&key, &LeaseOptions::new(Duration::from_secs(2)))
+        .await;
+    assert!(
+        matches!(refused, Err(Error::Misconfigured { .. })),
+        "{refused:?}"
+    );
+    let refused = observer
+        .force_release(&key, &ForceRelease::new("eve", "no credentials").unwrap())
+        .await;
+    assert!(
+        matches!(refused, Err(Error::Misconfigured { .. })),
+        "{refused:?}"
+    );
+
+    // An operator with the digest may force-release; the removal is recorded in an audit node.
+    let operator = ZkCoordinator::connect(cfg.clone()).await.unwrap();
+    let removed = operator
+        .force_release(
+            &key,
+            &ForceRelease::new("oncall-bob", "stuck job 17").unwrap(),
+        )
+        .await
+        .unwrap()
+        .expect("holder removed");
+    assert_eq!(removed.token, lease.token());
+    assert_eq!(
+        tokio::time::timeout(Duration::from_secs(2), lease.lost().wait()).await,
+        Ok(LostReason::Revoked)
+    );
+    let trail = operator.audit_trail().await.unwrap();
+    let last = trail.last().expect("audit record");
+    assert_eq!(
+        (last.key.as_str(), last.actor.as_str(), last.reason.as_str()),
+        ("guarded", "oncall-bob", "stuck job 17")
+    );
+    assert_eq!(last.removed_token, Some(lease.token()));
+    assert!(matches!(lease.release().await, Err(Error::Lost { .. })));
+
+    // Nothing shown anywhere carries the password.
+    let shown = format!("{cfg} {cfg:?} {coord:?} {lease:?} {info:?} {trail:?}");
+    assert!(!shown.contains(PASSWORD), "{shown}");
+}
+
+#[tokio::test]
+async fn secrets_never_show_in_configs_or_errors() {
+    let url = format!("zk://127.0.0.1:1/x?digest=alice:{PASSWORD}&connect_timeout_ms=300");
+    let cfg = ZkConfig::from_url(&url).unwrap();
+    for shown in [format!("{cfg}"), format!("{cfg:?}"), cfg.redacted()] {
+        assert!(
+            !shown.contains(PASSWORD) && shown.contains("alice:***"),
+            "{shown}"
+        );
+    }
+    // A bad URL and an unreachable server: the errors name the URL, redacted.
+    let mut registry = lease_core::Registry::new();
+    adapter_zookeeper::register(&mut registry);
+    for bad in [
+        format!("zk://127.0.0.1:1/x?digest=alice:{PASSWORD}&nope=1"),
+        format!("zk://alice:{PASSWORD}@127.0.0.1:1,127.0.0.1:2/x"),
+        format!("zk://127.0.0.1:1,127.0.0.1:2/x?digest=alice:{PASSWORD}"),
+        url.clone(),
+    ] {
+        let e = registry.connect(&bad).await.unwrap_err();
+        let shown = format!("{e} {e:?}");
+        assert!(!shown.contains(PASSWORD), "{shown}");
+    }
+    let e = registry.connect(&url).await.unwrap_err();
+    assert!(
+        e.is_retryable(),
+        "an unreachable server is Unavailable: {e}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_are_served_in_order_and_woken_by_the_predecessor_watch() {
+    let Some(server) = server("fifo_handoff_by_watch").await else {
+        return;
+    };
+    let cfg = config(server.addr(), 2000);
+    let key: LockKey = "fifo".parse().unwrap();
+    let holder = ZkCoordinator::connect(cfg.clone()).await.unwrap();
+    let first = holder
+        .acquire(&key, &LeaseOptions::new(Duration::from_secs(2)))
+        .await
+        .unwrap();
+    // Three waiters queue in a known order; each waits up to 30 s, so only a wake-up by the
+    // predecessor's deletion event (there is no polling) explains a fast hand-off.
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let mut tasks = Vec::new();
+    for i in 0..3 {
+        let c = Arc::new(ZkCoordinator::connect(cfg.clone()).await.unwrap());
+        let (key, tx) = (key.clone(), tx.clone());
+        tasks.push(tokio::spawn(async move {
+            let o = LeaseOptions::new(Duration::from_secs(2)).wait(Duration::from_secs(30));
+            let lease = c.acquire(&key, &o).await.unwrap();
+            let at = Instant::now();
+            tx.send((i, lease.token(), at)).unwrap();
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let released = Instant::now();
+            lease.release().await.unwrap();
+            released
+        }));
+        // Let waiter i's node exist before waiter i+1 creates its own.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let released = Instant::now();
+    first.release().await.unwrap();
+    let mut order = Vec::new();
+    let mut last_token = first.token();
+    let mut prev_release = released;
+    let mut handoffs = Vec::new();
+    for _ in 0..3 {
+        let (i, token, at) = tokio::time::timeout(Duration::from_secs(5), rx.recv())
+            .await
+            .expect("hand-off")
+            .unwrap();
+        assert!(token > last_token);
+        last_token = token;
+        handoffs.push(at.saturating_duration_since(prev_release));
+        order.push(i);
+        prev_release = at + Duration::from_millis(50);
+    }
+    assert_eq!(order, [0, 1, 2], "waiters served in arrival order");
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert!(
+        handoffs[0] < Duration::from_millis(500),
+        "hand-off took {:?}: not woken by the watch",
+        handoffs[0]
+    );
+}
+
+/// Prints rough latencies (acquire+release, hand-off) on this machine; asserts only sanity.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn latency_report() {
+    let Some(server) = server("latency_report").await else {
+        return;
+    };
+    let cfg = config(server.addr(), 2000);
+    let a = ZkCoordinator::connect(cfg.clone()).await.unwrap();
+    let b = Arc::new(ZkCoordinator::connect(cfg.clone()).await.unwrap());
+    let key: LockKey = "latency".parse().unwrap();
+    let o = LeaseOptions::new(Duration::from_secs(2));
+    // Warm up (creates the lock node).
+    for _ in 0..20 {
+        a.acquire(&key, &o).await.unwrap().release().await.unwrap();
+    }
+    let mut pairs = Vec::new();
+    let (mut acq, mut rel) = (Vec::new(), Vec::new());
+    for _ in 0..300 {
+        let t = Instant::now();
+        let l = a.acquire(&key, &o).await.unwrap();
+        acq.push(t.elapsed());
+        let t2 = Instant::now();
+        l.release().await.unwrap();
+        rel.push(t2.elapsed());
+        pairs.push(t.elapsed());
+    }
+    acq.sort();
+    rel.sort();
+    println!("acquire p50 {:?} release p50 {:?}", acq[150], rel[150]);
+    // The physical limit on this machine now: one raw create + delete of an ephemeral
+    // sequential node (the adapter adds a getChildren, and a background exists-watch).
+    let raw = raw_client(server.addr(), Some(&format!("alice:{PASSWORD}"))).await;
+    let dir = cfg.lock_path(&key);
+    let mut raw_pairs = Vec::new();
+    for _ in 0..300 {
+        let t = Instant::now();
+        let (_, seq) = raw
+            .create(
+                &format!("{dir}/raw-"),
+                b"",
+                &zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::creator_all()),
+            )
+            .await
+            .unwrap();
+        raw.delete(&format!("{dir}/raw-{seq}"), None).await.unwrap();
+        raw_pairs.push(t.elapsed());
+    }
+    let mut handoffs = Vec::new();
+    for _ in 0..100 {
+        let held = a.acquire(&key, &o).await.unwrap();
+        let (b2, key2) = (b.clone(), key.clone());
+        let waiter = tokio::spawn(async move {
+            let l = b2
+                .acquire(
+                    &key2,
+                    &LeaseOptions::new(Duration::from_secs(2)).wait(Duration::from_secs(10)),
+                )
+                .await
+                .unwrap();
+            let got = Instant::now();
+            l.release().await.unwrap();
+            got
+        });
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let released = Instant::now();
+        held.release().await.unwrap();
+        let got = waiter.await.unwrap();
+        handoffs.push(got.saturating_duration_since(released));
+    }
+    let pct = |v: &mut Vec<Duration>, p: f64| {
+        v.sort();
+        v[((v.len() as f64 - 1.0) * p) as usize]
+    };
+    println!(
+        "zookeeper raw create+delete p50 {:?} p99 {:?}; acquire+release p50 {:?} p99 {:?}; \
+         hand-off (release sent -> waiter holds) p50 {:?} p99 {:?}",
+        pct(&mut raw_pairs, 0.5),
+        pct(&mut raw_pairs, 0.99),
+        pct(&mut pairs, 0.5),
+        pct(&mut pairs, 0.99),
+        pct(&mut handoffs, 0.5),
+        pct(&mut handoffs, 0.99)
+    );
+    assert!(pct(&mut handoffs, 0.5) < Duration::from_millis(200));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_whose_answer_was_lost_is_adopted_or_cleaned_up_never_duplicated() {
+    let Some(server) = server("lost_create_answer").await else {
+        return;
+    };
+    let proxy = FaultProxy::start(server.addr()).await.unwrap();
+    // Requests time out after 400 ms; the client notices a dead connection only after 1.6 s.
+    let cfg = ZkConfig::from_url(&format!(
+        "zk://{}/lost-answer-{:08x}?session_timeout_ms=4000&request_timeout_ms=400&digest=alice:{PASSWORD}",
+        proxy.addr(),
+        rand::random::<u32>()
+    ))
+    .unwrap();
+    let coord = Arc::new(ZkCoordinator::connect(cfg.clone()).await.unwrap());
+    let observer = raw_client(server.addr(), Some(&format!("alice:{PASSWORD}"))).await;
+    let key: LockKey = "lost-answer".parse().unwrap();
+    let lock = cfg.lock_path(&key);
+    let o = LeaseOptions::new(Duration::from_secs(4)).wait(Duration::from_secs(5));
+    coord
+        .acquire(&key, &o)
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+
+    // The create goes out, its answer is held back past the request timeout; the listing that
+    // looks for it is answered once the network heals: the node is adopted, not created twice.
+    proxy.blackhole();
+    let acquiring = {
+        let (c, k, o) = (coord.clone(), key.clone(), o.clone());
+        tokio::spawn(async move { c.acquire(&k, &o).await })
+    };
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    proxy.heal();
+    let lease = acquiring.await.unwrap().expect("adopted its own node");
+    let children = observer.list_children(&lock).await.unwrap();
+    assert_eq!(
+        children.len(),
+        1,
+        "one node for one acquisition: {children:?}"
+    );
+    lease.release().await.unwrap();
+
+    // Now the listing times out too: the acquire fails, and the cleanup task removes the node
+    // once the held-back create has been applied.
+    proxy.blackhole();
+    let failed = coord.try_acquire(&key, &o).await;
+    assert!(
+        matches!(
+            failed,
+            Err(Error::OutcomeUnknown { .. } | Error::Unavailable { .. })
+        ),
+        "{failed:?}"
+    );
+    proxy.heal();
+    let until = Instant::now() + Duration::from_secs(4);
+    loop {
+        let children = observer.list_children(&lock).await.unwrap_or_default();
+        if children.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "a ghost contender stayed: {children:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Nothing blocks the next contender.
+    let other = ZkCoordinator::connect(cfg.with_hosts([server.addr().to_string()]).unwrap())
+        .await
+        .unwrap();
+    other
+        .try_acquire(&key, &o)
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+}
