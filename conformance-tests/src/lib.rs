@@ -1,6 +1,7 @@
-//! The shared conformance suite, fault injectors and real-server harness.
+#![doc = include_str!("../README.md")]
 #![forbid(unsafe_code)]
 
+pub mod consul_standin;
 pub mod fence_server;
 pub mod harness;
 pub mod process;

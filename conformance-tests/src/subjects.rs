@@ -5,6 +5,11 @@ use std::path::PathBuf;
 
 use crate::suite::Subject;
 
+pub mod consul;
+mod etcd;
+mod redis;
+mod zookeeper;
+
 /// The subject for `backend`, with its server started by the harness (or taken from the
 /// environment). `Ok(None)` is a named skip (already reported); `Err` is a setup failure,
 /// including a missing server under `CI=true`.
@@ -12,9 +17,14 @@ pub async fn subject_for(
     backend: &str,
     worker_exe: Option<PathBuf>,
 ) -> Result<Option<Subject>, String> {
-    let _ = worker_exe;
     match backend {
         "memory" => Ok(Some(Subject::memory())),
-        other => Err(format!("unknown backend {other:?} (known: memory)")),
+        "redis" => redis::redis_subject(worker_exe).await,
+        "etcd" => etcd::etcd_subject(worker_exe).await,
+        "zookeeper" => zookeeper::zookeeper_subject(worker_exe).await,
+        "consul" => consul::consul_subject(worker_exe).await,
+        other => Err(format!(
+            "unknown backend {other:?} (known: memory, redis, etcd, zookeeper, consul)"
+        )),
     }
 }

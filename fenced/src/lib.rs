@@ -8,6 +8,10 @@ pub use lease_core::*;
 /// A registry with every backend of this workspace registered.
 pub fn registry() -> Registry {
     let mut r = Registry::new();
+    adapter_redis::register(&mut r);
+    adapter_etcd::register(&mut r);
+    adapter_zookeeper::register(&mut r);
+    adapter_consul::register(&mut r);
     for scheme in ["postgres", "postgresql"] {
         r.register_fence(
             scheme,

@@ -1,0 +1,452 @@
+//! **A test-only stand-in for a Consul server** — not Consul, and not for production.
+//!
+//! No Consul server package is reachable from this project's machines, so the conformance suite
+//! runs the Consul adapter against this in-process HTTP server, which implements the endpoints the
+//! adapter uses with the semantics documented in Consul's HTTP API and implemented in Consul's
+//! state store. When `CONSUL_HTTP_ADDR` names a real Consul, the suite runs against that instead
+//! (see [`crate::subjects`]).
+//!
+//! # What it implements
+//!
+//! | endpoint | Consul API documentation section |
+//! |---|---|
+//! | `GET/PUT/DELETE /v1/kv/:key` | KV Store: read key (`recurse`, `keys`, `separator`, `raw`), create/update key (`flags`, `cas`, `acquire`, `release`), delete key (`recurse`, `cas`) |
+//! | `PUT /v1/txn` | Transaction: the KV verbs `set`, `cas`, `lock`, `unlock`, `get`, `get-tree`, `check-session`, `check-index`, `check-not-exists`, `delete`, `delete-tree`, `delete-cas` |
+//! | `PUT /v1/session/create`, `renew/:id`, `destroy/:id`; `GET info/:id`, `list` | Session |
+//! | `GET /v1/status/leader` | Status (a readiness probe) |
+//!
+//! - **Indexes**: one Raft-like index, raised by every write; `CreateIndex`, `ModifyIndex` and
+//!   `LockIndex` follow Consul's `kvs.go`: `LockIndex` counts acquisitions of a key and **starts
+//!   again at 1 when the key is deleted and recreated**, while `ModifyIndex` keeps rising.
+//! - **Blocking queries**: `?index=&wait=` (default 5 min, at most 10 min, plus up to `wait/16`
+//!   of jitter), `X-Consul-Index` on every read (a key's `ModifyIndex`, or the KV table index for
+//!   a missing key), woken by the next change of the watched key or prefix.
+//! - **Consistency modes**: `?consistent` and `?stale` are accepted; with one server every read is
+//!   consistent.
+//! - **Sessions**: `TTL` between `session_ttl_min` and 24 h (or none), `Behavior` `release` or
+//!   `delete`, `LockDelay` (default 15 s, clamped to 60 s, Consul's numeric-seconds fixup), and
+//!   checks: without `Checks`/`NodeChecks` a session carries `serfHealth`, an empty list means no
+//!   checks. [`ConsulStandIn::fail_serf_health`] turns that check critical, which invalidates
+//!   every session carrying it regardless of its TTL (what a node failure does in Consul).
+//! - **TTL invalidation**: like Consul's leader, which arms each session's timer at
+//!   `TTL × SessionTTLMultiplier` (2) after its last renewal, the stand-in invalidates a session
+//!   exactly `TTL × ttl_multiplier` (default 2) after its last renewal: never before the TTL, at
+//!   most twice the TTL. Invalidation releases (or deletes) the session's keys and starts each
+//!   key's lock-delay, during which `acquire` answers `false` and a `lock` verb fails with
+//!   "due to lock delay".
+//! - **ACL**: with [`StandInOptions::acl_token`] set, a missing token (`X-Consul-Token`, `?token=`
+//!   or `Authorization: Bearer`) is answered 403 `Permission denied`, a wrong one 403
+//!   `ACL not found`.
+//! - **Key rules** of current Consul releases (`validateKVKey`): only `[A-Za-z0-9,-_./]`, no
+//!   `../`, no trailing file extension such as `.json` (switch off with
+//!   [`StandInOptions::strict_kv_keys`]).
+//!
+//! # Faults
+//!
+//! Behind [`ServerControl`]: `kill` stops listening and drops every connection (in-flight requests
+//! get no answer; nothing more is applied). Consul keeps KV data and sessions in Raft, so the
+//! stand-in **keeps its state across `kill` and `restart`** and its indexes keep rising; `restart`
+//! behaves like a newly elected leader: it listens on the same port again, restarts every
+//! session's TTL timer at its full length and forgets lock-delays (which Consul keeps only in the
+//! leader's memory). `pause` stops accepting and answering while keeping sockets open (like
+//! `SIGSTOP`); session timers do not fire while paused and fire on `resume` if they are due.
+//!
+//! # What it does not implement
+//!
+//! Catalog, health, agent and ACL endpoints; Node/Service/Check/Session operations inside
+//! `/v1/txn`; namespaces, partitions and more than one datacenter (`dc1`); `?cached`; ACL policies
+//! (one token grants everything); tombstone reaping; multiple servers, leader elections and Raft
+//! itself (a commit is immediate and durable). Its timing (answers within microseconds) is not
+//! Consul's.
+
+mod http;
+mod state;
+
+use std::io;
+use std::net::{Ipv4Addr, SocketAddr, TcpListener as StdListener};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use self::http::{Control, Shared};
+use self::state::Store;
+use crate::harness::{Backend, HarnessError, ServerControl};
+
+/// How the stand-in behaves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StandInOptions {
+    /// The smallest session TTL accepted (Consul's `session_ttl_min`, 10 s by default). Tests
+    /// lower it so that expiry cases take about a second instead of tens of seconds.
+    pub session_ttl_min: Duration,
+    /// Sessions are invalidated this many TTLs after their last renewal (Consul's
+    /// `SessionTTLMultiplier`, 2).
+    pub ttl_multiplier: u32,
+    /// When set, every KV, transaction and session request must carry this ACL token.
+    pub acl_token: Option<String>,
+    /// Enforce current Consul's KV key rules on `/v1/kv` (default true).
+    pub strict_kv_keys: bool,
+    /// Add Consul's random extra wait (up to `wait / 16`) to blocking queries (default true).
+    pub blocking_jitter: bool,
+}
+
+impl Default for StandInOptions {
+    fn default() -> Self {
+        StandInOptions {
+            session_ttl_min: Duration::from_secs(10),
+            ttl_multiplier: 2,
+            acl_token: None,
+            strict_kv_keys: true,
+            blocking_jitter: true,
+        }
+    }
+}
+
+impl StandInOptions {
+    /// Sets the smallest accepted session TTL.
+    pub fn session_ttl_min(mut self, d: Duration) -> Self {
+        self.session_ttl_min = d;
+        self
+    }
+
+    /// Requires `token` on every API request.
+    pub fn acl_token(mut self, token: impl Into<String>) -> Self {
+        self.acl_token = Some(token.into());
+        self
+    }
+
+    /// Sets the TTL multiplier (at least 1).
+    pub fn ttl_multiplier(mut self, m: u32) -> Self {
+        self.ttl_multiplier = m.max(1);
+        self
+    }
+}
+
+/// A running Consul stand-in on a loopback port (see the [module docs](self)).
+///
+/// It runs on its own small Tokio runtime, so it can be used from synchronous and asynchronous
+/// tests alike and is not slowed by the test's own tasks. Dropping it stops it.
+pub struct ConsulStandIn {
+    runtime: Option<tokio::runtime::Runtime>,
+    shared: Arc<Shared>,
+    addr: SocketAddr,
+    /// Signalled by the accept loop when it has closed the listening socket.
+    accept_closed: Mutex<Option<mpsc::Receiver<()>>>,
+}
+
+impl std::fmt::Debug for ConsulStandIn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConsulStandIn")
+            .field("addr", &self.addr)
+            .field("serving", &self.is_serving())
+            .finish_non_exhaustive()
+    }
+}
+
+impl ConsulStandIn {
+    /// Starts a stand-in on a free `127.0.0.1` port.
+    ///
+    /// # Errors
+    /// The runtime or the listening socket could not be created.
+    pub fn start(options: StandInOptions) -> io::Result<Self> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("consul-standin")
+            .enable_all()
+            .build()?;
+        let listener = StdListener::bind((Ipv4Addr::LOCALHOST, 0))?;
+        listener.set_nonblocking(true)?;
+        let addr = listener.local_addr()?;
+        let (changes, _) = watch::channel(0u64);
+        let (control, _) = watch::channel(Control {
+            generation: 0,
+            paused: false,
+        });
+        let shared = Arc::new(Shared {
+            store: Mutex::new(Store::new(options.session_ttl_min, options.ttl_multiplier)),
+            changes,
+            control,
+            acl_token: options.acl_token.clone(),
+            strict_kv_keys: options.strict_kv_keys,
+            jitter: options.blocking_jitter,
+            requests: std::sync::atomic::AtomicU64::new(0),
+        });
+        runtime.spawn(session_timers(shared.clone()));
+        let this = ConsulStandIn {
+            runtime: Some(runtime),
+            shared,
+            addr,
+            accept_closed: Mutex::new(None),
+        };
+        this.serve(listener, 0);
+        Ok(this)
+    }
+
+    fn serve(&self, listener: StdListener, generation: u64) {
+        let (tx, rx) = mpsc::channel();
+        *self.accept_closed.lock().unwrap_or_else(|p| p.into_inner()) = Some(rx);
+        if let Some(rt) = &self.runtime {
+            rt.spawn(accept_loop(listener, self.shared.clone(), generation, tx));
+        }
+    }
+
+    /// The address clients connect to; the same across restarts.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://127.0.0.1:<port>`, the form of `CONSUL_HTTP_ADDR`.
+    pub fn http_addr(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Whether it is accepting requests (not killed).
+    pub fn is_serving(&self) -> bool {
+        self.shared.store().serving
+    }
+
+    /// How many HTTP requests it has received so far (to check that clients do not poll).
+    pub fn requests(&self) -> u64 {
+        self.shared
+            .requests
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The current Raft-like index.
+    pub fn index(&self) -> u64 {
+        self.shared.store().index()
+    }
+
+    /// Crash: stop listening, drop every connection, apply nothing more. State is kept (Consul
+    /// persists it in Raft). `Ok` if it was not running.
+    ///
+    /// # Errors
+    /// The listener did not close within 5 s.
+    pub fn kill(&mut self) -> Result<(), HarnessError> {
+        self.shared.store().serving = false;
+        self.shared.control.send_modify(|c| {
+            c.generation += 1;
+            c.paused = false;
+        });
+        let rx = self
+            .accept_closed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(rx) = rx {
+            match rx.recv_timeout(Duration::from_secs(5)) {
+                Ok(()) | Err(mpsc::RecvTimeoutError::Disconnected) => {}
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    return Err(HarnessError::io(
+                        "consul stand-in: listener did not close",
+                        io::Error::from(io::ErrorKind::TimedOut),
+                    ))
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Start serving again on the same port with the same data, as a newly elected leader: every
+    /// session's TTL timer restarts, lock-delays are forgotten. Kills first if still running.
+    ///
+    /// # Errors
+    /// The port could not be bound again within 5 s.
+    pub fn restart(&mut self) -> Result<(), HarnessError> {
+        if self.is_serving() {
+            self.kill()?;
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let listener = loop {
+            match StdListener::bind(self.addr) {
+                Ok(l) => break l,
+                Err(e) if Instant::now() < deadline => {
+                    tracing::debug!(error = %e, "consul stand-in: rebinding");
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Err(e) => return Err(HarnessError::io("consul stand-in: rebind", e)),
+            }
+        };
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| HarnessError::io("consul stand-in: nonblocking", e))?;
+        let index = {
+            let mut st = self.shared.store();
+            st.serving = true;
+            st.new_leader(Instant::now());
+            st.index()
+        };
+        let generation = self.shared.control.borrow().generation;
+        self.serve(listener, generation);
+        self.shared.notify(index);
+        Ok(())
+    }
+
+    /// Freeze: nothing is accepted or answered, sockets stay open, session timers stop firing.
+    pub fn pause(&self) {
+        self.shared.control.send_modify(|c| c.paused = true);
+    }
+
+    /// Thaw after [`ConsulStandIn::pause`]; due session timers fire.
+    pub fn resume(&self) {
+        self.shared.control.send_modify(|c| c.paused = false);
+    }
+
+    /// The node's `serfHealth` check turns critical: every session carrying it is invalidated at
+    /// once, whatever its TTL, and new sessions with it are refused.
+    pub fn fail_serf_health(&self) {
+        let index = {
+            let mut st = self.shared.store();
+            st.fail_serf_health(Instant::now());
+            st.index()
+        };
+        self.shared.notify(index);
+    }
+
+    /// The `serfHealth` check passes again.
+    pub fn restore_serf_health(&self) {
+        self.shared.store().restore_serf_health();
+    }
+}
+
+impl Drop for ConsulStandIn {
+    fn drop(&mut self) {
+        self.shared.store().serving = false;
+        self.shared.control.send_modify(|c| c.generation += 1);
+        if let Some(rt) = self.runtime.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+impl ServerControl for ConsulStandIn {
+    fn backend(&self) -> Backend {
+        Backend::Consul
+    }
+    fn url(&self) -> String {
+        self.http_addr()
+    }
+    fn controllable(&self) -> bool {
+        true
+    }
+    /// `None`: the stand-in runs inside the test process, which must never be signalled.
+    fn pid(&self) -> Option<u32> {
+        None
+    }
+    fn kill(&mut self) -> Result<(), HarnessError> {
+        ConsulStandIn::kill(self)
+    }
+    fn stop(&mut self) -> Result<(), HarnessError> {
+        ConsulStandIn::kill(self)
+    }
+    fn restart(&mut self) -> Result<(), HarnessError> {
+        ConsulStandIn::restart(self)
+    }
+    fn pause(&self) -> Result<(), HarnessError> {
+        if !self.is_serving() {
+            return Err(HarnessError::NotRunning { server: "consul" });
+        }
+        ConsulStandIn::pause(self);
+        Ok(())
+    }
+    fn resume(&self) -> Result<(), HarnessError> {
+        ConsulStandIn::resume(self);
+        Ok(())
+    }
+}
+
+async fn accept_loop(
+    listener: StdListener,
+    shared: Arc<Shared>,
+    generation: u64,
+    closed: mpsc::Sender<()>,
+) {
+    let listener = match TcpListener::from_std(listener) {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::error!(error = %e, "consul stand-in: listener");
+            let _ = closed.send(());
+            return;
+        }
+    };
+    let mut control = shared.control.subscribe();
+    loop {
+        let c = *control.borrow_and_update();
+        if c.generation != generation {
+            break;
+        }
+        if c.paused {
+            // Leave new connections in the kernel's backlog, like a stopped process.
+            if control.changed().await.is_err() {
+                break;
+            }
+            continue;
+        }
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    let _ = stream.set_nodelay(true);
+                    tokio::spawn(serve_connection(stream, shared.clone(), generation));
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "consul stand-in: accept");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            },
+            changed = control.changed() => if changed.is_err() { break },
+        }
+    }
+    drop(listener);
+    let _ = closed.send(());
+}
+
+async fn serve_connection(stream: tokio::net::TcpStream, shared: Arc<Shared>, generation: u64) {
+    let mut control = shared.control.subscribe();
+    let svc_shared = shared.clone();
+    let service = service_fn(move |req| http::handle(svc_shared.clone(), generation, req));
+    let conn = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .keep_alive(true)
+        .serve_connection(TokioIo::new(stream), service);
+    tokio::select! {
+        _ = conn => {}
+        // Killed: dropping the connection closes the socket mid-request, like a crash.
+        _ = control.wait_for(|c| c.generation != generation) => {}
+    }
+}
+
+/// The leader's session timers: invalidates sessions whose TTL × multiplier has passed since
+/// their last renewal, unless the server is paused or killed.
+async fn session_timers(shared: Arc<Shared>) {
+    let mut changes = shared.changes.subscribe();
+    let mut control = shared.control.subscribe();
+    loop {
+        let next = shared.store().next_expiry();
+        let now = Instant::now();
+        let wake = next.map_or(now + Duration::from_secs(1), |n| {
+            n.min(now + Duration::from_secs(1))
+        });
+        tokio::select! {
+            _ = tokio::time::sleep_until(tokio::time::Instant::from_std(wake)) => {}
+            r = changes.changed() => if r.is_err() { return },
+            r = control.changed() => if r.is_err() { return },
+        }
+        if control.borrow().paused {
+            continue;
+        }
+        let expired = {
+            let mut st = shared.store();
+            if !st.serving {
+                continue;
+            }
+            st.expire_sessions(Instant::now()).then(|| st.index())
+        };
+        if let Some(index) = expired {
+            shared.notify(index);
+        }
+    }
+}

@@ -1,0 +1,13 @@
+//! The whole conformance suite against a real etcd started by the harness (or `FENCED_ETCD_URL`).
+//! Without an `etcd` binary the run is a named skip, and a failure under `CI=true`.
+
+use std::path::PathBuf;
+
+fn main() -> std::process::ExitCode {
+    conformance_tests::suite::main_for(|| {
+        conformance_tests::subjects::subject_for(
+            "etcd",
+            Some(PathBuf::from(env!("CARGO_BIN_EXE_conformance-worker"))),
+        )
+    })
+}
