@@ -39,9 +39,8 @@ const PARAMS: &[&str] = &[
 /// etcds://[user:password@]host[:port][?option=value&...]     gRPC over TLS
 /// ```
 ///
-/// More members: `endpoints=host2:port,host3:port` (a URL authority holds one `host:port`, so
-/// `etcd://a:2379,b:2379` is not a URL; members that share a port can also be written
-/// `etcd://a,b,c:2379`). The port defaults to 2379.
+/// More members: a host list `etcd://a:2379,b:2379,c` (each host its own port, 2379 when
+/// omitted), or `endpoints=host2:port,host3:port`.
 ///
 /// | option | default | meaning |
 /// |---|---|---|
@@ -130,18 +129,26 @@ impl EtcdConfig {
                 ))
                 .into());
         }
-        let host = raw.host_str().unwrap_or_default();
-        if host.is_empty() {
+        let hosts = url.hosts();
+        if hosts.is_empty() {
             return Err(url.invalid("the URL names no host").into());
         }
-        let port = raw.port().unwrap_or(DEFAULT_PORT);
         let scheme = if tls { "https" } else { "http" };
         let mut endpoints = Vec::new();
-        for h in host.split(',') {
+        for h in hosts {
             if h.is_empty() || h.contains(['/', '@', ' ']) {
                 return Err(url.invalid(format!("host {h:?} in the host list")).into());
             }
-            endpoints.push(format!("{scheme}://{h}:{port}"));
+            // Each host keeps its own port; a host without one gets etcd's default.
+            let has_port = h
+                .rsplit_once(':')
+                .is_some_and(|(_, p)| p.parse::<u16>().is_ok())
+                && !h.ends_with(']');
+            if has_port {
+                endpoints.push(format!("{scheme}://{h}"));
+            } else {
+                endpoints.push(format!("{scheme}://{h}:{DEFAULT_PORT}"));
+            }
         }
         let user = match (raw.username(), raw.password()) {
             ("", None) => None,
@@ -453,6 +460,8 @@ mod tests {
     fn defaults_and_host_lists() {
         let c = EtcdConfig::from_url("etcd://a,b").unwrap();
         assert_eq!(c.endpoints(), ["http://a:2379", "http://b:2379"]);
+        let c = EtcdConfig::from_url("etcd://u:pw@a:1,b:2,c").unwrap();
+        assert_eq!(c.endpoints(), ["http://a:1", "http://b:2", "http://c:2379"]);
         assert_eq!(c.key_prefix(), DEFAULT_KEY_PREFIX);
         assert_eq!(c.request_timeout(), DEFAULT_REQUEST_TIMEOUT);
         let c = EtcdConfig::from_url("etcds://h:1?tls_domain=etcd.internal").unwrap();
@@ -479,7 +488,7 @@ mod tests {
             ("etcd://u:pw@h:1?tls_ca_file=/x", "etcds://"),
             ("etcd://u:pw@h:1?key_prefix=a&key_prefix=b", "twice"),
             ("etcd://:pw@h:1", "user name"),
-            ("etcd://u:pw@h:1,b:2", "invalid port"),
+            ("etcd://u:pw@h:1,,b:2", "host list"),
         ] {
             let e = invalid(url);
             assert!(e.contains(needle), "{url}: {e}");

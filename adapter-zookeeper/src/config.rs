@@ -53,10 +53,8 @@ struct Digest {
 /// | `digest` | none | `user:password`: authenticate with the `digest` scheme and create every node with the ACL *creator: all, world: read* (same as `user:password@` before the hosts) |
 /// | `token_floor` | none | every token issued must be above this value (raise it after restoring the ensemble from a backup) |
 ///
-/// Several hosts with explicit ports (`zk://h1:2181,h2:2181/x`) parse here, but not through
-/// [`lease_core::BackendUrl`] (the `url` crate rejects them): through the registry, list hosts
-/// without ports (`zk://h1,h2/x`, port 2181 each) or connect with
-/// [`crate::ZkCoordinator::connect`].
+/// Several hosts, each with its own port (`zk://h1:2181,h2:2182/x`), work here and through the
+/// registry (`fenced::connect`).
 ///
 /// `Debug` and `Display` show the URL with the password replaced by `***`; errors name the URL
 /// the same way.
@@ -101,12 +99,23 @@ impl ZkConfig {
     /// Parses `url` (see the type docs). Errors are `Error::InvalidInput` naming the URL with the
     /// password redacted. Nothing is sent.
     pub fn from_url(url: &str) -> Result<Self> {
-        Ok(Self::parse(url)?)
+        Self::parse(url).map_err(|e| match e {
+            // With credentials in the URL, a parse problem may quote part of the password (a
+            // password containing '/' is read as a port): then say what is wrong without it.
+            InvalidInput::Url { url: shown, .. } if quotes_password(url) => InvalidInput::Url {
+                url: shown,
+                problem: "malformed zk://user:password@host[:port],.../path URL \
+                              (percent-encode '/', '?', '#' and '@' inside the password)"
+                    .into(),
+            }
+            .into(),
+            other => other.into(),
+        })
     }
 
     /// Like [`ZkConfig::from_url`], for an already parsed URL (as the registry hands it over).
     pub fn from_backend_url(url: BackendUrl) -> Result<Self> {
-        Self::from_url(url.expose().as_str())
+        Self::from_url(url.expose_str())
     }
 
     fn parse(url: &str) -> Result<Self, InvalidInput> {
@@ -483,13 +492,24 @@ fn percent_decode(s: &str) -> Result<String, String> {
 
 /// Redacts the password of `user:password@` and the value of `digest=` in a raw URL string
 /// (used for errors before the URL has been parsed).
+/// Whether the parser may have misread the credentials: the URL has an '@' after the scheme, but
+/// not inside the authority as the parser delimits it (up to the first '/', '?' or '#'), so a
+/// password containing one of those was split and its pieces may be quoted in `problem`.
+fn quotes_password(url: &str) -> bool {
+    let Some((_, rest)) = url.split_once("://") else {
+        return false;
+    };
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    rest.contains('@') && !rest[..authority_end].contains('@')
+}
+
 fn redact_raw(s: &str) -> String {
     let mut s: String = s.chars().take(512).collect();
     if let Some(start) = s.find("://").map(|i| i + 3) {
-        let end = s[start..]
-            .find(['/', '?', '#'])
-            .map_or(s.len(), |i| start + i);
-        if let Some(at) = s[start..end].rfind('@').map(|i| start + i) {
+        // A password may contain '/', '?' or '#' (often why the URL is malformed): the userinfo
+        // runs to the last '@' that is not inside the query (over-redacting is the safe error).
+        let at = s[start..].rfind('@').map(|i| start + i);
+        if let Some(at) = at {
             if let Some(colon) = s[start..at].find(':').map(|i| start + i) {
                 s.replace_range(colon + 1..at, "***");
             }
@@ -521,6 +541,36 @@ fn redact_raw(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn passwords_with_delimiters_never_show_in_errors() {
+        for url in [
+            "zk://u:pa/ss@h:2181/x",
+            "zk://u:p?ss@h:2181/x",
+            "zk://u:p#ss@h/x",
+        ] {
+            let e = match ZkConfig::from_url(url) {
+                Ok(c) => format!("{c:?} {c}"),
+                Err(e) => e.to_string(),
+            };
+            for secret in ["pa/ss", "p?ss", "p#ss", "\"pa\""] {
+                assert!(!e.contains(secret), "{url}: {e}");
+            }
+        }
+    }
+
+    #[test]
+    fn host_lists_with_ports_come_through_the_registry_url() {
+        let url = BackendUrl::parse("zk://u:pw@h1:2181,h2:2182/x?session_timeout_ms=2000").unwrap();
+        let c = ZkConfig::from_backend_url(url).unwrap();
+        assert_eq!(c.hosts().len(), 2);
+        assert!(
+            c.hosts()[1].contains("h2") && c.hosts()[1].contains("2182"),
+            "{:?}",
+            c.hosts()
+        );
+        assert!(!format!("{c:?} {c}").contains("pw"));
+    }
 
     fn invalid(url: &str) -> String {
         match ZkConfig::from_url(url) {

@@ -12,22 +12,55 @@ use crate::fence::Fence;
 use crate::instrument::Instrumented;
 use crate::memory::{MemoryCoordinator, MemoryFence};
 
-/// A parsed backend URL such as `redis://user:pw@127.0.0.1:6379` or `memory://`.
+/// A parsed backend URL such as `redis://user:pw@127.0.0.1:6379`, `memory://`, or a cluster
+/// `zk://h1:2181,h2:2181,h3:2181/base`.
 ///
-/// `Debug` and `Display` show the password as `***`; only [`BackendUrl::expose`] gives the raw URL.
+/// `Debug` and `Display` show the password (and secret query parameters) as `***`; only
+/// [`BackendUrl::expose`] and [`BackendUrl::expose_str`] give the secrets.
+///
+/// A comma-separated host list with ports (which the `url` crate alone rejects) is accepted: the
+/// parsed [`expose`](BackendUrl::expose) URL carries the first host, [`hosts`](BackendUrl::hosts)
+/// all of them, and [`expose_str`](BackendUrl::expose_str) the original text.
 #[derive(Clone, PartialEq, Eq)]
 pub struct BackendUrl {
     url: url::Url,
+    raw: String,
+    /// Hosts after the first, as written (`host[:port]`), when the authority was a list.
+    more_hosts: Vec<String>,
 }
 
 impl BackendUrl {
     /// Parses `s`. Errors name the URL with any password redacted.
     pub fn parse(s: &str) -> Result<Self, InvalidInput> {
-        let url = url::Url::parse(s).map_err(|e| InvalidInput::Url {
+        let invalid = |problem: String| InvalidInput::Url {
             url: redact_unparsed(s),
-            problem: e.to_string(),
-        })?;
-        Ok(BackendUrl { url })
+            problem,
+        };
+        let (normalized, more_hosts) = split_host_list(s).map_err(|p| invalid(p.to_owned()))?;
+        let url = url::Url::parse(&normalized).map_err(|e| invalid(e.to_string()))?;
+        Ok(BackendUrl {
+            url,
+            raw: s.to_owned(),
+            more_hosts,
+        })
+    }
+
+    /// Every host of the URL as `host[:port]`, in order (one for an ordinary URL).
+    pub fn hosts(&self) -> Vec<String> {
+        let mut first = self.url.host_str().unwrap_or_default().to_owned();
+        if let Some(port) = self.url.port() {
+            first = format!("{first}:{port}");
+        }
+        std::iter::once(first)
+            .filter(|h| !h.is_empty())
+            .chain(self.more_hosts.iter().cloned())
+            .collect()
+    }
+
+    /// The URL exactly as given, with its secrets. Pass it only to a client library or an
+    /// adapter's own parser; never log it.
+    pub fn expose_str(&self) -> &str {
+        &self.raw
     }
 
     /// The scheme (`redis`, `etcd`, `memory`, ...).
@@ -59,7 +92,22 @@ impl BackendUrl {
         if !pairs.is_empty() {
             u.query_pairs_mut().clear().extend_pairs(pairs.drain(..));
         }
-        u.to_string()
+        let shown = u.to_string();
+        if self.more_hosts.is_empty() {
+            return shown;
+        }
+        // Put the rest of the host list back after the first host.
+        let first = self.hosts().remove(0);
+        match shown.find(&first) {
+            Some(i) => format!(
+                "{}{},{}{}",
+                &shown[..i],
+                first,
+                self.more_hosts.join(","),
+                &shown[i + first.len()..]
+            ),
+            None => shown,
+        }
     }
 
     /// An `InvalidInput::Url` naming this URL (redacted).
@@ -80,17 +128,62 @@ fn is_secret_param(key: &str) -> bool {
     )
 }
 
+/// Splits `scheme://[userinfo@]h1[:p1],h2[:p2],...[/path][?query]` into the same URL with only
+/// the first host, and the other hosts. A URL without a comma in its authority is returned as is.
+fn split_host_list(s: &str) -> Result<(String, Vec<String>), &'static str> {
+    let Some(scheme_end) = s.find("://") else {
+        return Ok((s.to_owned(), Vec::new()));
+    };
+    let rest = &s[scheme_end + 3..];
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let authority = &rest[..authority_end];
+    let host_start = authority.rfind('@').map_or(0, |i| i + 1);
+    let hosts = &authority[host_start..];
+    if !hosts.contains(',') {
+        return Ok((s.to_owned(), Vec::new()));
+    }
+    let mut list = hosts.split(',');
+    let first = list.next().unwrap_or_default();
+    let more: Vec<String> = list.map(str::to_owned).collect();
+    let bad_port = |h: &str| match h.rsplit_once(':') {
+        Some((_, port)) if !h.ends_with(']') => port.parse::<u16>().is_err(),
+        _ => false,
+    };
+    if first.is_empty()
+        || more
+            .iter()
+            .any(|h| h.is_empty() || h.contains(['@', ' ']) || bad_port(h))
+    {
+        return Err("the host list has an empty or malformed entry (host[:port],...)");
+    }
+    let normalized = format!(
+        "{}{}{}",
+        &s[..scheme_end + 3 + host_start],
+        first,
+        &rest[authority_end..]
+    );
+    Ok((normalized, more))
+}
+
 /// Redacts `user:password@` and secret query values in a string that did not parse as a URL.
+///
+/// A password may itself contain `/`, `?`, `#` or `:` (that is often why the URL did not parse),
+/// so everything from the first `:` after the scheme up to the *last* `@` is treated as userinfo.
 fn redact_unparsed(s: &str) -> String {
     let Some(scheme_end) = s.find("://") else {
         return s.chars().take(128).collect();
     };
     let rest = &s[scheme_end + 3..];
-    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let shown = match rest[..authority_end].rfind('@') {
+    let shown = match rest.rfind('@') {
         Some(at) => {
             let userinfo = &rest[..at];
-            let user = userinfo.split(':').next().unwrap_or("");
+            let user: String = userinfo
+                .split(':')
+                .next()
+                .unwrap_or("")
+                .chars()
+                .take_while(|c| !matches!(c, '/' | '?' | '#'))
+                .collect();
             format!("{}://{}:***{}", &s[..scheme_end], user, &rest[at..])
         }
         None => s.to_owned(),
@@ -241,14 +334,50 @@ mod tests {
     }
 
     #[test]
+    fn host_lists_with_ports_parse_and_stay_redacted() {
+        let u = BackendUrl::parse("zk://bob:pw@h1:2181,h2:2182,h3/base?digest=u:secret").unwrap();
+        assert_eq!(u.hosts(), vec!["h1:2181", "h2:2182", "h3"]);
+        assert_eq!(u.scheme(), "zk");
+        assert_eq!(u.expose().path(), "/base");
+        assert!(u.expose_str().contains("h2:2182") && u.expose_str().contains("secret"));
+        let shown = u.to_string();
+        assert!(shown.contains("h1:2181,h2:2182,h3/base"), "{shown}");
+        assert!(
+            !shown.contains("pw@") && !shown.contains("secret"),
+            "{shown}"
+        );
+        assert!(BackendUrl::parse("etcd://a:1,,b:2").is_err());
+        assert_eq!(
+            BackendUrl::parse("redis://h:1").unwrap().hosts(),
+            vec!["h:1"]
+        );
+    }
+
+    #[test]
+    fn passwords_with_url_delimiters_never_show() {
+        for url in [
+            "redis://u:p#ss@h:6379",
+            "zk://u:pa/ss@h:2181/x",
+            "etcd://u:a?b@h:1",
+        ] {
+            let e = BackendUrl::parse(url)
+                .map(|u| u.to_string())
+                .unwrap_or_else(|e| e.to_string());
+            for secret in ["p#ss", "pa/ss", "a?b"] {
+                assert!(!e.contains(secret), "{url}: {e}");
+            }
+        }
+    }
+
+    #[test]
     fn unparsable_url_error_is_redacted() {
         let e = BackendUrl::parse("redis://bob:hunter2@[bad")
             .unwrap_err()
             .to_string();
         assert!(!e.contains("hunter2"), "{e}");
         assert!(e.contains("bob:***"), "{e}");
-        // A ZooKeeper host list with ports does not parse; its digest must not show either.
-        let e = BackendUrl::parse("zk://h1:2181,h2:2182/x?digest=alice:s3cret")
+        // An unparsable URL's secret query values must not show either.
+        let e = BackendUrl::parse("zk://h1:2181,h2:bad/x?digest=alice:s3cret")
             .unwrap_err()
             .to_string();
         assert!(!e.contains("s3cret") && e.contains("digest=***"), "{e}");
