@@ -190,7 +190,14 @@ impl Connection {
                 if e.is_unrecoverable_error() || e.is_timeout() {
                     self.discard(Some(generation));
                 }
-                Err(error::from_redis(op, e))
+                // The retry failing (for example `LOADING` just after a restart) says nothing
+                // about the first request: a write's outcome stays unknown, so the caller keeps
+                // its cleanup armed.
+                if op.writes {
+                    Err(first)
+                } else {
+                    Err(error::from_redis(op, e))
+                }
             }
         }
     }

@@ -394,7 +394,7 @@ impl RedisCoordinator {
         guard: &mut CallGuard,
         first_sent: &mut Option<Instant>,
     ) -> Result<Attempt> {
-        let ttl_ms = options.ttl_value().as_millis().to_string();
+        let ttl_ms = px_millis(options.ttl_value()).to_string();
         let floor = self
             .inner
             .config
@@ -675,5 +675,23 @@ pub(crate) fn nothing_to_delete(status: LeaseStatus) -> Option<LostReason> {
             r @ (LostReason::Released | LostReason::Revoked | LostReason::Superseded),
         ) => Some(r),
         _ => None,
+    }
+}
+
+/// A TTL as Redis `PX` milliseconds, rounded *up*, so that the server never expires the lock
+/// before the client's own validity estimate (computed from the exact TTL) ends.
+pub(crate) fn px_millis(ttl: Duration) -> u128 {
+    ttl.as_nanos().div_ceil(1_000_000)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn px_rounds_up_to_whole_milliseconds() {
+        assert_eq!(px_millis(Duration::from_millis(400)), 400);
+        assert_eq!(px_millis(Duration::from_micros(400_001)), 401);
+        assert_eq!(px_millis(Duration::from_nanos(1)), 1);
     }
 }

@@ -76,7 +76,7 @@ impl Lease for RedisLease {
 
     async fn renew(&self) -> Result<Instant> {
         self.tracker.ensure_not_lost()?;
-        let ttl_ms = self.tracker.ttl().as_millis().to_string();
+        let ttl_ms = crate::coordinator::px_millis(self.tracker.ttl()).to_string();
         let sent_at = Instant::now();
         let v = self
             .inner
@@ -100,7 +100,15 @@ impl Lease for RedisLease {
         if let Some(reason) = nothing_to_delete(status) {
             return Err(self.tracker.lost_error(reason));
         }
-        let code = self.inner.release_by_head(&self.keys, &self.head).await?;
+        let code = match self.inner.release_by_head(&self.keys, &self.head).await {
+            Ok(code) => code,
+            Err(e) => {
+                // Whether the delete applied is not known; the holder asked to stop, so the lease
+                // is over for it either way (the lock expires at its TTL if it survived).
+                self.tracker.mark_lost(LostReason::Released);
+                return Err(e);
+            }
+        };
         if let LeaseStatus::Lost(reason) = status {
             // Locally expired (or the keeper stopped): the delete above frees the key early if it
             // was still ours, but the lease was already gone for its holder.

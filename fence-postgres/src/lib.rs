@@ -233,7 +233,8 @@ impl FencedTable {
     }
 
     /// Sets `assignments` (column, value) and the fence column to `token` on the row whose key is
-    /// `key`, if and only if its fence is `<= token`, in one statement.
+    /// `key`, if and only if its fence is `<= token`, in one statement. A `NULL` fence column
+    /// counts as 0 (nothing accepted yet).
     ///
     /// # Behaviour
     /// - `Ok(Accepted)`: one row updated. (`previous` is not reported by this form: `None`.)
@@ -269,7 +270,7 @@ impl FencedTable {
         );
         sets.push(format!("{f} = $2"));
         let sql = format!(
-            "UPDATE {t} SET {} WHERE {k} = $1 AND {f} <= $2",
+            "UPDATE {t} SET {} WHERE {k} = $1 AND COALESCE({f}, 0) <= $2",
             sets.join(", ")
         );
         let n = client
@@ -282,7 +283,10 @@ impl FencedTable {
         // Nothing updated: tell a stale token from a missing row. The fence only grows, so the
         // value read now is at least the one that rejected us.
         let row = client
-            .query_opt(&format!("SELECT {f} FROM {t} WHERE {k} = $1"), &[key])
+            .query_opt(
+                &format!("SELECT COALESCE({f}, 0) FROM {t} WHERE {k} = $1"),
+                &[key],
+            )
             .await
             .map_err(|e| map_err("fence read", e))?;
         match row {
@@ -334,17 +338,14 @@ impl PgFence {
         let mut cfg = tokio_postgres::Config::new();
         cfg.host(u.host_str().ok_or_else(|| url.invalid("missing host"))?);
         cfg.port(u.port().unwrap_or(5432));
-        cfg.user(if u.username().is_empty() {
-            "postgres"
-        } else {
-            u.username()
-        });
-        if let Some(pw) = u.password() {
+        cfg.user(url.username()?.as_deref().unwrap_or("postgres"));
+        if let Some(pw) = url.password()? {
             cfg.password(pw);
         }
-        let db = u.path().trim_start_matches('/');
+        let db = lease_core::percent_decode(u.path().trim_start_matches('/'))
+            .ok_or_else(|| url.invalid("the database name has a malformed percent escape"))?;
         if !db.is_empty() {
-            cfg.dbname(db);
+            cfg.dbname(&db);
         }
         let mut table = Ident::new(DEFAULT_TABLE)?;
         let mut run_migration = true;

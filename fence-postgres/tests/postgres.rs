@@ -144,6 +144,28 @@ async fn fence_semantics_transactions_concurrency_and_durability() {
         .unwrap()
         .get(0);
     assert_eq!(total, 7);
+    // A row whose fence column is NULL has accepted nothing yet: the first token writes it.
+    c.batch_execute("CREATE TABLE jobs (id INT PRIMARY KEY, state TEXT, fence BIGINT)")
+        .await
+        .unwrap();
+    c.execute("INSERT INTO jobs (id, state) VALUES (1, 'new')", &[])
+        .await
+        .unwrap();
+    let jobs = FencedTable::new("jobs", "id", "fence").unwrap();
+    jobs.update(&c, &1i32, t(1), &[("state", &"running")])
+        .await
+        .unwrap();
+    match jobs.update(&c, &1i32, t(0), &[("state", &"stale")]).await {
+        Err(Error::Stale { current, .. }) => assert_eq!(current, t(1)),
+        other => panic!("{other:?}"),
+    }
+    // Percent-encoded credentials and database names are decoded (`postgre%73` is `postgres`).
+    let encoded = url
+        .replace("postgres@", "postgre%73@")
+        .replace("/postgres", "/postgre%73");
+    PgFence::connect(&encoded)
+        .await
+        .expect("decoded user and database connect");
 
     // Concurrency: many writers, shuffled tokens, each on its own connection. Each accepted write
     // appends to a log in the same transaction; the log order is the row-lock order.

@@ -57,6 +57,27 @@ impl BackendUrl {
             .collect()
     }
 
+    /// The user name, percent-decoded (`None` when the URL has none). A malformed escape is
+    /// `InvalidInput` naming the redacted URL.
+    pub fn username(&self) -> Result<Option<String>, InvalidInput> {
+        match self.url.username() {
+            "" => Ok(None),
+            u => percent_decode(u)
+                .map(Some)
+                .ok_or_else(|| self.invalid("the user name has a malformed percent escape")),
+        }
+    }
+
+    /// The password, percent-decoded (`None` when the URL has none). Never log it.
+    pub fn password(&self) -> Result<Option<String>, InvalidInput> {
+        match self.url.password() {
+            None => Ok(None),
+            Some(p) => percent_decode(p)
+                .map(Some)
+                .ok_or_else(|| self.invalid("the password has a malformed percent escape")),
+        }
+    }
+
     /// The URL exactly as given, with its secrets. Pass it only to a client library or an
     /// adapter's own parser; never log it.
     pub fn expose_str(&self) -> &str {
@@ -126,6 +147,24 @@ fn is_secret_param(key: &str) -> bool {
         key.to_ascii_lowercase().as_str(),
         "password" | "token" | "secret" | "auth" | "acl_token" | "digest"
     )
+}
+
+/// Percent-decodes `s` (`%40` is `@`); `None` for a malformed escape or bytes that are not UTF-8.
+pub fn percent_decode(s: &str) -> Option<String> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = bytes.get(i + 1..i + 3)?;
+            out.push(u8::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
 }
 
 /// Splits `scheme://[userinfo@]h1[:p1],h2[:p2],...[/path][?query]` into the same URL with only
@@ -351,6 +390,22 @@ mod tests {
             BackendUrl::parse("redis://h:1").unwrap().hosts(),
             vec!["h:1"]
         );
+    }
+
+    #[test]
+    fn credentials_are_percent_decoded() {
+        let u = BackendUrl::parse("postgres://us%65r:p%40ss%2Fw@h/db").unwrap();
+        assert_eq!(u.username().unwrap().as_deref(), Some("user"));
+        assert_eq!(u.password().unwrap().as_deref(), Some("p@ss/w"));
+        assert!(BackendUrl::parse("x://u:%zz@h")
+            .unwrap()
+            .password()
+            .is_err());
+        assert_eq!(
+            BackendUrl::parse("x://h").unwrap().username().unwrap(),
+            None
+        );
+        assert_eq!(percent_decode("a%2"), None);
     }
 
     #[test]

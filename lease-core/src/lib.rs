@@ -17,7 +17,7 @@ mod options;
 mod section;
 mod token;
 
-pub use connect::{BackendUrl, CoordinatorFactory, FenceFactory, Registry};
+pub use connect::{percent_decode, BackendUrl, CoordinatorFactory, FenceFactory, Registry};
 pub use coordinator::{Coordinator, HolderInfo};
 pub use error::{BoxError, Error, InvalidInput, LostReason, Result};
 pub use fence::{Accepted, Fence, FencedValue};
