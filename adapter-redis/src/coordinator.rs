@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use async_trait::async_trait;
 use lease_core::{
     Capabilities, Coordinator, Error, ForceRelease, HolderInfo, Lease, LeaseOptions, LeaseStatus,
-    LeaseTracker, LockKey, LostReason, OwnerId, Result, Token,
+    LeaseTracker, LockKey, LostReason, OwnerId, Result, Token, Watermarks,
 };
 use tokio::time::Instant;
 
@@ -53,7 +53,8 @@ pub(crate) struct Inner {
     caps: Capabilities,
     default_owner: OwnerId,
     /// The highest token this process has granted per key (fail closed below it).
-    high_water: Mutex<HashMap<LockKey, Token>>,
+    /// Names this server and key prefix in the process-wide token watermarks.
+    scope: String,
     /// Live leases of this process by nonce, so that a local force release marks them revoked.
     live: Mutex<HashMap<u128, LeaseTracker>>,
 }
@@ -212,6 +213,12 @@ impl RedisCoordinator {
     /// - `Unavailable` when the server cannot be reached within the connect timeout.
     /// - `InvalidInput` for an unreadable `tls_ca_file` or a URL the client rejects.
     pub async fn connect(config: RedisConfig) -> Result<Self> {
+        let scope = format!(
+            "redis://{}{}#{}",
+            config.url().hosts().join(","),
+            config.url().expose().path(),
+            config.key_prefix()
+        );
         let conn = Arc::new(Connection::open(&config).await?);
         let wakeups = Wakeups::start(&conn, config.command_timeout()).await?;
         let caps = Capabilities::new(BACKEND)
@@ -232,7 +239,7 @@ impl RedisCoordinator {
                 wakeups,
                 caps,
                 default_owner,
-                high_water: Mutex::new(HashMap::new()),
+                scope,
                 live: Mutex::new(HashMap::new()),
             }),
         })
@@ -248,10 +255,11 @@ impl RedisCoordinator {
         &self.inner.config
     }
 
-    /// The highest token this process has granted for `key`, if any: tokens at or below it are
-    /// refused with `TokenRegression`.
+    /// The highest token this process has granted for `key` on this server and key prefix, if
+    /// any: tokens at or below it are refused with `TokenRegression`
+    /// ([`lease_core::Watermarks`]).
     pub fn high_water_mark(&self, key: &LockKey) -> Option<Token> {
-        lock(&self.inner.high_water).get(key).copied()
+        Watermarks::process().highest(&self.inner.scope, key)
     }
 
     /// The newest forced releases of `key` first, at most `limit` (the stream keeps 100).
@@ -516,37 +524,34 @@ impl RedisCoordinator {
         let ttl = options.ttl_value();
         let margin = options.drift_margin_for(ttl);
         let valid_until = lease_core::clock::valid_until(sent_at, ttl, margin);
-        let regression = {
-            let mut hw = lock(&self.inner.high_water);
-            match hw.get(key).copied() {
-                Some(prev) if token <= prev => Some(prev),
-                _ => {
-                    if Instant::now() < valid_until {
-                        hw.insert(key.clone(), token);
-                    }
-                    None
-                }
-            }
+        let regression = if Instant::now() < valid_until {
+            Watermarks::process()
+                .admit(BACKEND, &self.inner.scope, key, token, None)
+                .err()
+        } else {
+            Watermarks::process()
+                .highest(&self.inner.scope, key)
+                .filter(|prev| token <= *prev)
+                .map(|prev| Error::TokenRegression {
+                    backend: BACKEND,
+                    key: key.to_string(),
+                    observed: token,
+                    floor: prev,
+                })
         };
         if Instant::now() >= valid_until || regression.is_some() {
             // Either the lease expired before we could use it (a very slow reply), or the token
             // went backwards: give the lock back either way.
             let _ = self.inner.release_by_head(keys, &parts.head).await;
-            if let Some(prev) = regression {
+            if let Some(e) = regression {
                 tracing::error!(
                     backend = BACKEND,
                     key = %key,
-                    observed = %token,
-                    floor = %prev,
+                    error = %e,
                     "Redis issued a token not above one this process already granted; refusing \
-                     (the server lost its counter: set token_floor above {prev})"
+                     (the server lost its counter: set token_floor above it)"
                 );
-                return Err(Error::TokenRegression {
-                    backend: BACKEND,
-                    key: key.to_string(),
-                    observed: token,
-                    floor: prev,
-                });
+                return Err(e);
             }
             return Ok(Attempt::Held(None));
         }

@@ -16,6 +16,7 @@ mod multi;
 mod options;
 mod section;
 mod token;
+mod watermark;
 
 pub use connect::{percent_decode, BackendUrl, CoordinatorFactory, FenceFactory, Registry};
 pub use coordinator::{Coordinator, HolderInfo};
@@ -29,6 +30,7 @@ pub use multi::{acquire_many, MultiLease};
 pub use options::{Capabilities, ForceRelease, LeaseOptions, OwnerId, MAX_LABEL_BYTES};
 pub use section::{bounded, bounded_with, SectionGuard, SectionOptions};
 pub use token::{FencingToken, Token};
+pub use watermark::Watermarks;
 
 /// Re-exported so callers name the same `Bytes` type the [`Fence`] trait uses.
 pub use bytes::Bytes;
