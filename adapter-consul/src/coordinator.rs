@@ -401,9 +401,23 @@ impl ConsulCoordinator {
             let sent_at = Instant::now();
             let refusal = match inner.http.txn(&ops, "acquire", false).await {
                 Ok(TxnOutcome::Committed(results)) => {
+                    let Some(entry) = results
+                        .into_iter()
+                        .rev()
+                        .find(|e| e.key == kv_key)
+                        .filter(|e| e.holder() == Some(session.id.as_str()) && e.lock_index > 0)
+                    else {
+                        // Committed, so the lock is ours, but the answer does not show it: the
+                        // armed attempt's cancellation deletes it (the claim is held until then).
+                        drop(attempt);
+                        return Err(crate::error::protocol(
+                            "acquire",
+                            "the transaction did not return the lock",
+                        ));
+                    };
                     let slot = attempt.disarm();
                     return self
-                        .granted(key, &kv_key, options, session, results, sent_at, slot)
+                        .granted(key, &kv_key, options, session, entry, sent_at, slot)
                         .await;
                 }
                 Ok(TxnOutcome::RolledBack(errors)) => {
@@ -425,6 +439,7 @@ impl ConsulCoordinator {
                     return Err(e);
                 }
                 Err(e) => {
+                    // Every other error certainly applied nothing (`error.rs`): no lock to undo.
                     slot = Some(attempt.disarm());
                     if e.is_retryable() && deadline.is_some_and(|d| Instant::now() < d) {
                         nap(retry.next(), deadline).await;
@@ -510,19 +525,11 @@ impl ConsulCoordinator {
         kv_key: &str,
         options: &LeaseOptions,
         session: Arc<Session>,
-        results: Vec<KvEntry>,
+        entry: KvEntry,
         sent_at: Instant,
         slot: SlotGuard,
     ) -> Result<Box<dyn Lease>> {
         let inner = &self.inner;
-        let entry = results
-            .iter()
-            .rev()
-            .find(|e| e.key == kv_key)
-            .filter(|e| e.holder() == Some(session.id.as_str()) && e.lock_index > 0)
-            .ok_or_else(|| {
-                crate::error::protocol("acquire", "the transaction did not return the lock")
-            })?;
         let raw = entry.modify_index;
         let floor =
             hwm_floor(&inner.agent, kv_key).max(inner.config.token_floor().map_or(0, Token::get));
@@ -600,6 +607,13 @@ impl ConsulCoordinator {
             }
             drop(slot);
         });
+    }
+
+    /// The state of this client's live lease on `key` (for the crate's tests).
+    #[cfg(test)]
+    pub(crate) fn lease_shared(&self, key: &LockKey) -> Option<Arc<LeaseShared>> {
+        let kv_key = self.inner.config.kv_key(key);
+        self.inner.sessions.peek()?.lease_on(&kv_key)
     }
 
     fn holder_info(key: &LockKey, entry: &KvEntry) -> Result<HolderInfo> {

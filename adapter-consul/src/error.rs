@@ -6,9 +6,14 @@
 //! | connection refused / DNS / TLS handshake (nothing sent) | `Unavailable` | `Unavailable` |
 //! | timeout or connection lost after sending | `Unavailable` | `OutcomeUnknown` |
 //! | 403 (ACL token missing, unknown or lacking permission) | `Misconfigured` | `Misconfigured` |
-//! | 429, 502, 503, 504, 500 `No cluster leader` / `rpc error` (not applied) | `Unavailable` | `Unavailable` |
-//! | other 500 | `Unavailable` | `OutcomeUnknown` |
+//! | 429; 500, 502, 503, 504 saying `No cluster leader`, `No path to datacenter`, `rate limit exceeded` (not applied) | `Unavailable` | `Unavailable` |
+//! | any other 500, 502, 503, 504, e.g. 500 `rpc error making call: EOF` / `leadership lost while committing log`, a proxy's 502/503/504 (may have applied) | `Unavailable` | `OutcomeUnknown` |
+//! | 200 whose body cannot be read (applied, results unknown) | `Unsupported` | `OutcomeUnknown` |
 //! | 400, 405, 413 (the request itself was refused) | `Unsupported` | `Unsupported` |
+//!
+//! Consul's agent prefixes every error of a forwarded RPC with `rpc error making call:`, whether
+//! or not the server applied the write, so that prefix says nothing: a write is `Unavailable`
+//! only when the error certainly means "not applied".
 //!
 //! Messages never carry the ACL token: it travels only in a header, and Consul does not echo it.
 
@@ -90,23 +95,19 @@ pub(crate) fn status(operation: &'static str, idempotent: bool, code: u16, body:
                  session:write on the agent's node"
             )],
         },
-        429 | 502 | 503 | 504 => Error::Unavailable {
+        429 => Error::Unavailable {
             backend: BACKEND,
             message,
             source: None,
         },
-        500 if idempotent
-            || text.contains("No cluster leader")
-            || text.contains("rpc error")
-            || text.contains("No path to datacenter") =>
-        {
-            Error::Unavailable {
-                backend: BACKEND,
-                message,
-                source: None,
-            }
-        }
-        500 => Error::OutcomeUnknown {
+        500 | 502 | 503 | 504 if idempotent || not_applied(&text) => Error::Unavailable {
+            backend: BACKEND,
+            message,
+            source: None,
+        },
+        // The write may have been committed (`rpc error making call: EOF`, `leadership lost
+        // while committing log`, a proxy that lost the answer): the caller must resolve it.
+        500 | 502 | 503 | 504 => Error::OutcomeUnknown {
             backend: BACKEND,
             operation,
             message,
@@ -116,6 +117,31 @@ pub(crate) fn status(operation: &'static str, idempotent: bool, code: u16, body:
             backend: BACKEND,
             what: message,
         },
+    }
+}
+
+/// Whether a server error certainly means that the write was not applied: no leader to apply it,
+/// no route to the datacenter, or refused by the servers' rate limit, all before the Raft apply.
+fn not_applied(text: &str) -> bool {
+    [
+        "No cluster leader",
+        "No path to datacenter",
+        "rate limit exceeded",
+    ]
+    .iter()
+    .any(|m| text.contains(m))
+}
+
+/// A write answered 200 (committed) whose body cannot be read: what it did is unknown.
+pub(crate) fn unreadable_commit(operation: &'static str, problem: impl Into<String>) -> Error {
+    Error::OutcomeUnknown {
+        backend: BACKEND,
+        operation,
+        message: format!(
+            "committed, but the answer could not be read: {}",
+            problem.into()
+        ),
+        source: None,
     }
 }
 
@@ -146,6 +172,37 @@ mod tests {
             Error::OutcomeUnknown { .. }
         ));
         assert!(status("acquire", false, 500, b"No cluster leader").is_retryable());
+        assert!(status(
+            "acquire",
+            false,
+            500,
+            b"rpc error making call: No cluster leader"
+        )
+        .is_retryable());
+        assert!(status("acquire", false, 429, b"rate limit exceeded").is_retryable());
+        // The agent's prefix, the server's EOF, a lost leadership, a proxy: may have applied.
+        for (code, body) in [
+            (500, &b"rpc error making call: EOF"[..]),
+            (
+                500,
+                b"rpc error making call: leadership lost while committing log",
+            ),
+            (502, b"Bad Gateway"),
+            (
+                503,
+                b"upstream connect error or disconnect/reset before headers",
+            ),
+            (504, b"Gateway Timeout"),
+        ] {
+            assert!(
+                matches!(
+                    status("acquire", false, code, body),
+                    Error::OutcomeUnknown { .. }
+                ),
+                "{code}"
+            );
+            assert!(status("read", true, code, body).is_retryable(), "{code}");
+        }
         assert!(matches!(
             transport(
                 "release",

@@ -412,8 +412,14 @@ impl Http {
             .map_err(|t| error::transport(operation, idempotent, t))?;
         match a.status {
             200 | 409 => {
-                let ans: TxnAnswer = serde_json::from_slice(&a.body)
-                    .map_err(|e| error::protocol(operation, e.to_string()))?;
+                let ans: TxnAnswer = serde_json::from_slice(&a.body).map_err(|e| {
+                    if a.status == 200 && !idempotent {
+                        // Committed, but what it did cannot be read: the caller must resolve it.
+                        error::unreadable_commit(operation, e.to_string())
+                    } else {
+                        error::protocol(operation, e.to_string())
+                    }
+                })?;
                 if a.status == 200 {
                     Ok(TxnOutcome::Committed(
                         ans.results

@@ -135,24 +135,29 @@ impl LeaseShared {
 /// settled or the session is gone (whose keys Consul deletes with it).
 pub(crate) fn spawn_reaper(shared: Arc<LeaseShared>) {
     tokio::spawn(async move {
-        let mut signal = shared.tracker.signal();
-        signal.wait().await;
-        // Records `Expired` if validity ran out without a renewal.
-        let _ = shared.tracker.status();
-        let mut backoff = Duration::from_millis(50);
-        while !shared.resolved.load(Ordering::SeqCst) && !shared.session.is_ended() {
-            match shared.release_on_server("release").await {
-                Ok(_) => break,
-                Err(e) => {
-                    tracing::debug!(key = %shared.tracker.key(), error = %e, "releasing an ended lease failed; retrying");
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(5));
-                }
+        let reason = shared.tracker.signal().wait().await;
+        reap(&shared, reason).await;
+    });
+}
+
+/// Ends the lease for `reason` and deletes its key if it is still ours. The reason is recorded
+/// before anything is deleted (the first recorded reason wins): a renewal that lands between the
+/// wait and this point cannot leave its holder believing it holds a deleted lock.
+pub(crate) async fn reap(shared: &LeaseShared, reason: LostReason) {
+    shared.tracker.mark_lost(reason);
+    let mut backoff = Duration::from_millis(50);
+    while !shared.resolved.load(Ordering::SeqCst) && !shared.session.is_ended() {
+        match shared.release_on_server("release").await {
+            Ok(_) => break,
+            Err(e) => {
+                tracing::debug!(key = %shared.tracker.key(), error = %e, "releasing an ended lease failed; retrying");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(5));
             }
         }
-        shared.free_slot();
-        shared.session.unregister(shared.id);
-    });
+    }
+    shared.free_slot();
+    shared.session.unregister(shared.id);
 }
 
 /// A lease from [`crate::ConsulCoordinator`]: the lock on one KV key, held by the client's
@@ -256,5 +261,47 @@ impl Drop for ConsulLease {
         if !matches!(self.shared.tracker.status(), LeaseStatus::Lost(_)) {
             self.shared.tracker.mark_lost(LostReason::Released);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ConsulCoordinator;
+    use conformance_tests::consul_standin::{ConsulStandIn, StandInOptions};
+    use lease_core::{Coordinator, LeaseOptions};
+
+    /// The reaper's wait has decided `Expired`; a renewal sent before the expiry lands (Consul
+    /// confirms the session and the key) before the reaper goes on. The reaper must still record
+    /// the loss before it deletes the key: from then on the lease reads `Lost`, never `Held`.
+    #[tokio::test]
+    async fn a_renewal_landing_after_the_reaper_woke_does_not_outlive_the_deleted_key() {
+        let s = ConsulStandIn::start(
+            StandInOptions::default().session_ttl_min(Duration::from_millis(500)),
+        )
+        .expect("stand-in");
+        let c = ConsulCoordinator::connect(&format!("consul://{}?session_ttl_ms=1000", s.addr()))
+            .await
+            .unwrap();
+        let k = LockKey::new("reaped").unwrap();
+        let lease = c
+            .acquire(&k, &LeaseOptions::new(Duration::from_secs(30)))
+            .await
+            .unwrap();
+        let shared = c.lease_shared(&k).expect("the lease is registered");
+        // The renewal completes...
+        lease.renew().await.expect("renewed");
+        assert_eq!(lease.status(), LeaseStatus::Held);
+        // ...after the reaper's wait had returned `Expired`.
+        reap(&shared, LostReason::Expired).await;
+        assert!(c.inspect(&k).await.unwrap().is_none(), "the key is deleted");
+        assert_eq!(lease.status(), LeaseStatus::Lost(LostReason::Expired));
+        assert!(matches!(
+            lease.renew().await,
+            Err(Error::Lost {
+                reason: LostReason::Expired,
+                ..
+            })
+        ));
     }
 }

@@ -1,7 +1,8 @@
 //! Adapter behaviour the shared suite does not single out, against the Consul stand-in
 //! (`conformance_tests::consul_standin`): tokens across LockIndex resets, sessions without health
 //! checks, token floor, ACL errors, lock-delay back-off without polling, blocking-query hand-off,
-//! cancellation mid-request, and one client's leases on one key.
+//! cancellation mid-request, committed acquires whose answer is lost, and one client's leases on
+//! one key.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -242,6 +243,61 @@ async fn an_acquire_cancelled_mid_request_leaves_no_lock() {
         .release()
         .await
         .unwrap();
+}
+
+#[tokio::test]
+async fn an_acquire_committed_but_answered_with_an_error_leaves_no_lock() {
+    let s = standin();
+    let u = url(&s, "");
+    let c = client(&u).await;
+    let other = client(&u).await;
+    // Make sure the session exists, so that the acquire's only write is the lock transaction.
+    c.acquire(&key("warm"), &LeaseOptions::new(TTL))
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    // Each time the leader commits the lock and the client hears something else.
+    let cases = [
+        (500, "rpc error making call: EOF", true),
+        (
+            500,
+            "rpc error making call: leadership lost while committing log",
+            true,
+        ),
+        (502, "Bad Gateway", true),
+        (504, "Gateway Timeout", true),
+        (200, r#"{"Results": [{"KV": {"Key""#, true),
+        (200, r#"{"Results": [], "Errors": null}"#, false),
+    ];
+    for (i, (status, body, unknown)) in cases.into_iter().enumerate() {
+        let k = key(&format!("answer-lost-{i}"));
+        s.answer_next_commit(status, body);
+        let e = c
+            .try_acquire(&k, &LeaseOptions::new(TTL * 30))
+            .await
+            .unwrap_err();
+        if unknown {
+            assert!(matches!(e, Error::OutcomeUnknown { .. }), "{status}: {e:?}");
+        } else {
+            assert!(matches!(e, Error::Unsupported { .. }), "{status}: {e:?}");
+        }
+        // The committed lock is undone: another process gets the key, and so does this client.
+        other
+            .acquire(&k, &LeaseOptions::new(TTL).wait(Duration::from_secs(3)))
+            .await
+            .unwrap_or_else(|e| panic!("{status} {body}: the committed lock was left: {e:?}"))
+            .release()
+            .await
+            .unwrap();
+        c.acquire(&k, &LeaseOptions::new(TTL).wait(Duration::from_secs(3)))
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+    }
 }
 
 #[tokio::test]

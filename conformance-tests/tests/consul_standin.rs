@@ -506,3 +506,26 @@ async fn kill_restart_keeps_state_and_indexes_and_pause_holds_answers() {
         200
     );
 }
+
+#[tokio::test]
+async fn answer_next_commit_applies_the_write_and_replaces_its_answer_once() {
+    let s = start();
+    let set = json!([{"KV": {"Verb": "set", "Key": "k", "Value": "YQ=="}}]);
+    // A read-only transaction does not use it up.
+    s.answer_next_commit(500, "rpc error making call: EOF");
+    let (st, _, _) = call(
+        &s,
+        "PUT",
+        "/v1/txn",
+        Some(json!([{"KV": {"Verb": "get", "Key": "nope"}}])),
+    )
+    .await;
+    assert_eq!(st, 409);
+    let (st, _, v) = call(&s, "PUT", "/v1/txn", Some(set.clone())).await;
+    assert_eq!((st, v), (500, json!("rpc error making call: EOF")));
+    let (st, _, e) = get(&s, "k").await;
+    assert_eq!(st, 200, "the write was committed");
+    assert_eq!(e["Value"], "YQ==");
+    let (st, _, v) = call(&s, "PUT", "/v1/txn", Some(set)).await;
+    assert_eq!(st, 200, "once: {v}");
+}

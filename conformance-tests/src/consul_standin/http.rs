@@ -49,11 +49,20 @@ pub(crate) struct Shared {
     pub(crate) jitter: bool,
     /// Requests received (answered or not).
     pub(crate) requests: std::sync::atomic::AtomicU64,
+    /// Status and body that replace the answer of the next committed write transaction (once).
+    pub(crate) commit_answer: Mutex<Option<(u16, String)>>,
 }
 
 impl Shared {
     pub(crate) fn store(&self) -> MutexGuard<'_, Store> {
         self.store.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn take_commit_answer(&self) -> Option<(u16, String)> {
+        self.commit_answer
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
     }
 
     /// Wakes blocking queries after a commit.
@@ -680,6 +689,13 @@ fn txn(shared: &Shared, body: &[u8]) -> Resp {
         let r = st.txn(&ops, now);
         (r, st.index())
     };
+    if result.is_ok() && !read_only {
+        if let Some((status, body)) = shared.take_commit_answer() {
+            // Committed, but the client hears something else (see `answer_next_commit`).
+            shared.notify(index);
+            return text(status, body);
+        }
+    }
     let resp = match result {
         Ok(entries) => {
             shared.notify(index);

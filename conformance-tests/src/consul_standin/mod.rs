@@ -50,6 +50,8 @@
 //! session's TTL timer at its full length and forgets lock-delays (which Consul keeps only in the
 //! leader's memory). `pause` stops accepting and answering while keeping sockets open (like
 //! `SIGSTOP`); session timers do not fire while paused and fire on `resume` if they are due.
+//! [`ConsulStandIn::answer_next_commit`] commits the next write transaction but answers it with a
+//! given status and body (a lost answer: `rpc error making call: EOF`, a proxy's 502, ...).
 //!
 //! # What it does not implement
 //!
@@ -174,6 +176,7 @@ impl ConsulStandIn {
             strict_kv_keys: options.strict_kv_keys,
             jitter: options.blocking_jitter,
             requests: std::sync::atomic::AtomicU64::new(0),
+            commit_answer: Mutex::new(None),
         });
         runtime.spawn(session_timers(shared.clone()));
         let this = ConsulStandIn {
@@ -310,6 +313,18 @@ impl ConsulStandIn {
     /// The `serfHealth` check passes again.
     pub fn restore_serf_health(&self) {
         self.shared.store().restore_serf_health();
+    }
+
+    /// The next `/v1/txn` that writes and commits is applied as usual, but answered `status` with
+    /// `body` instead of its results (once): what a client sees when the leader committed the
+    /// write and the answer was lost on the way, e.g. Consul's agent answering 500
+    /// `rpc error making call: EOF`, a proxy's 502, or a 200 whose body was cut.
+    pub fn answer_next_commit(&self, status: u16, body: impl Into<String>) {
+        *self
+            .shared
+            .commit_answer
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some((status, body.into()));
     }
 }
 
