@@ -4,13 +4,13 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use lease_core::{
     Capabilities, Coordinator, Error, ForceRelease, HolderInfo, Lease, LeaseOptions, LeaseTracker,
-    LockKey, LostReason, OwnerId, Result, Token,
+    LockKey, LostReason, OwnerId, Result, Token, Watermarks,
 };
 use serde::{Deserialize, Serialize};
 use tokio::sync::OwnedMutexGuard;
@@ -37,30 +37,6 @@ fn unix_ms(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0)
-}
-
-// ---------------------------------------------------------------------------- token high-water
-
-/// The largest token this process has seen per (agent, KV key): a token not above it means the
-/// cluster's index went backwards (a snapshot restore), and the acquisition fails closed.
-fn high_water() -> &'static Mutex<HashMap<(String, String), u64>> {
-    static HWM: OnceLock<Mutex<HashMap<(String, String), u64>>> = OnceLock::new();
-    HWM.get_or_init(|| Mutex::new(HashMap::new()))
-}
-
-fn hwm_floor(agent: &str, kv_key: &str) -> u64 {
-    high_water()
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .get(&(agent.to_owned(), kv_key.to_owned()))
-        .copied()
-        .unwrap_or(0)
-}
-
-fn hwm_raise(agent: &str, kv_key: &str, token: u64) {
-    let mut m = high_water().lock().unwrap_or_else(|p| p.into_inner());
-    let e = m.entry((agent.to_owned(), kv_key.to_owned())).or_insert(0);
-    *e = (*e).max(token);
 }
 
 // ---------------------------------------------------------------------------- local slots
@@ -531,23 +507,26 @@ impl ConsulCoordinator {
     ) -> Result<Box<dyn Lease>> {
         let inner = &self.inner;
         let raw = entry.modify_index;
-        let floor =
-            hwm_floor(&inner.agent, kv_key).max(inner.config.token_floor().map_or(0, Token::get));
-        let token = match Token::new(raw) {
-            Ok(t) if raw > floor => t,
-            bad => {
-                // Fail closed, and do not leave the lock behind.
-                let observed = bad.unwrap_or(Token::MAX);
+        // Fail closed on an index that is not above the floor or above every token this process
+        // was granted for the key on this agent (a snapshot restore), and leave no lock behind.
+        let admitted = Token::new(raw).map_err(Error::from).and_then(|token| {
+            Watermarks::process()
+                .admit(
+                    BACKEND,
+                    &inner.agent,
+                    key,
+                    token,
+                    inner.config.token_floor(),
+                )
+                .map(|()| token)
+        });
+        let token = match admitted {
+            Ok(t) => t,
+            Err(e) => {
                 self.release_detached(kv_key, raw, &session, slot);
-                return Err(Error::TokenRegression {
-                    backend: BACKEND,
-                    key: key.to_string(),
-                    observed,
-                    floor: Token::new(floor).unwrap_or(Token::MAX),
-                });
+                return Err(e);
             }
         };
-        hwm_raise(&inner.agent, kv_key, raw);
         let ttl = options.ttl_value();
         let margin = options.drift_margin_for(ttl);
         let tracker = LeaseTracker::new(BACKEND, key.clone(), token, ttl, margin, sent_at);
