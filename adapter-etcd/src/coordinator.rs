@@ -13,7 +13,7 @@ use etcd_client::{
 };
 use lease_core::{
     Capabilities, Coordinator, Error, ForceRelease, HolderInfo, Lease, LeaseOptions, LeaseTracker,
-    LockKey, LostReason, OwnerId, Result, Token,
+    LockKey, LostReason, OwnerId, Result, Token, Watermarks,
 };
 use tokio::sync::oneshot;
 use tokio::time::Instant;
@@ -43,9 +43,10 @@ struct Inner {
     sessions: tokio::sync::Mutex<HashMap<i64, Arc<Session>>>,
     /// Numbers each acquisition attempt, so that every attempt has its own key.
     attempts: AtomicU64,
-    /// The newest token this client was granted per lock (by lock prefix): a later grant must be
-    /// above it, or the acquisition fails closed with `TokenRegression`.
-    high_water: std::sync::Mutex<HashMap<String, Token>>,
+    /// Names this cluster and key prefix in the process-wide token watermarks: a grant must be
+    /// above every token granted for the lock in this process, or it fails closed with
+    /// `TokenRegression`.
+    scope: String,
 }
 
 /// A coordinator on an etcd cluster.
@@ -98,10 +99,13 @@ fn capabilities() -> Capabilities {
 }
 
 /// A waiter's or holder's key that must not outlive the attempt unless handed to a lease:
-/// dropping it armed queues its deletion.
+/// dropping it armed queues its deletion. Until the request that writes it was answered
+/// (`revision` unknown), the deletion also writes the attempt's `marker`, which the request
+/// requires to be absent, so a request applied late writes nothing.
 struct PendingKey {
     cleaner: Cleaner,
     key: String,
+    marker: String,
     revision: Option<i64>,
     session: Arc<Session>,
     armed: bool,
@@ -110,11 +114,16 @@ struct PendingKey {
 impl Drop for PendingKey {
     fn drop(&mut self) {
         if self.armed {
-            self.cleaner.delete(Cleanup::new(
-                self.key.clone(),
-                self.revision,
-                self.session.watch_state(),
-            ));
+            let state = self.session.watch_state();
+            self.cleaner.delete(match self.revision {
+                Some(rev) => Cleanup::created(self.key.clone(), rev, state),
+                None => Cleanup::abandoned(
+                    self.key.clone(),
+                    self.marker.clone(),
+                    self.session.id(),
+                    state,
+                ),
+            });
         }
     }
 }
@@ -140,6 +149,11 @@ impl EtcdCoordinator {
             .cloned()
             .unwrap_or_else(OwnerId::for_this_process);
         let cleaner = Cleaner::start(client.clone(), config.request_timeout());
+        let scope = format!(
+            "etcd://{}#{}",
+            config.endpoints().join(","),
+            config.key_prefix()
+        );
         Ok(EtcdCoordinator {
             inner: Arc::new(Inner {
                 handle: Arc::new(Handle {
@@ -151,7 +165,7 @@ impl EtcdCoordinator {
                 owner,
                 sessions: tokio::sync::Mutex::new(HashMap::new()),
                 attempts: AtomicU64::new(rand::random::<u32>() as u64),
-                high_water: std::sync::Mutex::new(HashMap::new()),
+                scope,
             }),
         })
     }
@@ -217,6 +231,45 @@ fn token_of(key: &LockKey, revision: i64) -> Result<Token> {
     })
 }
 
+/// `try_acquire`'s transaction: put our key (attached to the session) if the lock has no key
+/// at all and the attempt was not abandoned (its marker is absent).
+fn try_txn(prefix: &str, pending: &PendingKey, record: &str) -> Txn {
+    Txn::new()
+        .when([
+            Compare::version(prefix, CompareOp::Equal, 0).with_prefix(),
+            Compare::create_revision(pending.marker.clone(), CompareOp::Equal, 0),
+        ])
+        .and_then([TxnOp::put(
+            pending.key.clone(),
+            record,
+            Some(PutOptions::new().with_lease(pending.session.id())),
+        )])
+}
+
+/// `acquire`'s transaction, one round trip: unless the attempt was abandoned (its marker
+/// exists), create our key (attached to the session) and read the two newest keys of the queue:
+/// ours, and the one just before it (our predecessor), if any.
+fn enqueue_txn(prefix: &str, pending: &PendingKey, record: &str) -> Txn {
+    let queue = GetOptions::new()
+        .with_prefix()
+        .with_sort(SortTarget::Create, SortOrder::Descend)
+        .with_limit(2)
+        .with_keys_only();
+    Txn::new()
+        .when([
+            Compare::create_revision(pending.key.clone(), CompareOp::Equal, 0),
+            Compare::create_revision(pending.marker.clone(), CompareOp::Equal, 0),
+        ])
+        .and_then([
+            TxnOp::put(
+                pending.key.clone(),
+                record,
+                Some(PutOptions::new().with_lease(pending.session.id())),
+            ),
+            TxnOp::get(prefix, Some(queue)),
+        ])
+}
+
 impl Inner {
     fn timeout(&self) -> Duration {
         self.handle.config.request_timeout()
@@ -237,10 +290,18 @@ impl Inner {
         Ok(s)
     }
 
-    fn pending(&self, key: String, session: &Arc<Session>) -> PendingKey {
+    /// A new attempt on `lock` in `session`: its own key under `prefix`, and its marker.
+    fn pending(&self, lock: &LockKey, prefix: &str, session: &Arc<Session>) -> PendingKey {
+        let attempt = self.attempts.fetch_add(1, Ordering::Relaxed);
         PendingKey {
             cleaner: self.handle.cleaner.clone(),
-            key,
+            key: keys::own_key(prefix, session.id(), attempt),
+            marker: keys::abandoned_key(
+                self.handle.config.key_prefix(),
+                lock,
+                session.id(),
+                attempt,
+            ),
             revision: None,
             session: session.clone(),
             armed: true,
@@ -260,22 +321,10 @@ impl Inner {
         }
     }
 
-    /// Fails closed if `token` is not above every token this client was granted for the lock;
-    /// records it otherwise.
-    fn check_high_water(&self, key: &LockKey, prefix: &str, token: Token) -> Result<()> {
-        let mut hw = self.high_water.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(&seen) = hw.get(prefix) {
-            if token <= seen {
-                return Err(Error::TokenRegression {
-                    backend: BACKEND,
-                    key: key.to_string(),
-                    observed: token,
-                    floor: seen,
-                });
-            }
-        }
-        hw.insert(prefix.to_owned(), token);
-        Ok(())
+    /// Fails closed if `token` is not above every token this process was granted for the lock on
+    /// this cluster ([`lease_core::Watermarks`]); records it otherwise.
+    fn check_high_water(&self, key: &LockKey, token: Token) -> Result<()> {
+        Watermarks::process().admit(BACKEND, &self.scope, key, token, None)
     }
 
     /// Builds the lease for a granted key. Validity counts from the earlier of the request that
@@ -318,19 +367,9 @@ impl Inner {
         let record = holder_record(self, options);
         for _ in 0..3 {
             let session = self.session(secs).await?;
-            let own = keys::own_key(
-                &prefix,
-                session.id(),
-                self.attempts.fetch_add(1, Ordering::Relaxed),
-            );
-            let mut pending = self.pending(own.clone(), &session);
-            let txn = Txn::new()
-                .when([Compare::version(prefix.clone(), CompareOp::Equal, 0).with_prefix()])
-                .and_then([TxnOp::put(
-                    own.clone(),
-                    record.clone(),
-                    Some(PutOptions::new().with_lease(session.id())),
-                )]);
+            let mut pending = self.pending(key, &prefix, &session);
+            let own = pending.key.clone();
+            let txn = try_txn(&prefix, &pending, &record);
             let sent = Instant::now();
             let mut kv = self.handle.client.clone();
             let resp = match bounded(self.timeout(), kv.txn(txn)).await {
@@ -340,8 +379,9 @@ impl Inner {
                     session.mark_dead(LostReason::SessionEnded);
                     continue;
                 }
-                // The key, if the request applied, is deleted in the background (`pending`).
-                Err(f) => return Err(f.into_error("try_acquire", false)),
+                // The request may still apply: `pending` retires the attempt in the background
+                // (its marker makes a late transaction write nothing).
+                Err(f) => return Err(f.into_error("try_acquire", true)),
             };
             if !resp.succeeded() {
                 pending.armed = false;
@@ -354,7 +394,7 @@ impl Inner {
             pending.revision = Some(revision);
             let token = token_of(key, revision)?;
             self.check_floor(key, token)?;
-            self.check_high_water(key, &prefix, token)?;
+            self.check_high_water(key, token)?;
             pending.armed = false;
             return Ok(self.grant(
                 session,
@@ -397,29 +437,9 @@ impl Inner {
                 return Err(timed_out());
             }
             let session = self.session(secs).await?;
-            let own = keys::own_key(
-                &prefix,
-                session.id(),
-                self.attempts.fetch_add(1, Ordering::Relaxed),
-            );
-            let mut pending = self.pending(own.clone(), &session);
-            // One round trip: create our key (attached to the session) and read the two newest
-            // keys of the queue: ours, and the one just before it (our predecessor), if any.
-            let queue = GetOptions::new()
-                .with_prefix()
-                .with_sort(SortTarget::Create, SortOrder::Descend)
-                .with_limit(2)
-                .with_keys_only();
-            let txn = Txn::new()
-                .when([Compare::create_revision(own.clone(), CompareOp::Equal, 0)])
-                .and_then([
-                    TxnOp::put(
-                        own.clone(),
-                        record.clone(),
-                        Some(PutOptions::new().with_lease(session.id())),
-                    ),
-                    TxnOp::get(prefix.clone(), Some(queue)),
-                ]);
+            let mut pending = self.pending(key, &prefix, &session);
+            let own = pending.key.clone();
+            let txn = enqueue_txn(&prefix, &pending, &record);
             let sent = Instant::now();
             let mut kv = self.handle.client.clone();
             let resp = match bounded(timeout, kv.txn(txn)).await {
@@ -430,7 +450,8 @@ impl Inner {
                     session.mark_dead(LostReason::SessionEnded);
                     continue;
                 }
-                Err(f) => return Err(f.into_error("acquire", false)),
+                // As in `try_once`: `pending` retires the attempt.
+                Err(f) => return Err(f.into_error("acquire", true)),
             };
             if !resp.succeeded() {
                 // Our attempt's key already exists: impossible unless attempt numbers wrapped.
@@ -513,7 +534,7 @@ impl Inner {
                 pending.armed = false;
                 continue 'enqueue;
             }
-            self.check_high_water(key, &prefix, token)?;
+            self.check_high_water(key, token)?;
             pending.armed = false;
             return Ok(self.grant(
                 session,
@@ -813,5 +834,90 @@ mod tests {
         let c = capabilities();
         assert_eq!(c.min_ttl, MIN_TTL);
         assert!(!c.per_lease_ttl && c.fifo && c.durable_tokens && c.shared_across_processes);
+    }
+
+    /// An acquire whose answer is lost is `OutcomeUnknown`, the attempt is retired (its key
+    /// deleted, its marker written), and the attempt's transaction applied late, as etcd does
+    /// with a proposal the client gave up on, writes nothing: no orphan key in the queue.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_unanswered_acquire_is_retired_and_a_late_apply_writes_nothing() {
+        use conformance_tests::harness::{server_unavailable, EtcdServer};
+        use conformance_tests::proxy::FaultProxy;
+
+        let test = "an_unanswered_acquire_is_retired_and_a_late_apply_writes_nothing";
+        if let Err(reason) = EtcdServer::binary() {
+            match server_unavailable(test, reason) {
+                Ok(skip) => {
+                    skip.report();
+                    return;
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+        let server = tokio::task::spawn_blocking(EtcdServer::start)
+            .await
+            .unwrap()
+            .expect("etcd starts");
+        let proxy = FaultProxy::start(server.addr()).await.unwrap();
+        let url = format!("etcd://{}?request_timeout_ms=300", proxy.addr());
+        let coord = EtcdCoordinator::from_url(&url).await.unwrap();
+        let mut raw = EtcdCoordinator::from_url(&server.url())
+            .await
+            .unwrap()
+            .client();
+        let key: LockKey = "late".parse().unwrap();
+        let prefix = coord.lock_prefix(&key);
+        let markers = format!("{}/abandoned/late/", coord.config().key_prefix());
+        let options = LeaseOptions::new(Duration::from_secs(20)).wait(Duration::from_secs(5));
+        // Open the session before cutting the link, so only the acquire's txn is lost.
+        let warm = coord.acquire(&key, &options).await.unwrap();
+        warm.release().await.unwrap();
+
+        proxy.blackhole();
+        let err = coord.acquire(&key, &options).await.map(|_| ()).unwrap_err();
+        assert!(matches!(err, Error::OutcomeUnknown { .. }), "{err:?}");
+        proxy.heal();
+
+        // The cleaner retires the attempt: marker written, no key left in the queue.
+        async fn kvs(raw: &Client, prefix: &str) -> Vec<KeyValue> {
+            let mut raw = raw.clone();
+            let options = GetOptions::new().with_prefix();
+            raw.get(prefix, Some(options)).await.unwrap().take_kvs()
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let marker = loop {
+            let m = kvs(&raw, &markers).await;
+            if m.len() == 1 && kvs(&raw, &prefix).await.is_empty() {
+                break m.into_iter().next().unwrap();
+            }
+            assert!(Instant::now() < deadline, "the attempt was not retired");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        let session = coord.inner.sessions.lock().await.get(&20).cloned().unwrap();
+        assert_eq!(
+            marker.lease(),
+            session.id(),
+            "the marker goes with the session"
+        );
+
+        // etcd applies the lost request now: it writes nothing.
+        let name = marker.key_str().unwrap().rsplit('/').next().unwrap();
+        let late = PendingKey {
+            cleaner: coord.inner.handle.cleaner.clone(),
+            key: format!("{prefix}{name}"),
+            marker: marker.key_str().unwrap().to_owned(),
+            revision: None,
+            session,
+            armed: false,
+        };
+        for txn in [
+            enqueue_txn(&prefix, &late, "{}"),
+            try_txn(&prefix, &late, "{}"),
+        ] {
+            assert!(!raw.txn(txn).await.unwrap().succeeded());
+        }
+        assert!(kvs(&raw, &prefix).await.is_empty());
+        let next = coord.try_acquire(&key, &options).await.unwrap();
+        next.release().await.unwrap();
     }
 }

@@ -5,7 +5,7 @@
 //! | transport error, gRPC `Unavailable` while connecting | `Unavailable` | `Unavailable` (nothing was sent) |
 //! | gRPC `Unavailable` after sending, `Unknown`, `Cancelled`, `DeadlineExceeded`, our own timeout | `Unavailable` | `OutcomeUnknown` |
 //! | gRPC `Unauthenticated`, `PermissionDenied`, "authentication failed" | `Misconfigured` (credentials or roles) | same |
-//! | `etcdserver: requested lease not found` | the session ended: callers treat it as `Lost(SessionEnded)` or start a new session | same |
+//! | `etcdserver: requested lease not found` | the session ended: callers treat it as `Lost(SessionEnded)` or start a new session; otherwise `Unavailable` | `Unavailable` (etcd rejects the whole request) |
 //! | anything else | `Unavailable` | `OutcomeUnknown` |
 //!
 //! Messages carry the gRPC status text, never the URL's password (etcd-client never puts
@@ -95,7 +95,8 @@ impl Failure {
             };
         }
         let message = format!("{operation}: {self}");
-        if !may_have_written || self.certainly_not_sent() {
+        // "lease not found" rejects a request that puts on that lease as a whole.
+        if !may_have_written || self.certainly_not_sent() || self.is_lease_not_found() {
             return match self {
                 Failure::Etcd(e) => Error::unavailable(BACKEND, message, e),
                 Failure::Timeout(_) => Error::Unavailable {

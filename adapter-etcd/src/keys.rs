@@ -5,7 +5,12 @@
 //! <prefix>/fence/<resource>/newest                                  newest accepted token, 20 digits
 //! <prefix>/fence/<resource>/value                                   last written value, with its token
 //! <prefix>/audit/<name>                                             the last forced release of a lock
+//! <prefix>/abandoned/<name>/<session lease id>-<attempt>            an attempt whose outcome was not seen
 //! ```
+//!
+//! An `abandoned` marker is written (attached to the session lease) by the client when it gives
+//! up on an acquisition request whose answer it did not see; that request's transaction requires
+//! the marker to be absent, so if etcd applies it late it writes nothing.
 //!
 //! `<name>` and `<resource>` are percent-encoded: every byte other than `A-Z a-z 0-9 - . _ ~` is
 //! written `%XX`, so an encoded name never contains `/`. Followed by the `/` terminator, no
@@ -50,6 +55,21 @@ pub fn audit_key(key_prefix: &str, key: &LockKey) -> String {
 /// key).
 pub(crate) fn own_key(lock_prefix: &str, lease_id: i64, attempt: u64) -> String {
     format!("{lock_prefix}{:016x}-{attempt:x}", lease_id as u64)
+}
+
+/// The marker that retires one acquisition attempt (see the module docs): outside the lock's
+/// range, so it never shows in its queue, and named like the attempt's own key.
+pub(crate) fn abandoned_key(
+    key_prefix: &str,
+    key: &LockKey,
+    lease_id: i64,
+    attempt: u64,
+) -> String {
+    format!(
+        "{key_prefix}/abandoned/{}/{:016x}-{attempt:x}",
+        encode_name(key.as_str()),
+        lease_id as u64
+    )
 }
 
 /// What a holder's key stores: the labels `inspect` shows. Never a credential.
@@ -127,6 +147,14 @@ mod tests {
         assert!(k.starts_with(&p("x")));
         // Negative lease ids (never issued by etcd, but the type allows them) stay 16 digits.
         assert_eq!(own_key("q/", -1, 1), "q/ffffffffffffffff-1");
+    }
+
+    #[test]
+    fn abandoned_markers_sit_outside_every_lock_range() {
+        let k = LockKey::new("x").unwrap();
+        let m = abandoned_key("fenced", &k, 0x1234, 10);
+        assert_eq!(m, "fenced/abandoned/x/0000000000001234-a");
+        assert!(!m.starts_with("fenced/lock/"));
     }
 
     #[test]

@@ -31,9 +31,9 @@ impl LeaseShared {
     /// Deletes our key in the background (guarded by its create revision), once.
     fn retire(&self) {
         if !self.retired.swap(true, Ordering::SeqCst) {
-            self.handle.cleaner.delete(Cleanup::new(
+            self.handle.cleaner.delete(Cleanup::created(
                 self.key.clone(),
-                Some(self.revision),
+                self.revision,
                 self.session.watch_state(),
             ));
         }
@@ -216,8 +216,8 @@ const WATCH_DELAY: Duration = Duration::from_millis(50);
 
 /// How the guardian's watch ended.
 enum Watched {
-    /// The lease is lost for a reason recorded elsewhere (expiry, release, drop, session end).
-    Lost,
+    /// The lease's signal fired with this reason (expiry, release, drop, session end).
+    Lost(LostReason),
     /// Our key was deleted by someone else, or by the server with the session.
     Deleted,
 }
@@ -247,7 +247,7 @@ async fn guard(shared: Arc<LeaseShared>, tracker: LeaseTracker, mut from: i64) {
             // still delivered (on etcd's sync tick, at most ~100 ms later).
             first = false;
             tokio::select! {
-                _ = signal.wait() => break 'outer Watched::Lost,
+                r = signal.wait() => break 'outer Watched::Lost(r),
                 _ = tokio::time::sleep(WATCH_DELAY) => {}
             }
         }
@@ -256,14 +256,14 @@ async fn guard(shared: Arc<LeaseShared>, tracker: LeaseTracker, mut from: i64) {
             .with_start_revision(from)
             .with_filters([WatchFilterType::NoPut]);
         let opened = tokio::select! {
-            _ = signal.wait() => break 'outer Watched::Lost,
+            r = signal.wait() => break 'outer Watched::Lost(r),
             w = bounded(timeout, watch_client.watch(key.clone(), Some(options))) => w,
         };
         let mut stream = match opened {
             Ok(s) => s,
             Err(_) => {
                 tokio::select! {
-                    _ = signal.wait() => break 'outer Watched::Lost,
+                    r = signal.wait() => break 'outer Watched::Lost(r),
                     _ = tokio::time::sleep(backoff) => {}
                 }
                 backoff = (backoff * 2).min(Duration::from_secs(1));
@@ -272,7 +272,7 @@ async fn guard(shared: Arc<LeaseShared>, tracker: LeaseTracker, mut from: i64) {
         };
         loop {
             tokio::select! {
-                _ = signal.wait() => break 'outer Watched::Lost,
+                r = signal.wait() => break 'outer Watched::Lost(r),
                 m = stream.message() => match m {
                     Ok(Some(resp)) => {
                         if resp
@@ -301,7 +301,7 @@ async fn guard(shared: Arc<LeaseShared>, tracker: LeaseTracker, mut from: i64) {
                     }
                     Ok(None) | Err(_) => {
                         tokio::select! {
-                            _ = signal.wait() => break 'outer Watched::Lost,
+                            r = signal.wait() => break 'outer Watched::Lost(r),
                             _ = tokio::time::sleep(backoff) => {}
                         }
                         backoff = (backoff * 2).min(Duration::from_secs(1));
@@ -312,9 +312,12 @@ async fn guard(shared: Arc<LeaseShared>, tracker: LeaseTracker, mut from: i64) {
         }
     };
     match outcome {
-        Watched::Lost => {
-            // Records `Expired` when validity ran out (the signal only observed it).
-            let _ = tracker.status();
+        Watched::Lost(reason) => {
+            // Record the reason the signal fired before deleting the key (the first recorded
+            // reason wins): on `Expired` the signal only observed that validity passed, and a
+            // renewal completing in between must not leave a lease that reports held while its
+            // key is deleted.
+            tracker.mark_lost(reason);
             shared.retire();
         }
         Watched::Deleted => {
@@ -335,4 +338,44 @@ async fn recheck(shared: &LeaseShared, key: &[u8], timeout: Duration) -> Option<
         .first()
         .is_some_and(|kv| kv.create_revision() == shared.revision);
     Some(ours.then(|| resp.header().map_or(shared.revision, |h| h.revision()) + 1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lease_core::{LockKey, Token};
+
+    /// The guardian's race: its signal fires because validity passed, a renewal sent before
+    /// the expiry completes on another thread, then the guardian deletes the key. Reading the
+    /// status at that point says `Held` (the renewal moved validity), so the guardian records
+    /// the reason its signal fired instead: the lease whose key it deletes is lost.
+    #[tokio::test(start_paused = true)]
+    async fn the_guardian_records_the_expiry_it_acted_on_despite_a_late_renewal() {
+        let sent = Instant::now();
+        let key: LockKey = "k".parse().unwrap();
+        let ttl = Duration::from_secs(2);
+        let tracker = LeaseTracker::new(
+            "etcd",
+            key,
+            Token::new(5).unwrap(),
+            ttl,
+            Duration::from_millis(100),
+            sent,
+        );
+        let mut signal = tracker.signal();
+        let reason = signal.wait().await;
+        assert_eq!(reason, LostReason::Expired);
+        // The renewal, sent before validity passed, is confirmed now.
+        let renewed = tracker.renewed_from(sent + Duration::from_secs(1));
+        assert!(renewed.is_ok());
+        assert_eq!(
+            tracker.status(),
+            LeaseStatus::Held,
+            "what status() reads now"
+        );
+        // What the guardian does before deleting the key.
+        tracker.mark_lost(reason);
+        assert_eq!(tracker.status(), LeaseStatus::Lost(LostReason::Expired));
+        assert!(tracker.renewed_from(Instant::now()).is_err());
+    }
 }

@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp};
+use etcd_client::{Client, Compare, CompareOp, PutOptions, Txn, TxnOp};
 use lease_core::{LeaseStatus, LeaseTracker, LostReason};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
@@ -360,21 +360,49 @@ async fn keepalive(mut ka: KeepAlive) {
 #[derive(Debug)]
 pub(crate) struct Cleanup {
     key: String,
-    /// Delete only if the key still has this create revision (`None`: the attempt's outcome was
-    /// not seen; the key is unique to that attempt, so any key by that name is ours).
-    revision: Option<i64>,
+    how: How,
     session: watch::Receiver<SessionState>,
 }
 
+/// How a [`Cleanup`] deletes its key.
+#[derive(Debug)]
+enum How {
+    /// Delete only if the key still has this create revision.
+    Created(i64),
+    /// The request that writes the key got no answer, so it may still be applied later (etcd
+    /// keeps applying a proposal after the client gave up). Write `marker`, attached to the
+    /// session lease, and delete the key in one transaction: the request requires the marker
+    /// to be absent, so if it applies after this it writes nothing. The key is unique to the
+    /// attempt, so any key by that name is ours.
+    Abandoned { marker: String, lease: i64 },
+}
+
 impl Cleanup {
-    pub(crate) fn new(
+    /// A key whose create revision is known: deleted only while it still has it.
+    pub(crate) fn created(
         key: String,
-        revision: Option<i64>,
+        revision: i64,
         session: watch::Receiver<SessionState>,
     ) -> Self {
         Cleanup {
             key,
-            revision,
+            how: How::Created(revision),
+            session,
+        }
+    }
+
+    /// A key written by a request whose outcome was not seen, guarded by `marker` (see
+    /// [`crate::keys::abandoned_key`]): the marker is written on `lease` before the key is
+    /// deleted, in the same transaction.
+    pub(crate) fn abandoned(
+        key: String,
+        marker: String,
+        lease: i64,
+        session: watch::Receiver<SessionState>,
+    ) -> Self {
+        Cleanup {
+            key,
+            how: How::Abandoned { marker, lease },
             session,
         }
     }
@@ -404,9 +432,6 @@ struct Pending {
     c: Cleanup,
     due: Instant,
     attempts: u32,
-    /// Delete once more later: a request whose outcome was not seen might still be applied
-    /// after the first deletion.
-    again: bool,
 }
 
 async fn cleaner(
@@ -423,10 +448,7 @@ async fn cleaner(
         let next_due = pending.iter().map(|p| p.due).min();
         tokio::select! {
             m = rx.recv(), if open => match m {
-                Some(c) => {
-                    let again = c.revision.is_none();
-                    pending.push(Pending { c, due: Instant::now(), attempts: 0, again });
-                }
+                Some(c) => pending.push(Pending { c, due: Instant::now(), attempts: 0 }),
                 None => open = false,
             },
             _ = tokio::time::sleep_until(next_due.unwrap_or_else(Instant::now)), if next_due.is_some() => {}
@@ -441,30 +463,36 @@ async fn cleaner(
                     // The server removes the session's keys with its lease.
                     return (p, true);
                 }
-                let txn = match p.c.revision {
-                    Some(rev) => Txn::new()
+                let txn = match &p.c.how {
+                    How::Created(rev) => Txn::new()
                         .when([Compare::create_revision(
                             p.c.key.clone(),
                             CompareOp::Equal,
-                            rev,
+                            *rev,
                         )])
                         .and_then([TxnOp::delete(p.c.key.clone(), None)]),
-                    None => Txn::new().and_then([TxnOp::delete(p.c.key.clone(), None)]),
+                    How::Abandoned { marker, lease } => Txn::new().and_then([
+                        TxnOp::put(
+                            marker.clone(),
+                            "",
+                            Some(PutOptions::new().with_lease(*lease)),
+                        ),
+                        TxnOp::delete(p.c.key.clone(), None),
+                    ]),
                 };
-                let ok = bounded(request_timeout, c.txn(txn)).await.is_ok();
+                let ok = match bounded(request_timeout, c.txn(txn)).await {
+                    Ok(_) => true,
+                    // The session lease is gone: so is the key, and a late request, which puts
+                    // the key on that lease, is rejected.
+                    Err(f) => f.is_lease_not_found(),
+                };
                 (p, ok)
             }
         }))
         .await;
         let now = Instant::now();
         for (mut p, ok) in results {
-            if ok {
-                if p.again {
-                    p.again = false;
-                    p.due = now + request_timeout * 2;
-                    pending.push(p);
-                }
-            } else {
+            if !ok {
                 p.attempts += 1;
                 let wait = Duration::from_millis(50 * 2u64.pow(p.attempts.min(5)));
                 p.due = now + wait;

@@ -450,7 +450,7 @@ async fn password_is_used_and_never_shown() {
         .await
         .unwrap_err();
     assert!(matches!(bad, Error::InvalidInput(_)), "{bad:?}");
-    let bad_port = EtcdConfig::from_url(&format!("etcd://root:{SECRET}@h:1,b:2")).unwrap_err();
+    let bad_port = EtcdConfig::from_url(&format!("etcd://root:{SECRET}@h:1,b:x")).unwrap_err();
     for shown in [
         format!("{config} {config:?}"),
         format!("{c:?}"),
