@@ -11,8 +11,12 @@
 //! 3. Otherwise watch only the predecessor (`exists` with a watch, 1 RTT) and go back to 2 when it
 //!    changes or the wait bound passes.
 //!
-//! So an uncontended acquire is 2 round trips, a release 1, a renew 1; a waiter is woken by the
-//! predecessor's deletion event and needs 1 round trip to confirm.
+//! So an uncontended acquire is 2 round trips, a release 1, a renew 2 requests pipelined (`sync`,
+//! `exists`); a waiter is woken by the predecessor's deletion event and needs 1 round trip to
+//! confirm.
+//!
+//! Only writes and syncs (answered through the leader) confirm the session; reads do not (see
+//! [`crate::session`]).
 //!
 //! # Cancellation and outcomes not seen
 //!
@@ -25,16 +29,15 @@
 //! answer. Without a runtime to spawn on, or if the process dies, the session's end removes the
 //! node (at most one session timeout later).
 
-use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use lease_core::{
     Capabilities, Coordinator, Error, ForceRelease, HolderInfo, Lease, LeaseOptions, LeaseTracker,
-    LockKey, OwnerId, Result, Token,
+    LockKey, OwnerId, Result, Token, Watermarks,
 };
 use tokio::time::Instant;
 use zookeeper_client::{CreateMode, Error as ZkError, MultiReadResult, Stat};
@@ -121,12 +124,6 @@ enum Turn {
     Busy,
     /// Our node is gone (deleted by someone, or the lock node was removed).
     Vanished,
-}
-
-/// The per-process high-water mark of tokens granted, per ensemble, base path and key.
-fn high_water() -> &'static Mutex<HashMap<(String, LockKey), i64>> {
-    static HW: OnceLock<Mutex<HashMap<(String, LockKey), i64>>> = OnceLock::new();
-    HW.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
 impl ZkCoordinator {
@@ -226,29 +223,18 @@ impl ZkCoordinator {
         Ok(s)
     }
 
-    /// Runs one read request with the request timeout, confirming the session on any answer.
-    /// The outer error is the adapter's (not connected, timed out); the inner result is the
-    /// server's answer.
+    /// Runs one read request with the request timeout. It does not confirm the session: the
+    /// server that answers a read may be a follower cut off from the leader. The outer error is
+    /// the adapter's (timed out); the inner result is the server's answer.
     async fn read<T>(
         &self,
         s: &Session,
         op: Op,
         request: impl std::future::Future<Output = std::result::Result<T, ZkError>>,
     ) -> Result<std::result::Result<T, ZkError>> {
-        let sent = Instant::now();
-        match tokio::time::timeout(s.request_timeout(), request).await {
-            Err(_) => Err(timed_out(op, s.request_timeout())),
-            Ok(Ok(v)) => {
-                s.confirm(sent);
-                Ok(Ok(v))
-            }
-            Ok(Err(e)) => {
-                if crate::error::answered(&e) {
-                    s.confirm(sent);
-                }
-                Ok(Err(e))
-            }
-        }
+        tokio::time::timeout(s.request_timeout(), request)
+            .await
+            .map_err(|_| timed_out(op, s.request_timeout()))
     }
 
     async fn grant(
@@ -475,17 +461,12 @@ impl ZkCoordinator {
                 continue;
             }
             let epoch = s.epoch();
+            // Reads: they do not confirm the session (our create did).
             let sent = Instant::now();
             let list = s.client().get_children(dir);
             let children = match tokio::time::timeout(s.request_timeout(), list).await {
-                Ok(Ok((children, _))) => {
-                    s.confirm(sent);
-                    children
-                }
-                Ok(Err(ZkError::NoNode)) => {
-                    s.confirm(sent);
-                    return Ok(Turn::Vanished);
-                }
+                Ok(Ok((children, _))) => children,
+                Ok(Err(ZkError::NoNode)) => return Ok(Turn::Vanished),
                 Ok(Err(e)) if session_ended(&e) => return Err(from_zk(Op::WAIT, e)),
                 Ok(Err(ZkError::ConnectionLoss)) | Err(_) if !past => continue,
                 Ok(Err(e)) => return Err(from_zk(Op::WAIT, e)),
@@ -503,16 +484,14 @@ impl ZkCoordinator {
             };
             // Watch only the predecessor: one waiter is woken per release.
             let predecessor = format!("{dir}/{}", ordered[index - 1].name);
-            let sent = Instant::now();
             match tokio::time::timeout(
                 s.request_timeout(),
                 s.client().check_and_watch_stat(&predecessor),
             )
             .await
             {
-                Ok(Ok((None, _))) => s.confirm(sent),
+                Ok(Ok((None, _))) => {}
                 Ok(Ok((Some(_), watcher))) => {
-                    s.confirm(sent);
                     tokio::select! {
                         _ = watcher.changed() => {}
                         _ = tokio::time::sleep_until(deadline) => {}
@@ -590,13 +569,10 @@ impl ZkCoordinator {
                 }));
             }
         }
-        let hw_key = (self.inner.namespace.clone(), key.clone());
-        let previous = high_water()
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&hw_key)
-            .copied();
-        if let Some(prev) = previous.filter(|p| node.czxid <= *p) {
+        // The per-process high-water mark, per ensemble and base path ([`Watermarks`]).
+        let watermarks = Watermarks::process();
+        let previous = watermarks.highest(&self.inner.namespace, key);
+        if let Some(prev) = previous.filter(|p| token <= *p) {
             // A later token was granted in this process. Either our node was deleted after we saw
             // it first (and someone else got the lock), or the ensemble's state went backwards.
             match self
@@ -608,7 +584,7 @@ impl ZkCoordinator {
                         backend: BACKEND,
                         key: key.to_string(),
                         observed: token,
-                        floor: Token::from_i64(prev).unwrap_or(Token::MAX),
+                        floor: prev,
                     }));
                 }
                 Ok(Ok(_)) => return Err(None),
@@ -616,9 +592,7 @@ impl ZkCoordinator {
                 Err(e) => return Err(Some(e)),
             }
         }
-        let mut hw = high_water().lock().unwrap_or_else(|p| p.into_inner());
-        let entry = hw.entry(hw_key).or_insert(node.czxid);
-        *entry = (*entry).max(node.czxid);
+        watermarks.record(&self.inner.namespace, key, token);
         Ok(token)
     }
 

@@ -69,22 +69,6 @@ pub(crate) fn session_ended(err: &ZkError) -> bool {
     )
 }
 
-/// Whether the server answered `err` (so the session was alive when it processed the request).
-pub(crate) fn answered(err: &ZkError) -> bool {
-    matches!(
-        err,
-        ZkError::NoNode
-            | ZkError::NodeExists
-            | ZkError::BadVersion
-            | ZkError::NotEmpty
-            | ZkError::NoAuth
-            | ZkError::InvalidAcl
-            | ZkError::NoChildrenForEphemerals
-            | ZkError::QuotaExceeded
-            | ZkError::BadArguments(_)
-    )
-}
-
 /// Maps an error of a request handed to the client library.
 pub(crate) fn from_zk(op: Op, err: ZkError) -> Error {
     match err {
@@ -196,6 +180,5 @@ mod tests {
         let e = from_zk(Op::ACQUIRE, ZkError::SessionExpired);
         assert!(e.is_retryable(), "{e}");
         assert!(session_ended(&ZkError::SessionExpired));
-        assert!(answered(&ZkError::NoNode) && !answered(&ZkError::ConnectionLoss));
     }
 }

@@ -126,23 +126,20 @@ impl LeaseState {
         }
     }
 
-    /// After a reconnect: checks that our node still exists and, if so, holds the lease again.
+    /// After a reconnect: checks that our node still exists (`sync` + `exists`, which confirms
+    /// the session if the sync succeeds) and, if so, holds the lease again.
     pub(crate) async fn verify(self: Arc<Self>, epoch: u64) {
         if self.tracker.status() != LeaseStatus::InDoubt {
             return;
         }
         let s = &self.session;
         let sent = Instant::now();
-        match tokio::time::timeout(s.request_timeout(), s.client().check_stat(&self.path)).await {
-            Ok(Ok(Some(stat))) if stat.czxid == self.czxid => {
-                s.confirm(sent);
+        match s.synced_read(sent, |c| c.check_stat(&self.path)).await {
+            Some(Ok(Some(stat))) if stat.czxid == self.czxid => {
                 s.with_epoch(epoch, |bound| self.apply(bound, true));
             }
-            Ok(Ok(_)) => {
-                s.confirm(sent);
-                self.on_node_gone();
-            }
-            Ok(Err(e)) if session_ended(&e) => self.on_session_ended(),
+            Some(Ok(_)) => self.on_node_gone(),
+            Some(Err(e)) if session_ended(&e) => self.on_session_ended(),
             _ => {}
         }
     }
@@ -156,7 +153,7 @@ impl LeaseState {
         if !s.is_connected() {
             return Err(s.is_terminated());
         }
-        let sent = Instant::now();
+        // A plain read: it does not confirm the session.
         match tokio::time::timeout(
             s.request_timeout(),
             s.client().check_and_watch_stat(&self.path),
@@ -164,13 +161,9 @@ impl LeaseState {
         .await
         {
             Ok(Ok((Some(stat), watcher))) if stat.czxid == self.czxid => {
-                s.confirm(sent);
                 Ok(Some(Box::pin(watcher.changed())))
             }
-            Ok(Ok(_)) => {
-                s.confirm(sent);
-                Ok(None)
-            }
+            Ok(Ok(_)) => Ok(None),
             Ok(Err(e)) if session_ended(&e) => Err(true),
             _ => Err(false),
         }
@@ -324,8 +317,11 @@ pub(crate) async fn monitor(state: Arc<LeaseState>, mut dropped: oneshot::Receiv
 /// contenders.
 ///
 /// - [`token`](Lease::token) is the node's creation zxid.
-/// - [`renew`](Lease::renew) checks that the node still exists (one `exists`, one round trip) and
-///   measures validity from the moment it was sent.
+/// - [`renew`](Lease::renew) sends a `sync` and an `exists` on the node, pipelined (one round
+///   trip when both leave in one segment): the sync's answer comes through the leader and
+///   confirms the session, the exists (answered after the sync) that the node is still there.
+///   Validity is measured from the moment the sync was sent; a failed or unanswered sync extends
+///   nothing.
 /// - [`release`](Lease::release) deletes the node with the version it was created with; a lease
 ///   whose node is gone returns `Lost` and deletes nothing (the path is unique to this
 ///   acquisition, so it can never name another holder's node).
@@ -404,11 +400,12 @@ impl Lease for ZkLease {
             return Err(disconnected(Op::RENEW));
         }
         let epoch = s.epoch();
+        // Only a sync proves the leader still has the session: a follower cut off from the leader
+        // answers the exists alone. `synced_read` confirms the session only if the sync succeeded.
         let sent = Instant::now();
-        match tokio::time::timeout(s.request_timeout(), s.client().check_stat(&st.path)).await {
-            Err(_) => Err(timed_out(Op::RENEW, s.request_timeout())),
-            Ok(Ok(Some(stat))) if stat.czxid == st.czxid => {
-                s.confirm(sent);
+        match s.synced_read(sent, |c| c.check_stat(&st.path)).await {
+            None => Err(timed_out(Op::RENEW, s.request_timeout())),
+            Some(Ok(Some(stat))) if stat.czxid == st.czxid => {
                 st.extend(sent);
                 match s.with_epoch(epoch, |bound| st.apply(bound, true)) {
                     Some(true) => Ok(st.tracker.valid_until()),
@@ -421,16 +418,15 @@ impl Lease for ZkLease {
                     }),
                 }
             }
-            Ok(Ok(_)) => {
-                s.confirm(sent);
+            Some(Ok(_)) => {
                 st.on_node_gone();
                 Err(st.lost_error(LostReason::Revoked))
             }
-            Ok(Err(e)) if session_ended(&e) => {
+            Some(Err(e)) if session_ended(&e) => {
                 st.on_session_ended();
                 Err(st.lost_error(LostReason::SessionEnded))
             }
-            Ok(Err(e)) => Err(from_zk(Op::RENEW, e)),
+            Some(Err(e)) => Err(from_zk(Op::RENEW, e)),
         }
     }
 

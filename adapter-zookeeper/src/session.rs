@@ -3,12 +3,17 @@
 //!
 //! # What the session tells a lease
 //!
-//! A lease's node is ephemeral: the server deletes it when the session expires, which happens no
-//! earlier than one negotiated session timeout `T` after the server last heard from the client
-//! (the server rounds expiry *up* to its tick). Any answer to a request sent at `s` proves that
-//! the server touched the session at or after `s`, so the node lives at least until `s + T`
-//! unless someone deletes it. The session keeps the largest such `s` ("confirmed") and a
-//! heartbeat (an `exists` on the base node every `T / 3`) keeps it fresh while connected; every
+//! A lease's node is ephemeral: the leader expires the session (and deletes the node) no earlier
+//! than one negotiated session timeout `T` after it last heard of the client (it rounds expiry
+//! *up* to its tick). Only an answer that passed through the leader proves that: a `sync`, or a
+//! write (create, delete, and their `NoNode`/`NodeExists`/`BadVersion` refusals, which the
+//! leader decides). An answer to a request sent at `s` proves that the session was alive and
+//! touched at or after `s`, so the node lives at least until `s + T` unless someone deletes it.
+//! A plain read proves nothing of the kind: in an ensemble, a follower cut off from the leader
+//! keeps answering reads (for up to `syncLimit × tickTime`) while the leader expires the session,
+//! so reads never confirm. The session keeps the largest confirmed `s` ("confirmed"), a heartbeat
+//! (a `sync` every `T / 3`) keeps it fresh while connected, and `renew` and the post-reconnect
+//! check send a `sync` pipelined in front of their `exists` ([`Session::synced_read`]); every
 //! lease's local validity is capped at `confirmed + T − margin`.
 //!
 //! Connection events:
@@ -16,7 +21,7 @@
 //! - `Disconnected`: every live lease becomes in doubt at once ([`LeaseStatus::InDoubt`]); its
 //!   validity stays capped by the last confirmation, so it is lost when that runs out.
 //! - `SyncConnected` after a disconnect: each in-doubt lease checks that its node still exists
-//!   (one `exists` each) and is held again if so, lost (`Revoked`) if not.
+//!   (`sync` + `exists`, pipelined, each) and is held again if so, lost (`Revoked`) if not.
 //! - `Expired`, `Closed`, `AuthFailed`: every live lease is lost (`SessionEnded`); the coordinator
 //!   opens a new session on its next call.
 //!
@@ -53,7 +58,7 @@ struct ConnState {
     connected: bool,
     terminated: bool,
     epoch: u64,
-    /// The send time of the latest request the server answered.
+    /// The send time of the latest request answered through the leader (a `sync` or a write).
     confirmed: Instant,
 }
 
@@ -128,12 +133,11 @@ impl Session {
             "zookeeper session established"
         );
         // Observers without credentials may not create (not even an existing node), so look
-        // first.
+        // first. A read confirms nothing (the session's creation did).
         let locks = session.paths.locks();
-        let sent = Instant::now();
         match tokio::time::timeout(session.request_timeout, session.client.check_stat(&locks)).await
         {
-            Ok(Ok(Some(_))) => session.confirm(sent),
+            Ok(Ok(Some(_))) => {}
             _ => session.ensure_persistent(&locks).await?,
         }
         tokio::spawn(watch_state(Arc::downgrade(&session), state_watcher));
@@ -192,11 +196,42 @@ impl Session {
         self.conn().epoch
     }
 
-    /// Records that the server answered a request sent at `sent`.
+    /// Records that the leader answered a request sent at `sent`: a `sync` or a write, never a
+    /// plain read (a follower cut off from the leader still answers reads).
     pub(crate) fn confirm(&self, sent: Instant) {
         let mut c = self.conn();
         if sent > c.confirmed {
             c.confirmed = sent;
+        }
+    }
+
+    /// Sends `sync(<base>)` and then the read `read` makes, pipelined (the client library sends
+    /// a request when its method is called, in call order), and waits for both within the request
+    /// timeout. The server answers the read only after the sync, so the read sees at least the
+    /// leader's state when it took the sync; the sync's answer comes from the leader, so it
+    /// confirms the session with `sent` (read by the caller before calling). A failed sync
+    /// confirms nothing and its error is returned whatever the read's answer. `None`: the
+    /// request timeout passed first.
+    pub(crate) async fn synced_read<T, F>(
+        &self,
+        sent: Instant,
+        read: impl FnOnce(&Client) -> F,
+    ) -> Option<std::result::Result<T, zookeeper_client::Error>>
+    where
+        F: std::future::Future<Output = std::result::Result<T, zookeeper_client::Error>>,
+    {
+        let sync = self.client.sync(self.paths.base());
+        let read = read(&self.client);
+        let (synced, answer) =
+            tokio::time::timeout(self.request_timeout, futures::future::join(sync, read))
+                .await
+                .ok()?;
+        match synced {
+            Ok(()) => {
+                self.confirm(sent);
+                Some(answer)
+            }
+            Err(e) => Some(Err(e)),
         }
     }
 
@@ -351,7 +386,8 @@ async fn watch_state(session: Weak<Session>, mut states: StateWatcher) {
     }
 }
 
-/// Confirms the session every third of its timeout while connected.
+/// Confirms the session every third of its timeout while connected, with a `sync` (answered
+/// through the leader; a read would not do).
 async fn heartbeat(session: Weak<Session>) {
     let period = match session.upgrade() {
         Some(s) => (s.timeout / 3).max(Duration::from_millis(10)),
@@ -368,9 +404,8 @@ async fn heartbeat(session: Weak<Session>) {
         }
         let epoch = s.epoch();
         let sent = Instant::now();
-        let answer =
-            tokio::time::timeout(s.request_timeout, s.client.check_stat(s.paths.base())).await;
-        if let Ok(Ok(_)) = answer {
+        let answer = tokio::time::timeout(s.request_timeout, s.client.sync(s.paths.base())).await;
+        if let Ok(Ok(())) = answer {
             s.confirm(sent);
             s.refresh(epoch);
         }

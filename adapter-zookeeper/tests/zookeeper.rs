@@ -482,6 +482,21 @@ async fn latency_report() {
     acq.sort();
     rel.sort();
     println!("acquire p50 {:?} release p50 {:?}", acq[150], rel[150]);
+    // Renew: sync + exists, pipelined.
+    let held = a.acquire(&key, &o).await.unwrap();
+    let mut renews = Vec::new();
+    for _ in 0..300 {
+        let t = Instant::now();
+        held.renew().await.unwrap();
+        renews.push(t.elapsed());
+    }
+    held.release().await.unwrap();
+    renews.sort();
+    println!(
+        "renew p50 {:?} p99 {:?}",
+        renews[150],
+        renews[(renews.len() - 1) * 99 / 100]
+    );
     // The physical limit on this machine now: one raw create + delete of an ephemeral
     // sequential node (the adapter adds a getChildren, and a background exists-watch).
     let raw = raw_client(server.addr(), Some(&format!("alice:{PASSWORD}"))).await;
@@ -618,4 +633,151 @@ async fn a_create_whose_answer_was_lost_is_adopted_or_cleaned_up_never_duplicate
         .release()
         .await
         .unwrap();
+}
+
+/// A TCP proxy that forwards ZooKeeper frames and, while `hold` is set, swallows the client's
+/// `sync` requests (opcode 9) and forwards everything else: the server answers reads and
+/// pings but never a sync, as a follower cut off from the leader keeps answering reads while
+/// a sync (which it must forward to the leader) goes unanswered.
+struct SyncSwallower {
+    addr: std::net::SocketAddr,
+    hold: Arc<std::sync::atomic::AtomicBool>,
+    swallowed: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl SyncSwallower {
+    async fn start(upstream: std::net::SocketAddr) -> SyncSwallower {
+        use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let hold = Arc::new(AtomicBool::new(false));
+        let swallowed = Arc::new(AtomicU64::new(0));
+        let (h, n) = (hold.clone(), swallowed.clone());
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(server) = tokio::net::TcpStream::connect(upstream).await else {
+                    continue;
+                };
+                let (mut cr, mut cw) = client.into_split();
+                let (mut sr, mut sw) = server.into_split();
+                tokio::spawn(async move {
+                    let _ = tokio::io::copy(&mut sr, &mut cw).await;
+                });
+                let (h, n) = (h.clone(), n.clone());
+                tokio::spawn(async move {
+                    // Frames: a 4-byte length, then (after the connect request, which has no
+                    // header) xid and opcode.
+                    let mut first = true;
+                    loop {
+                        let mut len = [0u8; 4];
+                        if cr.read_exact(&mut len).await.is_err() {
+                            return;
+                        }
+                        let mut body = vec![0u8; u32::from_be_bytes(len) as usize];
+                        if cr.read_exact(&mut body).await.is_err() {
+                            return;
+                        }
+                        let sync = !first
+                            && body.len() >= 8
+                            && i32::from_be_bytes(body[4..8].try_into().unwrap()) == 9;
+                        first = false;
+                        if sync && h.load(Ordering::SeqCst) {
+                            n.fetch_add(1, Ordering::SeqCst);
+                            continue;
+                        }
+                        if sw.write_all(&len).await.is_err() || sw.write_all(&body).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        SyncSwallower {
+            addr,
+            hold,
+            swallowed,
+        }
+    }
+}
+
+/// Validity moves only on a successful `sync` (answered through the leader), never on a read
+/// answered alone: with every sync swallowed, the server still answers renew's `exists`,
+/// `inspect` and the client's pings, yet renew fails without extending validity and the lease
+/// expires at the bound of the last successful sync.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_a_sync_extends_validity_never_a_read_answered_alone() {
+    use std::sync::atomic::Ordering;
+    let Some(server) = server("only_a_sync_extends_validity").await else {
+        return;
+    };
+    let proxy = SyncSwallower::start(server.addr()).await;
+    let base = format!("/adapter-test-{:08x}", rand::random::<u32>());
+    let cfg = ZkConfig::from_url(&format!(
+        "zk://{}{base}?session_timeout_ms=2000&request_timeout_ms=400&digest=alice:{PASSWORD}",
+        proxy.addr
+    ))
+    .unwrap();
+    let coord = ZkCoordinator::connect(cfg).await.unwrap();
+    let session = coord.session_timeout();
+    let key: LockKey = "sync-only".parse().unwrap();
+    // A TTL far above the session timeout: validity is the session bound, last sync + T − margin.
+    let ttl = Duration::from_secs(20);
+    let margin = lease_core::clock::default_drift_margin(ttl);
+    let lease = coord.acquire(&key, &LeaseOptions::new(ttl)).await.unwrap();
+
+    // A normal renew (sync + exists) extends validity, measured from its send time.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let before = lease.valid_until();
+    let sent = Instant::now();
+    let renewed = lease.renew().await.unwrap();
+    let answered = Instant::now();
+    assert!(renewed > before, "a successful sync extends validity");
+    assert!(
+        renewed >= sent + session - margin && renewed <= answered + session - margin,
+        "validity {:?} after the renew was sent, session {session:?}",
+        renewed - sent
+    );
+
+    // Now the server answers everything but syncs.
+    proxy.hold.store(true, Ordering::SeqCst);
+    let held = lease.valid_until();
+    let renew = lease.renew().await;
+    assert!(
+        matches!(&renew, Err(e) if e.is_retryable() && !matches!(e, Error::Lost { .. })),
+        "{renew:?}"
+    );
+    assert_eq!(
+        lease.valid_until(),
+        held,
+        "a renew whose sync failed extends nothing"
+    );
+    // Reads are answered, and confirm nothing.
+    let holder = coord.inspect(&key).await.unwrap().expect("a holder");
+    assert_eq!(holder.token, lease.token());
+    assert_eq!(lease.valid_until(), held);
+    // The heartbeat's syncs are swallowed too: the lease expires at the last sync's bound,
+    // although the server still has the session (the client's pings are answered).
+    let reason = tokio::time::timeout(session * 2, lease.lost().wait())
+        .await
+        .expect("lost once the last confirmed sync's bound passes");
+    let lost_at = Instant::now();
+    assert_eq!(reason, LostReason::Expired);
+    assert!(
+        lost_at >= held && lost_at <= held + Duration::from_millis(300),
+        "lost {:?} after the last validity",
+        lost_at.saturating_duration_since(held)
+    );
+    assert!(proxy.swallowed.load(Ordering::SeqCst) >= 2);
+
+    // Syncs pass again: the same session serves a new lease, and renew extends it.
+    proxy.hold.store(false, Ordering::SeqCst);
+    let again = coord
+        .acquire(&key, &LeaseOptions::new(ttl).wait(Duration::from_secs(5)))
+        .await
+        .unwrap();
+    let before = again.valid_until();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(again.renew().await.unwrap() > before);
+    again.release().await.unwrap();
 }
