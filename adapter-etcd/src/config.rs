@@ -378,20 +378,9 @@ impl EtcdConfig {
 
 /// Percent-decodes URL user info (`%40` is `@`).
 fn decode(url: &BackendUrl, s: &str) -> Result<String> {
-    let bad =
-        || Error::from(url.invalid("user info has a malformed percent escape or is not UTF-8"));
-    let mut out = Vec::with_capacity(s.len());
-    let mut bytes = s.bytes();
-    while let Some(b) = bytes.next() {
-        if b == b'%' {
-            let hex = [bytes.next().ok_or_else(bad)?, bytes.next().ok_or_else(bad)?];
-            let hex = std::str::from_utf8(&hex).map_err(|_| bad())?;
-            out.push(u8::from_str_radix(hex, 16).map_err(|_| bad())?);
-        } else {
-            out.push(b);
-        }
-    }
-    String::from_utf8(out).map_err(|_| bad())
+    lease_core::percent_decode(s).ok_or_else(|| {
+        Error::from(url.invalid("user info has a malformed percent escape or is not UTF-8"))
+    })
 }
 
 fn validate_prefix(prefix: &str) -> std::result::Result<(), &'static str> {

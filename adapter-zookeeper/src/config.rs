@@ -470,24 +470,9 @@ fn parse_base_path(path: &str) -> Result<String, String> {
 }
 
 fn percent_decode(s: &str) -> Result<String, String> {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = bytes
-                .get(i + 1..i + 3)
-                .and_then(|h| std::str::from_utf8(h).ok())
-                .and_then(|h| u8::from_str_radix(h, 16).ok())
-                .ok_or_else(|| "a '%' not followed by two hex digits".to_owned())?;
-            out.push(hex);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).map_err(|_| "percent-encoded bytes are not UTF-8".to_owned())
+    lease_core::percent_decode(s).ok_or_else(|| {
+        "a '%' not followed by two hex digits, or escaped bytes that are not UTF-8".to_owned()
+    })
 }
 
 /// Redacts the password of `user:password@` and the value of `digest=` in a raw URL string
