@@ -103,13 +103,15 @@ if ((${#running[@]} > 0)); then
 fi
 
 echo "setup.sh: versions:"
-redis-server --version | sed 's/^/  /'
-etcd --version | head -1 | sed 's/^/  /'
-java -version 2>&1 | head -1 | sed 's/^/  /'
-zk_jar="$(readlink -f /usr/share/java/zookeeper.jar)"
-echo "  ZooKeeper jar: ${zk_jar}"
-protoc --version | sed 's/^/  /'
+# Informational only: read each version into a variable first, so that `head` closing a pipe
+# early (SIGPIPE under pipefail) can never fail the script.
+version() { local out; out="$("$@" 2>&1 || true)"; printf '  %s\n' "${out%%$'\n'*}"; }
+version redis-server --version
+version etcd --version
+version java -version
+echo "  ZooKeeper jar: $(readlink -f /usr/share/java/zookeeper.jar || true)"
+version protoc --version
 pg_bin="$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1 || true)"
 if [[ -n "$pg_bin" ]]; then
-  "$pg_bin/postgres" --version | sed 's/^/  /'
+  version "$pg_bin/postgres" --version
 fi

@@ -1,15 +1,17 @@
 //! The conformance suite with the in-memory coordinator and this PostgreSQL fence as the
 //! protected resource: every case's fenced writes go through PostgreSQL.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use conformance_tests::harness::{server_unavailable, Backend, PostgresServer};
 use conformance_tests::suite::{main_for, Subject};
 
 fn main() -> std::process::ExitCode {
-    // Kept alive until the process exits (the suite runs inside `main_for`).
-    static SERVER: std::sync::OnceLock<PostgresServer> = std::sync::OnceLock::new();
-    main_for(|| async {
+    // The server lives in `main`'s frame and is dropped (killed, its directory removed) when the
+    // suite has run; a `static` would never be dropped and would leak the server.
+    let server: Arc<Mutex<Option<PostgresServer>>> = Arc::new(Mutex::new(None));
+    let holder = server.clone();
+    let code = main_for(|| async move {
         if let Err(reason) = Backend::Postgres.local_availability() {
             server_unavailable("fence-postgres suite", reason)
                 .map_err(|e| e.to_string())?
@@ -21,7 +23,7 @@ fn main() -> std::process::ExitCode {
             .map_err(|e| e.to_string())?
             .map_err(|e| e.to_string())?;
         let url = pg.connection_url();
-        let _ = SERVER.set(pg);
+        *holder.lock().expect("server slot") = Some(pg);
         let fence = fence_postgres::PgFence::connect(&url)
             .await
             .map_err(|e| e.to_string())?;
@@ -29,5 +31,7 @@ fn main() -> std::process::ExitCode {
         subject.name = "memory+postgres-fence".into();
         subject.fence = Arc::new(lease_core::Instrumented::new(fence));
         Ok(Some(subject))
-    })
+    });
+    drop(server.lock().expect("server slot").take());
+    code
 }
