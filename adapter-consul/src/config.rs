@@ -191,12 +191,12 @@ impl ConsulConfig {
             };
             let bad = |expected: &str| url.invalid(format!("{name}={shown}: expected {expected}"));
             let millis = |lo: u64, hi: u64, expected: &str| {
-                value
-                    .parse::<u64>()
-                    .ok()
-                    .filter(|v| (lo..=hi).contains(v))
-                    .map(Duration::from_millis)
-                    .ok_or_else(|| bad(expected))
+                lease_core::parse_millis(
+                    &value,
+                    Duration::from_millis(lo),
+                    Duration::from_millis(hi),
+                )
+                .ok_or_else(|| bad(expected))
             };
             match name.as_str() {
                 "token" => {

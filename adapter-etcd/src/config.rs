@@ -219,11 +219,7 @@ impl EtcdConfig {
                     }
                 }
                 "request_timeout_ms" | "connect_timeout_ms" => {
-                    let d = value
-                        .parse::<u64>()
-                        .ok()
-                        .map(Duration::from_millis)
-                        .filter(|d| !d.is_zero() && *d <= MAX_TIMEOUT)
+                    let d = lease_core::parse_millis(&value, Duration::from_millis(1), MAX_TIMEOUT)
                         .ok_or_else(|| bad("milliseconds in 1..=60000"))?;
                     if name == "request_timeout_ms" {
                         config.request_timeout = d;
@@ -400,15 +396,13 @@ fn validate_prefix(prefix: &str) -> std::result::Result<(), &'static str> {
 }
 
 fn checked_timeout(field: &'static str, d: Duration) -> Result<Duration> {
-    if d < Duration::from_millis(1) || d > MAX_TIMEOUT {
-        return Err(InvalidInput::OutOfRange {
-            field,
-            value: format!("{d:?}"),
-            expected: "1 ms to 60 s",
-        }
-        .into());
-    }
-    Ok(d)
+    Ok(lease_core::duration_in_range(
+        field,
+        d,
+        Duration::from_millis(1),
+        MAX_TIMEOUT,
+        "1 ms to 60 s",
+    )?)
 }
 
 #[cfg(test)]

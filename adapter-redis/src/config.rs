@@ -194,12 +194,9 @@ impl RedisConfig {
                     config.token_floor = Some(floor);
                 }
                 "command_timeout_ms" | "connect_timeout_ms" | "poll_interval_ms" => {
-                    let d = value
-                        .parse::<u64>()
-                        .ok()
-                        .map(Duration::from_millis)
-                        .filter(|d| !d.is_zero() && *d <= MAX_INTERVAL)
-                        .ok_or_else(|| bad("milliseconds in 1..=60000"))?;
+                    let d =
+                        lease_core::parse_millis(&value, Duration::from_millis(1), MAX_INTERVAL)
+                            .ok_or_else(|| bad("milliseconds in 1..=60000"))?;
                     match name.as_str() {
                         "command_timeout_ms" => config.command_timeout = d,
                         "connect_timeout_ms" => config.connect_timeout = d,
@@ -391,15 +388,13 @@ fn validate_prefix(prefix: &str) -> std::result::Result<(), &'static str> {
 }
 
 fn checked_interval(field: &'static str, d: Duration) -> Result<Duration> {
-    if d < Duration::from_millis(1) || d > MAX_INTERVAL {
-        return Err(InvalidInput::OutOfRange {
-            field,
-            value: format!("{d:?}"),
-            expected: "1 ms to 60 s",
-        }
-        .into());
-    }
-    Ok(d)
+    Ok(lease_core::duration_in_range(
+        field,
+        d,
+        Duration::from_millis(1),
+        MAX_INTERVAL,
+        "1 ms to 60 s",
+    )?)
 }
 
 #[cfg(test)]

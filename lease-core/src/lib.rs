@@ -27,7 +27,10 @@ pub use keeper::{keep, KeeperOptions, KeeperStop, Kept, Progress};
 pub use key::{LockKey, ResourceId, MAX_NAME_BYTES};
 pub use lease::{Lease, LeaseStatus, LeaseTracker, LostSignal};
 pub use multi::{acquire_many, MultiLease};
-pub use options::{Capabilities, ForceRelease, LeaseOptions, OwnerId, MAX_LABEL_BYTES};
+pub use options::{
+    duration_in_range, parse_millis, Capabilities, ForceRelease, LeaseOptions, OwnerId,
+    MAX_LABEL_BYTES,
+};
 pub use section::{bounded, bounded_with, SectionGuard, SectionOptions};
 pub use token::{FencingToken, Token};
 pub use watermark::Watermarks;

@@ -293,6 +293,37 @@ impl LeaseOptions {
     }
 }
 
+/// Parses a duration option written in whole milliseconds (a URL's `..._ms` parameter) and
+/// checks that it lies in `min..=max`. `None` otherwise: the caller names the option and the
+/// range in its own `InvalidInput`.
+pub fn parse_millis(value: &str, min: Duration, max: Duration) -> Option<Duration> {
+    value
+        .parse::<u64>()
+        .ok()
+        .map(Duration::from_millis)
+        .filter(|d| (min..=max).contains(d))
+}
+
+/// Checks a duration set through a builder against `min..=max`; otherwise
+/// `InvalidInput::OutOfRange` naming `field`, the value and `expected` (the range in words).
+pub fn duration_in_range(
+    field: &'static str,
+    d: Duration,
+    min: Duration,
+    max: Duration,
+    expected: &'static str,
+) -> Result<Duration, InvalidInput> {
+    if (min..=max).contains(&d) {
+        Ok(d)
+    } else {
+        Err(InvalidInput::OutOfRange {
+            field,
+            value: format!("{d:?}"),
+            expected,
+        })
+    }
+}
+
 /// An operator's request to remove a lock regardless of its owner: who and why, both recorded.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ForceRelease {
@@ -377,6 +408,24 @@ mod tests {
             .operation("reconcile")
             .validate(&caps())
             .unwrap();
+    }
+
+    #[test]
+    fn duration_options() {
+        let (lo, hi) = (Duration::from_millis(1), Duration::from_secs(60));
+        assert_eq!(
+            parse_millis("500", lo, hi),
+            Some(Duration::from_millis(500))
+        );
+        for bad in ["0", "60001", "-1", "1.5", "", "x"] {
+            assert_eq!(parse_millis(bad, lo, hi), None, "{bad}");
+        }
+        assert!(duration_in_range("t", Duration::from_secs(60), lo, hi, "1 ms to 60 s").is_ok());
+        let e = duration_in_range("t", Duration::ZERO, lo, hi, "1 ms to 60 s").unwrap_err();
+        assert!(
+            e.to_string().contains("t = 0ns") && e.to_string().contains("1 ms to 60 s"),
+            "{e}"
+        );
     }
 
     #[test]
