@@ -841,23 +841,13 @@ mod tests {
     /// with a proposal the client gave up on, writes nothing: no orphan key in the queue.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn an_unanswered_acquire_is_retired_and_a_late_apply_writes_nothing() {
-        use conformance_tests::harness::{server_unavailable, EtcdServer};
+        use conformance_tests::harness::{start_or_skip_async, Backend, EtcdServer};
         use conformance_tests::proxy::FaultProxy;
 
         let test = "an_unanswered_acquire_is_retired_and_a_late_apply_writes_nothing";
-        if let Err(reason) = EtcdServer::binary() {
-            match server_unavailable(test, reason) {
-                Ok(skip) => {
-                    skip.report();
-                    return;
-                }
-                Err(e) => panic!("{e}"),
-            }
-        }
-        let server = tokio::task::spawn_blocking(EtcdServer::start)
-            .await
-            .unwrap()
-            .expect("etcd starts");
+        let Some(server) = start_or_skip_async(test, Backend::Etcd, EtcdServer::start).await else {
+            return;
+        };
         let proxy = FaultProxy::start(server.addr()).await.unwrap();
         let url = format!("etcd://{}?request_timeout_ms=300", proxy.addr());
         let coord = EtcdCoordinator::from_url(&url).await.unwrap();

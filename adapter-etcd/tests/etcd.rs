@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use adapter_etcd::etcd_client::{self, Client, GetOptions};
 use adapter_etcd::{EtcdConfig, EtcdCoordinator, EtcdFence};
-use conformance_tests::harness::{server_unavailable, EtcdServer};
+use conformance_tests::harness::{start_or_skip_async, Backend, EtcdServer};
 use conformance_tests::proxy::FaultProxy;
 use lease_core::{
     Coordinator, Error, Fence, ForceRelease, Instrumented, Lease, LeaseOptions, LockKey,
@@ -20,21 +20,7 @@ const TTL: Duration = Duration::from_secs(2);
 
 /// Starts etcd, or reports a named skip (`None`); under `CI=true` a missing binary panics.
 async fn server(test: &str) -> Option<EtcdServer> {
-    if let Err(reason) = EtcdServer::binary() {
-        match server_unavailable(test, reason) {
-            Ok(skip) => {
-                skip.report();
-                return None;
-            }
-            Err(e) => panic!("{e}"),
-        }
-    }
-    Some(
-        tokio::task::spawn_blocking(EtcdServer::start)
-            .await
-            .expect("start task")
-            .expect("etcd starts"),
-    )
+    start_or_skip_async(test, Backend::Etcd, EtcdServer::start).await
 }
 
 async fn coord(url: &str) -> Arc<dyn Coordinator> {

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use adapter_zookeeper::zookeeper_client as zk;
 use adapter_zookeeper::{ZkConfig, ZkCoordinator};
-use conformance_tests::harness::{server_unavailable, ZooKeeperServer};
+use conformance_tests::harness::{start_or_skip_async, Backend, ZooKeeperServer};
 use conformance_tests::proxy::FaultProxy;
 use lease_core::{
     Coordinator, Error, ForceRelease, Lease, LeaseOptions, LeaseStatus, LockKey, LostReason,
@@ -19,21 +19,7 @@ const PASSWORD: &str = "zk-test-s3cret";
 
 /// Starts a ZooKeeper, or reports a named skip (`None`); panics under `CI=true` without one.
 async fn server(test: &str) -> Option<ZooKeeperServer> {
-    if let Err(reason) = ZooKeeperServer::install() {
-        match server_unavailable(test, reason) {
-            Ok(skip) => {
-                skip.report();
-                return None;
-            }
-            Err(e) => panic!("{e}"),
-        }
-    }
-    Some(
-        tokio::task::spawn_blocking(ZooKeeperServer::start)
-            .await
-            .expect("start task")
-            .expect("zookeeper starts"),
-    )
+    start_or_skip_async(test, Backend::ZooKeeper, ZooKeeperServer::start).await
 }
 
 fn config(addr: impl std::fmt::Display, session_ms: u64) -> ZkConfig {

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use conformance_tests::harness::{server_unavailable, Backend, PostgresServer};
+use conformance_tests::harness::{start_or_skip_async, Backend, PostgresServer};
 use fence_postgres::{begin, FencedTable, Ident, PgFence};
 use lease_core::{Bytes, Error, Fence, ResourceId, Token};
 use rand::seq::SliceRandom;
@@ -14,18 +14,7 @@ fn t(n: u64) -> Token {
 }
 
 async fn server(test: &str) -> Option<PostgresServer> {
-    if let Err(reason) = Backend::Postgres.local_availability() {
-        server_unavailable(test, reason)
-            .unwrap_or_else(|e| panic!("{e}"))
-            .report();
-        return None;
-    }
-    Some(
-        tokio::task::spawn_blocking(PostgresServer::start)
-            .await
-            .unwrap()
-            .expect("postgres starts"),
-    )
+    start_or_skip_async(test, Backend::Postgres, PostgresServer::start).await
 }
 
 async fn client(url: &str) -> tokio_postgres::Client {

@@ -5,20 +5,14 @@ use std::time::Duration;
 
 use adapter_redis::{RedisConfig, RedisCoordinator, RedisFence};
 use conformance_tests::harness::{
-    server_unavailable, Backend, RedisConfig as ServerConfig, RedisServer,
+    start_or_skip, Backend, RedisConfig as ServerConfig, RedisServer,
 };
 use lease_core::LockKey;
 
 /// Starts a server with `config`, or reports `SKIPPED: <test>: <reason>` and returns `None`
 /// (a panic under `CI=true`).
 pub(crate) fn server(test: &str, config: ServerConfig) -> Option<RedisServer> {
-    if let Err(reason) = Backend::Redis.local_availability() {
-        server_unavailable(test, reason)
-            .unwrap_or_else(|e| panic!("{e}"))
-            .report();
-        return None;
-    }
-    Some(RedisServer::start_with(config).unwrap_or_else(|e| panic!("{test}: {e}")))
+    start_or_skip(test, Backend::Redis, || RedisServer::start_with(config))
 }
 
 /// The durable configuration (AOF, fsync always, noeviction).

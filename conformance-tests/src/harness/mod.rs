@@ -361,6 +361,36 @@ pub fn server_unavailable(name: &str, reason: impl Into<String>) -> Result<Skip,
     }
 }
 
+/// Starts a server for the test `name` with `start`, applying the missing-server policy first:
+/// `None` after printing `SKIPPED: <name>: <reason>` when `backend` is not installed; a panic
+/// under `CI=true` ([`server_unavailable`]) or when an installed server fails to start. Blocking:
+/// from async code call it through `tokio::task::spawn_blocking` or [`start_or_skip_async`].
+pub fn start_or_skip<T>(
+    name: &str,
+    backend: Backend,
+    start: impl FnOnce() -> Result<T, HarnessError>,
+) -> Option<T> {
+    if let Err(reason) = backend.local_availability() {
+        server_unavailable(name, reason)
+            .unwrap_or_else(|e| panic!("{e}"))
+            .report();
+        return None;
+    }
+    Some(start().unwrap_or_else(|e| panic!("{name}: {backend} did not start: {e}")))
+}
+
+/// [`start_or_skip`] from async code (the start runs on a blocking thread).
+pub async fn start_or_skip_async<T, F>(name: &str, backend: Backend, start: F) -> Option<T>
+where
+    T: Send + 'static,
+    F: FnOnce() -> Result<T, HarnessError> + Send + 'static,
+{
+    let name = name.to_owned();
+    tokio::task::spawn_blocking(move || start_or_skip(&name, backend, start))
+        .await
+        .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
+}
+
 /// Searches `PATH` for an executable file called `program`.
 pub fn find_in_path(program: &str) -> Option<PathBuf> {
     use std::os::unix::fs::PermissionsExt;
