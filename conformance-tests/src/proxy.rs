@@ -11,6 +11,7 @@
 //! | [`blackhole`](FaultProxy::blackhole) | a partition: connections are still accepted, but nothing is forwarded in either direction and nothing is closed; new connections are not even opened upstream |
 //! | [`delay`](FaultProxy::delay) | each chunk is forwarded `d` after the proxy read it, in each direction (a round trip gains at least `2 d`) |
 //! | [`cut`](FaultProxy::cut) | every current connection is reset now (both sides get `RST`); new connections are accepted as usual in the current mode |
+//! | [`drop_replies`](FaultProxy::drop_replies) | requests reach the server, its replies are read and **discarded** (a lost reply: the operation applied, the client never hears) |
 //!
 //! **Healing keeps held bytes.** While black-holed the proxy stops reading, so bytes wait in
 //! kernel buffers (and at most one chunk per direction inside the proxy); after `heal()` they are
@@ -43,11 +44,26 @@ pub enum FaultMode {
     Blackhole,
     /// Forward each chunk this long after it was read, per direction.
     Delay(Duration),
+    /// Forward client-to-server bytes; read and discard server-to-client bytes.
+    DropReplies,
+}
+
+/// Which way a pump copies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Direction {
+    /// Client to server.
+    Request,
+    /// Server to client.
+    Reply,
 }
 
 impl FaultMode {
     fn forwards(self) -> bool {
         self != FaultMode::Blackhole
+    }
+
+    fn discards(self, direction: Direction) -> bool {
+        self == FaultMode::DropReplies && direction == Direction::Reply
     }
 
     fn delay(self) -> Duration {
@@ -72,6 +88,7 @@ pub struct FaultProxy {
     upstream: SocketAddr,
     control: watch::Sender<Control>,
     accepted: Arc<AtomicU64>,
+    request_bytes: Arc<AtomicU64>,
     accept_task: JoinHandle<()>,
 }
 
@@ -88,12 +105,20 @@ impl FaultProxy {
             cut_epoch: 0,
         });
         let accepted = Arc::new(AtomicU64::new(0));
-        let accept_task = tokio::spawn(accept_loop(listener, upstream, rx, accepted.clone()));
+        let request_bytes = Arc::new(AtomicU64::new(0));
+        let accept_task = tokio::spawn(accept_loop(
+            listener,
+            upstream,
+            rx,
+            accepted.clone(),
+            request_bytes.clone(),
+        ));
         Ok(Self {
             addr,
             upstream,
             control,
             accepted,
+            request_bytes,
             accept_task,
         })
     }
@@ -143,6 +168,18 @@ impl FaultProxy {
         self.set_mode(FaultMode::Delay(d));
     }
 
+    /// Lost replies: requests are forwarded, the server's replies are read and discarded (never
+    /// delivered, even after `heal`). Connections stay open.
+    pub fn drop_replies(&self) {
+        self.set_mode(FaultMode::DropReplies);
+    }
+
+    /// How many request bytes (client to server) the proxy has written upstream so far: wait on
+    /// it to know a request has reached the server.
+    pub fn request_bytes(&self) -> u64 {
+        self.request_bytes.load(Ordering::Relaxed)
+    }
+
     /// Resets every connection open now (both the client and the upstream side see `RST`).
     /// The mode is unchanged and new connections are accepted.
     pub fn cut(&self) {
@@ -163,13 +200,19 @@ async fn accept_loop(
     upstream: SocketAddr,
     control: watch::Receiver<Control>,
     accepted: Arc<AtomicU64>,
+    request_bytes: Arc<AtomicU64>,
 ) {
     loop {
         match listener.accept().await {
             Ok((client, _)) => {
                 accepted.fetch_add(1, Ordering::Relaxed);
                 let _ = client.set_nodelay(true);
-                tokio::spawn(connection(client, upstream, control.clone()));
+                tokio::spawn(connection(
+                    client,
+                    upstream,
+                    control.clone(),
+                    request_bytes.clone(),
+                ));
             }
             Err(e) => {
                 // E.g. EMFILE: back off instead of spinning.
@@ -210,6 +253,7 @@ async fn connection(
     mut client: TcpStream,
     upstream_addr: SocketAddr,
     control: watch::Receiver<Control>,
+    request_bytes: Arc<AtomicU64>,
 ) {
     let epoch = control.borrow().cut_epoch;
     let connect = async {
@@ -237,8 +281,20 @@ async fn connection(
         let (upstream_read, upstream_write) = upstream.split();
         let both = async {
             tokio::try_join!(
-                pump(client_read, upstream_write, control.clone()),
-                pump(upstream_read, client_write, control.clone()),
+                pump(
+                    client_read,
+                    upstream_write,
+                    control.clone(),
+                    Direction::Request,
+                    Some(request_bytes),
+                ),
+                pump(
+                    upstream_read,
+                    client_write,
+                    control.clone(),
+                    Direction::Reply,
+                    None,
+                ),
             )
         };
         tokio::select! {
@@ -257,6 +313,8 @@ async fn pump(
     mut from: ReadHalf<'_>,
     mut to: WriteHalf<'_>,
     control: watch::Receiver<Control>,
+    direction: Direction,
+    counter: Option<Arc<AtomicU64>>,
 ) -> io::Result<()> {
     let (tx, mut rx) = mpsc::channel::<(Instant, Vec<u8>)>(64);
     let mut read_ctl = control.clone();
@@ -269,7 +327,11 @@ async fn pump(
             if n == 0 {
                 return Ok(()); // drops `tx`: the writer shuts down after the queue drains
             }
-            let due = Instant::now() + read_ctl.borrow().mode.delay();
+            let mode = read_ctl.borrow().mode;
+            if mode.discards(direction) {
+                continue;
+            }
+            let due = Instant::now() + mode.delay();
             if tx.send((due, buf[..n].to_vec())).await.is_err() {
                 return Ok(());
             }
@@ -279,7 +341,13 @@ async fn pump(
         while let Some((due, chunk)) = rx.recv().await {
             tokio::time::sleep_until(due).await;
             forwarding(&mut write_ctl).await?;
+            if write_ctl.borrow().mode.discards(direction) {
+                continue;
+            }
             to.write_all(&chunk).await?;
+            if let Some(c) = &counter {
+                c.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+            }
         }
         to.shutdown().await
     };
@@ -385,6 +453,25 @@ mod tests {
         let began = std::time::Instant::now();
         roundtrip(&mut s, b"fast", LONG).await.unwrap();
         assert!(began.elapsed() < d, "healed round trip still slow");
+    }
+
+    #[tokio::test]
+    async fn drop_replies_forwards_requests_and_discards_answers() {
+        let proxy = FaultProxy::start(echo_server().await).await.unwrap();
+        let mut s = TcpStream::connect(proxy.addr()).await.unwrap();
+        roundtrip(&mut s, b"warm", LONG).await.unwrap();
+        let before = proxy.request_bytes();
+        proxy.drop_replies();
+        let err = roundtrip(&mut s, b"lost", SHORT).await.unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut);
+        assert_eq!(
+            proxy.request_bytes(),
+            before + 4,
+            "the request reached the server"
+        );
+        // The discarded reply never arrives, even after healing.
+        proxy.heal();
+        assert_eq!(roundtrip(&mut s, b"next", LONG).await.unwrap(), b"next");
     }
 
     #[tokio::test]

@@ -72,6 +72,8 @@ pub enum Need {
     Proxy,
     /// The subject can delete a lock's backing keys the way an operator would.
     Operator,
+    /// A fence of the subject's kind can be connected through a fault proxy.
+    FenceProxy,
 }
 
 impl Need {
@@ -82,6 +84,7 @@ impl Need {
             Need::DurableTokens => "the backend does not declare durable tokens",
             Need::Proxy => "no fault proxy can be placed between client and server",
             Need::Operator => "the subject has no operator hook to delete a lock's keys",
+            Need::FenceProxy => "no fault proxy can be placed between the fence and its storage",
         }
     }
 }
@@ -96,6 +99,10 @@ pub type ConnectViaFn = Arc<
         + Sync,
 >;
 
+/// Makes a new fence of the subject's kind that talks to its server at the given address (a proxy).
+pub type FenceViaFn =
+    Arc<dyn Fn(SocketAddr) -> BoxFuture<'static, lease_core::Result<Arc<dyn Fence>>> + Send + Sync>;
+
 /// Operator actions on a backend's storage (what an operator with a CLI could do).
 pub trait Operator: Send + Sync {
     /// Deletes everything stored for `key` (the lock itself, and any per-key counter), as an
@@ -104,6 +111,24 @@ pub trait Operator: Send + Sync {
     /// Deletes the parent node/prefix holding `key`'s lock entries, where the backend has one.
     /// Returns `Ok(false)` when there is no such thing on this backend.
     fn delete_parent<'a>(&'a self, key: &'a LockKey) -> BoxFuture<'a, Result<bool, String>>;
+
+    /// Overwrites the value of `key`'s held lock with a raw client of the backend, the way
+    /// another tool writing the key would (no lock semantics: Consul `PUT` without `?acquire`,
+    /// Redis `SET ... KEEPTTL`, etcd `put` keeping the key's lease, ZooKeeper `setData`).
+    /// Returns `Ok(false)` when the backend has no such write.
+    fn overwrite_value<'a>(&'a self, key: &'a LockKey) -> BoxFuture<'a, Result<bool, String>> {
+        let _ = key;
+        Box::pin(async { Ok(false) })
+    }
+
+    /// Destroys the session, lease or node behind `key`'s held lock by an operator action
+    /// (Consul `session destroy`, etcd `lease revoke`, ZooKeeper closing the holder's session
+    /// from another client with the same credentials, Redis `DEL`). Returns `Ok(false)` when the
+    /// backend has no such action.
+    fn invalidate_holder<'a>(&'a self, key: &'a LockKey) -> BoxFuture<'a, Result<bool, String>> {
+        let _ = key;
+        Box::pin(async { Ok(false) })
+    }
 }
 
 /// A backend under test.
@@ -121,6 +146,10 @@ pub struct Subject {
     pub server: Option<Arc<Mutex<Box<dyn ServerControl>>>>,
     /// For proxy cases: the server's address and a client factory that dials another address.
     pub proxy: Option<(SocketAddr, ConnectViaFn)>,
+    /// For fence fault cases: the fence server's address and a factory for a fence of the same
+    /// kind that dials another address (a proxy). Its request timeout should be short (about a
+    /// second) so a lost reply is noticed quickly.
+    pub fence_proxy: Option<(SocketAddr, FenceViaFn)>,
     /// For operator cases.
     pub operator: Option<Arc<dyn Operator>>,
     /// For process cases: the coordinator URL a worker process connects to.
@@ -159,6 +188,7 @@ impl Subject {
             ttl,
             server: None,
             proxy: None,
+            fence_proxy: None,
             operator: None,
             worker_url: None,
             worker_exe: None,
@@ -191,6 +221,13 @@ impl Subject {
     /// Sets the proxy hook.
     pub fn with_proxy(mut self, upstream: SocketAddr, connect_via: ConnectViaFn) -> Self {
         self.proxy = Some((upstream, connect_via));
+        self
+    }
+
+    /// Sets the fence proxy hook: `upstream` is the fence's server, `fence_via` connects a fence
+    /// of the same kind (same storage, same tables or key prefix) through another address.
+    pub fn with_fence_proxy(mut self, upstream: SocketAddr, fence_via: FenceViaFn) -> Self {
+        self.fence_proxy = Some((upstream, fence_via));
         self
     }
 
@@ -231,6 +268,7 @@ impl Subject {
                 },
                 Need::Proxy => self.proxy.is_some(),
                 Need::Operator => self.operator.is_some(),
+                Need::FenceProxy => self.fence_proxy.is_some(),
             };
             if !ok {
                 return Some(need);
