@@ -6,13 +6,21 @@
 //! a `pid_t` is refused, because `kill(2)` would read 0 and negative values as *process groups*.
 //! Nothing here looks processes up by name.
 //!
-//! Signals are asynchronous: `Ok(())` means the kernel accepted the signal, not that the target
-//! has stopped, continued or exited yet. Callers that need the effect to be complete must observe
-//! it (for a child, `wait` for it; see [`crate::harness`]).
+//! Signals are asynchronous, so [`pause`] and [`resume`] wait for their effect: `pause` returns
+//! only once every thread of the process shows the stopped state (`T`) in
+//! `/proc/<pid>/task/*/stat`, and `resume` only once none does, each bounded by
+//! [`SETTLE_TIMEOUT`] ([`SignalError::NotStopped`] / [`SignalError::StillStopped`] otherwise).
+//! [`kill`] and [`terminate`] return once the kernel accepted the signal: callers that need the
+//! exit must observe it (for a child, `wait` for it; see [`crate::harness`]).
+
+use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
 use nix::sys::signal::{self, Signal};
 use nix::unistd::Pid;
+
+/// How long [`pause`] waits for every thread to stop, and [`resume`] for every thread to run.
+pub const SETTLE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Why a signal could not be delivered.
 #[derive(Debug, thiserror::Error)]
@@ -49,6 +57,30 @@ pub enum SignalError {
         /// The error number `kill(2)` returned.
         errno: Errno,
     },
+    /// `SIGSTOP` was sent but not every thread showed the stopped state within the bound.
+    #[error(
+        "pid {pid} was sent SIGSTOP but not every thread stopped within {waited:?}: {threads}"
+    )]
+    NotStopped {
+        /// The PID addressed.
+        pid: u32,
+        /// How long [`pause`] waited.
+        waited: Duration,
+        /// The threads and their states at the last look (`tid:state`, or why none was read).
+        threads: String,
+    },
+    /// `SIGCONT` was sent but some thread still showed the stopped state after the bound.
+    #[error(
+        "pid {pid} was sent SIGCONT but some thread was still stopped after {waited:?}: {threads}"
+    )]
+    StillStopped {
+        /// The PID addressed.
+        pid: u32,
+        /// How long [`resume`] waited.
+        waited: Duration,
+        /// The threads and their states at the last look (`tid:state`).
+        threads: String,
+    },
 }
 
 /// Sends `signal` to the single process `pid`.
@@ -67,17 +99,104 @@ pub fn send(pid: u32, signal: Signal) -> Result<(), SignalError> {
     })
 }
 
-/// Freezes process `pid` with `SIGSTOP` (cannot be caught or ignored).
+/// The state letter of every thread of process `pid`, from `/proc/<pid>/task/<tid>/stat`
+/// (`R` running, `S` sleeping, `D` disk wait, `T` stopped, `t` traced, `Z` zombie, ...), as
+/// `(tid, state)` pairs in no particular order.
 ///
-/// The process keeps its sockets open: the kernel still completes TCP handshakes into its listen
-/// backlog and buffers incoming bytes, but nothing is answered until [`resume`].
-pub fn pause(pid: u32) -> Result<(), SignalError> {
-    send(pid, Signal::SIGSTOP)
+/// A thread that exits while the directory is read is left out. Fails when the process does not
+/// exist (or `/proc` is not mounted).
+pub fn task_states(pid: u32) -> std::io::Result<Vec<(u32, char)>> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(format!("/proc/{pid}/task"))? {
+        let entry = entry?;
+        let Some(tid) = entry.file_name().to_str().and_then(|s| s.parse().ok()) else {
+            continue;
+        };
+        // "tid (comm) S ...": comm may hold spaces and parentheses, so split at the last ')'.
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        if let Some(state) = stat
+            .rfind(')')
+            .and_then(|i| stat[i + 1..].trim_start().chars().next())
+        {
+            out.push((tid, state));
+        }
+    }
+    Ok(out)
 }
 
-/// Thaws a process frozen by [`pause`] with `SIGCONT`. Harmless on a running process.
+fn render(states: &[(u32, char)]) -> String {
+    let parts: Vec<String> = states.iter().map(|(t, s)| format!("{t}:{s}")).collect();
+    parts.join(" ")
+}
+
+/// Polls [`task_states`] until `done` holds or [`SETTLE_TIMEOUT`] passes; returns the last
+/// states read (or the read error) on timeout.
+fn settle(
+    pid: u32,
+    done: impl Fn(&std::io::Result<Vec<(u32, char)>>) -> bool,
+) -> Result<(), String> {
+    let deadline = Instant::now() + SETTLE_TIMEOUT;
+    let mut pause_for = Duration::from_micros(100);
+    loop {
+        let states = task_states(pid);
+        if done(&states) {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(match states {
+                Ok(s) => render(&s),
+                Err(e) => format!("cannot read /proc/{pid}/task: {e}"),
+            });
+        }
+        // A poll interval, not a stand-in for the condition (checked above).
+        std::thread::sleep(pause_for);
+        pause_for = (pause_for * 2).min(Duration::from_millis(10));
+    }
+}
+
+/// Freezes process `pid` with `SIGSTOP` (cannot be caught or ignored) and returns once every
+/// thread of it shows the stopped state `T` in `/proc/<pid>/task/*/stat`.
+///
+/// The process keeps its sockets open: the kernel still completes TCP handshakes into its listen
+/// backlog and buffers incoming bytes, but nothing is answered until [`resume`]. Threads that
+/// are already dead (`Z`, `X`, a group leader that exited before its threads) count as stopped.
+/// [`SignalError::NotStopped`] when that state is not reached within [`SETTLE_TIMEOUT`] (for
+/// example a process that exited: a zombie has no thread to stop).
+pub fn pause(pid: u32) -> Result<(), SignalError> {
+    send(pid, Signal::SIGSTOP)?;
+    settle(pid, |states| match states {
+        Ok(s) => {
+            s.iter().any(|&(_, st)| st == 'T' || st == 't')
+                && s.iter()
+                    .all(|&(_, st)| matches!(st, 'T' | 't' | 'Z' | 'X' | 'x'))
+        }
+        Err(_) => false,
+    })
+    .map_err(|threads| SignalError::NotStopped {
+        pid,
+        waited: SETTLE_TIMEOUT,
+        threads,
+    })
+}
+
+/// Thaws a process frozen by [`pause`] with `SIGCONT` and returns once no thread of it shows
+/// the stopped state `T` (or the process is gone). Harmless on a running process.
+///
+/// [`SignalError::StillStopped`] when some thread is still stopped after [`SETTLE_TIMEOUT`].
 pub fn resume(pid: u32) -> Result<(), SignalError> {
-    send(pid, Signal::SIGCONT)
+    send(pid, Signal::SIGCONT)?;
+    settle(pid, |states| match states {
+        Ok(s) => s.iter().all(|&(_, st)| st != 'T'),
+        // The process is gone (exited and reaped after the signal): nothing is stopped.
+        Err(_) => !exists(pid),
+    })
+    .map_err(|threads| SignalError::StillStopped {
+        pid,
+        waited: SETTLE_TIMEOUT,
+        threads,
+    })
 }
 
 /// Kills process `pid` with `SIGKILL`: no cleanup, no flush, works on a stopped process too.
@@ -89,7 +208,7 @@ pub fn kill(pid: u32) -> Result<(), SignalError> {
 
 /// Asks process `pid` to shut down with `SIGTERM`.
 ///
-/// A process frozen by [`pause`] only acts on it once resumed; send [`resume`] afterwards if the
+/// A process frozen by [`pause`] only acts on it once resumed; call [`resume`] afterwards if the
 /// process may be stopped.
 pub fn terminate(pid: u32) -> Result<(), SignalError> {
     send(pid, Signal::SIGTERM)
@@ -112,7 +231,6 @@ pub fn exists(pid: u32) -> bool {
 mod tests {
     use super::*;
     use std::process::{Command, Stdio};
-    use std::time::{Duration, Instant};
 
     #[test]
     fn refuses_group_addressing_pids() {
@@ -134,7 +252,9 @@ mod tests {
         let pid = child.id();
         assert!(exists(pid));
         pause(pid).unwrap();
+        assert_eq!(task_states(pid).unwrap(), vec![(pid, 'T')]);
         resume(pid).unwrap();
+        assert_ne!(task_states(pid).unwrap()[0].1, 'T');
         kill(pid).unwrap();
         let deadline = Instant::now() + Duration::from_secs(5);
         let status = loop {
@@ -151,5 +271,49 @@ mod tests {
 
     fn libc_sigkill() -> i32 {
         Signal::SIGKILL as i32
+    }
+
+    /// A child with several busy threads (python: each thread spins), so that a stop that is
+    /// still under way shows some threads running.
+    fn busy_threads(n: usize) -> std::process::Child {
+        let script = format!(
+            "import threading\n\
+             def spin():\n    while True: pass\n\
+             for _ in range({n}): threading.Thread(target=spin, daemon=True).start()\n\
+             import time\n\
+             time.sleep(60)\n"
+        );
+        Command::new("python3")
+            .args(["-c", &script])
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("spawn python3")
+    }
+
+    #[test]
+    fn pause_returns_only_once_every_thread_is_stopped() {
+        let mut child = busy_threads(6);
+        let pid = child.id();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while task_states(pid).map(|t| t.len()).unwrap_or(0) < 7 {
+            assert!(Instant::now() < deadline, "threads never started");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        for round in 0..50 {
+            pause(pid).unwrap();
+            let states = task_states(pid).unwrap();
+            assert!(
+                states.len() >= 7 && states.iter().all(|&(_, s)| s == 'T'),
+                "round {round}: pause returned with threads not stopped: {states:?}"
+            );
+            resume(pid).unwrap();
+            let states = task_states(pid).unwrap();
+            assert!(
+                states.iter().all(|&(_, s)| s != 'T'),
+                "round {round}: resume returned with threads still stopped: {states:?}"
+            );
+        }
+        kill(pid).unwrap();
+        child.wait().unwrap();
     }
 }
