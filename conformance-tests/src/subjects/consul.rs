@@ -97,6 +97,56 @@ impl Operator for ConsulOperator {
         // reset anything (LockIndex restarting after `delete_key` is what this backend risks).
         Box::pin(async { Ok(false) })
     }
+
+    /// `consul kv put <key> outside-write`: a plain `PUT` without `?acquire`, which Consul
+    /// applies to a locked key, keeping its session and raising its `ModifyIndex`.
+    fn overwrite_value<'a>(&'a self, key: &'a LockKey) -> BoxFuture<'a, Result<bool, String>> {
+        Box::pin(async move {
+            let path = format!("/v1/kv/{}", self.config.kv_key(key));
+            match consul_http(
+                self.addr,
+                "PUT",
+                &path,
+                self.token.as_deref(),
+                Some(b"outside-write"),
+            )
+            .await?
+            {
+                (200, _, body) if body.as_ref() == b"true" => Ok(true),
+                (status, _, body) => Err(format!(
+                    "PUT {path}: HTTP {status}: {}",
+                    String::from_utf8_lossy(&body)
+                )),
+            }
+        })
+    }
+
+    /// `consul session destroy <the session holding the key>`.
+    fn invalidate_holder<'a>(&'a self, key: &'a LockKey) -> BoxFuture<'a, Result<bool, String>> {
+        Box::pin(async move {
+            let path = format!("/v1/kv/{}", self.config.kv_key(key));
+            let (status, _, body) =
+                consul_http(self.addr, "GET", &path, self.token.as_deref(), None).await?;
+            if status != 200 {
+                return Err(format!("GET {path}: HTTP {status}"));
+            }
+            let entries: serde_json::Value =
+                serde_json::from_slice(&body).map_err(|e| format!("GET {path}: {e}"))?;
+            let session = entries[0]["Session"]
+                .as_str()
+                .filter(|s| !s.is_empty())
+                .ok_or_else(|| format!("{path} is not locked by a session"))?
+                .to_owned();
+            let destroy = format!("/v1/session/destroy/{session}");
+            match consul_http(self.addr, "PUT", &destroy, self.token.as_deref(), None).await? {
+                (200, _, _) => Ok(true),
+                (status, _, body) => Err(format!(
+                    "PUT {destroy}: HTTP {status}: {}",
+                    String::from_utf8_lossy(&body)
+                )),
+            }
+        })
+    }
 }
 
 /// Builds the Consul subject (see the module docs).

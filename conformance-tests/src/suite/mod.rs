@@ -25,6 +25,7 @@ use crate::harness::ServerControl;
 mod basic;
 mod chaos;
 mod faults;
+mod interference;
 mod report;
 
 pub use report::{junit, CaseReport, Report, Verdict};
@@ -389,6 +390,7 @@ where
 pub fn cases() -> Vec<Case> {
     let mut all = basic::cases();
     all.extend(faults::cases());
+    all.extend(interference::cases());
     all.extend(chaos::cases());
     all
 }

@@ -1,0 +1,412 @@
+//! The interference cases: outside writes to a held key, lost replies, holders invalidated
+//! behind their backs. Each pins a way a lock can be left locked, or a lease left `Held` that
+//! the server no longer holds.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use lease_core::{
+    keep, Bytes, Coordinator, Error, KeeperOptions, Lease, LeaseOptions, LeaseStatus, LockKey,
+    Token,
+};
+use tokio::time::Instant;
+
+use super::{boxed, Case, CaseResult, Ctx, Failure, Need, Operator, Verdict};
+use crate::check;
+use crate::proxy::FaultProxy;
+
+pub(super) fn cases() -> Vec<Case> {
+    vec![
+        Case::new("outside_write_to_held_key", &[Need::Operator], 40, |c| {
+            boxed(outside_write(c))
+        }),
+        Case::new("release_reply_lost", &[Need::Proxy], 40, |c| {
+            boxed(release_reply_lost(c))
+        }),
+        Case::new("acquire_reply_lost_while_held", &[Need::Proxy], 40, |c| {
+            boxed(acquire_reply_lost_while_held(c))
+        }),
+        Case::new(
+            "holder_invalidated_out_of_band",
+            &[Need::Operator],
+            40,
+            |c| boxed(holder_invalidated(c)),
+        ),
+        Case::new(
+            "fence_write_unknown_outcome",
+            &[Need::FenceProxy],
+            20,
+            |c| boxed(fence_write_unknown_outcome(c)),
+        ),
+    ]
+}
+
+fn operator(ctx: &Ctx) -> Result<Arc<dyn Operator>, Failure> {
+    ctx.subject
+        .operator
+        .clone()
+        .ok_or_else(|| Failure("no operator".into()))
+}
+
+fn res(key: &LockKey) -> lease_core::ResourceId {
+    lease_core::ResourceId::from(key)
+}
+
+/// `inspect` shows nobody, or a holder with exactly `expected` (never a token no holder got).
+async fn inspect_shows(
+    client: &dyn Coordinator,
+    key: &LockKey,
+    expected: Token,
+    when: &str,
+) -> Result<(), Failure> {
+    if let Some(h) = client.inspect(key).await? {
+        let shown = Some(h.token);
+        check!(
+            shown.is_none_or(|t| t == expected),
+            "{when}: inspect reported token {shown:?}, but the holder's token is {expected}"
+        );
+    }
+    Ok(())
+}
+
+/// Acquires `key` with `client` within `within`, retrying the outcomes a careful caller retries
+/// (`OutcomeUnknown` after re-reading, `Unavailable`).
+async fn acquire_within(
+    client: &dyn Coordinator,
+    key: &LockKey,
+    ttl: Duration,
+    within: Duration,
+) -> Result<Box<dyn Lease>, Failure> {
+    let deadline = Instant::now() + within;
+    loop {
+        let wait = deadline.saturating_duration_since(Instant::now());
+        match client
+            .acquire(key, &LeaseOptions::new(ttl).wait(wait))
+            .await
+        {
+            Ok(l) => return Ok(l),
+            Err(e @ (Error::OutcomeUnknown { .. } | Error::Unavailable { .. }))
+                if Instant::now() < deadline =>
+            {
+                tracing::debug!(error = %e, "acquire retried by the case");
+                // The caller's documented next step after OutcomeUnknown: re-read.
+                let _ = client.inspect(key).await;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(e) => {
+                return Err(Failure(format!(
+                    "acquire of {key:?} within {within:?} failed: {e}"
+                )))
+            }
+        }
+    }
+}
+
+/// A raw client overwrites the held lock's value. The holder keeps its token; `inspect` never
+/// shows a token no holder got; release leaves the key free (at once when it reports `Ok`, at
+/// the latest when the lease's TTL runs out on a backend that cannot tell an outside value from
+/// another owner's); the next holder's token is greater.
+async fn outside_write(ctx: Arc<Ctx>) -> CaseResult {
+    let op = operator(&ctx)?;
+    let key = ctx.key("outside-write");
+    let (a, b) = (ctx.client().await?, ctx.client().await?);
+    let ttl = ctx.ttl() * 5;
+    let lease = a.acquire(&key, &LeaseOptions::new(ttl)).await?;
+    let token = lease.token();
+    if !op
+        .overwrite_value(&key)
+        .await
+        .map_err(|e| Failure(format!("outside write: {e}")))?
+    {
+        lease.release().await?;
+        return Ok(Verdict::Skipped(
+            "the backend has no plain (non-lock) write to a lock key".into(),
+        ));
+    }
+    check!(lease.token() == token, "the holder's token changed");
+    inspect_shows(&*b, &key, token, "after the outside write").await?;
+    // Renewing either confirms (ownership is not the value) or reports the lease lost (the
+    // backend cannot tell the outside value from another owner's): never `Held` on a lie.
+    match lease.renew().await {
+        Ok(_) => inspect_shows(&*b, &key, token, "after a renew").await?,
+        Err(Error::Lost { .. }) => {}
+        Err(e) => return Err(Failure(format!("renew after an outside write: {e}"))),
+    }
+    let released = lease.release().await;
+    check!(
+        matches!(released, Ok(()) | Err(Error::Lost { .. })),
+        "release after an outside write: {released:?}"
+    );
+    check!(
+        matches!(lease.status(), LeaseStatus::Lost(_)),
+        "a released lease is {:?}",
+        lease.status()
+    );
+    let next = if released.is_ok() {
+        // Deleted by the release: free within one round trip.
+        b.try_acquire(&key, &LeaseOptions::new(ctx.ttl() * 20))
+            .await
+            .map_err(|e| Failure(format!("the key released after an outside write: {e}")))?
+    } else {
+        acquire_within(&*b, &key, ctx.ttl() * 20, ttl + ctx.ttl() * 5).await?
+    };
+    check!(
+        next.token() > token,
+        "next holder's token {} not above {token}",
+        next.token()
+    );
+    inspect_shows(&*a, &key, next.token(), "the next holder").await?;
+    next.release().await?;
+    Ok(Verdict::Passed)
+}
+
+/// The release commits, its reply is lost. The lease is never `Held` again (a release that was
+/// sent ends the lease whatever its outcome), and another client acquires.
+async fn release_reply_lost(ctx: Arc<Ctx>) -> CaseResult {
+    let (upstream, connect_via) = ctx
+        .subject
+        .proxy
+        .clone()
+        .ok_or_else(|| Failure("no proxy".into()))?;
+    let proxy = FaultProxy::start(upstream).await?;
+    let a = connect_via(proxy.addr()).await?;
+    let key = ctx.key("release-reply-lost");
+    let lease = a.acquire(&key, &LeaseOptions::new(ctx.ttl() * 20)).await?;
+    let token = lease.token();
+    lease.renew().await?;
+    let sent = proxy.request_bytes();
+    proxy.drop_replies();
+    let outcome = tokio::time::timeout(ctx.ttl() * 20, lease.release())
+        .await
+        .map_err(|_| Failure("release with a lost reply did not return".into()))?;
+    check!(
+        proxy.request_bytes() > sent,
+        "the release never reached the server"
+    );
+    check!(
+        lease.status() != LeaseStatus::Held,
+        "a lease whose release was sent is Held again (release returned {outcome:?})"
+    );
+    // The reply is lost with its connection; the client reconnects.
+    proxy.cut();
+    proxy.heal();
+    // Watch across several renewal periods (background renewals, reconnects): never Held.
+    let watch_until = Instant::now() + ctx.ttl() * 3;
+    while Instant::now() < watch_until {
+        check!(
+            lease.status() != LeaseStatus::Held,
+            "a lease whose release was sent became Held again"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    check!(
+        matches!(lease.renew().await, Err(Error::Lost { .. })),
+        "renew of a released lease did not report Lost"
+    );
+    let b = ctx.client().await?;
+    let next = acquire_within(&*b, &key, ctx.ttl() * 20, ctx.ttl() * 10).await?;
+    check!(
+        next.token() > token,
+        "next holder's token {} not above {token}",
+        next.token()
+    );
+    next.release().await?;
+    drop(lease);
+    Ok(Verdict::Passed)
+}
+
+/// B's first acquire attempt reaches the server while A holds the key and its reply is lost;
+/// A keeps the key for several TTLs, then releases. B acquires promptly, with a lease that is
+/// held with (nearly) its full validity, and leaves nothing behind.
+async fn acquire_reply_lost_while_held(ctx: Arc<Ctx>) -> CaseResult {
+    let (upstream, connect_via) = ctx
+        .subject
+        .proxy
+        .clone()
+        .ok_or_else(|| Failure("no proxy".into()))?;
+    let key = ctx.key("acquire-reply-lost");
+    let a = ctx.client().await?;
+    let held = keep(
+        a.acquire(&key, &LeaseOptions::new(ctx.ttl())).await?,
+        KeeperOptions::new(),
+    )?;
+    let token_a = held.token();
+    let proxy = FaultProxy::start(upstream).await?;
+    let b = connect_via(proxy.addr()).await?;
+    // Warm B up (connections, scripts, subscriptions) so the next request is the attempt.
+    check!(
+        matches!(
+            b.try_acquire(&key, &LeaseOptions::new(ctx.ttl())).await,
+            Err(Error::Held { .. })
+        ),
+        "try_acquire of a held key did not report Held"
+    );
+    let sent = proxy.request_bytes();
+    proxy.drop_replies();
+    let ttl_b = ctx.ttl() * 10;
+    let waiter = {
+        let (b, key) = (b.clone(), key.clone());
+        let within = ctx.ttl() * 15;
+        tokio::spawn(async move {
+            let l = acquire_within(&*b, &key, ttl_b, within).await;
+            (l, Instant::now())
+        })
+    };
+    // Once the attempt has reached the server, its reply is lost with the connection.
+    let reached = Instant::now() + ctx.ttl() * 10;
+    while proxy.request_bytes() == sent {
+        check!(
+            Instant::now() < reached,
+            "B's acquire attempt never reached the server"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    proxy.cut();
+    proxy.heal();
+    // A holds on for several TTLs, renewed by its keeper.
+    let hold_until = Instant::now() + ctx.ttl() * 3;
+    while Instant::now() < hold_until {
+        check!(
+            held.lease().status() == LeaseStatus::Held,
+            "A's kept lease is {:?}",
+            held.lease().status()
+        );
+        check!(!waiter.is_finished(), "B acquired while A held the key");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let released_at = Instant::now();
+    held.release().await?;
+    let (got, got_at) = waiter
+        .await
+        .map_err(|e| Failure(format!("waiter panicked: {e}")))?;
+    let lease = got?;
+    let took = got_at.saturating_duration_since(released_at);
+    check!(
+        took <= ctx.ttl() * 2,
+        "B acquired {took:?} after A's release (expected promptly)"
+    );
+    // Validity counts from the attempt that was granted, not from the lost one. (A backend
+    // without per-lease TTLs caps validity at its session's, renewed at half its TTL.)
+    let caps = b.capabilities();
+    let full = if caps.per_lease_ttl {
+        ttl_b
+    } else {
+        ttl_b.min(caps.min_ttl)
+    };
+    check!(
+        lease.status() == LeaseStatus::Held && lease.remaining() > full / 4,
+        "B's lease is {:?} with {:?} left (a fresh grant has about {full:?})",
+        lease.status(),
+        lease.remaining()
+    );
+    check!(
+        lease.token() > token_a,
+        "B's token {} not above A's {token_a}",
+        lease.token()
+    );
+    lease.release().await?;
+    // Nothing left behind: a fresh client takes the key at once.
+    let c = ctx.client().await?;
+    let after = c
+        .try_acquire(&key, &LeaseOptions::new(ctx.ttl()))
+        .await
+        .map_err(|e| Failure(format!("the key after B's release: {e}")))?;
+    after.release().await?;
+    Ok(Verdict::Passed)
+}
+
+/// An operator destroys the session, lease or node behind a held lock. The holder's `lost()`
+/// fires within a round trip (bounded here by one short TTL, far below the lease's own TTL and
+/// its keeper's next renewal), and a new holder gets a greater token.
+async fn holder_invalidated(ctx: Arc<Ctx>) -> CaseResult {
+    let op = operator(&ctx)?;
+    let key = ctx.key("invalidated");
+    let (a, b) = (ctx.client().await?, ctx.client().await?);
+    let kept = keep(
+        a.acquire(&key, &LeaseOptions::new(ctx.ttl() * 20)).await?,
+        KeeperOptions::new(),
+    )?;
+    let token = kept.token();
+    let mut lost = kept.lost();
+    let acted = Instant::now();
+    if !op
+        .invalidate_holder(&key)
+        .await
+        .map_err(|e| Failure(format!("invalidating the holder: {e}")))?
+    {
+        kept.release().await?;
+        return Ok(Verdict::Skipped(
+            "the backend has no operator action that invalidates a holder".into(),
+        ));
+    }
+    let bound = ctx.ttl();
+    let reason = tokio::time::timeout(bound, lost.wait())
+        .await
+        .map_err(|_| {
+            Failure(format!(
+                "the holder's lost() did not fire within {bound:?} of the operator's action"
+            ))
+        })?;
+    tracing::debug!(%reason, after = ?acted.elapsed(), "holder noticed the invalidation");
+    check!(
+        kept.lease().ensure_held().is_err(),
+        "an invalidated lease still reports Held"
+    );
+    let next = acquire_within(&*b, &key, ctx.ttl() * 20, ctx.ttl() * 25).await?;
+    check!(
+        next.token() > token,
+        "next holder's token {} not above the invalidated holder's {token}",
+        next.token()
+    );
+    next.release().await?;
+    Ok(Verdict::Passed)
+}
+
+/// A fence write whose reply is lost reports `OutcomeUnknown` (never a success, never a false
+/// `Stale`), and a later write with the same token is the value that stands.
+async fn fence_write_unknown_outcome(ctx: Arc<Ctx>) -> CaseResult {
+    let (upstream, fence_via) = ctx
+        .subject
+        .fence_proxy
+        .clone()
+        .ok_or_else(|| Failure("no fence proxy".into()))?;
+    let key = ctx.key("fence-unknown");
+    let resource = res(&key);
+    let a = ctx.client().await?;
+    let lease = a.acquire(&key, &LeaseOptions::new(ctx.ttl() * 20)).await?;
+    let token = lease.token();
+    ctx.fence().claim(&resource, token).await?;
+    let proxy = FaultProxy::start(upstream).await?;
+    let slow = fence_via(proxy.addr()).await?;
+    slow.write(&resource, token, Bytes::from_static(b"first"))
+        .await?;
+    let sent = proxy.request_bytes();
+    proxy.drop_replies();
+    let lost = tokio::time::timeout(
+        Duration::from_secs(10) + ctx.ttl() * 5,
+        slow.write(&resource, token, Bytes::from_static(b"v1, reply lost")),
+    )
+    .await
+    .map_err(|_| Failure("a fence write with a lost reply did not return".into()))?;
+    check!(
+        proxy.request_bytes() > sent,
+        "the write never reached the fence's storage"
+    );
+    check!(
+        matches!(lost, Err(Error::OutcomeUnknown { .. })),
+        "a fence write whose reply was lost returned {lost:?}, expected OutcomeUnknown"
+    );
+    proxy.cut();
+    proxy.heal();
+    ctx.fence()
+        .write(&resource, token, Bytes::from_static(b"v2"))
+        .await?;
+    let state = ctx.fence().read(&resource).await?;
+    let value = state.as_ref().and_then(|s| s.value.as_ref());
+    check!(
+        value.is_some_and(|(t, v)| *t == token && v.as_ref() == b"v2"),
+        "after a lost-reply write and a later write of the same token, the fence holds {value:?}"
+    );
+    lease.release().await?;
+    Ok(Verdict::Passed)
+}
