@@ -2,9 +2,13 @@
 
 use std::time::Duration;
 
+use adapter_redis::RedisFence;
+use conformance_tests::proxy::FaultProxy;
 use lease_core::{Bytes, Coordinator, Error, Fence, Lease, LeaseOptions, ResourceId, Token};
 
-use crate::common::{coordinator, durable, fence, key, server};
+use crate::common::{coordinator, durable, eventually, fence, key, server};
+
+const SEC: Duration = Duration::from_secs(1);
 
 fn t(n: u64) -> Token {
     Token::new(n).unwrap()
@@ -108,4 +112,102 @@ async fn a_superseded_holder_is_cut_off_at_the_fence() {
     let v = f.read(&r).await.unwrap().unwrap();
     assert_eq!(v.value.unwrap().1, Bytes::from_static(b"new"));
     new.release().await.unwrap();
+}
+
+/// Defect 8 (Redis): a fence write whose connection drops after the request was sent has an
+/// unknown outcome. It must be reported as `OutcomeUnknown` and never re-sent inside the fence:
+/// a blind re-send can land after a later write of the same token and undo it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fence_write_with_unknown_outcome_is_not_retried() {
+    let Some(srv) = server("fence_write_with_unknown_outcome_is_not_retried", durable()) else {
+        return;
+    };
+    let proxy = FaultProxy::start(srv.addr()).await.unwrap();
+    let direct = fence(&srv, "").await;
+    // Long enough that the drop below, not the timeout, ends the request.
+    let via = RedisFence::connect_url(&format!(
+        "redis://{}/?command_timeout_ms=5000",
+        proxy.addr()
+    ))
+    .await
+    .unwrap();
+    let r = ResourceId::from(&key("unknown-outcome"));
+    via.write(&r, t(3), Bytes::from_static(b"v0"))
+        .await
+        .unwrap();
+
+    // v1 reaches the server and applies; its reply is lost.
+    proxy.drop_replies();
+    let sent = proxy.request_bytes();
+    let pending = {
+        let (via, r) = (via.clone(), r.clone());
+        tokio::spawn(async move { via.write(&r, t(3), Bytes::from_static(b"v1")).await })
+    };
+    let applied = eventually(5 * SEC, || async {
+        let v = direct.read(&r).await.unwrap()?;
+        (proxy.request_bytes() > sent && v.value == Some((t(3), Bytes::from_static(b"v1"))))
+            .then_some(())
+    })
+    .await;
+    assert!(
+        applied.is_some(),
+        "the first write never reached the server"
+    );
+    // The same holder writes again (another connection), and it commits.
+    direct
+        .write(&r, t(3), Bytes::from_static(b"v2"))
+        .await
+        .unwrap();
+    // Now the first write's connection breaks; the network is fine again at once.
+    proxy.cut();
+    proxy.heal();
+    match tokio::time::timeout(10 * SEC, pending)
+        .await
+        .unwrap()
+        .unwrap()
+    {
+        Err(Error::OutcomeUnknown { .. }) => {}
+        other => panic!("expected OutcomeUnknown, got {other:?}"),
+    }
+    let v = direct.read(&r).await.unwrap().unwrap();
+    assert_eq!(
+        v.value,
+        Some((t(3), Bytes::from_static(b"v2"))),
+        "a re-sent v1 replaced the later v2"
+    );
+    // The fence works again on a fresh connection, and a later write stands.
+    via.write(&r, t(3), Bytes::from_static(b"v3"))
+        .await
+        .unwrap();
+    let v = direct.read(&r).await.unwrap().unwrap();
+    assert_eq!(v.value, Some((t(3), Bytes::from_static(b"v3"))));
+}
+
+/// A write whose reply is lost times out as `OutcomeUnknown` (no blind re-send); a later write
+/// with the same token stands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fence_write_reply_lost_is_outcome_unknown_and_a_later_write_stands() {
+    let Some(srv) = server(
+        "fence_write_reply_lost_is_outcome_unknown_and_a_later_write_stands",
+        durable(),
+    ) else {
+        return;
+    };
+    let proxy = FaultProxy::start(srv.addr()).await.unwrap();
+    let direct = fence(&srv, "").await;
+    let via = RedisFence::connect_url(&format!("redis://{}/?command_timeout_ms=500", proxy.addr()))
+        .await
+        .unwrap();
+    let r = ResourceId::from(&key("reply-lost"));
+    proxy.drop_replies();
+    match via.write(&r, t(4), Bytes::from_static(b"lost reply")).await {
+        Err(Error::OutcomeUnknown { .. }) => {}
+        other => panic!("expected OutcomeUnknown, got {other:?}"),
+    }
+    proxy.heal();
+    via.write(&r, t(4), Bytes::from_static(b"later"))
+        .await
+        .unwrap();
+    let v = direct.read(&r).await.unwrap().unwrap();
+    assert_eq!(v.value, Some((t(4), Bytes::from_static(b"later"))));
 }
