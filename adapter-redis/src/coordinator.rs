@@ -336,11 +336,12 @@ impl RedisCoordinator {
         let start = Instant::now();
         let deadline = start + wait.unwrap_or_default();
         let mut subscription: Option<Subscription> = None;
-        let mut first_sent: Option<Instant> = None;
+        // The send time of the earliest request of this call whose outcome was not seen.
+        let mut unseen_since: Option<Instant> = None;
         let mut retries_left = 1u8;
         loop {
             let holder_ttl = match self
-                .attempt(key, &keys, &parts, options, &mut guard, &mut first_sent)
+                .attempt(key, &keys, &parts, options, &mut guard, &mut unseen_since)
                 .await?
             {
                 Attempt::Granted(lease) => {
@@ -393,6 +394,11 @@ impl RedisCoordinator {
     }
 
     /// Runs the acquire script once and resolves an unseen outcome by re-reading the lock.
+    ///
+    /// `unseen_since` is the send time of the earliest request of this call whose outcome was
+    /// not seen. A lease's validity counts from that time only when the grant may be one of those
+    /// requests' (the script found this call's own nonce, or a re-read did); a grant made by
+    /// this very request counts from its own send.
     async fn attempt(
         &self,
         key: &LockKey,
@@ -400,7 +406,7 @@ impl RedisCoordinator {
         parts: &ValueParts,
         options: &LeaseOptions,
         guard: &mut CallGuard,
-        first_sent: &mut Option<Instant>,
+        unseen_since: &mut Option<Instant>,
     ) -> Result<Attempt> {
         let ttl_ms = px_millis(options.ttl_value()).to_string();
         let floor = self
@@ -415,9 +421,6 @@ impl RedisCoordinator {
             b"0"
         };
         let sent_at = Instant::now();
-        // Local validity counts from the first request that may have applied: a lost earlier
-        // attempt's grant is what a later attempt finds (the script is idempotent per nonce).
-        let validity_from = *first_sent.get_or_insert(sent_at);
         let was_pending = guard.pending;
         guard.pending = true;
         let result = self
@@ -439,7 +442,9 @@ impl RedisCoordinator {
         let v = match result {
             Ok(v) => v,
             Err(original @ Error::OutcomeUnknown { .. }) => {
-                // `guard.pending` stays set until a grant: this request may apply later.
+                // `guard.pending` stays set until a grant: this request may apply later. A grant
+                // the re-read finds may be this request's or an earlier unseen one's.
+                let validity_from = *unseen_since.get_or_insert(sent_at);
                 return self
                     .resolve(key, keys, parts, options, validity_from, original)
                     .await;
@@ -447,9 +452,6 @@ impl RedisCoordinator {
             Err(e) => {
                 // The server refused or could not be reached: this request did not apply.
                 guard.pending = was_pending;
-                if !was_pending {
-                    *first_sent = None;
-                }
                 return Err(e);
             }
         };
@@ -459,17 +461,22 @@ impl RedisCoordinator {
         guard.pending = was_pending;
         let items = reply::array(v).ok_or_else(|| bad_reply(Op::ACQUIRE, "not an array"))?;
         match items.as_slice() {
-            [flag, token] if reply::int(flag) == Some(1) => {
+            [flag, token] if matches!(reply::int(flag), Some(1 | 2)) => {
                 let token: Token = reply::text(token)
                     .and_then(|t| t.parse().ok())
                     .ok_or_else(|| bad_reply(Op::ACQUIRE, "token is not a number in range"))?;
+                // 1: this request wrote the lock, so Redis counts its PX from after our send.
+                // 2: an earlier request of this call did, at the earliest when the first unseen
+                // one was sent.
+                let validity_from = if reply::int(flag) == Some(2) {
+                    unseen_since.unwrap_or(sent_at).min(sent_at)
+                } else {
+                    sent_at
+                };
                 self.grant(key, keys, parts, token, options, validity_from)
                     .await
             }
             [flag, _holder, pttl] if reply::int(flag) == Some(0) => {
-                if !was_pending {
-                    *first_sent = None;
-                }
                 let pttl = reply::int(pttl).unwrap_or(-1);
                 Ok(Attempt::Held(
                     (pttl >= 0).then(|| Duration::from_millis(pttl as u64)),

@@ -23,10 +23,12 @@ end
 
 /// Acquire: `KEYS = [lock, counter]`, `ARGV = [head, tail, ttl_ms, floor or '', clock_start]`.
 ///
-/// Returns `{1, token}` when granted (the lock holds `head .. token .. tail` with `PX ttl_ms`),
-/// or `{0, holder_value, holder_pttl_ms}` when the key is held by another owner. Idempotent per
-/// nonce: when the lock already carries `head` (an earlier attempt of the same call applied but
-/// its reply was lost), it returns that grant's token and writes nothing.
+/// Returns `{1, token}` when this run granted the lock (the lock now holds `head .. token .. tail`
+/// with `PX ttl_ms`), or `{0, holder_value, holder_pttl_ms}` when the key is held by another
+/// owner. Idempotent per nonce: when the lock already carries `head` (an earlier attempt of the
+/// same call applied but its reply was lost), it returns `{2, token}` with that grant's token and
+/// writes nothing; the caller then counts validity from the earliest request that may have
+/// written it, and from this request's send otherwise.
 ///
 /// The token is the counter after `INCR`. A counter that does not exist (first use of the key,
 /// or lost: deleted by an operator, evicted, flushed, or never persisted before a crash) starts
@@ -36,7 +38,7 @@ const ACQUIRE_BODY: &str = r"
 local cur = redis.call('GET', KEYS[1])
 if cur then
   if string.sub(cur, 1, #ARGV[1]) == ARGV[1] then
-    return {1, string.match(cur, '^v1|%x+|(%d+)|')}
+    return {2, string.match(cur, '^v1|%x+|(%d+)|')}
   end
   return {0, cur, redis.call('PTTL', KEYS[1])}
 end

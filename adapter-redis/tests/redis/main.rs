@@ -7,5 +7,6 @@
 mod common;
 mod coordinator;
 mod durability;
+mod faults;
 mod fence;
 mod tls;
