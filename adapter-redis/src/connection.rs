@@ -62,6 +62,9 @@ pub(crate) struct Connection {
     verify_durability: bool,
     current: Mutex<Option<(u64, MultiplexedConnection)>>,
     connecting: tokio::sync::Mutex<ConnectState>,
+    /// Called when a request finds the connection broken (no reply in time, or dropped): the
+    /// coordinator marks its leases in doubt.
+    on_break: std::sync::OnceLock<Box<dyn Fn() + Send + Sync>>,
 }
 
 impl Connection {
@@ -78,6 +81,7 @@ impl Connection {
             verify_durability: !config.volatile_tokens(),
             current: Mutex::new(None),
             connecting: tokio::sync::Mutex::new(ConnectState::default()),
+            on_break: std::sync::OnceLock::new(),
         };
         conn.get().await?;
         Ok(conn)
@@ -86,6 +90,25 @@ impl Connection {
     /// The redis-rs client (for the pub/sub connection).
     pub(crate) fn client(&self) -> &redis::Client {
         &self.client
+    }
+
+    /// Sets what to do when a request finds the connection broken (once; later calls are
+    /// ignored).
+    pub(crate) fn set_on_break(&self, f: Box<dyn Fn() + Send + Sync>) {
+        let _ = self.on_break.set(f);
+    }
+
+    fn broke(&self, e: &redis::RedisError) {
+        if e.is_timeout() || e.is_io_error() || e.is_connection_dropped() {
+            if let Some(f) = self.on_break.get() {
+                f();
+            }
+        }
+    }
+
+    /// The current connection and its generation (for [`Self::discard`]), opening one if needed.
+    pub(crate) async fn raw(&self) -> Result<(u64, MultiplexedConnection)> {
+        self.get().await
     }
 
     /// The connect timeout.
@@ -171,6 +194,7 @@ impl Connection {
             Ok(v) => return Ok(v),
             Err(e) => e,
         };
+        self.broke(&first);
         if first.is_unrecoverable_error() || first.is_timeout() {
             self.discard(Some(generation));
         }
@@ -187,6 +211,7 @@ impl Connection {
         match f(conn).await {
             Ok(v) => Ok(v),
             Err(e) => {
+                self.broke(&e);
                 if e.is_unrecoverable_error() || e.is_timeout() {
                     self.discard(Some(generation));
                 }

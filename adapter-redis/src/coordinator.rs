@@ -17,6 +17,7 @@ use crate::connection::Connection;
 use crate::error::{bad_reply, Op, BACKEND};
 use crate::keys::{LockKeys, LockValue, ValueParts};
 use crate::lease::RedisLease;
+use crate::monitor::Monitor;
 use crate::scripts::{self, reply};
 use crate::wakeups::{Subscription, Wakeups};
 
@@ -55,8 +56,21 @@ pub(crate) struct Inner {
     /// The highest token this process has granted per key (fail closed below it).
     /// Names this server and key prefix in the process-wide token watermarks.
     scope: String,
-    /// Live leases of this process by nonce, so that a local force release marks them revoked.
-    live: Mutex<HashMap<u128, LeaseTracker>>,
+    /// Live leases of this process by nonce, so that a local force release marks them revoked
+    /// and the holder monitor can judge them.
+    live: Mutex<HashMap<u128, LiveLease>>,
+    /// Watches the lock keys of live leases ([`crate::monitor`]).
+    monitor: Monitor,
+}
+
+/// What the coordinator keeps about one live lease.
+#[derive(Clone)]
+pub(crate) struct LiveLease {
+    pub(crate) nonce: u128,
+    pub(crate) tracker: LeaseTracker,
+    pub(crate) lock_key: String,
+    /// `v1|<nonce>|`: the prefix of this lease's lock value.
+    pub(crate) head: String,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -78,8 +92,46 @@ impl Inner {
         reply::int(&v).ok_or_else(|| bad_reply(Op::RELEASE, "not an integer"))
     }
 
+    /// Stops tracking a lease (dropped, or about to be released: from then on the monitor does
+    /// not judge it, so its own delete is never taken for an outside one).
     pub(crate) fn forget(&self, nonce: u128) {
         lock(&self.live).remove(&nonce);
+    }
+
+    /// A snapshot of the live leases.
+    pub(crate) fn live_leases(&self) -> Vec<LiveLease> {
+        lock(&self.live).values().cloned().collect()
+    }
+
+    /// Whether any lease is live.
+    pub(crate) fn has_live_leases(&self) -> bool {
+        !lock(&self.live).is_empty()
+    }
+
+    /// Judges `lease` by its lock's current `value` (read after the lease was registered): still
+    /// ours, nothing; gone, `Lost(Revoked)`; another value, `Lost(Superseded)`. Only while the
+    /// lease is still live (a lease being released is not judged on its own delete).
+    pub(crate) fn judge(&self, lease: &LiveLease, value: Option<&[u8]>) {
+        let live = lock(&self.live);
+        if !live.contains_key(&lease.nonce) {
+            return;
+        }
+        let reason = match value {
+            Some(v) if v.starts_with(lease.head.as_bytes()) => return,
+            Some(_) => LostReason::Superseded,
+            None => LostReason::Revoked,
+        };
+        // A lease whose local validity has passed is reported as expired, not as taken.
+        if matches!(lease.tracker.status(), LeaseStatus::Lost(_)) {
+            return;
+        }
+        tracing::warn!(
+            backend = BACKEND,
+            key = %lease.tracker.key(),
+            %reason,
+            "the lock of a held lease was changed from outside"
+        );
+        lease.tracker.mark_lost(reason);
     }
 }
 
@@ -221,6 +273,7 @@ impl RedisCoordinator {
         );
         let conn = Arc::new(Connection::open(&config).await?);
         let wakeups = Wakeups::start(&conn, config.command_timeout()).await?;
+        let (monitor, watch) = Monitor::channel();
         let caps = Capabilities::new(BACKEND)
             .min_ttl(MIN_TTL)
             .ttl_granularity(Duration::from_millis(1))
@@ -232,17 +285,24 @@ impl RedisCoordinator {
             .owner()
             .cloned()
             .unwrap_or_else(OwnerId::for_this_process);
-        Ok(RedisCoordinator {
-            inner: Arc::new(Inner {
-                config,
-                conn,
-                wakeups,
-                caps,
-                default_owner,
-                scope,
-                live: Mutex::new(HashMap::new()),
-            }),
-        })
+        let inner = Arc::new(Inner {
+            config,
+            conn,
+            wakeups,
+            caps,
+            default_owner,
+            scope,
+            live: Mutex::new(HashMap::new()),
+            monitor,
+        });
+        let weak = Arc::downgrade(&inner);
+        inner.conn.set_on_break(Box::new(move || {
+            if let Some(inner) = weak.upgrade() {
+                crate::monitor::all_in_doubt(&inner);
+            }
+        }));
+        crate::monitor::spawn(Arc::downgrade(&inner), watch);
+        Ok(RedisCoordinator { inner })
     }
 
     /// Parses `url` ([`RedisConfig::from_url`]) and connects.
@@ -564,7 +624,16 @@ impl RedisCoordinator {
         }
         let nonce = parts.nonce;
         let tracker = LeaseTracker::new(BACKEND, key.clone(), token, ttl, margin, sent_at);
-        lock(&self.inner.live).insert(nonce, tracker.clone());
+        lock(&self.inner.live).insert(
+            nonce,
+            LiveLease {
+                nonce,
+                tracker: tracker.clone(),
+                lock_key: keys.lock.clone(),
+                head: parts.head.clone(),
+            },
+        );
+        self.inner.monitor.watch(&keys.lock);
         Ok(Attempt::Granted(RedisLease::new(
             self.inner.clone(),
             keys.clone(),
@@ -673,8 +742,8 @@ impl Coordinator for RedisCoordinator {
                 "removed a lock value of another writer",
             ));
         };
-        if let Some(tracker) = lock(&self.inner.live).get(&v.nonce) {
-            tracker.mark_lost(LostReason::Revoked);
+        if let Some(live) = lock(&self.inner.live).get(&v.nonce) {
+            live.tracker.mark_lost(LostReason::Revoked);
         }
         Ok(Some(v.holder_info(key, pttl)))
     }

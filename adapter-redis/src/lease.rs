@@ -100,6 +100,9 @@ impl Lease for RedisLease {
         if let Some(reason) = nothing_to_delete(status) {
             return Err(self.tracker.lost_error(reason));
         }
+        // The lease ends with this request whatever its outcome: the holder monitor stops
+        // judging it, so our own delete is never taken for an outside one.
+        self.inner.forget(self.nonce);
         let code = match self.inner.release_by_head(&self.keys, &self.head).await {
             Ok(code) => code,
             Err(e) => {

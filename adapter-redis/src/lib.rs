@@ -8,6 +8,7 @@ mod error;
 mod fence;
 mod keys;
 mod lease;
+mod monitor;
 mod scripts;
 mod wakeups;
 

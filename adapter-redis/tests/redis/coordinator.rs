@@ -261,15 +261,16 @@ async fn stale_renew_and_release_never_touch_the_new_owner() {
         .await
         .unwrap();
     let new = c.try_acquire(&k, &opts(30 * SEC)).await.unwrap();
+    // The holder monitor may see the DEL (Revoked) before the new grant, or the new grant's
+    // value (Superseded); either way the old lease is lost.
     let mut lost = old.lost();
+    let expected = [LostReason::Revoked, LostReason::Superseded];
     match old.renew().await {
-        Err(Error::Lost { reason, .. }) => assert_eq!(reason, LostReason::Superseded),
+        Err(Error::Lost { reason, .. }) => assert!(expected.contains(&reason), "{reason:?}"),
         other => panic!("expected Lost, got {other:?}"),
     }
-    assert_eq!(
-        tokio::time::timeout(SEC, lost.wait()).await.unwrap(),
-        LostReason::Superseded
-    );
+    let reason = tokio::time::timeout(SEC, lost.wait()).await.unwrap();
+    assert!(expected.contains(&reason), "{reason:?}");
     assert!(matches!(old.release().await, Err(Error::Lost { .. })));
     assert_eq!(c.inspect(&k).await.unwrap().unwrap().token, new.token());
 

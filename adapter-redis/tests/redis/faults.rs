@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use adapter_redis::{RedisConfig, RedisCoordinator};
 use conformance_tests::proxy::FaultProxy;
-use lease_core::{Coordinator, Lease, LeaseOptions, LeaseStatus, Token};
+use lease_core::{Coordinator, Lease, LeaseOptions, LeaseStatus, LostReason, Token};
 use tokio::time::Instant;
 
 use crate::common::{coordinator, durable, eventually, key, raw, server};
@@ -108,4 +108,207 @@ async fn acquire_reply_lost_while_held_then_granted_with_full_validity() {
         .unwrap();
     assert_eq!(counter, lease.token().get());
     lease.release().await.unwrap();
+}
+
+/// Waits (bounded) until `lease`'s status satisfies `want`.
+async fn status_becomes(
+    lease: &dyn Lease,
+    limit: Duration,
+    want: impl Fn(LeaseStatus) -> bool,
+) -> Option<LeaseStatus> {
+    eventually(limit, || async {
+        let s = lease.status();
+        want(s).then_some(s)
+    })
+    .await
+}
+
+/// A broken connection marks the lease in doubt promptly (a reset at once, a silent partition
+/// within a ping's timeout); a confirmed renew makes it held again, or lost if the key went
+/// while the connection was down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn broken_connection_marks_leases_in_doubt_until_a_confirmed_renew() {
+    let Some(srv) = server(
+        "broken_connection_marks_leases_in_doubt_until_a_confirmed_renew",
+        durable(),
+    ) else {
+        return;
+    };
+    let proxy = FaultProxy::start(srv.addr()).await.unwrap();
+    let c = via(&proxy, "command_timeout_ms=500&poll_interval_ms=100").await;
+    let k = key("in-doubt");
+    let lease = c
+        .try_acquire(&k, &LeaseOptions::new(20 * SEC))
+        .await
+        .unwrap();
+    assert_eq!(lease.status(), LeaseStatus::Held);
+
+    // A reset: in doubt at once; the renew after it confirms.
+    proxy.cut();
+    let s = status_becomes(&*lease, 3 * SEC, |s| s == LeaseStatus::InDoubt).await;
+    assert_eq!(s, Some(LeaseStatus::InDoubt), "not in doubt after a reset");
+    lease.renew().await.unwrap();
+    assert_eq!(lease.status(), LeaseStatus::Held);
+
+    // A silent partition: in doubt within the monitor's ping timeout.
+    proxy.blackhole();
+    let began = Instant::now();
+    let s = status_becomes(&*lease, 5 * SEC, |s| s == LeaseStatus::InDoubt).await;
+    assert_eq!(s, Some(LeaseStatus::InDoubt), "not in doubt in a partition");
+    eprintln!("in doubt {:?} after the partition began", began.elapsed());
+    proxy.heal();
+    let renewed = eventually(5 * SEC, || async { lease.renew().await.ok() }).await;
+    assert!(renewed.is_some(), "no renew confirmed after healing");
+    assert_eq!(lease.status(), LeaseStatus::Held);
+
+    // The key goes while the connection is down: lost, never held again.
+    proxy.blackhole();
+    let s = status_becomes(&*lease, 5 * SEC, |s| s == LeaseStatus::InDoubt).await;
+    assert_eq!(s, Some(LeaseStatus::InDoubt));
+    let lock_key = adapter_redis::storage_keys(c.config(), &k).remove(0);
+    let mut conn = raw(&srv).await;
+    let _: i64 = redis::cmd("DEL")
+        .arg(&lock_key)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    proxy.heal();
+    let lost = eventually(5 * SEC, || async {
+        match lease.renew().await {
+            Err(e) if e.is_lost() => Some(()),
+            _ => matches!(lease.status(), LeaseStatus::Lost(_)).then_some(()),
+        }
+    })
+    .await;
+    assert!(lost.is_some(), "still {:?}", lease.status());
+    assert!(matches!(lease.status(), LeaseStatus::Lost(_)));
+}
+
+/// An operator's `DEL` of a held lock is noticed within a fraction of a TTL (long before the
+/// next renewal), and so is another tool's `SET ... KEEPTTL`; after an outside overwrite renew
+/// and release report `Lost`, release deletes nothing, and the foreign value expires at the
+/// lock's remaining TTL. The holder's own renewals never look like an outside write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outside_delete_or_overwrite_of_a_held_lock_is_noticed_promptly() {
+    let Some(srv) = server(
+        "outside_delete_or_overwrite_of_a_held_lock_is_noticed_promptly",
+        durable(),
+    ) else {
+        return;
+    };
+    let c = coordinator(&srv, "").await;
+    let mut conn = raw(&srv).await;
+    let ttl = 8 * SEC;
+    let bound = Duration::from_millis(400);
+
+    // Our own renewals (each one a PEXPIRE the server reports as a change) stay held.
+    let k = key("renewed");
+    let lease = c.try_acquire(&k, &LeaseOptions::new(ttl)).await.unwrap();
+    for _ in 0..5 {
+        lease.renew().await.unwrap();
+    }
+    tokio::time::sleep(bound).await; // no condition to wait for: nothing may happen
+    assert_eq!(lease.status(), LeaseStatus::Held);
+    lease.release().await.unwrap();
+    assert_eq!(lease.status(), LeaseStatus::Lost(LostReason::Released));
+
+    // DEL: Revoked.
+    let k = key("deleted");
+    let lease = c.try_acquire(&k, &LeaseOptions::new(ttl)).await.unwrap();
+    let lock_key = adapter_redis::storage_keys(c.config(), &k).remove(0);
+    let mut lost = lease.lost();
+    let began = Instant::now();
+    let _: i64 = redis::cmd("DEL")
+        .arg(&lock_key)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let reason = tokio::time::timeout(bound, lost.wait())
+        .await
+        .expect("DEL not noticed within 400 ms");
+    eprintln!("DEL noticed after {:?}", began.elapsed());
+    assert_eq!(reason, LostReason::Revoked);
+
+    // SET KEEPTTL: Superseded; renew and release say Lost; nothing is deleted.
+    let k = key("overwritten");
+    let lease = c.try_acquire(&k, &LeaseOptions::new(ttl)).await.unwrap();
+    let lock_key = adapter_redis::storage_keys(c.config(), &k).remove(0);
+    let mut lost = lease.lost();
+    let _: () = redis::cmd("SET")
+        .arg(&lock_key)
+        .arg("outside-write")
+        .arg("KEEPTTL")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let reason = tokio::time::timeout(bound, lost.wait())
+        .await
+        .expect("overwrite not noticed within 400 ms");
+    assert_eq!(reason, LostReason::Superseded);
+    assert!(matches!(
+        lease.renew().await,
+        Err(lease_core::Error::Lost {
+            reason: LostReason::Superseded,
+            ..
+        })
+    ));
+    assert!(matches!(
+        lease.release().await,
+        Err(lease_core::Error::Lost { .. })
+    ));
+    drop(lease);
+    let value: Option<String> = redis::cmd("GET")
+        .arg(&lock_key)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(value.as_deref(), Some("outside-write"));
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg(&lock_key)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(pttl > 0 && pttl <= ttl.as_millis() as i64, "{pttl}");
+}
+
+/// Without client-side tracking (here the ACL denies `CLIENT`), the monitor polls held keys
+/// every poll interval: a `DEL` is still noticed within about one interval.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_tracking_the_monitor_polls_held_keys() {
+    let Some(srv) = server("without_tracking_the_monitor_polls_held_keys", durable()) else {
+        return;
+    };
+    let mut conn = raw(&srv).await;
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("notrack")
+        .arg("on")
+        .arg(">pw")
+        .arg("~*")
+        .arg("&*")
+        .arg("+@all")
+        .arg("-client")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let url = format!("redis://notrack:pw@{}/?poll_interval_ms=100", srv.addr());
+    let c = RedisCoordinator::connect(RedisConfig::from_url(&url).unwrap())
+        .await
+        .unwrap();
+    let k = key("polled");
+    let lease = c
+        .try_acquire(&k, &LeaseOptions::new(8 * SEC))
+        .await
+        .unwrap();
+    let lock_key = adapter_redis::storage_keys(c.config(), &k).remove(0);
+    let mut lost = lease.lost();
+    let _: i64 = redis::cmd("DEL")
+        .arg(&lock_key)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let reason = tokio::time::timeout(Duration::from_millis(600), lost.wait())
+        .await
+        .expect("DEL not noticed by polling");
+    assert_eq!(reason, LostReason::Revoked);
 }

@@ -1,0 +1,311 @@
+//! The holder monitor: notices promptly when the lock of a lease this coordinator holds is
+//! deleted or overwritten behind its back, and marks every lease in doubt while the connection to
+//! the server is broken.
+//!
+//! One background task per coordinator owns a dedicated RESP3 connection with
+//! `CLIENT TRACKING ON` (Redis client-side caching, default mode, since Redis 6). Every key this
+//! connection reads is remembered by the server, which pushes an `invalidate` message on the same
+//! connection the next time anyone changes it (a write, a delete, an expiry, a flush). The task
+//! reads the lock key of each lease it is told about ([`Monitor::watch`]) and nothing else, so
+//! the server's tracking table and the messages grow with the number of held leases only. On an
+//! invalidation of a held key it reads the key once more (which also re-arms the tracking):
+//! still this lease's nonce, nothing happens (our own renew's `PEXPIRE` causes exactly that);
+//! gone, the lease is `Lost(Revoked)`; another value, `Lost(Superseded)`. A notification alone
+//! never marks a lease lost.
+//!
+//! Where tracking is unavailable (a server before 6.0, RESP3 refused, or `CLIENT` not permitted
+//! by the ACL) the task falls back to polling: every `poll_interval` it reads every held lock key
+//! in one pipeline on the command connection.
+//!
+//! While leases are held the task also `PING`s its connection every `poll_interval`; a ping
+//! without a reply within the command timeout, or the connection closing, marks every lease of
+//! the coordinator in doubt ([`lease_core::LeaseTracker::in_doubt`]) until its next confirmed
+//! renew, and the task reconnects (and re-reads every held key) with a capped backoff.
+
+use std::sync::Weak;
+use std::time::Duration;
+
+use redis::aio::MultiplexedConnection;
+use redis::{AsyncConnectionConfig, ProtocolVersion, PushInfo, PushKind, Value};
+use tokio::sync::mpsc;
+
+use crate::coordinator::Inner;
+use crate::error::BACKEND;
+
+/// The coordinator's handle on its monitor task. Dropping it ends the task.
+pub(crate) struct Monitor {
+    tx: mpsc::UnboundedSender<String>,
+}
+
+impl Monitor {
+    /// A handle and the receiving end for [`spawn`].
+    pub(crate) fn channel() -> (Self, mpsc::UnboundedReceiver<String>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        (Monitor { tx }, rx)
+    }
+
+    /// Starts watching `lock_key` (a lease on it was just granted and registered as live).
+    pub(crate) fn watch(&self, lock_key: &str) {
+        let _ = self.tx.send(lock_key.to_owned());
+    }
+}
+
+/// Starts the monitor task for `inner` (needs a tokio runtime, as `connect` does).
+pub(crate) fn spawn(inner: Weak<Inner>, rx: mpsc::UnboundedReceiver<String>) {
+    tokio::spawn(run(inner, rx));
+}
+
+/// Why the tracking connection could not be set up.
+enum Setup {
+    /// The server answered with an error (no RESP3, no `CLIENT TRACKING`, not permitted):
+    /// poll instead, for the life of the coordinator.
+    Unsupported(String),
+    /// The server could not be reached: try again later.
+    Unavailable(String),
+}
+
+struct Tracking {
+    conn: MultiplexedConnection,
+    pushes: mpsc::UnboundedReceiver<PushInfo>,
+}
+
+async fn open_tracking(inner: &Inner) -> Result<Tracking, Setup> {
+    let info = inner.conn.client().get_connection_info().clone();
+    let settings = info
+        .redis_settings()
+        .clone()
+        .set_protocol(ProtocolVersion::RESP3);
+    let client = redis::Client::open(info.set_redis_settings(settings))
+        .map_err(|e| Setup::Unsupported(e.to_string()))?;
+    let (tx, pushes) = mpsc::unbounded_channel();
+    let config = AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(inner.config.connect_timeout()))
+        .set_response_timeout(Some(inner.config.command_timeout()))
+        .set_push_sender(tx);
+    let classify = |e: redis::RedisError| {
+        if e.code().is_some() {
+            Setup::Unsupported(e.to_string())
+        } else {
+            Setup::Unavailable(e.to_string())
+        }
+    };
+    let connect = client.get_multiplexed_async_connection_with_config(&config);
+    let mut conn = tokio::time::timeout(inner.config.connect_timeout(), connect)
+        .await
+        .map_err(|_| Setup::Unavailable("connect timed out".to_owned()))?
+        .map_err(classify)?;
+    redis::cmd("CLIENT")
+        .arg("TRACKING")
+        .arg("ON")
+        .query_async::<()>(&mut conn)
+        .await
+        .map_err(classify)?;
+    Ok(Tracking { conn, pushes })
+}
+
+/// Marks every live lease of the coordinator in doubt.
+pub(crate) fn all_in_doubt(inner: &Inner) {
+    for live in inner.live_leases() {
+        live.tracker.in_doubt();
+    }
+}
+
+/// Reads `lock_keys` (all held ones for `None`) on `conn` and judges the leases on them. `Err`
+/// when the read failed (the connection is in doubt).
+async fn confirm(
+    inner: &Weak<Inner>,
+    conn: &mut MultiplexedConnection,
+    lock_keys: Option<&[String]>,
+) -> Result<(), ()> {
+    let Some(strong) = inner.upgrade() else {
+        return Ok(());
+    };
+    // The leases to judge are taken *before* the read: a lease granted after it is not judged
+    // on a value read before its grant.
+    let mut snapshot = strong.live_leases();
+    drop(strong);
+    if let Some(keys) = lock_keys {
+        snapshot.retain(|l| keys.contains(&l.lock_key));
+    }
+    if snapshot.is_empty() {
+        return Ok(());
+    }
+    let mut keys: Vec<&str> = snapshot.iter().map(|l| l.lock_key.as_str()).collect();
+    keys.sort_unstable();
+    keys.dedup();
+    let mut pipe = redis::pipe();
+    for k in &keys {
+        pipe.cmd("GET").arg(*k);
+    }
+    let values: Vec<Option<Vec<u8>>> = pipe.query_async(conn).await.map_err(|e| {
+        tracing::debug!(backend = BACKEND, error = %e, "holder monitor read failed");
+    })?;
+    let Some(strong) = inner.upgrade() else {
+        return Ok(());
+    };
+    for lease in &snapshot {
+        let Some(i) = keys.iter().position(|k| *k == lease.lock_key) else {
+            continue;
+        };
+        strong.judge(lease, values[i].as_deref());
+    }
+    Ok(())
+}
+
+/// The lock keys named by an `invalidate` push, or `None` for "every key" (a flush).
+fn invalidated(push: &PushInfo) -> Option<Vec<String>> {
+    match push.data.first() {
+        Some(Value::Array(keys)) | Some(Value::Set(keys)) => Some(
+            keys.iter()
+                .filter_map(|k| match k {
+                    Value::BulkString(b) => String::from_utf8(b.clone()).ok(),
+                    Value::SimpleString(s) => Some(s.clone()),
+                    _ => None,
+                })
+                .collect(),
+        ),
+        _ => None,
+    }
+}
+
+async fn run(inner: Weak<Inner>, mut watch: mpsc::UnboundedReceiver<String>) {
+    let (poll, command_timeout) = match inner.upgrade() {
+        Some(i) => (i.config.poll_interval(), i.config.command_timeout()),
+        None => return,
+    };
+    let mut backoff = Duration::from_millis(50);
+    let mut polling = false;
+    loop {
+        let opened = match inner.upgrade() {
+            Some(i) if !polling => Some(open_tracking(&i).await),
+            Some(_) => None,
+            None => return,
+        };
+        match opened {
+            Some(Ok(tracking)) => {
+                backoff = Duration::from_millis(50);
+                if track(&inner, &mut watch, tracking, poll).await.is_none() {
+                    return;
+                }
+            }
+            Some(Err(Setup::Unsupported(why))) => {
+                tracing::info!(
+                    backend = BACKEND,
+                    reason = %why,
+                    "client-side tracking unavailable; the holder monitor polls held keys every \
+                     poll interval"
+                );
+                polling = true;
+                continue;
+            }
+            Some(Err(Setup::Unavailable(why))) => {
+                tracing::debug!(backend = BACKEND, reason = %why, "holder monitor cannot connect");
+            }
+            None => {
+                if poll_held(&inner, &mut watch, poll, command_timeout)
+                    .await
+                    .is_none()
+                {
+                    return;
+                }
+            }
+        }
+        // The connection is gone (or never came): every lease is in doubt until renewed.
+        if let Some(i) = inner.upgrade() {
+            all_in_doubt(&i);
+        }
+        let sleep = tokio::time::sleep(backoff);
+        tokio::pin!(sleep);
+        backoff = (backoff * 2).min(Duration::from_secs(2));
+        loop {
+            tokio::select! {
+                _ = &mut sleep => break,
+                key = watch.recv() => if key.is_none() { return },
+            }
+        }
+    }
+}
+
+/// Serves one tracking connection until it breaks (`Some(())`) or the coordinator is gone
+/// (`None`).
+async fn track(
+    inner: &Weak<Inner>,
+    watch: &mut mpsc::UnboundedReceiver<String>,
+    mut t: Tracking,
+    poll: Duration,
+) -> Option<()> {
+    // (Re)connected: read (and so track) every held key, judging each lease.
+    if confirm(inner, &mut t.conn, None).await.is_err() {
+        return Some(());
+    }
+    let mut heartbeat = tokio::time::interval(poll);
+    heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            key = watch.recv() => {
+                let key = key?;
+                if confirm(inner, &mut t.conn, Some(&[key])).await.is_err() {
+                    return Some(());
+                }
+            }
+            push = t.pushes.recv() => {
+                let Some(push) = push else { return Some(()) };
+                match push.kind {
+                    PushKind::Invalidate => {
+                        let keys = invalidated(&push);
+                        if confirm(inner, &mut t.conn, keys.as_deref()).await.is_err() {
+                            return Some(());
+                        }
+                    }
+                    PushKind::Disconnection => {
+                        tracing::debug!(backend = BACKEND, "holder monitor connection closed");
+                        return Some(());
+                    }
+                    _ => {}
+                }
+            }
+            _ = heartbeat.tick() => {
+                let held = inner.upgrade()?.has_live_leases();
+                if held {
+                    let ping = redis::cmd("PING").query_async::<()>(&mut t.conn).await;
+                    if ping.is_err() {
+                        tracing::debug!(backend = BACKEND, "holder monitor ping failed");
+                        return Some(());
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The fallback without tracking: reads every held key each `poll`, on the command connection.
+/// Returns `Some(())` when a read failed (the leases are in doubt), `None` when the coordinator
+/// is gone.
+async fn poll_held(
+    inner: &Weak<Inner>,
+    watch: &mut mpsc::UnboundedReceiver<String>,
+    poll: Duration,
+    command_timeout: Duration,
+) -> Option<()> {
+    let mut tick = tokio::time::interval(poll);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            key = watch.recv() => { key?; }
+            _ = tick.tick() => {
+                let strong = inner.upgrade()?;
+                if !strong.has_live_leases() {
+                    continue;
+                }
+                let conn = strong.conn.clone();
+                drop(strong);
+                let got = tokio::time::timeout(command_timeout, conn.raw()).await;
+                let Ok(Ok((generation, mut c))) = got else { return Some(()) };
+                if confirm(inner, &mut c, None).await.is_err() {
+                    conn.discard(Some(generation));
+                    return Some(());
+                }
+            }
+        }
+    }
+}
