@@ -2,39 +2,110 @@
 #![forbid(unsafe_code)]
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use lease_core::{
     Accepted, BackendUrl, Bytes, Error, Fence, FencedValue, InvalidInput, ResourceId, Result, Token,
 };
-use tokio::sync::Mutex;
+use tokio::sync::{Mutex, OnceCell};
 use tokio_postgres::types::ToSql;
-use tokio_postgres::{Client, GenericClient, NoTls, Transaction};
+use tokio_postgres::{Client, Config, GenericClient, NoTls, Transaction};
 
 const BACKEND: &str = "postgres";
+
+type BoxFuture<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;
 
 /// The default fence table.
 pub const DEFAULT_TABLE: &str = "fence_tokens";
 
-/// Maps a client error: connection trouble is `Unavailable` (nothing committed), except during
-/// `COMMIT`, where the outcome is unknown.
+/// The default bound on one [`PgFence`] operation (connect, or a whole write, claim or read):
+/// `timeout_ms` in the URL overrides it.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The largest `timeout_ms` accepted (10 minutes).
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// Marker in the error a [`FencedTable`] update raises when it matched more than one row.
+const MULTI_ROW_MARKER: &str = "fenced update matched more than one row";
+
+/// Maps a client error of a statement whose effects are not committed yet (a statement inside a
+/// transaction, a read, a connect): nothing was applied.
+///
+/// A database error of SQLSTATE class 42 (undefined table or column, wrong type, missing
+/// privilege) is a configuration problem, not retryable: `Misconfigured`. Any other failure is
+/// `Unavailable`.
 fn map_err(operation: &'static str, e: tokio_postgres::Error) -> Error {
-    let message = match e.as_db_error() {
-        Some(db) => format!("{}: {} ({})", operation, db.message(), db.code().code()),
-        None => format!("{operation}: {e}"),
-    };
-    if operation == "commit" && e.as_db_error().is_none() {
-        return Error::OutcomeUnknown {
+    if let Some(db) = e.as_db_error() {
+        let message = format!("{}: {} ({})", operation, db.message(), db.code().code());
+        if db.code().code().starts_with("42") {
+            return Error::Misconfigured {
+                backend: BACKEND,
+                problems: vec![message],
+            };
+        }
+        return Error::Unavailable {
             backend: BACKEND,
-            operation: "commit",
             message,
             source: Some(Box::new(e)),
         };
     }
+    if is_parameter_error(&e) {
+        return parameter_error(operation, &e);
+    }
     Error::Unavailable {
         backend: BACKEND,
-        message,
+        message: format!("{operation}: {e}"),
         source: Some(Box::new(e)),
+    }
+}
+
+/// Maps a client error of a statement that commits when it succeeds (`COMMIT`, or a statement
+/// run outside a transaction): a database error means it did not apply (see [`map_err`]); a lost
+/// connection or a timeout after it was sent leaves the outcome unknown.
+fn map_commit_err(operation: &'static str, e: tokio_postgres::Error) -> Error {
+    if e.as_db_error().is_some() || is_parameter_error(&e) {
+        return map_err(operation, e);
+    }
+    Error::OutcomeUnknown {
+        backend: BACKEND,
+        operation,
+        message: format!("{operation}: {e}"),
+        source: Some(Box::new(e)),
+    }
+}
+
+/// A parameter that could not be encoded for its column: refused before anything was sent.
+fn is_parameter_error(e: &tokio_postgres::Error) -> bool {
+    std::error::Error::source(e).is_some_and(|s| s.is::<tokio_postgres::types::WrongType>())
+}
+
+fn parameter_error(operation: &'static str, e: &tokio_postgres::Error) -> Error {
+    InvalidInput::OutOfRange {
+        field: "SQL parameter",
+        value: format!("{operation}: {e}"),
+        expected: "a Rust value whose type matches the column",
+    }
+    .into()
+}
+
+fn timed_out(operation: &'static str, committing: bool, timeout: Duration) -> Error {
+    let message = format!("{operation}: no answer within {timeout:?}");
+    if committing {
+        Error::OutcomeUnknown {
+            backend: BACKEND,
+            operation,
+            message: format!("{message} after COMMIT was sent"),
+            source: None,
+        }
+    } else {
+        Error::Unavailable {
+            backend: BACKEND,
+            message: format!("{message}; nothing was committed"),
+            source: None,
+        }
     }
 }
 
@@ -202,24 +273,40 @@ impl<'a> FencedTransaction<'a> {
     }
 
     /// Commits the fence advance and the caller's writes together.
+    ///
+    /// A database error (for example a serialization failure) means nothing was committed. A
+    /// connection lost after `COMMIT` was sent is `OutcomeUnknown`: re-read before acting, and do
+    /// not retry blind.
     pub async fn commit(self) -> Result<Accepted> {
-        self.tx.commit().await.map_err(|e| map_err("commit", e))?;
+        self.tx
+            .commit()
+            .await
+            .map_err(|e| map_commit_err("commit", e))?;
         Ok(Accepted::new(self.previous))
     }
 }
 
 /// The single-statement form on the caller's own table: a fence column compared in the
 /// `UPDATE`'s `WHERE` clause, the seeds' `UPDATE ... WHERE id = :id AND fence <= :token`.
+///
+/// The table's shape is checked once against the catalog (by [`FencedTable::open`], or by the
+/// first [`FencedTable::update`] of a table made with [`FencedTable::new`]): the key column must
+/// have a unique index or primary key of its own (one column, not partial, not on an
+/// expression), and the fence column must be `BIGINT`. Otherwise the error is
+/// [`Error::Misconfigured`] naming the table and the column, and nothing is written.
 #[derive(Debug, Clone)]
 pub struct FencedTable {
     table: Ident,
     key_column: Ident,
     fence_column: Ident,
+    /// Set once the catalog check passed.
+    checked: Arc<OnceCell<()>>,
 }
 
 impl FencedTable {
     /// A table whose rows are found by `key_column` and fenced by the `BIGINT` `fence_column`.
-    /// Identifiers are validated (`InvalidInput` naming the bad one).
+    /// Identifiers are validated (`InvalidInput` naming the bad one); the catalog check runs on
+    /// the first [`update`](FencedTable::update). Prefer [`FencedTable::open`], which checks now.
     pub fn new(
         table: &str,
         key_column: &str,
@@ -229,7 +316,104 @@ impl FencedTable {
             table: Ident::new(table)?,
             key_column: Ident::new(key_column)?,
             fence_column: Ident::new(fence_column)?,
+            checked: Arc::new(OnceCell::new()),
         })
+    }
+
+    /// Like [`FencedTable::new`], then checks the table's shape in the catalog of `client`'s
+    /// database (the table is resolved with the session's `search_path`, as the update will be).
+    ///
+    /// # Errors
+    /// - `InvalidInput`: an identifier is not a plain SQL identifier.
+    /// - `NotFound`: no such table.
+    /// - `Misconfigured`: a column is missing, the key column has no unique index or primary key
+    ///   of its own, or the fence column is not `BIGINT`; each problem names table and column.
+    /// - `Unavailable`: the catalog could not be read.
+    pub async fn open(
+        client: &impl GenericClient,
+        table: &str,
+        key_column: &str,
+        fence_column: &str,
+    ) -> Result<Self> {
+        let t = FencedTable::new(table, key_column, fence_column)?;
+        t.ensure_checked(client).await?;
+        Ok(t)
+    }
+
+    async fn ensure_checked(&self, client: &impl GenericClient) -> Result<()> {
+        self.checked
+            .get_or_try_init(|| self.check(client))
+            .await
+            .map(|_| ())
+    }
+
+    /// The catalog check (see the type's docs).
+    async fn check(&self, client: &impl GenericClient) -> Result<()> {
+        let sql = "
+            WITH rel AS (SELECT to_regclass($1::text)::oid AS oid),
+                 cols AS (
+                    SELECT a.attname::text AS name, a.attnum, a.atttypid,
+                           format_type(a.atttypid, a.atttypmod) AS type
+                    FROM pg_attribute a, rel
+                    WHERE a.attrelid = rel.oid AND a.attnum > 0 AND NOT a.attisdropped)
+            SELECT rel.oid IS NOT NULL,
+                   (SELECT type FROM cols WHERE name = $2),
+                   (SELECT type FROM cols WHERE name = $3),
+                   COALESCE((SELECT atttypid = 'int8'::regtype::oid FROM cols WHERE name = $3), false),
+                   EXISTS (
+                    SELECT 1 FROM pg_index i, cols k
+                    WHERE i.indrelid = rel.oid AND k.name = $2
+                      AND i.indisunique AND i.indisvalid AND i.indnkeyatts = 1
+                      AND i.indkey[0] = k.attnum
+                      AND i.indpred IS NULL AND i.indexprs IS NULL)
+            FROM rel";
+        let row = client
+            .query_one(
+                sql,
+                &[
+                    &self.table.quoted(),
+                    &self.key_column.0,
+                    &self.fence_column.0,
+                ],
+            )
+            .await
+            .map_err(|e| map_err("fenced table check", e))?;
+        let bad = |e: tokio_postgres::Error| map_err("fenced table check", e);
+        let exists: bool = row.try_get(0).map_err(bad)?;
+        if !exists {
+            return Err(Error::NotFound {
+                what: format!("table {:?} (for a fenced table)", self.table.0),
+            });
+        }
+        let key_type: Option<String> = row.try_get(1).map_err(bad)?;
+        let fence_type: Option<String> = row.try_get(2).map_err(bad)?;
+        let fence_is_bigint: bool = row.try_get(3).map_err(bad)?;
+        let key_unique: bool = row.try_get(4).map_err(bad)?;
+        let (t, k, f) = (&self.table.0, &self.key_column.0, &self.fence_column.0);
+        let mut problems = Vec::new();
+        match key_type {
+            None => problems.push(format!("table {t:?} has no key column {k:?}")),
+            Some(_) if !key_unique => problems.push(format!(
+                "key column {k:?} of table {t:?} has no unique index or primary key of its own \
+                 (one column, not partial): a key could match more than one row"
+            )),
+            Some(_) => {}
+        }
+        match fence_type {
+            None => problems.push(format!("table {t:?} has no fence column {f:?}")),
+            Some(ty) if !fence_is_bigint => problems.push(format!(
+                "fence column {f:?} of table {t:?} is {ty}, not bigint (tokens are 64-bit)"
+            )),
+            Some(_) => {}
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::Misconfigured {
+                backend: BACKEND,
+                problems,
+            })
+        }
     }
 
     /// Sets `assignments` (column, value) and the fence column to `token` on the row whose key is
@@ -240,6 +424,13 @@ impl FencedTable {
     /// - `Ok(Accepted)`: one row updated. (`previous` is not reported by this form: `None`.)
     /// - `Err(Stale { current })`: the row's fence is newer; nothing changed.
     /// - `Err(NotFound)`: no row has that key.
+    /// - `Err(Misconfigured)`: the table's shape failed the catalog check (run once per
+    ///   `FencedTable`), or the statement matched more than one row (a unique index was dropped
+    ///   since): nothing changed, the statement was rolled back (inside the caller's
+    ///   transaction, that transaction is aborted and must be rolled back).
+    /// - `Err(OutcomeUnknown)`: the connection was lost after the statement was sent. Outside a
+    ///   transaction it may have committed: re-read, and do not retry blind.
+    /// - `Err(Unavailable)`: the database refused for a transient reason; nothing changed.
     pub async fn update(
         &self,
         client: &impl GenericClient,
@@ -263,41 +454,70 @@ impl FencedTable {
             sets.push(format!("{} = ${}", c.quoted(), i + 3));
             params.push(*value);
         }
+        self.ensure_checked(client).await?;
         let (t, k, f) = (
             self.table.quoted(),
             self.key_column.quoted(),
             self.fence_column.quoted(),
         );
         sets.push(format!("{f} = $2"));
+        // One statement: if the UPDATE ever matches more than one row, the cast of a non-constant
+        // text fails and the whole statement (the UPDATE with it) is rolled back.
         let sql = format!(
-            "UPDATE {t} SET {} WHERE {k} = $1 AND COALESCE({f}, 0) <= $2",
+            "WITH u AS (UPDATE {t} SET {} WHERE {k} = $1 AND COALESCE({f}, 0) <= $2 RETURNING 1) \
+             SELECT CASE WHEN n > 1 THEN ('{MULTI_ROW_MARKER}: ' || n)::bigint ELSE n END \
+             FROM (SELECT count(*) AS n FROM u) c",
             sets.join(", ")
         );
-        let n = client
-            .execute(&sql, &params)
-            .await
-            .map_err(|e| map_err("fenced update", e))?;
+        if client.client().is_closed() {
+            return Err(Error::Unavailable {
+                backend: BACKEND,
+                message: "fenced update: the connection is closed; nothing was sent".into(),
+                source: None,
+            });
+        }
+        let multi_row = |t: &str, k: &str| Error::Misconfigured {
+            backend: BACKEND,
+            problems: vec![format!(
+                "key column {k:?} of table {t:?} matched more than one row for key {key:?}; \
+                 the update was rolled back (is its unique index gone?)"
+            )],
+        };
+        let n: i64 = match client.query_one(&sql, &params).await {
+            Ok(row) => row.try_get(0).map_err(|e| map_err("fenced update", e))?,
+            Err(e)
+                if e.as_db_error()
+                    .is_some_and(|db| db.message().contains(MULTI_ROW_MARKER)) =>
+            {
+                return Err(multi_row(&self.table.0, &self.key_column.0));
+            }
+            Err(e) => return Err(map_commit_err("fenced update", e)),
+        };
         if n == 1 {
             return Ok(Accepted::new(None));
         }
         // Nothing updated: tell a stale token from a missing row. The fence only grows, so the
         // value read now is at least the one that rejected us.
-        let row = client
-            .query_opt(
+        let rows = client
+            .query(
                 &format!("SELECT COALESCE({f}, 0) FROM {t} WHERE {k} = $1"),
                 &[key],
             )
             .await
             .map_err(|e| map_err("fence read", e))?;
-        match row {
-            Some(r) => Err(Error::Stale {
-                resource: format!("{}[{:?}]", self.table.0, key),
-                presented: token,
-                current: Token::from_i64(r.get::<_, i64>(0))?,
-            }),
-            None => Err(Error::NotFound {
+        match rows.as_slice() {
+            [] => Err(Error::NotFound {
                 what: format!("row {key:?} of table {}", self.table.0),
             }),
+            [r] => Err(Error::Stale {
+                resource: format!("{}[{:?}]", self.table.0, key),
+                presented: token,
+                current: Token::from_i64(
+                    r.try_get::<_, i64>(0)
+                        .map_err(|e| map_err("fence read", e))?,
+                )?,
+            }),
+            _ => Err(multi_row(&self.table.0, &self.key_column.0)),
         }
     }
 }
@@ -308,8 +528,18 @@ impl FencedTable {
 /// - Each write runs [`begin`] + store value + commit: the comparison and the write are one
 ///   transaction on a locked row; the newest accepted token is as durable as PostgreSQL's commit.
 /// - `claim` is the same without the value.
+/// - Each operation is bounded by the URL's `timeout_ms` ([`DEFAULT_TIMEOUT`] by default). A
+///   failure before `COMMIT` was sent is `Unavailable` (nothing was committed); a timeout or a
+///   lost connection after `COMMIT` was sent is `OutcomeUnknown`. Nothing is retried: a write
+///   whose outcome is unknown is never sent again by the fence. The row lock keeps the order
+///   anyway: `COMMIT` is only sent once this write holds the resource's row lock, so a later write
+///   of the same resource waits until the unknown one committed or aborted.
+/// - After a timeout or a broken connection the connection is dropped (its replies can no longer
+///   be matched to requests) and the next operation opens a new one.
 pub struct PgFence {
-    client: Mutex<Client>,
+    config: Config,
+    timeout: Duration,
+    client: Mutex<Option<Client>>,
     table: Ident,
     url: BackendUrl,
 }
@@ -319,14 +549,17 @@ impl fmt::Debug for PgFence {
         f.debug_struct("PgFence")
             .field("url", &self.url)
             .field("table", &self.table)
+            .field("timeout", &self.timeout)
             .finish()
     }
 }
 
 impl PgFence {
-    /// Connects to `postgres://user:password@host:port/db[?table=NAME&migrate=false]` and, unless
-    /// `migrate=false`, creates the fence table. Only plain TCP: `sslmode` other than `disable`
-    /// is refused as unsupported.
+    /// Connects to
+    /// `postgres://user:password@host:port/db[?table=NAME&migrate=false&timeout_ms=N]` and,
+    /// unless `migrate=false`, creates the fence table. `timeout_ms` (1..=600000, default 30000)
+    /// bounds the connect and each later operation. Only plain TCP: `sslmode` other than
+    /// `disable` is refused as unsupported.
     pub async fn connect(url: &str) -> Result<PgFence> {
         let url = BackendUrl::parse(url)?;
         let u = url.expose();
@@ -335,7 +568,7 @@ impl PgFence {
                 .invalid("scheme must be postgres:// or postgresql://")
                 .into());
         }
-        let mut cfg = tokio_postgres::Config::new();
+        let mut cfg = Config::new();
         cfg.host(u.host_str().ok_or_else(|| url.invalid("missing host"))?);
         cfg.port(u.port().unwrap_or(5432));
         cfg.user(url.username()?.as_deref().unwrap_or("postgres"));
@@ -349,10 +582,17 @@ impl PgFence {
         }
         let mut table = Ident::new(DEFAULT_TABLE)?;
         let mut run_migration = true;
+        let mut timeout = DEFAULT_TIMEOUT;
         for (k, v) in u.query_pairs() {
             match k.as_ref() {
                 "table" => table = Ident::new(&v)?,
                 "migrate" => run_migration = v != "false",
+                "timeout_ms" => {
+                    timeout = lease_core::parse_millis(&v, Duration::from_millis(1), MAX_TIMEOUT)
+                        .ok_or_else(|| {
+                            url.invalid(format!("timeout_ms={v}: milliseconds in 1..=600000"))
+                        })?
+                }
                 "sslmode" if v == "disable" => {}
                 "sslmode" => {
                     return Err(Error::Unsupported {
@@ -363,24 +603,20 @@ impl PgFence {
                 other => return Err(url.invalid(format!("unknown option {other:?}")).into()),
             }
         }
-        cfg.connect_timeout(std::time::Duration::from_secs(10));
-        let (client, connection) = cfg
-            .connect(NoTls)
-            .await
-            .map_err(|e| map_err("connect", e))?;
-        tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                tracing::warn!(error = %e, "postgres fence connection ended");
-            }
-        });
-        if run_migration {
-            migrate(&client, &table).await?;
-        }
-        Ok(PgFence {
-            client: Mutex::new(client),
+        cfg.connect_timeout(timeout);
+        let fence = PgFence {
+            config: cfg,
+            timeout,
+            client: Mutex::new(None),
             table,
             url,
-        })
+        };
+        let client = fence.open_connection().await?;
+        if run_migration {
+            migrate(&client, &fence.table).await?;
+        }
+        *fence.client.lock().await = Some(client);
+        Ok(fence)
     }
 
     /// The fence table.
@@ -388,18 +624,82 @@ impl PgFence {
         &self.table
     }
 
+    /// The bound on each operation.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    async fn open_connection(&self) -> Result<Client> {
+        let connect = self.config.connect(NoTls);
+        let (client, connection) = tokio::time::timeout(self.timeout, connect)
+            .await
+            .map_err(|_| timed_out("connect", false, self.timeout))?
+            .map_err(|e| map_err("connect", e))?;
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::warn!(error = %e, "postgres fence connection ended");
+            }
+        });
+        Ok(client)
+    }
+
+    /// Runs `op` on the connection (opened first if there is none or it broke), bounded by the
+    /// timeout. `committing` is set by `op` just before it sends `COMMIT`: a timeout after that
+    /// is `OutcomeUnknown`. After a timeout or a broken connection, the connection is dropped.
+    async fn run<T, F>(&self, operation: &'static str, op: F) -> Result<T>
+    where
+        F: for<'c> FnOnce(&'c mut Client, &'c AtomicBool) -> BoxFuture<'c, Result<T>>,
+    {
+        let mut slot = self.client.lock().await;
+        if slot.as_ref().is_none_or(Client::is_closed) {
+            *slot = None;
+            *slot = Some(self.open_connection().await?);
+        }
+        let committing = AtomicBool::new(false);
+        let result = {
+            let client = slot.as_mut().expect("connection set above");
+            tokio::time::timeout(self.timeout, op(client, &committing)).await
+        };
+        match result {
+            Ok(r) => {
+                if slot.as_ref().is_some_and(Client::is_closed) {
+                    *slot = None;
+                }
+                r
+            }
+            Err(_) => {
+                // The request may still be answered later; that answer would be taken for the
+                // next request's. Drop the connection (the server aborts anything uncommitted).
+                *slot = None;
+                Err(timed_out(
+                    operation,
+                    committing.load(Ordering::SeqCst),
+                    self.timeout,
+                ))
+            }
+        }
+    }
+
     async fn accept(
         &self,
         resource: &ResourceId,
         token: Token,
-        value: Option<&[u8]>,
+        value: Option<Bytes>,
     ) -> Result<Accepted> {
-        let mut client = self.client.lock().await;
-        let tx = begin(&mut client, &self.table, resource, token).await?;
-        if let Some(v) = value {
-            tx.store_value(v).await?;
-        }
-        tx.commit().await
+        let table = self.table.clone();
+        let resource = resource.clone();
+        let operation = if value.is_some() { "write" } else { "claim" };
+        self.run(operation, move |client, committing| {
+            Box::pin(async move {
+                let tx = begin(client, &table, &resource, token).await?;
+                if let Some(v) = &value {
+                    tx.store_value(v).await?;
+                }
+                committing.store(true, Ordering::SeqCst);
+                tx.commit().await
+            })
+        })
+        .await
     }
 }
 
@@ -410,7 +710,7 @@ impl Fence for PgFence {
     }
 
     async fn write(&self, resource: &ResourceId, token: Token, value: Bytes) -> Result<Accepted> {
-        self.accept(resource, token, Some(&value)).await
+        self.accept(resource, token, Some(value)).await
     }
 
     async fn claim(&self, resource: &ResourceId, token: Token) -> Result<Accepted> {
@@ -418,22 +718,27 @@ impl Fence for PgFence {
     }
 
     async fn read(&self, resource: &ResourceId) -> Result<Option<FencedValue>> {
-        let client = self.client.lock().await;
-        let row = client
-            .query_opt(
-                &format!(
-                    "SELECT newest, value, value_token FROM {} WHERE resource = $1",
-                    self.table.quoted()
-                ),
-                &[&resource.as_str()],
-            )
-            .await
-            .map_err(|e| map_err("read", e))?;
+        let sql = format!(
+            "SELECT newest, value, value_token FROM {} WHERE resource = $1",
+            self.table.quoted()
+        );
+        let resource = resource.clone();
+        let row = self
+            .run("read", move |client, _| {
+                Box::pin(async move {
+                    client
+                        .query_opt(&sql, &[&resource.as_str()])
+                        .await
+                        .map_err(|e| map_err("read", e))
+                })
+            })
+            .await?;
         let Some(row) = row else { return Ok(None) };
-        let newest = Token::from_i64(row.get::<_, i64>(0))?;
+        let col = |e| map_err("read", e);
+        let newest = Token::from_i64(row.try_get::<_, i64>(0).map_err(col)?)?;
         let value = match (
-            row.get::<_, Option<Vec<u8>>>(1),
-            row.get::<_, Option<i64>>(2),
+            row.try_get::<_, Option<Vec<u8>>>(1).map_err(col)?,
+            row.try_get::<_, Option<i64>>(2).map_err(col)?,
         ) {
             (Some(v), Some(t)) => Some((Token::from_i64(t)?, Bytes::from(v))),
             _ => None,

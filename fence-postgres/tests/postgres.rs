@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use conformance_tests::harness::{start_or_skip_async, Backend, PostgresServer};
+use conformance_tests::proxy::FaultProxy;
 use fence_postgres::{begin, FencedTable, Ident, PgFence};
 use lease_core::{Bytes, Error, Fence, ResourceId, Token};
 use rand::seq::SliceRandom;
@@ -253,4 +254,319 @@ async fn unreachable_database_is_unavailable() {
         other => panic!("{other:?}"),
     }
     let _ = Arc::new(());
+}
+
+/// Rows of `table` that any fenced update touched (`total` or `fence` moved from 0).
+async fn touched(c: &tokio_postgres::Client, table: &str) -> i64 {
+    c.query_one(
+        &format!("SELECT count(*) FROM {table} WHERE total <> 0 OR COALESCE(fence, 0) <> 0"),
+        &[],
+    )
+    .await
+    .unwrap()
+    .get(0)
+}
+
+fn assert_misconfigured(r: Result<impl std::fmt::Debug, Error>, table: &str, column: &str) {
+    match r {
+        Err(e @ Error::Misconfigured { .. }) => {
+            let s = e.to_string();
+            assert!(
+                s.contains(&format!("{table:?}")) && s.contains(&format!("{column:?}")),
+                "the error must name table {table} and column {column}: {s}"
+            );
+            assert!(!e.is_retryable(), "{s}");
+        }
+        other => panic!("{table}.{column}: expected Misconfigured, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fenced_table_with_a_non_unique_key_or_a_narrow_fence_is_misconfigured_and_untouched() {
+    let Some(pg) = server(
+        "fenced_table_with_a_non_unique_key_or_a_narrow_fence_is_misconfigured_and_untouched",
+    )
+    .await
+    else {
+        return;
+    };
+    let c = client(&pg.connection_url()).await;
+    c.batch_execute(
+        "CREATE TABLE dupes (id INT, total INT NOT NULL DEFAULT 0, fence BIGINT NOT NULL DEFAULT 0);
+         INSERT INTO dupes (id) VALUES (1), (1);
+         CREATE TABLE narrow (id INT PRIMARY KEY, total INT NOT NULL DEFAULT 0, fence INT NOT NULL DEFAULT 0);
+         INSERT INTO narrow (id) VALUES (1);
+         CREATE TABLE pairs (id INT, sub INT, total INT NOT NULL DEFAULT 0,
+                             fence BIGINT NOT NULL DEFAULT 0, UNIQUE (id, sub));
+         INSERT INTO pairs (id, sub) VALUES (1, 1), (1, 2);",
+    )
+    .await
+    .unwrap();
+    // A key that is not unique alone (no index; a composite unique index), a fence that is not
+    // BIGINT: a configuration error naming table and column, and nothing is written.
+    for (table, column) in [("dupes", "id"), ("pairs", "id"), ("narrow", "fence")] {
+        let ft = FencedTable::new(table, "id", "fence").unwrap();
+        assert_misconfigured(
+            ft.update(&c, &1i32, t(5), &[("total", &9i32)]).await,
+            table,
+            column,
+        );
+        assert_eq!(touched(&c, table).await, 0, "{table}: the write applied");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fenced_table_open_checks_the_catalog_once_and_a_multi_row_update_rolls_back() {
+    let Some(pg) =
+        server("fenced_table_open_checks_the_catalog_once_and_a_multi_row_update_rolls_back").await
+    else {
+        return;
+    };
+    let c = client(&pg.connection_url()).await;
+    c.batch_execute(
+        "CREATE TABLE dupes (id INT, total INT NOT NULL DEFAULT 0, fence BIGINT NOT NULL DEFAULT 0);
+         CREATE TABLE partial (id INT, total INT NOT NULL DEFAULT 0, fence BIGINT NOT NULL DEFAULT 0);
+         CREATE UNIQUE INDEX partial_id ON partial (id) WHERE id > 0;
+         CREATE TABLE narrow (id INT PRIMARY KEY, total INT NOT NULL DEFAULT 0, fence INT NOT NULL DEFAULT 0);
+         CREATE TABLE texty (id TEXT UNIQUE, total INT NOT NULL DEFAULT 0, fence NUMERIC);
+         CREATE TABLE good (id INT, total INT NOT NULL DEFAULT 0, fence BIGINT);
+         CREATE UNIQUE INDEX good_id ON good (id);
+         INSERT INTO good (id) VALUES (1);",
+    )
+    .await
+    .unwrap();
+    assert_misconfigured(
+        FencedTable::open(&c, "dupes", "id", "fence").await,
+        "dupes",
+        "id",
+    );
+    assert_misconfigured(
+        FencedTable::open(&c, "partial", "id", "fence").await,
+        "partial",
+        "id",
+    );
+    assert_misconfigured(
+        FencedTable::open(&c, "narrow", "id", "fence").await,
+        "narrow",
+        "fence",
+    );
+    assert_misconfigured(
+        FencedTable::open(&c, "texty", "id", "fence").await,
+        "texty",
+        "fence",
+    );
+    assert_misconfigured(
+        FencedTable::open(&c, "good", "nope", "fence").await,
+        "good",
+        "nope",
+    );
+    assert_misconfigured(
+        FencedTable::open(&c, "good", "id", "nope").await,
+        "good",
+        "nope",
+    );
+    assert!(matches!(
+        FencedTable::open(&c, "missing", "id", "fence").await,
+        Err(Error::NotFound { .. })
+    ));
+    assert!(matches!(
+        FencedTable::open(&c, "good", "id;", "fence").await,
+        Err(Error::InvalidInput(_))
+    ));
+
+    // A good table passes, then its unique index is dropped behind the fence's back and a
+    // duplicate key appears: the one statement that would update two rows is rolled back.
+    let good = FencedTable::open(&c, "good", "id", "fence").await.unwrap();
+    good.update(&c, &1i32, t(1), &[("total", &1i32)])
+        .await
+        .unwrap();
+    c.batch_execute("DROP INDEX good_id; INSERT INTO good (id) VALUES (1);")
+        .await
+        .unwrap();
+    assert_misconfigured(
+        good.update(&c, &1i32, t(2), &[("total", &2i32)]).await,
+        "good",
+        "id",
+    );
+    let rows: Vec<(i32, Option<i64>)> = c
+        .query("SELECT total, fence FROM good ORDER BY total DESC", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(rows, vec![(1, Some(1)), (0, None)], "the update applied");
+    // Inside the caller's transaction the failed statement aborts that transaction.
+    let mut c2 = client(&pg.connection_url()).await;
+    let tx = c2.transaction().await.unwrap();
+    assert_misconfigured(
+        good.update(&tx, &1i32, t(3), &[("total", &3i32)]).await,
+        "good",
+        "id",
+    );
+    // PostgreSQL answers COMMIT of an aborted transaction with ROLLBACK: nothing applied.
+    let _ = tx.commit().await;
+    let after: Vec<(i32, Option<i64>)> = c
+        .query("SELECT total, fence FROM good ORDER BY total DESC", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(
+        after, rows,
+        "the update applied inside the caller's transaction"
+    );
+}
+
+/// Waits (bounded) until the fence at `direct` shows `value` written with `token` for `r`.
+async fn until_value(direct: &PgFence, r: &ResourceId, token: Token, value: &'static [u8]) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let v = direct.read(r).await.unwrap();
+        if v.as_ref().and_then(|v| v.value.clone()) == Some((token, Bytes::from_static(value))) {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{value:?} never applied: {v:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_replies_are_bounded_never_replayed_and_the_later_write_stands() {
+    let Some(pg) =
+        server("lost_replies_are_bounded_never_replayed_and_the_later_write_stands").await
+    else {
+        return;
+    };
+    let proxy = FaultProxy::start(pg.addr()).await.unwrap();
+    let fence = PgFence::connect(&format!(
+        "postgres://postgres@{}/postgres?table=lossy&timeout_ms=1000",
+        proxy.addr()
+    ))
+    .await
+    .unwrap();
+    assert_eq!(fence.timeout(), Duration::from_secs(1));
+    let direct = PgFence::connect(&format!("{}?table=lossy", pg.connection_url()))
+        .await
+        .unwrap();
+    let r = ResourceId::new("lossy/1").unwrap();
+    fence
+        .write(&r, t(5), Bytes::from_static(b"five"))
+        .await
+        .unwrap();
+
+    // Every reply lost: the write ends within its bound, is not reported as applied, and the
+    // fence does not send it again.
+    proxy.drop_replies();
+    let began = std::time::Instant::now();
+    let lost = tokio::time::timeout(
+        Duration::from_secs(10),
+        fence.write(&r, t(6), Bytes::from_static(b"v1")),
+    )
+    .await
+    .expect("a write whose replies are lost must end within its timeout");
+    match &lost {
+        Err(Error::Unavailable { .. } | Error::OutcomeUnknown { .. }) => {}
+        other => panic!("{other:?}"),
+    }
+    assert!(
+        began.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        began.elapsed()
+    );
+    proxy.heal();
+    // The later write with the same token, through the same fence (a new connection), stands.
+    fence
+        .write(&r, t(6), Bytes::from_static(b"v2"))
+        .await
+        .unwrap();
+    until_value(&direct, &r, t(6), b"v2").await;
+    let v = fence.read(&r).await.unwrap().unwrap();
+    assert_eq!(v.value, Some((t(6), Bytes::from_static(b"v2"))));
+
+    // A COMMIT that is slower than the timeout: sent, then no answer in time. OutcomeUnknown
+    // (it does apply a moment later), never Unavailable, never retried.
+    direct
+        .claim(&ResourceId::new("init").unwrap(), t(1))
+        .await
+        .unwrap();
+    let c = client(&pg.connection_url()).await;
+    c.batch_execute(
+        "CREATE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+         IF NEW.value = 'slow' AND OLD.value IS DISTINCT FROM 'slow' THEN PERFORM pg_sleep(2); END IF;
+         RETURN NULL; END $$;
+         CREATE CONSTRAINT TRIGGER slow_commit AFTER UPDATE ON lossy
+             DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION slow_commit();",
+    )
+    .await
+    .unwrap();
+    let before = proxy.request_bytes();
+    match fence.write(&r, t(7), Bytes::from_static(b"slow")).await {
+        Err(Error::OutcomeUnknown { operation, .. }) => assert_eq!(operation, "write"),
+        other => panic!("a COMMIT without answer must be OutcomeUnknown: {other:?}"),
+    }
+    let sent = proxy.request_bytes() - before;
+    until_value(&direct, &r, t(7), b"slow").await;
+    // At most the 5-byte Terminate of the dropped connection may follow; a resent write would
+    // be a whole transaction.
+    let later = proxy.request_bytes() - before - sent;
+    assert!(
+        later <= 5,
+        "the fence sent {later} more bytes after the unknown outcome (a blind retry?)"
+    );
+    fence
+        .write(&r, t(7), Bytes::from_static(b"after"))
+        .await
+        .unwrap();
+    until_value(&direct, &r, t(7), b"after").await;
+
+    // The connection cut while COMMIT runs: OutcomeUnknown too.
+    let slow = {
+        let r = r.clone();
+        let fence = Arc::new(
+            PgFence::connect(&format!(
+                "postgres://postgres@{}/postgres?table=lossy&timeout_ms=10000",
+                proxy.addr()
+            ))
+            .await
+            .unwrap(),
+        );
+        let f = fence.clone();
+        (
+            tokio::spawn(async move { f.write(&r, t(8), Bytes::from_static(b"slow")).await }),
+            fence,
+        )
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let n: i64 = c
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE query = 'COMMIT' AND state = 'active'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if n > 0 {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "COMMIT never ran");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    proxy.cut();
+    match slow.0.await.unwrap() {
+        Err(Error::OutcomeUnknown { .. }) => {}
+        other => panic!("a connection lost during COMMIT must be OutcomeUnknown: {other:?}"),
+    }
+    until_value(&direct, &r, t(8), b"slow").await;
+    slow.1
+        .write(&r, t(8), Bytes::from_static(b"last"))
+        .await
+        .unwrap();
+    until_value(&direct, &r, t(8), b"last").await;
 }
