@@ -28,9 +28,13 @@ use crate::keys;
 
 /// A [`Fence`] whose state lives in etcd (see the module docs for the layout and transaction).
 ///
-/// Transient failures are retried a few times within the request timeout: a claim or a write
-/// with the same token and value is idempotent, so a retry after an unseen outcome is safe (it
-/// may then report `Stale` although the first attempt applied, if a newer token came in between).
+/// Reads and claims that fail are retried a few times (a claim is idempotent, and one applied
+/// late changes nothing). A **write** is sent again only when it certainly never reached etcd
+/// (connection refused): a write whose answer was lost (no answer within the request timeout, a
+/// stream broken after sending) returns `Error::OutcomeUnknown` at once. Retrying it blind could
+/// let that copy apply after a later write with the same token and replay the older value.
+/// etcd may still apply the lost request itself for a few seconds (it applies a proposal after
+/// the client gave up); read the resource to see which value stands.
 #[derive(Clone)]
 pub struct EtcdFence {
     client: Client,
@@ -48,6 +52,17 @@ impl fmt::Debug for EtcdFence {
 const NEWEST: &str = "newest";
 const VALUE: &str = "value";
 const ATTEMPTS: u32 = 4;
+
+/// Which failures [`EtcdFence::retrying`] sends again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Retry {
+    /// Any failure: reads, and claims (a claim applied twice, or late, changes nothing: it only
+    /// raises `newest` to a token that is already there or refuses).
+    Always,
+    /// Only a request that certainly never reached etcd: a write applied late after a newer
+    /// write with the same token would replace the newer value with the older one.
+    UnlessSent,
+}
 
 fn parse_token(raw: &[u8]) -> Option<Token> {
     std::str::from_utf8(raw).ok()?.parse().ok()
@@ -78,7 +93,15 @@ impl EtcdFence {
         &self.config
     }
 
-    async fn retrying<T, F, Fut>(&self, operation: &'static str, mut call: F) -> Result<T>
+    /// Runs `call` up to [`ATTEMPTS`] times. With `Retry::UnlessSent`, a failure after which
+    /// the request may have reached etcd ends the loop at once (the error is then
+    /// `OutcomeUnknown`): only a request that certainly never left is sent again.
+    async fn retrying<T, F, Fut>(
+        &self,
+        operation: &'static str,
+        retry: Retry,
+        mut call: F,
+    ) -> Result<T>
     where
         F: FnMut(Client) -> Fut,
         Fut: std::future::Future<Output = std::result::Result<T, Failure>>,
@@ -88,7 +111,11 @@ impl EtcdFence {
             match call(self.client.clone()).await {
                 Ok(t) => return Ok(t),
                 Err(f) => {
+                    let blind = retry == Retry::UnlessSent && !f.certainly_not_sent();
                     last = Some(f);
+                    if blind {
+                        break;
+                    }
                     if attempt + 1 < ATTEMPTS {
                         tokio::time::sleep(Duration::from_millis(50 << attempt)).await;
                     }
@@ -110,6 +137,7 @@ impl EtcdFence {
         let base = keys::fence_prefix(self.config.key_prefix(), resource);
         let newest = format!("{base}{NEWEST}");
         let presented = keys::token_bytes(token);
+        let write = value.is_some();
         let mut accept = vec![
             TxnOp::get(newest.clone(), None),
             TxnOp::put(newest.clone(), presented.clone(), None),
@@ -128,8 +156,13 @@ impl EtcdFence {
             .and_then([TxnOp::get(newest, None)])
             .or_else(accept);
         let timeout = self.config.request_timeout();
+        let retry = if write {
+            Retry::UnlessSent
+        } else {
+            Retry::Always
+        };
         let resp = self
-            .retrying(operation, |mut c| {
+            .retrying(operation, retry, |mut c| {
                 let txn = txn.clone();
                 async move { bounded(timeout, c.txn(txn)).await }
             })
@@ -167,7 +200,7 @@ impl Fence for EtcdFence {
         let base = keys::fence_prefix(self.config.key_prefix(), resource);
         let timeout = self.config.request_timeout();
         let resp = self
-            .retrying("read", |mut c| {
+            .retrying("read", Retry::Always, |mut c| {
                 let base = base.clone();
                 async move {
                     bounded(
