@@ -346,7 +346,12 @@ impl EtcdConfig {
             .with_connect_timeout(self.connect_timeout)
             // etcd refuses pings more often than every 5 s (`--grpc-keepalive-min-time`); the
             // adapter's own request timeouts and session deadline bound everything else.
-            .with_keep_alive(Duration::from_secs(10), Duration::from_secs(3));
+            .with_keep_alive(Duration::from_secs(10), Duration::from_secs(3))
+            // Every request carries etcd's `hasleader` metadata: a member cut off from its
+            // leader refuses requests and cancels its watch and keepalive streams (after a few
+            // election timeouts) instead of serving a waiter's watch that can never fire or
+            // acknowledging nothing; the adapter then re-reads, backs off, or ends the session.
+            .with_require_leader(true);
         if let Some((user, password)) = &self.user {
             o = o
                 .with_user(user.clone(), password.clone())

@@ -12,8 +12,8 @@ use etcd_client::{
     Txn, TxnOp, TxnOpResponse, WatchFilterType, WatchOptions,
 };
 use lease_core::{
-    Capabilities, Coordinator, Error, ForceRelease, HolderInfo, Lease, LeaseOptions, LeaseTracker,
-    LockKey, LostReason, OwnerId, Result, Token, Watermarks,
+    Capabilities, Coordinator, Error, ForceRelease, HolderInfo, Lease, LeaseOptions, LeaseStatus,
+    LeaseTracker, LockKey, LostReason, OwnerId, Result, Token, Watermarks,
 };
 use tokio::sync::oneshot;
 use tokio::time::Instant;
@@ -22,7 +22,7 @@ use crate::config::EtcdConfig;
 use crate::error::{bounded, Failure, BACKEND};
 use crate::keys::{self, AuditRecord, HolderRecord};
 use crate::lease::EtcdLease;
-use crate::session::{Cleaner, Cleanup, Session};
+use crate::session::{Cleaner, Cleanup, Session, Unconfirmed};
 
 /// etcd's smallest lease TTL with its default election timeout (1 s): a 1 s request is
 /// granted 2 s. The adapter rejects smaller TTLs rather than hand out a longer lease than asked.
@@ -327,24 +327,33 @@ impl Inner {
         Watermarks::process().admit(BACKEND, &self.scope, key, token, None)
     }
 
-    /// Builds the lease for a granted key. Validity counts from the earlier of the request that
-    /// confirmed ownership and the session's last acknowledged keepalive.
-    #[allow(clippy::too_many_arguments)]
+    /// The state of a lease granted `token` whose ownership was confirmed by a request sent at
+    /// `confirmed_sent`: validity counts from the earlier of that send and the session's last
+    /// acknowledged keepalive. Its `status()` says whether that validity is still running.
+    fn tracker(
+        &self,
+        session: &Session,
+        key: &LockKey,
+        token: Token,
+        options: &LeaseOptions,
+        confirmed_sent: Instant,
+    ) -> LeaseTracker {
+        let ttl = session.ttl();
+        let margin = options.drift_margin_for(ttl);
+        let from = confirmed_sent.min(session.acked_sent());
+        LeaseTracker::new(BACKEND, key.clone(), token, ttl, margin, from)
+    }
+
+    /// Builds the lease for a granted key, with the tracker of [`Inner::tracker`] (checked to
+    /// be `Held` by the caller).
     fn grant(
         self: &Arc<Self>,
         session: Arc<Session>,
         own: String,
         revision: i64,
-        token: Token,
-        key: &LockKey,
-        options: &LeaseOptions,
-        confirmed_sent: Instant,
+        tracker: LeaseTracker,
         watch_from: i64,
     ) -> EtcdLease {
-        let ttl = session.ttl();
-        let margin = options.drift_margin_for(ttl);
-        let from = confirmed_sent.min(session.acked_sent());
-        let tracker = LeaseTracker::new(BACKEND, key.clone(), token, ttl, margin, from);
         EtcdLease::start(
             self.handle.clone(),
             session,
@@ -395,17 +404,25 @@ impl Inner {
             let token = token_of(key, revision)?;
             self.check_floor(key, token)?;
             self.check_high_water(key, token)?;
+            let tracker = self.tracker(&session, key, token, options, sent);
+            if tracker.status() != LeaseStatus::Held {
+                // The answer came after the validity it grants had ended (a round trip longer
+                // than the TTL minus the drift margin): never hand out such a lease. `pending`
+                // stays armed, so the key is deleted in the background.
+                return Err(Error::Unavailable {
+                    backend: BACKEND,
+                    message: format!(
+                        "try_acquire: the grant arrived {:?} after it was sent, after its local \
+                         validity had ended (TTL {:?} minus drift margin {:?})",
+                        sent.elapsed(),
+                        tracker.ttl(),
+                        tracker.drift_margin()
+                    ),
+                    source: None,
+                });
+            }
             pending.armed = false;
-            return Ok(self.grant(
-                session,
-                own,
-                revision,
-                token,
-                key,
-                options,
-                sent,
-                revision + 1,
-            ));
+            return Ok(self.grant(session, own, revision, tracker, revision + 1));
         }
         Err(Error::Unavailable {
             backend: BACKEND,
@@ -535,17 +552,65 @@ impl Inner {
                 continue 'enqueue;
             }
             self.check_high_water(key, token)?;
-            pending.armed = false;
-            return Ok(self.grant(
-                session,
-                own,
-                revision,
-                token,
-                key,
-                options,
-                confirmed_sent,
-                read_revision + 1,
-            ));
+            // Never return a lease whose validity already ended (a slow last read, a session
+            // whose last acknowledged keepalive is old): confirm again, a keepalive and a read of
+            // our key in one round trip, until the validity it gives is still running when the
+            // answer arrives, or the wait bound passes.
+            loop {
+                let tracker = self.tracker(&session, key, token, options, confirmed_sent);
+                if tracker.status() == LeaseStatus::Held {
+                    pending.armed = false;
+                    return Ok(self.grant(session, own, revision, tracker, read_revision + 1));
+                }
+                if Instant::now() >= deadline {
+                    self.delete_now(&mut pending).await;
+                    return Err(timed_out());
+                }
+                let sent3 = Instant::now();
+                let mut kv = self.handle.client.clone();
+                let (confirmed, read) = tokio::select! {
+                    _ = caller.closed() => return Err(timed_out()),
+                    _ = tokio::time::sleep_until(deadline) => {
+                        self.delete_now(&mut pending).await;
+                        return Err(timed_out());
+                    }
+                    r = async {
+                        tokio::join!(
+                            session.confirm(sent3, timeout),
+                            bounded(timeout, kv.get(own.as_bytes(), None)),
+                        )
+                    } => r,
+                };
+                let ours = match &read {
+                    Ok(g) => Some(
+                        g.kvs()
+                            .first()
+                            .is_some_and(|kv| kv.create_revision() == revision),
+                    ),
+                    Err(_) => None,
+                };
+                match (confirmed, ours) {
+                    (Err(Unconfirmed::Dead(_)), _) | (_, Some(false)) => {
+                        tracing::debug!(key = %key, "etcd grant could not be confirmed: our key or session is gone; queueing again");
+                        pending.armed = false;
+                        continue 'enqueue;
+                    }
+                    (Ok(()), Some(true)) => {
+                        confirmed_sent = sent3;
+                        if let Ok(g) = &read {
+                            read_revision = header_revision(g.header());
+                        }
+                    }
+                    _ => {
+                        tokio::select! {
+                            _ = caller.closed() => return Err(timed_out()),
+                            _ = tokio::time::sleep_until(deadline) => {}
+                            _ = tokio::time::sleep(backoff) => {}
+                        }
+                        backoff = (backoff * 2).min(Duration::from_millis(500));
+                    }
+                }
+            }
         }
     }
 
