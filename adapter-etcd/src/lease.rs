@@ -141,6 +141,7 @@ impl Lease for EtcdLease {
                     .is_some_and(|kv| kv.create_revision() == self.shared.revision);
                 if !ours {
                     self.shared.gone();
+                    self.shared.session.probe();
                     return Err(self.lost_now(self.shared.vanished_reason()));
                 }
             }
@@ -322,6 +323,8 @@ async fn guard(shared: Arc<LeaseShared>, tracker: LeaseTracker, mut from: i64) {
         }
         Watched::Deleted => {
             shared.gone();
+            // If the session lease was revoked, this makes the session find out now.
+            shared.session.probe();
             tracker.mark_lost(shared.vanished_reason());
         }
     }

@@ -150,6 +150,15 @@ impl Session {
         end(&self.state, &self.leases, reason);
     }
 
+    /// Sends a keepalive now (unless one sent since now is in flight), without waiting for its
+    /// answer. Used when one of the session's keys vanished: if the lease behind it was revoked,
+    /// the answer (TTL 0) ends the session within a round trip, so its other leases and waiters
+    /// learn it at once and the next acquisition grants a new session, instead of at the next
+    /// periodic keepalive (a third of the TTL later).
+    pub(crate) fn probe(&self) {
+        let _ = self.kick.send(Instant::now());
+    }
+
     /// Registers a lease to be marked lost when the session ends (and in doubt while its stream
     /// is broken). Returns the slot to unregister with.
     pub(crate) fn register(&self, tracker: LeaseTracker) -> u64 {
