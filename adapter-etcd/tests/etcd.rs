@@ -502,3 +502,275 @@ async fn lock_names_are_prefix_free() {
     }
     let _ = etcd_client::SortOrder::Ascend;
 }
+
+/// Polls `cond` until it holds or `within` passes.
+async fn eventually<F, Fut>(within: Duration, what: &str, mut cond: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + within;
+    while !cond().await {
+        assert!(Instant::now() < deadline, "{what} within {within:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Defect 7: a waiter whose confirming read answers after the lease's local validity ended
+/// (here: a 300 ms usable validity behind a link with a 400 ms round trip) never gets an expired
+/// lease back; it keeps confirming within its wait bound and then reports `Timeout`, leaving no
+/// key behind. With a usable validity, the same slow link hands over a lease that is `Held`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waited_lease_is_held_when_returned_or_the_wait_times_out() {
+    let Some(server) = server("a_waited_lease_is_held_when_returned").await else {
+        return;
+    };
+    let a = coord(&server.url()).await;
+    let proxy = FaultProxy::start(server.addr()).await.unwrap();
+    let b = coord(&format!("etcd://{}?request_timeout_ms=3000", proxy.addr())).await;
+    let etcd = EtcdCoordinator::from_url(&server.url()).await.unwrap();
+    let k = key("waited-expired");
+    let tight = LeaseOptions::new(TTL)
+        .drift_margin(TTL - Duration::from_millis(300))
+        .wait(Duration::from_secs(3));
+    // Open B's session before slowing its link.
+    b.acquire(&k, &tight)
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    for (options, usable) in [
+        (tight, false),
+        (LeaseOptions::new(TTL).wait(Duration::from_secs(6)), true),
+    ] {
+        let held = a
+            .acquire(&k, &LeaseOptions::new(Duration::from_secs(20)))
+            .await
+            .unwrap();
+        proxy.delay(Duration::from_millis(200));
+        let waiter = {
+            let (b, k) = (b.clone(), k.clone());
+            tokio::spawn(async move {
+                let r = b.acquire(&k, &options).await;
+                let status = r.as_ref().ok().map(|l| l.status());
+                (r, status)
+            })
+        };
+        let prefix = etcd.lock_prefix(&k);
+        eventually(Duration::from_secs(5), "B queues", || {
+            let (mut c, p) = (etcd.client(), prefix.clone());
+            async move {
+                let q = c
+                    .get(p, Some(GetOptions::new().with_prefix().with_count_only()))
+                    .await
+                    .unwrap();
+                q.count() == 2
+            }
+        })
+        .await;
+        held.release().await.unwrap();
+        let (got, status) = waiter.await.unwrap();
+        if usable {
+            let lease = got.expect("a usable validity is handed over");
+            assert_eq!(status, Some(lease_core::LeaseStatus::Held));
+            proxy.heal();
+            lease.release().await.unwrap();
+        } else {
+            assert!(
+                matches!(got, Err(Error::Timeout { .. })),
+                "expected Timeout, got {got:?} with status {status:?}"
+            );
+            proxy.heal();
+            eventually(Duration::from_secs(5), "B's key is deleted", || {
+                let (etcd, k) = (etcd.clone(), k.clone());
+                async move { etcd.inspect(&k).await.unwrap().is_none() }
+            })
+            .await;
+        }
+    }
+}
+
+/// Defect 7, `try_acquire`: a grant whose answer arrives after its validity ended is not
+/// returned (its key is deleted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn try_acquire_never_returns_an_expired_grant() {
+    let Some(server) = server("try_acquire_never_returns_an_expired_grant").await else {
+        return;
+    };
+    let proxy = FaultProxy::start(server.addr()).await.unwrap();
+    let b = coord(&format!("etcd://{}?request_timeout_ms=3000", proxy.addr())).await;
+    let etcd = EtcdCoordinator::from_url(&server.url()).await.unwrap();
+    let k = key("try-expired");
+    let tight = LeaseOptions::new(TTL).drift_margin(TTL - Duration::from_millis(300));
+    b.try_acquire(&k, &tight)
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    proxy.delay(Duration::from_millis(200));
+    let got = b.try_acquire(&k, &tight).await;
+    let status = got.as_ref().ok().map(|l| l.status());
+    assert!(
+        matches!(got, Err(Error::Unavailable { .. })),
+        "expected Unavailable, got {got:?} with status {status:?}"
+    );
+    proxy.heal();
+    eventually(
+        Duration::from_secs(5),
+        "the expired grant's key is deleted",
+        || {
+            let (etcd, k) = (etcd.clone(), k.clone());
+            async move { etcd.inspect(&k).await.unwrap().is_none() }
+        },
+    )
+    .await;
+}
+
+/// Defect 8: a fence write whose reply is lost is `OutcomeUnknown` and is sent once (a blind
+/// retry could apply after a later write with the same token and replay the older value). The
+/// later write with the same token stands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fence_write_with_a_lost_reply_is_outcome_unknown_and_sent_once() {
+    let Some(server) = server("a_fence_write_with_a_lost_reply_is_outcome_unknown").await else {
+        return;
+    };
+    let proxy = FaultProxy::start(server.addr()).await.unwrap();
+    let fence = EtcdFence::from_url(&format!(
+        "etcd://{}?request_timeout_ms=500&key_prefix=lostfence",
+        proxy.addr()
+    ))
+    .await
+    .unwrap();
+    let resource = lease_core::ResourceId::from(&key("fenced-resource"));
+    let token = Token::new(7).unwrap();
+    let value = |tag: u8| lease_core::Bytes::from(vec![tag; 2000]);
+    // Warm the connection (and HPACK's table) so that each write costs about the same bytes.
+    for tag in [b'a', b'b'] {
+        fence.write(&resource, token, value(tag)).await.unwrap();
+    }
+    let before = proxy.request_bytes();
+    fence.write(&resource, token, value(b'c')).await.unwrap();
+    let one_write = proxy.request_bytes() - before;
+
+    proxy.drop_replies();
+    let before = proxy.request_bytes();
+    let err = fence
+        .write(&resource, token, value(b'1'))
+        .await
+        .unwrap_err();
+    let sent = proxy.request_bytes() - before;
+    assert!(matches!(err, Error::OutcomeUnknown { .. }), "{err:?}");
+    assert!(
+        sent < one_write + one_write / 2,
+        "the write was sent again: {sent} bytes for one write of {one_write}"
+    );
+    // The lost replies desynchronised the connection (HTTP/2 header compression): reset it, and
+    // let a read (retried) open a new one before the later write.
+    proxy.cut();
+    proxy.heal();
+    eventually(Duration::from_secs(5), "the fence reconnects", || {
+        let (fence, resource) = (fence.clone(), resource.clone());
+        async move { fence.read(&resource).await.is_ok() }
+    })
+    .await;
+    fence.write(&resource, token, value(b'2')).await.unwrap();
+    let stored = fence.read(&resource).await.unwrap().unwrap();
+    assert_eq!(stored.value.map(|(_, v)| v), Some(value(b'2')));
+}
+
+/// Issue 11, holder invalidated out of band: the session lease behind a lock held with a long
+/// TTL (20 s, kept by a keeper that renews every half TTL) is revoked by an operator; `lost()`
+/// fires within a short TTL, long before the next renewal, and another client acquires.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_session_lease_under_a_kept_lease_fires_lost_promptly() {
+    let Some(server) = server("a_revoked_session_lease_under_a_kept_lease").await else {
+        return;
+    };
+    let c = coord(&server.url()).await;
+    let other = coord(&server.url()).await;
+    let etcd = EtcdCoordinator::from_url(&server.url()).await.unwrap();
+    let k = key("invalidated");
+    let lease = c.acquire(&k, &LeaseOptions::new(TTL * 20)).await.unwrap();
+    let token = lease.token();
+    let kept = lease_core::keep(lease, lease_core::KeeperOptions::new()).unwrap();
+    let mut lost = kept.lost();
+    let holder = etcd
+        .client()
+        .get(etcd.lock_prefix(&k), Some(GetOptions::new().with_prefix()))
+        .await
+        .unwrap();
+    let revoked = Instant::now();
+    etcd.client()
+        .lease_revoke(holder.kvs()[0].lease())
+        .await
+        .unwrap();
+    let reason = tokio::time::timeout(TTL, lost.wait())
+        .await
+        .expect("lost() fires within one short TTL of the revoke");
+    println!("lost() after {:?}: {reason:?}", revoked.elapsed());
+    let next = other
+        .try_acquire(&k, &LeaseOptions::new(TTL))
+        .await
+        .unwrap();
+    assert!(next.token() > token);
+    next.release().await.unwrap();
+    // The same client recovers with a new session at once.
+    let again = c
+        .try_acquire(&k, &LeaseOptions::new(TTL * 20))
+        .await
+        .unwrap();
+    assert!(again.token() > token);
+    again.release().await.unwrap();
+}
+
+/// Issue 11, outside write to a held key: a raw `put` of the lock key that keeps its lease
+/// (`ignore_lease`, or the same lease id) changes neither the token nor the lease: renew keeps
+/// working, `lost()` does not fire, `inspect` reports the holder's token, release deletes the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outside_write_keeping_the_lease_changes_nothing_for_the_holder() {
+    let Some(server) = server("an_outside_write_keeping_the_lease").await else {
+        return;
+    };
+    let c = coord(&server.url()).await;
+    let etcd = EtcdCoordinator::from_url(&server.url()).await.unwrap();
+    let k = key("overwritten");
+    let lease = c
+        .acquire(&k, &LeaseOptions::new(Duration::from_secs(20)))
+        .await
+        .unwrap();
+    let lost = lease.lost();
+    let mut raw = etcd.client();
+    let kv = raw
+        .get(etcd.lock_prefix(&k), Some(GetOptions::new().with_prefix()))
+        .await
+        .unwrap()
+        .kvs()[0]
+        .clone();
+    for options in [
+        etcd_client::PutOptions::new().with_ignore_lease(),
+        etcd_client::PutOptions::new().with_lease(kv.lease()),
+    ] {
+        raw.put(kv.key(), "written by another tool", Some(options))
+            .await
+            .unwrap();
+        lease.renew().await.expect("renew after an outside write");
+        let now = raw.get(kv.key(), None).await.unwrap().kvs()[0].clone();
+        assert_eq!(now.create_revision(), kv.create_revision());
+        assert_eq!(now.lease(), kv.lease());
+        let info = etcd.inspect(&k).await.unwrap().unwrap();
+        assert_eq!(
+            info.token,
+            lease.token(),
+            "inspect reports the holder's token"
+        );
+        assert_eq!(lease.status(), lease_core::LeaseStatus::Held);
+        assert!(!lost.is_lost());
+    }
+    lease.release().await.unwrap();
+    assert!(raw.get(kv.key(), None).await.unwrap().kvs().is_empty());
+    let next = c.try_acquire(&k, &LeaseOptions::new(TTL)).await.unwrap();
+    assert!(next.token() > lease.token());
+    next.release().await.unwrap();
+}
