@@ -31,6 +31,10 @@ pub struct Capabilities {
     /// Whether other OS processes can reach the same coordinator (needed by the fault cases that
     /// pause or kill a holder process).
     pub shared_across_processes: bool,
+    /// How long the backend keeps every other client from taking a key after the session that
+    /// held it was invalidated out of band (Consul's session lock-delay), so that the old
+    /// holder learns of its loss first. Zero where the backend has no such delay.
+    pub lock_delay: Duration,
 }
 
 impl Capabilities {
@@ -46,6 +50,7 @@ impl Capabilities {
             fifo: true,
             durable_tokens: false,
             shared_across_processes: false,
+            lock_delay: Duration::ZERO,
         }
     }
 
@@ -88,6 +93,12 @@ impl Capabilities {
     /// Sets whether other processes share this coordinator.
     pub fn shared_across_processes(mut self, yes: bool) -> Self {
         self.shared_across_processes = yes;
+        self
+    }
+
+    /// Sets the lock-delay after an out-of-band session invalidation.
+    pub fn lock_delay(mut self, d: Duration) -> Self {
+        self.lock_delay = d;
         self
     }
 }

@@ -69,6 +69,20 @@ async fn inspect_shows(
     Ok(())
 }
 
+/// Waits until the proxy has carried more request bytes than `sent` (a request reached the
+/// server), polling, for at most `within`.
+async fn wait_for_request(proxy: &FaultProxy, sent: u64, within: Duration) -> Result<(), Failure> {
+    let deadline = Instant::now() + within;
+    while proxy.request_bytes() == sent {
+        check!(
+            Instant::now() < deadline,
+            "no request reached the server through the proxy within {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    Ok(())
+}
+
 /// Acquires `key` with `client` within `within`, retrying the outcomes a careful caller retries
 /// (`OutcomeUnknown` after re-reading, `Unavailable`).
 async fn acquire_within(
@@ -171,25 +185,28 @@ async fn release_reply_lost(ctx: Arc<Ctx>) -> CaseResult {
     let proxy = FaultProxy::start(upstream).await?;
     let a = connect_via(proxy.addr()).await?;
     let key = ctx.key("release-reply-lost");
-    let lease = a.acquire(&key, &LeaseOptions::new(ctx.ttl() * 20)).await?;
+    let lease: Arc<dyn Lease> =
+        Arc::from(a.acquire(&key, &LeaseOptions::new(ctx.ttl() * 20)).await?);
     let token = lease.token();
     lease.renew().await?;
     let sent = proxy.request_bytes();
     proxy.drop_replies();
-    let outcome = tokio::time::timeout(ctx.ttl() * 20, lease.release())
-        .await
-        .map_err(|_| Failure("release with a lost reply did not return".into()))?;
-    check!(
-        proxy.request_bytes() > sent,
-        "the release never reached the server"
-    );
-    check!(
-        lease.status() != LeaseStatus::Held,
-        "a lease whose release was sent is Held again (release returned {outcome:?})"
-    );
-    // The reply is lost with its connection; the client reconnects.
+    let releasing = {
+        let lease = lease.clone();
+        tokio::spawn(async move { lease.release().await })
+    };
+    // Once the release has reached the server, its reply is lost with the connection.
+    wait_for_request(&proxy, sent, ctx.ttl() * 10).await?;
     proxy.cut();
     proxy.heal();
+    let outcome = tokio::time::timeout(ctx.ttl() * 20, releasing)
+        .await
+        .map_err(|_| Failure("release with a lost reply did not return".into()))?
+        .map_err(|e| Failure(format!("release panicked: {e}")))?;
+    check!(
+        lease.status() != LeaseStatus::Held,
+        "a lease whose release was sent is Held (release returned {outcome:?})"
+    );
     // Watch across several renewal periods (background renewals, reconnects): never Held.
     let watch_until = Instant::now() + ctx.ttl() * 3;
     while Instant::now() < watch_until {
@@ -253,14 +270,7 @@ async fn acquire_reply_lost_while_held(ctx: Arc<Ctx>) -> CaseResult {
         })
     };
     // Once the attempt has reached the server, its reply is lost with the connection.
-    let reached = Instant::now() + ctx.ttl() * 10;
-    while proxy.request_bytes() == sent {
-        check!(
-            Instant::now() < reached,
-            "B's acquire attempt never reached the server"
-        );
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
+    wait_for_request(&proxy, sent, ctx.ttl() * 10).await?;
     proxy.cut();
     proxy.heal();
     // A holds on for several TTLs, renewed by its keeper.
@@ -339,6 +349,18 @@ async fn holder_invalidated(ctx: Arc<Ctx>) -> CaseResult {
             "the backend has no operator action that invalidates a holder".into(),
         ));
     }
+    // B starts waiting for the key at once.
+    let waiter = {
+        let (b, key) = (b.clone(), key.clone());
+        let within = ctx.ttl() * 25;
+        let ttl = ctx.ttl() * 20;
+        let seen = kept.lost();
+        tokio::spawn(async move {
+            let got = acquire_within(&*b, &key, ttl, within).await;
+            // What A's own view was at the moment B held the key.
+            (got, seen.status())
+        })
+    };
     let bound = ctx.ttl();
     let reason = tokio::time::timeout(bound, lost.wait())
         .await
@@ -352,7 +374,18 @@ async fn holder_invalidated(ctx: Arc<Ctx>) -> CaseResult {
         kept.lease().ensure_held().is_err(),
         "an invalidated lease still reports Held"
     );
-    let next = acquire_within(&*b, &key, ctx.ttl() * 20, ctx.ttl() * 25).await?;
+    let (next, a_seen) = waiter
+        .await
+        .map_err(|e| Failure(format!("waiter panicked: {e}")))?;
+    let next = next?;
+    if !b.capabilities().lock_delay.is_zero() {
+        check!(
+            a_seen != LeaseStatus::Held,
+            "a new holder acquired while the invalidated holder still reported Held, on a \
+             backend with a {:?} lock-delay",
+            b.capabilities().lock_delay
+        );
+    }
     check!(
         next.token() > token,
         "next holder's token {} not above the invalidated holder's {token}",
@@ -382,22 +415,25 @@ async fn fence_write_unknown_outcome(ctx: Arc<Ctx>) -> CaseResult {
         .await?;
     let sent = proxy.request_bytes();
     proxy.drop_replies();
-    let lost = tokio::time::timeout(
-        Duration::from_secs(10) + ctx.ttl() * 5,
-        slow.write(&resource, token, Bytes::from_static(b"v1, reply lost")),
-    )
-    .await
-    .map_err(|_| Failure("a fence write with a lost reply did not return".into()))?;
-    check!(
-        proxy.request_bytes() > sent,
-        "the write never reached the fence's storage"
-    );
+    let writing = {
+        let (slow, resource) = (slow.clone(), resource.clone());
+        tokio::spawn(async move {
+            slow.write(&resource, token, Bytes::from_static(b"v1, reply lost"))
+                .await
+        })
+    };
+    // Once the write has reached the storage, its reply is lost with the connection.
+    wait_for_request(&proxy, sent, Duration::from_secs(10)).await?;
+    proxy.cut();
+    proxy.heal();
+    let lost = tokio::time::timeout(Duration::from_secs(10) + ctx.ttl() * 5, writing)
+        .await
+        .map_err(|_| Failure("a fence write with a lost reply did not return".into()))?
+        .map_err(|e| Failure(format!("fence write panicked: {e}")))?;
     check!(
         matches!(lost, Err(Error::OutcomeUnknown { .. })),
         "a fence write whose reply was lost returned {lost:?}, expected OutcomeUnknown"
     );
-    proxy.cut();
-    proxy.heal();
     ctx.fence()
         .write(&resource, token, Bytes::from_static(b"v2"))
         .await?;
