@@ -15,6 +15,12 @@ pub const CONSUL_SESSION_TTL_MIN: Duration = Duration::from_secs(10);
 pub const CONSUL_SESSION_TTL_MAX: Duration = Duration::from_secs(24 * 3600);
 /// Consul's largest lock-delay (`MaxLockDelay`); longer values are clamped by the server.
 pub const CONSUL_MAX_LOCK_DELAY: Duration = Duration::from_secs(60);
+/// The default session lock-delay. After a session is invalidated out of band (destroyed by an
+/// operator, its node deregistered), Consul refuses its keys to every other session for this
+/// long; the old holders' monitors see the change within one round trip, so a second is ample
+/// for them to mark their leases lost before a new holder can start (Consul's own default of
+/// 15 s serves locks without fencing tokens, which must cover a whole pause).
+pub const DEFAULT_LOCK_DELAY: Duration = Duration::from_secs(1);
 /// The default bound on one request's answer (blocking queries add their wait to it).
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 /// The default bound on opening a connection.
@@ -58,7 +64,7 @@ const PARAMS: &[&str] = &[
 /// | `token` | none | ACL token, sent as `X-Consul-Token` (never shown: redacted in every `Debug`, `Display` and error) |
 /// | `key_prefix` | `fenced` | first part of every KV key; `/`-separated segments of `A-Z a-z 0-9 - _`, at most 64 bytes |
 /// | `session_ttl_ms` | `10000` | TTL of this client's Consul session, and the smallest lease TTL accepted (see the crate docs). Consul refuses TTLs below its `session_ttl_min` (10 s unless the server is configured otherwise) |
-/// | `lock_delay_ms` | `0` | the session's lock-delay (Consul's default is 15 s; at most 60 s) |
+/// | `lock_delay_ms` | `1000` | the session's lock-delay: after the session is invalidated out of band, nobody takes its keys for this long, so its holders (whose monitors see the change within a round trip) stop first (Consul's default is 15 s; at most 60 s) |
 /// | `token_floor` | none | every token issued is above this value (raise it after a snapshot restore) |
 /// | `request_timeout_ms` | `2000` | bound on each request's answer |
 /// | `connect_timeout_ms` | `2000` | bound on opening a connection |
@@ -157,7 +163,7 @@ impl ConsulConfig {
             token: None,
             key_prefix: DEFAULT_KEY_PREFIX.to_owned(),
             session_ttl: CONSUL_SESSION_TTL_MIN,
-            lock_delay: Duration::ZERO,
+            lock_delay: DEFAULT_LOCK_DELAY,
             token_floor: None,
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
@@ -307,6 +313,18 @@ impl ConsulConfig {
         )
     }
 
+    /// The scope of this client's token watermark: the agent's address, the datacenter (empty
+    /// for the agent's own) and the key prefix. Each datacenter has its own Raft index, and two
+    /// key prefixes are two lock namespaces, so their tokens are not comparable.
+    pub(crate) fn token_scope(&self) -> String {
+        format!(
+            "{} dc={} prefix={}",
+            self.base_url(),
+            self.datacenter().unwrap_or(""),
+            self.key_prefix()
+        )
+    }
+
     /// Whether an ACL token is configured.
     pub fn has_token(&self) -> bool {
         self.token.is_some()
@@ -431,7 +449,7 @@ mod tests {
         let c = ConsulConfig::from_url("consul://127.0.0.1").unwrap();
         assert_eq!(c.base_url(), "http://127.0.0.1:8500");
         assert_eq!(c.session_ttl(), CONSUL_SESSION_TTL_MIN);
-        assert_eq!(c.lock_delay(), Duration::ZERO);
+        assert_eq!(c.lock_delay(), Duration::from_secs(1));
         let c = ConsulConfig::from_url(
             "consuls://consul.example:9501?token=s3cret&key_prefix=app/locks-1&session_ttl_ms=1000&lock_delay_ms=250&token_floor=7&dc=dc2",
         )
@@ -447,6 +465,20 @@ mod tests {
         for shown in [format!("{c}"), format!("{c:?}")] {
             assert!(!shown.contains("s3cret"), "{shown}");
         }
+    }
+
+    /// Each datacenter has its own Raft index and two key prefixes are two lock namespaces: a
+    /// token watermark shared between them fails closed on tokens that never went backwards.
+    #[test]
+    fn the_token_watermark_is_scoped_by_agent_datacenter_and_prefix() {
+        let scope = |u: &str| ConsulConfig::from_url(u).unwrap().token_scope();
+        let base = scope("consul://127.0.0.1:8500?dc=dc1&key_prefix=a");
+        assert_ne!(base, scope("consul://127.0.0.1:8500?dc=dc2&key_prefix=a"));
+        assert_ne!(base, scope("consul://127.0.0.1:8500?key_prefix=a"));
+        assert_ne!(base, scope("consul://127.0.0.1:8500?dc=dc1&key_prefix=b"));
+        assert_ne!(base, scope("consul://127.0.0.2:8500?dc=dc1&key_prefix=a"));
+        assert_eq!(base, scope("consul://127.0.0.1:8500?key_prefix=a&dc=dc1"));
+        assert!(!scope("consul://h?token=s3cret").contains("s3cret"));
     }
 
     #[test]

@@ -18,7 +18,7 @@ use tokio::time::Instant;
 
 use crate::config::ConsulConfig;
 use crate::http::{Http, KvEntry, TxnOp, TxnOutcome};
-use crate::lease::{spawn_reaper, ConsulLease, LeaseShared};
+use crate::lease::{spawn_monitor, spawn_reaper, ConsulLease, LeaseShared};
 use crate::session::{Session, SessionManager};
 use crate::BACKEND;
 
@@ -102,6 +102,8 @@ struct Inner {
     sessions: Arc<SessionManager>,
     slots: Arc<Slots>,
     default_owner: OwnerId,
+    /// The scope of the process-wide token watermark: agent, datacenter and key prefix (each
+    /// datacenter has its own Raft index; two prefixes are two lock namespaces).
     agent: String,
     next_lease: AtomicU64,
 }
@@ -273,7 +275,8 @@ impl ConsulCoordinator {
             .per_lease_ttl(false)
             .fifo(false)
             .durable_tokens(true)
-            .shared_across_processes(true);
+            .shared_across_processes(true)
+            .lock_delay(config.lock_delay());
         let sessions = Arc::new(SessionManager::new(
             http.clone(),
             config.session_ttl(),
@@ -282,7 +285,7 @@ impl ConsulCoordinator {
         ));
         Ok(ConsulCoordinator {
             inner: Arc::new(Inner {
-                agent: config.base_url(),
+                agent: config.token_scope(),
                 config,
                 caps,
                 http,
@@ -349,6 +352,7 @@ impl ConsulCoordinator {
         let mut retry = Backoff::new(Duration::from_millis(20), Duration::from_millis(500));
         let mut raced = Backoff::new(Duration::from_millis(2), Duration::from_millis(200));
         let mut sessions_lost = 0;
+        let mut rewritten = 0;
         loop {
             let session = match inner.sessions.session().await {
                 Ok(s) => s,
@@ -391,9 +395,38 @@ impl ConsulCoordinator {
                             "the transaction did not return the lock",
                         ));
                     };
-                    let slot = attempt.disarm();
+                    let claim = attempt.disarm();
+                    if entry.create_index != entry.modify_index {
+                        // The key existed (unlocked) before this lock: the token would not be
+                        // its `CreateIndex`, which `inspect` reports. Delete it and lock again,
+                        // so every lease's token is the `CreateIndex` of its own key.
+                        rewritten += 1;
+                        let ops = [
+                            TxnOp::check_session(&kv_key, &session.id),
+                            TxnOp::delete(&kv_key),
+                        ];
+                        match inner.http.txn(&ops, "acquire", false).await {
+                            Ok(_) if rewritten <= 3 => {
+                                slot = Some(claim);
+                                continue;
+                            }
+                            Ok(_) => {
+                                return Err(Error::Unavailable {
+                                    backend: BACKEND,
+                                    message: format!(
+                                        "the Consul key of {key:?} keeps being rewritten by another writer"
+                                    ),
+                                    source: None,
+                                });
+                            }
+                            Err(e) => {
+                                self.release_detached(&kv_key, entry.modify_index, &session, claim);
+                                return Err(e);
+                            }
+                        }
+                    }
                     return self
-                        .granted(key, &kv_key, options, session, entry, sent_at, slot)
+                        .granted(key, &kv_key, options, session, entry, sent_at, claim)
                         .await;
                 }
                 Ok(TxnOutcome::RolledBack(errors)) => {
@@ -563,6 +596,7 @@ impl ConsulCoordinator {
             });
         }
         spawn_reaper(shared.clone());
+        spawn_monitor(shared.clone(), inner.config.max_block());
         Ok(Box::new(ConsulLease { shared }))
     }
 
@@ -595,14 +629,25 @@ impl ConsulCoordinator {
         self.inner.sessions.peek()?.lease_on(&kv_key)
     }
 
+    /// What `inspect` shows of the key's holder.
+    ///
+    /// The token is the key's `CreateIndex`: every lease this adapter hands out locked a key it
+    /// created (a key found existing is deleted and locked again), so that index is the
+    /// holder's token, and a plain write by another tool (which raises `ModifyIndex`) does not
+    /// change it. When that write replaced the holder record, the owner is shown as the session.
     fn holder_info(key: &LockKey, entry: &KvEntry) -> Result<HolderInfo> {
         let record: Option<HolderRecord> = serde_json::from_slice(&entry.value_bytes()).ok();
         let owner = record
             .as_ref()
             .and_then(|r| OwnerId::new(r.owner.clone()).ok())
+            .or_else(|| {
+                entry
+                    .holder()
+                    .and_then(|s| OwnerId::new(format!("unknown (consul session {s})")).ok())
+            })
             .unwrap_or_else(|| OwnerId::new("unknown").expect("valid label"));
-        let token = Token::new(entry.modify_index)
-            .map_err(|_| crate::error::protocol("inspect", "ModifyIndex above the token range"))?;
+        let token = Token::new(entry.create_index)
+            .map_err(|_| crate::error::protocol("inspect", "CreateIndex above the token range"))?;
         Ok(HolderInfo::new(key.clone(), owner, token)
             .with_operation(record.as_ref().and_then(|r| r.operation.clone()))
             .with_acquired_at(
@@ -676,7 +721,7 @@ impl Coordinator for ConsulCoordinator {
             let audit = serde_json::json!({
                 "actor": request.actor(),
                 "reason": request.reason(),
-                "removed_token": entry.modify_index,
+                "removed_token": entry.create_index,
                 "removed_owner": info.owner.as_str(),
                 "at_ms": unix_ms(SystemTime::now()),
             });
@@ -697,12 +742,13 @@ impl Coordinator for ConsulCoordinator {
                         "lock force-released; recorded at {}",
                         inner.config.audit_key(key)
                     );
-                    // A lease of this very client learns of it at once.
+                    // A lease of this very client learns of it at once (the key was locked by
+                    // its session, and the local slot admits one lease per key).
                     if let Some(lease) = inner
                         .sessions
                         .peek()
+                        .filter(|s| entry.holder() == Some(s.id.as_str()))
                         .and_then(|s| s.lease_on(&kv_key))
-                        .filter(|l| l.token == info.token)
                     {
                         let _ = lease.lost(LostReason::Revoked);
                     }

@@ -42,6 +42,9 @@ const PATH: &AsciiSet = &NON_ALPHANUMERIC
 #[derive(Debug, Clone, Deserialize)]
 #[serde(rename_all = "PascalCase")]
 pub(crate) struct KvEntry {
+    /// The index of the write that created the key (an outside write does not change it).
+    #[serde(default)]
+    pub(crate) create_index: u64,
     #[serde(default)]
     pub(crate) modify_index: u64,
     #[serde(default)]

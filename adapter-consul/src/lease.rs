@@ -10,7 +10,7 @@ use lease_core::{Error, Lease, LeaseStatus, LeaseTracker, LockKey, LostReason, R
 use tokio::time::Instant;
 
 use crate::coordinator::SlotGuard;
-use crate::http::{Http, TxnOp, TxnOutcome};
+use crate::http::{Http, KvEntry, TxnOp, TxnOutcome};
 use crate::session::{Session, SessionManager};
 
 /// What a compare-and-delete of the lease's key found.
@@ -35,6 +35,8 @@ pub(crate) struct LeaseShared {
     own_until: Mutex<Instant>,
     /// The server side is settled: released by us, or known not to be ours.
     resolved: AtomicBool,
+    /// `release` was called: the key's disappearance is ours, not news for the monitor.
+    releasing: AtomicBool,
     /// This client's claim on the key (no second lease of the same session on it).
     slot: Mutex<Option<SlotGuard>>,
 }
@@ -61,6 +63,7 @@ impl LeaseShared {
             sessions,
             http,
             resolved: AtomicBool::new(false),
+            releasing: AtomicBool::new(false),
             slot: Mutex::new(Some(slot)),
         }
     }
@@ -108,11 +111,20 @@ impl LeaseShared {
         }
     }
 
-    /// Compare-and-delete in one transaction: the key must still carry this lease's
-    /// `ModifyIndex` (its token) and session.
+    /// Whether `entry` (the key as Consul shows it now) is still this lease's lock.
+    ///
+    /// Ownership is the **session**, not the `ModifyIndex`: a plain write to the key by another
+    /// tool (`PUT` without `?acquire`) keeps the key's session and raises its index, and the lock
+    /// is still ours. The client's local slot guarantees that no other lease of this session
+    /// holds the key while this one is not settled, so the session alone identifies this lease.
+    fn owns(&self, entry: &KvEntry) -> bool {
+        entry.holder() == Some(self.session.id.as_str())
+    }
+
+    /// Compare-and-delete in one transaction: the key must still be locked by this lease's
+    /// session (see [`Self::owns`]: an outside write does not make it someone else's).
     pub(crate) async fn release_on_server(&self, operation: &'static str) -> Result<Released> {
         let ops = [
-            TxnOp::check_index(&self.kv_key, self.token.get()),
             TxnOp::check_session(&self.kv_key, &self.session.id),
             TxnOp::delete(&self.kv_key),
         ];
@@ -138,6 +150,56 @@ pub(crate) fn spawn_reaper(shared: Arc<LeaseShared>) {
         let reason = shared.tracker.signal().wait().await;
         reap(&shared, reason).await;
     });
+}
+
+/// Watches the held key with `?consistent` blocking queries (what Consul's own Go `Lock` does in
+/// `monitorLock`) until the lease ends: when the key is deleted (an operator, a force-release by
+/// another process, the session destroyed or its node deregistered) or locked by another
+/// session, the lease is marked lost within one round trip of the change. Transient errors are
+/// retried with backoff; the session renewer, not the monitor, decides when leases are in doubt.
+pub(crate) fn spawn_monitor(shared: Arc<LeaseShared>, max_block: Duration) {
+    tokio::spawn(async move {
+        let mut ended = shared.tracker.signal();
+        tokio::select! {
+            _ = ended.wait() => {}
+            () = monitor(&shared, max_block) => {}
+        }
+    });
+}
+
+async fn monitor(shared: &LeaseShared, max_block: Duration) {
+    let mut index = shared.token.get();
+    let mut backoff = Duration::from_millis(20);
+    loop {
+        let read = shared
+            .http
+            .kv_get(&shared.kv_key, true, Some((index, max_block)), "monitor")
+            .await;
+        if shared.releasing.load(Ordering::SeqCst) {
+            return;
+        }
+        match read {
+            Ok((new_index, entry)) => {
+                backoff = Duration::from_millis(20);
+                match entry {
+                    Some(e) if shared.owns(&e) => {
+                        // An index that went backwards (a restore) restarts the watch.
+                        index = if new_index < index { 0 } else { new_index };
+                    }
+                    other => {
+                        let reason = shared.reason_gone(other.is_none());
+                        let _ = shared.lost(reason);
+                        return;
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::debug!(key = %shared.tracker.key(), error = %e, "consul lock monitor: read failed; retrying");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(1));
+            }
+        }
+    }
 }
 
 /// Ends the lease for `reason` and deletes its key if it is still ours. The reason is recorded
@@ -198,8 +260,8 @@ impl Lease for ConsulLease {
     }
 
     /// Renews the client's session and re-reads the key with `?consistent`, concurrently (one
-    /// round trip of latency). Lost if the session is gone (404), or the key is gone or carries
-    /// another session or index.
+    /// round trip of latency). Lost if the session is gone (404), or the key is gone or locked by
+    /// another session. A plain write to the key by another tool keeps its session: still ours.
     async fn renew(&self) -> Result<Instant> {
         let s = &self.shared;
         s.tracker.ensure_not_lost()?;
@@ -214,9 +276,7 @@ impl Lease for ConsulLease {
             Err(e) => return Err(e),
         }
         match read? {
-            (_, Some(e))
-                if e.holder() == Some(s.session.id.as_str()) && e.modify_index == s.token.get() => {
-            }
+            (_, Some(e)) if s.owns(&e) => {}
             (_, Some(_)) => return Err(s.lost(s.reason_gone(false))),
             (_, None) => return Err(s.lost(s.reason_gone(true))),
         }
@@ -235,10 +295,17 @@ impl Lease for ConsulLease {
         Ok(s.tracker.valid_until())
     }
 
-    /// One transaction: `check-index` (the token), `check-session`, `delete`.
+    /// One transaction: `check-session`, `delete`.
+    ///
+    /// A release that was sent ends the lease whatever its outcome: on an error (the answer
+    /// lost, a timeout, Consul unavailable) the lease is `Lost(Released)` at once and never
+    /// `Held` again, and the background task retries the delete until it is settled.
     async fn release(&self) -> Result<()> {
         let s = &self.shared;
         s.tracker.ensure_not_lost()?;
+        if s.releasing.swap(true, Ordering::SeqCst) {
+            return Err(s.tracker.lost_error(LostReason::Released));
+        }
         match s.release_on_server("release").await {
             Ok(Released::Deleted) => {
                 s.tracker.mark_lost(LostReason::Released);
@@ -247,8 +314,9 @@ impl Lease for ConsulLease {
             }
             Ok(Released::NotOurs(reason)) => Err(s.lost(reason)),
             Err(e) => {
-                // It may have applied: nothing new should start under the lease.
-                s.tracker.in_doubt();
+                // It may or may not have applied. Either way the lease is over for its holder;
+                // the reaper (woken by this) deletes the key if it is still ours.
+                s.tracker.mark_lost(LostReason::Released);
                 Err(e)
             }
         }

@@ -82,7 +82,12 @@ async fn sessions_carry_no_health_check_and_survive_a_node_failure() {
     let id = c.session_id().expect("a session");
     let (_, info) = raw(&s, "GET", &format!("/v1/session/info/{id}"), None).await;
     assert_eq!(info[0]["NodeChecks"], Value::Null, "{info}");
-    assert_eq!(info[0]["LockDelay"], 0);
+    // Consul reports LockDelay in nanoseconds.
+    assert_eq!(
+        info[0]["LockDelay"].as_u64(),
+        Some(adapter_consul::DEFAULT_LOCK_DELAY.as_nanos() as u64),
+        "{info}"
+    );
     assert_eq!(info[0]["TTL"], "1000ms");
     assert_eq!(info[0]["Behavior"], "delete");
     s.fail_serf_health();
@@ -353,4 +358,116 @@ async fn a_lease_longer_than_the_session_lives_on_the_sessions_renewals() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// A session destroyed behind the holder's back (`consul session destroy`, or its node
+/// deregistered): the key's monitor marks the lease lost within a round trip, long before the
+/// session's next renewal (5 s away here), and the default lock-delay keeps a new holder out
+/// until then.
+#[tokio::test]
+async fn a_session_destroyed_out_of_band_is_noticed_at_once_and_lock_delay_keeps_others_out() {
+    let s = standin();
+    let u = format!(
+        "consul://{}?token={TOKEN}&session_ttl_ms=10000&key_prefix=t{:08x}",
+        s.addr(),
+        rand::random::<u32>()
+    );
+    let (a, b) = (client(&u).await, client(&u).await);
+    let k = key("destroyed");
+    let lease = a
+        .acquire(&k, &LeaseOptions::new(Duration::from_secs(30)))
+        .await
+        .unwrap();
+    let session = a.session_id().expect("a session");
+    let mut lost = lease.lost();
+    let destroyed = Instant::now();
+    let (st, _) = raw(&s, "PUT", &format!("/v1/session/destroy/{session}"), None).await;
+    assert_eq!(st, 200);
+    let reason = tokio::time::timeout(Duration::from_millis(500), lost.wait())
+        .await
+        .expect("lost() fires within a round trip of the destroy, not at the next renewal");
+    assert!(
+        matches!(
+            reason,
+            lease_core::LostReason::Revoked | lease_core::LostReason::SessionEnded
+        ),
+        "{reason:?}"
+    );
+    let noticed = destroyed.elapsed();
+    let next = b
+        .acquire(
+            &k,
+            &LeaseOptions::new(Duration::from_secs(10)).wait(Duration::from_secs(10)),
+        )
+        .await
+        .unwrap();
+    let taken = destroyed.elapsed();
+    assert!(
+        taken >= adapter_consul::DEFAULT_LOCK_DELAY && noticed < taken,
+        "noticed after {noticed:?}, new holder after {taken:?}"
+    );
+    assert!(next.token() > lease.token());
+    assert!(matches!(lease.renew().await, Err(Error::Lost { .. })));
+    next.release().await.unwrap();
+}
+
+/// A plain `PUT` to the held key (no `?acquire`) keeps the key's session: the lease stays held
+/// with its token, `inspect` shows that token (the key's `CreateIndex`), and release deletes
+/// the key.
+#[tokio::test]
+async fn an_outside_write_to_a_held_key_leaves_it_ours_and_release_deletes_it() {
+    let s = standin();
+    let u = url(&s, "");
+    let (a, b) = (client(&u).await, client(&u).await);
+    let config = ConsulConfig::from_url(&u).unwrap();
+    let k = key("outside");
+    let lease = a
+        .acquire(&k, &LeaseOptions::new(Duration::from_secs(5)))
+        .await
+        .unwrap();
+    let path = format!("/v1/kv/{}", config.kv_key(&k));
+    let (st, _, _) = consul_http(s.addr(), "PUT", &path, Some(TOKEN), Some(b"not a record"))
+        .await
+        .unwrap();
+    assert_eq!(st, 200);
+    let info = b.inspect(&k).await.unwrap().expect("still locked");
+    assert_eq!(info.token, lease.token());
+    assert!(
+        info.owner.as_str().contains(&a.session_id().unwrap()),
+        "{info:?}"
+    );
+    lease.renew().await.expect("still ours");
+    assert_eq!(lease.status(), LeaseStatus::Held);
+    lease.release().await.expect("release deletes the key");
+    assert!(b.inspect(&k).await.unwrap().is_none());
+    let next = b
+        .try_acquire(&k, &LeaseOptions::new(Duration::from_secs(5)))
+        .await
+        .unwrap();
+    assert!(next.token() > lease.token());
+    next.release().await.unwrap();
+}
+
+/// A key that exists, unlocked, before the lock (an operator's leftover value) is deleted and
+/// locked afresh, so the holder's token is the key's `CreateIndex` that `inspect` shows.
+#[tokio::test]
+async fn a_preexisting_unlocked_key_is_locked_afresh() {
+    let s = standin();
+    let u = url(&s, "");
+    let c = client(&u).await;
+    let config = ConsulConfig::from_url(&u).unwrap();
+    let k = key("leftover");
+    let path = format!("/v1/kv/{}", config.kv_key(&k));
+    let (st, _, _) = consul_http(s.addr(), "PUT", &path, Some(TOKEN), Some(b"leftover"))
+        .await
+        .unwrap();
+    assert_eq!(st, 200);
+    let lease = c
+        .acquire(&k, &LeaseOptions::new(Duration::from_secs(5)))
+        .await
+        .unwrap();
+    let (_, v) = raw(&s, "GET", &path, None).await;
+    assert_eq!(v[0]["CreateIndex"].as_u64(), Some(lease.token().get()));
+    assert_eq!(c.inspect(&k).await.unwrap().unwrap().token, lease.token());
+    lease.release().await.unwrap();
 }
