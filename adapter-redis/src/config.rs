@@ -50,7 +50,7 @@ const PARAMS: &[&str] = &[
 /// | `clock_start` | `true` | a key's counter that does not exist (first use, or lost) starts at the server's clock in microseconds; `false` starts it at 0 (tokens 1, 2, 3, ...) |
 /// | `command_timeout_ms` | `2000` | bound on each command's response |
 /// | `connect_timeout_ms` | `2000` | bound on opening a connection |
-/// | `poll_interval_ms` | `250` | longest sleep of a waiter between attempts without a notification |
+/// | `poll_interval_ms` | `250` | longest sleep of a waiter between attempts without a notification; also the holder monitor's ping interval (and its poll interval without client-side tracking) |
 /// | `tls_ca_file` | none | PEM file of the CA that signed the server certificate (`rediss://` only) |
 ///
 /// `Debug` and `Display` show the URL with the password replaced by `***`; errors name values

@@ -228,6 +228,9 @@ enum Attempt {
 ///   retries on each notification, at the holder's expiry, and at least every `poll_interval`.
 ///   Waiters are not served in arrival order: the first to run the script after a release wins.
 /// - **Renew** and **release** are one script each, comparing the lease's nonce first.
+/// - **Outside changes** to a held lock (an operator's `DEL`, another tool's `SET`) are noticed by
+///   a holder monitor (client-side tracking, or polling where tracking is refused) and end the
+///   lease at once; a broken connection marks every lease in doubt until its next renew.
 /// - **Tokens** never go backwards in this process: a token at or below one this process already
 ///   granted for the key fails closed with `TokenRegression`. Across processes, durability (checked
 ///   at connect) and the token floor keep them increasing; see the crate docs.
@@ -301,7 +304,10 @@ impl RedisCoordinator {
                 crate::monitor::all_in_doubt(&inner);
             }
         }));
-        crate::monitor::spawn(Arc::downgrade(&inner), watch);
+        let started = crate::monitor::spawn(Arc::downgrade(&inner), watch);
+        // Bounded: without the monitor in place a lease is still judged at the monitor's first
+        // read, only later.
+        let _ = tokio::time::timeout(inner.config.connect_timeout(), started).await;
         Ok(RedisCoordinator { inner })
     }
 
@@ -643,6 +649,33 @@ impl RedisCoordinator {
         )))
     }
 
+    /// `inspect` of a lock key that holds another writer's value (for example `SET ... KEEPTTL`
+    /// by another tool over a held lock): the owner is `unknown (outside write)` and the token is
+    /// the newest one issued (the counter), which is the token of the holder whose value was
+    /// overwritten (no grant can happen while the key is occupied), never one no holder got.
+    async fn foreign_holder(
+        &self,
+        key: &LockKey,
+        keys: &LockKeys,
+        pttl: i64,
+    ) -> Result<HolderInfo> {
+        let counter = keys.counter.as_str();
+        let newest: Option<String> = self
+            .inner
+            .conn
+            .run(Op::INSPECT, |mut c| async move {
+                redis::cmd("GET").arg(counter).query_async(&mut c).await
+            })
+            .await?;
+        let token: Token = newest
+            .and_then(|t| t.parse().ok())
+            .ok_or_else(|| bad_reply(Op::INSPECT, "the lock holds a value of another writer"))?;
+        let owner = OwnerId::new("unknown (outside write)")
+            .map_err(|_| bad_reply(Op::INSPECT, "the lock holds a value of another writer"))?;
+        Ok(HolderInfo::new(key.clone(), owner, token)
+            .with_expires_in((pttl >= 0).then(|| Duration::from_millis(pttl as u64))))
+    }
+
     /// The lock's value and PTTL (`GET` and `PTTL` in one `MULTI`/`EXEC`: one round trip, atomic,
     /// and read-only, so it passes `CLIENT PAUSE WRITE` and works on a replica), or `None` when
     /// free.
@@ -691,9 +724,10 @@ impl Coordinator for RedisCoordinator {
         let Some((value, pttl)) = self.read_lock(&keys, Op::INSPECT).await? else {
             return Ok(None);
         };
-        let v = LockValue::parse(&value)
-            .ok_or_else(|| bad_reply(Op::INSPECT, "the lock holds a value of another writer"))?;
-        Ok(Some(v.holder_info(key, pttl)))
+        match LockValue::parse(&value) {
+            Some(v) => Ok(Some(v.holder_info(key, pttl))),
+            None => self.foreign_holder(key, &keys, pttl).await.map(Some),
+        }
     }
 
     async fn force_release(

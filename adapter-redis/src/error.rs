@@ -28,10 +28,11 @@ pub(crate) struct Op {
     /// Whether the request could have changed state on the server.
     pub(crate) writes: bool,
     /// Whether running the request twice has the effect of running it once (reads; the acquire
-    /// script per nonce; renew). Such a request is retried once on a fresh connection when its
-    /// connection was found dropped. Fence writes and claims are not: a re-sent write can apply
-    /// after a later write of the same token and replace its value, so a fence request whose
-    /// outcome is unknown is reported as `OutcomeUnknown` and left to the caller.
+    /// script per nonce; renew; a fence claim, which only raises the newest token and so cannot
+    /// undo anything when it lands late). Such a request is retried once on a fresh connection
+    /// when its connection was found dropped. Fence writes are not: a re-sent write can apply
+    /// after a later write of the same token and replace its value, so a write whose outcome is
+    /// unknown is reported as `OutcomeUnknown` and left to the caller.
     pub(crate) idempotent: bool,
 }
 
@@ -41,7 +42,7 @@ impl Op {
     pub(crate) const RELEASE: Op = Op::write("release", false);
     pub(crate) const FORCE_RELEASE: Op = Op::write("force_release", false);
     pub(crate) const FENCE_WRITE: Op = Op::write("write", false);
-    pub(crate) const FENCE_CLAIM: Op = Op::write("claim", false);
+    pub(crate) const FENCE_CLAIM: Op = Op::write("claim", true);
     pub(crate) const INSPECT: Op = Op::read("inspect");
     pub(crate) const FENCE_READ: Op = Op::read("read");
     pub(crate) const RESOLVE: Op = Op::read("re-read after an unseen acquire outcome");

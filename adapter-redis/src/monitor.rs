@@ -50,9 +50,16 @@ impl Monitor {
     }
 }
 
-/// Starts the monitor task for `inner` (needs a tokio runtime, as `connect` does).
-pub(crate) fn spawn(inner: Weak<Inner>, rx: mpsc::UnboundedReceiver<String>) {
-    tokio::spawn(run(inner, rx));
+/// Starts the monitor task for `inner` (needs a tokio runtime, as `connect` does). The returned
+/// receiver resolves once the first attempt to set up tracking has finished (either way), so
+/// that `connect` can return with the monitor in place.
+pub(crate) fn spawn(
+    inner: Weak<Inner>,
+    rx: mpsc::UnboundedReceiver<String>,
+) -> tokio::sync::oneshot::Receiver<()> {
+    let (ready, started) = tokio::sync::oneshot::channel();
+    tokio::spawn(run(inner, rx, ready));
+    started
 }
 
 /// Why the tracking connection could not be set up.
@@ -168,7 +175,12 @@ fn invalidated(push: &PushInfo) -> Option<Vec<String>> {
     }
 }
 
-async fn run(inner: Weak<Inner>, mut watch: mpsc::UnboundedReceiver<String>) {
+async fn run(
+    inner: Weak<Inner>,
+    mut watch: mpsc::UnboundedReceiver<String>,
+    ready: tokio::sync::oneshot::Sender<()>,
+) {
+    let mut ready = Some(ready);
     let (poll, command_timeout) = match inner.upgrade() {
         Some(i) => (i.config.poll_interval(), i.config.command_timeout()),
         None => return,
@@ -181,6 +193,9 @@ async fn run(inner: Weak<Inner>, mut watch: mpsc::UnboundedReceiver<String>) {
             Some(_) => None,
             None => return,
         };
+        if let Some(r) = ready.take() {
+            let _ = r.send(());
+        }
         match opened {
             Some(Ok(tracking)) => {
                 backoff = Duration::from_millis(50);

@@ -245,6 +245,10 @@ async fn outside_delete_or_overwrite_of_a_held_lock_is_noticed_promptly() {
         .await
         .expect("overwrite not noticed within 400 ms");
     assert_eq!(reason, LostReason::Superseded);
+    // inspect names no owner and only the token the overwritten holder was given.
+    let info = c.inspect(&k).await.unwrap().expect("the key is occupied");
+    assert_eq!(info.token, lease.token());
+    assert_eq!(info.owner.as_str(), "unknown (outside write)");
     assert!(matches!(
         lease.renew().await,
         Err(lease_core::Error::Lost {
