@@ -2,8 +2,11 @@
 #![forbid(unsafe_code)]
 
 use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -11,7 +14,7 @@ use lease_core::{
     Accepted, BackendUrl, Bytes, Error, Fence, FencedValue, InvalidInput, ResourceId, Result, Token,
 };
 use tokio::sync::{Mutex, OnceCell};
-use tokio_postgres::types::ToSql;
+use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, Config, GenericClient, NoTls, Transaction};
 
 const BACKEND: &str = "postgres";
@@ -691,16 +694,130 @@ impl PgFence {
         let operation = if value.is_some() { "write" } else { "claim" };
         self.run(operation, move |client, committing| {
             Box::pin(async move {
-                let tx = begin(client, &table, &resource, token).await?;
-                if let Some(v) = &value {
-                    tx.store_value(v).await?;
-                }
-                committing.store(true, Ordering::SeqCst);
-                tx.commit().await
+                pipelined_accept(
+                    client,
+                    &table,
+                    &resource,
+                    token,
+                    value.as_deref(),
+                    committing,
+                )
+                .await
             })
         })
         .await
     }
+}
+
+/// Polls `f` once; its output if it completed. tokio-postgres writes a request on the first
+/// poll of its future, so polling in order fixes the order of the requests on the wire.
+async fn first_poll<F: Future + Unpin>(f: &mut F) -> Option<F::Output> {
+    std::future::poll_fn(|cx| {
+        Poll::Ready(match Pin::new(&mut *f).poll(cx) {
+            Poll::Ready(out) => Some(out),
+            Poll::Pending => None,
+        })
+    })
+    .await
+}
+
+/// The fence write as one pipelined transaction: `BEGIN`, ensure the row, lock it, the fenced
+/// `UPDATE` and `COMMIT` are sent together (unnamed statements with typed parameters, no
+/// separate prepare), so the write is one request on the wire and one round trip. Any loss of
+/// the connection after that is `OutcomeUnknown`; a database error in any statement aborts the
+/// transaction (nothing applied).
+async fn pipelined_accept(
+    client: &Client,
+    table: &Ident,
+    resource: &ResourceId,
+    token: Token,
+    value: Option<&[u8]>,
+    committing: &AtomicBool,
+) -> Result<Accepted> {
+    let t = table.quoted();
+    let ins_sql = format!(
+        "INSERT INTO {t} (resource, newest) VALUES ($1, $2) \
+         ON CONFLICT (resource) DO NOTHING RETURNING newest"
+    );
+    let sel_sql = format!("SELECT newest FROM {t} WHERE resource = $1 FOR UPDATE");
+    let upd_sql = format!(
+        "UPDATE {t} SET newest = $2, \
+            value = CASE WHEN $3 THEN $4 ELSE value END, \
+            value_token = CASE WHEN $3 THEN $2 ELSE value_token END, \
+            updated_at = now() \
+         WHERE resource = $1 AND newest <= $2 RETURNING 1"
+    );
+    let (r, tok, has_value) = (resource.as_str(), token.to_i64(), value.is_some());
+    let ensure_params: [(&(dyn ToSql + Sync), Type); 2] = [(&r, Type::TEXT), (&tok, Type::INT8)];
+    let lock_params: [(&(dyn ToSql + Sync), Type); 1] = [(&r, Type::TEXT)];
+    let advance_params: [(&(dyn ToSql + Sync), Type); 4] = [
+        (&r, Type::TEXT),
+        (&tok, Type::INT8),
+        (&has_value, Type::BOOL),
+        (&value, Type::BYTEA),
+    ];
+    let mut begin = Box::pin(client.batch_execute("BEGIN"));
+    let mut ensure = Box::pin(client.query_typed_opt(&ins_sql, &ensure_params));
+    let mut lock = Box::pin(client.query_typed_one(&sel_sql, &lock_params));
+    let mut advance = Box::pin(client.query_typed(&upd_sql, &advance_params));
+    let mut commit = Box::pin(client.batch_execute("COMMIT"));
+    let begin_early = first_poll(&mut begin).await;
+    let ensure_early = first_poll(&mut ensure).await;
+    let lock_early = first_poll(&mut lock).await;
+    let advance_early = first_poll(&mut advance).await;
+    let commit_early = first_poll(&mut commit).await;
+    // Only a COMMIT refused before it was written (a closed connection) is known not to be sent.
+    let commit_sent = !matches!(&commit_early, Some(Err(e)) if e.as_db_error().is_none());
+    committing.store(commit_sent, Ordering::SeqCst);
+    let step = |operation: &'static str, e: tokio_postgres::Error| {
+        if commit_sent {
+            map_commit_err(operation, e)
+        } else {
+            map_err(operation, e)
+        }
+    };
+    let began = match begin_early {
+        Some(r) => r,
+        None => begin.await,
+    };
+    began.map_err(|e| step("begin", e))?;
+    let inserted = match ensure_early {
+        Some(r) => r,
+        None => ensure.await,
+    }
+    .map_err(|e| step("fence insert", e))?;
+    let row = match lock_early {
+        Some(r) => r,
+        None => lock.await,
+    }
+    .map_err(|e| step("fence read", e))?;
+    let advanced = match advance_early {
+        Some(r) => r,
+        None => advance.await,
+    }
+    .map_err(|e| step("fence advance", e))?;
+    let committed = match commit_early {
+        Some(r) => r,
+        None => commit.await,
+    };
+    let current = Token::from_i64(
+        row.try_get::<_, i64>(0)
+            .map_err(|e| step("fence read", e))?,
+    )?;
+    if advanced.is_empty() {
+        // The row's token is newer: nothing was changed (the COMMIT committed nothing).
+        return Err(Error::Stale {
+            resource: resource.to_string(),
+            presented: token,
+            current,
+        });
+    }
+    committed.map_err(|e| step("commit", e))?;
+    Ok(Accepted::new(if inserted.is_some() {
+        None
+    } else {
+        Some(current)
+    }))
 }
 
 #[async_trait]

@@ -1,10 +1,11 @@
 //! The conformance suite with the in-memory coordinator and this PostgreSQL fence as the
 //! protected resource: every case's fenced writes go through PostgreSQL.
 
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
 use conformance_tests::harness::{server_unavailable, Backend, PostgresServer};
-use conformance_tests::suite::{main_for, Subject};
+use conformance_tests::suite::{main_for, FenceViaFn, Subject};
 
 fn main() -> std::process::ExitCode {
     // The server lives in `main`'s frame and is dropped (killed, its directory removed) when the
@@ -23,6 +24,7 @@ fn main() -> std::process::ExitCode {
             .map_err(|e| e.to_string())?
             .map_err(|e| e.to_string())?;
         let url = pg.connection_url();
+        let upstream = pg.addr();
         *holder.lock().expect("server slot") = Some(pg);
         let fence = fence_postgres::PgFence::connect(&url)
             .await
@@ -30,7 +32,16 @@ fn main() -> std::process::ExitCode {
         let mut subject = Subject::memory();
         subject.name = "memory+postgres-fence".into();
         subject.fence = Arc::new(lease_core::Instrumented::new(fence));
-        Ok(Some(subject))
+        // The same database and fence table through another address (a fault proxy), with a
+        // one-second bound so a lost reply is noticed quickly.
+        let fence_via: FenceViaFn = Arc::new(|addr: SocketAddr| {
+            Box::pin(async move {
+                let url = format!("postgres://postgres@{addr}/postgres?timeout_ms=1000");
+                let fence = fence_postgres::PgFence::connect(&url).await?;
+                Ok(Arc::new(lease_core::Instrumented::new(fence)) as Arc<dyn lease_core::Fence>)
+            })
+        });
+        Ok(Some(subject.with_fence_proxy(upstream, fence_via)))
     });
     drop(server.lock().expect("server slot").take());
     code
