@@ -173,6 +173,22 @@ impl ZkCoordinator {
         self.inner.config.lock_path(key)
     }
 
+    /// The id and password of this coordinator's current ZooKeeper session, or `None` when none
+    /// is open (it ended and no call has opened a new one yet). For operators' tools and tests
+    /// that act on the session itself: a client connected with
+    /// `zookeeper_client::Connector::with_session` and the same digest credentials takes the
+    /// session over and can close it, as an operator closing a holder's session would.
+    ///
+    /// The password stays inside the returned `SessionInfo`, whose `Debug` leaves it out; never
+    /// log it. Opens no session and sends nothing.
+    #[doc(hidden)]
+    pub async fn current_session(&self) -> Option<zookeeper_client::SessionInfo> {
+        let slot = self.inner.session.lock().await;
+        slot.as_ref()
+            .filter(|s| !s.is_terminated())
+            .map(|s| s.client().session().clone())
+    }
+
     /// The force-release audit trail, oldest first.
     pub async fn audit_trail(&self) -> Result<Vec<AuditRecord>> {
         let s = self.session().await?;
@@ -269,11 +285,12 @@ impl ZkCoordinator {
                 dir: dir.clone(),
                 prefix: prefix.clone(),
                 issued: false,
+                unsure: false,
             };
             let node = self
                 .create_contender(&s, &dir, &prefix, &data, &mut guard)
                 .await?;
-            let turn = self.wait_turn(&s, &dir, &node, &mode).await?;
+            let turn = self.wait_turn(&s, &dir, &prefix, &node, &mode).await?;
             let (sent, epoch) = match turn {
                 Turn::Holder { sent, epoch } => (sent, epoch),
                 Turn::Busy => {
@@ -298,6 +315,9 @@ impl ZkCoordinator {
                     let ttl = options.ttl_value();
                     let margin = options.drift_margin_for(ttl);
                     let tracker = LeaseTracker::new(BACKEND, key.clone(), token, ttl, margin, sent);
+                    // A create whose answer was lost may still leave a second node of this
+                    // attempt behind (applied late, shown late): the lease's end sweeps the prefix.
+                    let sweep = guard.unsure.then(|| (dir.clone(), prefix.clone()));
                     let state = LeaseState::new(
                         s.clone(),
                         tracker,
@@ -305,6 +325,7 @@ impl ZkCoordinator {
                         node.czxid,
                         node.version,
                         sent,
+                        sweep,
                     );
                     guard.session = None;
                     return Ok(Box::new(ZkLease::start(state, epoch)));
@@ -365,13 +386,19 @@ impl ZkCoordinator {
                 }
                 Ok(Err(ZkError::ConnectionLoss)) | Err(_) if tries <= MAX_RESTARTS => {
                     // The create may have applied: look for our node before creating another.
+                    // A server that does not show it yet lets the next create make a second
+                    // node for this attempt; `wait_turn`, `withdraw` and the cleanup remove it.
+                    guard.unsure = true;
                     if let Some(node) = self.find_own(s, dir, prefix).await? {
                         tracing::debug!(node = %node.path, "adopted a contender node whose create answer was lost");
                         return Ok(node);
                     }
                 }
                 Ok(Err(e)) => return Err(from_zk(Op::ACQUIRE, e)),
-                Err(_) => return Err(timed_out(Op::ACQUIRE, s.request_timeout())),
+                Err(_) => {
+                    guard.unsure = true;
+                    return Err(timed_out(Op::ACQUIRE, s.request_timeout()));
+                }
             }
         }
     }
@@ -439,8 +466,17 @@ impl ZkCoordinator {
         Ok(())
     }
 
-    /// Waits until our node is first (or the mode says stop).
-    async fn wait_turn(&self, s: &Session, dir: &str, node: &Node, mode: &Mode) -> Result<Turn> {
+    /// Waits until our node is first (or the mode says stop). Another node with the attempt's
+    /// `prefix` (a second create after a lost answer) is deleted when a listing shows it, so the
+    /// attempt never queues behind itself.
+    async fn wait_turn(
+        &self,
+        s: &Session,
+        dir: &str,
+        prefix: &str,
+        node: &Node,
+        mode: &Mode,
+    ) -> Result<Turn> {
         loop {
             let deadline = match mode {
                 Mode::Try => None,
@@ -476,6 +512,18 @@ impl ZkCoordinator {
             let Some(index) = ordered.iter().position(|c| c.name == node.name) else {
                 return Ok(Turn::Vanished);
             };
+            let duplicates: Vec<String> = ordered
+                .iter()
+                .filter(|c| c.name != node.name && c.name.starts_with(prefix))
+                .map(|c| format!("{dir}/{}", c.name))
+                .collect();
+            if !duplicates.is_empty() {
+                for path in duplicates {
+                    self.delete_duplicate(s, &path).await?;
+                }
+                // Look again: the queue without them.
+                continue;
+            }
             if index == 0 {
                 return Ok(Turn::Holder { sent, epoch });
             }
@@ -535,19 +583,62 @@ impl ZkCoordinator {
         Ok(contenders)
     }
 
-    /// Deletes our node when we give up (busy, failed token check). Leaves it to the guard's
-    /// cleanup task if the delete is not confirmed.
+    /// Deletes a second node of this attempt (see [`Self::wait_turn`]). A failure fails the
+    /// acquire; the guard's cleanup removes what is left.
+    async fn delete_duplicate(&self, s: &Session, path: &str) -> Result<()> {
+        let sent = Instant::now();
+        match tokio::time::timeout(s.request_timeout(), s.client().delete(path, None)).await {
+            Ok(Ok(()) | Err(ZkError::NoNode)) => {
+                s.confirm(sent);
+                tracing::debug!(%path, "removed a second contender node of the same attempt");
+                Ok(())
+            }
+            Ok(Err(e)) => Err(from_zk(Op::ACQUIRE, e)),
+            Err(_) => Err(timed_out(Op::ACQUIRE, s.request_timeout())),
+        }
+    }
+
+    /// Deletes every node of the attempt when we give up (busy, failed token check): our node
+    /// and, in the same round trip (pipelined, answered after the delete), a listing of the
+    /// lock's children; any other node with the attempt's prefix (a second create after a lost
+    /// answer, shown late) is deleted too. Only when all of them are confirmed gone is the
+    /// guard disarmed; otherwise its cleanup task finishes the job.
     async fn withdraw(&self, s: &Session, node: &Node, guard: &mut ContenderGuard) {
         if !s.is_connected() {
             return;
         }
         let sent = Instant::now();
-        if let Ok(Ok(()) | Err(ZkError::NoNode)) =
-            tokio::time::timeout(s.request_timeout(), s.client().delete(&node.path, None)).await
-        {
-            s.confirm(sent);
-            guard.session = None;
+        let delete = s.client().delete(&node.path, None);
+        let list = s.client().list_children(&guard.dir);
+        let Ok((deleted, listed)) =
+            tokio::time::timeout(s.request_timeout(), futures::future::join(delete, list)).await
+        else {
+            return;
+        };
+        if !matches!(deleted, Ok(()) | Err(ZkError::NoNode)) {
+            return;
         }
+        s.confirm(sent);
+        let others: Vec<String> = match listed {
+            Ok(children) => children
+                .into_iter()
+                .filter(|c| c.starts_with(&guard.prefix) && *c != node.name)
+                .collect(),
+            Err(ZkError::NoNode) => Vec::new(),
+            Err(_) => return,
+        };
+        for name in others {
+            let path = format!("{}/{name}", guard.dir);
+            if self.delete_duplicate(s, &path).await.is_err() {
+                return;
+            }
+        }
+        if guard.unsure {
+            // A create of this attempt may still be applied after this listing: the cleanup
+            // task (which runs after the acquire returns) looks once more.
+            return;
+        }
+        guard.session = None;
     }
 
     /// The token of the node we hold, checked against the floor and this process's high-water
@@ -732,6 +823,8 @@ struct ContenderGuard {
     prefix: String,
     /// Whether a create was sent.
     issued: bool,
+    /// Whether a create's answer was lost (so a second node of the attempt may exist).
+    unsure: bool,
 }
 
 impl Drop for ContenderGuard {
@@ -758,7 +851,7 @@ impl Drop for ContenderGuard {
 
 /// Deletes every node of the lock with the attempt's prefix. Requests of one session are
 /// processed in order, so this listing sees the attempt's create whatever happened to its answer.
-async fn cleanup(s: Arc<Session>, dir: String, prefix: String) {
+pub(crate) async fn cleanup(s: Arc<Session>, dir: String, prefix: String) {
     let mut backoff = Duration::from_millis(10);
     loop {
         if s.is_terminated() {

@@ -36,6 +36,10 @@ pub(crate) struct LeaseState {
     releasing: AtomicBool,
     /// Set once our node is known to be gone.
     node_gone: AtomicBool,
+    /// `(lock dir, attempt prefix)` when a create of this acquisition had its answer lost: a
+    /// second node of the attempt may still show up, so the lease's end deletes every node with
+    /// the prefix.
+    sweep: Option<(String, String)>,
 }
 
 impl fmt::Debug for LeaseState {
@@ -49,7 +53,7 @@ impl fmt::Debug for LeaseState {
 }
 
 impl LeaseState {
-    /// A new state for a node confirmed held by a request sent at `sent`.
+    /// A new state for a node confirmed held by a request sent at `sent`; `sweep` as the field.
     pub(crate) fn new(
         session: Arc<Session>,
         tracker: LeaseTracker,
@@ -57,6 +61,7 @@ impl LeaseState {
         czxid: i64,
         version: i32,
         sent: Instant,
+        sweep: Option<(String, String)>,
     ) -> Arc<Self> {
         let margin = tracker.drift_margin();
         let deadline = sent + tracker.ttl();
@@ -71,6 +76,7 @@ impl LeaseState {
             deadline: Mutex::new(deadline),
             releasing: AtomicBool::new(false),
             node_gone: AtomicBool::new(false),
+            sweep,
         })
     }
 
@@ -311,6 +317,9 @@ pub(crate) async fn monitor(state: Arc<LeaseState>, mut dropped: oneshot::Receiv
         }
     }
     state.session.unregister(state.id);
+    if let Some((dir, prefix)) = &state.sweep {
+        crate::coordinator::cleanup(state.session.clone(), dir.clone(), prefix.clone()).await;
+    }
 }
 
 /// A lease on a ZooKeeper lock: our ephemeral sequential node was first among the lock's

@@ -5,6 +5,7 @@ mod config;
 mod coordinator;
 mod error;
 mod lease;
+mod out_of_band;
 mod paths;
 mod session;
 
@@ -18,6 +19,8 @@ pub use config::{
 };
 pub use coordinator::{AuditRecord, ZkCoordinator};
 pub use lease::ZkLease;
+#[doc(hidden)]
+pub use out_of_band::{close_session_out_of_band, OutOfBandClose};
 /// The client library, re-exported for operators' tools and tests that talk to ZooKeeper directly.
 pub use zookeeper_client;
 

@@ -767,3 +767,244 @@ async fn only_a_sync_extends_validity_never_a_read_answered_alone() {
     assert!(again.renew().await.unwrap() > before);
     again.release().await.unwrap();
 }
+
+/// Closes `session` the way an operator would (takes it over with its id and password, and
+/// closes it), until the holder's node `node` is gone (bounded). Returns once it is.
+async fn close_session_out_of_band(
+    addr: impl std::fmt::Display,
+    session: zk::SessionInfo,
+    node: &str,
+) {
+    let addr = addr.to_string();
+    let observer = raw_client(&addr, None).await;
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        let outcome = adapter_zookeeper::close_session_out_of_band(
+            &addr,
+            session.clone(),
+            Duration::from_millis(1500),
+            Duration::from_secs(3),
+        )
+        .await;
+        if let Err(e) = outcome {
+            eprintln!("out-of-band close: {e}");
+        }
+        match observer.check_stat(node).await {
+            Ok(Some(stat)) if stat.ephemeral_owner == session.id().0 => {}
+            _ => return,
+        }
+        assert!(Instant::now() < until, "could not close the session");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// An operator closes the holder's session from another client with the same credentials: the
+/// server deletes the holder's node and drops its connection. The holder learns it within about
+/// a round trip (its reconnect is told the session is gone, or its node watch fires), not only
+/// when zookeeper-client gives up reconnecting (7/5 of the session timeout later), and long
+/// before its own (long) TTL would pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_closed_by_another_client_loses_the_lease_promptly() {
+    let Some(server) = server("session_closed_out_of_band").await else {
+        return;
+    };
+    let cfg = config(server.addr(), 1500);
+    let coord = ZkCoordinator::connect(cfg.clone()).await.unwrap();
+    let other = ZkCoordinator::connect(cfg.clone()).await.unwrap();
+    let key: LockKey = "closed-out-of-band".parse().unwrap();
+    // Twenty session timeouts: only the session's end can take this lease away quickly.
+    let lease = coord
+        .acquire(&key, &LeaseOptions::new(Duration::from_secs(30)))
+        .await
+        .unwrap();
+    let session = coord.current_session().await.expect("a live session");
+    assert!(
+        !format!("{session:?}").is_empty(),
+        "SessionInfo's Debug works (and leaves the password out)"
+    );
+    // Let the monitor's node watch be set, as it is for any lease held longer than a moment.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    let observer = raw_client(server.addr(), None).await;
+    let (node, _) = single_node(&observer, &cfg.lock_path(&key)).await;
+    let closing = Instant::now();
+    close_session_out_of_band(server.addr(), session, &node).await;
+    let closed = Instant::now();
+    let reason = tokio::time::timeout(Duration::from_secs(3), lease.lost().wait())
+        .await
+        .expect("lost() fires");
+    let lost_after = closed.elapsed();
+    eprintln!(
+        "closing took {:?}; lost {lost_after:?} after ({reason:?})",
+        closed - closing
+    );
+    assert!(
+        matches!(reason, LostReason::SessionEnded | LostReason::Revoked),
+        "{reason:?}"
+    );
+    // Usually within a round trip (the holder's reconnect is told the session is gone). When
+    // the holder's reconnect took the session back just before the close was applied, its
+    // connection goes silent and the client library notices after its connection timeout
+    // (8 ticks of T / 20 = 0.4 T, plus a ping interval): still well within one session timeout.
+    assert!(
+        lost_after <= cfg.session_timeout(),
+        "lost {lost_after:?} after the session was closed (close took {:?})",
+        closed - closing
+    );
+    assert!(matches!(lease.renew().await, Err(Error::Lost { .. })));
+
+    // The lock is free at once, and the coordinator serves the next call on a new session.
+    let next = other
+        .try_acquire(&key, &LeaseOptions::new(Duration::from_secs(2)))
+        .await
+        .unwrap();
+    assert!(next.token() > lease.token());
+    next.release().await.unwrap();
+    let again = coord
+        .acquire(
+            &key,
+            &LeaseOptions::new(Duration::from_secs(2)).wait(Duration::from_secs(5)),
+        )
+        .await
+        .unwrap();
+    assert!(again.token() > next.token());
+    again.release().await.unwrap();
+}
+
+/// The attempt prefix of a contender node name `c-<client>-<attempt>-<sequence>`.
+fn attempt_prefix(name: &str) -> String {
+    let mut parts = name.splitn(4, '-');
+    let (c, client, attempt) = (parts.next(), parts.next(), parts.next());
+    format!("{}-{}-{}-", c.unwrap(), client.unwrap(), attempt.unwrap())
+}
+
+/// Waits until the lock has `n` children; returns them.
+async fn wait_children(client: &zk::Client, lock: &str, n: usize) -> Vec<String> {
+    let until = Instant::now() + Duration::from_secs(5);
+    loop {
+        let children = client.list_children(lock).await.unwrap_or_default();
+        if children.len() == n {
+            return children;
+        }
+        assert!(
+            Instant::now() < until,
+            "want {n} children, have {children:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Waits until no child of the lock carries `prefix`.
+async fn wait_no_prefix(client: &zk::Client, lock: &str, prefix: &str, what: &str) {
+    let until = Instant::now() + Duration::from_secs(4);
+    loop {
+        let children = client.list_children(lock).await.unwrap_or_default();
+        if !children.iter().any(|c| c.starts_with(prefix)) {
+            return;
+        }
+        assert!(
+            Instant::now() < until,
+            "{what}: a node of the attempt {prefix} stayed: {children:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Creates a second node for the attempt `prefix`, as a create whose answer was lost and that a
+/// lagging server did not show would have.
+async fn duplicate(client: &zk::Client, lock: &str, prefix: &str) -> String {
+    let (_, seq) = client
+        .create(
+            &format!("{lock}/{prefix}"),
+            b"",
+            &zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all()),
+        )
+        .await
+        .expect("create the duplicate");
+    format!("{prefix}{seq}")
+}
+
+/// A second node for the same attempt (a lost create answer, then a reconnect to a server that did
+/// not show it yet) is removed by every way an acquire ends without a lease: the waiter's timeout
+/// (`withdraw`), the future dropped (the cleanup task), and it never makes the attempt queue
+/// behind itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_node_of_an_attempt_is_removed_not_only_the_newest() {
+    let Some(server) = server("every_node_of_an_attempt_is_removed").await else {
+        return;
+    };
+    let cfg = config(server.addr(), 2000);
+    let holder = ZkCoordinator::connect(cfg.clone()).await.unwrap();
+    let waiter = Arc::new(ZkCoordinator::connect(cfg.clone()).await.unwrap());
+    let operator = raw_client(server.addr(), Some(&format!("alice:{PASSWORD}"))).await;
+    let key: LockKey = "duplicate-contender".parse().unwrap();
+    let lock = cfg.lock_path(&key);
+    let o = LeaseOptions::new(Duration::from_secs(4));
+    let held = holder.acquire(&key, &o).await.unwrap();
+    let holder_name = wait_children(&operator, &lock, 1).await.remove(0);
+
+    // 1. The waiter times out: withdraw deletes both nodes of its attempt.
+    let waiting = {
+        let (w, k, o) = (waiter.clone(), key.clone(), o.clone());
+        tokio::spawn(async move { w.acquire(&k, &o.wait(Duration::from_millis(1500))).await })
+    };
+    let children = wait_children(&operator, &lock, 2).await;
+    let own = children.iter().find(|c| **c != holder_name).unwrap();
+    let prefix = attempt_prefix(own);
+    let second = duplicate(&operator, &lock, &prefix).await;
+    let waited = waiting.await.unwrap();
+    assert!(matches!(waited, Err(Error::Timeout { .. })), "{waited:?}");
+    wait_no_prefix(&operator, &lock, &prefix, "after the wait timed out").await;
+    assert!(
+        !operator
+            .list_children(&lock)
+            .await
+            .unwrap()
+            .contains(&second),
+        "the second node of the attempt was deleted"
+    );
+
+    // 2. The acquire future is dropped while it waits: the cleanup task deletes both.
+    let waiting = {
+        let (w, k, o) = (waiter.clone(), key.clone(), o.clone());
+        tokio::spawn(async move { w.acquire(&k, &o.wait(Duration::from_secs(30))).await })
+    };
+    let children = wait_children(&operator, &lock, 2).await;
+    let own = children.iter().find(|c| **c != holder_name).unwrap();
+    let prefix = attempt_prefix(own);
+    duplicate(&operator, &lock, &prefix).await;
+    waiting.abort();
+    let _ = waiting.await;
+    wait_no_prefix(&operator, &lock, &prefix, "after the acquire was dropped").await;
+
+    // 3. A node of the next attempt exists before the attempt's own create (an older duplicate,
+    //    ahead in the queue): the attempt removes it instead of waiting behind itself. Attempts
+    //    are numbered per coordinator, one per try; the next one is the last one plus one.
+    let (client, attempt) = {
+        let rest = prefix.trim_start_matches("c-").trim_end_matches('-');
+        let (client, attempt) = rest.split_once('-').unwrap();
+        (client.to_owned(), attempt.parse::<u64>().unwrap())
+    };
+    let next = format!("c-{client}-{}-", attempt + 1);
+    duplicate(&operator, &lock, &next).await;
+    let waiting = {
+        let (w, k, o) = (waiter.clone(), key.clone(), o.clone());
+        tokio::spawn(async move { w.acquire(&k, &o.wait(Duration::from_secs(5))).await })
+    };
+    held.release().await.unwrap();
+    let lease = waiting
+        .await
+        .unwrap()
+        .expect("the attempt does not wait behind its own older node");
+    let children = wait_children(&operator, &lock, 1).await;
+    assert!(children[0].starts_with(&next), "{children:?}");
+    lease.release().await.unwrap();
+    wait_no_prefix(&operator, &lock, &next, "after the release").await;
+    holder
+        .try_acquire(&key, &o)
+        .await
+        .expect("nothing of the waiter's is left to block the lock")
+        .release()
+        .await
+        .unwrap();
+}
