@@ -10,7 +10,7 @@
 //! | [`heal`](FaultProxy::heal) / [`pass_through`](FaultProxy::pass_through) | forward bytes both ways as they come (the initial mode) |
 //! | [`blackhole`](FaultProxy::blackhole) | a partition: connections are still accepted, but nothing is forwarded in either direction and nothing is closed; new connections are not even opened upstream |
 //! | [`delay`](FaultProxy::delay) | each chunk is forwarded `d` after the proxy read it, in each direction (a round trip gains at least `2 d`) |
-//! | [`cut`](FaultProxy::cut) | every current connection is reset now (both sides get `RST`); new connections are accepted as usual in the current mode |
+//! | [`cut`](FaultProxy::cut) | every current connection is reset (both sides get `RST`, as soon as its task runs) and forwards nothing more from the moment `cut` returns; new connections are accepted as usual in the current mode |
 //! | [`drop_replies`](FaultProxy::drop_replies) | requests reach the server, its replies are read and **discarded** (a lost reply: the operation applied, the client never hears) |
 //!
 //! **Healing keeps held bytes.** While black-holed the proxy stops reading, so bytes wait in
@@ -285,6 +285,7 @@ async fn connection(
                     client_read,
                     upstream_write,
                     control.clone(),
+                    epoch,
                     Direction::Request,
                     Some(request_bytes),
                 ),
@@ -292,6 +293,7 @@ async fn connection(
                     upstream_read,
                     client_write,
                     control.clone(),
+                    epoch,
                     Direction::Reply,
                     None,
                 ),
@@ -313,9 +315,19 @@ async fn pump(
     mut from: ReadHalf<'_>,
     mut to: WriteHalf<'_>,
     control: watch::Receiver<Control>,
+    epoch: u64,
     direction: Direction,
     counter: Option<Arc<AtomicU64>>,
 ) -> io::Result<()> {
+    // A connection from before a `cut()` forwards nothing more from the moment `cut` returns,
+    // even before its task has reset the sockets.
+    let cut = |ctl: &watch::Receiver<Control>| -> io::Result<()> {
+        if ctl.borrow().cut_epoch == epoch {
+            Ok(())
+        } else {
+            Err(io::Error::new(io::ErrorKind::ConnectionReset, "cut"))
+        }
+    };
     let (tx, mut rx) = mpsc::channel::<(Instant, Vec<u8>)>(64);
     let mut read_ctl = control.clone();
     let mut write_ctl = control;
@@ -327,6 +339,7 @@ async fn pump(
             if n == 0 {
                 return Ok(()); // drops `tx`: the writer shuts down after the queue drains
             }
+            cut(&read_ctl)?;
             let mode = read_ctl.borrow().mode;
             if mode.discards(direction) {
                 continue;
@@ -341,6 +354,7 @@ async fn pump(
         while let Some((due, chunk)) = rx.recv().await {
             tokio::time::sleep_until(due).await;
             forwarding(&mut write_ctl).await?;
+            cut(&write_ctl)?;
             if write_ctl.borrow().mode.discards(direction) {
                 continue;
             }

@@ -198,11 +198,11 @@ async fn release_reply_lost(ctx: Arc<Ctx>) -> CaseResult {
     // Once the release has reached the server, its reply is lost with the connection.
     wait_for_request(&proxy, sent, ctx.ttl() * 10).await?;
     proxy.cut();
-    proxy.heal();
     let outcome = tokio::time::timeout(ctx.ttl() * 20, releasing)
         .await
         .map_err(|_| Failure("release with a lost reply did not return".into()))?
         .map_err(|e| Failure(format!("release panicked: {e}")))?;
+    proxy.heal();
     check!(
         lease.status() != LeaseStatus::Held,
         "a lease whose release was sent is Held (release returned {outcome:?})"
@@ -425,11 +425,11 @@ async fn fence_write_unknown_outcome(ctx: Arc<Ctx>) -> CaseResult {
     // Once the write has reached the storage, its reply is lost with the connection.
     wait_for_request(&proxy, sent, Duration::from_secs(10)).await?;
     proxy.cut();
-    proxy.heal();
     let lost = tokio::time::timeout(Duration::from_secs(10) + ctx.ttl() * 5, writing)
         .await
         .map_err(|_| Failure("a fence write with a lost reply did not return".into()))?
         .map_err(|e| Failure(format!("fence write panicked: {e}")))?;
+    proxy.heal();
     check!(
         matches!(lost, Err(Error::OutcomeUnknown { .. })),
         "a fence write whose reply was lost returned {lost:?}, expected OutcomeUnknown"
