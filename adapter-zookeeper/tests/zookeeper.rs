@@ -1008,3 +1008,44 @@ async fn every_node_of_an_attempt_is_removed_not_only_the_newest() {
         .await
         .unwrap();
 }
+
+/// Another tool overwrites the holder's node (`setData`): the holder keeps its token, renew keeps
+/// working, `inspect` reports the holder's token (the czxid does not change with data), release
+/// deletes the node whatever its data version, and the next holder's token is greater.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outside_write_to_the_holders_node_changes_nothing_for_the_holder() {
+    let Some(server) = server("outside_write_to_held_node").await else {
+        return;
+    };
+    let cfg = config(server.addr(), 2000);
+    let coord = ZkCoordinator::connect(cfg.clone()).await.unwrap();
+    let other = ZkCoordinator::connect(cfg.clone()).await.unwrap();
+    let operator = raw_client(server.addr(), Some(&format!("alice:{PASSWORD}"))).await;
+    let key: LockKey = "outside-write".parse().unwrap();
+    let lock = cfg.lock_path(&key);
+    let o = LeaseOptions::new(Duration::from_secs(4));
+    let lease = coord.acquire(&key, &o).await.unwrap();
+    let token = lease.token();
+    let (node, _) = single_node(&operator, &lock).await;
+    operator
+        .set_data(&node, b"owner=someone-else\n", None)
+        .await
+        .unwrap();
+    lease.renew().await.expect("renew after an outside write");
+    assert_eq!(lease.token(), token);
+    assert_eq!(lease.status(), LeaseStatus::Held);
+    let info = other.inspect(&key).await.unwrap().expect("held");
+    assert_eq!(info.token, token, "inspect reports the holder's token");
+    lease
+        .release()
+        .await
+        .expect("release whatever the data version");
+    assert!(operator
+        .list_children(&lock)
+        .await
+        .unwrap_or_default()
+        .is_empty());
+    let next = other.try_acquire(&key, &o).await.unwrap();
+    assert!(next.token() > token);
+    next.release().await.unwrap();
+}
