@@ -41,6 +41,9 @@ const RESTART_ATTEMPTS: usize = 3;
 /// How long a graceful [`ServerProcess::stop`] waits before falling back to `SIGKILL`.
 pub(crate) const STOP_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long a restart retry waits for its ports to become bindable.
+const PORT_FREE_WAIT: Duration = Duration::from_secs(1);
+
 /// Bytes of log shown in startup-failure errors.
 const LOG_TAIL_BYTES: u64 = 4096;
 
@@ -230,7 +233,9 @@ impl ServerProcess {
         let mut last_err = None;
         for attempt in 0..RESTART_ATTEMPTS {
             if attempt > 0 {
-                std::thread::sleep(Duration::from_millis(200));
+                // The usual cause of a failed restart is a port still taken: wait (bounded) until
+                // every port can be bound again rather than for a fixed time.
+                wait_ports_bindable(&self.ports, PORT_FREE_WAIT);
             }
             match self.spawn_and_wait() {
                 Ok(()) => return Ok(()),
@@ -371,6 +376,24 @@ pub fn free_ports(n: usize) -> io::Result<Vec<u16>> {
         .iter()
         .map(|l| l.local_addr().map(|a| a.port()))
         .collect()
+}
+
+/// Polls until every loopback port in `ports` can be bound (as the server will, with
+/// `SO_REUSEADDR`), or `limit` passes. Returns whether they all could.
+fn wait_ports_bindable(ports: &[u16], limit: Duration) -> bool {
+    let deadline = Instant::now() + limit;
+    loop {
+        if ports
+            .iter()
+            .all(|p| TcpListener::bind((Ipv4Addr::LOCALHOST, *p)).is_ok())
+        {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
 
 /// The last few kilobytes of a log file, or a note saying why it cannot be read.
