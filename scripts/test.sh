@@ -5,7 +5,9 @@
 #   3. runs all tests: unit, property, harness, and the conformance suite against every backend
 #      (the harness starts each real server on a free loopback port with a temporary data
 #      directory and stops it afterwards),
-#   4. runs the stale-holder demo, which must show the fence rejecting the stale write.
+#   4. builds the facade with no backend feature and PROTOC=/bin/false (what a newcomer's first
+#      command needs), runs its tests and the stale-holder demo, which must show the fence
+#      rejecting the stale write.
 # With CI=true, a server that cannot be started fails the run instead of being skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,7 +26,8 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 step "cargo test (unit, property, harness, conformance suite per backend)"
 cargo test --workspace --locked
 
-step "stale-holder demo"
-cargo run --quiet --locked --example stale-holder
+step "facade without backends (no protoc needed): its tests, then the stale-holder demo"
+PROTOC=/bin/false cargo test --locked -p fenced
+PROTOC=/bin/false cargo run --quiet --locked --example stale-holder
 
 step "all checks passed"

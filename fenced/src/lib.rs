@@ -5,13 +5,34 @@ use std::sync::Arc;
 
 pub use lease_core::*;
 
-/// A registry with every backend of this workspace registered.
+/// Every URL scheme this workspace ships, with the cargo feature of `fenced` that enables it.
+pub const SCHEMES: &[(&str, &str)] = &[
+    ("redis", "redis"),
+    ("rediss", "redis"),
+    ("etcd", "etcd"),
+    ("etcds", "etcd"),
+    ("zk", "zookeeper"),
+    ("zookeeper", "zookeeper"),
+    ("consul", "consul"),
+    ("consuls", "consul"),
+    ("postgres", "postgres"),
+    ("postgresql", "postgres"),
+];
+
+/// A registry with every backend enabled by this build's cargo features registered (and
+/// `memory://`, always).
 pub fn registry() -> Registry {
+    #[allow(unused_mut)]
     let mut r = Registry::new();
+    #[cfg(feature = "redis")]
     adapter_redis::register(&mut r);
+    #[cfg(feature = "etcd")]
     adapter_etcd::register(&mut r);
+    #[cfg(feature = "zookeeper")]
     adapter_zookeeper::register(&mut r);
+    #[cfg(feature = "consul")]
     adapter_consul::register(&mut r);
+    #[cfg(feature = "postgres")]
     for scheme in ["postgres", "postgresql"] {
         r.register_fence(
             scheme,
@@ -28,12 +49,98 @@ pub fn registry() -> Registry {
     r
 }
 
+/// The cargo feature that enables `url`'s scheme, when this build was made without it.
+fn disabled_feature(url: &str) -> Option<&'static str> {
+    let scheme = url.split_once("://")?.0.to_ascii_lowercase();
+    let (_, feature) = SCHEMES.iter().find(|(s, _)| *s == scheme)?;
+    let enabled = match *feature {
+        "redis" => cfg!(feature = "redis"),
+        "etcd" => cfg!(feature = "etcd"),
+        "zookeeper" => cfg!(feature = "zookeeper"),
+        "consul" => cfg!(feature = "consul"),
+        "postgres" => cfg!(feature = "postgres"),
+        _ => true,
+    };
+    (!enabled).then_some(*feature)
+}
+
+fn feature_error(feature: &'static str, url: &str) -> Error {
+    let scheme = url.split_once("://").map_or(url, |(s, _)| s);
+    Error::Unsupported {
+        backend: "fenced",
+        what: format!(
+            "{scheme}:// URLs: this build of `fenced` was made without its cargo feature \"{feature}\" \
+             (enable it, or \"full\" for every backend)"
+        ),
+    }
+}
+
 /// Connects to the coordinator named by `url` (see the table above), instrumented.
+///
+/// # Errors
+/// `Unsupported` naming the cargo feature when the scheme's backend was not compiled in; the
+/// registry's errors otherwise (`InvalidInput` for an unknown scheme or a malformed URL).
 pub async fn connect(url: &str) -> Result<Arc<dyn Coordinator>> {
+    if let Some(feature) = disabled_feature(url) {
+        return Err(feature_error(feature, url));
+    }
     registry().connect(url).await
 }
 
 /// Connects to the fence named by `url`, instrumented.
+///
+/// # Errors
+/// As [`connect`].
 pub async fn connect_fence(url: &str) -> Result<Arc<dyn Fence>> {
+    if let Some(feature) = disabled_feature(url) {
+        return Err(feature_error(feature, url));
+    }
     registry().connect_fence(url).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn memory_needs_no_feature() {
+        let c = connect("memory://").await.unwrap();
+        assert_eq!(c.capabilities().backend, "memory");
+        connect_fence("memory://").await.unwrap();
+    }
+
+    /// Runs when the facade is built without its etcd feature (`cargo test -p fenced`, as the
+    /// test script does): the error names the feature and never the URL's password.
+    #[cfg(not(feature = "etcd"))]
+    #[tokio::test]
+    async fn a_scheme_whose_feature_is_off_is_unsupported_naming_the_feature() {
+        let e = connect("etcd://user:s3cret@127.0.0.1:2379")
+            .await
+            .unwrap_err();
+        let shown = e.to_string();
+        assert!(matches!(e, Error::Unsupported { .. }), "{e:?}");
+        assert!(
+            shown.contains("\"etcd\"") && !shown.contains("s3cret"),
+            "{shown}"
+        );
+    }
+
+    #[cfg(feature = "full")]
+    #[tokio::test]
+    async fn every_listed_scheme_is_registered_with_every_feature() {
+        let r = registry();
+        let coordinators = r.connect("nope://h").await.unwrap_err().to_string();
+        let fences = r.connect_fence("nope://h").await.unwrap_err().to_string();
+        for (scheme, _) in SCHEMES {
+            let listed = format!("{scheme},");
+            let last = format!("{scheme})");
+            assert!(
+                [&coordinators, &fences]
+                    .iter()
+                    .any(|m| m.contains(&listed) || m.contains(&last)),
+                "{scheme} is not registered: {coordinators} / {fences}"
+            );
+            assert_eq!(disabled_feature(&format!("{scheme}://h")), None);
+        }
+    }
 }
