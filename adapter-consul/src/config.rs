@@ -1,7 +1,7 @@
 //! [`ConsulConfig`]: where the Consul agent is and how the adapter uses it, parsed from a URL.
 
 use std::fmt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use lease_core::{BackendUrl, InvalidInput, LockKey, OwnerId, Result, Token};
@@ -34,6 +34,7 @@ pub const MAX_KEY_PREFIX_BYTES: usize = 64;
 /// The URL query parameters the adapter understands (every other one is rejected).
 const PARAMS: &[&str] = &[
     "token",
+    "token_file",
     "key_prefix",
     "session_ttl_ms",
     "lock_delay_ms",
@@ -42,18 +43,41 @@ const PARAMS: &[&str] = &[
     "connect_timeout_ms",
     "max_block_ms",
     "tls_ca_file",
+    "tls_ca_path",
+    "tls_cert_file",
+    "tls_key_file",
+    "tls_server_name",
     "dc",
+];
+
+/// The environment variables the adapter reads, as HashiCorp's clients (the `consul` CLI and the
+/// Go `api` package) do, for every setting the URL leaves out (see [`ConsulConfig`]).
+pub const ENV_VARS: &[&str] = &[
+    "CONSUL_HTTP_ADDR",
+    "CONSUL_HTTP_SSL",
+    "CONSUL_HTTP_TOKEN",
+    "CONSUL_HTTP_TOKEN_FILE",
+    "CONSUL_CACERT",
+    "CONSUL_CAPATH",
+    "CONSUL_CLIENT_CERT",
+    "CONSUL_CLIENT_KEY",
+    "CONSUL_TLS_SERVER_NAME",
 ];
 
 /// How to reach a Consul agent and how the adapter uses it.
 ///
-/// Parsed from a URL ([`ConsulConfig::from_url`]):
+/// Parsed from a URL and the `CONSUL_*` environment ([`ConsulConfig::from_url`]; with an
+/// injected environment, [`ConsulConfig::from_url_with_env`]):
 ///
 /// ```text
 /// consul://host[:port][?option=value&...]     HTTP, port 8500 by default
 /// consuls://host[:port][?option=value&...]    HTTPS, port 8501 by default; the server
 ///                                             certificate is checked against the system roots,
-///                                             or against `tls_ca_file`
+///                                             or against tls_ca_file / tls_ca_path
+/// consul://[?option=value&...]                the agent of CONSUL_HTTP_ADDR (127.0.0.1:8500 by
+///                                             default), HTTPS if CONSUL_HTTP_ADDR says https://
+///                                             or CONSUL_HTTP_SSL is true
+/// consuls://[?option=value&...]               the same, always HTTPS
 /// ```
 ///
 /// `http://` and `https://` (the form of `CONSUL_HTTP_ADDR`) are accepted here as synonyms of
@@ -61,7 +85,8 @@ const PARAMS: &[&str] = &[
 ///
 /// | option | default | meaning |
 /// |---|---|---|
-/// | `token` | none | ACL token, sent as `X-Consul-Token` (never shown: redacted in every `Debug`, `Display` and error) |
+/// | `token` | `CONSUL_HTTP_TOKEN_FILE`'s contents, else `CONSUL_HTTP_TOKEN` | ACL token, sent as `X-Consul-Token` (never shown: redacted in every `Debug`, `Display` and error) |
+/// | `token_file` | | file holding the ACL token (surrounding whitespace trimmed); not with `token` |
 /// | `key_prefix` | `fenced` | first part of every KV key; `/`-separated segments of `A-Z a-z 0-9 - _`, at most 64 bytes |
 /// | `session_ttl_ms` | `10000` | TTL of this client's Consul session, and the smallest lease TTL accepted (see the crate docs). Consul refuses TTLs below its `session_ttl_min` (10 s unless the server is configured otherwise) |
 /// | `lock_delay_ms` | `1000` | the session's lock-delay: after the session is invalidated out of band, nobody takes its keys for this long, so its holders (whose monitors see the change within a round trip) stop first (Consul's default is 15 s; at most 60 s) |
@@ -69,13 +94,44 @@ const PARAMS: &[&str] = &[
 /// | `request_timeout_ms` | `2000` | bound on each request's answer |
 /// | `connect_timeout_ms` | `2000` | bound on opening a connection |
 /// | `max_block_ms` | `30000` | longest single blocking query while waiting for a key |
-/// | `tls_ca_file` | none | PEM file of the CA that signed the server certificate (`consuls://` only) |
+/// | `tls_ca_file` | `CONSUL_CACERT` | PEM file of the CA(s) that signed the server certificate (instead of the system roots) |
+/// | `tls_ca_path` | `CONSUL_CAPATH` | directory of PEM CA files (used when no CA file is given) |
+/// | `tls_cert_file`, `tls_key_file` | `CONSUL_CLIENT_CERT`, `CONSUL_CLIENT_KEY` | PEM client certificate (chain) and its private key, for agents with `verify_incoming` (mTLS); both or neither. The key is never shown |
+/// | `tls_server_name` | `CONSUL_TLS_SERVER_NAME` | the name the server certificate is checked against and sent as SNI (default: the host); a `:port` is dropped, as HashiCorp's clients do |
 /// | `dc` | the agent's | datacenter for every request |
+///
+/// The `tls_*` options need TLS (`consuls://`, or a host-less URL whose environment says
+/// HTTPS); the `tls_*` environment variables are ignored for plain HTTP, as the official
+/// clients ignore them.
+///
+/// # The environment
+///
+/// **The URL always wins; the environment fills what the URL leaves out**, read as HashiCorp's
+/// clients read it (empty variables count as unset):
+///
+/// - `CONSUL_HTTP_ADDR` (`host[:port]`, `http://host[:port]` or `https://host[:port]`) names the
+///   agent only when the URL has no host. Its scheme, if any, decides HTTP or HTTPS; without one
+///   `CONSUL_HTTP_SSL` (`true`/`false`, Go's `ParseBool` spellings) does. A port it leaves out
+///   is the scheme's (80 or 443), as with the official clients. `consuls://` without a host always
+///   uses HTTPS. A URL with a host ignores both variables: its scheme says HTTP or HTTPS.
+/// - `CONSUL_HTTP_TOKEN_FILE`, else `CONSUL_HTTP_TOKEN`, when the URL has neither `token` nor
+///   `token_file` (the CLI also prefers the token file).
+/// - `CONSUL_CACERT` (else `CONSUL_CAPATH`) when the URL has neither `tls_ca_file` nor
+///   `tls_ca_path`; `CONSUL_CLIENT_CERT` and `CONSUL_CLIENT_KEY` (both or neither) when the URL
+///   has no `tls_cert_file`/`tls_key_file`; `CONSUL_TLS_SERVER_NAME` when the URL has no
+///   `tls_server_name`.
+///
+/// `CONSUL_HTTP_SSL_VERIFY=false` (skip certificate verification) is deliberately not honoured:
+/// give the CA instead. A `unix://` agent address is refused (`InvalidInput`), as is a
+/// `CONSUL_HTTP_SSL` that is not a boolean (the Go client would only log a warning and use HTTP).
 #[derive(Clone)]
 pub struct ConsulConfig {
     url: BackendUrl,
+    host: String,
+    port: u16,
     tls: bool,
     token: Option<String>,
+    token_file: Option<PathBuf>,
     key_prefix: String,
     session_ttl: Duration,
     lock_delay: Duration,
@@ -84,16 +140,23 @@ pub struct ConsulConfig {
     connect_timeout: Duration,
     max_block: Duration,
     tls_ca_file: Option<PathBuf>,
+    tls_ca_path: Option<PathBuf>,
+    tls_cert_file: Option<PathBuf>,
+    tls_key_file: Option<PathBuf>,
+    tls_server_name: Option<String>,
     datacenter: Option<String>,
     owner: Option<OwnerId>,
+    /// The environment variables that supplied a setting (names only).
+    from_env: Vec<&'static str>,
 }
 
 impl fmt::Debug for ConsulConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ConsulConfig")
             .field("url", &self.url)
-            .field("tls", &self.tls)
+            .field("base_url", &self.base_url())
             .field("token", &self.token.as_ref().map(|_| "***"))
+            .field("token_file", &self.token_file)
             .field("key_prefix", &self.key_prefix)
             .field("session_ttl", &self.session_ttl)
             .field("lock_delay", &self.lock_delay)
@@ -102,32 +165,171 @@ impl fmt::Debug for ConsulConfig {
             .field("connect_timeout", &self.connect_timeout)
             .field("max_block", &self.max_block)
             .field("tls_ca_file", &self.tls_ca_file)
+            .field("tls_ca_path", &self.tls_ca_path)
+            .field("tls_cert_file", &self.tls_cert_file)
+            .field("tls_key_file", &self.tls_key_file)
+            .field("tls_server_name", &self.tls_server_name)
             .field("datacenter", &self.datacenter)
             .field("owner", &self.owner)
+            .field("from_env", &self.from_env)
             .finish()
     }
 }
 
 impl fmt::Display for ConsulConfig {
-    /// The URL, token redacted.
+    /// The URL, token redacted; when the environment supplied settings, the agent address and
+    /// the names of those variables (never their values).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Display::fmt(&self.url, f)
+        fmt::Display::fmt(&self.url, f)?;
+        if !self.from_env.is_empty() {
+            write!(
+                f,
+                " (agent {}; from the environment: {})",
+                self.base_url(),
+                self.from_env.join(", ")
+            )?;
+        }
+        Ok(())
     }
 }
 
+/// Brackets an IPv6 literal for a URL authority.
+fn bracket(host: &str) -> String {
+    if host.contains(':') && !host.starts_with('[') {
+        format!("[{host}]")
+    } else {
+        host.to_owned()
+    }
+}
+
+/// Go's `strconv.ParseBool`, which the official clients use for `CONSUL_HTTP_SSL`.
+fn parse_go_bool(v: &str) -> Option<bool> {
+    match v {
+        "1" | "t" | "T" | "TRUE" | "true" | "True" => Some(true),
+        "0" | "f" | "F" | "FALSE" | "false" | "False" => Some(false),
+        _ => None,
+    }
+}
+
+fn env_invalid(field: &'static str, value: &str, expected: &'static str) -> lease_core::Error {
+    InvalidInput::OutOfRange {
+        field,
+        value: value.chars().take(200).collect(),
+        expected,
+    }
+    .into()
+}
+
+/// Parses `CONSUL_HTTP_ADDR` as the Go client does: an optional `http://`/`https://` scheme
+/// (which decides TLS), then `host[:port]`, the port defaulting to the scheme's (80/443).
+/// Returns `(host, port, tls)`; `ssl` is `CONSUL_HTTP_SSL`, used when the address has no scheme.
+fn parse_env_addr(value: &str, ssl: bool) -> Result<(String, u16, bool)> {
+    const FIELD: &str = "CONSUL_HTTP_ADDR";
+    const EXPECTED: &str = "host[:port], http://host[:port] or https://host[:port]";
+    let (tls, rest) = match value.split_once("://") {
+        Some(("http", rest)) => (false, rest),
+        Some(("https", rest)) => (true, rest),
+        Some(("unix", _)) => {
+            return Err(env_invalid(
+                FIELD,
+                value,
+                "a TCP address: unix:// sockets are not supported by this adapter",
+            ))
+        }
+        Some(_) => return Err(env_invalid(FIELD, value, EXPECTED)),
+        None => (ssl, value),
+    };
+    let rest = rest.strip_suffix('/').unwrap_or(rest);
+    if rest.is_empty() || rest.contains(['/', '?', '#', '@']) {
+        return Err(env_invalid(FIELD, value, EXPECTED));
+    }
+    let scheme = if tls { "https" } else { "http" };
+    let parsed = url::Url::parse(&format!("{scheme}://{rest}"))
+        .map_err(|_| env_invalid(FIELD, value, EXPECTED))?;
+    let host = parsed
+        .host_str()
+        .filter(|h| !h.is_empty())
+        .ok_or_else(|| env_invalid(FIELD, value, EXPECTED))?
+        .to_owned();
+    let port = parsed
+        .port_or_known_default()
+        .ok_or_else(|| env_invalid(FIELD, value, EXPECTED))?;
+    Ok((host, port, tls))
+}
+
+/// Reads an ACL token file (surrounding whitespace trimmed). Errors name the file, never its
+/// contents.
+fn read_token_file(path: &Path, from: &str) -> Result<String> {
+    let misconfigured = |problem: String| lease_core::Error::Misconfigured {
+        backend: crate::BACKEND,
+        problems: vec![format!("{from} {}: {problem}", path.display())],
+    };
+    let raw = std::fs::read(path).map_err(|e| misconfigured(format!("cannot be read: {e}")))?;
+    let token = String::from_utf8(raw)
+        .map_err(|_| misconfigured("does not hold a UTF-8 token".into()))?
+        .trim()
+        .to_owned();
+    if token.is_empty() || token.chars().any(char::is_control) {
+        return Err(misconfigured(
+            "does not hold a token (empty, or control characters inside)".into(),
+        ));
+    }
+    Ok(token)
+}
+
+/// The server name in `CONSUL_TLS_SERVER_NAME`/`tls_server_name`, without a `:port` (as the Go
+/// client strips it).
+fn strip_port(name: &str) -> &str {
+    match (name.rfind(':'), name.rfind(']')) {
+        (Some(colon), close) if close.is_none_or(|c| colon > c) => {
+            let host = &name[..colon];
+            host.strip_prefix('[')
+                .and_then(|h| h.strip_suffix(']'))
+                .unwrap_or(host)
+        }
+        _ => name
+            .strip_prefix('[')
+            .and_then(|h| h.strip_suffix(']'))
+            .unwrap_or(name),
+    }
+}
+
+/// The process environment, as [`ConsulConfig::from_url`] reads it.
+fn process_env(name: &str) -> Option<String> {
+    std::env::var(name).ok()
+}
+
 impl ConsulConfig {
-    /// Parses `url` (`consul://` or `consuls://`, options as query parameters; see the type docs).
+    /// Parses `url` (`consul://` or `consuls://`, options as query parameters; see the type
+    /// docs), filling what it leaves out from the process's `CONSUL_*` environment variables.
     ///
-    /// Errors are `Error::InvalidInput` naming the offending value, with the token redacted.
-    /// Nothing is sent.
+    /// Errors are `Error::InvalidInput` naming the offending value (or variable), with the token
+    /// redacted; `Error::Misconfigured` for a token file that cannot be read. Nothing is sent.
     pub fn from_url(url: &str) -> Result<Self> {
-        Self::from_backend_url(BackendUrl::parse(url)?)
+        Self::from_url_with_env(url, process_env)
+    }
+
+    /// Like [`ConsulConfig::from_url`], reading the environment through `env` (a variable's
+    /// name to its value, `None` when unset) instead of the process environment: tests and
+    /// embedders inject one; `|_| None` ignores the environment.
+    pub fn from_url_with_env(url: &str, env: impl Fn(&str) -> Option<String>) -> Result<Self> {
+        Self::from_backend_url_with_env(BackendUrl::parse(url)?, env)
     }
 
     /// Like [`ConsulConfig::from_url`], for an already parsed URL (as the registry hands it over).
     pub fn from_backend_url(url: BackendUrl) -> Result<Self> {
+        Self::from_backend_url_with_env(url, process_env)
+    }
+
+    /// Like [`ConsulConfig::from_url_with_env`], for an already parsed URL.
+    pub fn from_backend_url_with_env(
+        url: BackendUrl,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Self> {
+        // Empty variables count as unset, as in HashiCorp's clients.
+        let env = |name: &str| env(name).filter(|v| !v.is_empty());
         let raw = url.expose();
-        let tls = match raw.scheme() {
+        let scheme_tls = match raw.scheme() {
             "consul" | "http" => false,
             "consuls" | "https" => true,
             other => {
@@ -138,9 +340,6 @@ impl ConsulConfig {
                     .into())
             }
         };
-        if raw.host_str().is_none_or(str::is_empty) {
-            return Err(url.invalid("the URL names no host").into());
-        }
         if !raw.username().is_empty() || raw.password().is_some() {
             return Err(url
                 .invalid("user information is not used by Consul; pass the ACL token as ?token=")
@@ -157,10 +356,45 @@ impl ConsulConfig {
         if raw.fragment().is_some() {
             return Err(url.invalid("URL fragments are not supported").into());
         }
+        let mut from_env: Vec<&'static str> = Vec::new();
+        let (host, port, tls) = match raw.host_str().filter(|h| !h.is_empty()) {
+            Some(h) => {
+                let port = raw.port().unwrap_or(if scheme_tls { 8501 } else { 8500 });
+                (h.to_owned(), port, scheme_tls)
+            }
+            None => {
+                if raw.port().is_some() {
+                    return Err(url.invalid("a port without a host").into());
+                }
+                let ssl = match env("CONSUL_HTTP_SSL") {
+                    Some(v) => {
+                        let b = parse_go_bool(v.trim()).ok_or_else(|| {
+                            env_invalid("CONSUL_HTTP_SSL", &v, "true or false (or 1/0, t/f)")
+                        })?;
+                        from_env.push("CONSUL_HTTP_SSL");
+                        b
+                    }
+                    None => false,
+                };
+                let (host, port, tls) = match env("CONSUL_HTTP_ADDR") {
+                    Some(addr) => {
+                        from_env.push("CONSUL_HTTP_ADDR");
+                        parse_env_addr(addr.trim(), ssl)?
+                    }
+                    // The official clients' default agent address.
+                    None => ("127.0.0.1".to_owned(), 8500, ssl),
+                };
+                // `consuls://` without a host: the URL asks for TLS whatever the environment says.
+                (host, port, tls || scheme_tls)
+            }
+        };
         let mut c = ConsulConfig {
             url: url.clone(),
+            host,
+            port,
             tls,
             token: None,
+            token_file: None,
             key_prefix: DEFAULT_KEY_PREFIX.to_owned(),
             session_ttl: CONSUL_SESSION_TTL_MIN,
             lock_delay: DEFAULT_LOCK_DELAY,
@@ -169,8 +403,13 @@ impl ConsulConfig {
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             max_block: DEFAULT_MAX_BLOCK,
             tls_ca_file: None,
+            tls_ca_path: None,
+            tls_cert_file: None,
+            tls_key_file: None,
+            tls_server_name: None,
             datacenter: None,
             owner: None,
+            from_env: Vec::new(),
         };
         let mut seen: Vec<String> = Vec::new();
         for (name, value) in raw.query_pairs() {
@@ -204,6 +443,13 @@ impl ConsulConfig {
                 )
                 .ok_or_else(|| bad(expected))
             };
+            let path = || {
+                if value.is_empty() {
+                    Err(bad("a file path"))
+                } else {
+                    Ok(PathBuf::from(&value))
+                }
+            };
             match name.as_str() {
                 "token" => {
                     if value.is_empty() || value.chars().any(|ch| ch.is_control()) {
@@ -211,6 +457,7 @@ impl ConsulConfig {
                     }
                     c.token = Some(value);
                 }
+                "token_file" => c.token_file = Some(path()?),
                 "key_prefix" => {
                     validate_prefix(&value).map_err(bad)?;
                     c.key_prefix = value;
@@ -237,14 +484,27 @@ impl ConsulConfig {
                     }
                     c.token_floor = Some(floor);
                 }
-                "tls_ca_file" => {
+                "tls_ca_file" | "tls_ca_path" | "tls_cert_file" | "tls_key_file" => {
                     if !tls {
-                        return Err(bad("a consuls:// URL (TLS) for tls_ca_file").into());
+                        return Err(bad(&format!("a consuls:// URL (TLS) for {name}")).into());
                     }
-                    if value.is_empty() {
-                        return Err(bad("a file path").into());
+                    let p = Some(path()?);
+                    match name.as_str() {
+                        "tls_ca_file" => c.tls_ca_file = p,
+                        "tls_ca_path" => c.tls_ca_path = p,
+                        "tls_cert_file" => c.tls_cert_file = p,
+                        _ => c.tls_key_file = p,
                     }
-                    c.tls_ca_file = Some(PathBuf::from(value));
+                }
+                "tls_server_name" => {
+                    if !tls {
+                        return Err(bad("a consuls:// URL (TLS) for tls_server_name").into());
+                    }
+                    let n = strip_port(&value);
+                    if n.is_empty() || n.chars().any(|ch| ch.is_control() || ch == '/') {
+                        return Err(bad("a DNS name or IP address").into());
+                    }
+                    c.tls_server_name = Some(n.to_owned());
                 }
                 "dc" => {
                     if value.is_empty()
@@ -259,6 +519,96 @@ impl ConsulConfig {
                 _ => unreachable!("checked against PARAMS"),
             }
         }
+        if c.token.is_some() && c.token_file.is_some() {
+            return Err(url
+                .invalid("give the ACL token as token or token_file, not both")
+                .into());
+        }
+        if c.tls_ca_file.is_some() && c.tls_ca_path.is_some() {
+            return Err(url
+                .invalid("give the CA as tls_ca_file or tls_ca_path, not both")
+                .into());
+        }
+        if c.tls_cert_file.is_some() != c.tls_key_file.is_some() {
+            return Err(url
+                .invalid("a client certificate needs both tls_cert_file and tls_key_file")
+                .into());
+        }
+        // The ACL token: the URL's, else the environment's (the token file first, as the CLI).
+        if let Some(file) = c.token_file.clone() {
+            c.token = Some(read_token_file(&file, "token_file")?);
+        } else if c.token.is_none() {
+            if let Some(file) = env("CONSUL_HTTP_TOKEN_FILE") {
+                let file = PathBuf::from(file);
+                c.token = Some(read_token_file(&file, "CONSUL_HTTP_TOKEN_FILE")?);
+                c.token_file = Some(file);
+                from_env.push("CONSUL_HTTP_TOKEN_FILE");
+            } else if let Some(t) = env("CONSUL_HTTP_TOKEN") {
+                let t = t.trim().to_owned();
+                if t.chars().any(char::is_control) {
+                    return Err(env_invalid(
+                        "CONSUL_HTTP_TOKEN",
+                        "***",
+                        "a token without control characters",
+                    ));
+                }
+                if !t.is_empty() {
+                    c.token = Some(t);
+                    from_env.push("CONSUL_HTTP_TOKEN");
+                }
+            }
+        }
+        // TLS files: only for HTTPS, each setting the URL leaves out.
+        if c.tls {
+            if c.tls_ca_file.is_none() && c.tls_ca_path.is_none() {
+                if let Some(f) = env("CONSUL_CACERT") {
+                    c.tls_ca_file = Some(PathBuf::from(f));
+                    from_env.push("CONSUL_CACERT");
+                } else if let Some(p) = env("CONSUL_CAPATH") {
+                    c.tls_ca_path = Some(PathBuf::from(p));
+                    from_env.push("CONSUL_CAPATH");
+                }
+            }
+            if c.tls_cert_file.is_none() {
+                match (env("CONSUL_CLIENT_CERT"), env("CONSUL_CLIENT_KEY")) {
+                    (Some(cert), Some(key)) => {
+                        c.tls_cert_file = Some(PathBuf::from(cert));
+                        c.tls_key_file = Some(PathBuf::from(key));
+                        from_env.extend(["CONSUL_CLIENT_CERT", "CONSUL_CLIENT_KEY"]);
+                    }
+                    (None, None) => {}
+                    (Some(_), None) => {
+                        return Err(env_invalid(
+                            "CONSUL_CLIENT_KEY",
+                            "",
+                            "the client key file that goes with CONSUL_CLIENT_CERT",
+                        ))
+                    }
+                    (None, Some(_)) => {
+                        return Err(env_invalid(
+                            "CONSUL_CLIENT_CERT",
+                            "",
+                            "the client certificate file that goes with CONSUL_CLIENT_KEY",
+                        ))
+                    }
+                }
+            }
+            if c.tls_server_name.is_none() {
+                if let Some(n) = env("CONSUL_TLS_SERVER_NAME") {
+                    let stripped = strip_port(n.trim());
+                    if stripped.is_empty() || stripped.chars().any(|ch| ch.is_control()) {
+                        return Err(env_invalid(
+                            "CONSUL_TLS_SERVER_NAME",
+                            &n,
+                            "a DNS name or IP address",
+                        ));
+                    }
+                    c.tls_server_name = Some(stripped.to_owned());
+                    from_env.push("CONSUL_TLS_SERVER_NAME");
+                }
+            }
+        }
+        c.from_env = from_env;
         Ok(c)
     }
 
@@ -278,6 +628,9 @@ impl ConsulConfig {
             .into());
         }
         self.token = Some(token);
+        self.token_file = None;
+        self.from_env
+            .retain(|v| !matches!(*v, "CONSUL_HTTP_TOKEN" | "CONSUL_HTTP_TOKEN_FILE"));
         Ok(self)
     }
 
@@ -297,20 +650,30 @@ impl ConsulConfig {
         self.tls
     }
 
-    /// `http(s)://host:port`, where requests go.
+    /// `http(s)://host:port`, where requests go (from the URL, or the environment when the URL
+    /// names no host).
     pub fn base_url(&self) -> String {
-        let raw = self.url.expose();
-        let host = raw.host_str().unwrap_or("127.0.0.1");
-        let host = if host.contains(':') && !host.starts_with('[') {
-            format!("[{host}]")
-        } else {
-            host.to_owned()
-        };
-        let port = raw.port().unwrap_or(if self.tls { 8501 } else { 8500 });
         format!(
-            "{}://{host}:{port}",
-            if self.tls { "https" } else { "http" }
+            "{}://{}:{}",
+            if self.tls { "https" } else { "http" },
+            bracket(&self.host),
+            self.port
         )
+    }
+
+    /// The agent's host (an IPv6 literal in brackets or not, as written).
+    pub fn host(&self) -> &str {
+        &self.host
+    }
+
+    /// The agent's port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The names of the environment variables that supplied a setting (never their values).
+    pub fn from_env(&self) -> &[&'static str] {
+        &self.from_env
     }
 
     /// The scope of this client's token watermark: the agent's address, the datacenter (empty
@@ -369,9 +732,30 @@ impl ConsulConfig {
         self.max_block
     }
 
-    /// The CA file for `consuls://`, if set.
-    pub fn tls_ca_file(&self) -> Option<&std::path::Path> {
+    /// The CA file for `consuls://`, if set (`tls_ca_file` or `CONSUL_CACERT`).
+    pub fn tls_ca_file(&self) -> Option<&Path> {
         self.tls_ca_file.as_deref()
+    }
+
+    /// The directory of CA files, if set (`tls_ca_path` or `CONSUL_CAPATH`).
+    pub fn tls_ca_path(&self) -> Option<&Path> {
+        self.tls_ca_path.as_deref()
+    }
+
+    /// The client certificate file for mTLS, if set (`tls_cert_file` or `CONSUL_CLIENT_CERT`).
+    pub fn tls_cert_file(&self) -> Option<&Path> {
+        self.tls_cert_file.as_deref()
+    }
+
+    /// The client key file for mTLS, if set (`tls_key_file` or `CONSUL_CLIENT_KEY`).
+    pub fn tls_key_file(&self) -> Option<&Path> {
+        self.tls_key_file.as_deref()
+    }
+
+    /// The name the server certificate is checked against, if not the host
+    /// (`tls_server_name` or `CONSUL_TLS_SERVER_NAME`).
+    pub fn tls_server_name(&self) -> Option<&str> {
+        self.tls_server_name.as_deref()
     }
 
     /// The datacenter, if set.
@@ -444,13 +828,18 @@ fn validate_prefix(p: &str) -> std::result::Result<(), &'static str> {
 mod tests {
     use super::*;
 
+    /// Parses without any environment.
+    fn parse(url: &str) -> Result<ConsulConfig> {
+        ConsulConfig::from_url_with_env(url, |_| None)
+    }
+
     #[test]
     fn parses_defaults_and_options() {
-        let c = ConsulConfig::from_url("consul://127.0.0.1").unwrap();
+        let c = parse("consul://127.0.0.1").unwrap();
         assert_eq!(c.base_url(), "http://127.0.0.1:8500");
         assert_eq!(c.session_ttl(), CONSUL_SESSION_TTL_MIN);
         assert_eq!(c.lock_delay(), Duration::from_secs(1));
-        let c = ConsulConfig::from_url(
+        let c = parse(
             "consuls://consul.example:9501?token=s3cret&key_prefix=app/locks-1&session_ttl_ms=1000&lock_delay_ms=250&token_floor=7&dc=dc2",
         )
         .unwrap();
@@ -459,7 +848,7 @@ mod tests {
         assert_eq!(c.key_prefix(), "app/locks-1");
         assert_eq!(c.session_ttl(), Duration::from_secs(1));
         assert_eq!(c.token_floor(), Some(Token::new(7).unwrap()));
-        let h = ConsulConfig::from_url("https://10.0.0.1").unwrap();
+        let h = parse("https://10.0.0.1").unwrap();
         assert!(h.tls());
         assert_eq!(h.base_url(), "https://10.0.0.1:8501");
         for shown in [format!("{c}"), format!("{c:?}")] {
@@ -471,7 +860,7 @@ mod tests {
     /// token watermark shared between them fails closed on tokens that never went backwards.
     #[test]
     fn the_token_watermark_is_scoped_by_agent_datacenter_and_prefix() {
-        let scope = |u: &str| ConsulConfig::from_url(u).unwrap().token_scope();
+        let scope = |u: &str| parse(u).unwrap().token_scope();
         let base = scope("consul://127.0.0.1:8500?dc=dc1&key_prefix=a");
         assert_ne!(base, scope("consul://127.0.0.1:8500?dc=dc2&key_prefix=a"));
         assert_ne!(base, scope("consul://127.0.0.1:8500?key_prefix=a"));
@@ -494,13 +883,11 @@ mod tests {
             ("consul://u:pw@h", "user information"),
             ("consul://h?token=a&token=b", "twice"),
         ] {
-            let e = ConsulConfig::from_url(url).unwrap_err().to_string();
+            let e = parse(url).unwrap_err().to_string();
             assert!(e.contains(needle), "{url}: {e}");
             assert!(!e.contains("pw@"), "{e}");
         }
-        let e = ConsulConfig::from_url("consul://h?token=%00secret")
-            .unwrap_err()
-            .to_string();
+        let e = parse("consul://h?token=%00secret").unwrap_err().to_string();
         assert!(!e.contains("secret"), "{e}");
     }
 
@@ -513,7 +900,221 @@ mod tests {
         assert_eq!(escape_key(&k("a,b")), "a,2Cb");
         assert_eq!(escape_key(&k("é")), ",C3,A9");
         assert_ne!(escape_key(&k("a,2Eb")), escape_key(&k("a.b")));
-        let c = ConsulConfig::from_url("consul://h").unwrap();
+        let c = parse("consul://h").unwrap();
         assert_eq!(c.kv_key(&k("report.json")), "fenced/locks/report,2Ejson");
+    }
+}
+
+#[cfg(test)]
+mod env_tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn with_env(url: &str, vars: &[(&str, &str)]) -> Result<ConsulConfig> {
+        let env: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        ConsulConfig::from_url_with_env(url, move |k| env.get(k).cloned())
+    }
+
+    #[test]
+    fn a_host_less_url_takes_the_agent_from_consul_http_addr() {
+        let c = with_env("consul://", &[]).unwrap();
+        assert_eq!(
+            c.base_url(),
+            "http://127.0.0.1:8500",
+            "the official default"
+        );
+        for (addr, ssl, want) in [
+            ("10.1.2.3:8500", "", "http://10.1.2.3:8500"),
+            ("10.1.2.3:8501", "true", "https://10.1.2.3:8501"),
+            (
+                "https://consul.example:8501",
+                "",
+                "https://consul.example:8501",
+            ),
+            ("https://consul.example", "", "https://consul.example:443"),
+            ("http://consul.example/", "", "http://consul.example:80"),
+            // The address's own scheme wins over CONSUL_HTTP_SSL, as in the Go client.
+            (
+                "http://consul.example:8500",
+                "1",
+                "http://consul.example:8500",
+            ),
+            ("[::1]:8500", "", "http://[::1]:8500"),
+        ] {
+            let c = with_env(
+                "consul://?key_prefix=p",
+                &[("CONSUL_HTTP_ADDR", addr), ("CONSUL_HTTP_SSL", ssl)],
+            )
+            .unwrap();
+            assert_eq!(c.base_url(), want, "{addr} ssl={ssl:?}");
+            assert_eq!(c.tls(), want.starts_with("https"));
+            assert!(c.from_env().contains(&"CONSUL_HTTP_ADDR"));
+        }
+        let c = with_env("consul://", &[("CONSUL_HTTP_SSL", "true")]).unwrap();
+        assert_eq!(c.base_url(), "https://127.0.0.1:8500");
+        // consuls:// without a host is always TLS.
+        let c = with_env("consuls://", &[("CONSUL_HTTP_ADDR", "http://h:1")]).unwrap();
+        assert_eq!(c.base_url(), "https://h:1");
+    }
+
+    #[test]
+    fn the_url_always_wins_over_the_environment() {
+        let env = [
+            ("CONSUL_HTTP_ADDR", "https://other:9999"),
+            ("CONSUL_HTTP_SSL", "true"),
+            ("CONSUL_HTTP_TOKEN", "env-token"),
+            ("CONSUL_CACERT", "/env/ca.pem"),
+            ("CONSUL_CLIENT_CERT", "/env/cert.pem"),
+            ("CONSUL_CLIENT_KEY", "/env/key.pem"),
+            ("CONSUL_TLS_SERVER_NAME", "env.example"),
+        ];
+        let c = with_env("consul://h:8500?token=url-token", &env).unwrap();
+        assert_eq!(c.base_url(), "http://h:8500");
+        assert_eq!(c.token(), Some("url-token"));
+        assert_eq!(c.tls_ca_file(), None, "TLS variables mean nothing to HTTP");
+        assert!(c.from_env().is_empty(), "{:?}", c.from_env());
+        let c = with_env(
+            "consuls://h?tls_ca_path=/url/cas&tls_cert_file=/url/c.pem&tls_key_file=/url/k.pem&tls_server_name=url.example",
+            &env,
+        )
+        .unwrap();
+        assert_eq!(c.base_url(), "https://h:8501");
+        assert_eq!(c.token(), Some("env-token"), "the env fills the token");
+        assert_eq!(
+            c.tls_ca_file(),
+            None,
+            "the URL's CA path excludes CONSUL_CACERT"
+        );
+        assert_eq!(c.tls_ca_path(), Some(Path::new("/url/cas")));
+        assert_eq!(c.tls_cert_file(), Some(Path::new("/url/c.pem")));
+        assert_eq!(c.tls_key_file(), Some(Path::new("/url/k.pem")));
+        assert_eq!(c.tls_server_name(), Some("url.example"));
+        // And what the URL leaves out comes from the environment.
+        let c = with_env("consuls://h", &env).unwrap();
+        assert_eq!(c.tls_ca_file(), Some(Path::new("/env/ca.pem")));
+        assert_eq!(c.tls_cert_file(), Some(Path::new("/env/cert.pem")));
+        assert_eq!(c.tls_key_file(), Some(Path::new("/env/key.pem")));
+        assert_eq!(c.tls_server_name(), Some("env.example"));
+        let c = with_env("consuls://h", &[("CONSUL_CAPATH", "/env/cas")]).unwrap();
+        assert_eq!(c.tls_ca_path(), Some(Path::new("/env/cas")));
+        let c = with_env(
+            "consuls://h",
+            &[("CONSUL_CACERT", "/f.pem"), ("CONSUL_CAPATH", "/d")],
+        )
+        .unwrap();
+        assert_eq!(
+            c.tls_ca_file(),
+            Some(Path::new("/f.pem")),
+            "CACERT first, as in Go"
+        );
+        assert_eq!(c.tls_ca_path(), None);
+        let c = with_env(
+            "consuls://h",
+            &[("CONSUL_TLS_SERVER_NAME", "srv.example:8501")],
+        )
+        .unwrap();
+        assert_eq!(
+            c.tls_server_name(),
+            Some("srv.example"),
+            "the port is dropped"
+        );
+    }
+
+    #[test]
+    fn tokens_come_from_the_token_file_first_then_the_variable() {
+        let dir = std::env::temp_dir().join(format!("consul-token-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("token");
+        std::fs::write(&file, "  file-s3cret\n").unwrap();
+        let f = file.to_str().unwrap();
+        let c = with_env(
+            "consul://h",
+            &[
+                ("CONSUL_HTTP_TOKEN", "var-s3cret"),
+                ("CONSUL_HTTP_TOKEN_FILE", f),
+            ],
+        )
+        .unwrap();
+        assert_eq!(c.token(), Some("file-s3cret"));
+        let c = with_env("consul://h", &[("CONSUL_HTTP_TOKEN", "var-s3cret")]).unwrap();
+        assert_eq!(c.token(), Some("var-s3cret"));
+        let c = with_env(&format!("consul://h?token_file={f}"), &[]).unwrap();
+        assert_eq!(c.token(), Some("file-s3cret"));
+        for shown in [format!("{c}"), format!("{c:?}")] {
+            assert!(!shown.contains("s3cret"), "{shown}");
+        }
+        let c = with_env(
+            "consul://h",
+            &[
+                ("CONSUL_HTTP_TOKEN", "var-s3cret"),
+                ("CONSUL_HTTP_ADDR", "x:1"),
+            ],
+        )
+        .unwrap();
+        for shown in [format!("{c}"), format!("{c:?}")] {
+            assert!(!shown.contains("s3cret"), "{shown}");
+        }
+        let c = with_env("consul://", &[("CONSUL_HTTP_TOKEN", "var-s3cret")]).unwrap();
+        let shown = c.to_string();
+        assert!(
+            shown.contains("CONSUL_HTTP_TOKEN") && !shown.contains("s3cret"),
+            "{shown}"
+        );
+        let e = with_env(
+            "consul://h",
+            &[("CONSUL_HTTP_TOKEN_FILE", "/nonexistent/token")],
+        )
+        .unwrap_err();
+        assert!(matches!(e, lease_core::Error::Misconfigured { .. }), "{e}");
+        assert!(e.to_string().contains("/nonexistent/token"), "{e}");
+        std::fs::write(&file, "file-s3cret\u{7}").unwrap();
+        let e = with_env("consul://h", &[("CONSUL_HTTP_TOKEN_FILE", f)]).unwrap_err();
+        assert!(!e.to_string().contains("s3cret"), "{e}");
+        let e = with_env(&format!("consul://h?token=a&token_file={f}"), &[]).unwrap_err();
+        assert!(e.to_string().contains("not both"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn bad_environment_values_name_the_variable() {
+        for (vars, needle) in [
+            (
+                &[("CONSUL_HTTP_ADDR", "unix:///var/run/consul.sock")][..],
+                "unix",
+            ),
+            (&[("CONSUL_HTTP_ADDR", "ftp://h")][..], "CONSUL_HTTP_ADDR"),
+            (&[("CONSUL_HTTP_ADDR", "h:8500/v1")][..], "CONSUL_HTTP_ADDR"),
+            (
+                &[("CONSUL_HTTP_ADDR", "h:notaport")][..],
+                "CONSUL_HTTP_ADDR",
+            ),
+            (&[("CONSUL_HTTP_SSL", "yes")][..], "CONSUL_HTTP_SSL"),
+        ] {
+            let e = with_env("consul://", vars).unwrap_err().to_string();
+            assert!(e.contains(needle), "{vars:?}: {e}");
+        }
+        let e = with_env("consuls://h", &[("CONSUL_CLIENT_CERT", "/c.pem")]).unwrap_err();
+        assert!(e.to_string().contains("CONSUL_CLIENT_KEY"), "{e}");
+        let e = with_env("consuls://h", &[("CONSUL_CLIENT_KEY", "/k.pem")]).unwrap_err();
+        assert!(e.to_string().contains("CONSUL_CLIENT_CERT"), "{e}");
+        for (url, needle) in [
+            ("consuls://h?tls_cert_file=/c.pem", "both"),
+            ("consuls://h?tls_ca_file=/a&tls_ca_path=/b", "not both"),
+            ("consul://h?tls_key_file=/k", "consuls://"),
+            ("consul://h?tls_server_name=x", "consuls://"),
+        ] {
+            let e = with_env(url, &[]).unwrap_err().to_string();
+            assert!(e.contains(needle), "{url}: {e}");
+        }
+        // A host-less consul:// URL whose environment says HTTPS accepts the TLS options.
+        let c = with_env(
+            "consul://?tls_ca_file=/ca.pem",
+            &[("CONSUL_HTTP_ADDR", "https://h:8501")],
+        )
+        .unwrap();
+        assert_eq!(c.tls_ca_file(), Some(Path::new("/ca.pem")));
     }
 }

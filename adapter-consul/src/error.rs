@@ -4,6 +4,7 @@
 //! | what happened | read (idempotent) | write |
 //! |---|---|---|
 //! | connection refused / DNS / TLS handshake (nothing sent) | `Unavailable` | `Unavailable` |
+//! | TLS certificate refused: the server's by this client (unknown CA, wrong name, expired), or this client's (or its absence) by the agent | `Misconfigured` | `Misconfigured` |
 //! | timeout or connection lost after sending | `Unavailable` | `OutcomeUnknown` |
 //! | 403 (ACL token missing, unknown or lacking permission) | `Misconfigured` | `Misconfigured` |
 //! | 429; 500, 502, 503, 504 saying `No cluster leader`, `No path to datacenter`, `rate limit exceeded` (not applied) | `Unavailable` | `Unavailable` |
@@ -45,13 +46,86 @@ impl Transport {
     }
 }
 
+/// The TLS error in `e`'s source chain, if any (tokio-rustls wraps it in an `io::Error`, whose
+/// `source()` skips it, so wrapped errors are unwrapped too).
+fn find_tls_error<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a rustls::Error> {
+    let mut cur: Option<&'a (dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = cur {
+        if let Some(t) = err.downcast_ref::<rustls::Error>() {
+            return Some(t);
+        }
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            if let Some(inner) = io.get_ref() {
+                if let Some(t) = find_tls_error(inner) {
+                    return Some(t);
+                }
+            }
+        }
+        cur = err.source();
+    }
+    None
+}
+
+/// A TLS failure that configuration, not a retry, fixes: the server certificate was refused by
+/// this client, or the client's certificate (or its absence) by the server. Both end the
+/// handshake before the server reads a request, so nothing was applied. The problem is named with
+/// the setting that fixes it.
+fn tls_misconfiguration(operation: &'static str, tls: &rustls::Error) -> Option<Error> {
+    use rustls::{AlertDescription as A, CertificateError as C};
+    let hint = match tls {
+        rustls::Error::InvalidCertificate(C::NotValidForName | C::NotValidForNameContext { .. }) => {
+            "the server certificate does not name this host (connect by a name it carries, or set              tls_server_name / CONSUL_TLS_SERVER_NAME)"
+        }
+        rustls::Error::InvalidCertificate(
+            C::Expired | C::ExpiredContext { .. } | C::NotValidYet | C::NotValidYetContext { .. },
+        ) => "the server certificate is outside its validity period (renew it, or check the clock)",
+        rustls::Error::InvalidCertificate(_) => {
+            "the server certificate is not signed by a trusted CA (set tls_ca_file / tls_ca_path,              or CONSUL_CACERT / CONSUL_CAPATH, to the CA that signed the agent's certificate)"
+        }
+        rustls::Error::AlertReceived(A::CertificateRequired) => {
+            "the agent requires a client certificate (verify_incoming): set tls_cert_file and              tls_key_file, or CONSUL_CLIENT_CERT and CONSUL_CLIENT_KEY"
+        }
+        rustls::Error::AlertReceived(
+            A::BadCertificate
+            | A::UnknownCA
+            | A::UnsupportedCertificate
+            | A::CertificateRevoked
+            | A::CertificateExpired
+            | A::CertificateUnknown
+            | A::AccessDenied,
+        ) => {
+            "the agent refused the client certificate (is it signed by the CA the agent trusts,              and still valid?)"
+        }
+        _ => return None,
+    };
+    Some(Error::Misconfigured {
+        backend: BACKEND,
+        problems: vec![format!(
+            "{operation}: TLS with the Consul agent failed: {tls}: {hint}"
+        )],
+    })
+}
+
 /// Maps a transport failure of `operation`. `idempotent` operations (reads, checks) never report
-/// an unknown outcome.
+/// an unknown outcome. A TLS certificate problem is `Misconfigured` (see
+/// [`tls_misconfiguration`]); any other TLS failure is named in the message.
 pub(crate) fn transport(operation: &'static str, idempotent: bool, t: Transport) -> Error {
+    let tls = match &t {
+        Transport::NotSent(source) | Transport::Failed(source) => {
+            find_tls_error(source.as_ref()).cloned()
+        }
+        Transport::TimedOut(_) => None,
+    };
+    if let Some(tls) = &tls {
+        if let Some(e) = tls_misconfiguration(operation, tls) {
+            return e;
+        }
+    }
+    let tls_note = tls.map(|e| format!(" (TLS: {e})")).unwrap_or_default();
     match t {
         Transport::NotSent(source) => Error::Unavailable {
             backend: BACKEND,
-            message: format!("{operation}: could not reach the Consul agent"),
+            message: format!("{operation}: could not reach the Consul agent{tls_note}"),
             source: Some(source),
         },
         Transport::TimedOut(after) if idempotent => Error::Unavailable {
@@ -61,7 +135,7 @@ pub(crate) fn transport(operation: &'static str, idempotent: bool, t: Transport)
         },
         Transport::Failed(source) if idempotent => Error::Unavailable {
             backend: BACKEND,
-            message: format!("{operation}: the connection failed"),
+            message: format!("{operation}: the connection failed{tls_note}"),
             source: Some(source),
         },
         Transport::TimedOut(after) => Error::OutcomeUnknown {
@@ -73,7 +147,7 @@ pub(crate) fn transport(operation: &'static str, idempotent: bool, t: Transport)
         Transport::Failed(source) => Error::OutcomeUnknown {
             backend: BACKEND,
             operation,
-            message: "the connection failed after the request was sent".into(),
+            message: format!("the connection failed after the request was sent{tls_note}"),
             source: Some(source),
         },
     }

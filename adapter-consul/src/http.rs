@@ -210,39 +210,130 @@ impl fmt::Debug for Http {
     }
 }
 
-fn tls_config(config: &ConsulConfig) -> Result<rustls::ClientConfig> {
-    let misconfigured = |problem: String| Error::Misconfigured {
+fn misconfigured(problem: String) -> Error {
+    Error::Misconfigured {
         backend: BACKEND,
         problems: vec![problem],
-    };
+    }
+}
+
+/// Adds every PEM certificate in `pem` (read from `what`) to `roots`; how many were added.
+fn add_pem_certs(roots: &mut rustls::RootCertStore, pem: &[u8], what: &str) -> Result<usize> {
+    use rustls::pki_types::pem::PemObject as _;
+    let mut added = 0;
+    for cert in rustls::pki_types::CertificateDer::pem_slice_iter(pem) {
+        let cert = cert.map_err(|e| misconfigured(format!("{what}: {e}")))?;
+        roots
+            .add(cert)
+            .map_err(|e| misconfigured(format!("{what}: {e}")))?;
+        added += 1;
+    }
+    Ok(added)
+}
+
+/// The trust anchors: the CA file, else every PEM file in the CA directory, else the system's.
+fn root_store(config: &ConsulConfig) -> Result<rustls::RootCertStore> {
     let mut roots = rustls::RootCertStore::empty();
-    if config.tls() {
-        if let Some(path) = config.tls_ca_file() {
-            use rustls::pki_types::pem::PemObject as _;
-            let pem = std::fs::read(path)
-                .map_err(|e| misconfigured(format!("tls_ca_file {}: {e}", path.display())))?;
-            for cert in rustls::pki_types::CertificateDer::pem_slice_iter(&pem) {
-                let cert = cert
-                    .map_err(|e| misconfigured(format!("tls_ca_file {}: {e}", path.display())))?;
-                roots
-                    .add(cert)
-                    .map_err(|e| misconfigured(format!("tls_ca_file {}: {e}", path.display())))?;
-            }
-        } else {
-            for cert in rustls_native_certs::load_native_certs().certs {
-                let _ = roots.add(cert);
-            }
+    if let Some(path) = config.tls_ca_file() {
+        let what = format!("tls_ca_file {}", path.display());
+        let pem = std::fs::read(path).map_err(|e| misconfigured(format!("{what}: {e}")))?;
+        if add_pem_certs(&mut roots, &pem, &what)? == 0 {
+            return Err(misconfigured(format!("{what}: no PEM certificate in it")));
+        }
+    } else if let Some(dir) = config.tls_ca_path() {
+        let what = format!("tls_ca_path {}", dir.display());
+        let entries = std::fs::read_dir(dir).map_err(|e| misconfigured(format!("{what}: {e}")))?;
+        let mut files: Vec<_> = entries
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.is_file())
+            .collect();
+        files.sort();
+        for file in files {
+            let what = format!("tls_ca_path file {}", file.display());
+            let pem = std::fs::read(&file).map_err(|e| misconfigured(format!("{what}: {e}")))?;
+            add_pem_certs(&mut roots, &pem, &what)?;
+        }
+        if roots.is_empty() {
+            return Err(misconfigured(format!("{what}: no PEM certificate in it")));
+        }
+    } else {
+        for cert in rustls_native_certs::load_native_certs().certs {
+            let _ = roots.add(cert);
         }
         if roots.is_empty() {
             return Err(misconfigured(
-                "no CA certificate to check the Consul server against (set tls_ca_file)".into(),
+                "no CA certificate to check the Consul server against (set tls_ca_file or \
+                 CONSUL_CACERT)"
+                    .into(),
             ));
         }
     }
-    rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-        .with_safe_default_protocol_versions()
-        .map_err(|e| misconfigured(format!("TLS: {e}")))
-        .map(|b| b.with_root_certificates(roots).with_no_client_auth())
+    Ok(roots)
+}
+
+/// The client certificate chain and key for mTLS. Errors name the files, never the key's bytes.
+fn client_identity(
+    cert_file: &std::path::Path,
+    key_file: &std::path::Path,
+) -> Result<(
+    Vec<rustls::pki_types::CertificateDer<'static>>,
+    rustls::pki_types::PrivateKeyDer<'static>,
+)> {
+    use rustls::pki_types::pem::PemObject as _;
+    let what = format!("tls_cert_file {}", cert_file.display());
+    let pem = std::fs::read(cert_file).map_err(|e| misconfigured(format!("{what}: {e}")))?;
+    let chain = rustls::pki_types::CertificateDer::pem_slice_iter(&pem)
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(|e| misconfigured(format!("{what}: {e}")))?;
+    if chain.is_empty() {
+        return Err(misconfigured(format!("{what}: no PEM certificate in it")));
+    }
+    let what = format!("tls_key_file {}", key_file.display());
+    // Only the I/O error kind is shown: the key's contents never reach a message.
+    let pem = std::fs::read(key_file).map_err(|e| misconfigured(format!("{what}: {e}")))?;
+    let key = rustls::pki_types::PrivateKeyDer::from_pem_slice(&pem).map_err(|_| {
+        misconfigured(format!(
+            "{what}: no readable PEM private key (PKCS#8, PKCS#1 or SEC1) in it"
+        ))
+    })?;
+    Ok((chain, key))
+}
+
+fn tls_config(config: &ConsulConfig) -> Result<rustls::ClientConfig> {
+    let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| misconfigured(format!("TLS: {e}")))?;
+    if !config.tls() {
+        return Ok(builder
+            .with_root_certificates(rustls::RootCertStore::empty())
+            .with_no_client_auth());
+    }
+    let builder = builder.with_root_certificates(root_store(config)?);
+    match (config.tls_cert_file(), config.tls_key_file()) {
+        (Some(cert), Some(key)) => {
+            let (chain, key) = client_identity(cert, key)?;
+            // rustls's message says what is wrong (e.g. the key does not match), not the key.
+            builder.with_client_auth_cert(chain, key).map_err(|e| {
+                misconfigured(format!(
+                    "tls_cert_file {} / tls_key_file: {e}",
+                    config.tls_cert_file().unwrap_or(cert).display()
+                ))
+            })
+        }
+        _ => Ok(builder.with_no_client_auth()),
+    }
+}
+
+/// The name the server certificate is checked against, when it is not the host.
+fn server_name(config: &ConsulConfig) -> Result<Option<rustls::pki_types::ServerName<'static>>> {
+    match config.tls_server_name() {
+        Some(name) if config.tls() => rustls::pki_types::ServerName::try_from(name.to_owned())
+            .map(Some)
+            .map_err(|e| misconfigured(format!("tls_server_name {name:?}: {e}"))),
+        _ => Ok(None),
+    }
 }
 
 /// The URL path of a KV key.
@@ -258,11 +349,16 @@ impl Http {
         http.enforce_http(false);
         http.set_connect_timeout(Some(config.connect_timeout()));
         http.set_nodelay(true);
-        let https = hyper_rustls::HttpsConnectorBuilder::new()
+        let builder = hyper_rustls::HttpsConnectorBuilder::new()
             .with_tls_config(tls)
-            .https_or_http()
-            .enable_http1()
-            .wrap_connector(http);
+            .https_or_http();
+        let builder = match server_name(config)? {
+            Some(name) => {
+                builder.with_server_name_resolver(hyper_rustls::FixedServerNameResolver::new(name))
+            }
+            None => builder,
+        };
+        let https = builder.enable_http1().wrap_connector(http);
         let client = Client::builder(TokioExecutor::new())
             .pool_timer(TokioTimer::new())
             .pool_idle_timeout(Duration::from_secs(30))

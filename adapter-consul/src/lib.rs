@@ -15,7 +15,7 @@ use lease_core::{BackendUrl, Coordinator, Registry};
 pub use config::{
     escape_key, ConsulConfig, CONSUL_MAX_LOCK_DELAY, CONSUL_SESSION_TTL_MAX,
     CONSUL_SESSION_TTL_MIN, DEFAULT_CONNECT_TIMEOUT, DEFAULT_KEY_PREFIX, DEFAULT_LOCK_DELAY,
-    DEFAULT_MAX_BLOCK, DEFAULT_REQUEST_TIMEOUT, MAX_KEY_PREFIX_BYTES,
+    DEFAULT_MAX_BLOCK, DEFAULT_REQUEST_TIMEOUT, ENV_VARS, MAX_KEY_PREFIX_BYTES,
 };
 pub use coordinator::ConsulCoordinator;
 pub use lease::ConsulLease;
