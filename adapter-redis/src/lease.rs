@@ -107,8 +107,16 @@ impl Lease for RedisLease {
             Ok(code) => code,
             Err(e) => {
                 // Whether the delete applied is not known; the holder asked to stop, so the lease
-                // is over for it either way (the lock expires at its TTL if it survived).
+                // is over for it either way. The delete is retried in the background (a no-op if
+                // it applied), so the key does not stay locked until its TTL.
                 self.tracker.mark_lost(LostReason::Released);
+                spawn_cleanup(
+                    self.inner.clone(),
+                    self.keys.clone(),
+                    self.head.clone(),
+                    self.tracker.ttl(),
+                    Cleanup::Once,
+                );
                 return Err(e);
             }
         };
