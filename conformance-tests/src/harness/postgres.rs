@@ -12,7 +12,14 @@
 //!
 //! The temporary directory is handed to the `postgres` user. Readiness: a startup packet for user
 //! `postgres` answered by an authentication message (`R`), not by "the database system is
-//! starting up".
+//! starting up" (or, on a server that accepts TCP only over TLS, by its `pg_hba.conf` refusal of
+//! the plain probe, which is only sent once the server takes connections).
+//!
+//! TLS ([`PostgresConfig::tls`]): the certificate and key (PEM, made by the test) are written into
+//! the data directory, owned by `postgres`, the key with mode 0600, and the server starts with
+//! `-c ssl=on -c ssl_cert_file=server.crt -c ssl_key_file=server.key`.
+//! [`PostgresConfig::tls_only`] replaces `pg_hba.conf` so TCP connections are accepted only over
+//! TLS (`hostssl`; the Unix socket stays `trust`).
 
 use std::io;
 use std::net::SocketAddr;
@@ -65,9 +72,54 @@ fn as_postgres(program: &Path) -> Command {
     cmd
 }
 
+/// A server certificate and its private key, PEM.
+#[derive(Clone)]
+pub struct PostgresTls {
+    /// The certificate chain (server certificate first), PEM.
+    pub cert_pem: String,
+    /// The certificate's private key, PEM (PKCS#8 or PKCS#1).
+    pub key_pem: String,
+}
+
+impl std::fmt::Debug for PostgresTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresTls").finish_non_exhaustive()
+    }
+}
+
+/// How the harness configures a PostgreSQL server. `Default` is the plain server of
+/// [`PostgresServer::start`].
+#[derive(Debug, Clone, Default)]
+pub struct PostgresConfig {
+    /// Serve TLS with this certificate (`ssl=on`).
+    pub tls: Option<PostgresTls>,
+    /// Accept TCP connections only over TLS (`hostssl` lines only in `pg_hba.conf`). Needs `tls`.
+    pub tls_only: bool,
+}
+
+/// The `pg_hba.conf` of a server that takes TCP connections only over TLS.
+const HBA_TLS_ONLY: &str = "\
+# Written by the test harness: TCP only over TLS.
+local   all all              trust
+hostssl all all 127.0.0.1/32 trust
+hostssl all all ::1/128      trust
+";
+
 struct PostgresLauncher {
     bin: PathBuf,
     ids: (u32, u32),
+    config: PostgresConfig,
+}
+
+impl PostgresLauncher {
+    /// Writes `contents` to `path`, owned by the `postgres` user, with `mode`.
+    fn write_owned(&self, path: &Path, contents: &str, mode: u32) -> io::Result<()> {
+        use std::os::unix::fs::PermissionsExt;
+        let (uid, gid) = self.ids;
+        std::fs::write(path, contents)?;
+        std::os::unix::fs::chown(path, Some(uid), Some(gid))?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+    }
 }
 
 impl Launcher for PostgresLauncher {
@@ -100,7 +152,30 @@ impl Launcher for PostgresLauncher {
                 )));
             }
         }
+        let mut tls_args = Vec::new();
+        if let Some(tls) = &self.config.tls {
+            let cert = data_dir.join("server.crt");
+            let key = data_dir.join("server.key");
+            self.write_owned(&cert, &tls.cert_pem, 0o644)?;
+            // PostgreSQL refuses a key file that others can read.
+            self.write_owned(&key, &tls.key_pem, 0o600)?;
+            tls_args = vec![
+                "-c".to_string(),
+                "ssl=on".to_string(),
+                "-c".to_string(),
+                format!("ssl_cert_file={}", cert.display()),
+                "-c".to_string(),
+                format!("ssl_key_file={}", key.display()),
+            ];
+        }
+        if self.config.tls_only {
+            if self.config.tls.is_none() {
+                return Err(io::Error::other("tls_only needs a certificate (tls)"));
+            }
+            self.write_owned(&data_dir.join("pg_hba.conf"), HBA_TLS_ONLY, 0o600)?;
+        }
         let mut cmd = as_postgres(&self.bin.join("postgres"));
+        cmd.args(&tls_args);
         cmd.arg("-D")
             .arg(data_dir)
             .args(["-p", &ports[0].to_string()])
@@ -125,6 +200,15 @@ impl Launcher for PostgresLauncher {
         msg.extend_from_slice(body);
         match tcp_exchange(client, &msg, Duration::from_millis(500), |b| !b.is_empty()) {
             Ok(reply) if reply.first() == Some(&b'R') => Probe::Ready,
+            // A TLS-only server refuses the plain probe in its authentication step, which it
+            // reaches only once it accepts connections (28000: no pg_hba.conf entry).
+            Ok(reply)
+                if self.config.tls_only
+                    && reply.first() == Some(&b'E')
+                    && String::from_utf8_lossy(&reply).contains("pg_hba.conf") =>
+            {
+                Probe::Ready
+            }
             Ok(reply) => Probe::NotReady(String::from_utf8_lossy(&reply).into_owned()),
             Err(e) => Probe::NotReady(e.to_string()),
         }
@@ -151,6 +235,11 @@ impl PostgresServer {
 
     /// Initialises a cluster and starts it, waiting until it accepts connections.
     pub fn start() -> Result<Self, HarnessError> {
+        Self::start_with(PostgresConfig::default())
+    }
+
+    /// Like [`Self::start`], configured by `config` (for example TLS); restarts keep it.
+    pub fn start_with(config: PostgresConfig) -> Result<Self, HarnessError> {
         let startup = |reason: String| HarnessError::Startup {
             server: "postgres",
             exited: false,
@@ -159,7 +248,7 @@ impl PostgresServer {
         };
         let bin = bin_dir().map_err(startup)?;
         let ids = postgres_ids().map_err(startup)?;
-        let inner = ServerProcess::start(Box::new(PostgresLauncher { bin, ids }))?;
+        let inner = ServerProcess::start(Box::new(PostgresLauncher { bin, ids, config }))?;
         Ok(Self { inner })
     }
 

@@ -1,0 +1,330 @@
+//! The connection URL: tokio-postgres's own parser for everything it knows, this crate's options
+//! taken out of the query first, and a redacted form for every message.
+
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::Duration;
+
+use lease_core::{Error, InvalidInput, Result};
+use tokio_postgres::Config;
+
+use crate::tls::{RootCert, SslMode};
+use crate::{Ident, DEFAULT_POOL_SIZE, DEFAULT_TABLE, DEFAULT_TIMEOUT, MAX_POOL_SIZE, MAX_TIMEOUT};
+
+/// Query keys whose values are secret.
+const SECRET_KEYS: [&str; 2] = ["password", "sslpassword"];
+
+/// A connection URL taken apart.
+pub(crate) struct Options {
+    pub(crate) config: Config,
+    pub(crate) table: Ident,
+    pub(crate) migrate: bool,
+    pub(crate) timeout: Duration,
+    pub(crate) pool_size: usize,
+    pub(crate) ssl_mode: SslMode,
+    pub(crate) root_cert: Option<RootCert>,
+    /// The URL with every secret replaced by `***`.
+    pub(crate) redacted: String,
+}
+
+/// `raw` with the password of the user info and the values of `password=` and `sslpassword=`
+/// query options replaced by `***`. Works on anything (not only valid URLs), so it can be used
+/// in the error for a URL that did not parse.
+pub fn redact_url(raw: &str) -> String {
+    let (head, query) = match raw.split_once('?') {
+        Some((h, q)) => (h, Some(q)),
+        None => (raw, None),
+    };
+    let mut out = match head.find("://") {
+        Some(i) => {
+            let (scheme, rest) = head.split_at(i + 3);
+            let end = rest.find('/').unwrap_or(rest.len());
+            let (authority, path) = rest.split_at(end);
+            let authority = match authority.rfind('@') {
+                Some(at) => {
+                    let (userinfo, hosts) = authority.split_at(at);
+                    match userinfo.split_once(':') {
+                        Some((user, _)) => format!("{user}:***{hosts}"),
+                        None => authority.to_owned(),
+                    }
+                }
+                None => authority.to_owned(),
+            };
+            format!("{scheme}{authority}{path}")
+        }
+        None => head.to_owned(),
+    };
+    if let Some(query) = query {
+        let pieces: Vec<String> = query
+            .split('&')
+            .map(|piece| {
+                let key = piece.split_once('=').map_or(piece, |(k, _)| k);
+                let decoded = lease_core::percent_decode(key).unwrap_or_default();
+                if SECRET_KEYS.contains(&decoded.to_ascii_lowercase().as_str()) {
+                    format!("{key}=***")
+                } else {
+                    piece.to_owned()
+                }
+            })
+            .collect();
+        out.push('?');
+        out.push_str(&pieces.join("&"));
+    }
+    out
+}
+
+/// Every secret of `raw` (decoded and as written), for scrubbing messages that might quote one.
+fn secrets(raw: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    let (head, query) = raw.split_once('?').unwrap_or((raw, ""));
+    if let Some(i) = head.find("://") {
+        let rest = &head[i + 3..];
+        let authority = &rest[..rest.find('/').unwrap_or(rest.len())];
+        if let Some(at) = authority.rfind('@') {
+            if let Some((_, pw)) = authority[..at].split_once(':') {
+                found.push(pw.to_owned());
+            }
+        }
+    }
+    for piece in query.split('&') {
+        if let Some((k, v)) = piece.split_once('=') {
+            let k = lease_core::percent_decode(k).unwrap_or_default();
+            if SECRET_KEYS.contains(&k.to_ascii_lowercase().as_str()) {
+                found.push(v.to_owned());
+            }
+        }
+    }
+    let decoded: Vec<String> = found
+        .iter()
+        .filter_map(|s| lease_core::percent_decode(s))
+        .collect();
+    found.extend(decoded);
+    // A one- or two-character secret would scrub innocent text; the URL itself is redacted anyway.
+    found.retain(|s| s.len() >= 3);
+    found
+}
+
+/// `message` with every secret of `raw` replaced by `***`.
+pub(crate) fn scrub(raw: &str, message: String) -> String {
+    secrets(raw)
+        .iter()
+        .fold(message, |m, s| m.replace(s.as_str(), "***"))
+}
+
+/// Takes `raw` apart. This crate's options (`table`, `migrate`, `timeout_ms`, `pool_size`,
+/// `sslmode`, `sslrootcert`) are taken out of the query; the rest goes to
+/// [`tokio_postgres::Config`]'s parser (user, password, hosts, ports, database and its options
+/// such as `application_name`, `connect_timeout`, `keepalives`, `target_session_attrs`).
+pub(crate) fn parse(raw: &str) -> Result<Options> {
+    let redacted = redact_url(raw);
+    let invalid = |problem: String| -> Error {
+        InvalidInput::Url {
+            url: redacted.clone(),
+            problem: scrub(raw, problem),
+        }
+        .into()
+    };
+    if !(raw.starts_with("postgres://") || raw.starts_with("postgresql://")) {
+        return Err(invalid(
+            "scheme must be postgres:// or postgresql://".into(),
+        ));
+    }
+    let (base, query) = raw.split_once('?').unwrap_or((raw, ""));
+    let mut kept = Vec::new();
+    let mut table = Ident::new(DEFAULT_TABLE)?;
+    let mut migrate = true;
+    let mut timeout = DEFAULT_TIMEOUT;
+    let mut pool_size = DEFAULT_POOL_SIZE;
+    let mut ssl_mode = SslMode::Prefer;
+    let mut root_cert = None;
+    for piece in query.split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = piece.split_once('=').unwrap_or((piece, ""));
+        let key = lease_core::percent_decode(k)
+            .ok_or_else(|| invalid("an option name has a malformed percent escape".into()))?;
+        let decode = || {
+            lease_core::percent_decode(v).ok_or_else(|| {
+                invalid(format!(
+                    "option {key}: the value has a malformed percent escape"
+                ))
+            })
+        };
+        match key.as_str() {
+            "table" => table = Ident::new(&decode()?)?,
+            "migrate" => {
+                migrate = match decode()?.as_str() {
+                    "true" => true,
+                    "false" => false,
+                    other => return Err(invalid(format!("migrate={other}: true or false"))),
+                }
+            }
+            "timeout_ms" => {
+                let v = decode()?;
+                timeout = lease_core::parse_millis(&v, Duration::from_millis(1), MAX_TIMEOUT)
+                    .ok_or_else(|| invalid(format!("timeout_ms={v}: milliseconds in 1..=600000")))?
+            }
+            "pool_size" => {
+                let v = decode()?;
+                pool_size = v
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|n| (1..=MAX_POOL_SIZE).contains(n))
+                    .ok_or_else(|| {
+                        invalid(format!(
+                            "pool_size={v}: a number of connections in 1..={MAX_POOL_SIZE}"
+                        ))
+                    })?
+            }
+            "sslmode" => {
+                let v = decode()?;
+                ssl_mode = SslMode::parse(&v).ok_or_else(|| {
+                    invalid(format!(
+                        "sslmode={v}: one of disable, prefer, require, verify-ca, verify-full"
+                    ))
+                })?
+            }
+            "sslrootcert" => {
+                let v = decode()?;
+                root_cert = Some(match v.as_str() {
+                    "" => return Err(invalid("sslrootcert is empty".into())),
+                    "system" => RootCert::System,
+                    path => RootCert::File(PathBuf::from(path)),
+                })
+            }
+            _ => kept.push(piece),
+        }
+    }
+    if ssl_mode.needs_root() && root_cert.is_none() {
+        return Err(invalid(format!(
+            "sslmode={ssl_mode} needs sslrootcert=<PEM file of the CA> (or sslrootcert=system)"
+        )));
+    }
+    let stripped = if kept.is_empty() {
+        base.to_owned()
+    } else {
+        format!("{base}?{}", kept.join("&"))
+    };
+    let mut config = Config::from_str(&stripped).map_err(|e| {
+        // tokio-postgres's Display names only the kind ("invalid connection string"); the
+        // reason (an unknown option, a bad port) is its source.
+        match std::error::Error::source(&e) {
+            Some(reason) => invalid(format!("{e}: {reason}")),
+            None => invalid(e.to_string()),
+        }
+    })?;
+    if config.get_user().is_none() {
+        config.user("postgres");
+    }
+    if config.get_connect_timeout().is_none() {
+        config.connect_timeout(timeout);
+    }
+    config.ssl_mode(ssl_mode.wire());
+    Ok(Options {
+        config,
+        table,
+        migrate,
+        timeout,
+        pool_size,
+        ssl_mode,
+        root_cert,
+        redacted,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redaction_covers_user_info_and_query_secrets() {
+        for (raw, want) in [
+            (
+                "postgres://u:s3cret@h:5432/db?table=x",
+                "postgres://u:***@h:5432/db?table=x",
+            ),
+            (
+                "postgres://u:p%40ss@h1:1,h2:2/db?password=other&sslmode=require&SSLPASSWORD=k3y",
+                "postgres://u:***@h1:1,h2:2/db?password=***&sslmode=require&SSLPASSWORD=***",
+            ),
+            ("postgres://u@h/db", "postgres://u@h/db"),
+            ("postgresql://u:@h", "postgresql://u:***@h"),
+        ] {
+            assert_eq!(redact_url(raw), want);
+        }
+        assert_eq!(
+            scrub("postgres://u:p%40ss@h/db", "bad p@ss and p%40ss".into()),
+            "bad *** and ***"
+        );
+    }
+
+    #[test]
+    fn own_options_are_stripped_and_the_rest_parsed_by_tokio_postgres() {
+        let o = parse(
+            "postgres://al%69ce:pw@db.example:6432/my%20db?application_name=fence&table=t1\
+             &timeout_ms=1500&pool_size=4&sslmode=verify-full&sslrootcert=/ca.pem&migrate=false",
+        )
+        .unwrap();
+        assert_eq!(o.config.get_user(), Some("alice"));
+        assert_eq!(o.config.get_password(), Some(&b"pw"[..]));
+        assert_eq!(o.config.get_dbname(), Some("my db"));
+        assert_eq!(o.config.get_ports(), &[6432]);
+        assert_eq!(o.config.get_application_name(), Some("fence"));
+        assert_eq!(
+            o.config.get_connect_timeout(),
+            Some(&Duration::from_millis(1500))
+        );
+        assert_eq!(
+            o.config.get_ssl_mode(),
+            tokio_postgres::config::SslMode::Require
+        );
+        assert_eq!(o.table, Ident::new("t1").unwrap());
+        assert!(!o.migrate);
+        assert_eq!(o.timeout, Duration::from_millis(1500));
+        assert_eq!(o.pool_size, 4);
+        assert_eq!(o.ssl_mode, SslMode::VerifyFull);
+        assert_eq!(o.root_cert, Some(RootCert::File("/ca.pem".into())));
+        // Defaults: user postgres, prefer, pool 16, the default timeout as connect timeout.
+        let d = parse("postgres://h/db").unwrap();
+        assert_eq!(d.config.get_user(), Some("postgres"));
+        assert_eq!(d.ssl_mode, SslMode::Prefer);
+        assert_eq!(d.pool_size, DEFAULT_POOL_SIZE);
+        assert_eq!(d.config.get_connect_timeout(), Some(&DEFAULT_TIMEOUT));
+        // Several hosts, as tokio-postgres reads them.
+        let m = parse("postgres://u@h1:1,h2:2/db?target_session_attrs=read-write").unwrap();
+        assert_eq!(m.config.get_ports(), &[1, 2]);
+    }
+
+    #[test]
+    fn bad_options_are_invalid_input_naming_the_option_without_the_secret() {
+        for (url, needle) in [
+            ("redis://u:s3cret@h/db", "scheme"),
+            ("postgres://u:s3cret@h/db?pool_size=0", "pool_size"),
+            ("postgres://u:s3cret@h/db?pool_size=100000", "pool_size"),
+            ("postgres://u:s3cret@h/db?timeout_ms=0", "timeout_ms"),
+            ("postgres://u:s3cret@h/db?sslmode=verify", "sslmode"),
+            (
+                "postgres://u:s3cret@h/db?sslmode=verify-full",
+                "sslrootcert",
+            ),
+            ("postgres://u:s3cret@h/db?sslmode=verify-ca", "sslrootcert"),
+            ("postgres://u:s3cret@h/db?migrate=maybe", "migrate"),
+            ("postgres://u:s3cret@h/db?frobnicate=1", "frobnicate"),
+            ("postgres://u:s3cret@h:notaport/db", "port"),
+            (
+                "postgres://u@h/db?password=s3cret&frobnicate=1",
+                "frobnicate",
+            ),
+        ] {
+            let e = match parse(url) {
+                Err(e) => e,
+                Ok(_) => panic!("{url} parsed"),
+            };
+            let (shown, debug) = (e.to_string(), format!("{e:?}"));
+            assert!(matches!(e, Error::InvalidInput(_)), "{url}: {debug}");
+            assert!(shown.contains(needle), "{url}: {shown}");
+            assert!(
+                !shown.contains("s3cret") && !debug.contains("s3cret"),
+                "{url}: {debug}"
+            );
+        }
+    }
+}
