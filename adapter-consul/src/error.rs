@@ -74,27 +74,27 @@ fn tls_misconfiguration(operation: &'static str, tls: &rustls::Error) -> Option<
     use rustls::{AlertDescription as A, CertificateError as C};
     let hint = match tls {
         rustls::Error::InvalidCertificate(C::NotValidForName | C::NotValidForNameContext { .. }) => {
-            "the server certificate does not name this host (connect by a name it carries, or set              tls_server_name / CONSUL_TLS_SERVER_NAME)"
-        }
-        rustls::Error::InvalidCertificate(
-            C::Expired | C::ExpiredContext { .. } | C::NotValidYet | C::NotValidYetContext { .. },
-        ) => "the server certificate is outside its validity period (renew it, or check the clock)",
-        rustls::Error::InvalidCertificate(_) => {
-            "the server certificate is not signed by a trusted CA (set tls_ca_file / tls_ca_path,              or CONSUL_CACERT / CONSUL_CAPATH, to the CA that signed the agent's certificate)"
-        }
-        rustls::Error::AlertReceived(A::CertificateRequired) => {
-            "the agent requires a client certificate (verify_incoming): set tls_cert_file and              tls_key_file, or CONSUL_CLIENT_CERT and CONSUL_CLIENT_KEY"
-        }
-        rustls::Error::AlertReceived(
-            A::BadCertificate
-            | A::UnknownCA
-            | A::UnsupportedCertificate
-            | A::CertificateRevoked
-            | A::CertificateExpired
-            | A::CertificateUnknown
-            | A::AccessDenied,
-        ) => {
-            "the agent refused the client certificate (is it signed by the CA the agent trusts,              and still valid?)"
+ "the server certificate does not name this host (connect by a name it carries, or set tls_server_name / CONSUL_TLS_SERVER_NAME)"
+ }
+ rustls::Error::InvalidCertificate(
+ C::Expired | C::ExpiredContext { .. } | C::NotValidYet | C::NotValidYetContext { .. },
+ ) => "the server certificate is outside its validity period (renew it, or check the clock)",
+ rustls::Error::InvalidCertificate(_) => {
+ "the server certificate is not signed by a trusted CA (set tls_ca_file / tls_ca_path, or CONSUL_CACERT / CONSUL_CAPATH, to the CA that signed the agent's certificate)"
+ }
+ rustls::Error::AlertReceived(A::CertificateRequired) => {
+ "the agent requires a client certificate (verify_incoming): set tls_cert_file and tls_key_file, or CONSUL_CLIENT_CERT and CONSUL_CLIENT_KEY"
+ }
+ rustls::Error::AlertReceived(
+ A::BadCertificate
+ | A::UnknownCA
+ | A::UnsupportedCertificate
+ | A::CertificateRevoked
+ | A::CertificateExpired
+ | A::CertificateUnknown
+ | A::AccessDenied,
+ ) => {
+ "the agent refused the client certificate (is it signed by the CA the agent trusts, and still valid?)"
         }
         _ => return None,
     };

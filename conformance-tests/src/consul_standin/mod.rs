@@ -37,6 +37,12 @@
 //! - **ACL**: with [`StandInOptions::acl_token`] set, a missing token (`X-Consul-Token`, `?token=`
 //!   or `Authorization: Bearer`) is answered 403 `Permission denied`, a wrong one 403
 //!   `ACL not found`.
+//! - **TLS** ([`StandInOptions::tls`]): the listener speaks HTTPS (TLS 1.2 and 1.3, rustls) with
+//!   the given certificate and key, like an agent with `ports.https` and `tls.https`; with
+//!   [`StandInTls::client_ca_pem`] it also requires a client certificate signed by that CA (the
+//!   agent's `tls.https.verify_incoming`) and ends the handshake of a client without one
+//!   (`certificate required`) or with another CA's (`unknown ca`/`bad certificate`) before any
+//!   request is read. Certificates are the test's own (e.g. generated with `rcgen`).
 //! - **Key rules** of current Consul releases (`validateKVKey`): only `[A-Za-z0-9,-_./]`, no
 //!   `../`, no trailing file extension such as `.json` (switch off with
 //!   [`StandInOptions::strict_kv_keys`]).
@@ -79,6 +85,91 @@ use self::http::{Control, Shared};
 use self::state::Store;
 use crate::harness::{Backend, HarnessError, ServerControl};
 
+/// HTTPS for the stand-in (see [`StandInOptions::tls`]). The key is never shown by `Debug`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct StandInTls {
+    /// The server certificate chain, PEM (leaf first).
+    pub cert_pem: String,
+    /// The server certificate's private key, PEM (PKCS#8, PKCS#1 or SEC1).
+    pub key_pem: String,
+    /// When set, the CA certificate(s), PEM, that must have signed every client's certificate:
+    /// clients without one are refused in the handshake (mTLS, `verify_incoming`).
+    pub client_ca_pem: Option<String>,
+}
+
+impl std::fmt::Debug for StandInTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StandInTls")
+            .field("cert_pem", &format_args!("<{} bytes>", self.cert_pem.len()))
+            .field("key_pem", &"***")
+            .field("requires_client_cert", &self.client_ca_pem.is_some())
+            .finish()
+    }
+}
+
+impl StandInTls {
+    /// HTTPS with this certificate chain and key, client certificates not asked for.
+    pub fn new(cert_pem: impl Into<String>, key_pem: impl Into<String>) -> Self {
+        StandInTls {
+            cert_pem: cert_pem.into(),
+            key_pem: key_pem.into(),
+            client_ca_pem: None,
+        }
+    }
+
+    /// Requires a client certificate signed by `ca_pem` (mTLS).
+    pub fn require_client_cert(mut self, ca_pem: impl Into<String>) -> Self {
+        self.client_ca_pem = Some(ca_pem.into());
+        self
+    }
+
+    /// The rustls acceptor for these settings.
+    fn acceptor(&self) -> io::Result<tokio_rustls::TlsAcceptor> {
+        use tokio_rustls::rustls;
+        use tokio_rustls::rustls::pki_types::pem::PemObject as _;
+        use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        let bad = |what: &str, e: &dyn std::fmt::Display| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("stand-in TLS: {what}: {e}"),
+            )
+        };
+        let chain = CertificateDer::pem_slice_iter(self.cert_pem.as_bytes())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| bad("cert_pem", &e))?;
+        // The key's contents never reach a message.
+        let key = PrivateKeyDer::from_pem_slice(self.key_pem.as_bytes())
+            .map_err(|_| bad("key_pem", &"no readable PEM private key"))?;
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| bad("protocol versions", &e))?;
+        let builder = match &self.client_ca_pem {
+            None => builder.with_no_client_auth(),
+            Some(ca) => {
+                let mut roots = rustls::RootCertStore::empty();
+                for cert in CertificateDer::pem_slice_iter(ca.as_bytes()) {
+                    roots
+                        .add(cert.map_err(|e| bad("client_ca_pem", &e))?)
+                        .map_err(|e| bad("client_ca_pem", &e))?;
+                }
+                let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                    Arc::new(roots),
+                    provider,
+                )
+                .build()
+                .map_err(|e| bad("client_ca_pem", &e))?;
+                builder.with_client_cert_verifier(verifier)
+            }
+        };
+        let mut config = builder
+            .with_single_cert(chain, key)
+            .map_err(|e| bad("cert_pem/key_pem", &e))?;
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
+    }
+}
+
 /// How the stand-in behaves.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StandInOptions {
@@ -94,6 +185,8 @@ pub struct StandInOptions {
     pub strict_kv_keys: bool,
     /// Add Consul's random extra wait (up to `wait / 16`) to blocking queries (default true).
     pub blocking_jitter: bool,
+    /// Serve HTTPS instead of HTTP (default: HTTP).
+    pub tls: Option<StandInTls>,
 }
 
 impl Default for StandInOptions {
@@ -104,6 +197,7 @@ impl Default for StandInOptions {
             acl_token: None,
             strict_kv_keys: true,
             blocking_jitter: true,
+            tls: None,
         }
     }
 }
@@ -118,6 +212,12 @@ impl StandInOptions {
     /// Requires `token` on every API request.
     pub fn acl_token(mut self, token: impl Into<String>) -> Self {
         self.acl_token = Some(token.into());
+        self
+    }
+
+    /// Serves HTTPS with `tls` (see [`StandInTls`]).
+    pub fn tls(mut self, tls: StandInTls) -> Self {
+        self.tls = Some(tls);
         self
     }
 
@@ -136,6 +236,8 @@ pub struct ConsulStandIn {
     runtime: Option<tokio::runtime::Runtime>,
     shared: Arc<Shared>,
     addr: SocketAddr,
+    /// The TLS acceptor when serving HTTPS.
+    tls: Option<tokio_rustls::TlsAcceptor>,
     /// Signalled by the accept loop when it has closed the listening socket.
     accept_closed: Mutex<Option<mpsc::Receiver<()>>>,
 }
@@ -144,6 +246,7 @@ impl std::fmt::Debug for ConsulStandIn {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ConsulStandIn")
             .field("addr", &self.addr)
+            .field("tls", &self.tls.is_some())
             .field("serving", &self.is_serving())
             .finish_non_exhaustive()
     }
@@ -153,8 +256,10 @@ impl ConsulStandIn {
     /// Starts a stand-in on a free `127.0.0.1` port.
     ///
     /// # Errors
-    /// The runtime or the listening socket could not be created.
+    /// The runtime or the listening socket could not be created, or the TLS certificate or key
+    /// could not be read (`InvalidInput`).
     pub fn start(options: StandInOptions) -> io::Result<Self> {
+        let tls = options.tls.as_ref().map(StandInTls::acceptor).transpose()?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .thread_name("consul-standin")
@@ -183,6 +288,7 @@ impl ConsulStandIn {
             runtime: Some(runtime),
             shared,
             addr,
+            tls,
             accept_closed: Mutex::new(None),
         };
         this.serve(listener, 0);
@@ -193,7 +299,13 @@ impl ConsulStandIn {
         let (tx, rx) = mpsc::channel();
         *self.accept_closed.lock().unwrap_or_else(|p| p.into_inner()) = Some(rx);
         if let Some(rt) = &self.runtime {
-            rt.spawn(accept_loop(listener, self.shared.clone(), generation, tx));
+            rt.spawn(accept_loop(
+                listener,
+                self.shared.clone(),
+                self.tls.clone(),
+                generation,
+                tx,
+            ));
         }
     }
 
@@ -202,9 +314,15 @@ impl ConsulStandIn {
         self.addr
     }
 
-    /// `http://127.0.0.1:<port>`, the form of `CONSUL_HTTP_ADDR`.
+    /// `http://127.0.0.1:<port>` (`https://` when serving TLS), the form of `CONSUL_HTTP_ADDR`.
     pub fn http_addr(&self) -> String {
-        format!("http://{}", self.addr)
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://{}", self.addr)
+    }
+
+    /// Whether it serves HTTPS ([`StandInOptions::tls`]).
+    pub fn is_tls(&self) -> bool {
+        self.tls.is_some()
     }
 
     /// Whether it is accepting requests (not killed).
@@ -377,6 +495,7 @@ impl ServerControl for ConsulStandIn {
 async fn accept_loop(
     listener: StdListener,
     shared: Arc<Shared>,
+    tls: Option<tokio_rustls::TlsAcceptor>,
     generation: u64,
     closed: mpsc::Sender<()>,
 ) {
@@ -405,7 +524,19 @@ async fn accept_loop(
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
                     let _ = stream.set_nodelay(true);
-                    tokio::spawn(serve_connection(stream, shared.clone(), generation));
+                    match &tls {
+                        None => {
+                            tokio::spawn(serve_connection(stream, shared.clone(), generation));
+                        }
+                        Some(acceptor) => {
+                            tokio::spawn(serve_tls_connection(
+                                acceptor.clone(),
+                                stream,
+                                shared.clone(),
+                                generation,
+                            ));
+                        }
+                    }
                 }
                 Err(e) => {
                     tracing::debug!(error = %e, "consul stand-in: accept");
@@ -419,7 +550,34 @@ async fn accept_loop(
     let _ = closed.send(());
 }
 
-async fn serve_connection(stream: tokio::net::TcpStream, shared: Arc<Shared>, generation: u64) {
+/// The TLS handshake (bounded, and cut by a kill), then HTTP over it. A refused handshake (no or
+/// a wrongly signed client certificate) closes the connection after rustls's alert.
+async fn serve_tls_connection(
+    acceptor: tokio_rustls::TlsAcceptor,
+    stream: tokio::net::TcpStream,
+    shared: Arc<Shared>,
+    generation: u64,
+) {
+    let mut control = shared.control.subscribe();
+    let handshake = tokio::time::timeout(Duration::from_secs(10), acceptor.accept(stream));
+    let stream = tokio::select! {
+        r = handshake => match r {
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "consul stand-in: TLS handshake refused");
+                return;
+            }
+            Err(_) => return,
+        },
+        _ = control.wait_for(|c| c.generation != generation) => return,
+    };
+    serve_connection(stream, shared, generation).await;
+}
+
+async fn serve_connection<S>(stream: S, shared: Arc<Shared>, generation: u64)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     let mut control = shared.control.subscribe();
     let svc_shared = shared.clone();
     let service = service_fn(move |req| http::handle(svc_shared.clone(), generation, req));
