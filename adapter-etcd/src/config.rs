@@ -28,6 +28,8 @@ const PARAMS: &[&str] = &[
     "connect_timeout_ms",
     "tls_ca_file",
     "tls_domain",
+    "tls_cert_file",
+    "tls_key_file",
 ];
 
 /// How to reach an etcd cluster and how the adapter uses it.
@@ -49,8 +51,16 @@ const PARAMS: &[&str] = &[
 /// | `endpoints` | none | further members, comma-separated `host:port` |
 /// | `request_timeout_ms` | `1000` | bound on each request's response |
 /// | `connect_timeout_ms` | `2000` | bound on opening a connection |
-/// | `tls_ca_file` | system roots | PEM file of the CA that signed the members' certificates (`etcds://` only) |
+/// | `tls_ca_file` | system roots | PEM file of the CA(s) that signed the members' certificates; when given, only these are trusted (`etcds://` only) |
 /// | `tls_domain` | the host | the name to check the members' certificates against (`etcds://` only) |
+/// | `tls_cert_file` | none | PEM client certificate (chain) for etcd's `--client-cert-auth`; needs `tls_key_file` (`etcds://` only) |
+/// | `tls_key_file` | none | PEM private key of `tls_cert_file` (PKCS#8, PKCS#1 or SEC1); needs `tls_cert_file` (`etcds://` only) |
+///
+/// The members' certificates are always verified (chain and name); there is no option to turn
+/// that off. The system roots are those `rustls-native-certs` finds (honouring `SSL_CERT_FILE`
+/// and `SSL_CERT_DIR`). The files are read when connecting; a missing or malformed file is
+/// `InvalidInput` naming it, and a certificate the server or the client refuses is
+/// `Misconfigured` naming the TLS problem.
 ///
 /// User and password come from the URL's user info and are sent with etcd's `Authenticate` RPC.
 /// `Debug` and `Display` show the URL with the password replaced by `***`; errors name values
@@ -67,6 +77,7 @@ pub struct EtcdConfig {
     tls: bool,
     tls_ca_file: Option<PathBuf>,
     tls_domain: Option<String>,
+    tls_client: Option<(PathBuf, PathBuf)>,
     owner: Option<OwnerId>,
 }
 
@@ -83,6 +94,7 @@ impl fmt::Debug for EtcdConfig {
             .field("tls", &self.tls)
             .field("tls_ca_file", &self.tls_ca_file)
             .field("tls_domain", &self.tls_domain)
+            .field("tls_client", &self.tls_client)
             .field("owner", &self.owner)
             .finish()
     }
@@ -172,8 +184,10 @@ impl EtcdConfig {
             tls,
             tls_ca_file: None,
             tls_domain: None,
+            tls_client: None,
             owner: None,
         };
+        let (mut cert_file, mut key_file) = (None, None);
         let mut seen: Vec<String> = Vec::new();
         for (name, value) in raw.query_pairs() {
             let (name, value) = (name.into_owned(), value.into_owned());
@@ -227,22 +241,37 @@ impl EtcdConfig {
                         config.connect_timeout = d;
                     }
                 }
-                "tls_ca_file" | "tls_domain" => {
+                "tls_ca_file" | "tls_domain" | "tls_cert_file" | "tls_key_file" => {
                     if !tls {
                         return Err(bad("an etcds:// URL (TLS options need TLS)").into());
                     }
                     if value.is_empty() {
                         return Err(bad("a non-empty value").into());
                     }
-                    if name == "tls_ca_file" {
-                        config.tls_ca_file = Some(PathBuf::from(value));
-                    } else {
-                        config.tls_domain = Some(value);
+                    match name.as_str() {
+                        "tls_ca_file" => config.tls_ca_file = Some(PathBuf::from(value)),
+                        "tls_domain" => config.tls_domain = Some(value),
+                        "tls_cert_file" => cert_file = Some(PathBuf::from(value)),
+                        _ => key_file = Some(PathBuf::from(value)),
                     }
                 }
                 _ => unreachable!("checked against PARAMS"),
             }
         }
+        config.tls_client = match (cert_file, key_file) {
+            (None, None) => None,
+            (Some(cert), Some(key)) => Some((cert, key)),
+            (Some(_), None) => {
+                return Err(url
+                    .invalid("tls_cert_file needs tls_key_file (the certificate's private key)")
+                    .into())
+            }
+            (None, Some(_)) => {
+                return Err(url
+                    .invalid("tls_key_file needs tls_cert_file (the client certificate)")
+                    .into())
+            }
+        };
         Ok(config)
     }
 
@@ -277,6 +306,56 @@ impl EtcdConfig {
     pub fn with_connect_timeout(mut self, d: Duration) -> Result<Self> {
         self.connect_timeout = checked_timeout("connect_timeout", d)?;
         Ok(self)
+    }
+
+    /// Trusts only the CA certificate(s) in the PEM file `path` for the members' certificates
+    /// (instead of the system roots). `etcds://` only.
+    pub fn with_tls_ca_file(mut self, path: impl Into<PathBuf>) -> Result<Self> {
+        self.require_tls("tls_ca_file")?;
+        self.tls_ca_file = Some(path.into());
+        Ok(self)
+    }
+
+    /// Checks the members' certificates against `name` instead of the host in the URL.
+    /// `etcds://` only.
+    pub fn with_tls_domain(mut self, name: impl Into<String>) -> Result<Self> {
+        self.require_tls("tls_domain")?;
+        let name = name.into();
+        if name.is_empty() {
+            return Err(InvalidInput::OutOfRange {
+                field: "tls_domain",
+                value: String::new(),
+                expected: "a non-empty name",
+            }
+            .into());
+        }
+        self.tls_domain = Some(name);
+        Ok(self)
+    }
+
+    /// Presents the client certificate (chain) in PEM file `cert` with its private key in PEM
+    /// file `key`, for etcd's `--client-cert-auth`. `etcds://` only.
+    pub fn with_tls_client_cert(
+        mut self,
+        cert: impl Into<PathBuf>,
+        key: impl Into<PathBuf>,
+    ) -> Result<Self> {
+        self.require_tls("tls_cert_file")?;
+        self.tls_client = Some((cert.into(), key.into()));
+        Ok(self)
+    }
+
+    fn require_tls(&self, field: &'static str) -> Result<()> {
+        if self.tls {
+            Ok(())
+        } else {
+            Err(InvalidInput::OutOfRange {
+                field,
+                value: self.url.to_string(),
+                expected: "an etcds:// URL (TLS options need TLS)",
+            }
+            .into())
+        }
     }
 
     /// The owner label for leases whose options name none (default: `host/pid`).
@@ -335,6 +414,13 @@ impl EtcdConfig {
         self.tls_domain.as_deref()
     }
 
+    /// The client certificate and key files for `etcds://`, if any.
+    pub fn tls_client_cert(&self) -> Option<(&std::path::Path, &std::path::Path)> {
+        self.tls_client
+            .as_ref()
+            .map(|(c, k)| (c.as_path(), k.as_path()))
+    }
+
     /// The default owner label, if set.
     pub fn owner(&self) -> Option<&OwnerId> {
         self.owner.as_ref()
@@ -358,23 +444,67 @@ impl EtcdConfig {
                 .with_auto_token_refresh(true);
         }
         if self.tls {
-            let mut tls = etcd_client::TlsOptions::new();
-            if let Some(path) = &self.tls_ca_file {
-                let pem = std::fs::read(path).map_err(|e| {
-                    Error::from(
-                        self.url
-                            .invalid(format!("tls_ca_file {}: cannot read: {e}", path.display())),
-                    )
-                })?;
-                tls = tls.ca_certificate(etcd_client::Certificate::from_pem(pem));
+            // Bounds the TLS handshake too (tonic's default has none).
+            let mut tls = etcd_client::TlsOptions::new().timeout(self.connect_timeout);
+            match &self.tls_ca_file {
+                Some(path) => {
+                    let pem = self.read_pem("tls_ca_file", path, PemKind::Certificate)?;
+                    tls = tls.ca_certificate(etcd_client::Certificate::from_pem(pem));
+                }
+                None => tls = tls.with_native_roots(),
             }
             if let Some(domain) = &self.tls_domain {
                 tls = tls.domain_name(domain.clone());
+            }
+            if let Some((cert, key)) = &self.tls_client {
+                let cert = self.read_pem("tls_cert_file", cert, PemKind::Certificate)?;
+                let key = self.read_pem("tls_key_file", key, PemKind::PrivateKey)?;
+                tls = tls.identity(etcd_client::Identity::from_pem(cert, key));
             }
             o = o.with_tls(tls);
         }
         Ok(o)
     }
+
+    /// Reads a PEM file named by option `option` and checks that it holds a `kind` block, so
+    /// that a wrong file is named here instead of failing inside the TLS stack.
+    fn read_pem(&self, option: &str, path: &std::path::Path, kind: PemKind) -> Result<Vec<u8>> {
+        let problem = |what: String| {
+            Error::from(
+                self.url
+                    .invalid(format!("{option} {}: {what}", path.display())),
+            )
+        };
+        let pem = std::fs::read(path).map_err(|e| problem(format!("cannot read: {e}")))?;
+        let text = String::from_utf8_lossy(&pem);
+        let found = text.lines().any(|line| {
+            let line = line.trim();
+            match kind {
+                PemKind::Certificate => line == "-----BEGIN CERTIFICATE-----",
+                PemKind::PrivateKey => {
+                    line.starts_with("-----BEGIN ")
+                        && line.ends_with("PRIVATE KEY-----")
+                        && !line.contains("ENCRYPTED")
+                }
+            }
+        });
+        if !found {
+            return Err(problem(match kind {
+                PemKind::Certificate => "no PEM certificate (-----BEGIN CERTIFICATE-----)".into(),
+                PemKind::PrivateKey => {
+                    "no unencrypted PEM private key (-----BEGIN PRIVATE KEY-----, RSA or EC)".into()
+                }
+            }));
+        }
+        Ok(pem)
+    }
+}
+
+/// What a PEM file given to a TLS option must contain.
+#[derive(Clone, Copy)]
+enum PemKind {
+    Certificate,
+    PrivateKey,
 }
 
 /// Percent-decodes URL user info (`%40` is `@`).

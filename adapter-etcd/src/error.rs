@@ -5,6 +5,7 @@
 //! | transport error, gRPC `Unavailable` while connecting | `Unavailable` | `Unavailable` (nothing was sent) |
 //! | gRPC `Unavailable` after sending, `Unknown`, `Cancelled`, `DeadlineExceeded`, our own timeout | `Unavailable` | `OutcomeUnknown` |
 //! | gRPC `Unauthenticated`, `PermissionDenied`, "authentication failed" | `Misconfigured` (credentials or roles) | same |
+//! | TLS handshake refused: the member's certificate is not trusted or not for the name (`invalid peer certificate`), or the member refused ours (`received fatal alert`, e.g. no client certificate under `--client-cert-auth`) | `Misconfigured` naming the TLS problem | same (nothing was processed: the handshake failed) |
 //! | `etcdserver: requested lease not found` | the session ended: callers treat it as `Lost(SessionEnded)` or start a new session; otherwise `Unavailable` | `Unavailable` (etcd rejects the whole request) |
 //! | anything else | `Unavailable` | `OutcomeUnknown` |
 //!
@@ -56,8 +57,11 @@ impl Failure {
     }
 
     /// Whether the request certainly never reached the server (connection refused, no
-    /// connection could be made).
+    /// connection could be made, the TLS handshake failed).
     pub(crate) fn certainly_not_sent(&self) -> bool {
+        if self.tls_problem().is_some() {
+            return true;
+        }
         match self {
             Failure::Etcd(etcd_client::Error::TransportError(_)) => true,
             Failure::Etcd(etcd_client::Error::GRpcStatus(s)) => {
@@ -68,6 +72,64 @@ impl Failure {
             }
             _ => false,
         }
+    }
+
+    /// A failed TLS handshake, described for the operator. Found by walking the error's
+    /// sources for rustls' messages (etcd-client and tonic wrap them in gRPC statuses and
+    /// transport errors; a refusal by the server may only surface with the first request, as
+    /// `Unknown: transport error`).
+    fn tls_problem(&self) -> Option<String> {
+        let Failure::Etcd(e) = self else {
+            return None;
+        };
+        let mut detail = None;
+        let mut next: Option<&(dyn std::error::Error + 'static)> = Some(e);
+        while let Some(err) = next {
+            let shown = format!("{err:?} {err}");
+            for marker in ["invalid peer certificate", "received fatal alert"] {
+                if let Some(at) = shown.find(marker) {
+                    detail = Some(quoted_text(&shown[at..]));
+                }
+            }
+            if detail.is_some() {
+                break;
+            }
+            next = err.source();
+        }
+        let detail = detail?;
+        Some(if detail.contains("invalid peer certificate") {
+            format!(
+                "TLS: the member's certificate was refused ({detail}); check tls_ca_file (the CA \
+                 that signed the members' certificates, system roots when absent) and tls_domain \
+                 (the name in the certificate, the URL's host when absent)"
+            )
+        } else {
+            format!(
+                "TLS: the member refused the handshake ({detail}); if it runs with \
+                 --client-cert-auth, give tls_cert_file and tls_key_file with a client \
+                 certificate signed by its --trusted-ca-file"
+            )
+        })
+    }
+
+    /// Whether this is a refused TLS handshake (see [`Failure::tls_problem`]).
+    pub(crate) fn is_tls_problem(&self) -> bool {
+        self.tls_problem().is_some()
+    }
+
+    /// Whether the connection was closed or reset under the request without an answer (as a
+    /// member refusing a client certificate does right after the TLS handshake, and as a
+    /// member that is going down does).
+    pub(crate) fn closed_after_handshake(&self) -> bool {
+        let Failure::Etcd(e) = self else {
+            return false;
+        };
+        let shown = format!("{e:?}");
+        shown.contains("connection closed")
+            || shown.contains("BrokenPipe")
+            || shown.contains("ConnectionReset")
+            || shown.contains("connection reset")
+            || shown.contains("UnexpectedEof")
     }
 
     fn auth_problem(&self) -> Option<String> {
@@ -88,7 +150,7 @@ impl Failure {
     /// The workspace error for a failure of `operation`. `may_have_written`: the request could
     /// have changed state if it reached the server.
     pub(crate) fn into_error(self, operation: &'static str, may_have_written: bool) -> Error {
-        if let Some(problem) = self.auth_problem() {
+        if let Some(problem) = self.tls_problem().or_else(|| self.auth_problem()) {
             return Error::Misconfigured {
                 backend: BACKEND,
                 problems: vec![problem],
@@ -117,6 +179,27 @@ impl Failure {
             source,
         }
     }
+}
+
+/// The text up to the end of the quoted string it starts in (`\"` unescaped), at most 300
+/// characters: rustls' message out of a wrapper's `Debug`.
+fn quoted_text(s: &str) -> String {
+    let mut out = String::new();
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => match chars.next() {
+                Some(n) => out.push(n),
+                None => break,
+            },
+            '"' => break,
+            c => out.push(c),
+        }
+        if out.len() >= 300 {
+            break;
+        }
+    }
+    out.trim_end().to_owned()
 }
 
 /// The gRPC status codes the mapping looks at (numbers from the gRPC spec, so that the adapter

@@ -77,7 +77,8 @@ fn parse_value(raw: &[u8]) -> Option<(Token, Bytes)> {
 }
 
 impl EtcdFence {
-    /// Connects to the cluster `config` names (lazily, as [`crate::EtcdCoordinator::connect`]).
+    /// Connects to the cluster `config` names (as [`crate::EtcdCoordinator::connect`]: lazily,
+    /// except that credentials and a TLS handshake are checked now).
     pub async fn connect(config: EtcdConfig) -> Result<Self> {
         let client = crate::coordinator::client_for(&config).await?;
         Ok(EtcdFence { client, config })
