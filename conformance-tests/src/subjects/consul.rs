@@ -1,5 +1,6 @@
-//! The Consul subject: a real Consul when `CONSUL_HTTP_ADDR` is set, otherwise the in-process
-//! [stand-in](crate::consul_standin). The subject's name says which one ran: `consul (real:
+//! The Consul subject: a real Consul when `CONSUL_HTTP_ADDR` is set (configured by the adapter
+//! from the `CONSUL_*` environment, session TTL from `CONFORMANCE_TTL_MS` or [`REAL_TTL`]),
+//! otherwise the in-process [stand-in](crate::consul_standin). The subject's name says which one ran: `consul (real:
 //! <addr>)` or `consul (stand-in)`.
 
 use std::net::SocketAddr;
@@ -19,7 +20,8 @@ use crate::suite::{ConnectViaFn, Operator, Subject};
 /// The session TTL (and so the lease TTL) the suite uses against the stand-in, which is started
 /// with this `session_ttl_min` instead of Consul's 10 s so that expiry cases take seconds.
 pub const STANDIN_TTL: Duration = Duration::from_secs(1);
-/// The TTL against a real Consul: its default `session_ttl_min`.
+/// The default TTL against a real Consul: its default `session_ttl_min`. `CONFORMANCE_TTL_MS`
+/// replaces it (for an agent started with a lower `session_ttl_min`, as the users' CI kit does).
 pub const REAL_TTL: Duration = Duration::from_secs(10);
 
 /// Sends one HTTP/1.1 request to a Consul agent at `addr` (plain HTTP) with an optional body and
@@ -211,40 +213,48 @@ async fn standin(
     Ok(Some(subject))
 }
 
+/// The ACL token the environment gives the adapter (`CONSUL_HTTP_TOKEN_FILE`'s contents, else
+/// `CONSUL_HTTP_TOKEN`), for the operator's requests and the report's redaction.
+fn env_token() -> Option<String> {
+    let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+    var("CONSUL_HTTP_TOKEN_FILE")
+        .and_then(|f| std::fs::read_to_string(f).ok())
+        .or_else(|| var("CONSUL_HTTP_TOKEN"))
+        .map(|t| t.trim().to_owned())
+        .filter(|t| !t.is_empty())
+}
+
+/// The real agent of `CONSUL_HTTP_ADDR`. The URL names no host, so the adapter reads the agent's
+/// address, HTTP or HTTPS, ACL token, CA and client certificate from the `CONSUL_*` environment
+/// exactly as it would in production. The session TTL (and the subject's TTL) is
+/// `CONFORMANCE_TTL_MS` when set ([`crate::suite::ttl_override`]), else [`REAL_TTL`]; a value
+/// below the agent's `session_ttl_min` is refused by Consul, and reported as `Misconfigured`.
 async fn real(
     addr: String,
     key_prefix: String,
     worker_exe: Option<PathBuf>,
 ) -> Result<Option<Subject>, String> {
-    let (tls, hostport) = if let Some(rest) = addr.strip_prefix("https://") {
-        (true, rest)
-    } else {
-        (false, addr.strip_prefix("http://").unwrap_or(&addr))
-    };
-    let hostport = hostport.trim_end_matches('/').to_owned();
-    let token = std::env::var("CONSUL_HTTP_TOKEN")
-        .ok()
-        .filter(|t| !t.trim().is_empty());
-    let mut query = format!(
-        "key_prefix={key_prefix}&session_ttl_ms={}",
-        REAL_TTL.as_millis()
-    );
-    if let Some(t) = &token {
-        let encoded: String = url::form_urlencoded::byte_serialize(t.as_bytes()).collect();
-        query = format!("token={encoded}&{query}");
-    }
-    let scheme = if tls { "consuls" } else { "consul" };
-    let url = format!("{scheme}://{hostport}?{query}");
+    let ttl = crate::suite::ttl_override().unwrap_or(REAL_TTL);
+    let query = format!("key_prefix={key_prefix}&session_ttl_ms={}", ttl.as_millis());
+    let url = format!("consul://?{query}");
     let config = adapter_consul::ConsulConfig::from_url(&url).map_err(|e| e.to_string())?;
+    let tls = config.tls();
+    let host = config.host();
+    let hostport = if host.contains(':') && !host.starts_with('[') {
+        format!("[{host}]:{}", config.port())
+    } else {
+        format!("{host}:{}", config.port())
+    };
+    let token = env_token();
     let resolved = tokio::net::lookup_host(hostport.as_str())
         .await
         .ok()
         .and_then(|mut a| a.next());
     let mut subject = Subject::new(
-        format!("consul (real: {scheme}://{hostport})"),
+        format!("consul (real: {})", config.base_url()),
         connect_fn(url.clone()),
         Arc::new(lease_core::memory::MemoryFence::new()),
-        REAL_TTL,
+        ttl,
     )
     // The harness cannot crash or freeze an external agent: restart cases are skipped by name.
     .with_server(Box::new(crate::harness::ExternalEndpoint {
@@ -252,6 +262,8 @@ async fn real(
         url: addr.clone(),
     }));
     if let (Some(sock), false) = (resolved, tls) {
+        // Through the proxy the URL names the proxy's address; the token still comes from the
+        // environment.
         subject = subject
             .with_proxy(sock, connect_via_fn(query))
             .with_operator(Arc::new(ConsulOperator {
@@ -264,6 +276,7 @@ async fn real(
         subject = subject.with_secret(t);
     }
     if let Some(exe) = worker_exe {
+        // Workers inherit this process's environment, so they resolve the same agent.
         subject = subject.with_workers(url, exe);
     }
     Ok(Some(subject))
