@@ -105,6 +105,26 @@ hostssl all all 127.0.0.1/32 trust
 hostssl all all ::1/128      trust
 ";
 
+/// The PIDs whose parent is `pid` (from `/proc/<pid>/stat`).
+fn children(pid: u32) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/stat"))
+                .ok()
+                .and_then(|stat| {
+                    // `pid (comm) state ppid ...`; comm may hold spaces and parentheses.
+                    let rest = &stat[stat.rfind(')')? + 1..];
+                    rest.split_whitespace().nth(1)?.parse::<u32>().ok()
+                })
+                == Some(pid)
+        })
+        .collect()
+}
+
 struct PostgresLauncher {
     bin: PathBuf,
     ids: (u32, u32),
@@ -250,6 +270,21 @@ impl PostgresServer {
         let ids = postgres_ids().map_err(startup)?;
         let inner = ServerProcess::start(Box::new(PostgresLauncher { bin, ids, config }))?;
         Ok(Self { inner })
+    }
+
+    /// A whole-server crash, as when the machine dies: `SIGSTOP` the postmaster, `SIGKILL` every
+    /// backend it forked, then `SIGKILL` and reap the postmaster. ([`Self::kill`] kills the
+    /// postmaster only; its backends then finish what they are doing, answer, and exit.) Data
+    /// directory and port are kept for [`Self::restart`]. `Ok` if it was not running.
+    pub fn crash(&mut self) -> Result<(), HarnessError> {
+        let Some(pid) = self.pid() else {
+            return Ok(());
+        };
+        self.pause()?;
+        for child in children(pid) {
+            let _ = crate::process::kill(child);
+        }
+        self.kill()
     }
 
     /// A connection URL for user `postgres`, database `postgres`.
