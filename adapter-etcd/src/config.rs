@@ -628,6 +628,105 @@ mod tests {
     }
 
     #[test]
+    fn tls_options_parse_and_pair_up() {
+        let c = EtcdConfig::from_url(
+            "etcds://u:pw@h:1?tls_ca_file=/ca.pem&tls_cert_file=/c.pem&tls_key_file=/k.pem",
+        )
+        .unwrap();
+        assert_eq!(c.tls_ca_file(), Some(std::path::Path::new("/ca.pem")));
+        assert_eq!(
+            c.tls_client_cert(),
+            Some((
+                std::path::Path::new("/c.pem"),
+                std::path::Path::new("/k.pem")
+            ))
+        );
+        for (url, needle) in [
+            (
+                "etcds://u:pw@h:1?tls_cert_file=/c.pem",
+                "needs tls_key_file",
+            ),
+            (
+                "etcds://u:pw@h:1?tls_key_file=/k.pem",
+                "needs tls_cert_file",
+            ),
+            ("etcd://u:pw@h:1?tls_cert_file=/c.pem", "etcds://"),
+            ("etcd://u:pw@h:1?tls_key_file=/k.pem", "etcds://"),
+            ("etcds://u:pw@h:1?tls_cert_file=", "non-empty"),
+        ] {
+            let e = invalid(url);
+            assert!(e.contains(needle), "{url}: {e}");
+            assert!(!e.contains("pw@"), "{url}: password shown: {e}");
+        }
+        let plain = EtcdConfig::from_url("etcd://h").unwrap();
+        assert!(plain.clone().with_tls_ca_file("/ca.pem").is_err());
+        assert!(plain.clone().with_tls_domain("x").is_err());
+        assert!(plain.with_tls_client_cert("/c", "/k").is_err());
+        let tls = EtcdConfig::from_url("etcds://h").unwrap();
+        assert!(tls.clone().with_tls_domain("").is_err());
+        let tls = tls
+            .with_tls_domain("etcd.internal")
+            .unwrap()
+            .with_tls_client_cert("/c", "/k")
+            .unwrap();
+        assert_eq!(tls.tls_domain(), Some("etcd.internal"));
+        assert!(tls.tls_client_cert().is_some());
+    }
+
+    #[test]
+    fn tls_files_are_checked_when_connecting_naming_the_file() {
+        let dir = std::env::temp_dir().join(format!("adapter-etcd-pem-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let cert = dir.join("cert.pem");
+        let key = dir.join("key.pem");
+        std::fs::write(
+            &cert,
+            "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n",
+        )
+        .unwrap();
+        std::fs::write(
+            &key,
+            "-----BEGIN PRIVATE KEY-----\nMIIE\n-----END PRIVATE KEY-----\n",
+        )
+        .unwrap();
+        let url = |q: String| format!("etcds://root:hunter2@h:1?{q}");
+        let p = |f: &std::path::Path| f.display().to_string();
+        let ok = EtcdConfig::from_url(&url(format!(
+            "tls_ca_file={}&tls_cert_file={}&tls_key_file={}",
+            p(&cert),
+            p(&cert),
+            p(&key)
+        )))
+        .unwrap();
+        assert!(ok.connect_options().is_ok());
+        for (q, needle) in [
+            (
+                "tls_ca_file=/nonexistent/ca.pem".to_owned(),
+                "tls_ca_file /nonexistent/ca.pem: cannot read",
+            ),
+            (format!("tls_ca_file={}", p(&key)), "no PEM certificate"),
+            (
+                format!("tls_cert_file={}&tls_key_file={}", p(&key), p(&key)),
+                "tls_cert_file",
+            ),
+            (
+                format!("tls_cert_file={}&tls_key_file={}", p(&cert), p(&cert)),
+                "tls_key_file",
+            ),
+        ] {
+            let c = EtcdConfig::from_url(&url(q.clone())).unwrap();
+            let e = match c.connect_options() {
+                Err(Error::InvalidInput(e)) => e.to_string(),
+                Err(other) => panic!("{q}: expected InvalidInput, got {other:?}"),
+                Ok(_) => panic!("{q}: accepted"),
+            };
+            assert!(e.contains(needle), "{q}: {e}");
+            assert!(!e.contains("hunter2"), "{q}: password shown: {e}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
     fn builder_setters_check_ranges() {
         let c = EtcdConfig::from_url("etcd://h").unwrap();
         assert!(c.clone().with_key_prefix("").is_err());

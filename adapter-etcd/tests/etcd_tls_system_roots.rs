@@ -1,0 +1,72 @@
+//! `etcds://` without `tls_ca_file` trusts the system roots. The test makes its generated CA
+//! the system roots through `SSL_CERT_FILE` (honoured by `rustls-native-certs`), which is
+//! process-wide: hence this file's single test, which sets it before any thread starts.
+
+use std::time::Duration;
+
+use adapter_etcd::EtcdCoordinator;
+use conformance_tests::harness::etcd::EtcdTls;
+use conformance_tests::harness::{start_or_skip, Backend, EtcdConfig as ServerConfig, EtcdServer};
+use lease_core::{Coordinator, LeaseOptions, LockKey};
+use rcgen::{
+    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
+    KeyPair, KeyUsagePurpose,
+};
+
+#[test]
+fn etcds_without_a_ca_file_trusts_the_system_roots() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.distinguished_name.push(DnType::CommonName, "system CA");
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    let ca = CertifiedIssuer::self_signed(ca, KeyPair::generate().unwrap()).unwrap();
+    let mut server = CertificateParams::new(vec!["127.0.0.1".to_owned()]).unwrap();
+    server.extended_key_usages = vec![
+        ExtendedKeyUsagePurpose::ServerAuth,
+        ExtendedKeyUsagePurpose::ClientAuth,
+    ];
+    let key = KeyPair::generate().unwrap();
+    let (ca_file, cert_file, key_file) = (
+        dir.path().join("ca.pem"),
+        dir.path().join("server.pem"),
+        dir.path().join("server-key.pem"),
+    );
+    std::fs::write(&ca_file, ca.pem()).unwrap();
+    std::fs::write(&cert_file, server.signed_by(&key, &ca).unwrap().pem()).unwrap();
+    std::fs::write(&key_file, key.serialize_pem()).unwrap();
+    // Before any other thread exists (the test harness runs this file's only test on one).
+    std::env::set_var("SSL_CERT_FILE", &ca_file);
+    std::env::remove_var("SSL_CERT_DIR");
+
+    let Some(server) = start_or_skip(
+        "etcds_without_a_ca_file_trusts_the_system_roots",
+        Backend::Etcd,
+        || {
+            EtcdServer::start_with(ServerConfig {
+                tls: Some(EtcdTls::new(&cert_file, &key_file)),
+                ..ServerConfig::default()
+            })
+        },
+    ) else {
+        return;
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let c = EtcdCoordinator::from_url(&server.adapter_url())
+            .await
+            .expect("connect trusting the system roots");
+        let lease = c
+            .try_acquire(
+                &LockKey::new("system-roots").unwrap(),
+                &LeaseOptions::new(Duration::from_secs(2)),
+            )
+            .await
+            .expect("acquire over TLS trusting the system roots");
+        lease.release().await.unwrap();
+    });
+}
