@@ -260,7 +260,8 @@ impl ConsulCoordinator {
     /// A coordinator for `config`. Sends nothing: the session is created by the first acquire.
     ///
     /// # Errors
-    /// `Misconfigured` if TLS cannot be set up (no CA certificates, unreadable `tls_ca_file`);
+    /// `Misconfigured` if TLS cannot be set up (no CA certificates; an unreadable or empty CA
+    /// file or directory, client certificate or key; an invalid `tls_server_name`);
     /// `InvalidInput` for a token that cannot be sent as a header.
     pub fn new(config: ConsulConfig) -> Result<Self> {
         let http = Arc::new(Http::new(&config)?);

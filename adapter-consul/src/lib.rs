@@ -29,7 +29,8 @@ pub const SCHEMES: [&str; 2] = ["consul", "consuls"];
 /// Registers [`ConsulCoordinator`] for every scheme in [`SCHEMES`].
 ///
 /// After this, `registry.connect("consul://127.0.0.1:8500")` parses the URL with
-/// [`ConsulConfig::from_backend_url`] and makes a coordinator (nothing is sent until the first
+/// [`ConsulConfig::from_backend_url`] (the `CONSUL_*` environment filling what the URL leaves
+/// out) and makes a coordinator (nothing is sent until the first
 /// acquire). The adapter has no fence: protect the resource with another backend's fence.
 pub fn register(registry: &mut Registry) {
     for scheme in SCHEMES {
