@@ -8,6 +8,22 @@
 //!
 //! Every case runs under a fresh random key prefix, so runs never collide, and under a time bound
 //! so a hang is a failure, not a stuck CI job.
+//!
+//! # Timing from the environment
+//!
+//! A slow or remote backend (a container on a shared CI runner, a server across a network) can
+//! be given more time without changing code. [`run_suite`] (and so [`main_for`] and the
+//! `conformance` runner) reads, once per run ([`Timing::from_env`]):
+//!
+//! | variable | meaning | default |
+//! |---|---|---|
+//! | `CONFORMANCE_TTL_MS` | the lease TTL (milliseconds, `1..=3600000`) for **external** servers: subjects whose [`ServerControl`] is not controllable (`FENCED_*_URL`, `CONSUL_HTTP_ADDR`). It replaces [`Subject::ttl`] for backends with per-lease TTLs (Redis, etcd); it is raised to the backend's [`Capabilities::min_ttl`](lease_core::Capabilities) if below it, with a note. Backends whose TTL is their session's (ZooKeeper, Consul) keep the subject's TTL, since only the subject configures the session: their subjects read [`ttl_override`] themselves. In-process and harness-started servers are never affected. | the subject's TTL |
+//! | `CONFORMANCE_TIME_SCALE` | a multiplier (a decimal number, `> 0` and `<= 100`) of every case's time bound, `(ttl * ttl_budget + 10 s) * scale`, for every subject | `1` |
+//! | `CONFORMANCE_SEED` | the base seed of the run | random |
+//! | `CONFORMANCE_CHAOS_SECS` | how long the chaos run lasts | 12 |
+//!
+//! An unset or empty variable takes the default; a malformed one fails the run with a single
+//! failed `environment` case naming the variable, never silently ignored.
 
 use std::fmt;
 use std::future::Future;
@@ -287,6 +303,7 @@ pub struct Ctx {
     /// The case's seed (printed on failure).
     pub seed: u64,
     rng: std::sync::Mutex<rand::rngs::StdRng>,
+    time_scale: f64,
 }
 
 impl fmt::Debug for Ctx {
@@ -325,6 +342,12 @@ impl Ctx {
     /// The TTL for short leases.
     pub fn ttl(&self) -> Duration {
         self.subject.ttl
+    }
+
+    /// `d` multiplied by the run's `CONFORMANCE_TIME_SCALE` (see [`Timing`]): for a fixed wait
+    /// inside a case that should grow with a slow backend.
+    pub fn scaled(&self, d: Duration) -> Duration {
+        d.mul_f64(self.time_scale)
     }
 
     /// A random number in `range` from the case's seeded source.
@@ -404,8 +427,142 @@ pub struct RunOptions {
     pub seed: Option<u64>,
 }
 
+/// The environment variable overriding the lease TTL for external servers (see [`Timing`]).
+pub const TTL_ENV: &str = "CONFORMANCE_TTL_MS";
+/// The environment variable scaling every case's time bound (see [`Timing`]).
+pub const TIME_SCALE_ENV: &str = "CONFORMANCE_TIME_SCALE";
+
+/// The largest accepted `CONFORMANCE_TTL_MS`: one hour.
+const MAX_TTL_MS: u64 = 3_600_000;
+/// The largest accepted `CONFORMANCE_TIME_SCALE`.
+const MAX_TIME_SCALE: f64 = 100.0;
+
+/// The run's timing settings from the environment (see the [module docs](self)).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Timing {
+    /// `CONFORMANCE_TTL_MS`: the lease TTL for external servers, if set.
+    pub ttl_override: Option<Duration>,
+    /// `CONFORMANCE_TIME_SCALE`: the multiplier of every case's time bound (default 1).
+    pub time_scale: f64,
+}
+
+impl Default for Timing {
+    fn default() -> Self {
+        Timing {
+            ttl_override: None,
+            time_scale: 1.0,
+        }
+    }
+}
+
+impl Timing {
+    /// Reads `CONFORMANCE_TTL_MS` and `CONFORMANCE_TIME_SCALE` from the process environment.
+    ///
+    /// # Errors
+    /// A message naming the variable when a value is set but malformed or out of range.
+    pub fn from_env() -> Result<Self, String> {
+        Self::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    /// Like [`Self::from_env`] with a custom variable lookup (for tests).
+    ///
+    /// # Errors
+    /// As [`Self::from_env`].
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, String> {
+        let get = |name: &str| {
+            lookup(name)
+                .map(|v| v.trim().to_owned())
+                .filter(|v| !v.is_empty())
+        };
+        let ttl_override = match get(TTL_ENV) {
+            None => None,
+            Some(v) => match v.parse::<u64>() {
+                Ok(ms) if (1..=MAX_TTL_MS).contains(&ms) => Some(Duration::from_millis(ms)),
+                _ => {
+                    return Err(format!(
+                        "{TTL_ENV}={v:?}: expected whole milliseconds in 1..={MAX_TTL_MS}"
+                    ))
+                }
+            },
+        };
+        let time_scale = match get(TIME_SCALE_ENV) {
+            None => 1.0,
+            Some(v) => match v.parse::<f64>() {
+                Ok(x) if x.is_finite() && x > 0.0 && x <= MAX_TIME_SCALE => x,
+                _ => {
+                    return Err(format!(
+                        "{TIME_SCALE_ENV}={v:?}: expected a number > 0 and <= {MAX_TIME_SCALE}"
+                    ))
+                }
+            },
+        };
+        Ok(Timing {
+            ttl_override,
+            time_scale,
+        })
+    }
+
+    /// A case's time bound: `(ttl * ttl_budget + 10 s) * time_scale`.
+    pub fn case_budget(&self, ttl: Duration, ttl_budget: u32) -> Duration {
+        (ttl * ttl_budget + Duration::from_secs(10)).mul_f64(self.time_scale)
+    }
+}
+
+/// `CONFORMANCE_TTL_MS` as a duration, for subjects of external servers that configure a session
+/// TTL themselves (a real Consul's `session_ttl_ms`, a ZooKeeper session timeout) and should set
+/// [`Subject::ttl`] to the same value. `None` when unset or malformed (a malformed value also
+/// fails the run in [`run_suite`]).
+pub fn ttl_override() -> Option<Duration> {
+    Timing::from_env().ok().and_then(|t| t.ttl_override)
+}
+
+/// `CONFORMANCE_TIME_SCALE` (1 when unset or malformed).
+pub fn time_scale() -> f64 {
+    Timing::from_env().map_or(1.0, |t| t.time_scale)
+}
+
+/// Applies `CONFORMANCE_TTL_MS` to an external server's subject (see the [module docs](self)):
+/// returns the TTL to run with and a note for the report when it differs from the request.
+async fn effective_ttl(subject: &Subject, requested: Duration) -> (Duration, Option<String>) {
+    let external = match &subject.server {
+        Some(s) => !s.lock().await.controllable(),
+        None => false,
+    };
+    if !external || requested == subject.ttl {
+        return (subject.ttl, None);
+    }
+    let caps = match (subject.connect)().await {
+        Ok(c) => c.capabilities().clone(),
+        // The cases will report the connection failure themselves.
+        Err(_) => return (requested, None),
+    };
+    if !caps.per_lease_ttl {
+        let note = format!(
+            "{TTL_ENV}={} not applied: a {} lease lives as long as its session, whose TTL the \
+             subject sets ({:?}); the subject must read conformance_tests::suite::ttl_override()",
+            requested.as_millis(),
+            subject.name,
+            subject.ttl
+        );
+        return (subject.ttl, Some(note));
+    }
+    if requested < caps.min_ttl {
+        let note = format!(
+            "{TTL_ENV}={} is below {}'s minimum TTL; running with {:?}",
+            requested.as_millis(),
+            subject.name,
+            caps.min_ttl
+        );
+        return (caps.min_ttl, Some(note));
+    }
+    (requested, None)
+}
+
 /// Runs every case (matching the filter) against `subject`, one after another, and reports.
-pub async fn run_suite(subject: Subject, options: &RunOptions) -> Report {
+///
+/// The TTL and time bounds follow the environment ([`Timing`]); a malformed timing variable
+/// yields a report with one failed `environment` case and nothing else run.
+pub async fn run_suite(mut subject: Subject, options: &RunOptions) -> Report {
     let base_seed = options
         .seed
         .or_else(|| {
@@ -416,6 +573,37 @@ pub async fn run_suite(subject: Subject, options: &RunOptions) -> Report {
         .unwrap_or_else(rand::random);
     let run_id: u32 = rand::random();
     let mut report = Report::new(subject.name.clone(), base_seed);
+    let timing = match Timing::from_env() {
+        Ok(t) => t,
+        Err(e) => {
+            report.push(CaseReport::new(
+                "environment",
+                Verdict::Failed(e),
+                Duration::ZERO,
+                None,
+            ));
+            return report;
+        }
+    };
+    if let Some(requested) = timing.ttl_override {
+        let (ttl, note) = effective_ttl(&subject, requested).await;
+        if let Some(note) = note {
+            println!("note: {}: {note}", subject.name);
+        }
+        if ttl != subject.ttl {
+            println!(
+                "note: {}: TTL {ttl:?} (from {TTL_ENV}; the subject's own is {:?})",
+                subject.name, subject.ttl
+            );
+            subject.ttl = ttl;
+        }
+    }
+    if timing.time_scale != 1.0 {
+        println!(
+            "note: {}: case time bounds scaled by {} ({TIME_SCALE_ENV})",
+            subject.name, timing.time_scale
+        );
+    }
     for (i, case) in cases().into_iter().enumerate() {
         if let Some(f) = &options.filter {
             if !case.name.contains(f.as_str()) {
@@ -438,8 +626,9 @@ pub async fn run_suite(subject: Subject, options: &RunOptions) -> Report {
             prefix: format!("conformance/{run_id:08x}/{}", case.name),
             seed,
             rng: std::sync::Mutex::new(rand::rngs::StdRng::seed_from_u64(seed)),
+            time_scale: timing.time_scale,
         });
-        let budget = subject.ttl * case.ttl_budget + Duration::from_secs(10);
+        let budget = timing.case_budget(subject.ttl, case.ttl_budget);
         let handle = tokio::spawn((case.run)(ctx));
         let verdict = match tokio::time::timeout(budget, handle).await {
             Ok(Ok(Ok(v))) => v,
@@ -478,7 +667,8 @@ fn panic_message(e: tokio::task::JoinError) -> String {
 /// the report and a closing `N passed, N failed, N skipped` line, and returns the exit code.
 ///
 /// Arguments: an optional name filter; flags starting with `-` are ignored (so `cargo test`'s own
-/// flags do not break it). `CONFORMANCE_JUNIT=path` also writes JUnit XML.
+/// flags do not break it). `CONFORMANCE_JUNIT=path` also writes JUnit XML; the timing variables
+/// of the [module docs](self) apply.
 pub fn main_for<F, Fut>(make_subject: F) -> std::process::ExitCode
 where
     F: FnOnce() -> Fut,
@@ -516,4 +706,58 @@ where
             std::process::ExitCode::SUCCESS
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn timing(vars: &[(&str, &str)]) -> Result<Timing, String> {
+        Timing::from_lookup(|name| {
+            vars.iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| v.to_string())
+        })
+    }
+
+    #[test]
+    fn timing_defaults_when_unset_or_empty() {
+        assert_eq!(timing(&[]), Ok(Timing::default()));
+        assert_eq!(
+            timing(&[(TTL_ENV, " "), (TIME_SCALE_ENV, "")]),
+            Ok(Timing::default())
+        );
+    }
+
+    #[test]
+    fn timing_reads_ttl_and_scale() {
+        let t = timing(&[(TTL_ENV, "2000"), (TIME_SCALE_ENV, "2.5")]).unwrap();
+        assert_eq!(t.ttl_override, Some(Duration::from_secs(2)));
+        assert_eq!(t.time_scale, 2.5);
+        assert_eq!(
+            t.case_budget(Duration::from_secs(2), 3),
+            Duration::from_secs(40)
+        );
+        assert_eq!(
+            Timing::default().case_budget(Duration::from_millis(400), 5),
+            Duration::from_secs(12)
+        );
+    }
+
+    #[test]
+    fn malformed_timing_names_the_variable() {
+        for (var, value) in [
+            (TTL_ENV, "2s"),
+            (TTL_ENV, "0"),
+            (TTL_ENV, "3600001"),
+            (TIME_SCALE_ENV, "fast"),
+            (TIME_SCALE_ENV, "0"),
+            (TIME_SCALE_ENV, "-1"),
+            (TIME_SCALE_ENV, "NaN"),
+            (TIME_SCALE_ENV, "1000"),
+        ] {
+            let e = timing(&[(var, value)]).unwrap_err();
+            assert!(e.contains(var) && e.contains(value), "{e}");
+        }
+    }
 }
