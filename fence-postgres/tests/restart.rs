@@ -199,7 +199,7 @@ async fn the_same_fence_survives_a_server_crash_and_restart() {
         );
         let value = v.value.unwrap().1;
         assert!(
-            value == Bytes::from(newest.to_string()) || value == Bytes::from_static(b"slow"),
+            value == newest.to_string().as_bytes() || value == b"slow"[..],
             "{}: {value:?}",
             run.resource
         );
