@@ -161,7 +161,7 @@ async fn consuls_with_tls_ca_file_acquires_and_releases() {
     let s = tls_standin(&pki, None);
     assert!(s.http_addr().starts_with("https://"));
     let ca = pki.write("ca.pem", &pki.ca_pem());
-    for host in ["127.0.0.1".to_owned(), format!("localhost")] {
+    for host in ["127.0.0.1", "localhost"] {
         let url = format!(
             "consuls://{host}:{}?token={TOKEN}&session_ttl_ms=1000&key_prefix={}&tls_ca_file={}",
             s.addr().port(),
