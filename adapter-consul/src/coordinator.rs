@@ -402,27 +402,31 @@ impl ConsulCoordinator {
                         // its `CreateIndex`, which `inspect` reports. Delete it and lock again,
                         // so every lease's token is the `CreateIndex` of its own key.
                         rewritten += 1;
-                        let ops = [
-                            TxnOp::check_session(&kv_key, &session.id),
-                            TxnOp::delete(&kv_key),
-                        ];
-                        match inner.http.txn(&ops, "acquire", false).await {
-                            Ok(_) if rewritten <= 3 => {
+                        // The delete runs in its own task, which holds the claim until it is
+                        // done: a caller that drops this future meanwhile leaves no lock behind.
+                        let deleting = self.delete_leftover(&kv_key, &session, claim);
+                        let bound = deadline
+                            .unwrap_or_else(Instant::now)
+                            .max(Instant::now() + inner.http.request_timeout());
+                        let unavailable = |message: String| Error::Unavailable {
+                            backend: BACKEND,
+                            message,
+                            source: None,
+                        };
+                        match tokio::time::timeout_at(bound, deleting).await {
+                            Ok(Ok(claim)) if rewritten <= 3 => {
                                 slot = Some(claim);
                                 continue;
                             }
-                            Ok(_) => {
-                                return Err(Error::Unavailable {
-                                    backend: BACKEND,
-                                    message: format!(
-                                        "the Consul key of {key:?} keeps being rewritten by another writer"
-                                    ),
-                                    source: None,
-                                });
+                            Ok(Ok(_)) => {
+                                return Err(unavailable(format!(
+                                    "the Consul key of {key:?} keeps being rewritten by another writer"
+                                )))
                             }
-                            Err(e) => {
-                                self.release_detached(&kv_key, entry.modify_index, &session, claim);
-                                return Err(e);
+                            Ok(Err(_)) | Err(_) => {
+                                return Err(unavailable(format!(
+                                    "could not remove a leftover value of {key:?} in time; it is removed in the background"
+                                )))
                             }
                         }
                     }
@@ -621,6 +625,33 @@ impl ConsulCoordinator {
             }
             drop(slot);
         });
+    }
+
+    /// Deletes a key this client has just locked but will not hand out as it is (it held a
+    /// leftover value), retrying until done or the session is gone; the task keeps the claim
+    /// and returns it.
+    fn delete_leftover(
+        &self,
+        kv_key: &str,
+        session: &Arc<Session>,
+        claim: SlotGuard,
+    ) -> tokio::task::JoinHandle<SlotGuard> {
+        let http = self.inner.http.clone();
+        let (kv_key, session) = (kv_key.to_owned(), session.clone());
+        tokio::spawn(async move {
+            let ops = [
+                TxnOp::check_session(&kv_key, &session.id),
+                TxnOp::delete(&kv_key),
+            ];
+            let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(5));
+            while !session.is_ended() {
+                match http.txn(&ops, "acquire", false).await {
+                    Ok(_) => break,
+                    Err(_) => tokio::time::sleep(backoff.next()).await,
+                }
+            }
+            claim
+        })
     }
 
     /// The state of this client's live lease on `key` (for the crate's tests).
