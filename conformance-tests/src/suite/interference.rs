@@ -184,19 +184,33 @@ async fn release_reply_lost(ctx: Arc<Ctx>) -> CaseResult {
         .ok_or_else(|| Failure("no proxy".into()))?;
     let proxy = FaultProxy::start(upstream).await?;
     let a = connect_via(proxy.addr()).await?;
+    // Warm A up: one whole acquire/release, so the release below is one request (scripts
+    // loaded, connections open), as in a long-running client.
+    a.acquire(&ctx.key("warm-up"), &LeaseOptions::new(ctx.ttl()))
+        .await?
+        .release()
+        .await?;
     let key = ctx.key("release-reply-lost");
     let lease: Arc<dyn Lease> =
         Arc::from(a.acquire(&key, &LeaseOptions::new(ctx.ttl() * 20)).await?);
     let token = lease.token();
     lease.renew().await?;
-    let sent = proxy.request_bytes();
+    let observer = ctx.client().await?;
     proxy.drop_replies();
     let releasing = {
         let lease = lease.clone();
         tokio::spawn(async move { lease.release().await })
     };
-    // Once the release has reached the server, its reply is lost with the connection.
-    wait_for_request(&proxy, sent, ctx.ttl() * 10).await?;
+    // Once the release has applied at the server (seen by another client), its reply is lost
+    // with the connection.
+    let applied = Instant::now() + ctx.ttl() * 10;
+    while observer.inspect(&key).await?.is_some() {
+        check!(
+            Instant::now() < applied,
+            "the release never applied at the server"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
     proxy.cut();
     let outcome = tokio::time::timeout(ctx.ttl() * 20, releasing)
         .await
@@ -269,7 +283,9 @@ async fn acquire_reply_lost_while_held(ctx: Arc<Ctx>) -> CaseResult {
             (l, Instant::now())
         })
     };
-    // Once the attempt has reached the server, its reply is lost with the connection.
+    // Once the attempt has reached the server, its reply is lost with the connection. (Any
+    // request counts: a background one of B's may come first, and then the attempt itself is
+    // what is lost; both are outcomes B must handle.)
     wait_for_request(&proxy, sent, ctx.ttl() * 10).await?;
     proxy.cut();
     proxy.heal();
@@ -281,7 +297,10 @@ async fn acquire_reply_lost_while_held(ctx: Arc<Ctx>) -> CaseResult {
             "A's kept lease is {:?}",
             held.lease().status()
         );
-        check!(!waiter.is_finished(), "B acquired while A held the key");
+        check!(
+            !waiter.is_finished(),
+            "B's acquire ended while A held the key (it must keep waiting)"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let released_at = Instant::now();
@@ -413,6 +432,11 @@ async fn fence_write_unknown_outcome(ctx: Arc<Ctx>) -> CaseResult {
     let slow = fence_via(proxy.addr()).await?;
     slow.write(&resource, token, Bytes::from_static(b"first"))
         .await?;
+    // What one write costs on the wire once connected, to tell one copy from a re-send.
+    let before = proxy.request_bytes();
+    slow.write(&resource, token, Bytes::from_static(b"second"))
+        .await?;
+    let one_write = proxy.request_bytes() - before;
     let sent = proxy.request_bytes();
     proxy.drop_replies();
     let writing = {
@@ -422,14 +446,38 @@ async fn fence_write_unknown_outcome(ctx: Arc<Ctx>) -> CaseResult {
                 .await
         })
     };
-    // Once the write has reached the storage, its reply is lost with the connection.
-    wait_for_request(&proxy, sent, Duration::from_secs(10)).await?;
+    // Once the write has applied (read through another connection), its reply is lost with the
+    // connection.
+    let applied = Instant::now() + Duration::from_secs(10);
+    loop {
+        let state = ctx.fence().read(&resource).await?;
+        if state
+            .as_ref()
+            .and_then(|s| s.value.as_ref())
+            .is_some_and(|(_, v)| v.as_ref() == b"v1, reply lost")
+        {
+            break;
+        }
+        check!(
+            Instant::now() < applied,
+            "the write never applied at the fence's storage"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
     proxy.cut();
     let lost = tokio::time::timeout(Duration::from_secs(10) + ctx.ttl() * 5, writing)
         .await
         .map_err(|_| Failure("a fence write with a lost reply did not return".into()))?
         .map_err(|e| Failure(format!("fence write panicked: {e}")))?;
+    let resent = proxy.request_bytes() - sent;
     proxy.heal();
+    // One copy, with slack for keepalive or flow-control frames: a blind re-send would carry
+    // the whole write again (at least twice the bytes).
+    check!(
+        resent <= one_write + one_write / 2 + 64,
+        "the fence sent {resent} request bytes for one write of about {one_write}: it re-sent \
+         a write whose outcome was unknown"
+    );
     check!(
         matches!(lost, Err(Error::OutcomeUnknown { .. })),
         "a fence write whose reply was lost returned {lost:?}, expected OutcomeUnknown"
