@@ -221,12 +221,19 @@ pub(super) async fn zookeeper_subject(
     let password = format!("pw-{:016x}", rand::random::<u64>());
     let digest = format!("conformance:{password}");
     let base = format!("/conformance-{:08x}", rand::random::<u32>());
+    let external = ExternalEndpoints::from_env().get(Backend::ZooKeeper);
+    // A lease lives as long as its session: against an external ensemble the suite's TTL
+    // (`CONFORMANCE_TTL_MS`) is the session timeout asked for.
+    let session_timeout = match &external {
+        Some(_) => crate::suite::ttl_override().unwrap_or(ZK_SESSION_TIMEOUT),
+        None => ZK_SESSION_TIMEOUT,
+    };
     let params = format!(
         "session_timeout_ms={}&digest={digest}",
-        ZK_SESSION_TIMEOUT.as_millis()
+        session_timeout.as_millis()
     );
     let (url, server, upstream): (String, Box<dyn ServerControl>, Option<std::net::SocketAddr>) =
-        match ExternalEndpoints::from_env().get(Backend::ZooKeeper) {
+        match external {
             Some(external) => {
                 let hosts = external
                     .url
@@ -271,7 +278,7 @@ pub(super) async fn zookeeper_subject(
             Box::pin(async move { Ok(track(&clients, ZkCoordinator::connect(config).await?)) })
         }),
         Arc::new(lease_core::memory::MemoryFence::new()),
-        ZK_SESSION_TIMEOUT,
+        session_timeout,
     )
     .with_server(server)
     .with_operator(Arc::new(ZkOperator {
