@@ -1,11 +1,16 @@
 //! The conformance suite with the in-memory coordinator and this PostgreSQL fence as the
-//! protected resource: every case's fenced writes go through PostgreSQL.
+//! protected resource: every case's fenced writes go through PostgreSQL, over TLS
+//! (`sslmode=verify-full` against a server that accepts TCP only over TLS, with a certificate
+//! made here).
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
+use conformance_tests::harness::postgres::PostgresConfig;
 use conformance_tests::harness::{server_unavailable, Backend, PostgresServer};
 use conformance_tests::suite::{main_for, FenceViaFn, Subject};
+
+mod pki;
 
 fn main() -> std::process::ExitCode {
     // The server lives in `main`'s frame and is dropped (killed, its directory removed) when the
@@ -19,11 +24,18 @@ fn main() -> std::process::ExitCode {
                 .report();
             return Ok(None);
         }
-        let pg = tokio::task::spawn_blocking(PostgresServer::start)
+        let pki = pki::make_pki("fence-postgres suite CA");
+        let config = PostgresConfig {
+            tls: Some(pki.server.clone()),
+            tls_only: true,
+        };
+        let pg = tokio::task::spawn_blocking(move || PostgresServer::start_with(config))
             .await
             .map_err(|e| e.to_string())?
             .map_err(|e| e.to_string())?;
-        let url = pg.connection_url();
+        let ca = pki::write(pg.root_dir(), "ca.pem", &pki.ca_pem);
+        let tls = format!("sslmode=verify-full&sslrootcert={}", ca.display());
+        let url = format!("postgres://postgres@localhost:{}/postgres?{tls}", pg.port());
         let upstream = pg.addr();
         *holder.lock().expect("server slot") = Some(pg);
         let fence = fence_postgres::PgFence::connect(&url)
@@ -34,9 +46,14 @@ fn main() -> std::process::ExitCode {
         subject.fence = Arc::new(lease_core::Instrumented::new(fence));
         // The same database and fence table through another address (a fault proxy), with a
         // one-second bound so a lost reply is noticed quickly.
-        let fence_via: FenceViaFn = Arc::new(|addr: SocketAddr| {
+        let fence_via: FenceViaFn = Arc::new(move |addr: SocketAddr| {
+            let tls = tls.clone();
             Box::pin(async move {
-                let url = format!("postgres://postgres@{addr}/postgres?timeout_ms=1000");
+                // The proxy listens on loopback; the certificate names `localhost`.
+                let url = format!(
+                    "postgres://postgres@localhost:{}/postgres?timeout_ms=1000&{tls}",
+                    addr.port()
+                );
                 let fence = fence_postgres::PgFence::connect(&url).await?;
                 Ok(Arc::new(lease_core::Instrumented::new(fence)) as Arc<dyn lease_core::Fence>)
             })
