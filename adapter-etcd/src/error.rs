@@ -66,8 +66,14 @@ impl Failure {
             Failure::Etcd(etcd_client::Error::TransportError(_)) => true,
             Failure::Etcd(etcd_client::Error::GRpcStatus(s)) => {
                 s.code() as i32 == tonic_code::UNAVAILABLE && {
+                    // Only the phrases of a connection that was never made: "connection reset"
+                    // or "connection closed" may come after the request was sent.
                     let m = s.message().to_ascii_lowercase();
-                    m.contains("connect") || m.contains("refused") || m.contains("dns")
+                    m.contains("error trying to connect")
+                        || m.contains("tcp connect error")
+                        || m.contains("failed to connect")
+                        || m.contains("refused")
+                        || m.contains("dns")
                 }
             }
             _ => false,
