@@ -3,6 +3,7 @@
 
 use std::fmt;
 use std::future::Future;
+use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -582,6 +583,8 @@ pub struct PgFence {
     timeout: Duration,
     pool_size: usize,
     ssl_mode: SslMode,
+    /// `sslcert`, when a client certificate is presented.
+    ssl_cert: Option<PathBuf>,
     table: Ident,
     /// The connection URL with its secrets redacted.
     url: String,
@@ -595,6 +598,7 @@ impl fmt::Debug for PgFence {
             .field("timeout", &self.timeout)
             .field("pool_size", &self.pool_size)
             .field("sslmode", &self.ssl_mode)
+            .field("sslcert", &self.ssl_cert)
             .finish()
     }
 }
@@ -637,8 +641,14 @@ impl Drop for Checkout {
 /// Maps a connect error. Wrong credentials, a `pg_hba.conf` that refuses the connection (for
 /// example a server that requires TLS, asked with `sslmode=disable`), a missing database, a
 /// server certificate that fails verification, or `sslmode=require` against a server without
-/// TLS are configuration errors (`Misconfigured`, not retryable); anything else is `Unavailable`.
-fn map_connect_err(e: tokio_postgres::Error, mode: SslMode) -> Error {
+/// TLS, and a client certificate the server refused (or one it requires and was not given) are
+/// configuration errors (`Misconfigured`, not retryable); anything else is `Unavailable`.
+/// `ssl_cert` is the `sslcert` given, if any.
+fn map_connect_err(
+    e: tokio_postgres::Error,
+    mode: SslMode,
+    ssl_cert: Option<&std::path::Path>,
+) -> Error {
     let text = chain(&e);
     let misconfigured = |problem: String| Error::Misconfigured {
         backend: BACKEND,
@@ -654,6 +664,19 @@ fn map_connect_err(e: tokio_postgres::Error, mode: SslMode) -> Error {
                      use sslmode=verify-full (or verify-ca, require)",
                 );
             }
+            if db.message().contains("requires a valid client certificate") && ssl_cert.is_none() {
+                problem.push_str(
+                    "; the server requires a client certificate: give sslcert=<PEM file> and \
+                     sslkey=<PEM file of its key>, signed by a CA in the server's ssl_ca_file",
+                );
+            }
+            if db.message().contains("certificate authentication failed") {
+                problem.push_str(
+                    "; the client certificate (sslcert) was accepted, but PostgreSQL's `cert` \
+                     authentication needs its common name (CN) to be the user name (or mapped \
+                     to it in pg_ident.conf)",
+                );
+            }
             return misconfigured(problem);
         }
     }
@@ -661,6 +684,17 @@ fn map_connect_err(e: tokio_postgres::Error, mode: SslMode) -> Error {
         return misconfigured(format!(
             "connect (sslmode={mode}): the server's certificate was rejected: {text} \
              (check sslrootcert, and for verify-full the host name in the URL)"
+        ));
+    }
+    if let Some(alert) = tls::received_alert(&e).filter(|a| tls::is_client_cert_alert(*a)) {
+        let given = match ssl_cert {
+            Some(path) => format!("the client certificate (sslcert {})", path.display()),
+            None => "the connection without a client certificate (no sslcert)".into(),
+        };
+        return misconfigured(format!(
+            "connect (sslmode={mode}): the server refused {given} in the TLS handshake: {text} \
+             (alert {alert:?}; the certificate must be signed by a CA in the server's \
+             ssl_ca_file, be valid now, and be meant for client authentication)"
         ));
     }
     if text.contains("server does not support TLS") {
@@ -683,18 +717,30 @@ impl PgFence {
     /// - `timeout_ms=N` (1..=600000, default 30000): bounds the connect and each operation;
     /// - `pool_size=N` (1..=1024, default [`DEFAULT_POOL_SIZE`]): connections at most;
     /// - `sslmode=disable|prefer|require|verify-ca|verify-full` (default `prefer`, as libpq; see
-    ///   [`SslMode`]) and `sslrootcert=<PEM file>|system` (needed by `verify-ca`/`verify-full`).
+    ///   [`SslMode`]) and `sslrootcert=<PEM file>|system` (needed by `verify-ca`/`verify-full`);
+    /// - `sslcert=<PEM file>` and `sslkey=<PEM file>` (both or neither): a client certificate,
+    ///   presented when the server asks for one (PostgreSQL's `cert` authentication, or
+    ///   `clientcert=verify-ca|verify-full` in `pg_hba.conf`). The key must not be encrypted.
     ///
     /// # Errors
-    /// - `InvalidInput`: the URL or an option is malformed (nothing was sent).
+    /// - `InvalidInput`: the URL or an option is malformed, or `sslkey` is encrypted (nothing
+    ///   was sent).
     /// - `Misconfigured`: refused for a reason a retry will not fix (credentials, `pg_hba.conf`,
-    ///   certificate verification, TLS required but absent, an unreadable `sslrootcert`).
+    ///   certificate verification, TLS required but absent, an unreadable `sslrootcert`,
+    ///   `sslcert` or `sslkey`, a key that does not match the certificate, a client certificate
+    ///   the server refused or requires but was not given, a certificate CN that is not the
+    ///   user).
     /// - `Unavailable`: the server could not be reached within `timeout_ms`.
     ///
     /// The password is redacted in every message.
     pub async fn connect(url: &str) -> Result<PgFence> {
         let o = options::parse(url)?;
-        let tls = tls::connector(o.ssl_mode, o.root_cert.as_ref())?;
+        let tls = tls::connector(
+            o.ssl_mode,
+            o.root_cert.as_ref(),
+            o.client_cert.as_ref(),
+            &o.redacted,
+        )?;
         let manager = Manager::from_config(
             o.config,
             tls,
@@ -718,6 +764,7 @@ impl PgFence {
             timeout: o.timeout,
             pool_size: o.pool_size,
             ssl_mode: o.ssl_mode,
+            ssl_cert: o.client_cert.map(|c| c.cert),
             table: o.table,
             url: o.redacted,
         };
@@ -783,7 +830,7 @@ impl PgFence {
     /// most the timeout.
     async fn checkout(&self) -> Result<Checkout> {
         let client = self.pool.get().await.map_err(|e| match e {
-            PoolError::Backend(e) => map_connect_err(e, self.ssl_mode),
+            PoolError::Backend(e) => map_connect_err(e, self.ssl_mode, self.ssl_cert.as_deref()),
             PoolError::Timeout(_) => Error::Unavailable {
                 backend: BACKEND,
                 message: format!(

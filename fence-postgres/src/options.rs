@@ -8,7 +8,7 @@ use std::time::Duration;
 use lease_core::{Error, InvalidInput, Result};
 use tokio_postgres::Config;
 
-use crate::tls::{RootCert, SslMode};
+use crate::tls::{ClientCert, RootCert, SslMode};
 use crate::{Ident, DEFAULT_POOL_SIZE, DEFAULT_TABLE, DEFAULT_TIMEOUT, MAX_POOL_SIZE, MAX_TIMEOUT};
 
 /// Query keys whose values are secret.
@@ -23,6 +23,8 @@ pub(crate) struct Options {
     pub(crate) pool_size: usize,
     pub(crate) ssl_mode: SslMode,
     pub(crate) root_cert: Option<RootCert>,
+    /// `sslcert` and `sslkey` (both or neither).
+    pub(crate) client_cert: Option<ClientCert>,
     /// The URL with every secret replaced by `***`.
     pub(crate) redacted: String,
 }
@@ -112,7 +114,7 @@ pub(crate) fn scrub(raw: &str, message: String) -> String {
 }
 
 /// Takes `raw` apart. This crate's options (`table`, `migrate`, `timeout_ms`, `pool_size`,
-/// `sslmode`, `sslrootcert`) are taken out of the query; the rest goes to
+/// `sslmode`, `sslrootcert`, `sslcert`, `sslkey`) are taken out of the query; the rest goes to
 /// [`tokio_postgres::Config`]'s parser (user, password, hosts, ports, database and its options
 /// such as `application_name`, `connect_timeout`, `keepalives`, `target_session_attrs`).
 pub(crate) fn parse(raw: &str) -> Result<Options> {
@@ -137,6 +139,7 @@ pub(crate) fn parse(raw: &str) -> Result<Options> {
     let mut pool_size = DEFAULT_POOL_SIZE;
     let mut ssl_mode = SslMode::Prefer;
     let mut root_cert = None;
+    let (mut ssl_cert, mut ssl_key) = (None, None);
     for piece in query.split('&').filter(|p| !p.is_empty()) {
         let (k, v) = piece.split_once('=').unwrap_or((piece, ""));
         let key = lease_core::percent_decode(k)
@@ -190,9 +193,39 @@ pub(crate) fn parse(raw: &str) -> Result<Options> {
                     path => RootCert::File(PathBuf::from(path)),
                 })
             }
+            "sslcert" | "sslkey" => {
+                let v = decode()?;
+                if v.is_empty() {
+                    return Err(invalid(format!("{key} is empty")));
+                }
+                let slot = if key == "sslcert" {
+                    &mut ssl_cert
+                } else {
+                    &mut ssl_key
+                };
+                *slot = Some(PathBuf::from(v));
+            }
             _ => kept.push(piece),
         }
     }
+    let client_cert = match (ssl_cert, ssl_key) {
+        (Some(cert), Some(key)) => Some(ClientCert { cert, key }),
+        (None, None) => None,
+        (Some(_), None) => {
+            return Err(invalid(
+                "sslcert is given without sslkey: a client certificate needs both \
+                 (sslcert=<PEM file>&sslkey=<PEM file of its private key>)"
+                    .into(),
+            ))
+        }
+        (None, Some(_)) => {
+            return Err(invalid(
+                "sslkey is given without sslcert: a client certificate needs both \
+                 (sslcert=<PEM file>&sslkey=<PEM file of its private key>)"
+                    .into(),
+            ))
+        }
+    };
     if ssl_mode.needs_root() && root_cert.is_none() {
         return Err(invalid(format!(
             "sslmode={ssl_mode} needs sslrootcert=<PEM file of the CA> (or sslrootcert=system)"
@@ -226,6 +259,7 @@ pub(crate) fn parse(raw: &str) -> Result<Options> {
         pool_size,
         ssl_mode,
         root_cert,
+        client_cert,
         redacted,
     })
 }
@@ -282,6 +316,15 @@ mod tests {
         assert_eq!(o.pool_size, 4);
         assert_eq!(o.ssl_mode, SslMode::VerifyFull);
         assert_eq!(o.root_cert, Some(RootCert::File("/ca.pem".into())));
+        assert_eq!(o.client_cert, None);
+        let c = parse("postgres://h/db?sslmode=require&sslcert=/c%20.pem&sslkey=/k.pem").unwrap();
+        assert_eq!(
+            c.client_cert,
+            Some(ClientCert {
+                cert: "/c .pem".into(),
+                key: "/k.pem".into()
+            })
+        );
         // Defaults: user postgres, prefer, pool 16, the default timeout as connect timeout.
         let d = parse("postgres://h/db").unwrap();
         assert_eq!(d.config.get_user(), Some("postgres"));
@@ -307,6 +350,12 @@ mod tests {
             ),
             ("postgres://u:s3cret@h/db?sslmode=verify-ca", "sslrootcert"),
             ("postgres://u:s3cret@h/db?migrate=maybe", "migrate"),
+            ("postgres://u:s3cret@h/db?sslcert=/c.pem", "without sslkey"),
+            ("postgres://u:s3cret@h/db?sslkey=/k.pem", "without sslcert"),
+            (
+                "postgres://u:s3cret@h/db?sslcert=&sslkey=/k.pem",
+                "sslcert is empty",
+            ),
             ("postgres://u:s3cret@h/db?frobnicate=1", "frobnicate"),
             ("postgres://u:s3cret@h:notaport/db", "port"),
             (

@@ -28,6 +28,7 @@ fn main() -> std::process::ExitCode {
         let config = PostgresConfig {
             tls: Some(pki.server.clone()),
             tls_only: true,
+            ..PostgresConfig::default()
         };
         let pg = tokio::task::spawn_blocking(move || PostgresServer::start_with(config))
             .await

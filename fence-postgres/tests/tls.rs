@@ -1,5 +1,6 @@
 //! TLS against a real PostgreSQL started by the harness with a certificate made here (rcgen):
-//! each `sslmode` means what libpq says it means.
+//! each `sslmode` means what libpq says it means, and client certificates (`sslcert`/`sslkey`)
+//! work as with libpq against a server whose `pg_hba.conf` says `cert`.
 
 use conformance_tests::harness::postgres::PostgresConfig;
 use conformance_tests::harness::{start_or_skip_async, Backend, PostgresServer};
@@ -7,7 +8,7 @@ use fence_postgres::{PgFence, SslMode};
 use lease_core::{Bytes, Error, Fence, ResourceId, Token};
 
 mod pki;
-use pki::{make_pki, write};
+use pki::{make_pki, write, ClientLeaf};
 
 async fn start(test: &str, config: PostgresConfig) -> Option<PostgresServer> {
     start_or_skip_async(test, Backend::Postgres, move || {
@@ -57,6 +58,7 @@ async fn refused(url: &str, needles: &[&str]) -> Error {
         "{url}: expected Misconfigured: {debug}"
     );
     assert!(!e.is_retryable(), "{shown}");
+    eprintln!("refused as expected: {shown}");
     for n in needles {
         assert!(shown.contains(n), "{url}: {n:?} not in {shown}");
     }
@@ -76,6 +78,7 @@ async fn each_sslmode_means_what_libpq_says_against_a_tls_only_server() {
         PostgresConfig {
             tls: Some(pki.server.clone()),
             tls_only: true,
+            ..PostgresConfig::default()
         },
     )
     .await
@@ -195,4 +198,202 @@ async fn without_tls_on_the_server_require_is_refused_and_prefer_stays_plain() {
     .await;
     assert!(!encrypted(&works(&format!("{base}?sslmode=prefer")).await).await);
     assert!(!encrypted(&works(&format!("{base}?sslmode=disable")).await).await);
+}
+
+/// The base64 lines of a PEM key: none of them may appear in any message.
+fn key_lines(key_pem: &str) -> Vec<&str> {
+    key_pem
+        .lines()
+        .filter(|l| !l.starts_with("-----") && !l.contains(':') && l.len() >= 16)
+        .collect()
+}
+
+/// `e`'s Display and Debug quote no line of `key_pem`.
+fn no_key_in(what: &str, e: &dyn std::fmt::Debug, shown: &str, key_pem: &str) {
+    let debug = format!("{e:?}");
+    for line in key_lines(key_pem) {
+        assert!(
+            !shown.contains(line) && !debug.contains(line),
+            "{what}: the key leaked: {debug}"
+        );
+    }
+}
+
+/// The client certificate's files in `dir`: (sslcert, sslkey) as a query fragment.
+fn client_files(dir: &std::path::Path, name: &str, leaf: &ClientLeaf) -> String {
+    let cert = write(dir, &format!("{name}.crt"), &leaf.cert_pem);
+    let key = write(dir, &format!("{name}.key"), &leaf.key_pem);
+    format!("sslcert={}&sslkey={}", cert.display(), key.display())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_certificates_authenticate_as_with_libpq_against_a_cert_server() {
+    let pki = make_pki("fence-postgres client CA");
+    let other = make_pki("some other CA");
+    let Some(pg) = start(
+        "client_certificates_authenticate_as_with_libpq_against_a_cert_server",
+        PostgresConfig {
+            tls: Some(pki.server.clone()),
+            client_ca_pem: Some(pki.ca_pem.clone()),
+            ..PostgresConfig::default()
+        },
+    )
+    .await
+    else {
+        return;
+    };
+    let dir = pg.root_dir().to_path_buf();
+    let ca = write(&dir, "ca.pem", &pki.ca_pem);
+    let port = pg.port();
+    let url = |host: &str, query: String| {
+        format!("postgres://postgres:s3cret@{host}:{port}/postgres?{query}")
+    };
+    let verify = format!("sslmode=verify-full&sslrootcert={}", ca.display());
+    let good = pki.client("postgres");
+    let good_files = client_files(&dir, "good", &good);
+
+    // The certificate of the user, signed by the server's CA: connects and writes, and the
+    // server saw that certificate.
+    let fence = works(&url("localhost", format!("{verify}&{good_files}"))).await;
+    assert!(encrypted(&fence).await);
+    let c = fence.pool().get().await.unwrap();
+    let dn: Option<String> = c
+        .query_one(
+            "SELECT client_dn FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(dn.as_deref(), Some("/CN=postgres"));
+    drop(c);
+    let described = format!("{fence:?} {fence}");
+    assert!(described.contains("good.crt"), "{described}");
+    for line in key_lines(&good.key_pem) {
+        assert!(!described.contains(line), "the key leaked: {described}");
+    }
+    // Also without verifying the server (require): the client certificate is still presented.
+    works(&url("127.0.0.1", format!("sslmode=require&{good_files}"))).await;
+
+    // No client certificate: refused by the server, and the error says what is missing.
+    refused(
+        &url("localhost", verify.clone()),
+        &["requires a valid client certificate", "sslcert", "sslkey"],
+    )
+    .await;
+
+    // A certificate with CN=postgres, but from a CA the server does not trust: the TLS
+    // handshake is refused.
+    let foreign = other.client("postgres");
+    let e = refused(
+        &url(
+            "localhost",
+            format!("{verify}&{}", client_files(&dir, "foreign", &foreign)),
+        ),
+        &[
+            "refused the client certificate",
+            "foreign.crt",
+            "ssl_ca_file",
+        ],
+    )
+    .await;
+    no_key_in("foreign CA", &e, &e.to_string(), &foreign.key_pem);
+
+    // Signed by the right CA, but its CN is not the user name.
+    let alice = pki.client("alice");
+    let e = refused(
+        &url(
+            "localhost",
+            format!("{verify}&{}", client_files(&dir, "alice", &alice)),
+        ),
+        &[
+            "certificate authentication failed for user \"postgres\"",
+            "common name (CN)",
+        ],
+    )
+    .await;
+    no_key_in("CN alice", &e, &e.to_string(), &alice.key_pem);
+}
+
+/// A P-256 key encrypted with a passphrase, as `openssl pkcs8 -topk8 -v2 aes-256-cbc` writes it.
+const ENCRYPTED_PKCS8: &str = "\
+-----BEGIN ENCRYPTED PRIVATE KEY-----
+MIHsMFcGCSqGSIb3DQEFDTBKMCkGCSqGSIb3DQEFDDAcBAiim3tYuRkVIAICCAAw
+DAYIKoZIhvcNAgkFADAdBglghkgBZQMEASoEEH8sslpxYyLMLdQ/uWekoQ8EgZCV
+NGgYehcp4fgU1NW1m9oj0a2DoXCY5xJAGAjPWrnqMvC+amG7O8vXdZXHoF/ls17q
+LFJGDm02lZMPha5sP5ryhBc1ba4IWIcXLWt4CJUXXLUw4V1hjUNpyK81VyYczv00
+uPGnvfpcbjEcRzCV0HHvgn8mrAKVUwTyekkHCO6J7PyZHKsPzVX8QbqlPoob544=
+-----END ENCRYPTED PRIVATE KEY-----
+";
+
+/// The same kind of key in OpenSSL's legacy encrypted form (`openssl ec -aes256`).
+const ENCRYPTED_LEGACY: &str = "\
+-----BEGIN EC PRIVATE KEY-----
+Proc-Type: 4,ENCRYPTED
+DEK-Info: AES-256-CBC,2C9E860D658C4FF8808F18259964F1B6
+
+T6AUzbiYF3kIYO1X2x/Q7hUqHIDLFaiECdAt7PbvG69FhF3NBT+JeKt/xjBVDQXc
+6oUZ7ow9gUSLU8ZNNEjWE4xsxR4yidaS9PPr3KckpH34XjE0cHQ83HEK44A75dqZ
+HwhCBpHclL3zqvBDU9CpyoRhmW7PJZbMFW8zTvCYqas=
+-----END EC PRIVATE KEY-----
+";
+
+/// The client certificate's files are read before anything is sent (no server needed: the
+/// URL's port is closed).
+#[tokio::test]
+async fn client_certificate_files_are_checked_before_connecting() {
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("fence-postgres-client-cert-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let pki = make_pki("fence-postgres file CA");
+    let leaf = pki.client("postgres");
+    let cert = write(&dir, "client.crt", &leaf.cert_pem);
+    let key = write(&dir, "client.key", &leaf.key_pem);
+    let other = pki.client("postgres");
+    let other_key = write(&dir, "other.key", &other.key_pem);
+    let url = |query: String| format!("postgres://postgres:s3cret@127.0.0.1:1/postgres?{query}");
+    let (cert, key, other_key) = (cert.display(), key.display(), other_key.display());
+
+    // An encrypted key: InvalidInput naming sslkey, its contents quoted nowhere.
+    for (name, pem) in [("pkcs8", ENCRYPTED_PKCS8), ("legacy", ENCRYPTED_LEGACY)] {
+        let enc = write(&dir, &format!("{name}.key"), pem);
+        let e = PgFence::connect(&url(format!("sslcert={cert}&sslkey={}", enc.display())))
+            .await
+            .unwrap_err();
+        let shown = e.to_string();
+        assert!(matches!(e, Error::InvalidInput(_)), "{name}: {e:?}");
+        assert!(!e.is_retryable(), "{shown}");
+        for needle in ["sslkey", &*enc.display().to_string(), "encrypted"] {
+            assert!(shown.contains(needle), "{name}: {needle:?} not in {shown}");
+        }
+        no_key_in(name, &e, &shown, pem);
+        assert!(!shown.contains("s3cret") && !format!("{e:?}").contains("s3cret"));
+    }
+
+    // Misconfigured, naming the file: a missing certificate, a key file without a key, a key
+    // that is not the certificate's.
+    let missing = "/nonexistent/client.crt";
+    for (query, needles) in [
+        (
+            format!("sslcert={missing}&sslkey={key}"),
+            vec!["sslcert", missing],
+        ),
+        (
+            format!("sslcert={cert}&sslkey={cert}"),
+            vec!["sslkey", "no private key"],
+        ),
+        (
+            format!("sslcert={key}&sslkey={key}"),
+            vec!["sslcert", "no certificate"],
+        ),
+        (
+            format!("sslcert={cert}&sslkey={other_key}"),
+            vec!["other.key", "is not the private key of sslcert"],
+        ),
+    ] {
+        let e = refused(&url(query.clone()), &needles).await;
+        no_key_in(&query, &e, &e.to_string(), &leaf.key_pem);
+        no_key_in(&query, &e, &e.to_string(), &other.key_pem);
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
 }

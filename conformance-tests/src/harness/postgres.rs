@@ -20,6 +20,12 @@
 //! `-c ssl=on -c ssl_cert_file=server.crt -c ssl_key_file=server.key`.
 //! [`PostgresConfig::tls_only`] replaces `pg_hba.conf` so TCP connections are accepted only over
 //! TLS (`hostssl`; the Unix socket stays `trust`).
+//!
+//! Client certificates ([`PostgresConfig::client_ca_pem`]): the CA (PEM, made by the test) is
+//! written as `root.crt` and the server starts with `-c ssl_ca_file=root.crt`, so it asks every
+//! TLS client for a certificate; `pg_hba.conf` becomes `hostssl all all 127.0.0.1/32 cert` (and
+//! `::1/128`): a TCP connection must be over TLS with a certificate signed by that CA whose
+//! common name (CN) is the user name (`postgres`). The Unix socket stays `trust`.
 
 use std::io;
 use std::net::SocketAddr;
@@ -95,6 +101,10 @@ pub struct PostgresConfig {
     pub tls: Option<PostgresTls>,
     /// Accept TCP connections only over TLS (`hostssl` lines only in `pg_hba.conf`). Needs `tls`.
     pub tls_only: bool,
+    /// Require a client certificate signed by this CA (PEM), with the user name as its common
+    /// name: `ssl_ca_file` is this CA and `pg_hba.conf` has only `hostssl ... cert` lines for
+    /// TCP. Implies `tls_only`; needs `tls`.
+    pub client_ca_pem: Option<String>,
 }
 
 /// The `pg_hba.conf` of a server that takes TCP connections only over TLS.
@@ -103,6 +113,15 @@ const HBA_TLS_ONLY: &str = "\
 local   all all              trust
 hostssl all all 127.0.0.1/32 trust
 hostssl all all ::1/128      trust
+";
+
+/// The `pg_hba.conf` of a server that takes TCP connections only over TLS with a client
+/// certificate whose CN is the user name.
+const HBA_CLIENT_CERT: &str = "\
+# Written by the test harness: TCP only over TLS, with a client certificate (CN = user).
+local   all all              trust
+hostssl all all 127.0.0.1/32 cert
+hostssl all all ::1/128      cert
 ";
 
 /// The PIDs whose parent is `pid` (from `/proc/<pid>/stat`).
@@ -188,7 +207,20 @@ impl Launcher for PostgresLauncher {
                 format!("ssl_key_file={}", key.display()),
             ];
         }
-        if self.config.tls_only {
+        if let Some(ca) = &self.config.client_ca_pem {
+            if self.config.tls.is_none() {
+                return Err(io::Error::other(
+                    "client_ca_pem needs a server certificate (tls)",
+                ));
+            }
+            let ca_file = data_dir.join("root.crt");
+            self.write_owned(&ca_file, ca, 0o644)?;
+            tls_args.extend([
+                "-c".to_string(),
+                format!("ssl_ca_file={}", ca_file.display()),
+            ]);
+            self.write_owned(&data_dir.join("pg_hba.conf"), HBA_CLIENT_CERT, 0o600)?;
+        } else if self.config.tls_only {
             if self.config.tls.is_none() {
                 return Err(io::Error::other("tls_only needs a certificate (tls)"));
             }
@@ -223,7 +255,7 @@ impl Launcher for PostgresLauncher {
             // A TLS-only server refuses the plain probe in its authentication step, which it
             // reaches only once it accepts connections (28000: no pg_hba.conf entry).
             Ok(reply)
-                if self.config.tls_only
+                if (self.config.tls_only || self.config.client_ca_pem.is_some())
                     && reply.first() == Some(&b'E')
                     && String::from_utf8_lossy(&reply).contains("pg_hba.conf") =>
             {
