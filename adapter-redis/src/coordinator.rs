@@ -69,6 +69,8 @@ pub(crate) struct LiveLease {
     pub(crate) nonce: u128,
     pub(crate) tracker: LeaseTracker,
     pub(crate) lock_key: String,
+    /// Where a force-release keeps the removed holder's value (`<base>:revoked`).
+    pub(crate) revoked_key: String,
     /// `v1|<nonce>|`: the prefix of this lease's lock value.
     pub(crate) head: String,
 }
@@ -108,16 +110,20 @@ impl Inner {
         !lock(&self.live).is_empty()
     }
 
-    /// Judges `lease` by its lock's current `value` (read after the lease was registered): still
-    /// ours, nothing; gone, `Lost(Revoked)`; another value, `Lost(Superseded)`. Only while the
+    /// Judges `lease` by its lock's current `value` and the key's `revoked` record (both read
+    /// after the lease was registered): still ours, nothing; force-released (the revoked record
+    /// is ours) or gone, `Lost(Revoked)`; another value, `Lost(Superseded)`. Only while the
     /// lease is still live (a lease being released is not judged on its own delete).
-    pub(crate) fn judge(&self, lease: &LiveLease, value: Option<&[u8]>) {
+    pub(crate) fn judge(&self, lease: &LiveLease, value: Option<&[u8]>, revoked: Option<&[u8]>) {
         let live = lock(&self.live);
         if !live.contains_key(&lease.nonce) {
             return;
         }
+        let ours = |v: &[u8]| v.starts_with(lease.head.as_bytes());
         let reason = match value {
-            Some(v) if v.starts_with(lease.head.as_bytes()) => return,
+            Some(v) if ours(v) => return,
+            // Force-released, and maybe taken by the next holder since.
+            _ if revoked.is_some_and(ours) => LostReason::Revoked,
             Some(_) => LostReason::Superseded,
             None => LostReason::Revoked,
         };
@@ -636,6 +642,7 @@ impl RedisCoordinator {
                 nonce,
                 tracker: tracker.clone(),
                 lock_key: keys.lock.clone(),
+                revoked_key: keys.revoked.clone(),
                 head: parts.head.clone(),
             },
         );

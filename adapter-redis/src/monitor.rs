@@ -10,8 +10,9 @@
 //! the server's tracking table and the messages grow with the number of held leases only. On an
 //! invalidation of a held key it reads the key once more (which also re-arms the tracking):
 //! still this lease's nonce, nothing happens (our own renew's `PEXPIRE` causes exactly that);
-//! gone, the lease is `Lost(Revoked)`; another value, `Lost(Superseded)`. A notification alone
-//! never marks a lease lost.
+//! gone, or force-released (the key's `revoked` record, read with it, is this lease's), the
+//! lease is `Lost(Revoked)`; another value, `Lost(Superseded)`. A notification alone never marks
+//! a lease lost.
 //!
 //! Where tracking is unavailable (a server before 6.0, RESP3 refused, or `CLIENT` not permitted
 //! by the ACL) the task falls back to polling: every `poll_interval` it reads every held lock key
@@ -137,12 +138,17 @@ async fn confirm(
     if snapshot.is_empty() {
         return Ok(());
     }
-    let mut keys: Vec<&str> = snapshot.iter().map(|l| l.lock_key.as_str()).collect();
+    let mut keys: Vec<(&str, &str)> = snapshot
+        .iter()
+        .map(|l| (l.lock_key.as_str(), l.revoked_key.as_str()))
+        .collect();
     keys.sort_unstable();
     keys.dedup();
+    // Each lock with its revoked record (a force-release), so a force-released lease whose key
+    // the next holder has already taken is `Revoked`, not `Superseded`.
     let mut pipe = redis::pipe();
-    for k in &keys {
-        pipe.cmd("GET").arg(*k);
+    for (lock_key, revoked_key) in &keys {
+        pipe.cmd("GET").arg(*lock_key).cmd("GET").arg(*revoked_key);
     }
     let values: Vec<Option<Vec<u8>>> = pipe.query_async(conn).await.map_err(|e| {
         tracing::debug!(backend = BACKEND, error = %e, "holder monitor read failed");
@@ -151,10 +157,14 @@ async fn confirm(
         return Ok(());
     };
     for lease in &snapshot {
-        let Some(i) = keys.iter().position(|k| *k == lease.lock_key) else {
+        let Some(i) = keys.iter().position(|(k, _)| *k == lease.lock_key) else {
             continue;
         };
-        strong.judge(lease, values[i].as_deref());
+        strong.judge(
+            lease,
+            values[2 * i].as_deref(),
+            values[2 * i + 1].as_deref(),
+        );
     }
     Ok(())
 }
