@@ -12,7 +12,6 @@ pub const SCHEMES: &[(&str, &str)] = &[
     ("etcd", "etcd"),
     ("etcds", "etcd"),
     ("zk", "zookeeper"),
-    ("zookeeper", "zookeeper"),
     ("consul", "consul"),
     ("consuls", "consul"),
     ("postgres", "postgres"),
