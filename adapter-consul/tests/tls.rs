@@ -1,48 +1,32 @@
-//! TLS against the Consul stand-in serving HTTPS with certificates generated here (`rcgen`):
-//! `consuls://` with `tls_ca_file`, a wrong CA, a certificate for another name and
+//! TLS against the Consul stand-in serving HTTPS with certificates from the test kit's PKI
+//! (`conformance_tests::pki`): `consuls://` with `tls_ca_file`, a wrong CA, a certificate for another name and
 //! `tls_server_name`, mutual TLS required by the agent (a client certificate given, missing, or
 //! signed by another CA), the `CONSUL_*` environment path through an injected lookup, and
 //! secrets (ACL token, client key) in no `Debug`, `Display`, error or log line.
 
 use std::collections::HashMap;
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use adapter_consul::{ConsulConfig, ConsulCoordinator};
 use conformance_tests::consul_standin::{ConsulStandIn, StandInOptions, StandInTls};
+use conformance_tests::pki::{write_pem, Leaf, TestCa};
 use lease_core::{Coordinator, Error, Lease, LeaseOptions, LockKey};
-use rcgen::{
-    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
-    KeyPair,
-};
 
 const TOKEN: &str = "tls-test-acl-s3cret";
 
 /// A CA and the PEM files of certificates it signed, in a temporary directory.
 struct Pki {
     dir: tempfile::TempDir,
-    ca: CertifiedIssuer<'static, KeyPair>,
-}
-
-/// A leaf certificate and its key, PEM.
-struct Leaf {
-    cert_pem: String,
-    key_pem: String,
+    ca: TestCa,
 }
 
 impl Pki {
     fn new(name: &str) -> Self {
-        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params
-            .distinguished_name
-            .push(DnType::CommonName, format!("{name} test CA"));
-        let ca = CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap();
         Pki {
             dir: tempfile::tempdir().unwrap(),
-            ca,
+            ca: TestCa::new(&format!("{name} test CA")),
         }
     }
 
@@ -50,36 +34,16 @@ impl Pki {
         self.ca.pem()
     }
 
-    fn leaf(&self, names: &[&str], usage: ExtendedKeyUsagePurpose) -> Leaf {
-        let mut params =
-            CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
-                .unwrap();
-        params.distinguished_name.push(
-            DnType::CommonName,
-            names.first().copied().unwrap_or("client"),
-        );
-        params.extended_key_usages = vec![usage];
-        let key = KeyPair::generate().unwrap();
-        let cert = params.signed_by(&key, &self.ca).unwrap();
-        Leaf {
-            cert_pem: cert.pem(),
-            key_pem: key.serialize_pem(),
-        }
-    }
-
     fn server(&self, names: &[&str]) -> Leaf {
-        self.leaf(names, ExtendedKeyUsagePurpose::ServerAuth)
+        self.ca.server(names)
     }
 
     fn client(&self) -> Leaf {
-        self.leaf(&["fenced-client"], ExtendedKeyUsagePurpose::ClientAuth)
+        self.ca.client("fenced-client")
     }
 
     fn write(&self, name: &str, contents: &str) -> PathBuf {
-        let path = self.dir.path().join(name);
-        let mut f = std::fs::File::create(&path).unwrap();
-        f.write_all(contents.as_bytes()).unwrap();
-        path
+        write_pem(self.dir.path(), name, contents)
     }
 }
 

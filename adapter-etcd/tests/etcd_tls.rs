@@ -1,5 +1,5 @@
 //! `etcds://` end to end against a real `etcd` started by the conformance harness with TLS on
-//! its client port, using certificates generated here with `rcgen`: a CA, a server certificate
+//! its client port, using certificates from the test kit's PKI (`conformance_tests::pki`): a CA, a server certificate
 //! for `127.0.0.1`/`localhost` and client certificates. Covers the right CA (acquire, renew,
 //! release, the fence), a wrong CA or name (a prompt `Misconfigured` naming the TLS problem),
 //! client-certificate authentication (given, missing, from another CA) and a password over TLS
@@ -15,11 +15,8 @@ use bytes::Bytes;
 use conformance_tests::harness::etcd::EtcdTls;
 use conformance_tests::harness::EtcdServer;
 use conformance_tests::harness::{start_or_skip_async, Backend, EtcdConfig as ServerConfig};
+use conformance_tests::pki::{write_pem, TestCa};
 use lease_core::{Coordinator, Error, Fence, LeaseOptions, LockKey, ResourceId};
-use rcgen::{
-    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
-    KeyPair, KeyUsagePurpose,
-};
 use tempfile::TempDir;
 use tokio::time::Instant;
 
@@ -30,8 +27,8 @@ const TTL: Duration = Duration::from_secs(2);
 const REFUSAL_BOUND: Duration = Duration::from_secs(8);
 
 /// A generated PKI in a temporary directory: `ca.pem`, `server.pem`/`server-key.pem` (names
-/// `127.0.0.1` and `localhost`, server and client auth), `client.pem`/`client-key.pem`
-/// (CN `root`, client auth).
+/// `127.0.0.1` and `localhost`, server and client auth: etcd 3.4's gateway presents the server
+/// certificate as a client certificate), `client.pem`/`client-key.pem` (CN `root`, client auth).
 struct Pki {
     dir: TempDir,
 }
@@ -39,34 +36,15 @@ struct Pki {
 impl Pki {
     fn generate(ca_name: &str) -> Pki {
         let dir = tempfile::tempdir().unwrap();
-        let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
-        ca.distinguished_name.push(DnType::CommonName, ca_name);
-        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-        let ca = CertifiedIssuer::self_signed(ca, KeyPair::generate().unwrap()).unwrap();
-        let write = |name: &str, text: String| std::fs::write(dir.path().join(name), text).unwrap();
-        write("ca.pem", ca.pem());
-
-        let mut server =
-            CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()]).unwrap();
-        server
-            .distinguished_name
-            .push(DnType::CommonName, "etcd test server");
-        // etcd 3.4's gateway presents the server certificate as a client certificate.
-        server.extended_key_usages = vec![
-            ExtendedKeyUsagePurpose::ServerAuth,
-            ExtendedKeyUsagePurpose::ClientAuth,
-        ];
-        let key = KeyPair::generate().unwrap();
-        write("server.pem", server.signed_by(&key, &ca).unwrap().pem());
-        write("server-key.pem", key.serialize_pem());
-
-        let mut client = CertificateParams::new(Vec::<String>::new()).unwrap();
-        client.distinguished_name.push(DnType::CommonName, "root");
-        client.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
-        let key = KeyPair::generate().unwrap();
-        write("client.pem", client.signed_by(&key, &ca).unwrap().pem());
-        write("client-key.pem", key.serialize_pem());
+        let ca = TestCa::new(ca_name);
+        let write = |name: &str, pem: &str| write_pem(dir.path(), name, pem);
+        write("ca.pem", &ca.pem());
+        let server = ca.server(&["127.0.0.1", "localhost"]);
+        write("server.pem", &server.cert_pem);
+        write("server-key.pem", &server.key_pem);
+        let client = ca.client("root");
+        write("client.pem", &client.cert_pem);
+        write("client-key.pem", &client.key_pem);
         Pki { dir }
     }
 

@@ -7,34 +7,17 @@ use std::time::Duration;
 use adapter_etcd::EtcdCoordinator;
 use conformance_tests::harness::etcd::EtcdTls;
 use conformance_tests::harness::{start_or_skip, Backend, EtcdConfig as ServerConfig, EtcdServer};
+use conformance_tests::pki::{write_pem, TestCa};
 use lease_core::{Coordinator, LeaseOptions, LockKey};
-use rcgen::{
-    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
-    KeyPair, KeyUsagePurpose,
-};
 
 #[test]
 fn etcds_without_a_ca_file_trusts_the_system_roots() {
     let dir = tempfile::tempdir().unwrap();
-    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca.distinguished_name.push(DnType::CommonName, "system CA");
-    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-    let ca = CertifiedIssuer::self_signed(ca, KeyPair::generate().unwrap()).unwrap();
-    let mut server = CertificateParams::new(vec!["127.0.0.1".to_owned()]).unwrap();
-    server.extended_key_usages = vec![
-        ExtendedKeyUsagePurpose::ServerAuth,
-        ExtendedKeyUsagePurpose::ClientAuth,
-    ];
-    let key = KeyPair::generate().unwrap();
-    let (ca_file, cert_file, key_file) = (
-        dir.path().join("ca.pem"),
-        dir.path().join("server.pem"),
-        dir.path().join("server-key.pem"),
-    );
-    std::fs::write(&ca_file, ca.pem()).unwrap();
-    std::fs::write(&cert_file, server.signed_by(&key, &ca).unwrap().pem()).unwrap();
-    std::fs::write(&key_file, key.serialize_pem()).unwrap();
+    let ca = TestCa::new("system CA");
+    let server_cert = ca.server(&["127.0.0.1"]);
+    let ca_file = write_pem(dir.path(), "ca.pem", &ca.pem());
+    let cert_file = write_pem(dir.path(), "server.pem", &server_cert.cert_pem);
+    let key_file = write_pem(dir.path(), "server-key.pem", &server_cert.key_pem);
     // Before any other thread exists (the test harness runs this file's only test on one).
     std::env::set_var("SSL_CERT_FILE", &ca_file);
     std::env::remove_var("SSL_CERT_DIR");

@@ -8,9 +8,8 @@ use std::sync::{Arc, Mutex};
 
 use conformance_tests::harness::postgres::PostgresConfig;
 use conformance_tests::harness::{server_unavailable, Backend, PostgresServer};
+use conformance_tests::pki::{write_pem, TestCa};
 use conformance_tests::suite::{main_for, FenceViaFn, Subject};
-
-mod pki;
 
 fn main() -> std::process::ExitCode {
     // The server lives in `main`'s frame and is dropped (killed, its directory removed) when the
@@ -24,9 +23,10 @@ fn main() -> std::process::ExitCode {
                 .report();
             return Ok(None);
         }
-        let pki = pki::make_pki("fence-postgres suite CA");
+        let pki = TestCa::new("fence-postgres suite CA");
         let config = PostgresConfig {
-            tls: Some(pki.server.clone()),
+            // A certificate for `localhost` only: the URLs below name `localhost`.
+            tls: Some(pki.server(&["localhost"]).into()),
             tls_only: true,
             ..PostgresConfig::default()
         };
@@ -34,7 +34,7 @@ fn main() -> std::process::ExitCode {
             .await
             .map_err(|e| e.to_string())?
             .map_err(|e| e.to_string())?;
-        let ca = pki::write(pg.root_dir(), "ca.pem", &pki.ca_pem);
+        let ca = write_pem(pg.root_dir(), "ca.pem", &pki.pem());
         let tls = format!("sslmode=verify-full&sslrootcert={}", ca.display());
         let url = format!("postgres://postgres@localhost:{}/postgres?{tls}", pg.port());
         let upstream = pg.addr();

@@ -1,14 +1,19 @@
-//! TLS against a real PostgreSQL started by the harness with a certificate made here (rcgen):
-//! each `sslmode` means what libpq says it means, and client certificates (`sslcert`/`sslkey`)
-//! work as with libpq against a server whose `pg_hba.conf` says `cert`.
+//! TLS against a real PostgreSQL started by the harness with a certificate from the test kit's
+//! PKI (`conformance_tests::pki`): each `sslmode` means what libpq says it means, and client
+//! certificates (`sslcert`/`sslkey`) work as with libpq against a server whose `pg_hba.conf`
+//! says `cert`.
 
-use conformance_tests::harness::postgres::PostgresConfig;
+use conformance_tests::harness::postgres::{PostgresConfig, PostgresTls};
 use conformance_tests::harness::{start_or_skip_async, Backend, PostgresServer};
+use conformance_tests::pki::{write_pem, Leaf, TestCa};
 use fence_postgres::{PgFence, SslMode};
 use lease_core::{Bytes, Error, Fence, ResourceId, Token};
 
-mod pki;
-use pki::{make_pki, write, ClientLeaf};
+/// The server's TLS: a certificate from `ca` for `localhost` only (a DNS name: `127.0.0.1`
+/// does not match it).
+fn localhost_server(ca: &TestCa) -> PostgresTls {
+    ca.server(&["localhost"]).into()
+}
 
 async fn start(test: &str, config: PostgresConfig) -> Option<PostgresServer> {
     start_or_skip_async(test, Backend::Postgres, move || {
@@ -71,12 +76,12 @@ async fn refused(url: &str, needles: &[&str]) -> Error {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_sslmode_means_what_libpq_says_against_a_tls_only_server() {
-    let pki = make_pki("fence-postgres test CA");
-    let other = make_pki("some other CA");
+    let pki = TestCa::new("fence-postgres test CA");
+    let other = TestCa::new("some other CA");
     let Some(pg) = start(
         "each_sslmode_means_what_libpq_says_against_a_tls_only_server",
         PostgresConfig {
-            tls: Some(pki.server.clone()),
+            tls: Some(localhost_server(&pki)),
             tls_only: true,
             ..PostgresConfig::default()
         },
@@ -86,8 +91,8 @@ async fn each_sslmode_means_what_libpq_says_against_a_tls_only_server() {
         return;
     };
     let dir = pg.root_dir().to_path_buf();
-    let ca = write(&dir, "ca.pem", &pki.ca_pem);
-    let wrong_ca = write(&dir, "other-ca.pem", &other.ca_pem);
+    let ca = write_pem(&dir, "ca.pem", &pki.pem());
+    let wrong_ca = write_pem(&dir, "other-ca.pem", &other.pem());
     let port = pg.port();
     // The password is ignored by trust authentication; it is here to prove it never leaks.
     let url = |host: &str, query: String| {
@@ -166,7 +171,7 @@ async fn each_sslmode_means_what_libpq_says_against_a_tls_only_server() {
         &["/nonexistent/ca.pem"],
     )
     .await;
-    let empty = write(&dir, "empty.pem", "");
+    let empty = write_pem(&dir, "empty.pem", "");
     refused(
         &url(
             "localhost",
@@ -220,21 +225,21 @@ fn no_key_in(what: &str, e: &dyn std::fmt::Debug, shown: &str, key_pem: &str) {
 }
 
 /// The client certificate's files in `dir`: (sslcert, sslkey) as a query fragment.
-fn client_files(dir: &std::path::Path, name: &str, leaf: &ClientLeaf) -> String {
-    let cert = write(dir, &format!("{name}.crt"), &leaf.cert_pem);
-    let key = write(dir, &format!("{name}.key"), &leaf.key_pem);
+fn client_files(dir: &std::path::Path, name: &str, leaf: &Leaf) -> String {
+    let cert = write_pem(dir, &format!("{name}.crt"), &leaf.cert_pem);
+    let key = write_pem(dir, &format!("{name}.key"), &leaf.key_pem);
     format!("sslcert={}&sslkey={}", cert.display(), key.display())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_certificates_authenticate_as_with_libpq_against_a_cert_server() {
-    let pki = make_pki("fence-postgres client CA");
-    let other = make_pki("some other CA");
+    let pki = TestCa::new("fence-postgres client CA");
+    let other = TestCa::new("some other CA");
     let Some(pg) = start(
         "client_certificates_authenticate_as_with_libpq_against_a_cert_server",
         PostgresConfig {
-            tls: Some(pki.server.clone()),
-            client_ca_pem: Some(pki.ca_pem.clone()),
+            tls: Some(localhost_server(&pki)),
+            client_ca_pem: Some(pki.pem()),
             ..PostgresConfig::default()
         },
     )
@@ -243,7 +248,7 @@ async fn client_certificates_authenticate_as_with_libpq_against_a_cert_server() 
         return;
     };
     let dir = pg.root_dir().to_path_buf();
-    let ca = write(&dir, "ca.pem", &pki.ca_pem);
+    let ca = write_pem(&dir, "ca.pem", &pki.pem());
     let port = pg.port();
     let url = |host: &str, query: String| {
         format!("postgres://postgres:s3cret@{host}:{port}/postgres?{query}")
@@ -345,18 +350,18 @@ async fn client_certificate_files_are_checked_before_connecting() {
     let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
         .join(format!("fence-postgres-client-cert-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let pki = make_pki("fence-postgres file CA");
+    let pki = TestCa::new("fence-postgres file CA");
     let leaf = pki.client("postgres");
-    let cert = write(&dir, "client.crt", &leaf.cert_pem);
-    let key = write(&dir, "client.key", &leaf.key_pem);
+    let cert = write_pem(&dir, "client.crt", &leaf.cert_pem);
+    let key = write_pem(&dir, "client.key", &leaf.key_pem);
     let other = pki.client("postgres");
-    let other_key = write(&dir, "other.key", &other.key_pem);
+    let other_key = write_pem(&dir, "other.key", &other.key_pem);
     let url = |query: String| format!("postgres://postgres:s3cret@127.0.0.1:1/postgres?{query}");
     let (cert, key, other_key) = (cert.display(), key.display(), other_key.display());
 
     // An encrypted key: InvalidInput naming sslkey, its contents quoted nowhere.
     for (name, pem) in [("pkcs8", ENCRYPTED_PKCS8), ("legacy", ENCRYPTED_LEGACY)] {
-        let enc = write(&dir, &format!("{name}.key"), pem);
+        let enc = write_pem(&dir, &format!("{name}.key"), pem);
         let e = PgFence::connect(&url(format!("sslcert={cert}&sslkey={}", enc.display())))
             .await
             .unwrap_err();
