@@ -468,7 +468,8 @@ impl FencedTable {
     ///   transaction, that transaction is aborted and must be rolled back).
     /// - `Err(OutcomeUnknown)`: the connection was lost after the statement was sent. Outside a
     ///   transaction it may have committed: re-read, and do not retry blind.
-    /// - `Err(Unavailable)`: the database refused for a transient reason; nothing changed.
+    /// - `Err(Unavailable)`: the database refused for a transient reason, or the row appeared or
+    ///   changed between the update and the read that explains it; nothing changed, retry.
     pub async fn update(
         &self,
         client: &impl GenericClient,
@@ -547,14 +548,31 @@ impl FencedTable {
             [] => Err(Error::NotFound {
                 what: format!("row {key:?} of table {}", self.table.0),
             }),
-            [r] => Err(Error::Stale {
-                resource: format!("{}[{:?}]", self.table.0, key),
-                presented: token,
-                current: Token::from_i64(
+            [r] => {
+                let current = Token::from_i64(
                     r.try_get::<_, i64>(0)
                         .map_err(|e| map_err("fence read", e))?,
-                )?,
-            }),
+                )?;
+                if current > token {
+                    Err(Error::Stale {
+                        resource: format!("{}[{:?}]", self.table.0, key),
+                        presented: token,
+                        current,
+                    })
+                } else {
+                    // The row appeared (or changed) between the update and this read: nothing
+                    // was written, and the token was not refused by a newer one. Never a false
+                    // `Stale`.
+                    Err(Error::Unavailable {
+                        backend: BACKEND,
+                        message: format!(
+                            "row {key:?} of table {} changed during the fenced update; nothing was written, retry",
+                            self.table.0
+                        ),
+                        source: None,
+                    })
+                }
+            }
             _ => Err(multi_row(&self.table.0, &self.key_column.0)),
         }
     }
