@@ -8,8 +8,8 @@ use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use etcd_client::{
-    Client, Compare, CompareOp, EventType, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget,
-    Txn, TxnOp, TxnOpResponse, WatchFilterType, WatchOptions,
+    Client, Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn,
+    TxnOp, TxnOpResponse,
 };
 use lease_core::{
     Capabilities, Coordinator, Error, ForceRelease, HolderInfo, Lease, LeaseOptions, LeaseStatus,
@@ -19,10 +19,12 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use crate::config::EtcdConfig;
+use crate::confirm::Confirmer;
 use crate::error::{bounded, Failure, BACKEND};
 use crate::keys::{self, AuditRecord, HolderRecord};
 use crate::lease::EtcdLease;
 use crate::session::{Cleaner, Cleanup, Session, Unconfirmed};
+use crate::watch::Watcher;
 
 /// etcd's smallest lease TTL with its default election timeout (1 s): a 1 s request is
 /// granted 2 s. The adapter rejects smaller TTLs rather than hand out a longer lease than asked.
@@ -33,6 +35,10 @@ pub(crate) struct Handle {
     pub(crate) client: Client,
     pub(crate) config: EtcdConfig,
     pub(crate) cleaner: Cleaner,
+    /// The coordinator's one watch stream (guardians and waiters).
+    pub(crate) watcher: Watcher,
+    /// Batched reads of held keys (renewals).
+    pub(crate) confirmer: Confirmer,
 }
 
 struct Inner {
@@ -206,6 +212,8 @@ impl EtcdCoordinator {
             .cloned()
             .unwrap_or_else(OwnerId::for_this_process);
         let cleaner = Cleaner::start(client.clone(), config.request_timeout());
+        let watcher = Watcher::start(client.clone(), config.request_timeout());
+        let confirmer = Confirmer::start(client.clone(), config.request_timeout());
         let scope = format!(
             "etcd://{}#{}",
             config.endpoints().join(","),
@@ -217,6 +225,8 @@ impl EtcdCoordinator {
                     client,
                     config,
                     cleaner,
+                    watcher,
+                    confirmer,
                 }),
                 caps: capabilities(),
                 owner,
@@ -683,48 +693,14 @@ impl Inner {
         deadline: Instant,
         caller: &mut oneshot::Sender<Result<EtcdLease>>,
     ) -> Wait {
-        let options = WatchOptions::new()
-            .with_start_revision(from)
-            .with_filters([WatchFilterType::NoPut]);
-        let mut watch_client = self.handle.client.watch_client();
-        let opened = tokio::select! {
-            _ = caller.closed() => return Wait::Cancelled,
-            _ = tokio::time::sleep_until(deadline) => return Wait::Deadline,
-            w = bounded(self.timeout(), watch_client.watch(pred.to_vec(), Some(options))) => w,
-        };
-        let mut stream = match opened {
-            Ok(s) => s,
-            Err(_) => {
-                tokio::select! {
-                    _ = caller.closed() => return Wait::Cancelled,
-                    _ = tokio::time::sleep_until(deadline) => return Wait::Deadline,
-                    _ = tokio::time::sleep(Duration::from_millis(50)) => return Wait::Recheck,
-                }
-            }
-        };
+        let mut deletion = self.handle.watcher.deleted(pred.to_vec(), from);
         let mut state = session.watch_state();
-        loop {
-            tokio::select! {
-                _ = caller.closed() => return Wait::Cancelled,
-                _ = tokio::time::sleep_until(deadline) => return Wait::Deadline,
-                _ = async { state.wait_for(|s| s.dead.is_some()).await.map(|_| ()) } => return Wait::Recheck,
-                m = stream.message() => match m {
-                    Ok(Some(resp)) => {
-                        let deleted = resp.events().iter().any(|e| e.event_type() == EventType::Delete);
-                        // Compaction past `from` cancels the watch: re-read instead.
-                        if deleted || resp.canceled() || resp.compact_revision() > 0 {
-                            return Wait::Recheck;
-                        }
-                    }
-                    Ok(None) | Err(_) => {
-                        tokio::select! {
-                            _ = caller.closed() => return Wait::Cancelled,
-                            _ = tokio::time::sleep_until(deadline) => return Wait::Deadline,
-                            _ = tokio::time::sleep(Duration::from_millis(50)) => return Wait::Recheck,
-                        }
-                    }
-                }
-            }
+        tokio::select! {
+            _ = caller.closed() => Wait::Cancelled,
+            _ = tokio::time::sleep_until(deadline) => Wait::Deadline,
+            _ = async { state.wait_for(|s| s.dead.is_some()).await.map(|_| ()) } => Wait::Recheck,
+            // Deleted, or the watch ended (compacted, cancelled): re-read either way.
+            _seen = deletion.wait() => Wait::Recheck,
         }
     }
 

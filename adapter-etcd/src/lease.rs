@@ -7,13 +7,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use etcd_client::{Compare, CompareOp, EventType, Txn, TxnOp, WatchFilterType, WatchOptions};
+use etcd_client::{Compare, CompareOp, Txn, TxnOp};
 use lease_core::{Lease, LeaseStatus, LeaseTracker, LostReason, Result};
 use tokio::time::Instant;
 
 use crate::coordinator::Handle;
 use crate::error::bounded;
 use crate::session::{Cleanup, Session, Unconfirmed};
+use crate::watch::Seen;
 
 /// What a lease shares with its guardian task.
 pub(crate) struct LeaseShared {
@@ -121,42 +122,45 @@ impl Lease for EtcdLease {
         &self.tracker
     }
 
-    /// Confirms ownership and extends local validity from the moment the call started: a
-    /// keepalive of the session's lease sent now (or one already in flight since then) must be
-    /// acknowledged, and our key must still exist (read in parallel, so one round trip).
+    /// Confirms ownership and extends local validity: our key must still exist, read after the
+    /// call started (batched with other renewals, see [`crate::confirm`]), and validity counts
+    /// from the earlier of the call's start and the session's last acknowledged keepalive, as
+    /// at the grant. The session sends its keepalives every third of its TTL on its own; a
+    /// renewal asks for one only when the last acknowledged one is older than half the TTL (the
+    /// stream is slow or being re-opened), and then waits for it, so renewals cost no
+    /// keepalives of their own while the session is healthy.
     async fn renew(&self) -> Result<Instant> {
         self.tracker.ensure_not_lost()?;
         let sent = Instant::now();
         let timeout = self.shared.handle.config.request_timeout();
-        let mut kv = self.shared.handle.client.clone();
+        let session = &self.shared.session;
+        let stale = sent.saturating_duration_since(session.acked_sent()) > session.ttl() / 2;
         let (confirmed, read) = tokio::join!(
-            self.shared.session.confirm(sent, timeout),
-            bounded(timeout, kv.get(self.shared.key.as_bytes(), None)),
-        );
-        match read {
-            Ok(resp) => {
-                let ours = resp
-                    .kvs()
-                    .first()
-                    .is_some_and(|kv| kv.create_revision() == self.shared.revision);
-                if !ours {
-                    self.shared.gone();
-                    self.shared.session.probe();
-                    return Err(self.lost_now(self.shared.vanished_reason()));
+            async {
+                if stale {
+                    session.confirm(sent, timeout).await
+                } else {
+                    Ok(())
                 }
-            }
-            Err(f) => return Err(f.into_error("renew", false)),
+            },
+            self.shared
+                .handle
+                .confirmer
+                .owns(&self.shared.key, self.shared.revision),
+        );
+        if !read? {
+            self.shared.gone();
+            session.probe();
+            return Err(self.lost_now(self.shared.vanished_reason()));
         }
         match confirmed {
-            Ok(()) => self.tracker.renewed_from(sent),
-            Err(Unconfirmed::Dead(reason)) => {
-                let reason = if reason == LostReason::Released {
-                    LostReason::SessionEnded
-                } else {
-                    reason
-                };
-                Err(self.lost_now(reason))
+            Ok(()) => {
+                if let Some(reason) = session.dead_reason() {
+                    return Err(self.lost_now(session_lost(reason)));
+                }
+                self.tracker.renewed_from(sent.min(session.acked_sent()))
             }
+            Err(Unconfirmed::Dead(reason)) => Err(self.lost_now(session_lost(reason))),
             Err(Unconfirmed::Timeout) => Err(lease_core::Error::Unavailable {
                 backend: crate::error::BACKEND,
                 message: format!(
@@ -212,6 +216,16 @@ impl Drop for EtcdLease {
     }
 }
 
+/// Why a lease is lost when its session ended for `reason` (`Released` is the client closing
+/// the session, which its leases see as the session ending).
+fn session_lost(reason: LostReason) -> LostReason {
+    if reason == LostReason::Released {
+        LostReason::SessionEnded
+    } else {
+        reason
+    }
+}
+
 /// How long after the grant the guardian opens its watch on our key.
 const WATCH_DELAY: Duration = Duration::from_millis(50);
 
@@ -232,8 +246,8 @@ enum Watched {
 ///   gone already, so an unrenewed lease never blocks others past its validity even though the
 ///   session keeps living.
 ///
-/// A watch cancelled by compaction or broken by a reconnect is re-established after re-reading
-/// the key.
+/// The watch is one of the coordinator's multiplexed watches ([`crate::watch`]); one cancelled
+/// by the server (compaction, no leader) is re-established after re-reading the key.
 async fn guard(shared: Arc<LeaseShared>, tracker: LeaseTracker, mut from: i64) {
     let slot = shared.session.register(tracker.clone());
     let mut signal = tracker.signal();
@@ -243,7 +257,7 @@ async fn guard(shared: Arc<LeaseShared>, tracker: LeaseTracker, mut from: i64) {
     let key = shared.key.as_bytes().to_vec();
     let outcome = 'outer: loop {
         if first {
-            // Short holdings never pay for a watch stream: the watch starts a moment later,
+            // Short holdings never add a watch: it starts a moment later,
             // from the revision of the read that granted the lease, so a deletion in between is
             // still delivered (on etcd's sync tick, at most ~100 ms later).
             first = false;
@@ -252,64 +266,29 @@ async fn guard(shared: Arc<LeaseShared>, tracker: LeaseTracker, mut from: i64) {
                 _ = tokio::time::sleep(WATCH_DELAY) => {}
             }
         }
-        let mut watch_client = shared.handle.client.watch_client();
-        let options = WatchOptions::new()
-            .with_start_revision(from)
-            .with_filters([WatchFilterType::NoPut]);
-        let opened = tokio::select! {
+        let mut deletion = shared.handle.watcher.deleted(key.clone(), from);
+        let seen = tokio::select! {
             r = signal.wait() => break 'outer Watched::Lost(r),
-            w = bounded(timeout, watch_client.watch(key.clone(), Some(options))) => w,
+            seen = deletion.wait() => seen,
         };
-        let mut stream = match opened {
-            Ok(s) => s,
-            Err(_) => {
-                tokio::select! {
-                    r = signal.wait() => break 'outer Watched::Lost(r),
-                    _ = tokio::time::sleep(backoff) => {}
+        match seen {
+            Seen::Deleted => break 'outer Watched::Deleted,
+            // Compacted past `from`, or cancelled by the server: re-read, then watch again from
+            // just after the read.
+            Seen::Recheck => match recheck(&shared, &key, timeout).await {
+                Some(Some(next)) => {
+                    from = next;
+                    backoff = Duration::from_millis(50);
                 }
-                backoff = (backoff * 2).min(Duration::from_secs(1));
-                continue;
-            }
-        };
-        loop {
-            tokio::select! {
-                r = signal.wait() => break 'outer Watched::Lost(r),
-                m = stream.message() => match m {
-                    Ok(Some(resp)) => {
-                        if resp
-                            .events()
-                            .iter()
-                            .any(|e| e.event_type() == EventType::Delete
-                                && e.kv().is_some_and(|kv| kv.key() == key.as_slice()))
-                        {
-                            break 'outer Watched::Deleted;
-                        }
-                        if resp.canceled() || resp.compact_revision() > 0 {
-                            // Compacted past `from` (or cancelled): re-read, then watch again
-                            // from just after the read.
-                            match recheck(&shared, &key, timeout).await {
-                                Some(Some(next)) => {
-                                    from = next;
-                                    continue 'outer;
-                                }
-                                Some(None) => break 'outer Watched::Deleted,
-                                None => {
-                                    tokio::time::sleep(backoff).await;
-                                    continue 'outer;
-                                }
-                            }
-                        }
+                Some(None) => break 'outer Watched::Deleted,
+                None => {
+                    tokio::select! {
+                        r = signal.wait() => break 'outer Watched::Lost(r),
+                        _ = tokio::time::sleep(backoff) => {}
                     }
-                    Ok(None) | Err(_) => {
-                        tokio::select! {
-                            r = signal.wait() => break 'outer Watched::Lost(r),
-                            _ = tokio::time::sleep(backoff) => {}
-                        }
-                        backoff = (backoff * 2).min(Duration::from_secs(1));
-                        continue 'outer;
-                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(1));
                 }
-            }
+            },
         }
     };
     match outcome {

@@ -2,12 +2,14 @@
 #![forbid(unsafe_code)]
 
 mod config;
+mod confirm;
 mod coordinator;
 mod error;
 mod fence;
 pub mod keys;
 mod lease;
 mod session;
+mod watch;
 
 use std::sync::Arc;
 

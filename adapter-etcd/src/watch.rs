@@ -1,0 +1,253 @@
+//! One watch stream per coordinator, shared by every lease and waiter.
+//!
+//! etcd multiplexes any number of watches on one `Watch` stream, each under its own watch id.
+//! Every guardian (is our key still there?) and every waiter (is my predecessor gone?) used to
+//! open a stream of its own: 10,000 held leases meant 10,000 HTTP/2 streams, each reset when its
+//! lease ended (h2 closes a connection after 1,024 local resets), and 10,000 streams to re-open
+//! after a reconnect. Here a coordinator has **one** stream, owned by one task; a watch is one
+//! create request on it (client-chosen id, so no bookkeeping of create responses) and one cancel
+//! request when it is no longer needed.
+//!
+//! A watch here waits for the **deletion** of one key from a start revision ([`Watcher::deleted`])
+//! and resolves once: [`Seen::Deleted`], or [`Seen::Recheck`] when the server cancelled it
+//! (compaction past the start revision, no leader) or the watcher is gone; the caller then
+//! re-reads the key and watches again from after that read. When the stream breaks, the task
+//! opens a new one and creates every pending watch again from its own start revision, so an event
+//! that happened while the stream was down is still delivered (or the compaction says to re-read).
+//!
+//! Requests go out through a separate sending task per stream, so the task reading responses
+//! never waits on a full request channel while the server waits for us to read its responses.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::Duration;
+
+use etcd_client::{Client, EventType, WatchFilterType, WatchOptions, WatchResponse};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::error::bounded;
+
+/// What a deletion watch saw.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Seen {
+    /// The key was deleted at or after the start revision.
+    Deleted,
+    /// The watch ended without an answer (compacted, cancelled by the server, watcher gone):
+    /// read the key again.
+    Recheck,
+}
+
+enum Command {
+    Add {
+        id: i64,
+        key: Vec<u8>,
+        from: i64,
+        tx: oneshot::Sender<Seen>,
+    },
+    Remove(i64),
+}
+
+/// The handle to a coordinator's watch task. Cheap to clone.
+#[derive(Debug, Clone)]
+pub(crate) struct Watcher {
+    tx: mpsc::UnboundedSender<Command>,
+    next_id: std::sync::Arc<AtomicI64>,
+}
+
+/// One pending deletion watch; dropping it cancels the watch on the server.
+#[derive(Debug)]
+pub(crate) struct Deletion {
+    id: i64,
+    rx: oneshot::Receiver<Seen>,
+    tx: mpsc::UnboundedSender<Command>,
+}
+
+impl Deletion {
+    /// Waits for the outcome (cancel-safe: may be polled again after a `select!` dropped it).
+    pub(crate) async fn wait(&mut self) -> Seen {
+        (&mut self.rx).await.unwrap_or(Seen::Recheck)
+    }
+}
+
+impl Drop for Deletion {
+    fn drop(&mut self) {
+        let _ = self.tx.send(Command::Remove(self.id));
+    }
+}
+
+impl Watcher {
+    /// Starts the watch task on the current runtime.
+    pub(crate) fn start(client: Client, request_timeout: Duration) -> Watcher {
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(run(client, request_timeout, rx));
+        Watcher {
+            tx,
+            // 0 asks the server to choose the id: ours start at 1.
+            next_id: std::sync::Arc::new(AtomicI64::new(1)),
+        }
+    }
+
+    /// Watches for the deletion of `key` at revision `from` or later.
+    pub(crate) fn deleted(&self, key: Vec<u8>, from: i64) -> Deletion {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        if self.tx.send(Command::Add { id, key, from, tx }).is_err() {
+            // The task is gone (the coordinator is being dropped): `wait` says Recheck.
+        }
+        Deletion {
+            id,
+            rx,
+            tx: self.tx.clone(),
+        }
+    }
+}
+
+struct Entry {
+    key: Vec<u8>,
+    from: i64,
+    tx: oneshot::Sender<Seen>,
+}
+
+fn options(id: i64, from: i64) -> WatchOptions {
+    WatchOptions::new()
+        .with_start_revision(from)
+        .with_filters([WatchFilterType::NoPut])
+        .with_watch_id(id)
+}
+
+/// A request for the sending task of the current stream.
+enum Out {
+    Watch(i64, Vec<u8>, i64),
+    Cancel(i64),
+}
+
+/// The current stream: its response half, and the channel to its sending task.
+struct Stream {
+    responses: etcd_client::WatchResponseStream,
+    out: mpsc::UnboundedSender<Out>,
+}
+
+async fn run(client: Client, timeout: Duration, mut rx: mpsc::UnboundedReceiver<Command>) {
+    let mut entries: HashMap<i64, Entry> = HashMap::new();
+    let mut stream: Option<Stream> = None;
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        if stream.is_none() {
+            if let Some((&id, first)) = entries.iter().next() {
+                match open(&client, timeout, id, first).await {
+                    Some(s) => {
+                        for (&other, e) in &entries {
+                            if other != id {
+                                let _ = s.out.send(Out::Watch(other, e.key.clone(), e.from));
+                            }
+                        }
+                        backoff = Duration::from_millis(50);
+                        tracing::debug!(watches = entries.len(), "etcd watch stream open");
+                        stream = Some(s);
+                    }
+                    None => {
+                        // Keep taking commands while waiting to retry.
+                        let wake = tokio::time::Instant::now() + backoff;
+                        backoff = (backoff * 2).min(Duration::from_secs(1));
+                        loop {
+                            tokio::select! {
+                                _ = tokio::time::sleep_until(wake) => break,
+                                c = rx.recv() => match c {
+                                    Some(c) => apply(&mut entries, None, c),
+                                    None => return,
+                                },
+                            }
+                        }
+                        continue;
+                    }
+                }
+            }
+        }
+        tokio::select! {
+            biased;
+            c = rx.recv() => match c {
+                Some(c) => apply(&mut entries, stream.as_ref(), c),
+                None => return,
+            },
+            m = async {
+                match stream.as_mut() {
+                    Some(s) => s.responses.message().await,
+                    None => std::future::pending().await,
+                }
+            } => match m {
+                Ok(Some(resp)) => dispatch(&mut entries, stream.as_ref(), resp),
+                Ok(None) | Err(_) => {
+                    tracing::debug!(watches = entries.len(), "etcd watch stream broken; reopening");
+                    stream = None;
+                }
+            },
+        }
+    }
+}
+
+/// Opens a stream with `first`'s watch and starts its sending task.
+async fn open(client: &Client, timeout: Duration, id: i64, first: &Entry) -> Option<Stream> {
+    let mut watch_client = client.watch_client();
+    let opened = bounded(
+        timeout,
+        watch_client.watch(first.key.clone(), Some(options(id, first.from))),
+    )
+    .await
+    .ok()?;
+    let (mut sender, responses) = opened.split();
+    let (out, mut out_rx) = mpsc::unbounded_channel::<Out>();
+    tokio::spawn(async move {
+        while let Some(o) = out_rx.recv().await {
+            let sent = match o {
+                Out::Watch(id, key, from) => sender.watch(key, Some(options(id, from))).await,
+                Out::Cancel(id) => sender.cancel(id).await,
+            };
+            if sent.is_err() {
+                return;
+            }
+        }
+    });
+    Some(Stream { responses, out })
+}
+
+fn apply(entries: &mut HashMap<i64, Entry>, stream: Option<&Stream>, c: Command) {
+    match c {
+        Command::Add { id, key, from, tx } => {
+            if let Some(s) = stream {
+                let _ = s.out.send(Out::Watch(id, key.clone(), from));
+            }
+            entries.insert(id, Entry { key, from, tx });
+        }
+        Command::Remove(id) => {
+            if entries.remove(&id).is_some() {
+                if let Some(s) = stream {
+                    let _ = s.out.send(Out::Cancel(id));
+                }
+            }
+        }
+    }
+}
+
+fn dispatch(entries: &mut HashMap<i64, Entry>, stream: Option<&Stream>, resp: WatchResponse) {
+    let id = resp.watch_id();
+    let seen = if resp.canceled() || resp.compact_revision() > 0 {
+        // Cancelled by the server (compacted past the start, no leader): the watch is over.
+        Seen::Recheck
+    } else if resp
+        .events()
+        .iter()
+        .any(|e| e.event_type() == EventType::Delete)
+    {
+        Seen::Deleted
+    } else {
+        return;
+    };
+    if let Some(e) = entries.remove(&id) {
+        let _ = e.tx.send(seen);
+        if seen == Seen::Deleted {
+            if let Some(s) = stream {
+                let _ = s.out.send(Out::Cancel(id));
+            }
+        }
+    }
+}
