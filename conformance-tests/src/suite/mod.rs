@@ -21,6 +21,9 @@
 //! | `CONFORMANCE_TIME_SCALE` | a multiplier (a decimal number, `> 0` and `<= 100`) of every case's time bound, `(ttl * ttl_budget + 10 s) * scale`, for every subject | `1` |
 //! | `CONFORMANCE_SEED` | the base seed of the run | random |
 //! | `CONFORMANCE_CHAOS_SECS` | how long the chaos run lasts | 12 |
+//! | `CONFORMANCE_SCALE_LEASES` | how many leases the `many_leases_kept` case acquires (on as many keys, 64 in flight, one client) and keeps; `0..=1000000`, `0` skips the case by name | 2000 |
+//! | `CONFORMANCE_SCALE_HOLD_SECS` | how long `many_leases_kept` holds them (whole seconds, `1..=3600`); its time bound does not grow with the size, so a long run also raises `CONFORMANCE_TIME_SCALE` (the case says by how much when the hold does not fit) | 20 |
+//! | `CONFORMANCE_SCALE_TTL_MS` | the TTL of `many_leases_kept`'s leases (milliseconds, `1..=3600000`), raised to the backend's [`Capabilities::min_ttl`](lease_core::Capabilities) | 10000 |
 //!
 //! An unset or empty variable takes the default; a malformed one fails the run with a single
 //! failed `environment` case naming the variable, never silently ignored.
@@ -43,6 +46,7 @@ mod chaos;
 mod faults;
 mod interference;
 mod report;
+mod scale;
 
 pub use report::{junit, CaseReport, Report, Verdict};
 
@@ -415,6 +419,7 @@ pub fn cases() -> Vec<Case> {
     all.extend(faults::cases());
     all.extend(interference::cases());
     all.extend(chaos::cases());
+    all.extend(scale::cases());
     all
 }
 
