@@ -184,6 +184,7 @@ impl Tally {
 struct Figures {
     leases: usize,
     ttl: Duration,
+    granted_ttl: Option<Duration>,
     hold: Duration,
     acquired: usize,
     acquire_time: Duration,
@@ -239,9 +240,13 @@ impl Figures {
                 .unwrap_or_default();
             format!("lost {} ({}{first})", self.lost_total(), reasons.join(", "))
         };
+        let granted = match self.granted_ttl {
+            Some(g) if g != self.ttl => format!(" (granted {g:?})"),
+            _ => String::new(),
+        };
         format!(
-            "scale: {backend}: many_leases_kept {} leases, TTL {:?}, hold {:?}, {IN_FLIGHT} in \
-             flight: acquire {:.3} s ({rate}), failed {failed}; {rss}; {cpu}; {lost}, in doubt {}; \
+            "scale: {backend}: many_leases_kept {} leases, TTL {:?}{granted}, hold {:?}, \
+             {IN_FLIGHT} in flight: acquire {:.3} s ({rate}), failed {failed}; {rss}; {cpu}; {lost}, in doubt {}; \
              release {:.3} s, errors {release_errors}; left behind {left} of {} checked",
             self.leases,
             self.ttl,
@@ -342,6 +347,8 @@ async fn many_leases_kept(ctx: Arc<Ctx>) -> CaseResult {
         }
     }
     fig.acquired = kept.len();
+    // Session backends grant their session's TTL whatever was asked.
+    fig.granted_ttl = kept.first().map(|k| k.lease().ttl());
 
     // Hold, looking once a second for the first lost lease (losses are sticky: the status check
     // after the hold sees every one of them). Status reads are cheap; a waiter per lease would
@@ -370,8 +377,9 @@ async fn many_leases_kept(ctx: Arc<Ctx>) -> CaseResult {
 
     // Every lease must still be held. One in doubt right now (a connection being replaced) is
     // given up to a TTL to settle either way.
+    let settle = fig.granted_ttl.unwrap_or(ttl);
     let settle_until =
-        Instant::now() + ttl.min(deadline.saturating_duration_since(Instant::now()) / 4);
+        Instant::now() + settle.min(deadline.saturating_duration_since(Instant::now()) / 4);
     let mut held_now = vec![false; kept.len()];
     loop {
         let mut doubtful = 0;
@@ -473,6 +481,16 @@ async fn many_leases_kept(ctx: Arc<Ctx>) -> CaseResult {
     }
 }
 
+/// What the check found for one key.
+enum Found {
+    /// Taken and let go again.
+    Free,
+    /// Still held by someone: left behind.
+    Held(String),
+    /// Any other error (of the try or of the check's own release).
+    Error(String),
+}
+
 /// `try_acquire`s every key on `checker` ([`IN_FLIGHT`] at a time) and releases what it got.
 /// Returns the keys found held, the other errors, and how many keys were checked.
 async fn check_free(
@@ -481,36 +499,37 @@ async fn check_free(
     options: &LeaseOptions,
     deadline: Instant,
 ) -> (Tally, Tally, usize) {
-    let outcomes: Vec<(LockKey, Result<(), Result<String, String>>)> = stream::iter(keys.to_vec())
+    let outcomes: Vec<(LockKey, Found)> = stream::iter(keys.to_vec())
         .map(|key| {
             let (checker, options) = (checker.clone(), options.clone());
             async move {
                 let attempt = async {
                     match checker.try_acquire(&key, &options).await {
-                        Ok(lease) => lease
-                            .release()
-                            .await
-                            .map_err(|e| Err(format!("releasing the check's lease: {e}"))),
-                        Err(e @ Error::Held { .. }) => Err(Ok(e.to_string())),
-                        Err(e) => Err(Err(e.to_string())),
+                        Ok(lease) => match lease.release().await {
+                            Ok(()) => Found::Free,
+                            Err(e) => Found::Error(format!("releasing the check's lease: {e}")),
+                        },
+                        Err(e @ Error::Held { .. }) => Found::Held(e.to_string()),
+                        Err(e) => Found::Error(e.to_string()),
                     }
                 };
-                let r = match tokio::time::timeout_at(deadline, attempt).await {
-                    Ok(r) => r,
-                    Err(_) => Err(Err("no outcome within the case's time bound".to_owned())),
-                };
-                (key, r)
+                let found = tokio::time::timeout_at(deadline, attempt)
+                    .await
+                    .unwrap_or_else(|_| {
+                        Found::Error("no outcome within the case's time bound".to_owned())
+                    });
+                (key, found)
             }
         })
         .buffer_unordered(IN_FLIGHT)
         .collect()
         .await;
     let (mut held, mut errors) = (Tally::default(), Tally::default());
-    for (key, r) in &outcomes {
-        match r {
-            Ok(()) => {}
-            Err(Ok(m)) => held.add(key, m),
-            Err(Err(m)) => errors.add(key, m),
+    for (key, found) in &outcomes {
+        match found {
+            Found::Free => {}
+            Found::Held(m) => held.add(key, m),
+            Found::Error(m) => errors.add(key, m),
         }
     }
     (held, errors, outcomes.len())
