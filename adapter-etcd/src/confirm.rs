@@ -125,28 +125,8 @@ async fn confirm(client: &Client, timeout: Duration, chunk: Vec<Ask>) {
         Err(f) => {
             let first = f.into_error("renew", false);
             for a in chunk {
-                let _ = a.reply.send(Err(copy(&first)));
+                let _ = a.reply.send(Err(first.replicate()));
             }
         }
-    }
-}
-
-/// The same read-only failure for another caller of the round.
-fn copy(e: &Error) -> Error {
-    match e {
-        Error::Misconfigured { backend, problems } => Error::Misconfigured {
-            backend,
-            problems: problems.clone(),
-        },
-        Error::Unavailable { message, .. } => Error::Unavailable {
-            backend: BACKEND,
-            message: message.clone(),
-            source: None,
-        },
-        other => Error::Unavailable {
-            backend: BACKEND,
-            message: other.to_string(),
-            source: None,
-        },
     }
 }

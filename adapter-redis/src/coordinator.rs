@@ -18,6 +18,7 @@ use crate::error::{bad_reply, Op, BACKEND};
 use crate::keys::{LockKeys, LockValue, ValueParts};
 use crate::lease::RedisLease;
 use crate::monitor::Monitor;
+use crate::renewals::Renewals;
 use crate::scripts::{self, reply};
 use crate::wakeups::{Subscription, Wakeups};
 
@@ -50,6 +51,8 @@ pub struct AuditRecord {
 pub(crate) struct Inner {
     pub(crate) config: RedisConfig,
     pub(crate) conn: Arc<Connection>,
+    /// Batched renewals ([`crate::renewals`]).
+    pub(crate) renewals: Renewals,
     wakeups: Wakeups,
     caps: Capabilities,
     default_owner: OwnerId,
@@ -294,9 +297,11 @@ impl RedisCoordinator {
             .owner()
             .cloned()
             .unwrap_or_else(OwnerId::for_this_process);
+        let renewals = Renewals::start(conn.clone());
         let inner = Arc::new(Inner {
             config,
             conn,
+            renewals,
             wakeups,
             caps,
             default_owner,

@@ -8,9 +8,7 @@ use lease_core::{Error, Lease, LeaseStatus, LeaseTracker, LostReason, Result};
 use tokio::time::Instant;
 
 use crate::coordinator::{nothing_to_delete, spawn_cleanup, Cleanup, Inner};
-use crate::error::{bad_reply, Op};
 use crate::keys::LockKeys;
-use crate::scripts::{self, reply};
 
 /// A lease from [`crate::RedisCoordinator`].
 ///
@@ -78,20 +76,14 @@ impl Lease for RedisLease {
         self.tracker.ensure_not_lost()?;
         let ttl_ms = crate::coordinator::px_millis(self.tracker.ttl()).to_string();
         let sent_at = Instant::now();
-        let v = self
+        let code = self
             .inner
-            .conn
-            .eval(
-                Op::RENEW,
-                &scripts::RENEW,
-                &[&self.keys.lock, &self.keys.revoked],
-                &[self.head.as_bytes(), ttl_ms.as_bytes()],
-            )
+            .renewals
+            .renew(self.keys.clone(), &self.head, ttl_ms)
             .await?;
-        match reply::int(&v) {
-            Some(1) => self.tracker.renewed_from(sent_at),
-            Some(code) => Err(self.lost(code)),
-            None => Err(bad_reply(Op::RENEW, "not an integer")),
+        match code {
+            1 => self.tracker.renewed_from(sent_at),
+            code => Err(self.lost(code)),
         }
     }
 

@@ -1,8 +1,8 @@
 //! The Lua scripts: each operation is one script, run with `EVALSHA` (redis-rs loads it with
 //! `SCRIPT LOAD` and retries once when the server answers `NOSCRIPT`, for example after a restart).
 //!
-//! Every script touches only keys of one lock (or one fenced resource), which share a hash tag,
-//! so they run on a Redis Cluster node too. Tokens are handled as decimal strings (compared by
+//! Every script but [`RENEW_MANY`] touches only keys of one lock (or one fenced resource), which
+//! share a hash tag, so they run on a Redis Cluster node too. Tokens are handled as decimal strings (compared by
 //! length, then lexically) so that Lua's double-precision numbers never round them.
 //!
 //! Writes are ordered so that an error part-way (for example `OOM` on the first write when the
@@ -80,6 +80,31 @@ if cur and string.sub(cur, 1, #head) == head then
 end
 ";
 
+/// Renew many locks (see [`crate::renewals`]): `KEYS = [lock1, revoked1, lock2, revoked2, ...]`,
+/// `ARGV = [head1, ttl_ms1, head2, ttl_ms2, ...]`. One code per lock, in order, each as
+/// [`RENEW`] answers it.
+const RENEW_MANY_SRC: &str = r"
+local out = {}
+for i = 1, #KEYS, 2 do
+  local head = ARGV[i]
+  local cur = redis.call('GET', KEYS[i])
+  if cur and string.sub(cur, 1, #head) == head then
+    redis.call('PEXPIRE', KEYS[i], ARGV[i + 1])
+    out[#out + 1] = 1
+  else
+    local rev = redis.call('GET', KEYS[i + 1])
+    if rev and string.sub(rev, 1, #head) == head then
+      out[#out + 1] = -2
+    elseif cur then
+      out[#out + 1] = -1
+    else
+      out[#out + 1] = 0
+    end
+  end
+end
+return out
+";
+
 /// Release (compare-and-delete, then wake waiters): `KEYS = [lock, revoked]`,
 /// `ARGV = [head, channel]`. `1` when deleted, else see `NOT_OURS`.
 const RELEASE_BODY: &str = r"
@@ -141,6 +166,7 @@ pub(crate) static ACQUIRE: LazyLock<Script> =
     LazyLock::new(|| Script::new(&format!("{LT}{ACQUIRE_BODY}")));
 pub(crate) static RENEW: LazyLock<Script> =
     LazyLock::new(|| Script::new(&format!("{RENEW_BODY}{NOT_OURS}")));
+pub(crate) static RENEW_MANY: LazyLock<Script> = LazyLock::new(|| Script::new(RENEW_MANY_SRC));
 pub(crate) static RELEASE: LazyLock<Script> =
     LazyLock::new(|| Script::new(&format!("{RELEASE_BODY}{NOT_OURS}")));
 pub(crate) static FORCE_RELEASE: LazyLock<Script> =

@@ -287,6 +287,81 @@ impl Error {
         matches!(self, Error::Lost { .. } | Error::Stale { .. })
     }
 
+    /// The same error for another caller: every field is copied except the client library's
+    /// `source`, which is not cloneable and is kept as text in the message. For adapters that
+    /// send one request on behalf of many calls (a batch of renewals) and must answer each of
+    /// them with the request's failure.
+    pub fn replicate(&self) -> Error {
+        fn with_source(message: &str, source: &Option<BoxError>) -> String {
+            match source {
+                Some(s) => format!("{message} ({s})"),
+                None => message.to_owned(),
+            }
+        }
+        match self {
+            Error::Held { key } => Error::Held { key: key.clone() },
+            Error::Timeout { key, waited } => Error::Timeout {
+                key: key.clone(),
+                waited: *waited,
+            },
+            Error::Lost { key, token, reason } => Error::Lost {
+                key: key.clone(),
+                token: *token,
+                reason: *reason,
+            },
+            Error::Stale {
+                resource,
+                presented,
+                current,
+            } => Error::Stale {
+                resource: resource.clone(),
+                presented: *presented,
+                current: *current,
+            },
+            Error::Unavailable {
+                backend,
+                message,
+                source,
+            } => Error::Unavailable {
+                backend,
+                message: with_source(message, source),
+                source: None,
+            },
+            Error::OutcomeUnknown {
+                backend,
+                operation,
+                message,
+                source,
+            } => Error::OutcomeUnknown {
+                backend,
+                operation,
+                message: with_source(message, source),
+                source: None,
+            },
+            Error::InvalidInput(i) => Error::InvalidInput(i.clone()),
+            Error::Unsupported { backend, what } => Error::Unsupported {
+                backend,
+                what: what.clone(),
+            },
+            Error::Misconfigured { backend, problems } => Error::Misconfigured {
+                backend,
+                problems: problems.clone(),
+            },
+            Error::NotFound { what } => Error::NotFound { what: what.clone() },
+            Error::TokenRegression {
+                backend,
+                key,
+                observed,
+                floor,
+            } => Error::TokenRegression {
+                backend,
+                key: key.clone(),
+                observed: *observed,
+                floor: *floor,
+            },
+        }
+    }
+
     /// Shorthand for an [`Error::Unavailable`] with a source.
     pub fn unavailable(
         backend: &'static str,
@@ -321,6 +396,28 @@ impl Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_replicated_error_keeps_its_kind_and_the_source_as_text() {
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset by peer");
+        let e = Error::OutcomeUnknown {
+            backend: "redis",
+            operation: "renew",
+            message: "connection closed".into(),
+            source: Some(Box::new(io)),
+        };
+        let r = e.replicate();
+        assert_eq!(r.kind(), e.kind());
+        assert!(
+            r.to_string().contains("connection closed (reset by peer)"),
+            "{r}"
+        );
+        let m = Error::Misconfigured {
+            backend: "etcd",
+            problems: vec!["a".into(), "b".into()],
+        };
+        assert_eq!(m.replicate().to_string(), m.to_string());
+    }
 
     #[test]
     fn retryable_classification() {

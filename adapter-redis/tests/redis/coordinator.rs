@@ -523,3 +523,114 @@ async fn latency_smoke() {
         hand_offs[hand_offs.len() - 1]
     );
 }
+
+/// `calls` of `EVALSHA` in the server's `INFO commandstats`.
+async fn evalsha_calls(conn: &mut redis::aio::MultiplexedConnection) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await
+        .unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |n| n.parse().unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_renewals_share_scripts_and_each_gets_its_own_answer() {
+    let Some(srv) = server(
+        "concurrent_renewals_share_scripts_and_each_gets_its_own_answer",
+        durable(),
+    ) else {
+        return;
+    };
+    let c = coordinator(&srv, "").await;
+    let mut conn = raw(&srv).await;
+    const N: usize = 200;
+    let mut leases = Vec::new();
+    let mut keys = Vec::new();
+    for _ in 0..N {
+        let k = key("batched");
+        leases.push(c.try_acquire(&k, &opts(30 * SEC)).await.unwrap());
+        keys.push(k);
+    }
+    // Three leases are no longer ours on the server: deleted, deleted and taken by another
+    // owner, force-released.
+    let other = coordinator(&srv, "").await;
+    let _: i64 = conn
+        .del(format!("fenced:{{{}}}:lock", keys[10].as_str()))
+        .await
+        .unwrap();
+    let _: i64 = conn
+        .del(format!("fenced:{{{}}}:lock", keys[20].as_str()))
+        .await
+        .unwrap();
+    let taken = other.try_acquire(&keys[20], &opts(30 * SEC)).await.unwrap();
+    let req = ForceRelease::new("ops", "batch test").unwrap();
+    assert!(other
+        .force_release(&keys[30], &req)
+        .await
+        .unwrap()
+        .is_some());
+
+    let before_calls = evalsha_calls(&mut conn).await;
+    let before: Vec<Instant> = leases.iter().map(|l| l.valid_until()).collect();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let results = futures::future::join_all(leases.iter().map(|l| l.renew())).await;
+    let scripts = evalsha_calls(&mut conn).await - before_calls;
+
+    for (i, r) in results.iter().enumerate() {
+        match i {
+            10 => assert!(
+                matches!(
+                    r,
+                    Err(Error::Lost {
+                        reason: LostReason::Revoked | LostReason::Expired,
+                        ..
+                    })
+                ),
+                "deleted: {r:?}"
+            ),
+            20 => assert!(
+                matches!(
+                    r,
+                    Err(Error::Lost {
+                        reason: LostReason::Revoked | LostReason::Superseded,
+                        ..
+                    })
+                ),
+                "taken over: {r:?}"
+            ),
+            30 => assert!(
+                matches!(
+                    r,
+                    Err(Error::Lost {
+                        reason: LostReason::Revoked,
+                        ..
+                    })
+                ),
+                "force-released: {r:?}"
+            ),
+            _ => {
+                let until = r.as_ref().unwrap_or_else(|e| panic!("lease {i}: {e}"));
+                assert!(*until > before[i], "lease {i}: validity did not move");
+            }
+        }
+    }
+    // A lease lost before the call never reaches the server; the rest go in batches.
+    assert!(
+        scripts <= 20,
+        "{} renewals took {scripts} scripts; expected them batched",
+        N - 3
+    );
+    assert_eq!(
+        c.inspect(&keys[20]).await.unwrap().unwrap().token,
+        taken.token()
+    );
+    for l in &leases {
+        if l.status() == LeaseStatus::Held {
+            l.release().await.unwrap();
+        }
+    }
+}
