@@ -26,6 +26,9 @@ pub(crate) struct LeaseShared {
     revision: i64,
     /// Set once the key is deleted or its deletion is queued (so it happens once).
     retired: AtomicBool,
+    /// Set when `release` sends its delete: the deletion the guardian then sees is ours, not
+    /// news about the session.
+    releasing: AtomicBool,
 }
 
 impl LeaseShared {
@@ -92,6 +95,7 @@ impl EtcdLease {
             key,
             revision,
             retired: AtomicBool::new(false),
+            releasing: AtomicBool::new(false),
         });
         tokio::spawn(guard(shared.clone(), tracker.clone(), watch_from));
         EtcdLease { tracker, shared }
@@ -178,6 +182,7 @@ impl Lease for EtcdLease {
             self.shared.retire();
             return Err(self.tracker.lost_error(reason));
         }
+        self.shared.releasing.store(true, Ordering::SeqCst);
         let key = self.shared.key.clone();
         let txn = Txn::new()
             .when([Compare::create_revision(
@@ -275,7 +280,9 @@ async fn guard(shared: Arc<LeaseShared>, tracker: LeaseTracker, mut from: i64) {
             Seen::Deleted => break 'outer Watched::Deleted,
             // Compacted past `from`, or cancelled by the server: re-read, then watch again from
             // just after the read.
-            Seen::Recheck => match recheck(&shared, &key, timeout).await {
+            // Boxed: a client request future is several KB, and every held lease's guardian
+            // would carry that much for its whole life otherwise.
+            Seen::Recheck => match Box::pin(recheck(&shared, &key, timeout)).await {
                 Some(Some(next)) => {
                     from = next;
                     backoff = Duration::from_millis(50);
@@ -299,6 +306,11 @@ async fn guard(shared: Arc<LeaseShared>, tracker: LeaseTracker, mut from: i64) {
             // key is deleted.
             tracker.mark_lost(reason);
             shared.retire();
+        }
+        Watched::Deleted if shared.releasing.load(Ordering::SeqCst) => {
+            // Our own release's delete, seen before its answer: released, nothing to probe.
+            shared.gone();
+            tracker.mark_lost(LostReason::Released);
         }
         Watched::Deleted => {
             shared.gone();
