@@ -17,6 +17,7 @@ use tokio::sync::OwnedMutexGuard;
 use tokio::time::Instant;
 
 use crate::config::ConsulConfig;
+use crate::confirm::Confirmer;
 use crate::http::{Http, KvEntry, TxnOp, TxnOutcome};
 use crate::lease::{spawn_monitor, spawn_reaper, ConsulLease, LeaseShared};
 use crate::session::{Session, SessionManager};
@@ -99,6 +100,7 @@ struct Inner {
     config: ConsulConfig,
     caps: Capabilities,
     http: Arc<Http>,
+    confirmer: Arc<Confirmer>,
     sessions: Arc<SessionManager>,
     slots: Arc<Slots>,
     default_owner: OwnerId,
@@ -289,6 +291,7 @@ impl ConsulCoordinator {
                 agent: config.token_scope(),
                 config,
                 caps,
+                confirmer: Arc::new(Confirmer::new(http.clone())),
                 http,
                 sessions,
                 slots: Arc::new(Slots::default()),
@@ -590,6 +593,7 @@ impl ConsulCoordinator {
             session.clone(),
             inner.sessions.clone(),
             inner.http.clone(),
+            inner.confirmer.clone(),
             slot,
         ));
         if !session.register(&shared) {

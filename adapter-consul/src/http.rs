@@ -182,7 +182,19 @@ struct TxnResult {
 #[serde(rename_all = "PascalCase")]
 struct TxnErrorAnswer {
     #[serde(default)]
+    op_index: Option<usize>,
+    #[serde(default)]
     what: String,
+}
+
+/// What a read-only transaction found.
+#[derive(Debug)]
+pub(crate) enum TxnRead {
+    /// Every operation passed (HTTP 200).
+    Passed,
+    /// At least one operation failed (HTTP 409); Consul's errors: the failed operation's index
+    /// (`OpIndex`, when given) and reason.
+    Failed(Vec<(Option<usize>, String)>),
 }
 
 /// An HTTP answer.
@@ -538,6 +550,42 @@ impl Http {
                 }
             }
             code => Err(error::status(operation, idempotent, code, &a.body)),
+        }
+    }
+
+    /// `PUT /v1/txn?consistent` of read operations only (`get`, `check-session`, ...), which
+    /// Consul serves with `Txn.Read`, honouring the consistency mode. Never `OutcomeUnknown`:
+    /// nothing it sends writes.
+    pub(crate) async fn txn_read(&self, ops: &[TxnOp], operation: &'static str) -> Result<TxnRead> {
+        let body =
+            serde_json::to_vec(ops).map_err(|e| error::protocol(operation, e.to_string()))?;
+        let a = self
+            .send(
+                Method::PUT,
+                "/v1/txn",
+                &[("consistent", String::new())],
+                Some(body),
+                self.request_timeout,
+            )
+            .await
+            .map_err(|t| error::transport(operation, true, t))?;
+        match a.status {
+            200 | 409 => {
+                let ans: TxnAnswer = serde_json::from_slice(&a.body)
+                    .map_err(|e| error::protocol(operation, e.to_string()))?;
+                if a.status == 200 {
+                    Ok(TxnRead::Passed)
+                } else {
+                    Ok(TxnRead::Failed(
+                        ans.errors
+                            .unwrap_or_default()
+                            .into_iter()
+                            .map(|e| (e.op_index, e.what))
+                            .collect(),
+                    ))
+                }
+            }
+            code => Err(error::status(operation, true, code, &a.body)),
         }
     }
 

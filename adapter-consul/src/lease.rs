@@ -9,6 +9,7 @@ use async_trait::async_trait;
 use lease_core::{Error, Lease, LeaseStatus, LeaseTracker, LockKey, LostReason, Result, Token};
 use tokio::time::Instant;
 
+use crate::confirm::{Confirmer, Ownership};
 use crate::coordinator::SlotGuard;
 use crate::http::{Http, KvEntry, TxnOp, TxnOutcome};
 use crate::session::{Session, SessionManager};
@@ -30,6 +31,8 @@ pub(crate) struct LeaseShared {
     pub(crate) session: Arc<Session>,
     pub(crate) sessions: Arc<SessionManager>,
     pub(crate) http: Arc<Http>,
+    /// The coordinator's batched ownership checks (for renewals).
+    confirmer: Arc<Confirmer>,
     /// The lease's own deadline (last confirmed acquire or renew, plus TTL, minus margin); its
     /// validity is this or the session's, whichever comes first.
     own_until: Mutex<Instant>,
@@ -51,6 +54,7 @@ impl LeaseShared {
         session: Arc<Session>,
         sessions: Arc<SessionManager>,
         http: Arc<Http>,
+        confirmer: Arc<Confirmer>,
         slot: SlotGuard,
     ) -> Self {
         LeaseShared {
@@ -62,6 +66,7 @@ impl LeaseShared {
             session,
             sessions,
             http,
+            confirmer,
             resolved: AtomicBool::new(false),
             releasing: AtomicBool::new(false),
             slot: Mutex::new(Some(slot)),
@@ -259,26 +264,36 @@ impl Lease for ConsulLease {
         &self.shared.tracker
     }
 
-    /// Renews the client's session and re-reads the key with `?consistent`, concurrently (one
-    /// round trip of latency). Lost if the session is gone (404), or the key is gone or locked by
-    /// another session. A plain write to the key by another tool keeps its session: still ours.
+    /// Confirms that the key is still locked by the client's session with a `?consistent` read
+    /// made after the call started, batched with the checks of concurrent renewals (one
+    /// read-only `/v1/txn` of up to 64 `check-session`s per round, see `confirm.rs`). The session
+    /// itself is renewed by the client's background renewer; a renewal sends a session renewal
+    /// only when less than half the session TTL of its validity is left, and then shares it with
+    /// every concurrent renewal (one `PUT` for all). Lost if the session is gone (404), or the
+    /// key is gone or not locked by the session. A plain write to the key by another tool keeps
+    /// its session: still ours. Validity never exceeds the session's last confirmed renewal.
     async fn renew(&self) -> Result<Instant> {
         let s = &self.shared;
         s.tracker.ensure_not_lost()?;
         let sent = Instant::now();
-        let (renewed, read) = tokio::join!(
-            s.sessions.renew(&s.session),
-            s.http.kv_get(&s.kv_key, true, None, "renew"),
-        );
+        let session_renewal = async {
+            if s.session.fresh_at(sent) {
+                Ok(true)
+            } else {
+                s.sessions.renew_after(&s.session, sent).await
+            }
+        };
+        let (renewed, owned) =
+            tokio::join!(session_renewal, s.confirmer.check(&s.kv_key, &s.session.id),);
         match renewed {
             Ok(true) => {}
             Ok(false) => return Err(s.lost(LostReason::SessionEnded)),
             Err(e) => return Err(e),
         }
-        match read? {
-            (_, Some(e)) if s.owns(&e) => {}
-            (_, Some(_)) => return Err(s.lost(s.reason_gone(false))),
-            (_, None) => return Err(s.lost(s.reason_gone(true))),
+        match owned? {
+            Ownership::Ours => {}
+            Ownership::NotOurs => return Err(s.lost(s.reason_gone(false))),
+            Ownership::Missing => return Err(s.lost(s.reason_gone(true))),
         }
         let own = lease_core::clock::valid_until(sent, s.tracker.ttl(), s.tracker.drift_margin());
         {

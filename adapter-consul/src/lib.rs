@@ -2,6 +2,7 @@
 #![forbid(unsafe_code)]
 
 mod config;
+mod confirm;
 mod coordinator;
 mod error;
 mod http;

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
-use lease_core::{LostReason, Result};
+use lease_core::{Error, LostReason, Result};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -24,6 +24,16 @@ struct SessionState {
     leases: HashMap<u64, Weak<LeaseShared>>,
 }
 
+/// The outcome of one session renewal, as every caller that shares it sees it: `Ok(true)`
+/// renewed, `Ok(false)` the session is gone (404).
+type RenewOutcome = std::result::Result<bool, Arc<Error>>;
+
+/// The session renewal most recently sent: its send time and, once answered, its outcome.
+struct Renewal {
+    sent: Instant,
+    done: watch::Receiver<Option<RenewOutcome>>,
+}
+
 /// A live (or ended) Consul session and the leases that hold locks with it.
 pub(crate) struct Session {
     pub(crate) id: String,
@@ -31,6 +41,8 @@ pub(crate) struct Session {
     margin: Duration,
     state: Mutex<SessionState>,
     ended_tx: watch::Sender<bool>,
+    /// The last renewal sent (shared by every caller that needs one sent after it started).
+    renewal: Mutex<Option<Renewal>>,
 }
 
 impl std::fmt::Debug for Session {
@@ -56,7 +68,14 @@ impl Session {
                 leases: HashMap::new(),
             }),
             ended_tx,
+            renewal: Mutex::new(None),
         }
+    }
+
+    /// Whether the session's validity has at least half its TTL left at `at`: a renewal starting
+    /// then needs no session renewal of its own.
+    pub(crate) fn fresh_at(&self, at: Instant) -> bool {
+        self.valid_until() >= at + self.ttl / 2
     }
 
     fn lock(&self) -> MutexGuard<'_, SessionState> {
@@ -230,18 +249,72 @@ impl SessionManager {
         }
     }
 
-    /// Renews `session` now (one round trip). `Ok(false)` if Consul no longer knows it (the
-    /// session is then ended and its leases lost).
-    pub(crate) async fn renew(&self, session: &Arc<Session>) -> Result<bool> {
-        let sent = Instant::now();
-        let timeout = self.http.request_timeout();
-        if self.http.session_renew(&session.id, timeout).await? {
-            session.confirm(sent);
-            Ok(true)
-        } else {
-            tracing::warn!(session = %session.id, "consul session no longer exists");
-            self.ended(session);
-            Ok(false)
+    /// The bound on one session renewal.
+    fn renew_timeout(&self) -> Duration {
+        self.http
+            .request_timeout()
+            .min(self.ttl / 2)
+            .max(Duration::from_millis(50))
+    }
+
+    /// A renewal of `session` **sent at or after `not_before`** (one round trip), shared: every
+    /// caller whose `not_before` the renewal in flight (or just answered) satisfies awaits that
+    /// one instead of sending its own, so N concurrent callers cost one `PUT`. `Ok(false)` if
+    /// Consul no longer knows the session (it is then ended and its leases lost). A confirmed
+    /// renewal extends the session's validity (and every lease's) from its send time.
+    pub(crate) async fn renew_after(
+        &self,
+        session: &Arc<Session>,
+        not_before: Instant,
+    ) -> Result<bool> {
+        let mut done = {
+            let mut slot = session.renewal.lock().unwrap_or_else(|p| p.into_inner());
+            match slot.as_ref() {
+                Some(r) if r.sent >= not_before => r.done.clone(),
+                _ => {
+                    let sent = Instant::now();
+                    let (tx, done) = watch::channel(None);
+                    *slot = Some(Renewal {
+                        sent,
+                        done: done.clone(),
+                    });
+                    // Its own task: a caller that gives up does not cancel it for the others.
+                    let (http, session, timeout) =
+                        (self.http.clone(), session.clone(), self.renew_timeout());
+                    tokio::spawn(async move {
+                        let outcome = match http.session_renew(&session.id, timeout).await {
+                            Ok(true) => {
+                                session.confirm(sent);
+                                Ok(true)
+                            }
+                            Ok(false) => {
+                                tracing::warn!(session = %session.id, "consul session no longer exists");
+                                session.end();
+                                Ok(false)
+                            }
+                            Err(e) => Err(Arc::new(e)),
+                        };
+                        tx.send_replace(Some(outcome));
+                    });
+                    done
+                }
+            }
+        };
+        let outcome = match done.wait_for(Option::is_some).await {
+            Ok(o) => o.clone().expect("waited for an outcome"),
+            Err(_) => Err(Arc::new(Error::Unavailable {
+                backend: crate::BACKEND,
+                message: "session renew: the renewal task ended without an answer".into(),
+                source: None,
+            })),
+        };
+        match outcome {
+            Ok(true) => Ok(true),
+            Ok(false) => {
+                self.ended(session);
+                Ok(false)
+            }
+            Err(e) => Err(crate::confirm::copy(&e)),
         }
     }
 }
@@ -283,20 +356,13 @@ async fn renewer(manager: Weak<SessionManager>, session: Arc<Session>) {
         }
         let Some(m) = manager.upgrade() else { return };
         let sent = Instant::now();
-        let timeout = m
-            .http
-            .request_timeout()
-            .min(half)
-            .max(Duration::from_millis(50));
-        match m.http.session_renew(&session.id, timeout).await {
+        match m.renew_after(&session, sent).await {
             Ok(true) => {
-                session.confirm(sent);
                 next = sent + half;
                 backoff = min_backoff;
             }
             Ok(false) => {
                 tracing::warn!(session = %session.id, "consul session invalidated; its leases are lost");
-                m.ended(&session);
                 return;
             }
             Err(e) => {
@@ -306,5 +372,47 @@ async fn renewer(manager: Weak<SessionManager>, session: Arc<Session>) {
                 backoff = (backoff * 2).min(half);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ConsulConfig;
+    use conformance_tests::consul_standin::{ConsulStandIn, StandInOptions};
+
+    /// Twenty renewals that each need a session renewal sent after they started share ONE
+    /// `PUT /v1/session/renew`, and it extends the session's validity from its send time.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_session_renewals_share_one_put() {
+        let s = ConsulStandIn::start(StandInOptions::default()).expect("stand-in");
+        let config =
+            ConsulConfig::from_url(&format!("consul://{}?session_ttl_ms=10000", s.addr())).unwrap();
+        let http = Arc::new(Http::new(&config).unwrap());
+        let m = Arc::new(SessionManager::new(
+            http,
+            Duration::from_secs(10),
+            Duration::from_millis(100),
+            "t".into(),
+        ));
+        let session = m.session().await.unwrap();
+        let before_validity = session.valid_until();
+        let started = Instant::now();
+        let before = s.requests();
+        let mut set = tokio::task::JoinSet::new();
+        for _ in 0..20 {
+            let (m, session) = (m.clone(), session.clone());
+            set.spawn(async move { m.renew_after(&session, started).await });
+        }
+        while let Some(r) = set.join_next().await {
+            assert!(r.unwrap().unwrap(), "renewed");
+        }
+        assert_eq!(s.requests() - before, 1, "one PUT for twenty callers");
+        assert!(session.valid_until() > before_validity);
+        // A caller that started after that renewal was sent gets a new one.
+        let later = Instant::now();
+        let before = s.requests();
+        assert!(m.renew_after(&session, later).await.unwrap());
+        assert_eq!(s.requests() - before, 1);
     }
 }

@@ -471,3 +471,62 @@ async fn a_preexisting_unlocked_key_is_locked_afresh() {
     assert_eq!(c.inspect(&k).await.unwrap().unwrap().token, lease.token());
     lease.release().await.unwrap();
 }
+
+/// Renewals cost sessions, not leases: 100 leases renewed at once send no session renewal of
+/// their own (the session is fresh) and check their keys in read-only transactions of up to 64
+/// `check-session`s (a handful of requests, not 200); a lone renewal costs one request; and a
+/// key deleted behind the holder's back fails only its own lease's renewal in the batch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_renewals_share_batched_reads_and_no_session_renewal() {
+    let s = standin();
+    let u = format!(
+        "consul://{}?token={TOKEN}&session_ttl_ms=10000&key_prefix=t{:08x}",
+        s.addr(),
+        rand::random::<u32>()
+    );
+    let c = client(&u).await;
+    let config = ConsulConfig::from_url(&u).unwrap();
+    let mut leases = Vec::new();
+    for i in 0..100 {
+        let lease = c
+            .acquire(&key(&format!("batch/{i}")), &LeaseOptions::new(TTL * 20))
+            .await
+            .unwrap();
+        leases.push(Arc::<dyn Lease>::from(lease));
+    }
+    let renew_all = |leases: &[Arc<dyn Lease>]| {
+        let mut set = tokio::task::JoinSet::new();
+        for (i, l) in leases.iter().enumerate() {
+            let l = l.clone();
+            set.spawn(async move { (i, l.renew().await) });
+        }
+        set
+    };
+    let before = s.requests();
+    let mut set = renew_all(&leases);
+    while let Some(r) = set.join_next().await {
+        let (i, r) = r.unwrap();
+        r.unwrap_or_else(|e| panic!("lease {i}: {e}"));
+    }
+    let spent = s.requests() - before;
+    assert!(spent <= 6, "100 concurrent renewals sent {spent} requests");
+
+    let before = s.requests();
+    leases[0].renew().await.unwrap();
+    assert_eq!(s.requests() - before, 1, "a lone renewal is one request");
+
+    let gone = config.kv_key(&key("batch/7"));
+    let (st, _) = raw(&s, "DELETE", &format!("/v1/kv/{gone}"), None).await;
+    assert_eq!(st, 200);
+    let mut set = renew_all(&leases);
+    while let Some(r) = set.join_next().await {
+        match r.unwrap() {
+            (7, Err(Error::Lost { .. })) => {}
+            (7, other) => panic!("the deleted key's renewal: {other:?}"),
+            (i, Err(e)) => panic!("lease {i}: {e}"),
+            (_, Ok(_)) => {}
+        }
+    }
+    assert!(matches!(leases[7].status(), LeaseStatus::Lost(_)));
+    assert_eq!(leases[8].status(), LeaseStatus::Held);
+}

@@ -698,7 +698,9 @@ fn txn(shared: &Shared, body: &[u8]) -> Resp {
     }
     let resp = match result {
         Ok(entries) => {
-            shared.notify(index);
+            if !read_only {
+                shared.notify(index);
+            }
             let results: Vec<Value> = entries
                 .iter()
                 .map(|e| json!({ "KV": entry_json(e) }))
