@@ -198,6 +198,108 @@ async fn blocking_query_wakes_on_change_and_times_out_otherwise() {
     assert_eq!(st, 404);
 }
 
+/// As in Consul (memdb watch channels fire per key), a blocking query on one key is not even
+/// woken by writes to other keys: 50 writes to `a` leave a query on `b` asleep (it read the store
+/// once, when it arrived), and one write to `b` wakes and answers it (one more read). Lock
+/// releases by session invalidation wake it too. A prefix query is woken by every commit.
+#[tokio::test]
+async fn a_blocking_query_on_one_key_is_woken_only_by_changes_to_that_key() {
+    let s = start();
+    put(&s, "/v1/kv/b", "1").await;
+    let (_, idx, _) = get(&s, "b").await;
+    let idx = idx.unwrap();
+    let addr = s.addr();
+    let reads = s.blocking_reads();
+    let waiter = tokio::spawn(async move {
+        consul_http(
+            addr,
+            "GET",
+            &format!("/v1/kv/b?index={idx}&wait=10s"),
+            Some(TOKEN),
+            None,
+        )
+        .await
+        .unwrap()
+    });
+    // Subscribed before its first read: once it has read, every later change is seen.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while s.blocking_reads() == reads {
+        assert!(Instant::now() < deadline, "the query never arrived");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    for i in 0..50 {
+        assert_eq!(put(&s, "/v1/kv/a", &i.to_string()).await.0, 200);
+    }
+    assert_eq!(
+        s.blocking_reads(),
+        reads + 1,
+        "writes to another key woke the query on b"
+    );
+    assert!(!waiter.is_finished());
+    put(&s, "/v1/kv/b", "2").await;
+    let (st, new_idx, _) = tokio::time::timeout(Duration::from_secs(2), waiter)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(st, 200);
+    assert!(new_idx.unwrap() > idx);
+    assert_eq!(s.blocking_reads(), reads + 2, "one wake-up, for b's write");
+
+    // A session's invalidation releases its lock on b and wakes b's query.
+    let id = session(&s, json!({ "Checks": [] })).await;
+    assert_eq!(
+        put(&s, &format!("/v1/kv/b?acquire={id}"), "held").await,
+        (200, json!(true))
+    );
+    let (_, idx, _) = get(&s, "b").await;
+    let waiter = tokio::spawn(async move {
+        consul_http(
+            addr,
+            "GET",
+            &format!("/v1/kv/b?index={}&wait=10s", idx.unwrap()),
+            Some(TOKEN),
+            None,
+        )
+        .await
+        .unwrap()
+    });
+    let reads = s.blocking_reads();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while s.blocking_reads() == reads {
+        assert!(Instant::now() < deadline, "the query never arrived");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    call(&s, "PUT", &format!("/v1/session/destroy/{id}"), None).await;
+    let (st, _, body) = tokio::time::timeout(Duration::from_secs(2), waiter)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(st, 200);
+    let v: Value = serde_json::from_slice(&body).unwrap();
+    assert!(v[0].get("Session").is_none(), "released: {v}");
+
+    // A prefix query is woken by a commit under its prefix.
+    let (_, idx, _) = call(&s, "GET", "/v1/kv/?recurse", None).await;
+    let waiter = tokio::spawn(async move {
+        consul_http(
+            addr,
+            "GET",
+            &format!("/v1/kv/?recurse&index={}&wait=10s", idx.unwrap()),
+            Some(TOKEN),
+            None,
+        )
+        .await
+        .unwrap()
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    put(&s, "/v1/kv/c", "1").await;
+    let (st, _, _) = tokio::time::timeout(Duration::from_secs(2), waiter)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(st, 200);
+}
+
 #[tokio::test]
 async fn session_ttl_invalidation_releases_locks_between_ttl_and_twice_ttl() {
     let s = start();

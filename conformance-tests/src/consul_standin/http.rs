@@ -2,6 +2,7 @@
 //! following Consul's HTTP API documentation (`developer.hashicorp.com/consul/api-docs`), section
 //! by section. Semantics live in [`super::state`].
 
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -41,14 +42,20 @@ pub(crate) struct Control {
 #[derive(Debug)]
 pub(crate) struct Shared {
     pub(crate) store: Mutex<Store>,
-    /// Bumped after every commit; blocking queries and the session timer wait on it.
+    /// Bumped after every commit; prefix (`recurse`, `keys`) blocking queries and the session
+    /// timer wait on it.
     pub(crate) changes: watch::Sender<u64>,
+    /// One sender per key that a single-key blocking query waits on, fired only when that key
+    /// changes (Consul's memdb watch channels), dropped when its last waiter is gone.
+    pub(crate) key_watches: Mutex<HashMap<String, watch::Sender<u64>>>,
     pub(crate) control: watch::Sender<Control>,
     pub(crate) acl_token: Option<String>,
     pub(crate) strict_kv_keys: bool,
     pub(crate) jitter: bool,
     /// Requests received (answered or not).
     pub(crate) requests: std::sync::atomic::AtomicU64,
+    /// Store reads made by blocking queries (`index` above 0): the first, and one per wake-up.
+    pub(crate) blocking_reads: std::sync::atomic::AtomicU64,
     /// Status and body that replace the answer of the next committed write transaction (once).
     pub(crate) commit_answer: Mutex<Option<(u16, String)>>,
 }
@@ -65,9 +72,35 @@ impl Shared {
             .take()
     }
 
-    /// Wakes blocking queries after a commit.
+    /// Wakes blocking queries after a commit: those on a key that changed, every prefix query
+    /// and the session timer.
     pub(crate) fn notify(&self, index: u64) {
+        let keys = self.store().take_changed();
+        if !keys.is_empty() {
+            let watches = self.key_watches.lock().unwrap_or_else(|p| p.into_inner());
+            for k in &keys {
+                if let Some(tx) = watches.get(k) {
+                    tx.send_replace(index);
+                }
+            }
+        }
         self.changes.send_replace(index);
+    }
+
+    /// A subscription to changes of `key` alone.
+    fn watch_key(self: &Arc<Self>, key: &str) -> KeyWatch {
+        let rx = self
+            .key_watches
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(key.to_owned())
+            .or_insert_with(|| watch::channel(0).0)
+            .subscribe();
+        KeyWatch {
+            shared: self.clone(),
+            key: key.to_owned(),
+            rx: Some(rx),
+        }
     }
 
     /// Resolves when the server is not paused; `false` if it was killed meanwhile.
@@ -84,6 +117,45 @@ impl Shared {
             if rx.changed().await.is_err() {
                 return false;
             }
+        }
+    }
+}
+
+/// A single-key blocking query's subscription; its key's sender is dropped with its last one.
+struct KeyWatch {
+    shared: Arc<Shared>,
+    key: String,
+    rx: Option<watch::Receiver<u64>>,
+}
+
+impl Drop for KeyWatch {
+    fn drop(&mut self) {
+        let mut watches = self
+            .shared
+            .key_watches
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        drop(self.rx.take());
+        if watches
+            .get(&self.key)
+            .is_some_and(|tx| tx.receiver_count() == 0)
+        {
+            watches.remove(&self.key);
+        }
+    }
+}
+
+/// What a blocking query waits on: its key alone, or every commit (prefix queries).
+enum Wakeup {
+    Key(KeyWatch),
+    All(watch::Receiver<u64>),
+}
+
+impl Wakeup {
+    fn rx(&mut self) -> &mut watch::Receiver<u64> {
+        match self {
+            Wakeup::Key(k) => k.rx.as_mut().expect("held until dropped"),
+            Wakeup::All(rx) => rx,
         }
     }
 }
@@ -434,15 +506,25 @@ async fn kv_get(shared: &Arc<Shared>, generation: u64, key: &str, query: &Query)
         .or_else(|| query.get("seperator"))
         .unwrap_or("")
         .to_owned();
-    let mut changes = shared.changes.subscribe();
+    // Subscribed before the first read: a change committed after it wakes the query.
+    let mut wakeup = if keys || recurse {
+        Wakeup::All(shared.changes.subscribe())
+    } else {
+        Wakeup::Key(shared.watch_key(key))
+    };
     let mut control = shared.control.subscribe();
     let mut watched: Option<u64> = None;
     loop {
-        changes.borrow_and_update();
-        let (index, version, read) = {
+        wakeup.rx().borrow_and_update();
+        if min_index > 0 {
+            shared
+                .blocking_reads
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        let (index, version, read, expired) = {
             let mut st = shared.store();
-            st.expire_sessions(Instant::now());
-            if keys {
+            let expired = st.expire_sessions(Instant::now()).then(|| st.index());
+            let r = if keys {
                 let (i, k) = st.kv_keys(key, &separator);
                 (i, st.prefix_version(key), KvRead::Keys(k))
             } else if recurse {
@@ -451,8 +533,12 @@ async fn kv_get(shared: &Arc<Shared>, generation: u64, key: &str, query: &Query)
             } else {
                 let (i, e) = st.kv_get(key);
                 (i, st.key_version(key), KvRead::One(e))
-            }
+            };
+            (r.0, r.1, r.2, expired)
         };
+        if let Some(i) = expired {
+            shared.notify(i);
+        }
         let done = match watched {
             None => min_index == 0 || index > min_index,
             Some(v) => v != version,
@@ -462,7 +548,7 @@ async fn kv_get(shared: &Arc<Shared>, generation: u64, key: &str, query: &Query)
         }
         watched.get_or_insert(version);
         tokio::select! {
-            _ = changes.changed() => {}
+            _ = wakeup.rx().changed() => {}
             _ = tokio::time::sleep_until(tokio::time::Instant::from_std(deadline)) => {}
             _ = control.wait_for(|c| c.generation != generation) => {
                 return text(503, "server stopped");
@@ -541,16 +627,21 @@ fn kv_put(shared: &Shared, key: &str, query: &Query, body: Bytes) -> Resp {
     let result = {
         let mut st = shared.store();
         let now = Instant::now();
-        st.expire_sessions(now);
+        let expired = st.expire_sessions(now);
         let r = st.kv_apply(op, now);
-        (r, st.index())
+        (r, st.index(), expired)
     };
     match result {
-        (Ok(ok), index) => {
+        (Ok(ok), index, _) => {
             shared.notify(index);
             json_resp(200, &json!(plain_set || ok))
         }
-        (Err(e), _) => api_error(e),
+        (Err(e), index, expired) => {
+            if expired {
+                shared.notify(index);
+            }
+            api_error(e)
+        }
     }
 }
 
@@ -580,16 +671,21 @@ fn kv_delete(shared: &Shared, key: &str, query: &Query) -> Resp {
     let result = {
         let mut st = shared.store();
         let now = Instant::now();
-        st.expire_sessions(now);
+        let expired = st.expire_sessions(now);
         let r = st.kv_apply(op, now);
-        (r, st.index())
+        (r, st.index(), expired)
     };
     match result {
-        (Ok(ok), index) => {
+        (Ok(ok), index, _) => {
             shared.notify(index);
             json_resp(200, &json!(!cas || ok))
         }
-        (Err(e), _) => api_error(e),
+        (Err(e), index, expired) => {
+            if expired {
+                shared.notify(index);
+            }
+            api_error(e)
+        }
     }
 }
 
@@ -682,13 +778,16 @@ fn txn(shared: &Shared, body: &[u8]) -> Resp {
             "get" | "get-tree" | "check-session" | "check-index" | "check-not-exists"
         )
     });
-    let (result, index) = {
+    let (result, index, expired) = {
         let mut st = shared.store();
         let now = Instant::now();
-        st.expire_sessions(now);
+        let expired = st.expire_sessions(now);
         let r = st.txn(&ops, now);
-        (r, st.index())
+        (r, st.index(), expired)
     };
+    if expired && (read_only || result.is_err()) {
+        shared.notify(index);
+    }
     if result.is_ok() && !read_only {
         if let Some((status, body)) = shared.take_commit_answer() {
             // Committed, but the client hears something else (see `answer_next_commit`).
@@ -922,22 +1021,28 @@ fn session_info(shared: &Shared, id: &str) -> Resp {
     if id.is_empty() {
         return text(400, "Missing session");
     }
-    let (s, index) = {
+    let (s, index, expired) = {
         let mut st = shared.store();
-        st.expire_sessions(Instant::now());
-        (st.session(id), st.index())
+        let expired = st.expire_sessions(Instant::now());
+        (st.session(id), st.index(), expired)
     };
+    if expired {
+        shared.notify(index);
+    }
     let list: Vec<Value> = s.iter().map(session_json).collect();
     with_meta(json_resp(200, &Value::Array(list)), Some(index))
 }
 
 /// `GET /v1/session/list` — "Session HTTP API", list sessions.
 fn session_list(shared: &Shared) -> Resp {
-    let (all, index) = {
+    let (all, index, expired) = {
         let mut st = shared.store();
-        st.expire_sessions(Instant::now());
-        (st.sessions(), st.index())
+        let expired = st.expire_sessions(Instant::now());
+        (st.sessions(), st.index(), expired)
     };
+    if expired {
+        shared.notify(index);
+    }
     let list: Vec<Value> = all.iter().map(session_json).collect();
     with_meta(json_resp(200, &Value::Array(list)), Some(index))
 }

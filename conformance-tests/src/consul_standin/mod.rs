@@ -20,7 +20,10 @@
 //!   again at 1 when the key is deleted and recreated**, while `ModifyIndex` keeps rising.
 //! - **Blocking queries**: `?index=&wait=` (default 5 min, at most 10 min, plus up to `wait/16`
 //!   of jitter), `X-Consul-Index` on every read (a key's `ModifyIndex`, or the KV table index for
-//!   a missing key), woken by the next change of the watched key or prefix.
+//!   a missing key), woken by the next change of the watched key or prefix. As in Consul, whose
+//!   memdb watch channels fire per key, a query on one key is woken only by a change of that key
+//!   (a write, delete, release or its session's invalidation), not by other keys' commits; a
+//!   prefix query (`recurse`, `keys`) is woken by every commit and re-checks its prefix.
 //! - **Consistency modes**: `?consistent` and `?stale` are accepted; with one server every read is
 //!   consistent.
 //! - **Sessions**: `TTL` between `session_ttl_min` and 24 h (or none), `Behavior` `release` or
@@ -276,11 +279,13 @@ impl ConsulStandIn {
         let shared = Arc::new(Shared {
             store: Mutex::new(Store::new(options.session_ttl_min, options.ttl_multiplier)),
             changes,
+            key_watches: Mutex::new(std::collections::HashMap::new()),
             control,
             acl_token: options.acl_token.clone(),
             strict_kv_keys: options.strict_kv_keys,
             jitter: options.blocking_jitter,
             requests: std::sync::atomic::AtomicU64::new(0),
+            blocking_reads: std::sync::atomic::AtomicU64::new(0),
             commit_answer: Mutex::new(None),
         });
         runtime.spawn(session_timers(shared.clone()));
@@ -334,6 +339,15 @@ impl ConsulStandIn {
     pub fn requests(&self) -> u64 {
         self.shared
             .requests
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// How many times blocking queries (`?index=` above 0) have read the store so far: once when
+    /// they arrive and once per wake-up (to check that a query is woken only by changes of what
+    /// it watches).
+    pub fn blocking_reads(&self) -> u64 {
+        self.shared
+            .blocking_reads
             .load(std::sync::atomic::Ordering::Relaxed)
     }
 

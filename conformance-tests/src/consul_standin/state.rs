@@ -194,6 +194,10 @@ pub(crate) struct Store {
     serf_healthy: bool,
     /// False while the stand-in is "killed": nothing is applied.
     pub(crate) serving: bool,
+    /// Keys written, deleted, released or unlocked since the HTTP layer last took them
+    /// ([`Store::take_changed`]): what wakes single-key blocking queries, like the watch channels
+    /// of Consul's memdb, which fire for the changed key only.
+    changed: Vec<String>,
 }
 
 impl Store {
@@ -211,7 +215,16 @@ impl Store {
             ttl_multiplier: ttl_multiplier.max(1),
             serf_healthy: true,
             serving: true,
+            changed: Vec::new(),
         }
+    }
+
+    /// The keys changed since the last call (see [`Store::changed`](Self)), each once.
+    pub(crate) fn take_changed(&mut self) -> Vec<String> {
+        let mut keys = std::mem::take(&mut self.changed);
+        keys.sort_unstable();
+        keys.dedup();
+        keys
     }
 
     /// The current Raft index.
@@ -356,6 +369,7 @@ impl Store {
         if !held.is_empty() {
             self.kv_table_index = idx;
         }
+        self.changed.extend(held);
     }
 
     /// Invalidates every session whose TTL timer has fired. Returns whether anything changed.
@@ -572,6 +586,7 @@ impl Store {
         }
         let idx = self.next_index();
         for (k, v) in really {
+            self.changed.push(k.clone());
             match v {
                 Some(e) => {
                     self.tombstones.remove(&k);
