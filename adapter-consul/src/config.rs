@@ -779,6 +779,11 @@ impl ConsulConfig {
         format!("{}/forced/{}", self.key_prefix, escape_key(key))
     }
 
+    /// The prefix every lock key ([`Self::kv_key`]) starts with: what the lock monitor watches.
+    pub(crate) fn locks_prefix(&self) -> String {
+        format!("{}/locks/", self.key_prefix)
+    }
+
     /// The marker that cancels an acquire attempt whose outcome was not seen (see the crate docs).
     pub(crate) fn attempt_key(&self, session: &str, attempt: &str) -> String {
         format!("{}/attempts/{session}/{attempt}", self.key_prefix)

@@ -5,7 +5,8 @@
 //! took our key). One `GET ?consistent` per renewal is one request per lease per renewal. Here
 //! every renewal hands its key to one task per coordinator, which sends **rounds**: read-only
 //! `PUT /v1/txn?consistent` transactions of up to [`MAX_TXN_OPS`] `check-session` operations
-//! (Consul's limit on operations per transaction), as many as the round needs, in parallel. A
+//! (Consul's limit on operations per transaction), as many as the round needs, up to
+//! [`MAX_PARALLEL_TXNS`] in parallel. A
 //! round starts at once when the previous one started at least [`ROUND_SPACING`] ago, otherwise
 //! at that point, and takes every key asked for until then: a lone renewal costs one request;
 //! under load the server sees at most one round per spacing.
@@ -30,6 +31,10 @@ use crate::BACKEND;
 
 /// Operations per transaction: Consul's `maxTxnOps` (64).
 pub(crate) const MAX_TXN_OPS: usize = 64;
+
+/// At most this many transactions of one round are in flight at once (the rest of the round
+/// follows as they finish): a burst of renewals never opens more than this many connections.
+pub(crate) const MAX_PARALLEL_TXNS: usize = 8;
 
 /// The least time between the starts of two rounds.
 pub(crate) const ROUND_SPACING: Duration = Duration::from_millis(20);
@@ -103,6 +108,9 @@ async fn run(http: Arc<Http>, mut rx: mpsc::UnboundedReceiver<Ask>) {
         }
         let mut chunks = tokio::task::JoinSet::new();
         while !round.is_empty() {
+            if chunks.len() >= MAX_PARALLEL_TXNS {
+                chunks.join_next().await;
+            }
             let rest = round.split_off(round.len().min(MAX_TXN_OPS));
             let chunk = std::mem::replace(&mut round, rest);
             let http = http.clone();

@@ -19,7 +19,8 @@ use tokio::time::Instant;
 use crate::config::ConsulConfig;
 use crate::confirm::Confirmer;
 use crate::http::{Http, KvEntry, TxnOp, TxnOutcome};
-use crate::lease::{spawn_monitor, spawn_reaper, ConsulLease, LeaseShared};
+use crate::lease::{spawn_reaper, ConsulLease, LeaseShared};
+use crate::monitor::Monitor;
 use crate::session::{Session, SessionManager};
 use crate::BACKEND;
 
@@ -96,11 +97,25 @@ impl Slots {
 
 // ---------------------------------------------------------------------------- the coordinator
 
+/// At most this many blocking queries of waiting acquires are in flight per coordinator (each
+/// holds one connection of the long-poll pool). A waiter beyond them waits for a slot (within its
+/// own deadline); its next query resumes from the last index it saw, so it misses no change,
+/// only sees it later.
+pub(crate) const MAX_WAITING_QUERIES: usize = 64;
+
+/// While fewer than a quarter of the waiting slots are free, a waiter's blocking query waits at
+/// most this long, so the slots go round.
+pub(crate) const BUSY_WAIT: Duration = Duration::from_secs(2);
+
 struct Inner {
     config: ConsulConfig,
     caps: Capabilities,
     http: Arc<Http>,
     confirmer: Arc<Confirmer>,
+    /// The one blocking query that watches every held key (loss detection).
+    monitor: Arc<Monitor>,
+    /// Slots for waiting acquires' blocking queries (see [`MAX_WAITING_QUERIES`]).
+    waits: Arc<tokio::sync::Semaphore>,
     sessions: Arc<SessionManager>,
     slots: Arc<Slots>,
     default_owner: OwnerId,
@@ -289,9 +304,15 @@ impl ConsulCoordinator {
         Ok(ConsulCoordinator {
             inner: Arc::new(Inner {
                 agent: config.token_scope(),
+                monitor: Arc::new(Monitor::new(
+                    http.clone(),
+                    config.locks_prefix(),
+                    config.max_block(),
+                )),
                 config,
                 caps,
                 confirmer: Arc::new(Confirmer::new(http.clone())),
+                waits: Arc::new(tokio::sync::Semaphore::new(MAX_WAITING_QUERIES)),
                 http,
                 sessions,
                 slots: Arc::new(Slots::default()),
@@ -513,7 +534,22 @@ impl ConsulCoordinator {
             if now >= deadline {
                 return Ok(false);
             }
-            let wait = (deadline - now).min(inner.config.max_block());
+            let mut wait = (deadline - now).min(inner.config.max_block());
+            // A blocking query takes one of the coordinator's waiting slots (a plain read, the
+            // first, needs none).
+            let _slot = if *index > 0 {
+                match tokio::time::timeout_at(deadline, inner.waits.clone().acquire_owned()).await {
+                    Err(_) => return Ok(false),
+                    Ok(permit) => {
+                        if inner.waits.available_permits() < MAX_WAITING_QUERIES / 4 {
+                            wait = wait.min(BUSY_WAIT);
+                        }
+                        permit.ok()
+                    }
+                }
+            } else {
+                None
+            };
             let block = (*index > 0).then_some((*index, wait));
             match tokio::time::timeout_at(deadline, inner.http.kv_get(kv_key, false, block, "wait"))
                 .await
@@ -594,6 +630,7 @@ impl ConsulCoordinator {
             inner.sessions.clone(),
             inner.http.clone(),
             inner.confirmer.clone(),
+            inner.monitor.clone(),
             slot,
         ));
         if !session.register(&shared) {
@@ -605,7 +642,7 @@ impl ConsulCoordinator {
             });
         }
         spawn_reaper(shared.clone());
-        spawn_monitor(shared.clone(), inner.config.max_block());
+        inner.monitor.watch(&shared);
         Ok(Box::new(ConsulLease { shared }))
     }
 

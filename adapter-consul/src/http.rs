@@ -29,6 +29,23 @@ use crate::BACKEND;
 /// The largest answer body read.
 const MAX_ANSWER: usize = 8 * 1024 * 1024;
 
+/// The largest answer of a prefix listing (the lock monitor's `?recurse`): about 250,000 lock
+/// keys of this adapter.
+const MAX_LIST_ANSWER: usize = 64 * 1024 * 1024;
+
+/// Which connection pool a request uses. Each lane has its own pool, so a request of one lane
+/// never waits for (or competes for connections with) another lane's: long polls cannot starve
+/// session renewals or ownership checks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Lane {
+    /// Acquires, releases, reads and batched ownership checks.
+    Ordinary,
+    /// Session create, renew and destroy: the session is what every lease stands on.
+    Session,
+    /// Blocking queries (`?index=&wait=`), which hold a connection for up to their wait.
+    LongPoll,
+}
+
 /// Characters kept as they are in a KV path (everything else is percent-encoded).
 const PATH: &AsciiSet = &NON_ALPHANUMERIC
     .remove(b'-')
@@ -206,7 +223,8 @@ struct Answer {
 
 /// The pooled HTTP(S) client of one coordinator.
 pub(crate) struct Http {
-    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    /// One pool per [`Lane`], in its order.
+    clients: [Client<HttpsConnector<HttpConnector>, Full<Bytes>>; 3],
     base: String,
     token: Option<HeaderValue>,
     datacenter: Option<String>,
@@ -371,10 +389,13 @@ impl Http {
             None => builder,
         };
         let https = builder.enable_http1().wrap_connector(http);
-        let client = Client::builder(TokioExecutor::new())
-            .pool_timer(TokioTimer::new())
-            .pool_idle_timeout(Duration::from_secs(30))
-            .build(https);
+        let client = || {
+            Client::builder(TokioExecutor::new())
+                .pool_timer(TokioTimer::new())
+                .pool_idle_timeout(Duration::from_secs(30))
+                .build(https.clone())
+        };
+        let clients = [client(), client(), client()];
         let token = match config.token() {
             Some(t) => {
                 let mut v =
@@ -389,7 +410,7 @@ impl Http {
             None => None,
         };
         Ok(Http {
-            client,
+            clients,
             base: config.base_url(),
             token,
             datacenter: config.datacenter().map(str::to_owned),
@@ -402,13 +423,16 @@ impl Http {
         self.request_timeout
     }
 
+    #[allow(clippy::too_many_arguments)]
     async fn send(
         &self,
+        lane: Lane,
         method: Method,
         path: &str,
         query: &[(&str, String)],
         body: Option<Vec<u8>>,
         timeout: Duration,
+        limit: usize,
     ) -> std::result::Result<Answer, Transport> {
         let mut uri = format!("{}{path}", self.base);
         let q = {
@@ -436,8 +460,7 @@ impl Http {
             .body(Full::new(Bytes::from(body.unwrap_or_default())))
             .map_err(|e| Transport::NotSent(Box::new(e)))?;
         let exchange = async {
-            let resp = self
-                .client
+            let resp = self.clients[lane as usize]
                 .request(req)
                 .await
                 .map_err(Transport::from_client)?;
@@ -447,7 +470,7 @@ impl Http {
                 .get("x-consul-index")
                 .and_then(|v| v.to_str().ok())
                 .and_then(|v| v.parse().ok());
-            let body = Limited::new(resp.into_body(), MAX_ANSWER)
+            let body = Limited::new(resp.into_body(), limit)
                 .collect()
                 .await
                 .map_err(Transport::Failed)?
@@ -485,8 +508,21 @@ impl Http {
             // Consul adds up to wait/16 of jitter.
             timeout += wait + wait / 16;
         }
+        let lane = if block.is_some() {
+            Lane::LongPoll
+        } else {
+            Lane::Ordinary
+        };
         let a = self
-            .send(Method::GET, &kv_path(key), &query, None, timeout)
+            .send(
+                lane,
+                Method::GET,
+                &kv_path(key),
+                &query,
+                None,
+                timeout,
+                MAX_ANSWER,
+            )
             .await
             .map_err(|t| error::transport(operation, true, t))?;
         let index = a.index.unwrap_or(0);
@@ -497,6 +533,51 @@ impl Http {
                 Ok((index, entries.into_iter().find(|e| e.key == key)))
             }
             404 => Ok((index, None)),
+            code => Err(error::status(operation, true, code, &a.body)),
+        }
+    }
+
+    /// `GET /v1/kv/<prefix>?recurse&consistent`, blocking from `index` for up to `wait` when
+    /// `index` is above 0 (on the [`Lane::LongPoll`] pool). Returns the `X-Consul-Index` and every
+    /// entry under the prefix (none for 404). Read-only: never `OutcomeUnknown`.
+    pub(crate) async fn kv_list(
+        &self,
+        prefix: &str,
+        index: u64,
+        wait: Duration,
+        operation: &'static str,
+    ) -> Result<(u64, Vec<KvEntry>)> {
+        let mut query = vec![("recurse", String::new()), ("consistent", String::new())];
+        let mut timeout = self.request_timeout;
+        let lane = if index > 0 {
+            let wait = wait.max(Duration::from_millis(1));
+            query.push(("index", index.to_string()));
+            query.push(("wait", format!("{}ms", wait.as_millis())));
+            timeout += wait + wait / 16;
+            Lane::LongPoll
+        } else {
+            Lane::Ordinary
+        };
+        let a = self
+            .send(
+                lane,
+                Method::GET,
+                &kv_path(prefix),
+                &query,
+                None,
+                timeout,
+                MAX_LIST_ANSWER,
+            )
+            .await
+            .map_err(|t| error::transport(operation, true, t))?;
+        let index = a.index.unwrap_or(0);
+        match a.status {
+            200 => {
+                let entries: Vec<KvEntry> = serde_json::from_slice(&a.body)
+                    .map_err(|e| error::protocol(operation, e.to_string()))?;
+                Ok((index, entries))
+            }
+            404 => Ok((index, Vec::new())),
             code => Err(error::status(operation, true, code, &a.body)),
         }
     }
@@ -513,11 +594,13 @@ impl Http {
             serde_json::to_vec(ops).map_err(|e| error::protocol(operation, e.to_string()))?;
         let a = self
             .send(
+                Lane::Ordinary,
                 Method::PUT,
                 "/v1/txn",
                 &[],
                 Some(body),
                 self.request_timeout,
+                MAX_ANSWER,
             )
             .await
             .map_err(|t| error::transport(operation, idempotent, t))?;
@@ -561,11 +644,13 @@ impl Http {
             serde_json::to_vec(ops).map_err(|e| error::protocol(operation, e.to_string()))?;
         let a = self
             .send(
+                Lane::Ordinary,
                 Method::PUT,
                 "/v1/txn",
                 &[("consistent", String::new())],
                 Some(body),
                 self.request_timeout,
+                MAX_ANSWER,
             )
             .await
             .map_err(|t| error::transport(operation, true, t))?;
@@ -594,11 +679,13 @@ impl Http {
         const OP: &str = "session create";
         let a = self
             .send(
+                Lane::Session,
                 Method::PUT,
                 "/v1/session/create",
                 &[],
                 Some(body.to_string().into_bytes()),
                 self.request_timeout,
+                MAX_ANSWER,
             )
             .await
             // A session nobody knows of expires by itself: safe to treat as not created.
@@ -633,11 +720,13 @@ impl Http {
         const OP: &str = "session renew";
         let a = self
             .send(
+                Lane::Session,
                 Method::PUT,
                 &format!("/v1/session/renew/{}", utf8_percent_encode(id, PATH)),
                 &[],
                 None,
                 timeout,
+                MAX_ANSWER,
             )
             .await
             .map_err(|t| error::transport(OP, true, t))?;
@@ -653,11 +742,13 @@ impl Http {
         const OP: &str = "session destroy";
         let a = self
             .send(
+                Lane::Session,
                 Method::PUT,
                 &format!("/v1/session/destroy/{}", utf8_percent_encode(id, PATH)),
                 &[],
                 None,
                 self.request_timeout,
+                MAX_ANSWER,
             )
             .await
             .map_err(|t| error::transport(OP, true, t))?;

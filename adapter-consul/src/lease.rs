@@ -12,6 +12,7 @@ use tokio::time::Instant;
 use crate::confirm::{Confirmer, Ownership};
 use crate::coordinator::SlotGuard;
 use crate::http::{Http, KvEntry, TxnOp, TxnOutcome};
+use crate::monitor::Monitor;
 use crate::session::{Session, SessionManager};
 
 /// What a compare-and-delete of the lease's key found.
@@ -33,6 +34,8 @@ pub(crate) struct LeaseShared {
     pub(crate) http: Arc<Http>,
     /// The coordinator's batched ownership checks (for renewals).
     confirmer: Arc<Confirmer>,
+    /// The coordinator's lock monitor (loss detection), which watches this lease's key.
+    pub(crate) monitor: Arc<Monitor>,
     /// The lease's own deadline (last confirmed acquire or renew, plus TTL, minus margin); its
     /// validity is this or the session's, whichever comes first.
     own_until: Mutex<Instant>,
@@ -55,6 +58,7 @@ impl LeaseShared {
         sessions: Arc<SessionManager>,
         http: Arc<Http>,
         confirmer: Arc<Confirmer>,
+        monitor: Arc<Monitor>,
         slot: SlotGuard,
     ) -> Self {
         LeaseShared {
@@ -67,6 +71,7 @@ impl LeaseShared {
             sessions,
             http,
             confirmer,
+            monitor,
             resolved: AtomicBool::new(false),
             releasing: AtomicBool::new(false),
             slot: Mutex::new(Some(slot)),
@@ -126,6 +131,23 @@ impl LeaseShared {
         entry.holder() == Some(self.session.id.as_str())
     }
 
+    /// What the lock monitor saw of the key, in an answer that follows the lease's acquire
+    /// (`None`: the key is gone). Lost if the key is gone (`Revoked`, or `SessionEnded` when the
+    /// session is known gone) or not locked by the lease's session (`Superseded`); nothing if it
+    /// is, or if the lease is being released (the key's disappearance is then ours) or settled.
+    pub(crate) fn seen(&self, entry: Option<&KvEntry>) {
+        if self.releasing.load(Ordering::SeqCst) || self.resolved.load(Ordering::SeqCst) {
+            return;
+        }
+        match entry {
+            Some(e) if self.owns(e) => {}
+            other => {
+                let reason = self.reason_gone(other.is_none());
+                let _ = self.lost(reason);
+            }
+        }
+    }
+
     /// Compare-and-delete in one transaction: the key must still be locked by this lease's
     /// session (see [`Self::owns`]: an outside write does not make it someone else's).
     pub(crate) async fn release_on_server(&self, operation: &'static str) -> Result<Released> {
@@ -157,56 +179,6 @@ pub(crate) fn spawn_reaper(shared: Arc<LeaseShared>) {
     });
 }
 
-/// Watches the held key with `?consistent` blocking queries (what Consul's own Go `Lock` does in
-/// `monitorLock`) until the lease ends: when the key is deleted (an operator, a force-release by
-/// another process, the session destroyed or its node deregistered) or locked by another
-/// session, the lease is marked lost within one round trip of the change. Transient errors are
-/// retried with backoff; the session renewer, not the monitor, decides when leases are in doubt.
-pub(crate) fn spawn_monitor(shared: Arc<LeaseShared>, max_block: Duration) {
-    tokio::spawn(async move {
-        let mut ended = shared.tracker.signal();
-        tokio::select! {
-            _ = ended.wait() => {}
-            () = monitor(&shared, max_block) => {}
-        }
-    });
-}
-
-async fn monitor(shared: &LeaseShared, max_block: Duration) {
-    let mut index = shared.token.get();
-    let mut backoff = Duration::from_millis(20);
-    loop {
-        let read = shared
-            .http
-            .kv_get(&shared.kv_key, true, Some((index, max_block)), "monitor")
-            .await;
-        if shared.releasing.load(Ordering::SeqCst) {
-            return;
-        }
-        match read {
-            Ok((new_index, entry)) => {
-                backoff = Duration::from_millis(20);
-                match entry {
-                    Some(e) if shared.owns(&e) => {
-                        // An index that went backwards (a restore) restarts the watch.
-                        index = if new_index < index { 0 } else { new_index };
-                    }
-                    other => {
-                        let reason = shared.reason_gone(other.is_none());
-                        let _ = shared.lost(reason);
-                        return;
-                    }
-                }
-            }
-            Err(e) => {
-                tracing::debug!(key = %shared.tracker.key(), error = %e, "consul lock monitor: read failed; retrying");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(1));
-            }
-        }
-    }
-}
-
 /// Ends the lease for `reason` and deletes its key if it is still ours. The reason is recorded
 /// before anything is deleted (the first recorded reason wins): a renewal that lands between the
 /// wait and this point cannot leave its holder believing it holds a deleted lock.
@@ -225,6 +197,7 @@ pub(crate) async fn reap(shared: &LeaseShared, reason: LostReason) {
     }
     shared.free_slot();
     shared.session.unregister(shared.id);
+    shared.monitor.unwatch(shared.id);
 }
 
 /// A lease from [`crate::ConsulCoordinator`]: the lock on one KV key, held by the client's

@@ -7,6 +7,7 @@ mod coordinator;
 mod error;
 mod http;
 mod lease;
+mod monitor;
 mod session;
 
 use std::sync::Arc;

@@ -42,6 +42,27 @@ fn key(name: &str) -> LockKey {
     LockKey::new(name).unwrap()
 }
 
+/// Waits (bounded) until exactly one blocking query, the client's lock monitor, is parked.
+async fn monitor_parked(s: &ConsulStandIn) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while s.blocking_in_progress() != 1 {
+        assert!(
+            Instant::now() < deadline,
+            "{} blocking queries in progress",
+            s.blocking_in_progress()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Past the monitor's spacing: an answer just taken would otherwise be followed by a query.
+    tokio::time::sleep(adapter_monitor_spacing()).await;
+    assert_eq!(s.blocking_in_progress(), 1);
+}
+
+/// Longer than the monitor's spacing for a small prefix (100 ms plus 25 µs per key).
+fn adapter_monitor_spacing() -> Duration {
+    Duration::from_millis(150)
+}
+
 async fn raw(s: &ConsulStandIn, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
     let body = body.map(|b| b.to_string().into_bytes());
     let (st, _, bytes) = consul_http(s.addr(), method, path, Some(TOKEN), body.as_deref())
@@ -502,6 +523,9 @@ async fn concurrent_renewals_share_batched_reads_and_no_session_renewal() {
         }
         set
     };
+    // The lock monitor catches up with the acquires, then parks in its one blocking query: the
+    // counts below are the renewals' alone.
+    monitor_parked(&s).await;
     let before = s.requests();
     let mut set = renew_all(&leases);
     while let Some(r) = set.join_next().await {
@@ -529,4 +553,89 @@ async fn concurrent_renewals_share_batched_reads_and_no_session_renewal() {
     }
     assert!(matches!(leases[7].status(), LeaseStatus::Lost(_)));
     assert_eq!(leases[8].status(), LeaseStatus::Held);
+}
+
+/// Loss detection costs one blocking query per coordinator, not one per held lease: 150 held
+/// leases keep at most one long poll (one connection) open at the server; deleting one of their
+/// keys behind the holder's back marks that lease alone lost (`Revoked`), within a round trip of
+/// the change, and taking another key over with another session marks it `Superseded`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_leases_share_one_blocking_query_and_each_loss_reaches_its_lease() {
+    let s = standin();
+    let u = format!(
+        "consul://{}?token={TOKEN}&session_ttl_ms=10000&key_prefix=t{:08x}",
+        s.addr(),
+        rand::random::<u32>()
+    );
+    let c = client(&u).await;
+    let config = ConsulConfig::from_url(&u).unwrap();
+    let mut leases = Vec::new();
+    for i in 0..150 {
+        let lease = c
+            .acquire(&key(&format!("many/{i}")), &LeaseOptions::new(TTL * 30))
+            .await
+            .unwrap();
+        leases.push(lease);
+    }
+    // The monitor parks in one blocking query once it has seen every acquire.
+    monitor_parked(&s).await;
+    for _ in 0..20 {
+        assert!(
+            s.blocking_in_progress() <= 1,
+            "{}",
+            s.blocking_in_progress()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    let gone = config.kv_key(&key("many/7"));
+    let mut lost = leases[7].lost();
+    let (st, _) = raw(&s, "DELETE", &format!("/v1/kv/{gone}"), None).await;
+    assert_eq!(st, 200);
+    let reason = tokio::time::timeout(Duration::from_secs(1), lost.wait())
+        .await
+        .expect("the deleted key's lease is lost within a round trip");
+    assert_eq!(reason, lease_core::LostReason::Revoked);
+
+    // Another session takes key 9 over (released from ours by hand, then locked by it).
+    let taken = config.kv_key(&key("many/9"));
+    let ours = c.session_id().unwrap();
+    let (_, created) = raw(
+        &s,
+        "PUT",
+        "/v1/session/create",
+        Some(json!({"LockDelay": "0s", "Checks": []})),
+    )
+    .await;
+    let other = created["ID"].as_str().unwrap().to_owned();
+    let mut lost = leases[9].lost();
+    assert_eq!(
+        raw(&s, "PUT", &format!("/v1/kv/{taken}?release={ours}"), None).await,
+        (200, json!(true))
+    );
+    assert_eq!(
+        raw(&s, "PUT", &format!("/v1/kv/{taken}?acquire={other}"), None).await,
+        (200, json!(true))
+    );
+    let reason = tokio::time::timeout(Duration::from_secs(1), lost.wait())
+        .await
+        .expect("the taken key's lease is lost within a round trip");
+    assert_eq!(reason, lease_core::LostReason::Superseded);
+
+    for (i, l) in leases.iter().enumerate() {
+        if i != 7 && i != 9 {
+            assert_eq!(l.status(), LeaseStatus::Held, "lease {i}");
+        }
+    }
+    for (i, l) in leases.into_iter().enumerate() {
+        if i != 7 && i != 9 {
+            l.release().await.unwrap();
+        }
+    }
+    // Nothing held: the monitor stops (no long poll left).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while s.blocking_in_progress() != 0 {
+        assert!(Instant::now() < deadline, "the monitor outlived the leases");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }

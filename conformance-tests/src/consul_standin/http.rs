@@ -56,6 +56,8 @@ pub(crate) struct Shared {
     pub(crate) requests: std::sync::atomic::AtomicU64,
     /// Store reads made by blocking queries (`index` above 0): the first, and one per wake-up.
     pub(crate) blocking_reads: std::sync::atomic::AtomicU64,
+    /// Blocking queries (`index` above 0) waiting or being answered right now.
+    pub(crate) blocking_now: std::sync::atomic::AtomicU64,
     /// Status and body that replace the answer of the next committed write transaction (once).
     pub(crate) commit_answer: Mutex<Option<(u16, String)>>,
 }
@@ -513,6 +515,7 @@ async fn kv_get(shared: &Arc<Shared>, generation: u64, key: &str, query: &Query)
         Wakeup::Key(shared.watch_key(key))
     };
     let mut control = shared.control.subscribe();
+    let _in_progress = (min_index > 0).then(|| InProgress::new(shared));
     let mut watched: Option<u64> = None;
     loop {
         wakeup.rx().borrow_and_update();
@@ -521,32 +524,40 @@ async fn kv_get(shared: &Arc<Shared>, generation: u64, key: &str, query: &Query)
                 .blocking_reads
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
-        let (index, version, read, expired) = {
+        // The watched version first: the (possibly large) answer is built only when it is sent.
+        let (read, expired) = {
             let mut st = shared.store();
             let expired = st.expire_sessions(Instant::now()).then(|| st.index());
-            let r = if keys {
-                let (i, k) = st.kv_keys(key, &separator);
-                (i, st.prefix_version(key), KvRead::Keys(k))
-            } else if recurse {
-                let (i, l) = st.kv_list(key);
-                (i, st.prefix_version(key), KvRead::List(l))
+            let (index, version) = if keys || recurse {
+                (st.kv_list_index(key), st.prefix_version(key))
             } else {
-                let (i, e) = st.kv_get(key);
-                (i, st.key_version(key), KvRead::One(e))
+                (st.kv_get(key).0, st.key_version(key))
             };
-            (r.0, r.1, r.2, expired)
+            let done = match watched {
+                None => min_index == 0 || index > min_index,
+                Some(v) => v != version,
+            };
+            watched.get_or_insert(version);
+            let read = (done || Instant::now() >= deadline).then(|| {
+                if keys {
+                    let (i, k) = st.kv_keys(key, &separator);
+                    (i, KvRead::Keys(k))
+                } else if recurse {
+                    let (i, l) = st.kv_list(key);
+                    (i, KvRead::List(l))
+                } else {
+                    let (i, e) = st.kv_get(key);
+                    (i, KvRead::One(e))
+                }
+            });
+            (read, expired)
         };
         if let Some(i) = expired {
             shared.notify(i);
         }
-        let done = match watched {
-            None => min_index == 0 || index > min_index,
-            Some(v) => v != version,
-        };
-        if done || Instant::now() >= deadline {
+        if let Some((index, read)) = read {
             return render_read(index, read, query);
         }
-        watched.get_or_insert(version);
         tokio::select! {
             _ = wakeup.rx().changed() => {}
             _ = tokio::time::sleep_until(tokio::time::Instant::from_std(deadline)) => {}
@@ -554,6 +565,26 @@ async fn kv_get(shared: &Arc<Shared>, generation: u64, key: &str, query: &Query)
                 return text(503, "server stopped");
             }
         }
+    }
+}
+
+/// Counts a blocking query in [`Shared::blocking_now`] while it lives.
+struct InProgress(Arc<Shared>);
+
+impl InProgress {
+    fn new(shared: &Arc<Shared>) -> Self {
+        shared
+            .blocking_now
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        InProgress(shared.clone())
+    }
+}
+
+impl Drop for InProgress {
+    fn drop(&mut self) {
+        self.0
+            .blocking_now
+            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
     }
 }
 

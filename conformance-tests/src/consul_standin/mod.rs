@@ -286,6 +286,7 @@ impl ConsulStandIn {
             jitter: options.blocking_jitter,
             requests: std::sync::atomic::AtomicU64::new(0),
             blocking_reads: std::sync::atomic::AtomicU64::new(0),
+            blocking_now: std::sync::atomic::AtomicU64::new(0),
             commit_answer: Mutex::new(None),
         });
         runtime.spawn(session_timers(shared.clone()));
@@ -348,6 +349,14 @@ impl ConsulStandIn {
     pub fn blocking_reads(&self) -> u64 {
         self.shared
             .blocking_reads
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// How many blocking queries (`?index=` above 0) are waiting or being answered right now
+    /// (each holds one client connection: to check that a client's long polls stay bounded).
+    pub fn blocking_in_progress(&self) -> u64 {
+        self.shared
+            .blocking_now
             .load(std::sync::atomic::Ordering::Relaxed)
     }
 

@@ -454,6 +454,16 @@ impl Store {
         )
     }
 
+    /// The index [`Store::kv_list`] answers with, without building the list.
+    pub(crate) fn kv_list_index(&self, prefix: &str) -> u64 {
+        let idx = if prefix.is_empty() {
+            self.kv_table_index
+        } else {
+            self.prefix_version(prefix)
+        };
+        if idx == 0 { self.kv_table_index } else { idx }.max(1)
+    }
+
     /// `KVS.ListKeys`: keys under `prefix`, cut after the first `separator` past the prefix.
     pub(crate) fn kv_keys(&self, prefix: &str, separator: &str) -> (u64, Vec<String>) {
         let (idx, entries) = self.kv_list(prefix);
