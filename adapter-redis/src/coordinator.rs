@@ -61,7 +61,7 @@ pub(crate) struct Inner {
     scope: String,
     /// Live leases of this process by nonce, so that a local force release marks them revoked
     /// and the holder monitor can judge them.
-    live: Mutex<HashMap<u128, LiveLease>>,
+    live: Mutex<LiveSet>,
     /// Watches the lock keys of live leases ([`crate::monitor`]).
     monitor: Monitor,
 }
@@ -76,6 +76,44 @@ pub(crate) struct LiveLease {
     pub(crate) revoked_key: String,
     /// `v1|<nonce>|`: the prefix of this lease's lock value.
     pub(crate) head: String,
+}
+
+/// The live leases, by nonce and by lock key (the holder monitor looks them up by the keys an
+/// invalidation names, thousands of times a second with thousands of leases).
+#[derive(Default)]
+pub(crate) struct LiveSet {
+    by_nonce: HashMap<u128, LiveLease>,
+    by_key: HashMap<String, Vec<u128>>,
+}
+
+impl LiveSet {
+    fn insert(&mut self, lease: LiveLease) {
+        self.by_key
+            .entry(lease.lock_key.clone())
+            .or_default()
+            .push(lease.nonce);
+        self.by_nonce.insert(lease.nonce, lease);
+    }
+
+    fn remove(&mut self, nonce: u128) {
+        let Some(lease) = self.by_nonce.remove(&nonce) else {
+            return;
+        };
+        if let Some(nonces) = self.by_key.get_mut(&lease.lock_key) {
+            nonces.retain(|n| *n != nonce);
+            if nonces.is_empty() {
+                self.by_key.remove(&lease.lock_key);
+            }
+        }
+    }
+
+    fn on_keys(&self, keys: &[String]) -> Vec<LiveLease> {
+        keys.iter()
+            .filter_map(|k| self.by_key.get(k))
+            .flatten()
+            .filter_map(|n| self.by_nonce.get(n).cloned())
+            .collect()
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -100,17 +138,22 @@ impl Inner {
     /// Stops tracking a lease (dropped, or about to be released: from then on the monitor does
     /// not judge it, so its own delete is never taken for an outside one).
     pub(crate) fn forget(&self, nonce: u128) {
-        lock(&self.live).remove(&nonce);
+        lock(&self.live).remove(nonce);
     }
 
     /// A snapshot of the live leases.
     pub(crate) fn live_leases(&self) -> Vec<LiveLease> {
-        lock(&self.live).values().cloned().collect()
+        lock(&self.live).by_nonce.values().cloned().collect()
+    }
+
+    /// A snapshot of the live leases on any of the lock keys `keys`.
+    pub(crate) fn live_on(&self, keys: &[String]) -> Vec<LiveLease> {
+        lock(&self.live).on_keys(keys)
     }
 
     /// Whether any lease is live.
     pub(crate) fn has_live_leases(&self) -> bool {
-        !lock(&self.live).is_empty()
+        !lock(&self.live).by_nonce.is_empty()
     }
 
     /// Judges `lease` by its lock's current `value` and the key's `revoked` record (both read
@@ -119,7 +162,7 @@ impl Inner {
     /// lease is still live (a lease being released is not judged on its own delete).
     pub(crate) fn judge(&self, lease: &LiveLease, value: Option<&[u8]>, revoked: Option<&[u8]>) {
         let live = lock(&self.live);
-        if !live.contains_key(&lease.nonce) {
+        if !live.by_nonce.contains_key(&lease.nonce) {
             return;
         }
         let ours = |v: &[u8]| v.starts_with(lease.head.as_bytes());
@@ -306,7 +349,7 @@ impl RedisCoordinator {
             caps,
             default_owner,
             scope,
-            live: Mutex::new(HashMap::new()),
+            live: Mutex::new(LiveSet::default()),
             monitor,
         });
         let weak = Arc::downgrade(&inner);
@@ -641,16 +684,13 @@ impl RedisCoordinator {
         }
         let nonce = parts.nonce;
         let tracker = LeaseTracker::new(BACKEND, key.clone(), token, ttl, margin, sent_at);
-        lock(&self.inner.live).insert(
+        lock(&self.inner.live).insert(LiveLease {
             nonce,
-            LiveLease {
-                nonce,
-                tracker: tracker.clone(),
-                lock_key: keys.lock.clone(),
-                revoked_key: keys.revoked.clone(),
-                head: parts.head.clone(),
-            },
-        );
+            tracker: tracker.clone(),
+            lock_key: keys.lock.clone(),
+            revoked_key: keys.revoked.clone(),
+            head: parts.head.clone(),
+        });
         self.inner.monitor.watch(&keys.lock);
         Ok(Attempt::Granted(RedisLease::new(
             self.inner.clone(),
@@ -788,7 +828,7 @@ impl Coordinator for RedisCoordinator {
                 "removed a lock value of another writer",
             ));
         };
-        if let Some(live) = lock(&self.inner.live).get(&v.nonce) {
+        if let Some(live) = lock(&self.inner.live).by_nonce.get(&v.nonce) {
             live.tracker.mark_lost(LostReason::Revoked);
         }
         Ok(Some(v.holder_info(key, pttl)))

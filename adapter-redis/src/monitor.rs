@@ -130,11 +130,11 @@ async fn confirm(
     };
     // The leases to judge are taken *before* the read: a lease granted after it is not judged
     // on a value read before its grant.
-    let mut snapshot = strong.live_leases();
+    let snapshot = match lock_keys {
+        Some(keys) => strong.live_on(keys),
+        None => strong.live_leases(),
+    };
     drop(strong);
-    if let Some(keys) = lock_keys {
-        snapshot.retain(|l| keys.contains(&l.lock_key));
-    }
     if snapshot.is_empty() {
         return Ok(());
     }
@@ -156,8 +156,10 @@ async fn confirm(
     let Some(strong) = inner.upgrade() else {
         return Ok(());
     };
+    let index: std::collections::HashMap<&str, usize> =
+        keys.iter().enumerate().map(|(i, (k, _))| (*k, i)).collect();
     for lease in &snapshot {
-        let Some(i) = keys.iter().position(|(k, _)| *k == lease.lock_key) else {
+        let Some(&i) = index.get(lease.lock_key.as_str()) else {
             continue;
         };
         strong.judge(
@@ -275,18 +277,32 @@ async fn track(
             }
             push = t.pushes.recv() => {
                 let Some(push) = push else { return Some(()) };
-                match push.kind {
-                    PushKind::Invalidate => {
-                        let keys = invalidated(&push);
-                        if confirm(inner, &mut t.conn, keys.as_deref()).await.is_err() {
-                            return Some(());
-                        }
+                // Every invalidation already received is judged with this one, in one pipeline:
+                // with thousands of held leases each renewal's `PEXPIRE` sends one.
+                let mut keys = Some(Vec::new());
+                let mut closed = false;
+                let mut next = Some(push);
+                while let Some(push) = next.take() {
+                    match push.kind {
+                        PushKind::Invalidate => match (invalidated(&push), keys.as_mut()) {
+                            (Some(more), Some(all)) => all.extend(more),
+                            // A flush: every held key.
+                            (None, _) => keys = None,
+                            (Some(_), None) => {}
+                        },
+                        PushKind::Disconnection => closed = true,
+                        _ => {}
                     }
-                    PushKind::Disconnection => {
-                        tracing::debug!(backend = BACKEND, "holder monitor connection closed");
-                        return Some(());
-                    }
-                    _ => {}
+                    next = t.pushes.try_recv().ok();
+                }
+                if keys.as_ref().is_none_or(|k| !k.is_empty())
+                    && confirm(inner, &mut t.conn, keys.as_deref()).await.is_err()
+                {
+                    return Some(());
+                }
+                if closed {
+                    tracing::debug!(backend = BACKEND, "holder monitor connection closed");
+                    return Some(());
                 }
             }
             _ = heartbeat.tick() => {
