@@ -190,6 +190,8 @@ struct Figures {
     acquire_time: Duration,
     rss_before: Option<u64>,
     rss_holding: Option<u64>,
+    /// After every lease was released and the check client was done with the keys.
+    rss_released: Option<u64>,
     cpu_hold: Option<Duration>,
     hold_time: Duration,
     first_loss_after: Option<Duration>,
@@ -222,6 +224,10 @@ impl Figures {
                 )
             }
             _ => "RSS n/a".into(),
+        };
+        let rss = match self.rss_released {
+            Some(r) => format!("{rss}, {:.1} MiB after release", r as f64 / 1048576.0),
+            None => rss,
         };
         let cpu = match self.cpu_hold {
             Some(c) if !self.hold_time.is_zero() => format!(
@@ -449,6 +455,8 @@ async fn many_leases_kept(ctx: Arc<Ctx>) -> CaseResult {
         }
     }
 
+    drop(released);
+    fig.rss_released = rss_bytes();
     let line = fig.line(
         &ctx.subject.name,
         failed.total,
