@@ -20,7 +20,7 @@
 //!   `X-Consul-Index`: an older answer (a query sent before the acquire committed) says nothing
 //!   about them;
 //! - the index is reset to 0 when it goes backwards (a snapshot restore) and kept at least 1;
-//! - queries start at most once per [`spacing`] (100 ms plus 25 µs per entry of the previous
+//! - queries start at most once per [`spacing`] (100 ms plus 100 µs per entry of the previous
 //!   answer, at most 2 s), so other clients' writes under the prefix cost at most that rate;
 //! - errors back off from 20 ms to 1 s; the session renewer, not the monitor, decides when
 //!   leases are in doubt, and renewals (which read their key) stay the authority on ownership.
@@ -42,11 +42,11 @@ pub(crate) const MIN_SPACING: Duration = Duration::from_millis(100);
 /// The most time between the starts of two monitor queries when the prefix keeps changing.
 pub(crate) const MAX_SPACING: Duration = Duration::from_secs(2);
 
-/// The spacing after an answer of `entries` entries: 100 ms plus 25 µs per entry, at most 2 s
-/// (10,000 keys: 350 ms), so the work of reading and judging a large prefix stays a bounded share
+/// The spacing after an answer of `entries` entries: 100 ms plus 100 µs per entry, at most 2 s
+/// (10,000 keys: 1.1 s), so the work of reading and judging a large prefix stays a bounded share
 /// of the time even when other clients write under it all the time.
 pub(crate) fn spacing(entries: usize) -> Duration {
-    (MIN_SPACING + Duration::from_micros(25) * u32::try_from(entries).unwrap_or(u32::MAX))
+    (MIN_SPACING + Duration::from_micros(100) * u32::try_from(entries).unwrap_or(u32::MAX))
         .min(MAX_SPACING)
 }
 
@@ -197,7 +197,7 @@ mod tests {
     #[test]
     fn spacing_grows_with_the_answer_and_is_bounded() {
         assert_eq!(spacing(0), MIN_SPACING);
-        assert_eq!(spacing(10_000), Duration::from_millis(350));
+        assert_eq!(spacing(10_000), Duration::from_millis(1_100));
         assert_eq!(spacing(usize::MAX), MAX_SPACING);
     }
 }

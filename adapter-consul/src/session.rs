@@ -1,5 +1,5 @@
 //! One Consul session per client: created on the first acquire with no health checks, renewed in
-//! the background at half its TTL, shared by every lease of the client, destroyed when the client
+//! the background every third of its TTL, shared by every lease of the client, destroyed when the client
 //! and its last lease are gone.
 //!
 //! The session's **local validity** is the send time of its last confirmed renewal (or creation)
@@ -20,6 +20,8 @@ use crate::lease::LeaseShared;
 
 struct SessionState {
     valid_until: Instant,
+    /// The validity last pushed to the leases ([`Session::confirm`]).
+    pushed_until: Instant,
     ended: bool,
     leases: HashMap<u64, Weak<LeaseShared>>,
 }
@@ -64,6 +66,7 @@ impl Session {
             margin,
             state: Mutex::new(SessionState {
                 valid_until: lease_core::clock::valid_until(created_sent_at, ttl, margin),
+                pushed_until: created_sent_at,
                 ended: false,
                 leases: HashMap::new(),
             }),
@@ -94,6 +97,12 @@ impl Session {
 
     /// A renewal sent at `sent_at` was confirmed: extends the session's validity and, through it,
     /// every lease's (each up to its own deadline).
+    ///
+    /// The leases are walked only when the validity moved by at least a quarter of the TTL since
+    /// the last walk: renewals that follow each other closely (many lease renewals each needing
+    /// one) cost one walk per quarter TTL, not one per renewal (N leases x N renewals). A lease's
+    /// validity then lags the session's by at most a quarter TTL (never exceeds it); a renewing
+    /// lease reads the session's validity itself.
     pub(crate) fn confirm(&self, sent_at: Instant) {
         let (until, leases) = {
             let mut st = self.lock();
@@ -102,6 +111,10 @@ impl Session {
             }
             let until = lease_core::clock::valid_until(sent_at, self.ttl, self.margin);
             st.valid_until = st.valid_until.max(until);
+            if st.valid_until < st.pushed_until + self.ttl / 4 {
+                return;
+            }
+            st.pushed_until = st.valid_until;
             (st.valid_until, live(&mut st))
         };
         for l in leases {
@@ -341,10 +354,12 @@ impl Drop for SessionManager {
     }
 }
 
-/// Renews `session` at half its TTL until it ends or the manager is gone; on failure, retries
-/// sooner and marks the leases in doubt.
+/// Renews `session` every third of its TTL until it ends or the manager is gone; on failure,
+/// retries sooner and marks the leases in doubt. A third, not a half: the session then stays
+/// "fresh" (half its TTL of validity left, [`Session::fresh_at`]) through a renewal's round trip
+/// of up to a sixth of the TTL, so lease renewals need no session renewal of their own.
 async fn renewer(manager: Weak<SessionManager>, session: Arc<Session>) {
-    let half = session.ttl / 2;
+    let half = session.ttl / 3;
     let min_backoff = (session.ttl / 20).max(Duration::from_millis(20));
     let mut backoff = min_backoff;
     let mut ended = session.ended_signal();

@@ -58,7 +58,7 @@ async fn monitor_parked(s: &ConsulStandIn) {
     assert_eq!(s.blocking_in_progress(), 1);
 }
 
-/// Longer than the monitor's spacing for a small prefix (100 ms plus 25 µs per key).
+/// Longer than the monitor's spacing for a small prefix (100 ms plus 100 µs per key).
 fn adapter_monitor_spacing() -> Duration {
     Duration::from_millis(150)
 }

@@ -201,7 +201,8 @@ async fn blocking_query_wakes_on_change_and_times_out_otherwise() {
 /// As in Consul (memdb watch channels fire per key), a blocking query on one key is not even
 /// woken by writes to other keys: 50 writes to `a` leave a query on `b` asleep (it read the store
 /// once, when it arrived), and one write to `b` wakes and answers it (one more read). Lock
-/// releases by session invalidation wake it too. A prefix query is woken by every commit.
+/// releases by session invalidation wake it too. A prefix query is woken by every commit under
+/// its prefix.
 #[tokio::test]
 async fn a_blocking_query_on_one_key_is_woken_only_by_changes_to_that_key() {
     let s = start();

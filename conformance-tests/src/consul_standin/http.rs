@@ -42,12 +42,14 @@ pub(crate) struct Control {
 #[derive(Debug)]
 pub(crate) struct Shared {
     pub(crate) store: Mutex<Store>,
-    /// Bumped after every commit; prefix (`recurse`, `keys`) blocking queries and the session
-    /// timer wait on it.
+    /// Bumped after every commit; the session timer waits on it.
     pub(crate) changes: watch::Sender<u64>,
     /// One sender per key that a single-key blocking query waits on, fired only when that key
     /// changes (Consul's memdb watch channels), dropped when its last waiter is gone.
     pub(crate) key_watches: Mutex<HashMap<String, watch::Sender<u64>>>,
+    /// One sender per prefix that a prefix (`recurse`, `keys`) blocking query waits on, fired
+    /// only when a key under it changes (Consul's radix-tree watches on the prefix).
+    pub(crate) prefix_watches: Mutex<HashMap<String, watch::Sender<u64>>>,
     pub(crate) control: watch::Sender<Control>,
     pub(crate) acl_token: Option<String>,
     pub(crate) strict_kv_keys: bool,
@@ -74,8 +76,8 @@ impl Shared {
             .take()
     }
 
-    /// Wakes blocking queries after a commit: those on a key that changed, every prefix query
-    /// and the session timer.
+    /// Wakes blocking queries after a commit: those on a key that changed or on a prefix of
+    /// one, and the session timer.
     pub(crate) fn notify(&self, index: u64) {
         let keys = self.store().take_changed();
         if !keys.is_empty() {
@@ -85,14 +87,28 @@ impl Shared {
                     tx.send_replace(index);
                 }
             }
+            drop(watches);
+            let prefixes = self
+                .prefix_watches
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            for (prefix, tx) in prefixes.iter() {
+                if keys.iter().any(|k| k.starts_with(prefix.as_str())) {
+                    tx.send_replace(index);
+                }
+            }
         }
         self.changes.send_replace(index);
     }
 
-    /// A subscription to changes of `key` alone.
-    fn watch_key(self: &Arc<Self>, key: &str) -> KeyWatch {
-        let rx = self
-            .key_watches
+    /// A subscription to changes of `key` alone (`prefix` false) or of any key under it.
+    fn watch_key(self: &Arc<Self>, key: &str, prefix: bool) -> KeyWatch {
+        let map = if prefix {
+            &self.prefix_watches
+        } else {
+            &self.key_watches
+        };
+        let rx = map
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .entry(key.to_owned())
@@ -101,6 +117,7 @@ impl Shared {
         KeyWatch {
             shared: self.clone(),
             key: key.to_owned(),
+            prefix,
             rx: Some(rx),
         }
     }
@@ -123,20 +140,22 @@ impl Shared {
     }
 }
 
-/// A single-key blocking query's subscription; its key's sender is dropped with its last one.
+/// A blocking query's subscription to its key or prefix; the sender is dropped with its last one.
 struct KeyWatch {
     shared: Arc<Shared>,
     key: String,
+    prefix: bool,
     rx: Option<watch::Receiver<u64>>,
 }
 
 impl Drop for KeyWatch {
     fn drop(&mut self) {
-        let mut watches = self
-            .shared
-            .key_watches
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+        let map = if self.prefix {
+            &self.shared.prefix_watches
+        } else {
+            &self.shared.key_watches
+        };
+        let mut watches = map.lock().unwrap_or_else(|p| p.into_inner());
         drop(self.rx.take());
         if watches
             .get(&self.key)
@@ -147,18 +166,12 @@ impl Drop for KeyWatch {
     }
 }
 
-/// What a blocking query waits on: its key alone, or every commit (prefix queries).
-enum Wakeup {
-    Key(KeyWatch),
-    All(watch::Receiver<u64>),
-}
+/// What a blocking query waits on: changes of its key, or of the keys under its prefix.
+struct Wakeup(KeyWatch);
 
 impl Wakeup {
     fn rx(&mut self) -> &mut watch::Receiver<u64> {
-        match self {
-            Wakeup::Key(k) => k.rx.as_mut().expect("held until dropped"),
-            Wakeup::All(rx) => rx,
-        }
+        self.0.rx.as_mut().expect("held until dropped")
     }
 }
 
@@ -509,11 +522,7 @@ async fn kv_get(shared: &Arc<Shared>, generation: u64, key: &str, query: &Query)
         .unwrap_or("")
         .to_owned();
     // Subscribed before the first read: a change committed after it wakes the query.
-    let mut wakeup = if keys || recurse {
-        Wakeup::All(shared.changes.subscribe())
-    } else {
-        Wakeup::Key(shared.watch_key(key))
-    };
+    let mut wakeup = Wakeup(shared.watch_key(key, keys || recurse));
     let mut control = shared.control.subscribe();
     let _in_progress = (min_index > 0).then(|| InProgress::new(shared));
     let mut watched: Option<u64> = None;

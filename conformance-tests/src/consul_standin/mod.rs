@@ -280,6 +280,7 @@ impl ConsulStandIn {
             store: Mutex::new(Store::new(options.session_ttl_min, options.ttl_multiplier)),
             changes,
             key_watches: Mutex::new(std::collections::HashMap::new()),
+            prefix_watches: Mutex::new(std::collections::HashMap::new()),
             control,
             acl_token: options.acl_token.clone(),
             strict_kv_keys: options.strict_kv_keys,
