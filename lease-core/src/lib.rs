@@ -6,6 +6,7 @@ mod connect;
 mod coordinator;
 mod error;
 mod fence;
+mod helpers;
 mod instrument;
 mod keeper;
 mod key;
@@ -22,6 +23,7 @@ pub use connect::{percent_decode, BackendUrl, CoordinatorFactory, FenceFactory, 
 pub use coordinator::{Coordinator, HolderInfo};
 pub use error::{BoxError, Error, InvalidInput, LostReason, Result};
 pub use fence::{Accepted, Fence, FencedValue};
+pub use helpers::{with_lease, IntoLockKey, LeaseScope};
 pub use instrument::Instrumented;
 pub use keeper::{keep, KeeperOptions, KeeperStop, Kept, Progress};
 pub use key::{LockKey, ResourceId, MAX_NAME_BYTES};
