@@ -774,3 +774,78 @@ async fn an_outside_write_keeping_the_lease_changes_nothing_for_the_holder() {
     assert!(next.token() > lease.token());
     next.release().await.unwrap();
 }
+
+/// A replaced connection under many kept leases: the session's keepalive, the one shared watch
+/// stream and the batched renewals come back on the new connection, no lease is lost, and a
+/// deletion after the reconnect is still seen (every watch was created again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_connection_under_a_thousand_kept_leases_loses_none() {
+    let Some(server) = server("a_cut_connection_under_a_thousand_kept_leases_loses_none").await
+    else {
+        return;
+    };
+    let proxy = FaultProxy::start(server.addr()).await.unwrap();
+    let c = coord(&format!("etcd://{}", proxy.addr())).await;
+    let ttl = Duration::from_secs(6);
+    const N: usize = 1000;
+    let keys: Vec<LockKey> = (0..N).map(|i| key(&format!("cut/{i}"))).collect();
+    let kept: Vec<lease_core::Kept> = futures::future::join_all(keys.iter().map(|k| {
+        let c = c.clone();
+        async move {
+            let l = c
+                .acquire(k, &LeaseOptions::new(ttl))
+                .await
+                .expect("acquire");
+            lease_core::keep(l, lease_core::KeeperOptions::new()).unwrap()
+        }
+    }))
+    .await;
+    let before = proxy.accepted_connections();
+    let cut_at = Instant::now();
+    proxy.cut();
+    // The client opens a new connection by itself (nothing here sends a request).
+    while proxy.accepted_connections() == before {
+        assert!(
+            cut_at.elapsed() < ttl,
+            "no new connection within a TTL of the cut"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Two TTLs later every lease is still held: renewed on the new connection.
+    tokio::time::sleep(2 * ttl).await;
+    let lost: Vec<_> = kept
+        .iter()
+        .filter(|k| k.lease().status() != lease_core::LeaseStatus::Held)
+        .map(|k| (k.lease().key().to_string(), k.lease().status()))
+        .collect();
+    assert!(
+        lost.is_empty(),
+        "{} of {N} not held: {:?}",
+        lost.len(),
+        &lost[..lost.len().min(5)]
+    );
+    // The watches were created again: an outside delete of one key is noticed at once.
+    let raw = Client::connect([server.http_endpoint()], None).await.unwrap();
+    let victim = &kept[N / 2];
+    let mut signal = victim.lease().lost();
+    let etcd_key = {
+        let mut kv = raw.clone();
+        let prefix = adapter_etcd::keys::lock_prefix("fenced", victim.lease().key());
+        let got = kv
+            .get(prefix.clone(), Some(GetOptions::new().with_prefix()))
+            .await
+            .unwrap();
+        assert_eq!(got.kvs().len(), 1, "one key under {prefix}");
+        got.kvs()[0].key().to_vec()
+    };
+    raw.kv_client().delete(etcd_key, None).await.unwrap();
+    let reason = tokio::time::timeout(Duration::from_secs(2), signal.wait())
+        .await
+        .expect("the deletion was not seen within 2 s of the reconnect's watches");
+    assert_eq!(reason, LostReason::Revoked);
+    for k in kept {
+        if k.lease().status() == lease_core::LeaseStatus::Held {
+            k.release().await.unwrap();
+        }
+    }
+}
