@@ -1,0 +1,159 @@
+//! The command line, as clap parses it.
+
+use std::ffi::OsString;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+/// Inspect and force-release fenced leases, and run commands under one.
+///
+/// The backend is chosen by URL: `--url`, else `FENCED_URL`, else Consul's own `CONSUL_HTTP_ADDR`
+/// (with `CONSUL_HTTP_TOKEN`, `CONSUL_CACERT`, ...). Durations are written like `500ms`, `10s`,
+/// `1m30s`. Errors are one line on stderr; see the exit statuses below.
+#[derive(Debug, Parser)]
+#[command(
+    name = "fenced",
+    version,
+    after_help = "\
+Exit statuses:
+  0   success (inspect: the key is held; fence read: the resource has state)
+  1   inspect: the key is free; fence read: nothing was ever accepted
+  2   usage or input error (bad argument, key, duration or URL); nothing was sent
+  69  the backend is unavailable
+  70  the backend's answer was unknown or unexpected (re-read before acting)
+  75  run: the lock was not acquired within --wait
+  76  run: the lease was lost while the command ran (the command was stopped)
+  78  the backend is misconfigured for fenced leases
+  126 run: the command could not be executed; 127 run: the command was not found
+  run otherwise exits with the command's status, 128+N if signal N killed it."
+)]
+pub(crate) struct Cli {
+    /// Backend URL (redis://, etcd://, zk://, consul://, ...). Default: FENCED_URL, else
+    /// consul:// when CONSUL_HTTP_ADDR is set.
+    #[arg(
+        long,
+        global = true,
+        env = "FENCED_URL",
+        value_name = "URL",
+        hide_env_values = true
+    )]
+    pub(crate) url: Option<String>,
+
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum Command {
+    /// Show who holds KEY: owner, token, operation, time left. Exit 0 held, 1 free.
+    Inspect {
+        /// The lock key (for example `jobs/nightly`).
+        key: String,
+        #[command(flatten)]
+        output: Output,
+    },
+    /// Remove the lock on KEY whoever holds it; the actor and reason are recorded.
+    ///
+    /// The removed holder's lease is lost (at once where the backend can tell it, otherwise at
+    /// its next renewal), and its token stays below every later token, so a fence rejects its
+    /// writes once the next holder has claimed. Prints what was removed, or that the key was free.
+    ForceRelease {
+        /// The lock key.
+        key: String,
+        /// Who forces the release (required; recorded).
+        #[arg(long, value_name = "NAME")]
+        actor: Option<String>,
+        /// Why (required; recorded).
+        #[arg(long, value_name = "TEXT")]
+        reason: Option<String>,
+        #[command(flatten)]
+        output: Output,
+    },
+    /// Run CMD while holding KEY, and stop it if the lease is lost.
+    ///
+    /// Acquires KEY (waiting up to --wait), keeps the lease renewed while CMD runs, and passes
+    /// FENCED_TOKEN (the fencing token: carry it on every protected write) and FENCED_KEY to CMD.
+    /// If the lease is lost, CMD gets SIGTERM, then SIGKILL after --grace, and fenced exits 76.
+    /// When CMD exits, the lease is released and fenced exits with CMD's status. SIGTERM and
+    /// SIGHUP sent to fenced are forwarded to CMD; SIGINT is not (from a terminal CMD gets it
+    /// directly). Only CMD itself is signalled: a shell script should `exec` its last command or
+    /// pass the signal on to its own children.
+    Run(RunArgs),
+    /// Read a fenced resource.
+    Fence {
+        #[command(subcommand)]
+        command: FenceCommand,
+    },
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct RunArgs {
+    /// The lock key.
+    pub(crate) key: String,
+    /// The lease TTL asked for (the backend may round it up; see its minimum).
+    #[arg(long, default_value = "10s", value_parser = duration, value_name = "DURATION")]
+    pub(crate) ttl: Duration,
+    /// How long to wait for the key to come free (0s: try once).
+    #[arg(long, default_value = "30s", value_parser = duration, value_name = "DURATION")]
+    pub(crate) wait: Duration,
+    /// After the lease is lost: how long CMD has between SIGTERM and SIGKILL.
+    #[arg(long, default_value = "5s", value_parser = duration, value_name = "DURATION")]
+    pub(crate) grace: Duration,
+    /// An operation name shown by `inspect` while CMD runs.
+    #[arg(long, value_name = "NAME")]
+    pub(crate) operation: Option<String>,
+    /// The command and its arguments (after `--`).
+    #[arg(required = true, num_args = 1.., last = true, value_name = "CMD")]
+    pub(crate) command: Vec<OsString>,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum FenceCommand {
+    /// Show RESOURCE's newest accepted token and its last value. Exit 0, or 1 if the resource
+    /// never accepted anything.
+    Read {
+        /// The resource id (for example `orders/42`).
+        resource: String,
+        /// The fence's URL (redis://, etcd://, postgres://, ...).
+        #[arg(
+            long,
+            env = "FENCED_FENCE_URL",
+            value_name = "URL",
+            hide_env_values = true
+        )]
+        fence_url: Option<String>,
+        #[command(flatten)]
+        output: Output,
+    },
+}
+
+#[derive(Debug, Args, Clone, Copy)]
+pub(crate) struct Output {
+    /// Print one JSON object on stdout instead of text.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+/// A human duration (`10s`, `1m30s`, `250ms`).
+fn duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s)
+        .map_err(|e| format!("not a duration ({e}); write e.g. 10s, 1m30s, 250ms"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn durations_parse_in_human_form() {
+        assert_eq!(duration("1m30s"), Ok(Duration::from_secs(90)));
+        assert_eq!(duration("250ms"), Ok(Duration::from_millis(250)));
+        assert!(duration("10x").unwrap_err().contains("not a duration"));
+    }
+}

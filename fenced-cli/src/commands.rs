@@ -1,0 +1,215 @@
+//! `inspect`, `force-release` and `fence read`; the backend URL and the output shared by every
+//! command.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use fenced::{Coordinator, Fence, ForceRelease, HolderInfo, LockKey, ResourceId};
+use serde_json::{json, Value};
+
+use crate::cli::Output;
+use crate::exit::{self, Failure};
+
+/// The backend URL: `--url` (or `FENCED_URL`, which clap reads into it), else `consul://` when
+/// `CONSUL_HTTP_ADDR` names an agent (adapter-consul then reads `CONSUL_HTTP_TOKEN`,
+/// `CONSUL_CACERT` and the rest of `adapter_consul::ENV_VARS` itself).
+pub(crate) fn backend_url(flag: Option<String>) -> Result<String, Failure> {
+    if let Some(url) = flag.filter(|u| !u.trim().is_empty()) {
+        return Ok(url);
+    }
+    if std::env::var("CONSUL_HTTP_ADDR").is_ok_and(|a| !a.trim().is_empty()) {
+        return Ok("consul://".to_owned());
+    }
+    Err(Failure::usage(
+        "no backend: pass --url URL or set FENCED_URL (or CONSUL_HTTP_ADDR for a Consul agent)",
+    ))
+}
+
+pub(crate) fn lock_key(key: &str) -> Result<LockKey, Failure> {
+    LockKey::new(key).map_err(|e| Failure::usage(e.to_string()))
+}
+
+pub(crate) async fn connect(flag: Option<String>) -> Result<Arc<dyn Coordinator>, Failure> {
+    let url = backend_url(flag)?;
+    Ok(fenced::connect(&url).await?)
+}
+
+/// Writes `value` (JSON) or `text` on stdout.
+fn emit(output: Output, value: Value, text: String) {
+    if output.json {
+        println!("{value}");
+    } else {
+        print!("{text}");
+    }
+}
+
+fn rfc3339(at: SystemTime) -> String {
+    humantime::format_rfc3339_seconds(at).to_string()
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+fn human(d: Duration) -> String {
+    humantime::format_duration(Duration::from_millis(millis(d))).to_string()
+}
+
+fn holder_json(h: &HolderInfo) -> Value {
+    json!({
+        "owner": h.owner.as_str(),
+        "token": h.token.get(),
+        "operation": h.operation,
+        "acquired_at": h.acquired_at.map(rfc3339),
+        "expires_in_ms": h.expires_in.map(millis),
+    })
+}
+
+fn holder_text(h: &HolderInfo) -> String {
+    let mut s = format!("holder     {}\ntoken      {}\n", h.owner, h.token);
+    s += &format!("operation  {}\n", h.operation.as_deref().unwrap_or("-"));
+    if let Some(at) = h.acquired_at {
+        s += &format!("acquired   {}\n", rfc3339(at));
+    }
+    if let Some(left) = h.expires_in {
+        s += &format!("time left  {}\n", human(left));
+    }
+    s
+}
+
+/// `fenced inspect KEY`.
+pub(crate) async fn inspect(url: Option<String>, key: &str, output: Output) -> Result<u8, Failure> {
+    let key = lock_key(key)?;
+    let coord = connect(url).await?;
+    let holder = coord.inspect(&key).await?;
+    let backend = coord.capabilities().backend;
+    match holder {
+        Some(h) => {
+            let mut value = json!({"key": key.as_str(), "backend": backend, "held": true});
+            value["holder"] = holder_json(&h);
+            emit(
+                output,
+                value,
+                format!("key        {key}\nstate      held\n{}", holder_text(&h)),
+            );
+            Ok(exit::OK)
+        }
+        None => {
+            emit(
+                output,
+                json!({"key": key.as_str(), "backend": backend, "held": false, "holder": null}),
+                format!("key        {key}\nstate      free\n"),
+            );
+            Ok(exit::ABSENT)
+        }
+    }
+}
+
+/// `fenced force-release KEY --actor NAME --reason TEXT`. Both labels are checked before
+/// anything is sent.
+pub(crate) async fn force_release(
+    url: Option<String>,
+    key: &str,
+    actor: Option<String>,
+    reason: Option<String>,
+    output: Output,
+) -> Result<u8, Failure> {
+    let (actor, reason) = match (actor, reason) {
+        (Some(a), Some(r)) => (a, r),
+        (None, None) => {
+            return Err(Failure::usage(
+                "force-release needs --actor NAME and --reason TEXT (both are recorded)",
+            ))
+        }
+        (None, Some(_)) => {
+            return Err(Failure::usage(
+                "force-release needs --actor NAME (who forces the release; recorded)",
+            ))
+        }
+        (Some(_), None) => {
+            return Err(Failure::usage(
+                "force-release needs --reason TEXT (why; recorded)",
+            ))
+        }
+    };
+    let request = ForceRelease::new(actor, reason).map_err(|e| Failure::usage(e.to_string()))?;
+    let key = lock_key(key)?;
+    let coord = connect(url).await?;
+    let removed = coord.force_release(&key, &request).await?;
+    let base = json!({
+        "key": key.as_str(),
+        "backend": coord.capabilities().backend,
+        "actor": request.actor(),
+        "reason": request.reason(),
+    });
+    let mut value = base;
+    match &removed {
+        Some(h) => {
+            value["removed"] = holder_json(h);
+            emit(
+                output,
+                value,
+                format!("removed the holder of {key}\n{}", holder_text(h)),
+            );
+        }
+        None => {
+            value["removed"] = Value::Null;
+            emit(output, value, format!("{key} was free: nothing removed\n"));
+        }
+    }
+    Ok(exit::OK)
+}
+
+/// `fenced fence read RESOURCE --fence-url URL`.
+pub(crate) async fn fence_read(
+    fence_url: Option<String>,
+    resource: &str,
+    output: Output,
+) -> Result<u8, Failure> {
+    let resource = ResourceId::new(resource).map_err(|e| Failure::usage(e.to_string()))?;
+    let url = fence_url
+        .filter(|u| !u.trim().is_empty())
+        .ok_or_else(|| Failure::usage("fence read needs --fence-url URL (or FENCED_FENCE_URL)"))?;
+    let fence: Arc<dyn Fence> = fenced::connect_fence(&url).await?;
+    let state = fence.read(&resource).await?;
+    let base = json!({"resource": resource.as_str(), "backend": fence.backend()});
+    let mut value = base;
+    let Some(state) = state else {
+        value["newest_token"] = Value::Null;
+        value["value"] = Value::Null;
+        emit(
+            output,
+            value,
+            format!("resource   {resource}\nstate      never accepted a token\n"),
+        );
+        return Ok(exit::ABSENT);
+    };
+    value["newest_token"] = json!(state.newest.get());
+    let mut text = format!("resource   {resource}\nnewest     {}\n", state.newest);
+    match &state.value {
+        Some((token, bytes)) => {
+            let mut v = json!({"token": token.get(), "bytes": bytes.len()});
+            match std::str::from_utf8(bytes) {
+                Ok(s) => {
+                    v["utf8"] = json!(s);
+                    text += &format!("written by {token}\nvalue      {}\n", s.escape_debug());
+                }
+                Err(_) => {
+                    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+                    v["hex"] = json!(hex);
+                    text += &format!(
+                        "written by {token}\nvalue      0x{hex} ({} bytes)\n",
+                        bytes.len()
+                    );
+                }
+            }
+            value["value"] = v;
+        }
+        None => {
+            value["value"] = Value::Null;
+            text += "value      - (claimed only, never written)\n";
+        }
+    }
+    emit(output, value, text);
+    Ok(exit::OK)
+}

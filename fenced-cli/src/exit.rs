@@ -1,0 +1,124 @@
+//! Exit statuses and the one-line error that goes with each.
+
+use std::fmt;
+
+use fenced::Error;
+
+/// Success (inspect: held; fence read: the resource has state).
+pub(crate) const OK: u8 = 0;
+/// inspect: the key is free; fence read: nothing was ever accepted.
+pub(crate) const ABSENT: u8 = 1;
+/// A usage or input error: nothing was sent.
+pub(crate) const USAGE: u8 = 2;
+/// The backend is unavailable (sysexits' `EX_UNAVAILABLE`).
+pub(crate) const UNAVAILABLE: u8 = 69;
+/// An unknown outcome or an unexpected answer (`EX_SOFTWARE`).
+pub(crate) const SOFTWARE: u8 = 70;
+/// run: the lock was not acquired within the wait (`EX_TEMPFAIL`: try again later).
+pub(crate) const NOT_ACQUIRED: u8 = 75;
+/// run: the lease was lost while the command ran.
+pub(crate) const LOST: u8 = 76;
+/// The backend is misconfigured for fenced leases (`EX_CONFIG`).
+pub(crate) const CONFIG: u8 = 78;
+/// run: the command could not be executed (as a shell reports it).
+pub(crate) const CANNOT_EXECUTE: u8 = 126;
+/// run: the command was not found (as a shell reports it).
+pub(crate) const NOT_FOUND: u8 = 127;
+
+/// A failure to report: one line on stderr and an exit status.
+#[derive(Debug)]
+pub(crate) struct Failure {
+    pub(crate) status: u8,
+    message: String,
+}
+
+impl Failure {
+    pub(crate) fn new(status: u8, message: impl Into<String>) -> Self {
+        Failure {
+            status,
+            message: one_line(&message.into()),
+        }
+    }
+
+    pub(crate) fn usage(message: impl Into<String>) -> Self {
+        Self::new(USAGE, message)
+    }
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+/// The status for a library error: what the caller of `fenced` does next.
+pub(crate) fn status_of(e: &Error) -> u8 {
+    match e {
+        Error::InvalidInput(_) | Error::Unsupported { .. } => USAGE,
+        Error::Unavailable { .. } => UNAVAILABLE,
+        Error::Held { .. } | Error::Timeout { .. } => NOT_ACQUIRED,
+        Error::Lost { .. } | Error::Stale { .. } => LOST,
+        Error::Misconfigured { .. } => CONFIG,
+        _ => SOFTWARE,
+    }
+}
+
+impl From<Error> for Failure {
+    fn from(e: Error) -> Self {
+        Failure::new(status_of(&e), e.to_string())
+    }
+}
+
+/// Joins the lines of a message into one (errors are one line, so logs and scripts keep them
+/// whole).
+pub(crate) fn one_line(s: &str) -> String {
+    s.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// clap's error as one line: its message without the usage and tip lines that follow it.
+pub(crate) fn clap_one_line(rendered: &str) -> String {
+    let kept: Vec<&str> = rendered
+        .lines()
+        .take_while(|l| !l.starts_with("Usage:") && !l.starts_with("For more information"))
+        .filter(|l| !l.trim_start().starts_with("tip:"))
+        .collect();
+    one_line(&kept.join("\n"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clap_errors_become_one_line() {
+        let rendered = "error: the following required arguments were not provided:\n  \
+                        --reason <TEXT>\n\nUsage: fenced force-release --reason <TEXT> <KEY>\n\n\
+                        For more information, try '--help'.\n";
+        assert_eq!(
+            clap_one_line(rendered),
+            "error: the following required arguments were not provided: --reason <TEXT>"
+        );
+        let rendered = "error: invalid value '10x' for '--ttl <DURATION>': bad\n\n  \
+                        tip: something\n\nFor more information, try '--help'.\n";
+        assert_eq!(
+            clap_one_line(rendered),
+            "error: invalid value '10x' for '--ttl <DURATION>': bad"
+        );
+    }
+
+    #[test]
+    fn statuses_name_the_next_step() {
+        let e = Error::Unavailable {
+            backend: "redis",
+            message: "down".into(),
+            source: None,
+        };
+        assert_eq!(status_of(&e), UNAVAILABLE);
+        let e = Error::InvalidInput(fenced::InvalidInput::ZeroTtl);
+        assert_eq!(status_of(&e), USAGE);
+    }
+}

@@ -1,0 +1,236 @@
+//! `fenced run KEY -- CMD ARGS...`: a command under a kept lease, stopped when the lease goes.
+
+use std::io::{IsTerminal, Write};
+use std::os::unix::process::ExitStatusExt;
+use std::process::ExitStatus;
+use std::time::Duration;
+
+use fenced::{
+    bounded_with, keep, Error, KeeperOptions, Kept, LeaseOptions, LockKey, SectionOptions,
+};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use tokio::process::Child;
+use tokio::signal::unix::{signal, SignalKind};
+
+use crate::cli::RunArgs;
+use crate::commands::{connect, lock_key};
+use crate::exit::{self, Failure};
+
+pub(crate) async fn run(url: Option<String>, args: RunArgs) -> Result<u8, Failure> {
+    let key = lock_key(&args.key)?;
+    let mut options = LeaseOptions::new(args.ttl).wait(args.wait);
+    if let Some(operation) = &args.operation {
+        options = options.operation(operation.clone());
+    }
+    let Some((program, rest)) = args.command.split_first() else {
+        return Err(Failure::usage("run needs a command after `--`"));
+    };
+    let coord = connect(url).await?;
+
+    let spinner = Spinner::start(&key, args.wait);
+    let acquired = coord.acquire(&key, &options).await;
+    spinner.stop().await;
+    let lease = match acquired {
+        Ok(lease) => lease,
+        Err(e @ (Error::Timeout { .. } | Error::Held { .. })) => {
+            let holder = match coord.inspect(&key).await {
+                Ok(Some(h)) => format!(" (held by {} with token {})", h.owner, h.token),
+                _ => String::new(),
+            };
+            return Err(Failure::new(exit::NOT_ACQUIRED, format!("{e}{holder}")));
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let kept = keep(lease, KeeperOptions::new())?;
+
+    // Installed before the child starts, so a SIGTERM meant for it is never lost. The child
+    // starts with the default dispositions (exec resets caught signals).
+    let signals = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::hangup()),
+        signal(SignalKind::interrupt()),
+    );
+    let (Ok(mut term), Ok(mut hup), Ok(mut int)) = signals else {
+        release(kept, &key).await;
+        return Err(Failure::new(
+            exit::SOFTWARE,
+            "cannot install signal handlers",
+        ));
+    };
+
+    let mut command = tokio::process::Command::new(program);
+    command
+        .args(rest)
+        .env("FENCED_TOKEN", kept.token().to_string())
+        .env("FENCED_KEY", key.as_str());
+    let mut child = match command.spawn() {
+        Ok(child) => child,
+        Err(e) => {
+            release(kept, &key).await;
+            let status = if e.kind() == std::io::ErrorKind::NotFound {
+                exit::NOT_FOUND
+            } else {
+                exit::CANNOT_EXECUTE
+            };
+            return Err(Failure::new(
+                status,
+                format!("cannot run {:?}: {e}", program.to_string_lossy()),
+            ));
+        }
+    };
+
+    // The child runs as a bounded section of the kept lease: the section ends as soon as the
+    // lease is lost or its validity (less a tenth of the TTL) runs out unrenewed.
+    let outcome = bounded_with(kept.lease(), SectionOptions::new(), |_guard| async {
+        loop {
+            tokio::select! {
+                status = child.wait() => return Ok(status),
+                _ = term.recv() => forward(&child, Signal::SIGTERM),
+                _ = hup.recv() => forward(&child, Signal::SIGHUP),
+                // From a terminal the child got the same SIGINT: keep waiting for it.
+                _ = int.recv() => {}
+            }
+        }
+    })
+    .await;
+
+    match outcome {
+        Ok(Ok(status)) => {
+            release(kept, &key).await;
+            Ok(exit_status(status))
+        }
+        Ok(Err(e)) => {
+            let how = stop(&mut child, args.grace).await;
+            release(kept, &key).await;
+            Err(Failure::new(
+                exit::SOFTWARE,
+                format!("waiting for the command failed: {e}; the command was {how}"),
+            ))
+        }
+        Err(lost) => {
+            let how = stop(&mut child, args.grace).await;
+            // Compare-and-delete: removes nothing that is not ours any more.
+            let _ = kept.release().await;
+            Err(Failure::new(
+                exit::LOST,
+                format!("{lost}; the command was {how}"),
+            ))
+        }
+    }
+}
+
+fn forward(child: &Child, sig: Signal) {
+    if let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()) {
+        let _ = kill(Pid::from_raw(pid), sig);
+    }
+}
+
+/// SIGTERM, then SIGKILL once `grace` has passed; says how the command ended.
+async fn stop(child: &mut Child, grace: Duration) -> String {
+    if let Ok(Some(_)) = child.try_wait() {
+        return "already finished".to_owned();
+    }
+    forward(child, Signal::SIGTERM);
+    match tokio::time::timeout(grace, child.wait()).await {
+        Ok(_) => "stopped with SIGTERM".to_owned(),
+        Err(_) => {
+            let _ = child.kill().await;
+            format!(
+                "killed with SIGKILL ({} after SIGTERM)",
+                humantime::format_duration(grace)
+            )
+        }
+    }
+}
+
+/// Releases after the command finished under the lease. A failure is worth a warning (the lock
+/// then stays until its TTL), but the command's status stands.
+async fn release(kept: Kept, key: &LockKey) {
+    match kept.release().await {
+        Ok(()) | Err(Error::Lost { .. }) => {}
+        Err(e) => {
+            let _ = writeln!(
+                std::io::stderr().lock(),
+                "fenced: warning: releasing {key} failed ({}); the lock expires at its TTL",
+                crate::exit::one_line(&e.to_string())
+            );
+        }
+    }
+}
+
+/// The command's status as a shell reports it: its exit code, or 128+N for signal N.
+fn exit_status(status: ExitStatus) -> u8 {
+    match (status.code(), status.signal()) {
+        (Some(code), _) => u8::try_from(code & 0xff).unwrap_or(exit::SOFTWARE),
+        (None, Some(sig)) => u8::try_from(128 + sig).unwrap_or(255),
+        (None, None) => exit::SOFTWARE,
+    }
+}
+
+/// A one-line spinner on stderr while `run` waits for the key, only when stderr is a terminal
+/// (and only after a quarter second, so an immediate acquisition prints nothing).
+struct Spinner {
+    task: Option<(
+        tokio::sync::oneshot::Sender<()>,
+        tokio::task::JoinHandle<()>,
+    )>,
+}
+
+impl Spinner {
+    fn start(key: &LockKey, wait: Duration) -> Spinner {
+        if wait.is_zero() || !std::io::stderr().is_terminal() {
+            return Spinner { task: None };
+        }
+        let (tx, mut rx) = tokio::sync::oneshot::channel();
+        let key = key.to_string();
+        let task = tokio::spawn(async move {
+            const FRAMES: [char; 4] = ['|', '/', '-', '\\'];
+            let start = tokio::time::Instant::now();
+            let mut tick = tokio::time::interval_at(
+                start + Duration::from_millis(250),
+                Duration::from_millis(100),
+            );
+            let mut printed = false;
+            for frame in FRAMES.iter().cycle() {
+                tokio::select! {
+                    _ = &mut rx => break,
+                    _ = tick.tick() => {
+                        printed = true;
+                        let _ = write!(
+                            std::io::stderr().lock(),
+                            "\r{frame} waiting for {key} ({}s)",
+                            start.elapsed().as_secs()
+                        );
+                    }
+                }
+            }
+            if printed {
+                let _ = write!(std::io::stderr().lock(), "\r\x1b[2K");
+            }
+        });
+        Spinner {
+            task: Some((tx, task)),
+        }
+    }
+
+    async fn stop(self) {
+        if let Some((tx, task)) = self.task {
+            let _ = tx.send(());
+            let _ = task.await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_follow_the_shell() {
+        assert_eq!(exit_status(ExitStatus::from_raw(3 << 8)), 3);
+        assert_eq!(exit_status(ExitStatus::from_raw(0)), 0);
+        // Killed by SIGTERM (15): 143.
+        assert_eq!(exit_status(ExitStatus::from_raw(15)), 143);
+    }
+}
