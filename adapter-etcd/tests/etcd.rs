@@ -825,7 +825,9 @@ async fn a_cut_connection_under_a_thousand_kept_leases_loses_none() {
         &lost[..lost.len().min(5)]
     );
     // The watches were created again: an outside delete of one key is noticed at once.
-    let raw = Client::connect([server.http_endpoint()], None).await.unwrap();
+    let raw = Client::connect([server.http_endpoint()], None)
+        .await
+        .unwrap();
     let victim = &kept[N / 2];
     let mut signal = victim.lease().lost();
     let etcd_key = {
