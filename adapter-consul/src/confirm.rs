@@ -19,12 +19,11 @@
 //! the others are asked again at once in a transaction of their own: only a 200 confirms a key.
 
 use std::collections::HashMap;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
+use lease_core::batch::{Rounds, RoundsConfig};
 use lease_core::Error;
-use tokio::sync::{mpsc, oneshot};
-use tokio::time::Instant;
 
 use crate::http::{Http, TxnOp, TxnRead};
 use crate::BACKEND;
@@ -50,152 +49,89 @@ pub(crate) enum Ownership {
     NotOurs,
 }
 
-struct Ask {
-    key: String,
-    session: String,
-    reply: oneshot::Sender<Result<Ownership, Error>>,
-}
-
-/// The handle to a coordinator's confirmation task, started on first use (from a runtime).
+/// The handle to a coordinator's confirmation rounds ([`lease_core::batch::Rounds`]; its task
+/// starts on first use, from a runtime).
 #[derive(Debug)]
 pub(crate) struct Confirmer {
-    http: Arc<Http>,
-    tx: OnceLock<mpsc::UnboundedSender<Ask>>,
+    rounds: Rounds<(String, String), Ownership>,
 }
 
 impl Confirmer {
     pub(crate) fn new(http: Arc<Http>) -> Self {
+        let config = RoundsConfig::new(ROUND_SPACING, MAX_TXN_OPS).parallel(MAX_PARALLEL_TXNS);
         Confirmer {
-            http,
-            tx: OnceLock::new(),
+            rounds: Rounds::new(BACKEND, config, move |chunk| {
+                let http = http.clone();
+                async move { Ok(confirm(&http, chunk).await) }
+            }),
         }
     }
 
     /// Whether `key` is locked by `session`, read (`?consistent`) after this call started.
     /// `Err` when the read failed (read-only: never `OutcomeUnknown`).
     pub(crate) async fn check(&self, key: &str, session: &str) -> Result<Ownership, Error> {
-        let tx = self.tx.get_or_init(|| {
-            let (tx, rx) = mpsc::unbounded_channel();
-            tokio::spawn(run(self.http.clone(), rx));
-            tx
-        });
-        let (reply, rx) = oneshot::channel();
-        let gone = || Error::Unavailable {
-            backend: BACKEND,
-            message: "renew: the coordinator is shutting down".into(),
-            source: None,
-        };
-        tx.send(Ask {
-            key: key.to_owned(),
-            session: session.to_owned(),
-            reply,
-        })
-        .map_err(|_| gone())?;
-        rx.await.map_err(|_| gone())?
+        self.rounds.ask((key.to_owned(), session.to_owned())).await
     }
 }
 
-async fn run(http: Arc<Http>, mut rx: mpsc::UnboundedReceiver<Ask>) {
-    let mut last_start: Option<Instant> = None;
-    while let Some(first) = rx.recv().await {
-        if let Some(at) = last_start {
-            tokio::time::sleep_until(at + ROUND_SPACING).await;
-        }
-        last_start = Some(Instant::now());
-        let mut round = vec![first];
-        while let Ok(a) = rx.try_recv() {
-            round.push(a);
-        }
-        let mut chunks = tokio::task::JoinSet::new();
-        while !round.is_empty() {
-            if chunks.len() >= MAX_PARALLEL_TXNS {
-                chunks.join_next().await;
-            }
-            let rest = round.split_off(round.len().min(MAX_TXN_OPS));
-            let chunk = std::mem::replace(&mut round, rest);
-            let http = http.clone();
-            chunks.spawn(async move { confirm(&http, chunk).await });
-        }
-        while chunks.join_next().await.is_some() {}
-    }
-}
-
-/// Read-only transactions of `check-session` for `chunk` until every ask is answered.
-async fn confirm(http: &Http, mut pending: Vec<Ask>) {
+/// Read-only transactions of `check-session` for `chunk` until every check is answered: one
+/// answer per check, in order.
+async fn confirm(http: &Http, chunk: Vec<(String, String)>) -> Vec<Result<Ownership, Error>> {
+    let mut answers: Vec<Option<Result<Ownership, Error>>> = chunk.iter().map(|_| None).collect();
+    // Indices into `chunk` still to answer.
+    let mut pending: Vec<usize> = (0..chunk.len()).collect();
     while !pending.is_empty() {
         let ops: Vec<TxnOp> = pending
             .iter()
-            .map(|a| TxnOp::check_session(&a.key, &a.session))
+            .map(|&i| TxnOp::check_session(&chunk[i].0, &chunk[i].1))
             .collect();
         match http.txn_read(&ops, "renew").await {
             Ok(TxnRead::Passed) => {
-                for a in pending.drain(..) {
-                    let _ = a.reply.send(Ok(Ownership::Ours));
+                for i in pending.drain(..) {
+                    answers[i] = Some(Ok(Ownership::Ours));
                 }
             }
             Ok(TxnRead::Failed(errors)) => {
                 let mut failed: HashMap<usize, Ownership> = HashMap::new();
-                for (i, what) in &errors {
-                    if let Some(i) = i.filter(|i| *i < pending.len()) {
+                for (op, what) in &errors {
+                    if let Some(op) = op.filter(|op| *op < pending.len()) {
                         let found = if what.contains("doesn't exist") {
                             Ownership::Missing
                         } else {
                             Ownership::NotOurs
                         };
-                        failed.insert(i, found);
+                        failed.insert(op, found);
                     }
                 }
                 if failed.is_empty() {
-                    // Nothing to attribute the failure to: no ask can be answered either way.
+                    // Nothing to attribute the failure to: no check can be answered either way.
                     let what: Vec<&str> = errors.iter().map(|(_, w)| w.as_str()).collect();
                     let e = crate::error::protocol("renew", what.join("; "));
-                    for a in pending.drain(..) {
-                        let _ = a.reply.send(Err(copy(&e)));
+                    for i in pending.drain(..) {
+                        answers[i] = Some(Err(e.replicate()));
                     }
-                    return;
+                    break;
                 }
                 // The failed ones have their answer; the rest are asked again (only a 200
                 // confirms a key).
                 let mut rest = Vec::with_capacity(pending.len() - failed.len());
-                for (i, a) in pending.drain(..).enumerate() {
-                    match failed.get(&i) {
-                        Some(found) => {
-                            let _ = a.reply.send(Ok(*found));
-                        }
-                        None => rest.push(a),
+                for (op, i) in pending.drain(..).enumerate() {
+                    match failed.get(&op) {
+                        Some(found) => answers[i] = Some(Ok(*found)),
+                        None => rest.push(i),
                     }
                 }
                 pending = rest;
             }
             Err(e) => {
-                for a in pending.drain(..) {
-                    let _ = a.reply.send(Err(copy(&e)));
+                for i in pending.drain(..) {
+                    answers[i] = Some(Err(e.replicate()));
                 }
             }
         }
     }
-}
-
-/// The same read-only failure for another caller of the round.
-pub(crate) fn copy(e: &Error) -> Error {
-    match e {
-        Error::Misconfigured { backend, problems } => Error::Misconfigured {
-            backend,
-            problems: problems.clone(),
-        },
-        Error::Unsupported { backend, what } => Error::Unsupported {
-            backend,
-            what: what.clone(),
-        },
-        Error::Unavailable { message, .. } => Error::Unavailable {
-            backend: BACKEND,
-            message: message.clone(),
-            source: None,
-        },
-        other => Error::Unavailable {
-            backend: BACKEND,
-            message: other.to_string(),
-            source: None,
-        },
-    }
+    answers
+        .into_iter()
+        .map(|a| a.expect("every check is answered"))
+        .collect()
 }

@@ -327,7 +327,7 @@ impl SessionManager {
                 self.ended(session);
                 Ok(false)
             }
-            Err(e) => Err(crate::confirm::copy(&e)),
+            Err(e) => Err(e.replicate()),
         }
     }
 }

@@ -14,9 +14,8 @@
 use std::time::Duration;
 
 use etcd_client::{Client, GetOptions, Txn, TxnOp, TxnOpResponse};
+use lease_core::batch::{Rounds, RoundsConfig};
 use lease_core::Error;
-use tokio::sync::{mpsc, oneshot};
-use tokio::time::Instant;
 
 use crate::error::{bounded, BACKEND};
 
@@ -26,107 +25,56 @@ pub(crate) const MAX_TXN_OPS: usize = 128;
 /// The least time between the starts of two rounds.
 pub(crate) const ROUND_SPACING: Duration = Duration::from_millis(20);
 
-struct Ask {
-    key: String,
-    revision: i64,
-    reply: oneshot::Sender<Result<bool, Error>>,
-}
-
-/// The handle to a coordinator's confirmation task. Cheap to clone.
-#[derive(Debug, Clone)]
+/// The handle to a coordinator's confirmation rounds ([`lease_core::batch::Rounds`]).
+#[derive(Debug)]
 pub(crate) struct Confirmer {
-    tx: mpsc::UnboundedSender<Ask>,
-}
-
-impl std::fmt::Debug for Ask {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Ask").field("key", &self.key).finish()
-    }
+    rounds: Rounds<(String, i64), bool>,
 }
 
 impl Confirmer {
-    /// Starts the task on the current runtime.
+    /// Rounds on `client` (the task starts with the first renewal).
     pub(crate) fn start(client: Client, request_timeout: Duration) -> Confirmer {
-        let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(run(client, request_timeout, rx));
-        Confirmer { tx }
+        Confirmer {
+            rounds: Rounds::new(
+                BACKEND,
+                RoundsConfig::new(ROUND_SPACING, MAX_TXN_OPS),
+                move |chunk| confirm(client.clone(), request_timeout, chunk),
+            ),
+        }
     }
 
     /// Whether `key` exists with create revision `revision`, read after this call started.
     /// `Err` when the read failed (read-only: never `OutcomeUnknown`).
     pub(crate) async fn owns(&self, key: &str, revision: i64) -> Result<bool, Error> {
-        let (reply, rx) = oneshot::channel();
-        let gone = || Error::Unavailable {
-            backend: BACKEND,
-            message: "renew: the coordinator is shutting down".into(),
-            source: None,
-        };
-        self.tx
-            .send(Ask {
-                key: key.to_owned(),
-                revision,
-                reply,
-            })
-            .map_err(|_| gone())?;
-        rx.await.map_err(|_| gone())?
+        self.rounds.ask((key.to_owned(), revision)).await
     }
 }
 
-async fn run(client: Client, timeout: Duration, mut rx: mpsc::UnboundedReceiver<Ask>) {
-    let mut last_start: Option<Instant> = None;
-    while let Some(first) = rx.recv().await {
-        if let Some(at) = last_start {
-            tokio::time::sleep_until(at + ROUND_SPACING).await;
-        }
-        last_start = Some(Instant::now());
-        let mut round = vec![first];
-        while let Ok(a) = rx.try_recv() {
-            round.push(a);
-        }
-        let mut chunks = Vec::new();
-        while !round.is_empty() {
-            let rest = round.split_off(round.len().min(MAX_TXN_OPS));
-            chunks.push(std::mem::replace(&mut round, rest));
-        }
-        futures::future::join_all(
-            chunks
-                .into_iter()
-                .map(|chunk| confirm(&client, timeout, chunk)),
-        )
-        .await;
-    }
-}
-
-/// One transaction of gets for `chunk`; answers every ask in it.
-async fn confirm(client: &Client, timeout: Duration, chunk: Vec<Ask>) {
-    let gets = chunk
+/// One read-only transaction of gets for `chunk`: whether each key has its create revision.
+async fn confirm(
+    mut kv: Client,
+    timeout: Duration,
+    chunk: Vec<(String, i64)>,
+) -> Result<Vec<Result<bool, Error>>, Error> {
+    let gets: Vec<TxnOp> = chunk
         .iter()
-        .map(|a| TxnOp::get(a.key.clone(), Some(GetOptions::new().with_keys_only())));
-    let mut kv = client.clone();
-    match bounded(
-        timeout,
-        kv.txn(Txn::new().and_then(gets.collect::<Vec<_>>())),
-    )
-    .await
-    {
-        Ok(resp) => {
-            let results = resp.op_responses();
-            for (i, a) in chunk.into_iter().enumerate() {
-                let ours = match results.get(i) {
-                    Some(TxnOpResponse::Get(g)) => g
-                        .kvs()
-                        .first()
-                        .is_some_and(|kv| kv.create_revision() == a.revision),
-                    _ => false,
-                };
-                let _ = a.reply.send(Ok(ours));
-            }
-        }
-        Err(f) => {
-            let first = f.into_error("renew", false);
-            for a in chunk {
-                let _ = a.reply.send(Err(first.replicate()));
-            }
-        }
-    }
+        .map(|(key, _)| TxnOp::get(key.clone(), Some(GetOptions::new().with_keys_only())))
+        .collect();
+    let resp = bounded(timeout, kv.txn(Txn::new().and_then(gets)))
+        .await
+        .map_err(|f| f.into_error("renew", false))?;
+    let results = resp.op_responses();
+    Ok(chunk
+        .iter()
+        .enumerate()
+        .map(|(i, (_, revision))| {
+            Ok(match results.get(i) {
+                Some(TxnOpResponse::Get(g)) => g
+                    .kvs()
+                    .first()
+                    .is_some_and(|kv| kv.create_revision() == *revision),
+                _ => false,
+            })
+        })
+        .collect())
 }

@@ -16,9 +16,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use lease_core::{Error, Result};
-use tokio::sync::{mpsc, oneshot};
-use tokio::time::Instant;
+use lease_core::batch::{Rounds, RoundsConfig};
+use lease_core::Result;
 
 use crate::connection::Connection;
 use crate::error::{bad_reply, Op};
@@ -31,25 +30,28 @@ pub(crate) const MAX_PER_SCRIPT: usize = 256;
 /// The least time between the starts of two rounds.
 pub(crate) const ROUND_SPACING: Duration = Duration::from_millis(5);
 
-struct Ask {
-    keys: Arc<LockKeys>,
-    head: String,
-    ttl_ms: String,
-    reply: oneshot::Sender<Result<i64>>,
-}
+/// One renewal: the lock, the owner's head, the TTL in milliseconds.
+type Renewal = (Arc<LockKeys>, String, String);
 
-/// The handle to a coordinator's renewal task.
-#[derive(Debug, Clone)]
+/// The handle to a coordinator's renewal rounds ([`lease_core::batch::Rounds`]).
+#[derive(Debug)]
 pub(crate) struct Renewals {
-    tx: mpsc::UnboundedSender<Ask>,
+    rounds: Rounds<Renewal, i64>,
 }
 
 impl Renewals {
-    /// Starts the task on the current runtime. It ends when every handle is gone.
+    /// Rounds on `conn` (the task starts with the first renewal and ends with the coordinator).
     pub(crate) fn start(conn: Arc<Connection>) -> Renewals {
-        let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(run(conn, rx));
-        Renewals { tx }
+        Renewals {
+            rounds: Rounds::new(
+                crate::error::BACKEND,
+                RoundsConfig::new(ROUND_SPACING, MAX_PER_SCRIPT),
+                move |chunk| {
+                    let conn = conn.clone();
+                    async move { renew_chunk(&conn, chunk).await }
+                },
+            ),
+        }
     }
 
     /// Renews the lock `keys` for the owner `head` to `ttl_ms`, in the next round. The answer
@@ -61,80 +63,33 @@ impl Renewals {
         head: &str,
         ttl_ms: String,
     ) -> Result<i64> {
-        let (reply, rx) = oneshot::channel();
-        let gone = || Error::Unavailable {
-            backend: crate::error::BACKEND,
-            message: "renew: the coordinator is shutting down".into(),
-            source: None,
-        };
-        self.tx
-            .send(Ask {
-                keys,
-                head: head.to_owned(),
-                ttl_ms,
-                reply,
-            })
-            .map_err(|_| gone())?;
-        rx.await.map_err(|_| gone())?
+        self.rounds.ask((keys, head.to_owned(), ttl_ms)).await
     }
 }
 
-async fn run(conn: Arc<Connection>, mut rx: mpsc::UnboundedReceiver<Ask>) {
-    let mut last_start: Option<Instant> = None;
-    while let Some(first) = rx.recv().await {
-        if let Some(at) = last_start {
-            tokio::time::sleep_until(at + ROUND_SPACING).await;
-        }
-        last_start = Some(Instant::now());
-        let mut round = vec![first];
-        while let Ok(a) = rx.try_recv() {
-            round.push(a);
-        }
-        let mut chunks = Vec::new();
-        while !round.is_empty() {
-            let rest = round.split_off(round.len().min(MAX_PER_SCRIPT));
-            chunks.push(std::mem::replace(&mut round, rest));
-        }
-        futures::future::join_all(chunks.into_iter().map(|c| renew_chunk(&conn, c))).await;
-    }
-}
-
-/// One script for `chunk` (the single-lock script for a chunk of one); answers every ask.
-async fn renew_chunk(conn: &Connection, chunk: Vec<Ask>) {
+/// One script for `chunk` (the single-lock script for a chunk of one): one code per lock.
+async fn renew_chunk(conn: &Connection, chunk: Vec<Renewal>) -> Result<Vec<Result<i64>>> {
     let keys: Vec<&str> = chunk
         .iter()
-        .flat_map(|a| [a.keys.lock.as_str(), a.keys.revoked.as_str()])
+        .flat_map(|(k, _, _)| [k.lock.as_str(), k.revoked.as_str()])
         .collect();
     let args: Vec<&[u8]> = chunk
         .iter()
-        .flat_map(|a| [a.head.as_bytes(), a.ttl_ms.as_bytes()])
+        .flat_map(|(_, head, ttl)| [head.as_bytes(), ttl.as_bytes()])
         .collect();
     let script = if chunk.len() == 1 {
         &scripts::RENEW
     } else {
         &scripts::RENEW_MANY
     };
-    let answer = conn.eval(Op::RENEW, script, &keys, &args).await;
-    let codes: std::result::Result<Vec<i64>, Error> = answer.and_then(|v| {
-        let codes = if chunk.len() == 1 {
-            reply::int(&v).map(|c| vec![c])
-        } else {
-            reply::array(v).and_then(|items| items.iter().map(reply::int).collect())
-        };
-        codes
-            .filter(|c| c.len() == chunk.len())
-            .ok_or_else(|| bad_reply(Op::RENEW, "not one integer per lock"))
-    });
-    match codes {
-        Ok(codes) => {
-            for (a, code) in chunk.into_iter().zip(codes) {
-                let _ = a.reply.send(Ok(code));
-            }
-        }
-        Err(e) => {
-            for a in chunk {
-                let _ = a.reply.send(Err(e.replicate()));
-            }
-        }
-    }
+    let v = conn.eval(Op::RENEW, script, &keys, &args).await?;
+    let codes = if chunk.len() == 1 {
+        reply::int(&v).map(|c| vec![c])
+    } else {
+        reply::array(v).and_then(|items| items.iter().map(reply::int).collect())
+    };
+    let codes = codes
+        .filter(|c| c.len() == chunk.len())
+        .ok_or_else(|| bad_reply(Op::RENEW, "not one integer per lock"))?;
+    Ok(codes.into_iter().map(Ok).collect())
 }

@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 #![forbid(unsafe_code)]
 
+pub mod batch;
 pub mod clock;
 mod connect;
 mod coordinator;
