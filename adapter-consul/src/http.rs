@@ -487,6 +487,22 @@ impl Http {
         }
     }
 
+    /// A blocking query's parameters (`?index=&wait=`, when `block` is given), its pool, and its
+    /// bound: the request timeout plus the wait and the up to `wait / 16` of jitter Consul adds.
+    fn blocking(
+        &self,
+        query: &mut Vec<(&'static str, String)>,
+        block: Option<(u64, Duration)>,
+    ) -> (Lane, Duration) {
+        let Some((index, wait)) = block else {
+            return (Lane::Ordinary, self.request_timeout);
+        };
+        let wait = wait.max(Duration::from_millis(1));
+        query.push(("index", index.to_string()));
+        query.push(("wait", format!("{}ms", wait.as_millis())));
+        (Lane::LongPoll, self.request_timeout + wait + wait / 16)
+    }
+
     /// `GET /v1/kv/:key`, optionally `?consistent`, optionally blocking (`?index=&wait=`).
     /// Returns the `X-Consul-Index` and the entry (`None` for 404).
     pub(crate) async fn kv_get(
@@ -500,19 +516,7 @@ impl Http {
         if consistent {
             query.push(("consistent", String::new()));
         }
-        let mut timeout = self.request_timeout;
-        if let Some((index, wait)) = block {
-            let wait = wait.max(Duration::from_millis(1));
-            query.push(("index", index.to_string()));
-            query.push(("wait", format!("{}ms", wait.as_millis())));
-            // Consul adds up to wait/16 of jitter.
-            timeout += wait + wait / 16;
-        }
-        let lane = if block.is_some() {
-            Lane::LongPoll
-        } else {
-            Lane::Ordinary
-        };
+        let (lane, timeout) = self.blocking(&mut query, block);
         let a = self
             .send(
                 lane,
@@ -548,16 +552,7 @@ impl Http {
         operation: &'static str,
     ) -> Result<(u64, Vec<KvEntry>)> {
         let mut query = vec![("recurse", String::new()), ("consistent", String::new())];
-        let mut timeout = self.request_timeout;
-        let lane = if index > 0 {
-            let wait = wait.max(Duration::from_millis(1));
-            query.push(("index", index.to_string()));
-            query.push(("wait", format!("{}ms", wait.as_millis())));
-            timeout += wait + wait / 16;
-            Lane::LongPoll
-        } else {
-            Lane::Ordinary
-        };
+        let (lane, timeout) = self.blocking(&mut query, (index > 0).then_some((index, wait)));
         let a = self
             .send(
                 lane,
