@@ -30,12 +30,17 @@ use std::fmt;
 use std::io;
 use std::path::PathBuf;
 
+pub mod cluster;
 pub mod etcd;
+pub mod etcd_cluster;
 pub mod postgres;
 pub mod redis;
+pub mod redis_cluster;
 mod server;
 pub mod zookeeper;
+pub mod zookeeper_ensemble;
 
+pub use cluster::{ClusterControl, ClusterError, ClusterResult};
 pub use etcd::{EtcdConfig, EtcdServer};
 pub use postgres::PostgresServer;
 pub use redis::{AppendFsync, RedisConfig, RedisServer};

@@ -39,10 +39,11 @@ use lease_core::{Coordinator, Fence, LockKey, ResourceId};
 use rand::{Rng, SeedableRng};
 use tokio::sync::Mutex;
 
-use crate::harness::ServerControl;
+use crate::harness::{ClusterControl, ServerControl};
 
 mod basic;
 mod chaos;
+mod cluster;
 mod faults;
 mod interference;
 mod report;
@@ -95,6 +96,8 @@ pub enum Need {
     Operator,
     /// A fence of the subject's kind can be connected through a fault proxy.
     FenceProxy,
+    /// The coordinator is a replicated cluster the harness controls member by member.
+    Cluster,
 }
 
 impl Need {
@@ -106,6 +109,7 @@ impl Need {
             Need::Proxy => "no fault proxy can be placed between client and server",
             Need::Operator => "the subject has no operator hook to delete a lock's keys",
             Need::FenceProxy => "no fault proxy can be placed between the fence and its storage",
+            Need::Cluster => "the coordinator is a single server, not a cluster the harness controls",
         }
     }
 }
@@ -179,6 +183,8 @@ pub struct Subject {
     pub worker_exe: Option<std::path::PathBuf>,
     /// A secret (a password in the URL) that must never show in any Debug/Display output.
     pub secret: Option<String>,
+    /// For cluster cases: control over each member of a replicated coordinator.
+    pub cluster: Option<Arc<dyn ClusterControl>>,
 }
 
 impl fmt::Debug for Subject {
@@ -190,6 +196,7 @@ impl fmt::Debug for Subject {
             .field("proxy", &self.proxy.is_some())
             .field("operator", &self.operator.is_some())
             .field("worker_url", &self.worker_url.is_some())
+            .field("cluster", &self.cluster.as_ref().map(|c| c.kind()))
             .finish()
     }
 }
@@ -214,6 +221,7 @@ impl Subject {
             worker_url: None,
             worker_exe: None,
             secret: None,
+            cluster: None,
         }
     }
 
@@ -269,6 +277,12 @@ impl Subject {
         self
     }
 
+    /// Sets the cluster control for cluster cases.
+    pub fn with_cluster(mut self, cluster: Arc<dyn ClusterControl>) -> Self {
+        self.cluster = Some(cluster);
+        self
+    }
+
     /// Sets a secret that must never appear in output.
     pub fn with_secret(mut self, secret: impl Into<String>) -> Self {
         self.secret = Some(secret.into());
@@ -290,6 +304,7 @@ impl Subject {
                 Need::Proxy => self.proxy.is_some(),
                 Need::Operator => self.operator.is_some(),
                 Need::FenceProxy => self.fence_proxy.is_some(),
+                Need::Cluster => self.cluster.is_some(),
             };
             if !ok {
                 return Some(need);
@@ -419,6 +434,7 @@ pub fn cases() -> Vec<Case> {
     all.extend(faults::cases());
     all.extend(interference::cases());
     all.extend(chaos::cases());
+    all.extend(cluster::cases());
     all.extend(scale::cases());
     all
 }

@@ -1,0 +1,1 @@
+//! A three-member etcd cluster the harness runs (see [`super::cluster`]).

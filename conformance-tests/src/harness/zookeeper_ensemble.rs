@@ -1,0 +1,1 @@
+//! A three-server ZooKeeper ensemble the harness runs (see [`super::cluster`]).

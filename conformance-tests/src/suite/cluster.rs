@@ -1,0 +1,309 @@
+//! Cases for replicated coordinators: a member crashed, frozen or cut off while leases are held,
+//! and a failover to a replica that missed writes. They run only against subjects with a
+//! [`ClusterControl`](crate::harness::ClusterControl) and are skipped by name on single servers.
+//!
+//! Every case leaves the cluster whole: members it killed are restarted and cuts are healed,
+//! also when a check fails (see [`Restore`]).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use lease_core::{keep, Bytes, Error, KeeperOptions, LeaseOptions, LeaseStatus, Token};
+use tokio::time::Instant;
+
+use super::{boxed, Case, CaseResult, Ctx, Failure, Need, Verdict};
+use crate::check;
+use crate::harness::ClusterControl;
+
+pub(super) fn cases() -> Vec<Case> {
+    vec![
+        Case::new("leader_killed_during_hold", &[Need::Cluster], 12, |c| {
+            boxed(leader_killed_during_hold(c))
+        }),
+        Case::new("failover_to_lagging_replica", &[Need::Cluster], 12, |c| {
+            boxed(failover_to_lagging_replica(c))
+        }),
+    ]
+}
+
+fn cluster(ctx: &Ctx) -> Result<Arc<dyn ClusterControl>, Failure> {
+    ctx.subject
+        .cluster
+        .clone()
+        .ok_or_else(|| Failure("the subject has no cluster control".into()))
+}
+
+/// What a case must undo before it returns: members to restart, members to heal.
+///
+/// [`Restore::finish`] runs it and reports its own failure; dropping it unfinished (a check
+/// failed) still restores, on a spawned task, so the next case starts with a whole cluster.
+struct Restore {
+    cluster: Arc<dyn ClusterControl>,
+    killed: Vec<usize>,
+    paused: Vec<usize>,
+    cut: Vec<usize>,
+}
+
+impl Restore {
+    fn new(cluster: Arc<dyn ClusterControl>) -> Self {
+        Restore {
+            cluster,
+            killed: Vec::new(),
+            paused: Vec::new(),
+            cut: Vec::new(),
+        }
+    }
+
+    async fn kill(&mut self, member: usize) -> Result<(), Failure> {
+        self.killed.push(member);
+        self.cluster
+            .kill(member)
+            .await
+            .map_err(|e| Failure(format!("killing member {member}: {e}")))
+    }
+
+    async fn finish(mut self) -> Result<(), Failure> {
+        let (cluster, killed, paused, cut) = (
+            self.cluster.clone(),
+            std::mem::take(&mut self.killed),
+            std::mem::take(&mut self.paused),
+            std::mem::take(&mut self.cut),
+        );
+        restore(cluster, killed, paused, cut).await
+    }
+}
+
+async fn restore(
+    cluster: Arc<dyn ClusterControl>,
+    killed: Vec<usize>,
+    paused: Vec<usize>,
+    cut: Vec<usize>,
+) -> Result<(), Failure> {
+    let mut problems = Vec::new();
+    for m in paused {
+        if let Err(e) = cluster.resume(m).await {
+            problems.push(format!("resuming member {m}: {e}"));
+        }
+    }
+    for m in cut {
+        if let Err(e) = cluster.heal(m).await {
+            problems.push(format!("healing member {m}: {e}"));
+        }
+    }
+    for m in killed {
+        if let Err(e) = cluster.restart(m).await {
+            problems.push(format!("restarting member {m}: {e}"));
+        }
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(Failure(format!(
+            "could not restore the cluster: {}",
+            problems.join("; ")
+        )))
+    }
+}
+
+impl Drop for Restore {
+    fn drop(&mut self) {
+        if self.killed.is_empty() && self.paused.is_empty() && self.cut.is_empty() {
+            return;
+        }
+        let (cluster, killed, paused, cut) = (
+            self.cluster.clone(),
+            std::mem::take(&mut self.killed),
+            std::mem::take(&mut self.paused),
+            std::mem::take(&mut self.cut),
+        );
+        tokio::spawn(async move {
+            if let Err(e) = restore(cluster, killed, paused, cut).await {
+                eprintln!("{e}");
+            }
+        });
+    }
+}
+
+/// The holder's lease through a leader crash: it either survives (its validity confirmed by the
+/// new leader, so nobody else gets the key until it is released) or is reported lost before
+/// another client holds the key; the next token is greater than every earlier one, and the fence
+/// rejects the old holder once the new one has claimed.
+async fn leader_killed_during_hold(ctx: Arc<Ctx>) -> CaseResult {
+    let cluster = cluster(&ctx)?;
+    let key = ctx.key("leader-killed");
+    let resource = ctx.resource(&key);
+    let ttl = ctx.ttl();
+    let holder_client = ctx.client().await?;
+    let held = holder_client
+        .acquire(&key, &LeaseOptions::new(ttl).wait(ttl * 4))
+        .await?;
+    let first = held.token();
+    ctx.fence()
+        .write(&resource, first, Bytes::from_static(b"before"))
+        .await?;
+    let kept = keep(held, KeeperOptions::new())?;
+
+    let leader = cluster
+        .leader()
+        .await
+        .map_err(|e| Failure(format!("finding the leader: {e}")))?;
+    let mut restore = Restore::new(cluster.clone());
+    let killed_at = Instant::now();
+    restore.kill(leader).await?;
+
+    // Another client asks for the key while the cluster fails over. It may only get it once the
+    // holder's lease no longer reports Held.
+    let other = ctx.client().await?;
+    let wait = cluster.failover_bound() + ttl * 3;
+    let survived = match other
+        .acquire(&key, &LeaseOptions::new(ttl).wait(wait))
+        .await
+    {
+        Ok(second) => {
+            let holder_status = kept.lease().status();
+            check!(
+                !matches!(holder_status, LeaseStatus::Held),
+                "another client holds the key (token {}) {:?} after the leader crashed, while \
+                 the first holder (token {first}) still reports Held",
+                second.token(),
+                killed_at.elapsed()
+            );
+            check_next(&ctx, &resource, first, second.token()).await?;
+            second.release().await?;
+            false
+        }
+        Err(Error::Timeout { .. }) | Err(Error::Held { .. }) => {
+            // The lease survived the failover: it must still be Held (or at worst in doubt
+            // while the keeper catches up), never silently gone with the key still locked.
+            let status = kept.lease().status();
+            check!(
+                !matches!(status, LeaseStatus::Lost(_)),
+                "nobody could take the key for {wait:?} after the leader crashed, yet the \
+                 holder reports {status:?}: the key was left locked"
+            );
+            true
+        }
+        Err(e) => return Err(Failure(format!("acquiring after the leader crash: {e}"))),
+    };
+    if survived {
+        // The holder renews on the new leader, then releases; the next grant is above it.
+        let until = Instant::now() + ttl * 2;
+        while Instant::now() < until {
+            if let LeaseStatus::Lost(r) = kept.lease().status() {
+                return Err(Failure(format!(
+                    "the lease survived the failover but was lost afterwards ({r:?})"
+                )));
+            }
+            tokio::time::sleep(ttl / 10).await;
+        }
+        kept.release().await?;
+        let third = other
+            .acquire(&key, &LeaseOptions::new(ttl).wait(ttl * 2))
+            .await?;
+        check_next(&ctx, &resource, first, third.token()).await?;
+        third.release().await?;
+    } else {
+        let _ = kept.release().await;
+    }
+    restore.finish().await?;
+    Ok(Verdict::Passed)
+}
+
+/// The newer holder's token is above the older one's, its claim is accepted, and a write fenced
+/// with the older token is rejected afterwards.
+async fn check_next(
+    ctx: &Ctx,
+    resource: &lease_core::ResourceId,
+    older: Token,
+    newer: Token,
+) -> Result<(), Failure> {
+    check!(
+        newer > older,
+        "the token went from {older} to {newer} across the failover (must strictly increase)"
+    );
+    ctx.fence().claim(resource, newer).await?;
+    match ctx
+        .fence()
+        .write(resource, older, Bytes::from_static(b"stale"))
+        .await
+    {
+        Err(Error::Stale { .. }) => Ok(()),
+        Ok(_) => Err(Failure(format!(
+            "a write fenced with the old token {older} was accepted after token {newer} claimed"
+        ))),
+        Err(e) => Err(Failure(format!("the stale write failed oddly: {e}"))),
+    }
+}
+
+/// Redis: a replica falls behind (its link cut while tokens are issued), the primary crashes,
+/// the lagging replica is promoted. The next token is above the last one issued before the
+/// failover, and a write fenced with that last token is rejected once the new holder claimed.
+async fn failover_to_lagging_replica(ctx: Arc<Ctx>) -> CaseResult {
+    let cluster = cluster(&ctx)?;
+    let primary = cluster
+        .leader()
+        .await
+        .map_err(|e| Failure(format!("finding the primary: {e}")))?;
+    let Some(lagging) = (0..cluster.members()).find(|m| *m != primary) else {
+        return Ok(Verdict::Skipped("the cluster has a single member".into()));
+    };
+    let key = ctx.key("lagging");
+    let resource = ctx.resource(&key);
+    let ttl = ctx.ttl();
+    let client = ctx.client().await?;
+    // A first grant every member has seen.
+    let lease = client.acquire(&key, &LeaseOptions::new(ttl)).await?;
+    lease.release().await?;
+
+    let mut restore = Restore::new(cluster.clone());
+    restore.cut.push(lagging);
+    if !cluster
+        .lag_replica(lagging)
+        .await
+        .map_err(|e| Failure(format!("making member {lagging} lag: {e}")))?
+    {
+        restore.cut.clear();
+        return Ok(Verdict::Skipped(format!(
+            "{} has no replica that can be made to lag",
+            cluster.kind()
+        )));
+    }
+    // Tokens the lagging replica never sees.
+    let mut last = None;
+    for _ in 0..5 {
+        let lease = client.acquire(&key, &LeaseOptions::new(ttl)).await?;
+        last = Some(lease.token());
+        lease.release().await?;
+    }
+    let last = last.expect("five grants");
+    ctx.fence()
+        .write(&resource, last, Bytes::from_static(b"before failover"))
+        .await?;
+    restore.kill(primary).await?;
+    let deadline = Instant::now() + cluster.failover_bound();
+    loop {
+        match cluster.leader().await {
+            Ok(m) if m == lagging => break,
+            Ok(m) => {
+                return Err(Failure(format!(
+                    "member {m} was promoted, not the lagging member {lagging}"
+                )))
+            }
+            Err(e) if Instant::now() >= deadline => {
+                return Err(Failure(format!(
+                    "no failover to member {lagging} within {:?}: {e}",
+                    cluster.failover_bound()
+                )))
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+    let fresh = ctx.client().await?;
+    let next = fresh
+        .acquire(&key, &LeaseOptions::new(ttl).wait(ttl * 2))
+        .await?;
+    check_next(&ctx, &resource, last, next.token()).await?;
+    next.release().await?;
+    restore.finish().await?;
+    Ok(Verdict::Passed)
+}

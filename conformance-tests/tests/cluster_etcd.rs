@@ -1,0 +1,14 @@
+//! The shared suite against a etcd-cluster the harness starts: the cluster cases, plus the cases that
+//! need nothing but a client. Without the servers the run is a named skip, and a failure under
+//! `CI=true`.
+
+use std::path::PathBuf;
+
+fn main() -> std::process::ExitCode {
+    conformance_tests::suite::main_for(|| {
+        conformance_tests::subjects::subject_for(
+            "etcd-cluster",
+            Some(PathBuf::from(env!("CARGO_BIN_EXE_conformance-worker"))),
+        )
+    })
+}
