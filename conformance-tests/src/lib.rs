@@ -4,6 +4,7 @@
 pub mod consul_standin;
 pub mod fence_server;
 pub mod harness;
+pub mod history;
 pub mod pki;
 pub mod process;
 pub mod proxy;

@@ -1,0 +1,635 @@
+//! Tests of the history model and checker: hand-built histories (one good and one bad per
+//! property) and property tests over generated histories.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use lease_core::{Bytes, Fence, ResourceId, Token};
+use proptest::prelude::*;
+
+use super::wire::{decode, encode, WorkerFeed};
+use super::*;
+
+fn us(n: u64) -> Duration {
+    Duration::from_micros(n)
+}
+
+/// Appends an operation on `[from, to]` (µs; `to = None`: never completed).
+fn op(h: &History, process: &str, from: u64, to: Option<u64>, kind: OpKind) -> usize {
+    h.push(Op {
+        id: 0,
+        process: Arc::from(process),
+        invoked: us(from),
+        completed: to.map(us),
+        kind,
+    })
+}
+
+fn grant(key: &str, t: u64) -> OpKind {
+    OpKind::Acquire {
+        key: key.into(),
+        outcome: Grant::Granted(t),
+    }
+}
+
+fn claim(r: &str, t: u64, outcome: FenceOutcome) -> OpKind {
+    OpKind::Claim {
+        resource: r.into(),
+        token: t,
+        outcome,
+    }
+}
+
+fn write(r: &str, t: u64, outcome: FenceOutcome) -> OpKind {
+    OpKind::Write {
+        resource: r.into(),
+        token: t,
+        value: Bytes::from(format!("v{t}")),
+        outcome,
+    }
+}
+
+const OK: FenceOutcome = FenceOutcome::Accepted;
+
+fn unknown() -> FenceOutcome {
+    FenceOutcome::Unknown("reply lost".into())
+}
+
+fn ids(v: &Violation) -> Vec<usize> {
+    v.ops.iter().map(|o| o.id).collect()
+}
+
+// ---- (a) ----
+
+#[test]
+fn tokens_increasing_in_real_time_pass_and_concurrent_grants_may_be_in_any_order() {
+    let h = History::new(None);
+    op(&h, "w0", 0, Some(10), grant("k", 5));
+    op(&h, "w1", 20, Some(30), grant("k", 7));
+    // Concurrent with the grant of 7: a smaller token is allowed.
+    op(&h, "w2", 25, Some(40), grant("k", 6));
+    // Another key has its own sequence.
+    op(&h, "w0", 50, Some(60), grant("other", 1));
+    op(
+        &h,
+        "w1",
+        50,
+        Some(60),
+        OpKind::Acquire {
+            key: "k".into(),
+            outcome: Grant::Unknown("timeout".into()),
+        },
+    );
+    let s = check(&h).unwrap();
+    assert_eq!((s.grants, s.unknown, s.ops), (4, 1, 5));
+}
+
+#[test]
+fn a_decreasing_token_in_real_time_is_a_token_order_violation() {
+    let h = History::new(Some(99));
+    op(&h, "w0", 0, Some(5), grant("k", 1));
+    let a = op(&h, "w0", 10, Some(20), grant("k", 8));
+    op(&h, "w1", 15, Some(35), grant("k", 3)); // concurrent with 8: fine
+    let b = op(&h, "w2", 21, Some(30), grant("k", 4));
+    let v = check(&h).unwrap_err();
+    assert_eq!(v.property, Property::TokenOrder);
+    assert_eq!(ids(&v), vec![a, b]);
+    assert_eq!(v.seed, Some(99));
+}
+
+#[test]
+fn an_equal_token_in_real_time_order_is_a_violation_too() {
+    let h = History::new(None);
+    let a = op(&h, "w0", 0, Some(5), grant("k", 4));
+    let b = op(&h, "w1", 6, Some(9), grant("k", 4));
+    let v = check(&h).unwrap_err();
+    assert_eq!(v.property, Property::UniqueTokens);
+    assert_eq!(ids(&v), vec![a, b]);
+}
+
+#[test]
+fn concurrent_grants_sharing_a_token_are_a_unique_tokens_violation() {
+    let h = History::new(None);
+    op(&h, "w0", 0, Some(5), grant("k", 1));
+    let a = op(&h, "w1", 10, Some(30), grant("k", 2));
+    op(&h, "w1", 10, Some(30), grant("other", 2));
+    let b = op(&h, "w2", 11, Some(29), grant("k", 2));
+    let v = check(&h).unwrap_err();
+    assert_eq!(v.property, Property::UniqueTokens);
+    assert_eq!(ids(&v), vec![a, b]);
+}
+
+#[test]
+fn a_grant_that_never_completed_is_not_a_grant() {
+    let h = History::new(None);
+    op(&h, "w0", 0, None, grant("k", 9));
+    op(&h, "w1", 10, Some(20), grant("k", 2));
+    assert_eq!(check(&h).unwrap().grants, 1);
+}
+
+// ---- (b) ----
+
+#[test]
+fn accepted_writes_in_non_decreasing_order_pass() {
+    let h = History::new(None);
+    op(&h, "w0", 0, Some(10), write("r", 2, OK));
+    op(&h, "w0", 11, Some(20), write("r", 2, OK));
+    op(&h, "w1", 21, Some(30), write("r", 5, OK));
+    // Concurrent with the write of 5: the fence may have ordered it first.
+    op(&h, "w0", 25, Some(40), write("r", 3, OK));
+    // Rejections and unknowns are not acceptances.
+    op(
+        &h,
+        "w0",
+        41,
+        Some(50),
+        write("r", 1, FenceOutcome::Rejected { current: 5 }),
+    );
+    op(&h, "w2", 41, Some(50), write("r", 9, unknown()));
+    op(&h, "w0", 51, Some(60), write("r", 6, OK));
+    let s = check(&h).unwrap();
+    assert_eq!((s.accepted_writes, s.rejected, s.unknown), (5, 1, 1));
+}
+
+#[test]
+fn an_out_of_order_acceptance_is_a_fence_order_violation() {
+    let h = History::new(Some(3));
+    op(&h, "w0", 0, Some(10), write("r", 2, OK));
+    let a = op(&h, "w1", 11, Some(20), write("r", 5, OK));
+    op(&h, "w1", 11, Some(20), write("other", 1, OK));
+    let b = op(&h, "w0", 21, Some(30), write("r", 4, OK));
+    let v = check(&h).unwrap_err();
+    assert_eq!(v.property, Property::FenceOrder);
+    assert_eq!(ids(&v), vec![a, b]);
+    let text = v.to_string();
+    assert!(text.contains("(b) fence-order"), "{text}");
+    assert!(text.contains("seed 3"), "{text}");
+    assert!(
+        text.contains("token=5") && text.contains("token=4"),
+        "{text}"
+    );
+    assert!(!text.contains("token=2"), "excerpt not minimal: {text}");
+    assert_eq!(text.lines().count(), 3, "{text}");
+}
+
+#[test]
+fn an_unknown_write_is_never_counted_as_accepted() {
+    let h = History::new(None);
+    op(&h, "w0", 0, Some(10), write("r", 9, unknown()));
+    op(&h, "w0", 11, None, write("r", 8, OK)); // never completed: no answer was seen
+    op(&h, "w1", 20, Some(30), write("r", 4, OK));
+    assert_eq!(check(&h).unwrap().accepted_writes, 1);
+}
+
+// ---- (c) ----
+
+#[test]
+fn claims_followed_by_newer_writes_pass() {
+    let h = History::new(None);
+    op(&h, "w0", 0, Some(10), claim("r", 3, OK));
+    op(&h, "w0", 11, Some(20), write("r", 3, OK));
+    // A claim concurrent with an older holder's write: the write may have come first.
+    op(&h, "w1", 15, Some(30), claim("r", 4, OK));
+    op(&h, "w0", 21, Some(35), write("r", 3, OK));
+    op(
+        &h,
+        "w0",
+        36,
+        Some(40),
+        write("r", 3, FenceOutcome::Rejected { current: 4 }),
+    );
+    op(&h, "w1", 41, Some(50), write("r", 4, OK));
+    assert_eq!(check(&h).unwrap().accepted_claims, 2);
+}
+
+#[test]
+fn a_stale_write_accepted_after_a_newer_claim_is_a_stale_after_claim_violation() {
+    let h = History::new(None);
+    op(&h, "w0", 0, Some(10), claim("r", 3, OK));
+    op(&h, "w0", 11, Some(20), write("r", 3, OK));
+    let a = op(&h, "w1", 21, Some(30), claim("r", 4, OK));
+    let b = op(&h, "w0", 31, Some(40), write("r", 3, OK));
+    let v = check(&h).unwrap_err();
+    assert_eq!(v.property, Property::StaleAfterClaim);
+    assert_eq!(ids(&v), vec![a, b]);
+    assert!(v.to_string().contains("(c) stale-after-claim"));
+}
+
+#[test]
+fn an_unknown_claim_alone_proves_nothing() {
+    let h = History::new(None);
+    op(&h, "w1", 0, Some(10), claim("r", 4, unknown()));
+    op(&h, "w0", 11, Some(20), write("r", 3, OK));
+    check(&h).unwrap();
+}
+
+// ---- (d) ----
+
+#[test]
+fn an_older_write_rejected_then_newer_writes_pass() {
+    let h = History::new(None);
+    op(&h, "w1", 0, Some(10), claim("r", 4, unknown()));
+    op(
+        &h,
+        "w0",
+        11,
+        Some(20),
+        write("r", 3, FenceOutcome::Rejected { current: 4 }),
+    );
+    op(&h, "w1", 21, Some(30), write("r", 4, OK));
+    op(&h, "w2", 21, Some(30), claim("r", 6, OK));
+    check(&h).unwrap();
+}
+
+#[test]
+fn an_older_write_accepted_after_a_rejection_named_a_newer_holder_is_an_overlap() {
+    let h = History::new(Some(12));
+    // The newer holder's claim was applied but its reply lost (or it is a process nobody saw).
+    let cause = op(&h, "w1", 0, Some(10), claim("r", 4, unknown()));
+    let rejected = op(
+        &h,
+        "w0",
+        11,
+        Some(20),
+        write("r", 3, FenceOutcome::Rejected { current: 4 }),
+    );
+    let accepted = op(&h, "w0", 21, Some(30), write("r", 3, OK));
+    let v = check(&h).unwrap_err();
+    assert_eq!(v.property, Property::OverlapAfterClaim);
+    assert_eq!(ids(&v), vec![cause, rejected, accepted]);
+    let text = v.to_string();
+    assert!(text.contains("(d) overlap-after-claim") && text.contains("seed 12"));
+}
+
+#[test]
+fn the_overlap_is_found_without_any_record_of_the_newer_holder() {
+    let h = History::new(None);
+    let rejected = op(
+        &h,
+        "w0",
+        0,
+        Some(5),
+        claim("r", 2, FenceOutcome::Rejected { current: 7 }),
+    );
+    op(&h, "w0", 3, Some(20), write("r", 5, OK)); // concurrent with the rejection: fine
+    let accepted = op(&h, "w0", 6, Some(9), write("r", 6, OK));
+    let v = check(&h).unwrap_err();
+    assert_eq!(v.property, Property::OverlapAfterClaim);
+    assert_eq!(ids(&v), vec![rejected, accepted]);
+}
+
+// ---- recording ----
+
+#[test]
+fn recorders_stamp_one_clock_and_abandoned_calls_never_complete() {
+    let h = History::new(Some(1));
+    let (a, b) = (h.recorder("a"), h.recorder("b"));
+    let call = a.invoke();
+    let other = b.invoke();
+    b.signal(OpKind::Lost {
+        key: "k".into(),
+        token: 1,
+    });
+    let id = call.complete(grant("k", 1));
+    other.abandon(claim("r", 1, unknown()));
+    let ops = h.ops();
+    assert_eq!(ops.len(), 3);
+    assert_eq!((ops[1].id, &*ops[1].process), (id, "a"));
+    assert!(ops[1].invoked <= ops[0].invoked && ops[0].completed <= ops[1].completed);
+    assert_eq!(ops[2].completed, None);
+    assert_eq!(check(&h).unwrap().unknown, 1);
+}
+
+#[tokio::test]
+async fn history_fence_records_claims_and_writes_with_their_outcomes() {
+    let h = History::new(None);
+    let fence = HistoryFence::new(
+        Arc::new(lease_core::memory::MemoryFence::new()),
+        h.recorder("w0"),
+    );
+    let r = ResourceId::new("res").unwrap();
+    let t = |n| Token::new(n).unwrap();
+    fence.claim(&r, t(5)).await.unwrap();
+    fence
+        .write(&r, t(5), Bytes::from_static(b"x"))
+        .await
+        .unwrap();
+    assert!(fence.write(&r, t(4), Bytes::new()).await.is_err());
+    let kinds: Vec<OpKind> = h.ops().into_iter().map(|o| o.kind).collect();
+    assert_eq!(
+        kinds,
+        vec![
+            claim("res", 5, OK),
+            OpKind::Write {
+                resource: "res".into(),
+                token: 5,
+                value: Bytes::from_static(b"x"),
+                outcome: OK
+            },
+            OpKind::Write {
+                resource: "res".into(),
+                token: 4,
+                value: Bytes::new(),
+                outcome: FenceOutcome::Rejected { current: 5 }
+            },
+        ]
+    );
+    let s = check(&h).unwrap();
+    assert_eq!(
+        (s.accepted_claims, s.accepted_writes, s.rejected),
+        (1, 1, 1)
+    );
+}
+
+#[test]
+fn worker_feed_timestamps_lines_from_the_floor_to_receipt() {
+    let h = History::new(None);
+    let mut feed = WorkerFeed::new(h.recorder("pid 1"), "k");
+    assert!(!feed.feed("WRITE 0 OK").unwrap());
+    assert!(feed.feed_legacy("ACQUIRED 17").unwrap());
+    assert!(!feed.feed_legacy("WRITE 0 OK").unwrap());
+    feed.permit();
+    assert!(feed.feed_legacy("RELEASE LOST").unwrap());
+    assert!(feed.feed(&encode(&claim("r", 17, OK))).unwrap());
+    assert!(feed.feed("HIST claim zz 1 accepted").is_err());
+    let ops = h.ops();
+    assert_eq!(ops.len(), 3);
+    assert_eq!(ops[0].kind, grant("k", 17));
+    assert_eq!(
+        ops[1].kind,
+        OpKind::Release {
+            key: "k".into(),
+            token: 17,
+            outcome: Done::Failed("lost".into())
+        }
+    );
+    assert!(ops[0].invoked <= ops[1].invoked && ops[1].invoked == ops[2].invoked);
+    assert!(ops
+        .iter()
+        .all(|o| o.completed.is_some_and(|c| c >= o.invoked)));
+}
+
+// ---- property tests ----
+
+/// One step of the sequential model: (action, process, key, flavour, before µs, after µs).
+type Step = (u8, u8, u8, u8, u16, u16);
+
+/// A correct lock service (tokens strictly increasing per key, with gaps; holders never told
+/// when they expire) and a correct fence, run one step at a time at linearization points 100 µs
+/// apart; each call's recorded interval is the point widened by up to 150 µs on each side, so
+/// neighbouring calls interleave. Unknown outcomes are applied or not at random; some calls
+/// never complete. Operations are pushed in completion order, as recorders do.
+fn good_history(steps: &[Step], seed: u64) -> History {
+    let h = History::new(Some(seed));
+    let mut next = [2u64; 2];
+    let mut holding: [Option<(usize, u64)>; 3] = [None; 3];
+    let mut newest: [Option<u64>; 2] = [None; 2];
+    let mut ops = Vec::new();
+    for (i, &(action, p, k, flavour, before, after)) in steps.iter().enumerate() {
+        let at = 1_000 + 100 * i as u64;
+        let (p, k) = (p as usize % 3, k as usize % 2);
+        let from = at - u64::from(before % 151);
+        let to = (flavour % 11 != 0).then_some(at + u64::from(after % 151));
+        let maybe = before % 2 == 0;
+        let kind = match action % 6 {
+            0 | 1 => {
+                let key = format!("k{k}");
+                match flavour % 5 {
+                    0 => OpKind::Acquire {
+                        key,
+                        outcome: Grant::Failed("held".into()),
+                    },
+                    1 => {
+                        next[k] += 1 + u64::from(maybe);
+                        OpKind::Acquire {
+                            key,
+                            outcome: Grant::Unknown("timeout".into()),
+                        }
+                    }
+                    _ => {
+                        let t = next[k];
+                        next[k] += 1 + u64::from(flavour % 2);
+                        holding[p] = Some((k, t));
+                        OpKind::Acquire {
+                            key,
+                            outcome: Grant::Granted(t),
+                        }
+                    }
+                }
+            }
+            2..=4 => {
+                let Some((k, t)) = holding[p] else { continue };
+                let ok = newest[k].is_none_or(|n| t >= n);
+                let outcome = if flavour % 7 == 0 || to.is_none() {
+                    if ok && maybe {
+                        newest[k] = Some(t);
+                    }
+                    FenceOutcome::Unknown("reply lost".into())
+                } else if ok {
+                    newest[k] = Some(t);
+                    FenceOutcome::Accepted
+                } else {
+                    FenceOutcome::Rejected {
+                        current: newest[k].expect("rejected only below a newest"),
+                    }
+                };
+                let r = format!("r{k}");
+                if action % 6 == 2 {
+                    claim(&r, t, outcome)
+                } else {
+                    write(&r, t, outcome)
+                }
+            }
+            _ => {
+                let Some((k, t)) = holding[p].take() else {
+                    continue;
+                };
+                let key = format!("k{k}");
+                match flavour % 4 {
+                    0 => OpKind::Lost { key, token: t },
+                    1 => OpKind::Renew {
+                        key,
+                        token: t,
+                        outcome: Done::Ok,
+                    },
+                    2 => OpKind::Release {
+                        key,
+                        token: t,
+                        outcome: Done::Unknown("timeout".into()),
+                    },
+                    _ => OpKind::Release {
+                        key,
+                        token: t,
+                        outcome: Done::Ok,
+                    },
+                }
+            }
+        };
+        ops.push((from, to, format!("w{p}"), kind));
+    }
+    ops.sort_by_key(|(from, to, _, _)| (to.unwrap_or(u64::MAX), *from));
+    for (from, to, p, kind) in ops {
+        op(&h, &p, from, to, kind);
+    }
+    h
+}
+
+fn end_of(h: &History) -> u64 {
+    let last = h
+        .ops()
+        .iter()
+        .map(|o| o.completed.unwrap_or(o.invoked))
+        .max()
+        .unwrap_or_default();
+    last.as_micros() as u64 + 1_000
+}
+
+fn steps() -> impl Strategy<Value = Vec<Step>> {
+    prop::collection::vec(any::<Step>(), 0..80)
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Bad {
+    RepeatedToken,
+    DecreasingToken,
+    StaleWriteAfterClaim,
+    OverlappingWrites,
+    OutOfOrderAcceptance,
+}
+
+fn bad() -> impl Strategy<Value = Bad> {
+    prop_oneof![
+        Just(Bad::RepeatedToken),
+        Just(Bad::DecreasingToken),
+        Just(Bad::StaleWriteAfterClaim),
+        Just(Bad::OverlappingWrites),
+        Just(Bad::OutOfOrderAcceptance),
+    ]
+}
+
+/// Injects one violation of kind `bad` on a key and resource of its own, starting at `at` µs
+/// (anywhere in the good history, interleaved with its calls). Returns the property expected
+/// and the ids of the injected operations that must form the excerpt.
+fn inject(h: &History, bad: Bad, at: u64) -> (Property, Vec<usize>) {
+    let s = |n: u64| Some(at + n);
+    match bad {
+        Bad::RepeatedToken => {
+            let a = op(h, "x0", at, s(50), grant("kx", 7));
+            let b = op(h, "x1", at + 10, s(20), grant("kx", 7));
+            (Property::UniqueTokens, vec![a, b])
+        }
+        Bad::DecreasingToken => {
+            let a = op(h, "x0", at, s(1), grant("kx", 1000));
+            let b = op(h, "x1", at + 2, s(3), grant("kx", 999));
+            (Property::TokenOrder, vec![a, b])
+        }
+        Bad::StaleWriteAfterClaim => {
+            op(h, "x0", at, s(1), write("rx", 1, OK));
+            let a = op(h, "x1", at + 2, s(3), claim("rx", 1000, OK));
+            let b = op(h, "x0", at + 4, s(5), write("rx", 1, OK));
+            (Property::StaleAfterClaim, vec![a, b])
+        }
+        Bad::OverlappingWrites => {
+            op(h, "x0", at, s(1), write("rx", 1, OK));
+            let c = op(h, "x1", at + 2, s(3), claim("rx", 1000, unknown()));
+            let r = op(
+                h,
+                "x0",
+                at + 4,
+                s(5),
+                write("rx", 1, FenceOutcome::Rejected { current: 1000 }),
+            );
+            let a = op(h, "x0", at + 6, s(7), write("rx", 1, OK));
+            (Property::OverlapAfterClaim, vec![c, r, a])
+        }
+        Bad::OutOfOrderAcceptance => {
+            let a = op(h, "x1", at, s(1), write("rx", 1000, OK));
+            let b = op(h, "x0", at + 2, s(3), write("rx", 999, OK));
+            (Property::FenceOrder, vec![a, b])
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn the_checker_accepts_every_history_of_a_correct_service(steps in steps(), seed: u64) {
+        let h = good_history(&steps, seed);
+        let s = check(&h).map_err(|v| TestCaseError::fail(v.to_string()))?;
+        prop_assert_eq!(s.ops, h.len());
+    }
+
+    #[test]
+    fn weakening_any_answer_to_unknown_keeps_a_good_history_good(
+        steps in steps(),
+        pick: prop::sample::Index,
+    ) {
+        let good = good_history(&steps, 0);
+        let mut ops = good.ops();
+        prop_assume!(!ops.is_empty());
+        let i = pick.index(ops.len());
+        match &mut ops[i].kind {
+            OpKind::Claim { outcome, .. } | OpKind::Write { outcome, .. } => {
+                *outcome = unknown();
+            }
+            OpKind::Acquire { outcome, .. } => *outcome = Grant::Unknown("lost".into()),
+            _ => ops[i].completed = None,
+        }
+        let h = History::new(None);
+        for o in ops {
+            h.push(o);
+        }
+        check(&h).map_err(|v| TestCaseError::fail(v.to_string()))?;
+    }
+
+    #[test]
+    fn the_checker_names_each_injected_violation(
+        steps in steps(),
+        bad in bad(),
+        at in 0.0f64..1.2,
+    ) {
+        let h = good_history(&steps, 5);
+        let at = (end_of(&h) as f64 * at) as u64;
+        let (property, injected) = inject(&h, bad, at);
+        let v = check(&h).expect_err("an injected violation must be found");
+        prop_assert_eq!(v.property, property, "{}", v);
+        prop_assert_eq!(ids(&v), injected, "{}", v);
+        prop_assert_eq!(v.seed, Some(5));
+        prop_assert!(v.to_string().contains(property.name()));
+    }
+
+    #[test]
+    fn lines_round_trip(steps in steps()) {
+        for o in good_history(&steps, 0).ops() {
+            let line = encode(&o.kind);
+            prop_assert!(!line.contains('\n'));
+            prop_assert_eq!(decode(&line).map_err(TestCaseError::fail)?, Some(o.kind));
+        }
+    }
+}
+
+/// The generator is only worth its cases if it produces every kind of answer the checker reads.
+#[test]
+fn the_good_history_generator_produces_every_kind_of_answer() {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+    let mut total = CheckSummary::default();
+    for _ in 0..50 {
+        let steps: Vec<Step> = (0..80).map(|_| rng.gen()).collect();
+        let s = check(&good_history(&steps, 0)).unwrap();
+        total.grants += s.grants;
+        total.accepted_claims += s.accepted_claims;
+        total.accepted_writes += s.accepted_writes;
+        total.rejected += s.rejected;
+        total.unknown += s.unknown;
+    }
+    assert!(
+        total.grants > 100
+            && total.accepted_claims > 50
+            && total.accepted_writes > 100
+            && total.rejected > 50
+            && total.unknown > 50,
+        "{total:?}"
+    );
+}

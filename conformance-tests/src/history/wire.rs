@@ -1,0 +1,287 @@
+//! How a worker *process* reports its operations to the harness, which timestamps them.
+//!
+//! A worker prints one line per completed operation on its stdout; the harness reads the lines
+//! as they arrive and hands each to a [`WorkerFeed`], which records it with the harness clock.
+//! The grammar ([`encode`] / [`decode`]), strings hex-encoded so that any key, resource or value
+//! fits on one line:
+//!
+//! ```text
+//! HIST acquire <key-hex> granted <token> | failed <text-hex> | unknown <text-hex>
+//! HIST renew   <key-hex> <token> ok | failed <text-hex> | unknown <text-hex>
+//! HIST release <key-hex> <token> ok | failed <text-hex> | unknown <text-hex>
+//! HIST lost    <key-hex> <token>
+//! HIST claim   <resource-hex> <token> accepted | rejected <current> | failed <text-hex> | unknown <text-hex>
+//! HIST write   <resource-hex> <token> <value-hex> accepted | rejected <current> | failed <text-hex> | unknown <text-hex>
+//! ```
+//!
+//! # Timestamps
+//!
+//! The completion instant is the line's receipt, which is after the worker printed it, so after
+//! the operation completed: a sound (late) completion. The invocation instant must be a sound
+//! (early) bound too, and the receipt of an earlier line is *not* one (the worker may have started
+//! the next call before the harness read the previous line). So the feed uses a **floor**: the
+//! instant the worker was spawned ([`WorkerFeed::new`]) or, for a worker that waits for a
+//! go-ahead on its stdin before each call, the instant the harness sent it
+//! ([`WorkerFeed::permit`]). Without a go-ahead every call of the worker is recorded as invoked
+//! at spawn: weaker ordering (fewer pairs are ordered), never a false violation.
+//!
+//! The current `conformance-worker` does not print these lines; [`WorkerFeed::feed_legacy`]
+//! reads its present protocol (`ACQUIRED <token>`, `RELEASE OK|LOST|ERR ...`) into acquisitions
+//! and releases, leaving its claims and writes to a [`super::HistoryFence`] at the fence server.
+
+use std::time::Duration;
+
+use lease_core::Bytes;
+
+use super::{Done, FenceOutcome, Grant, OpKind, Recorder};
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Result<Vec<u8>, String> {
+    if s.len() % 2 != 0 {
+        return Err(format!("odd hex length in {s:?}"));
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| {
+            s.get(i..i + 2)
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+                .ok_or_else(|| format!("bad hex {s:?}"))
+        })
+        .collect()
+}
+
+fn text(s: &str) -> Result<String, String> {
+    String::from_utf8(unhex(s)?).map_err(|e| e.to_string())
+}
+
+/// The line (without newline) for one completed operation.
+pub fn encode(kind: &OpKind) -> String {
+    let done = |d: &Done| match d {
+        Done::Ok => "ok".to_owned(),
+        Done::Failed(e) => format!("failed {}", hex(e.as_bytes())),
+        Done::Unknown(e) => format!("unknown {}", hex(e.as_bytes())),
+    };
+    let fence = |o: &FenceOutcome| match o {
+        FenceOutcome::Accepted => "accepted".to_owned(),
+        FenceOutcome::Rejected { current } => format!("rejected {current}"),
+        FenceOutcome::Failed(e) => format!("failed {}", hex(e.as_bytes())),
+        FenceOutcome::Unknown(e) => format!("unknown {}", hex(e.as_bytes())),
+    };
+    match kind {
+        OpKind::Acquire { key, outcome } => {
+            let o = match outcome {
+                Grant::Granted(t) => format!("granted {t}"),
+                Grant::Failed(e) => format!("failed {}", hex(e.as_bytes())),
+                Grant::Unknown(e) => format!("unknown {}", hex(e.as_bytes())),
+            };
+            format!("HIST acquire {} {o}", hex(key.as_bytes()))
+        }
+        OpKind::Renew {
+            key,
+            token,
+            outcome,
+        } => format!(
+            "HIST renew {} {token} {}",
+            hex(key.as_bytes()),
+            done(outcome)
+        ),
+        OpKind::Release {
+            key,
+            token,
+            outcome,
+        } => format!(
+            "HIST release {} {token} {}",
+            hex(key.as_bytes()),
+            done(outcome)
+        ),
+        OpKind::Lost { key, token } => format!("HIST lost {} {token}", hex(key.as_bytes())),
+        OpKind::Claim {
+            resource,
+            token,
+            outcome,
+        } => format!(
+            "HIST claim {} {token} {}",
+            hex(resource.as_bytes()),
+            fence(outcome)
+        ),
+        OpKind::Write {
+            resource,
+            token,
+            value,
+            outcome,
+        } => format!(
+            "HIST write {} {token} {} {}",
+            hex(resource.as_bytes()),
+            hex(value),
+            fence(outcome)
+        ),
+    }
+}
+
+/// Parses a line made by [`encode`]. `Ok(None)` for a line that is not a history line (does not
+/// start with `HIST `), so that history lines can share stdout with other output.
+pub fn decode(line: &str) -> Result<Option<OpKind>, String> {
+    let Some(rest) = line.trim_end().strip_prefix("HIST ") else {
+        return Ok(None);
+    };
+    let p: Vec<&str> = rest.split(' ').collect();
+    let at = |i: usize| p.get(i).copied().ok_or(format!("short line {line:?}"));
+    let token = |i: usize| -> Result<u64, String> {
+        at(i)?.parse().map_err(|_| format!("bad token in {line:?}"))
+    };
+    let tail = |i: usize| -> Result<(&str, Option<&str>), String> {
+        if p.len() > i + 2 {
+            return Err(format!("trailing fields in {line:?}"));
+        }
+        Ok((at(i)?, p.get(i + 1).copied()))
+    };
+    let done = |i: usize| -> Result<Done, String> {
+        Ok(match tail(i)? {
+            ("ok", None) => Done::Ok,
+            ("failed", Some(e)) => Done::Failed(text(e)?),
+            ("unknown", Some(e)) => Done::Unknown(text(e)?),
+            _ => return Err(format!("bad outcome in {line:?}")),
+        })
+    };
+    let fence = |i: usize| -> Result<FenceOutcome, String> {
+        Ok(match tail(i)? {
+            ("accepted", None) => FenceOutcome::Accepted,
+            ("rejected", Some(c)) => FenceOutcome::Rejected {
+                current: c.parse().map_err(|_| format!("bad token in {line:?}"))?,
+            },
+            ("failed", Some(e)) => FenceOutcome::Failed(text(e)?),
+            ("unknown", Some(e)) => FenceOutcome::Unknown(text(e)?),
+            _ => return Err(format!("bad outcome in {line:?}")),
+        })
+    };
+    let kind = match at(0)? {
+        "acquire" => OpKind::Acquire {
+            key: text(at(1)?)?,
+            outcome: match tail(2)? {
+                ("granted", Some(t)) => {
+                    Grant::Granted(t.parse().map_err(|_| format!("bad token in {line:?}"))?)
+                }
+                ("failed", Some(e)) => Grant::Failed(text(e)?),
+                ("unknown", Some(e)) => Grant::Unknown(text(e)?),
+                _ => return Err(format!("bad outcome in {line:?}")),
+            },
+        },
+        "renew" => OpKind::Renew {
+            key: text(at(1)?)?,
+            token: token(2)?,
+            outcome: done(3)?,
+        },
+        "release" => OpKind::Release {
+            key: text(at(1)?)?,
+            token: token(2)?,
+            outcome: done(3)?,
+        },
+        "lost" if p.len() == 3 => OpKind::Lost {
+            key: text(at(1)?)?,
+            token: token(2)?,
+        },
+        "claim" => OpKind::Claim {
+            resource: text(at(1)?)?,
+            token: token(2)?,
+            outcome: fence(3)?,
+        },
+        "write" => OpKind::Write {
+            resource: text(at(1)?)?,
+            token: token(2)?,
+            value: Bytes::from(unhex(at(3)?)?),
+            outcome: fence(4)?,
+        },
+        _ => return Err(format!("unknown history line {line:?}")),
+    };
+    Ok(Some(kind))
+}
+
+/// The harness's reader of one worker process's lines: timestamps each on receipt.
+#[derive(Debug, Clone)]
+pub struct WorkerFeed {
+    recorder: Recorder,
+    floor: Duration,
+    key: String,
+    token: Option<u64>,
+}
+
+impl WorkerFeed {
+    /// A feed for a worker spawned now, recording with `recorder` (label it with the PID).
+    /// `key` is the lock key the worker was given, for [`WorkerFeed::feed_legacy`].
+    /// Create it *before* spawning: its creation instant is the invocation floor.
+    pub fn new(recorder: Recorder, key: impl Into<String>) -> WorkerFeed {
+        let floor = recorder.history().now();
+        WorkerFeed {
+            recorder,
+            floor,
+            key: key.into(),
+            token: None,
+        }
+    }
+
+    /// Raises the invocation floor to now: call it just before sending the worker a go-ahead
+    /// for its next operation (the worker must not start that operation before reading it).
+    pub fn permit(&mut self) {
+        self.floor = self.recorder.history().now();
+    }
+
+    /// Records a [`encode`]d line, invoked at the floor and completed now. `Ok(false)` for a
+    /// line that is not a history line; `Err` for a malformed one (nothing recorded).
+    pub fn feed(&mut self, line: &str) -> Result<bool, String> {
+        match decode(line)? {
+            Some(kind) => {
+                let now = self.recorder.history().now();
+                self.recorder.record(self.floor, Some(now), kind);
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
+    /// Records a line of the present `conformance-worker` protocol: `ACQUIRED <token>` as a
+    /// grant on the feed's key, `RELEASE OK` / `RELEASE LOST` / `RELEASE ERR <message>` as a
+    /// release of that token (ok / failed / unknown). Other lines (`WRITE ...`, whose fence
+    /// calls a [`super::HistoryFence`] at the fence server records with tighter instants) are
+    /// ignored: `Ok(false)`.
+    pub fn feed_legacy(&mut self, line: &str) -> Result<bool, String> {
+        let line = line.trim_end();
+        let now = self.recorder.history().now();
+        if let Some(t) = line.strip_prefix("ACQUIRED ") {
+            let t: u64 = t.parse().map_err(|_| format!("bad token in {line:?}"))?;
+            self.token = Some(t);
+            self.recorder.record(
+                self.floor,
+                Some(now),
+                OpKind::Acquire {
+                    key: self.key.clone(),
+                    outcome: Grant::Granted(t),
+                },
+            );
+            return Ok(true);
+        }
+        if let Some(r) = line.strip_prefix("RELEASE ") {
+            let Some(token) = self.token else {
+                return Err(format!("{line:?} before ACQUIRED"));
+            };
+            let outcome = match r {
+                "OK" => Done::Ok,
+                "LOST" => Done::Failed("lost".into()),
+                e => Done::Unknown(e.trim_start_matches("ERR ").to_owned()),
+            };
+            self.recorder.record(
+                self.floor,
+                Some(now),
+                OpKind::Release {
+                    key: self.key.clone(),
+                    token,
+                    outcome,
+                },
+            );
+            return Ok(true);
+        }
+        Ok(false)
+    }
+}
