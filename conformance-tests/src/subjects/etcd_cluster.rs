@@ -1,11 +1,170 @@
 //! The etcd_cluster subject: the shared suite against a three-member etcd cluster.
+//!
+//! As the single-server etcd subject ([`super::etcd`]), over the cluster URL
+//! `etcd://<proxy 0>,<proxy 1>,<proxy 2>` (every member, each through its client-side fault
+//! proxy), with the cluster's [`ClusterControl`](crate::harness::ClusterControl), workers, the
+//! etcd fence, an operator, and:
+//!
+//! - the single-server restart cases run against the **whole cluster** (every member crashed and
+//!   restarted on its data, [`EtcdCluster::whole`]);
+//! - the proxy cases put their proxy in front of member 0 and connect a client naming that member
+//!   only (a client-to-member fault; the cluster cases cover member faults).
 
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
 
-use crate::suite::Subject;
+use crate::harness::etcd_cluster::EtcdCluster;
+use crate::harness::{server_unavailable, ClusterControl};
+use crate::suite::{ConnectViaFn, FenceViaFn, Operator, Subject};
+
+/// The operator: a plain etcd client over the cluster URL.
+struct EtcdOperator {
+    client: adapter_etcd::etcd_client::Client,
+    key_prefix: String,
+}
+
+impl Operator for EtcdOperator {
+    fn delete_key<'a>(
+        &'a self,
+        key: &'a lease_core::LockKey,
+    ) -> futures::future::BoxFuture<'a, Result<(), String>> {
+        Box::pin(async move {
+            let prefix = adapter_etcd::keys::lock_prefix(&self.key_prefix, key);
+            let options = adapter_etcd::etcd_client::DeleteOptions::new().with_prefix();
+            self.client
+                .clone()
+                .delete(prefix, Some(options))
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        })
+    }
+
+    fn delete_parent<'a>(
+        &'a self,
+        _key: &'a lease_core::LockKey,
+    ) -> futures::future::BoxFuture<'a, Result<bool, String>> {
+        // Lock names are one flat path segment on etcd (see the single-server subject).
+        Box::pin(async { Ok(false) })
+    }
+
+    fn overwrite_value<'a>(
+        &'a self,
+        key: &'a lease_core::LockKey,
+    ) -> futures::future::BoxFuture<'a, Result<bool, String>> {
+        Box::pin(async move {
+            let holder = self.holder(key).await?;
+            let options = adapter_etcd::etcd_client::PutOptions::new().with_ignore_lease();
+            self.client
+                .clone()
+                .put(holder.key(), "overwritten by the operator", Some(options))
+                .await
+                .map_err(|e| format!("put {}: {e}", String::from_utf8_lossy(holder.key())))?;
+            Ok(true)
+        })
+    }
+
+    fn invalidate_holder<'a>(
+        &'a self,
+        key: &'a lease_core::LockKey,
+    ) -> futures::future::BoxFuture<'a, Result<bool, String>> {
+        Box::pin(async move {
+            let holder = self.holder(key).await?;
+            if holder.lease() == 0 {
+                return Err(format!(
+                    "the holder key {} has no lease",
+                    String::from_utf8_lossy(holder.key())
+                ));
+            }
+            self.client
+                .clone()
+                .lease_revoke(holder.lease())
+                .await
+                .map_err(|e| format!("lease revoke {:x}: {e}", holder.lease()))?;
+            Ok(true)
+        })
+    }
+}
+
+impl EtcdOperator {
+    async fn holder(
+        &self,
+        key: &lease_core::LockKey,
+    ) -> Result<adapter_etcd::etcd_client::KeyValue, String> {
+        use adapter_etcd::etcd_client::{GetOptions, SortOrder, SortTarget};
+        let prefix = adapter_etcd::keys::lock_prefix(&self.key_prefix, key);
+        let options = GetOptions::new()
+            .with_prefix()
+            .with_sort(SortTarget::Create, SortOrder::Ascend)
+            .with_limit(1);
+        let mut resp = self
+            .client
+            .clone()
+            .get(prefix.clone(), Some(options))
+            .await
+            .map_err(|e| format!("get {prefix}: {e}"))?;
+        resp.take_kvs()
+            .into_iter()
+            .next()
+            .ok_or_else(|| format!("no holder under {prefix}"))
+    }
+}
 
 /// The subject, or why it cannot be built.
 pub(crate) async fn subject(worker_exe: Option<PathBuf>) -> Result<Option<Subject>, String> {
-    let _ = worker_exe;
-    Err("the etcd_cluster subject is not built yet".into())
+    if let Err(reason) = EtcdCluster::availability() {
+        let skip = server_unavailable("etcd-cluster", reason).map_err(|e| e.to_string())?;
+        skip.report();
+        return Ok(None);
+    }
+    let cluster = Arc::new(EtcdCluster::start().await.map_err(|e| e.to_string())?);
+    let key_prefix = format!("conformance-{:08x}", rand::random::<u32>());
+    let url = format!("{}?key_prefix={key_prefix}", cluster.url());
+    let fence = fenced::connect_fence(&url)
+        .await
+        .map_err(|e| format!("etcd fence: {e}"))?;
+    let operator = adapter_etcd::EtcdCoordinator::from_url(&url)
+        .await
+        .map_err(|e| format!("etcd operator client: {e}"))?;
+    let connect_url = url.clone();
+    let mut subject = Subject::new(
+        "etcd-cluster",
+        Arc::new(move || {
+            let url = connect_url.clone();
+            Box::pin(async move { fenced::connect(&url).await })
+        }),
+        fence,
+        adapter_etcd::MIN_TTL.max(Duration::from_secs(2)),
+    )
+    .with_server(cluster.whole())
+    .with_operator(Arc::new(EtcdOperator {
+        client: operator.client(),
+        key_prefix: key_prefix.clone(),
+    }));
+    let upstream = cluster.direct_addr(0);
+    let prefix = key_prefix.clone();
+    let connect_via: ConnectViaFn = Arc::new(move |addr| {
+        let url = format!("etcd://{addr}?key_prefix={prefix}");
+        Box::pin(async move {
+            let c = adapter_etcd::EtcdCoordinator::from_url(&url).await?;
+            Ok(Arc::new(lease_core::Instrumented::new(c)) as Arc<dyn lease_core::Coordinator>)
+        })
+    });
+    subject = subject.with_proxy(upstream, connect_via);
+    let prefix = key_prefix.clone();
+    let fence_via: FenceViaFn = Arc::new(move |addr| {
+        let url = format!("etcd://{addr}?key_prefix={prefix}&request_timeout_ms=1000");
+        Box::pin(async move {
+            let f = adapter_etcd::EtcdFence::from_url(&url).await?;
+            Ok(Arc::new(f) as Arc<dyn lease_core::Fence>)
+        })
+    });
+    subject = subject.with_fence_proxy(upstream, fence_via);
+    if let Some(exe) = worker_exe {
+        subject = subject.with_workers(url, exe);
+    }
+    Ok(Some(
+        subject.with_cluster(cluster as Arc<dyn ClusterControl>),
+    ))
 }
