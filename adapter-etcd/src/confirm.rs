@@ -17,7 +17,7 @@ use etcd_client::{Client, GetOptions, Txn, TxnOp, TxnOpResponse};
 use lease_core::batch::{Rounds, RoundsConfig};
 use lease_core::Error;
 
-use crate::error::{bounded, BACKEND};
+use crate::error::{retry_unsent, BACKEND};
 
 /// Gets per transaction: etcd's default `--max-txn-ops`.
 pub(crate) const MAX_TXN_OPS: usize = 128;
@@ -52,7 +52,7 @@ impl Confirmer {
 
 /// One read-only transaction of gets for `chunk`: whether each key has its create revision.
 async fn confirm(
-    mut kv: Client,
+    kv: Client,
     timeout: Duration,
     chunk: Vec<(String, i64)>,
 ) -> Result<Vec<Result<bool, Error>>, Error> {
@@ -60,9 +60,13 @@ async fn confirm(
         .iter()
         .map(|(key, _)| TxnOp::get(key.clone(), Some(GetOptions::new().with_keys_only())))
         .collect();
-    let resp = bounded(timeout, kv.txn(Txn::new().and_then(gets)))
-        .await
-        .map_err(|f| f.into_error("renew", false))?;
+    let txn = Txn::new().and_then(gets);
+    let resp = retry_unsent(timeout, || {
+        let (mut kv, txn) = (kv.clone(), txn.clone());
+        async move { kv.txn(txn).await }
+    })
+    .await
+    .map_err(|f| f.into_error("renew", false))?;
     let results = resp.op_responses();
     Ok(chunk
         .iter()

@@ -20,7 +20,7 @@ use tokio::time::Instant;
 
 use crate::config::EtcdConfig;
 use crate::confirm::Confirmer;
-use crate::error::{bounded, Failure, BACKEND};
+use crate::error::{bounded, retry_unsent, Failure, BACKEND};
 use crate::keys::{self, AuditRecord, HolderRecord};
 use crate::lease::EtcdLease;
 use crate::session::{Cleaner, Cleanup, Session, Unconfirmed};
@@ -447,8 +447,13 @@ impl Inner {
             let own = pending.key.clone();
             let txn = try_txn(&prefix, &pending, &record);
             let sent = Instant::now();
-            let mut kv = self.handle.client.clone();
-            let resp = match bounded(self.timeout(), kv.txn(txn)).await {
+            let client = &self.handle.client;
+            let resp = match retry_unsent(self.timeout(), || {
+                let (mut kv, txn) = (client.clone(), txn.clone());
+                async move { kv.txn(txn).await }
+            })
+            .await
+            {
                 Ok(r) => r,
                 Err(f) if f.is_lease_not_found() => {
                     pending.armed = false;
@@ -516,17 +521,30 @@ impl Inner {
             waited: start.elapsed(),
         };
         let mut lease_gone = 0;
+        // Backoff between attempts that failed on a transient error (see `retry_within`).
+        let mut retry = Duration::from_millis(50);
         'enqueue: loop {
             if caller.is_closed() {
                 return Err(timed_out());
             }
-            let session = self.session(secs).await?;
+            let session = match self.session(secs).await {
+                Ok(s) => s,
+                Err(e) => {
+                    retry_within(e, &mut retry, deadline, caller).await?;
+                    continue 'enqueue;
+                }
+            };
             let mut pending = self.pending(key, &prefix, &session);
             let own = pending.key.clone();
             let txn = enqueue_txn(&prefix, &pending, &record);
             let sent = Instant::now();
-            let mut kv = self.handle.client.clone();
-            let resp = match bounded(timeout, kv.txn(txn)).await {
+            let client = &self.handle.client;
+            let resp = match retry_unsent(timeout, || {
+                let (mut kv, txn) = (client.clone(), txn.clone());
+                async move { kv.txn(txn).await }
+            })
+            .await
+            {
                 Ok(r) => r,
                 Err(f) if f.is_lease_not_found() && lease_gone < 3 => {
                     lease_gone += 1;
@@ -534,8 +552,14 @@ impl Inner {
                     session.mark_dead(LostReason::SessionEnded);
                     continue;
                 }
-                // As in `try_once`: `pending` retires the attempt.
-                Err(f) => return Err(f.into_error("acquire", true)),
+                // As in `try_once`: `pending` retires the attempt (a late application writes
+                // nothing); a transient failure is tried again with a new attempt within the
+                // wait bound.
+                Err(f) => {
+                    retry_within(f.into_error("acquire", true), &mut retry, deadline, caller)
+                        .await?;
+                    continue 'enqueue;
+                }
             };
             if !resp.succeeded() {
                 // Our attempt's key already exists: impossible unless attempt numbers wrapped.
@@ -580,8 +604,13 @@ impl Inner {
                     .with_limit(2)
                     .with_keys_only();
                 let sent2 = Instant::now();
-                let mut kv = self.handle.client.clone();
-                match bounded(timeout, kv.get(prefix.clone(), Some(upto))).await {
+                let client = &self.handle.client;
+                match retry_unsent(timeout, || {
+                    let (mut kv, prefix, upto) = (client.clone(), prefix.clone(), upto.clone());
+                    async move { kv.get(prefix, Some(upto)).await }
+                })
+                .await
+                {
                     Ok(mut g) => {
                         let header = header_revision(g.header());
                         let kvs = g.take_kvs();
@@ -634,7 +663,7 @@ impl Inner {
                     return Err(timed_out());
                 }
                 let sent3 = Instant::now();
-                let mut kv = self.handle.client.clone();
+                let kv = self.handle.client.clone();
                 let (confirmed, read) = tokio::select! {
                     _ = caller.closed() => return Err(timed_out()),
                     _ = tokio::time::sleep_until(deadline) => {
@@ -644,7 +673,10 @@ impl Inner {
                     r = async {
                         tokio::join!(
                             session.confirm(sent3, timeout),
-                            bounded(timeout, kv.get(own.as_bytes(), None)),
+                            retry_unsent(timeout, || {
+                                let (mut kv, own) = (kv.clone(), own.clone());
+                                async move { kv.get(own, None).await }
+                            }),
                         )
                     } => r,
                 };
@@ -715,8 +747,13 @@ impl Inner {
                 rev,
             )])
             .and_then([TxnOp::delete(pending.key.clone(), None)]);
-        let mut kv = self.handle.client.clone();
-        if bounded(self.timeout(), kv.txn(txn)).await.is_ok() {
+        let client = &self.handle.client;
+        let deleted = retry_unsent(self.timeout(), || {
+            let (mut kv, txn) = (client.clone(), txn.clone());
+            async move { kv.txn(txn).await }
+        })
+        .await;
+        if deleted.is_ok() {
             pending.armed = false;
         }
     }
@@ -733,11 +770,11 @@ impl Inner {
             .with_limit(1);
         let mut last = None;
         for attempt in 0..3u32 {
-            let mut kv = self.handle.client.clone();
-            match bounded(
-                self.timeout(),
-                kv.get(prefix.clone(), Some(options.clone())),
-            )
+            let client = &self.handle.client;
+            match retry_unsent(self.timeout(), || {
+                let (mut kv, prefix, options) = (client.clone(), prefix.clone(), options.clone());
+                async move { kv.get(prefix, Some(options)).await }
+            })
             .await
             {
                 Ok(mut g) => return Ok(g.take_kvs().into_iter().next()),
@@ -766,6 +803,34 @@ impl Inner {
                 ),
         )
     }
+}
+
+/// A waiting `acquire`'s answer to a failed session grant or enqueue: `Unavailable` and
+/// `OutcomeUnknown` (no leader during an election, a member that died or was cut off, a request
+/// timeout) are transient on a cluster, so the attempt is made again after `backoff` (doubling
+/// up to 500 ms) as long as that leaves time before `deadline`; any other error, or a transient
+/// one too close to the deadline, is returned as it is. The retry uses a new attempt key, so an
+/// attempt whose answer was lost is still retired by the background worker.
+async fn retry_within(
+    error: Error,
+    backoff: &mut Duration,
+    deadline: Instant,
+    caller: &mut oneshot::Sender<Result<EtcdLease>>,
+) -> Result<()> {
+    let transient = matches!(
+        error,
+        Error::Unavailable { .. } | Error::OutcomeUnknown { .. }
+    );
+    if !transient || Instant::now() + *backoff >= deadline {
+        return Err(error);
+    }
+    tracing::debug!(error = %error, backoff = ?*backoff, "etcd acquire failed transiently; trying again within its wait");
+    tokio::select! {
+        _ = caller.closed() => return Err(error),
+        _ = tokio::time::sleep(*backoff) => {}
+    }
+    *backoff = (*backoff * 2).min(Duration::from_millis(500));
+    Ok(())
 }
 
 #[async_trait]
@@ -839,9 +904,13 @@ impl Coordinator for EtcdCoordinator {
         };
         let mut info = self.inner.holder_info(key, &kv)?;
         if kv.lease() != 0 {
-            let mut c = self.inner.handle.client.clone();
-            if let Ok(ttl) =
-                bounded(self.inner.timeout(), c.lease_time_to_live(kv.lease(), None)).await
+            let client = &self.inner.handle.client;
+            let lease = kv.lease();
+            if let Ok(ttl) = retry_unsent(self.inner.timeout(), || {
+                let mut c = client.clone();
+                async move { c.lease_time_to_live(lease, None).await }
+            })
+            .await
             {
                 info = info.with_expires_in(Some(Duration::from_secs(ttl.ttl().max(0) as u64)));
             }
@@ -890,10 +959,13 @@ impl Coordinator for EtcdCoordinator {
                         None,
                     ),
                 ]);
-            let mut c = self.inner.handle.client.clone();
-            let resp = bounded(self.inner.timeout(), c.txn(txn))
-                .await
-                .map_err(|f| f.into_error("force_release", true))?;
+            let client = &self.inner.handle.client;
+            let resp = retry_unsent(self.inner.timeout(), || {
+                let (mut c, txn) = (client.clone(), txn.clone());
+                async move { c.txn(txn).await }
+            })
+            .await
+            .map_err(|f| f.into_error("force_release", true))?;
             if resp.succeeded() {
                 tracing::warn!(
                     backend = BACKEND,

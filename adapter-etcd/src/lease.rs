@@ -12,7 +12,7 @@ use lease_core::{Lease, LeaseStatus, LeaseTracker, LostReason, Result};
 use tokio::time::Instant;
 
 use crate::coordinator::Handle;
-use crate::error::bounded;
+use crate::error::retry_unsent;
 use crate::session::{Cleanup, Session, Unconfirmed};
 use crate::watch::Seen;
 
@@ -191,8 +191,13 @@ impl Lease for EtcdLease {
                 self.shared.revision,
             )])
             .and_then([TxnOp::delete(key, None)]);
-        let mut kv = self.shared.handle.client.clone();
-        match bounded(self.shared.handle.config.request_timeout(), kv.txn(txn)).await {
+        let client = &self.shared.handle.client;
+        match retry_unsent(self.shared.handle.config.request_timeout(), || {
+            let (mut kv, txn) = (client.clone(), txn.clone());
+            async move { kv.txn(txn).await }
+        })
+        .await
+        {
             Ok(resp) if resp.succeeded() => {
                 self.shared.gone();
                 self.tracker.mark_lost(LostReason::Released);
@@ -325,8 +330,13 @@ async fn guard(shared: Arc<LeaseShared>, tracker: LeaseTracker, mut from: i64) {
 /// Re-reads our key: `Some(Some(rev))` if it is still ours (watch again from `rev`),
 /// `Some(None)` if it is gone, `None` if the read failed.
 async fn recheck(shared: &LeaseShared, key: &[u8], timeout: Duration) -> Option<Option<i64>> {
-    let mut kv = shared.handle.client.clone();
-    let resp = bounded(timeout, kv.get(key, None)).await.ok()?;
+    let client = &shared.handle.client;
+    let resp = retry_unsent(timeout, || {
+        let mut kv = client.clone();
+        async move { kv.get(key, None).await }
+    })
+    .await
+    .ok()?;
     let ours = resp
         .kvs()
         .first()

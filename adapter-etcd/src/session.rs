@@ -28,7 +28,7 @@ use lease_core::{LeaseStatus, LeaseTracker, LostReason};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
-use crate::error::{bounded, Failure};
+use crate::error::{retry_unsent, Failure};
 
 /// What the keepalive task knows about its session.
 #[derive(Debug, Clone, Copy)]
@@ -79,8 +79,11 @@ impl Session {
         request_timeout: Duration,
     ) -> Result<Arc<Session>, Failure> {
         let sent = Instant::now();
-        let mut c = client.clone();
-        let resp = bounded(request_timeout, c.lease_grant(ttl_secs, None)).await?;
+        let resp = retry_unsent(request_timeout, || {
+            let mut c = client.clone();
+            async move { c.lease_grant(ttl_secs, None).await }
+        })
+        .await?;
         // The granted TTL: etcd raises a TTL below its minimum (derived from the election
         // timeout; 2 s with the default settings).
         let ttl = Duration::from_secs(resp.ttl().max(1) as u64);
@@ -286,9 +289,12 @@ async fn keepalive(mut ka: KeepAlive) {
         }
         // (Re)open the stream: etcd-client sends one keepalive and waits for its answer.
         let open_sent = Instant::now();
-        let mut lease_client = ka.client.lease_client();
+        let lease_client = ka.client.lease_client();
         let opened = tokio::select! {
-            r = bounded(ka.request_timeout.min(interval * 2), lease_client.keep_alive(ka.id)) => r,
+            r = retry_unsent(ka.request_timeout.min(interval * 2), || {
+                let mut lease_client = lease_client.clone();
+                async move { lease_client.keep_alive(ka.id).await }
+            }) => r,
             _ = tokio::time::sleep_until(ka.deadline()) => break End::Lost(LostReason::Expired),
         };
         let (mut keeper, mut stream) = match opened {
@@ -353,13 +359,19 @@ async fn keepalive(mut ka: KeepAlive) {
             end(&ka.state, &ka.leases, reason);
             // Best effort: if the server still has the lease (a partition that healed after the
             // deadline), revoking it removes the keys at once instead of at its expiry.
-            let mut c = ka.client.clone();
-            let _ = bounded(ka.request_timeout, c.lease_revoke(ka.id)).await;
+            let _ = retry_unsent(ka.request_timeout, || {
+                let mut c = ka.client.clone();
+                async move { c.lease_revoke(ka.id).await }
+            })
+            .await;
         }
         End::Closed => {
             end(&ka.state, &ka.leases, LostReason::Released);
-            let mut c = ka.client.clone();
-            let _ = bounded(ka.request_timeout, c.lease_revoke(ka.id)).await;
+            let _ = retry_unsent(ka.request_timeout, || {
+                let mut c = ka.client.clone();
+                async move { c.lease_revoke(ka.id).await }
+            })
+            .await;
             tracing::debug!(lease = %format_args!("{:016x}", ka.id as u64), "etcd session closed");
         }
     }
@@ -466,7 +478,7 @@ async fn cleaner(
         let (due, rest): (Vec<_>, Vec<_>) = pending.drain(..).partition(|p| p.due <= now);
         pending = rest;
         let results = futures::future::join_all(due.into_iter().map(|p| {
-            let mut c = client.clone();
+            let c = client.clone();
             async move {
                 if p.c.session.borrow().dead.is_some() {
                     // The server removes the session's keys with its lease.
@@ -489,7 +501,12 @@ async fn cleaner(
                         TxnOp::delete(p.c.key.clone(), None),
                     ]),
                 };
-                let ok = match bounded(request_timeout, c.txn(txn)).await {
+                let ok = match retry_unsent(request_timeout, || {
+                    let (mut c, txn) = (c.clone(), txn.clone());
+                    async move { c.txn(txn).await }
+                })
+                .await
+                {
                     Ok(_) => true,
                     // The session lease is gone: so is the key, and a late request, which puts
                     // the key on that lease, is rejected.
