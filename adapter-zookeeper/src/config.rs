@@ -24,6 +24,7 @@ const PARAMS: &[&str] = &[
     "connect_timeout_ms",
     "digest",
     "token_floor",
+    "tick_ms",
 ];
 
 /// Digest credentials; the password leaves this type only towards the client library.
@@ -52,6 +53,7 @@ struct Digest {
 /// | `connect_timeout_ms` | the session timeout + 1 s | bound on establishing a session |
 /// | `digest` | none | `user:password`: authenticate with the `digest` scheme and create every node with the ACL *creator: all, world: read* (same as `user:password@` before the hosts) |
 /// | `token_floor` | none | every token issued must be above this value (raise it after restoring the ensemble from a backup) |
+/// | `tick_ms` | half the negotiated session timeout | the ensemble's `tickTime`: the session cap leaves it (plus a heartbeat period) for a follower's session-touch lag, see [`ZkConfig::tick`] |
 ///
 /// Several hosts, each with its own port (`zk://h1:2181,h2:2182/x`), work here and through the
 /// registry (`fenced::connect`).
@@ -67,6 +69,7 @@ pub struct ZkConfig {
     connect_timeout: Option<Duration>,
     digest: Option<Digest>,
     token_floor: Option<Token>,
+    tick: Option<Duration>,
     owner: Option<OwnerId>,
 }
 
@@ -83,6 +86,7 @@ impl fmt::Debug for ZkConfig {
                 &self.digest.as_ref().map(|d| format!("{}:***", d.user)),
             )
             .field("token_floor", &self.token_floor)
+            .field("tick", &self.tick)
             .field("owner", &self.owner)
             .finish()
     }
@@ -155,6 +159,7 @@ impl ZkConfig {
             connect_timeout: None,
             digest: None,
             token_floor: None,
+            tick: None,
             owner: None,
         };
         if let Some(ui) = userinfo {
@@ -228,6 +233,7 @@ impl ZkConfig {
                             invalid(format!("digest=*** is not user:password: {p}"))
                         })?);
                 }
+                "tick_ms" => config.tick = Some(millis(Duration::from_millis(1))?),
                 "token_floor" => {
                     let n: u64 = value.parse().map_err(|_| {
                         invalid(format!("token_floor={value} is not a non-negative integer"))
@@ -289,6 +295,32 @@ impl ZkConfig {
     pub fn with_token_floor(mut self, floor: Token) -> Self {
         self.token_floor = Some(floor);
         self
+    }
+
+    /// Sets the ensemble's `tickTime` (the `tick_ms` option; see [`ZkConfig::tick`]).
+    pub fn with_tick(mut self, tick: Duration) -> Result<Self> {
+        if tick.is_zero() || tick > MAX_TIMEOUT {
+            return Err(InvalidInput::OutOfRange {
+                field: "tick",
+                value: format!("{tick:?}"),
+                expected: "between 1 ms and 600 s",
+            }
+            .into());
+        }
+        self.tick = Some(tick);
+        Ok(self)
+    }
+
+    /// The ensemble's `tickTime` as configured (`tick_ms`), if given.
+    ///
+    /// A follower passes its clients' session touches on to the leader only with its pings
+    /// (every half tick), so the leader's view of a session can lag a touch answered by a
+    /// follower; the session cap of every lease leaves `tick + T / 6` for it (see the crate's
+    /// README, "The session caps validity", and decision 0016). Without `tick_ms` the adapter
+    /// assumes the largest tick a server granting the negotiated timeout `T` can run with under
+    /// ZooKeeper's default `minSessionTimeout` of two ticks: `T / 2`.
+    pub fn tick(&self) -> Option<Duration> {
+        self.tick
     }
 
     /// The hosts, each `host:port`.
@@ -368,6 +400,9 @@ impl ZkConfig {
         }
         if let Some(t) = self.token_floor {
             params.push(format!("token_floor={t}"));
+        }
+        if let Some(t) = self.tick {
+            params.push(format!("tick_ms={}", t.as_millis()));
         }
         s.push('?');
         s.push_str(&params.join("&"));
@@ -580,6 +615,10 @@ mod tests {
         assert_eq!(c.digest_user(), Some("alice"));
         assert_eq!(c.digest_auth().unwrap(), b"alice:s3cret");
         assert_eq!(c.token_floor(), Some(Token::new(42).unwrap()));
+        assert_eq!(c.tick(), None);
+        let t = ZkConfig::from_url("zk://h/x?tick_ms=250").unwrap();
+        assert_eq!(t.tick(), Some(Duration::from_millis(250)));
+        assert!(t.redacted().contains("tick_ms=250"));
         let d = ZkConfig::from_url("zk://h").unwrap();
         assert_eq!(d.base_path(), DEFAULT_BASE_PATH);
         assert_eq!(d.hosts(), ["h:2181".to_owned()]);
@@ -637,6 +676,7 @@ mod tests {
         assert!(invalid("zk://h:1/x?token_floor=-1").contains("token_floor"));
         assert!(invalid("zk://a:b@h:1/x?digest=c:d").contains("both"));
         assert!(invalid("zk://h:1/x#frag").contains("fragment"));
+        assert!(invalid("zk://h:1/x?tick_ms=0").contains("out of range"));
     }
 
     #[test]

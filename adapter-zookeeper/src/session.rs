@@ -14,7 +14,9 @@
 //! so reads never confirm. The session keeps the largest confirmed `s` ("confirmed"), a heartbeat
 //! (a `sync` every `T / 3`) keeps it fresh while connected, and `renew` and the post-reconnect
 //! check send a `sync` pipelined in front of their `exists` ([`Session::synced_read`]); every
-//! lease's local validity is capped at `confirmed + T − margin`.
+//! lease's local validity is capped at `confirmed + T − session margin − drift margin`, where the
+//! session margin (one `tickTime` plus the heartbeat period, see [`session_margin`]) covers a
+//! follower's session-touch lag.
 //!
 //! Connection events:
 //!
@@ -66,6 +68,9 @@ struct ConnState {
 pub(crate) struct Session {
     client: Client,
     timeout: Duration,
+    /// What the session bound leaves for a follower's session-touch lag: `tick + heartbeat`
+    /// (see [`session_margin`]).
+    margin: Duration,
     request_timeout: Duration,
     secured: bool,
     paths: Paths,
@@ -91,27 +96,24 @@ impl Session {
     /// starts the state and heartbeat tasks.
     pub(crate) async fn connect(config: &ZkConfig) -> Result<Arc<Session>> {
         let hosts = config.connect_string();
-        let mut connector = Client::connector().with_session_timeout(config.session_timeout());
-        if let Some(auth) = config.digest_auth() {
-            connector = connector.with_auth("digest", &auth);
-        }
         let sent = Instant::now();
-        let client =
-            match tokio::time::timeout(config.connect_timeout(), connector.connect(&hosts)).await {
-                Err(_) => {
-                    return Err(connect_failed(
-                        &hosts,
-                        format!("no session within {:?}", config.connect_timeout()),
-                        None,
-                    ))
-                }
-                Ok(Err(e)) => return Err(connect_failed(&hosts, e.to_string(), Some(e))),
-                Ok(Ok(c)) => c,
-            };
+        let client = open(config, &hosts).await?;
+        let timeout = client.session_timeout();
+        let margin = match session_margin(timeout, config.tick()) {
+            Ok(m) => m,
+            Err(problem) => {
+                drop(client); // closes the session
+                return Err(lease_core::Error::Misconfigured {
+                    backend: crate::error::BACKEND,
+                    problems: vec![problem],
+                });
+            }
+        };
         let state_watcher = client.state_watcher();
         let (link, _) = watch::channel((true, false));
         let session = Arc::new(Session {
-            timeout: client.session_timeout(),
+            timeout,
+            margin,
             client,
             request_timeout: config.request_timeout(),
             secured: config.digest_auth().is_some(),
@@ -235,12 +237,12 @@ impl Session {
         }
     }
 
-    /// Runs `f` with the session bound (`confirmed + T`) if the connection is up and still in
+    /// Runs `f` with the session bound (`confirmed + T − margin`) if the connection is up and still in
     /// `epoch`; `None` otherwise.
     pub(crate) fn with_epoch<R>(&self, epoch: u64, f: impl FnOnce(Instant) -> R) -> Option<R> {
         let c = self.conn();
         if c.connected && !c.terminated && c.epoch == epoch {
-            Some(f(c.confirmed + self.timeout))
+            Some(f(self.cap(c.confirmed)))
         } else {
             None
         }
@@ -248,7 +250,15 @@ impl Session {
 
     /// The session bound now: no ephemeral node of this session disappears by expiry before it.
     pub(crate) fn bound(&self) -> Instant {
-        self.conn().confirmed + self.timeout
+        self.cap(self.conn().confirmed)
+    }
+
+    /// `confirmed + T − margin`: the leader has heard of the session at `confirmed − margin`
+    /// at the latest (a follower's touch lag, see [`session_margin`]), so it expires it no
+    /// earlier than this.
+    fn cap(&self, confirmed: Instant) -> Instant {
+        let bound = confirmed + self.timeout;
+        bound.checked_sub(self.margin).unwrap_or(confirmed)
     }
 
     /// Waits (at most `max`) until the connection is up or the session is over.
@@ -386,15 +396,20 @@ async fn watch_state(session: Weak<Session>, mut states: StateWatcher) {
     }
 }
 
-/// Confirms the session every third of its timeout while connected, with a `sync` (answered
-/// through the leader; a read would not do).
+/// Confirms the session every [`heartbeat_period`] while connected, with a `sync` (answered
+/// through the leader; a read would not do). The syncs are sent on a fixed schedule, each on its
+/// own task (bounded by the request timeout), so a slow answer never delays the next send: two
+/// touches of the session are never more than one period apart while the connection is up,
+/// which the session margin counts on.
 async fn heartbeat(session: Weak<Session>) {
     let period = match session.upgrade() {
-        Some(s) => (s.timeout / 3).max(Duration::from_millis(10)),
+        Some(s) => heartbeat_period(s.timeout),
         None => return,
     };
+    let mut ticks = tokio::time::interval_at(Instant::now() + period, period);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        tokio::time::sleep(period).await;
+        ticks.tick().await;
         let Some(s) = session.upgrade() else { return };
         if s.is_terminated() {
             return;
@@ -404,10 +419,84 @@ async fn heartbeat(session: Weak<Session>) {
         }
         let epoch = s.epoch();
         let sent = Instant::now();
-        let answer = tokio::time::timeout(s.request_timeout, s.client.sync(s.paths.base())).await;
-        if let Ok(Ok(())) = answer {
-            s.confirm(sent);
-            s.refresh(epoch);
+        // The task holds the session for at most the request timeout.
+        tokio::spawn(async move {
+            let answer =
+                tokio::time::timeout(s.request_timeout, s.client.sync(s.paths.base())).await;
+            if let Ok(Ok(())) = answer {
+                s.confirm(sent);
+                s.refresh(epoch);
+            }
+        });
+    }
+}
+
+/// How often the heartbeat confirms the session: a sixth of the negotiated timeout `T`.
+pub(crate) fn heartbeat_period(timeout: Duration) -> Duration {
+    (timeout / 6).max(Duration::from_millis(10))
+}
+
+/// What the session bound leaves for a follower's session-touch lag (decision 0016).
+///
+/// A follower records a client's touch when the request arrives and passes it on to the leader
+/// only with its next answer to the leader's ping (pings every half `tickTime`); the leader
+/// expires the session `T` after the last touch it heard of. A follower cut off from the leader
+/// right after answering our `sync` leaves the leader with an earlier touch: at worst the one
+/// before the last ping it answered, which is less than half a tick plus the gap between two of
+/// our requests (at most one heartbeat period) older than the sync. The margin is a whole tick
+/// (half a tick of slack for the ping's scheduling and the network) plus the heartbeat period.
+/// `tick` is the `tick_ms` option; without it `T / 2`, the largest tick with which a server
+/// can have granted `T` under the default `minSessionTimeout` (two ticks). A tick above `T / 2`
+/// leaves no usable validity (less than two heartbeat periods) and is refused.
+pub(crate) fn session_margin(
+    timeout: Duration,
+    tick: Option<Duration>,
+) -> Result<Duration, String> {
+    let tick = tick.unwrap_or(timeout / 2);
+    if tick > timeout / 2 {
+        return Err(format!(
+            "tick_ms={} cannot be the ensemble's tickTime: the negotiated session timeout {} ms \
+             is less than two ticks (fix tick_ms, or ask for a longer session_timeout_ms)",
+            tick.as_millis(),
+            timeout.as_millis()
+        ));
+    }
+    Ok(tick + heartbeat_period(timeout))
+}
+
+/// Opens the client library's session, retrying (while the error is not final) until the
+/// connect timeout: the library gives up after one session timeout, which an election or a
+/// restarting server can outlast.
+async fn open(config: &ZkConfig, hosts: &str) -> Result<Client> {
+    let limit = config.connect_timeout();
+    let deadline = Instant::now() + limit;
+    loop {
+        let mut connector = Client::connector().with_session_timeout(config.session_timeout());
+        if let Some(auth) = config.digest_auth() {
+            connector = connector.with_auth("digest", &auth);
         }
+        let left = deadline.saturating_duration_since(Instant::now());
+        let error = match tokio::time::timeout(left, connector.connect(hosts)).await {
+            Err(_) => {
+                return Err(connect_failed(
+                    hosts,
+                    format!("no session within {limit:?}"),
+                    None,
+                ))
+            }
+            Ok(Ok(c)) => return Ok(c),
+            Ok(Err(e)) => e,
+        };
+        let retryable = matches!(
+            error,
+            zookeeper_client::Error::Timeout
+                | zookeeper_client::Error::ConnectionLoss
+                | zookeeper_client::Error::NoHosts
+        );
+        if !retryable || Instant::now() + Duration::from_millis(50) >= deadline {
+            return Err(connect_failed(hosts, error.to_string(), Some(error)));
+        }
+        tracing::debug!(hosts = %hosts, error = %error, "no zookeeper session yet; retrying");
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }

@@ -700,16 +700,18 @@ async fn only_a_sync_extends_validity_never_a_read_answered_alone() {
     let proxy = SyncSwallower::start(server.addr()).await;
     let base = format!("/adapter-test-{:08x}", rand::random::<u32>());
     let cfg = ZkConfig::from_url(&format!(
-        "zk://{}{base}?session_timeout_ms=2000&request_timeout_ms=400&digest=alice:{PASSWORD}",
+        "zk://{}{base}?session_timeout_ms=2000&request_timeout_ms=400&tick_ms=200&digest=alice:{PASSWORD}",
         proxy.addr
     ))
     .unwrap();
     let coord = ZkCoordinator::connect(cfg).await.unwrap();
     let session = coord.session_timeout();
     let key: LockKey = "sync-only".parse().unwrap();
-    // A TTL far above the session timeout: validity is the session bound, last sync + T − margin.
+    // A TTL far above the session timeout: validity is the session bound, last sync + T − the
+    // session margin (tick + heartbeat period, for a follower's touch lag) − the drift margin.
     let ttl = Duration::from_secs(20);
-    let margin = lease_core::clock::default_drift_margin(ttl);
+    let margin =
+        Duration::from_millis(200) + session / 6 + lease_core::clock::default_drift_margin(ttl);
     let lease = coord.acquire(&key, &LeaseOptions::new(ttl)).await.unwrap();
 
     // A normal renew (sync + exists) extends validity, measured from its send time.
@@ -727,6 +729,9 @@ async fn only_a_sync_extends_validity_never_a_read_answered_alone() {
 
     // Now the server answers everything but syncs.
     proxy.hold.store(true, Ordering::SeqCst);
+    // A heartbeat sync sent just before may still be answered (and extend validity): a first
+    // renew, whose sync is swallowed, lets every earlier answer arrive (answers come in order).
+    let _ = lease.renew().await;
     let held = lease.valid_until();
     let renew = lease.renew().await;
     assert!(
