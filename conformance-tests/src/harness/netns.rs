@@ -69,7 +69,7 @@ impl NetLab {
     /// `Ok` when namespaces can be made here (root, `ip` on `PATH`), else why not.
     pub fn availability() -> Result<PathBuf, String> {
         let ip = find_in_path("ip")
-            .ok_or_else(|| "iproute2's `ip` not found in PATH (apt-get install iproute2)")?;
+            .ok_or("iproute2's `ip` not found in PATH (apt-get install iproute2)")?;
         if !effective_uid_is_root() {
             return Err("network namespaces need root (the harness is not running as root)".into());
         }
