@@ -316,7 +316,7 @@ impl ZkConfig {
     /// A follower passes its clients' session touches on to the leader only with its pings
     /// (every half tick), so the leader's view of a session can lag a touch answered by a
     /// follower; the session cap of every lease leaves `tick + T / 6` for it (see the crate's
-    /// README, "The session caps validity", and decision 0016). Without `tick_ms` the adapter
+    /// README, "The session caps validity", and decision 0017). Without `tick_ms` the adapter
     /// assumes the largest tick a server granting the negotiated timeout `T` can run with under
     /// ZooKeeper's default `minSessionTimeout` of two ticks: `T / 2`.
     pub fn tick(&self) -> Option<Duration> {

@@ -436,7 +436,7 @@ pub(crate) fn heartbeat_period(timeout: Duration) -> Duration {
     (timeout / 6).max(Duration::from_millis(10))
 }
 
-/// What the session bound leaves for a follower's session-touch lag (decision 0016).
+/// What the session bound leaves for a follower's session-touch lag (decision 0017).
 ///
 /// A follower records a client's touch when the request arrives and passes it on to the leader
 /// only with its next answer to the leader's ping (pings every half `tickTime`); the leader

@@ -8,11 +8,12 @@
 use std::time::Duration;
 
 use adapter_zookeeper::{ZkConfig, ZkCoordinator};
-use conformance_tests::harness::zookeeper_ensemble::{MemberState, ZooKeeperEnsemble};
+use conformance_tests::harness::zookeeper_ensemble::ZooKeeperEnsemble;
 use conformance_tests::harness::{
     server_unavailable, start_or_skip_async, Backend, ClusterControl, ZooKeeperServer,
 };
 use conformance_tests::proxy::FaultProxy;
+use futures::FutureExt;
 use lease_core::{Coordinator, Lease, LeaseOptions, LeaseStatus, LockKey};
 use tokio::time::Instant;
 
@@ -139,4 +140,213 @@ async fn validity_leaves_a_tick_and_a_heartbeat_for_the_followers_touch_lag() {
         }
         other => panic!("expected Misconfigured, got {:?}", other.map(|_| ())),
     }
+}
+
+/// The members whose `cons` lists session `sid` (asked on every member's real client port; a
+/// server cut from its client may still list the dead connection).
+async fn serving_members(ens: &std::sync::Arc<ZooKeeperEnsemble>, sid: i64) -> Vec<usize> {
+    let needle = format!("sid=0x{:x}", sid as u64);
+    let addrs: Vec<_> = (0..ens.members()).map(|m| ens.client_addr(m)).collect();
+    tokio::task::spawn_blocking(move || {
+        (0..addrs.len())
+            .filter(|m| {
+                conformance_tests::harness::tcp_exchange(
+                    addrs[*m],
+                    b"cons",
+                    Duration::from_millis(500),
+                    |_| false,
+                )
+                .map(|r| String::from_utf8_lossy(&r).contains(&needle))
+                .unwrap_or(false)
+            })
+            .collect()
+    })
+    .await
+    .unwrap()
+}
+
+/// Waits (bounded) until the session `sid` is served by a member other than `not`, and returns it.
+async fn moved_off(
+    ens: &std::sync::Arc<ZooKeeperEnsemble>,
+    sid: i64,
+    not: usize,
+    within: Duration,
+) -> usize {
+    let until = Instant::now() + within;
+    loop {
+        if let Some(m) = serving_members(ens, sid)
+            .await
+            .into_iter()
+            .find(|m| *m != not)
+        {
+            return m;
+        }
+        assert!(
+            Instant::now() < until,
+            "session {sid:#x} did not move off member {not} within {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// With every server in the connect string, the client moves to another server when its server
+/// is cut from clients or dies, within the session timeout, keeping its session. After a kill
+/// the kept lease is held again on the other server; after a silent cut it is held again or, if
+/// noticing the cut outlasted its validity, lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_session_moves_to_another_server_when_its_server_is_cut_or_dies() {
+    let Some(ens) = ensemble("the_session_moves_to_another_server").await else {
+        return;
+    };
+    let ens = std::sync::Arc::new(ens);
+    let coord = ZkCoordinator::connect(url(
+        &ens.connect_string(),
+        "session_timeout_ms=6000&tick_ms=200&connect_timeout_ms=12000",
+    ))
+    .await
+    .unwrap();
+    let t = coord.session_timeout();
+    let sid = coord.current_session().await.unwrap().id().0;
+    let key: LockKey = "moves".parse().unwrap();
+    let kept = lease_core::keep(
+        coord.acquire(&key, &LeaseOptions::new(t)).await.unwrap(),
+        lease_core::KeeperOptions::new(),
+    )
+    .unwrap();
+    let first = serving_members(&ens, sid).await[0];
+
+    // Cut silently from clients: the library notices after its connection timeout (0.4 T, more
+    // if it tries the cut server again) and moves; the session is kept. The lease is held again,
+    // or, if the move outlasted its validity, lost (never held past it).
+    ens.isolate_from_clients(first).await.unwrap();
+    let cut_at = Instant::now();
+    let second = moved_off(&ens, sid, first, t).await;
+    assert_eq!(coord.current_session().await.unwrap().id().0, sid);
+    let settled = tokio::time::timeout(t, async {
+        loop {
+            match kept.lease().status() {
+                LeaseStatus::Held | LeaseStatus::Lost(_) => return kept.lease().status(),
+                _ => tokio::time::sleep(Duration::from_millis(10)).await,
+            }
+        }
+    })
+    .await
+    .expect("the lease is held again or lost after the move");
+    assert!(
+        matches!(
+            settled,
+            LeaseStatus::Held | LeaseStatus::Lost(lease_core::LostReason::Expired)
+        ),
+        "after the move to member {second} ({:?} after the cut): {settled:?}",
+        cut_at.elapsed()
+    );
+    let _ = kept.release().await;
+    ens.heal(first).await.unwrap();
+
+    // The server dies: the client hears at once (its connection closes) and moves; a lease
+    // taken on the same session is held again, never lost.
+    let current = serving_members(&ens, sid)
+        .await
+        .into_iter()
+        .find(|m| *m != first)
+        .unwrap_or(second);
+    let kept = lease_core::keep(
+        coord
+            .acquire(&key, &LeaseOptions::new(t).wait(t))
+            .await
+            .unwrap(),
+        lease_core::KeeperOptions::new(),
+    )
+    .unwrap();
+    let mut lost = kept.lost();
+    ens.kill(current).await.unwrap();
+    let third = moved_off(&ens, sid, current, t + ens.failover_bound()).await;
+    assert_eq!(coord.current_session().await.unwrap().id().0, sid);
+    assert!(
+        tokio::time::timeout(t, async {
+            while kept.lease().status() != LeaseStatus::Held {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .is_ok(),
+        "held again on member {third}: {:?}",
+        kept.lease().status()
+    );
+    assert!(
+        lost.wait().now_or_never().is_none(),
+        "the lease was lost while its session moved"
+    );
+    ens.restart(current).await.unwrap();
+    kept.release().await.unwrap();
+}
+
+/// `follower_cut_after_sync`: the holder is connected to a follower only; right after the
+/// follower answered the holder's sync (a renew), the follower is cut from its peers. The
+/// leader then expires the session with the last touch the follower passed on, which may be
+/// older than that sync; the holder's local validity must end no later than the moment an
+/// observer on another server sees the holder's node gone (the ensemble's session expiry, seen
+/// within the observer's 10 ms polling).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn follower_cut_after_sync() {
+    use adapter_zookeeper::zookeeper_client as zk;
+    let Some(ens) = ensemble("follower_cut_after_sync").await else {
+        return;
+    };
+    let ens = std::sync::Arc::new(ens);
+    let leader = ens.leader().await.unwrap();
+    let follower = (0..ens.members()).find(|m| *m != leader).unwrap();
+    let config = url(
+        &ens.client_proxy_addr(follower).to_string(),
+        "session_timeout_ms=2000&tick_ms=200",
+    );
+    let coord = ZkCoordinator::connect(config.clone()).await.unwrap();
+    let key: LockKey = "follower-cut".parse().unwrap();
+    // A TTL far above T: the lease's validity is the session cap alone.
+    let lease = coord
+        .acquire(&key, &LeaseOptions::new(Duration::from_secs(30)))
+        .await
+        .unwrap();
+    let observer = zk::Client::connector()
+        .with_session_timeout(Duration::from_secs(10))
+        .connect(&ens.client_proxy_addr(leader).to_string())
+        .await
+        .unwrap();
+    let dir = config.lock_path(&key);
+    assert_eq!(observer.list_children(&dir).await.unwrap().len(), 1);
+
+    // Let a few pings pass so the follower has passed on earlier touches, then sync and cut.
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let validity = lease.renew().await.unwrap();
+    ens.isolate_from_peers(follower).await.unwrap();
+    let cut_at = Instant::now();
+
+    let gone_at = loop {
+        match observer.list_children(&dir).await {
+            Ok(c) if c.is_empty() => break Instant::now(),
+            Err(zk::Error::NoNode) => break Instant::now(),
+            Ok(_) => {}
+            Err(e) => panic!("observer: {e}"),
+        }
+        assert!(
+            cut_at.elapsed() < Duration::from_secs(15),
+            "the holder's session never expired"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    let latest = lease.valid_until();
+    assert!(
+        latest.max(validity) <= gone_at,
+        "the holder believed in its lease {:?} past the session's expiry (validity {:?} after \
+         the cut, expiry seen {:?} after it)",
+        latest.max(validity) - gone_at,
+        latest.max(validity).saturating_duration_since(cut_at),
+        gone_at - cut_at
+    );
+    assert!(
+        !matches!(lease.status(), LeaseStatus::Held) || Instant::now() < latest,
+        "status {:?}",
+        lease.status()
+    );
+    ens.heal(follower).await.unwrap();
 }

@@ -658,6 +658,10 @@ impl ClusterControl for ZooKeeperEnsemble {
         let ticks = self.config.sync_limit + self.config.init_limit;
         self.config.tick_time * ticks * 2 + Duration::from_secs(4)
     }
+
+    fn log_tails(&self) -> String {
+        ZooKeeperEnsemble::log_tails(self)
+    }
 }
 
 /// The whole ensemble as one [`ServerControl`], for the suite's single-server restart cases:
