@@ -25,12 +25,39 @@ const PARAMS: &[&str] = &[
     "key_prefix",
     "volatile_tokens",
     "token_floor",
-    "clock_start",
+    "clock_tokens",
+    "replica_acks",
+    "unguarded_replicas",
     "command_timeout_ms",
     "connect_timeout_ms",
     "poll_interval_ms",
     "tls_ca_file",
 ];
+
+/// The default port of a Sentinel.
+pub const DEFAULT_SENTINEL_PORT: u16 = 26379;
+/// The most replica acknowledgements an acquire can wait for.
+pub const MAX_REPLICA_ACKS: u8 = 16;
+
+/// How many replicas must have an acquire's write before the lease is handed out
+/// (`replica_acks`; see [`RedisConfig`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReplicaAcks {
+    /// One when the primary reports a streaming (online) replica at connect, none otherwise (the
+    /// default).
+    Auto,
+    /// Exactly this many (`0` never waits).
+    Exactly(u8),
+}
+
+/// Where the Sentinels of a `redis+sentinel://` URL are and which primary they watch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SentinelConfig {
+    /// The Sentinels, `(host, port)`, in the URL's order.
+    pub sentinels: Vec<(String, u16)>,
+    /// The primary's name as the Sentinels know it (`sentinel monitor <name> ...`).
+    pub primary: String,
+}
 
 /// How to reach a Redis server and how the adapter uses it.
 ///
@@ -40,6 +67,10 @@ const PARAMS: &[&str] = &[
 /// redis://[user[:password]@]host[:port][/db][?option=value&...]
 /// rediss://...                      (TLS; the server certificate is checked against the
 ///                                    system roots, or against `tls_ca_file`)
+/// redis+sentinel://[user[:password]@]sentinel[:port][,sentinel[:port]...]/primary-name[/db][?...]
+///                                   (the primary is asked of the Sentinels, in order, at every
+///                                    (re)connect, and checked with ROLE; user and password are
+///                                    the data nodes', Sentinels are asked without them)
 /// ```
 ///
 /// | option | default | meaning |
@@ -47,7 +78,9 @@ const PARAMS: &[&str] = &[
 /// | `key_prefix` | `fenced` | first part of every key; 1 to 64 bytes, no `{`, `}`, spaces or control characters |
 /// | `volatile_tokens` | `false` | `true` accepts a server that cannot keep the token counter across a crash (see the crate docs); the durability check at connect is skipped |
 /// | `token_floor` | none | every token issued is above this value (raise it after a restore or failover) |
-/// | `clock_start` | `true` | a key's counter that does not exist (first use, or lost) starts at the server's clock in microseconds; `false` starts it at 0 (tokens 1, 2, 3, ...) |
+/// | `clock_tokens` | `true` | every token is at least the server's clock in microseconds (`max(counter + 1, TIME)`), so tokens keep increasing when the counter is lost or a failover promotes a replica that missed the last grants; `false`: the counter alone (tokens 1, 2, 3, ...), refused on a primary with replicas unless `unguarded_replicas=true` |
+/// | `replica_acks` | `auto` | after a grant, `WAIT` until this many replicas have it (bounded by half the command timeout); fewer in time: the grant is undone and the acquire fails `Unavailable`. `auto`: 1 when the primary has a streaming (online) replica at connect, else 0; `0..=16` |
+/// | `unguarded_replicas` | `false` | `true` accepts a primary with replicas while `clock_tokens=false` (tokens can then repeat after a failover) |
 /// | `command_timeout_ms` | `2000` | bound on each command's response |
 /// | `connect_timeout_ms` | `2000` | bound on opening a connection |
 /// | `poll_interval_ms` | `250` | longest sleep of a waiter between attempts without a notification; also the holder monitor's ping interval (and its poll interval without client-side tracking) |
@@ -61,7 +94,10 @@ pub struct RedisConfig {
     key_prefix: String,
     volatile_tokens: bool,
     token_floor: Option<Token>,
-    clock_start: bool,
+    clock_tokens: bool,
+    replica_acks: ReplicaAcks,
+    unguarded_replicas: bool,
+    sentinel: Option<SentinelConfig>,
     command_timeout: Duration,
     connect_timeout: Duration,
     poll_interval: Duration,
@@ -76,7 +112,10 @@ impl fmt::Debug for RedisConfig {
             .field("key_prefix", &self.key_prefix)
             .field("volatile_tokens", &self.volatile_tokens)
             .field("token_floor", &self.token_floor)
-            .field("clock_start", &self.clock_start)
+            .field("clock_tokens", &self.clock_tokens)
+            .field("replica_acks", &self.replica_acks)
+            .field("unguarded_replicas", &self.unguarded_replicas)
+            .field("sentinel", &self.sentinel)
             .field("command_timeout", &self.command_timeout)
             .field("connect_timeout", &self.connect_timeout)
             .field("poll_interval", &self.poll_interval)
@@ -94,7 +133,8 @@ impl fmt::Display for RedisConfig {
 }
 
 impl RedisConfig {
-    /// Parses `url` (`redis://` or `rediss://`, options as query parameters; see the type docs).
+    /// Parses `url` (`redis://`, `rediss://` or `redis+sentinel://`, options as query parameters;
+    /// see the type docs).
     ///
     /// Errors are `Error::InvalidInput` naming the offending value, with the password redacted.
     /// Nothing is sent.
@@ -106,18 +146,36 @@ impl RedisConfig {
     /// Like [`RedisConfig::from_url`], for an already parsed URL (as the registry hands it over).
     pub fn from_backend_url(url: BackendUrl) -> Result<Self> {
         let raw = url.expose();
-        match raw.scheme() {
-            "redis" | "rediss" => {}
+        let sentinel_scheme = match raw.scheme() {
+            "redis" | "rediss" => false,
+            "redis+sentinel" => true,
+            "rediss+sentinel" => {
+                return Err(url
+                    .invalid(
+                        "scheme \"rediss+sentinel\" is not supported yet (Sentinel over TLS); \
+                         use redis+sentinel:// on a trusted network or rediss:// to the primary",
+                    )
+                    .into())
+            }
             other => {
                 return Err(url
                     .invalid(format!(
-                        "scheme {other:?} is not a Redis scheme (use redis:// or rediss://)"
+                        "scheme {other:?} is not a Redis scheme (use redis://, rediss:// or \
+                         redis+sentinel://)"
                     ))
                     .into())
             }
-        }
+        };
         if raw.host_str().is_none_or(str::is_empty) {
             return Err(url.invalid("the URL names no host").into());
+        }
+        let hosts = url.hosts();
+        if hosts.len() > 1 && !sentinel_scheme {
+            return Err(url
+                .invalid(
+                    "a host list needs redis+sentinel:// (a plain redis:// URL names one server)",
+                )
+                .into());
         }
         if raw.fragment().is_some() {
             return Err(url
@@ -127,7 +185,33 @@ impl RedisConfig {
                 )
                 .into());
         }
-        let db = raw.path().trim_matches('/');
+        let path = raw.path().trim_matches('/');
+        let (sentinel, db) = if sentinel_scheme {
+            let (name, db) = path.split_once('/').unwrap_or((path, ""));
+            if name.is_empty() {
+                return Err(url
+                    .invalid(
+                        "a redis+sentinel:// URL names the primary after the hosts \
+                         (redis+sentinel://host:26379/mymaster)",
+                    )
+                    .into());
+            }
+            let mut sentinels = Vec::new();
+            for h in &hosts {
+                sentinels.push(parse_host_port(h, DEFAULT_SENTINEL_PORT).ok_or_else(|| {
+                    Error::from(url.invalid(format!("sentinel {h:?} is not host[:port]")))
+                })?);
+            }
+            (
+                Some(SentinelConfig {
+                    sentinels,
+                    primary: name.to_owned(),
+                }),
+                db,
+            )
+        } else {
+            (None, path)
+        };
         if !db.is_empty() && db.parse::<u16>().is_err() {
             return Err(url
                 .invalid(format!(
@@ -141,7 +225,10 @@ impl RedisConfig {
             key_prefix: DEFAULT_KEY_PREFIX.to_owned(),
             volatile_tokens: false,
             token_floor: None,
-            clock_start: true,
+            clock_tokens: true,
+            replica_acks: ReplicaAcks::Auto,
+            unguarded_replicas: false,
+            sentinel,
             command_timeout: DEFAULT_COMMAND_TIMEOUT,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             poll_interval: DEFAULT_POLL_INTERVAL,
@@ -172,17 +259,27 @@ impl RedisConfig {
                     validate_prefix(&value).map_err(&bad)?;
                     config.key_prefix = value;
                 }
-                "volatile_tokens" | "clock_start" => {
+                "volatile_tokens" | "clock_tokens" | "unguarded_replicas" => {
                     let yes = match value.to_ascii_lowercase().as_str() {
                         "true" | "1" | "yes" => true,
                         "false" | "0" | "no" => false,
                         _ => return Err(bad("true or false").into()),
                     };
-                    if name == "clock_start" {
-                        config.clock_start = yes;
-                    } else {
-                        config.volatile_tokens = yes;
+                    match name.as_str() {
+                        "clock_tokens" => config.clock_tokens = yes,
+                        "unguarded_replicas" => config.unguarded_replicas = yes,
+                        _ => config.volatile_tokens = yes,
                     }
+                }
+                "replica_acks" => {
+                    config.replica_acks = if value.eq_ignore_ascii_case("auto") {
+                        ReplicaAcks::Auto
+                    } else {
+                        match value.parse::<u8>() {
+                            Ok(n) if n <= MAX_REPLICA_ACKS => ReplicaAcks::Exactly(n),
+                            _ => return Err(bad("auto or a number in 0..=16").into()),
+                        }
+                    };
                 }
                 "token_floor" => {
                     let floor: Token = value
@@ -245,10 +342,32 @@ impl RedisConfig {
         self
     }
 
-    /// Whether a key's counter that does not exist starts at the server's clock in microseconds
-    /// (`true`, the default) or at 0. See the crate docs, "Token source".
-    pub fn with_clock_start(mut self, yes: bool) -> Self {
-        self.clock_start = yes;
+    /// Whether every token is at least the server's clock in microseconds (`true`, the default)
+    /// or the key's counter alone (`false`: 1, 2, 3, ...). See the crate docs, "Token source".
+    pub fn with_clock_tokens(mut self, yes: bool) -> Self {
+        self.clock_tokens = yes;
+        self
+    }
+
+    /// How many replicas must have a grant before `acquire` returns it (see the type docs).
+    pub fn with_replica_acks(mut self, acks: ReplicaAcks) -> Result<Self> {
+        if let ReplicaAcks::Exactly(n) = acks {
+            if n > MAX_REPLICA_ACKS {
+                return Err(InvalidInput::OutOfRange {
+                    field: "replica_acks",
+                    value: n.to_string(),
+                    expected: "0..=16",
+                }
+                .into());
+            }
+        }
+        self.replica_acks = acks;
+        Ok(self)
+    }
+
+    /// Accepts (`true`) a primary with replicas while `clock_tokens` is off.
+    pub fn with_unguarded_replicas(mut self, yes: bool) -> Self {
+        self.unguarded_replicas = yes;
         self
     }
 
@@ -297,9 +416,24 @@ impl RedisConfig {
         self.token_floor
     }
 
-    /// Whether a missing counter starts at the server's clock.
-    pub fn clock_start(&self) -> bool {
-        self.clock_start
+    /// Whether every token is at least the server's clock in microseconds.
+    pub fn clock_tokens(&self) -> bool {
+        self.clock_tokens
+    }
+
+    /// The replica acknowledgements an acquire waits for.
+    pub fn replica_acks(&self) -> ReplicaAcks {
+        self.replica_acks
+    }
+
+    /// Whether a primary with replicas is accepted while `clock_tokens` is off.
+    pub fn unguarded_replicas(&self) -> bool {
+        self.unguarded_replicas
+    }
+
+    /// The Sentinels of a `redis+sentinel://` URL, if that is the scheme.
+    pub fn sentinel(&self) -> Option<&SentinelConfig> {
+        self.sentinel.as_ref()
     }
 
     /// The bound on each command's response.
@@ -327,9 +461,48 @@ impl RedisConfig {
         self.owner.as_ref()
     }
 
-    /// Builds the redis-rs client: the URL without the adapter's own options.
+    /// Builds the redis-rs client: the URL without the adapter's own options. For
+    /// `redis+sentinel://`, a client of the first Sentinel's address; use
+    /// [`Self::client_for`] with the primary's address instead.
     pub(crate) fn client(&self) -> Result<redis::Client> {
+        match &self.sentinel {
+            Some(s) => {
+                let (host, port) = &s.sentinels[0];
+                self.client_for(host, *port)
+            }
+            None => self.client_of(self.url.expose().clone()),
+        }
+    }
+
+    /// A client of the data node at `host:port` with the URL's user, password and database (the
+    /// primary a Sentinel named).
+    pub(crate) fn client_for(&self, host: &str, port: u16) -> Result<redis::Client> {
         let mut raw = self.url.expose().clone();
+        let db = match &self.sentinel {
+            Some(_) => raw
+                .path()
+                .trim_matches('/')
+                .split_once('/')
+                .map(|(_, db)| db.to_owned())
+                .unwrap_or_default(),
+            None => raw.path().trim_matches('/').to_owned(),
+        };
+        let rebuilt = raw
+            .set_scheme("redis")
+            .ok()
+            .and_then(|()| raw.set_host(Some(host)).ok())
+            .and_then(|()| raw.set_port(Some(port)).ok());
+        if rebuilt.is_none() {
+            return Err(self
+                .url
+                .invalid(format!("cannot address the data node {host}:{port}"))
+                .into());
+        }
+        raw.set_path(&db);
+        self.client_of(raw)
+    }
+
+    fn client_of(&self, mut raw: url::Url) -> Result<redis::Client> {
         raw.set_query(None);
         let client = match &self.tls_ca_file {
             None => {
@@ -369,6 +542,27 @@ impl RedisConfig {
 fn install_crypto_provider() {
     // An error means a provider is installed already, which is all we need.
     let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+/// `host[:port]` (IPv6 in brackets) with `default` when no port is given.
+fn parse_host_port(h: &str, default: u16) -> Option<(String, u16)> {
+    if h.is_empty() || h.contains(['/', '@', ' ']) {
+        return None;
+    }
+    if let Some(rest) = h.strip_prefix('[') {
+        let (host, after) = rest.split_once(']')?;
+        let port = match after.strip_prefix(':') {
+            Some(p) => p.parse().ok()?,
+            None if after.is_empty() => default,
+            None => return None,
+        };
+        return Some((host.to_owned(), port));
+    }
+    match h.rsplit_once(':') {
+        Some((host, p)) if !host.is_empty() => Some((host.to_owned(), p.parse().ok()?)),
+        Some(_) => None,
+        None => Some((h.to_owned(), default)),
+    }
 }
 
 fn validate_prefix(prefix: &str) -> std::result::Result<(), &'static str> {
@@ -411,10 +605,13 @@ mod tests {
     #[test]
     fn parses_options() {
         let c = RedisConfig::from_url(
-            "redis://alice:pw@127.0.0.1:6390/2?key_prefix=app&volatile_tokens=true&token_floor=1000&command_timeout_ms=500&connect_timeout_ms=700&poll_interval_ms=50&clock_start=false",
+            "redis://alice:pw@127.0.0.1:6390/2?key_prefix=app&volatile_tokens=true&token_floor=1000&command_timeout_ms=500&connect_timeout_ms=700&poll_interval_ms=50&clock_tokens=false&replica_acks=2&unguarded_replicas=true",
         )
         .unwrap();
-        assert!(!c.clock_start());
+        assert!(!c.clock_tokens());
+        assert_eq!(c.replica_acks(), ReplicaAcks::Exactly(2));
+        assert!(c.unguarded_replicas());
+        assert!(c.sentinel().is_none());
         assert_eq!(c.key_prefix(), "app");
         assert!(c.volatile_tokens());
         assert_eq!(c.token_floor(), Some(Token::new(1000).unwrap()));
@@ -424,15 +621,47 @@ mod tests {
         let d = RedisConfig::from_url("rediss://h").unwrap();
         assert_eq!(d.key_prefix(), DEFAULT_KEY_PREFIX);
         assert!(!d.volatile_tokens());
-        assert!(d.clock_start());
+        assert!(d.clock_tokens());
+        assert_eq!(d.replica_acks(), ReplicaAcks::Auto);
+        assert!(!d.unguarded_replicas());
         assert_eq!(d.command_timeout(), DEFAULT_COMMAND_TIMEOUT);
+    }
+
+    #[test]
+    fn parses_sentinel_urls() {
+        let c = RedisConfig::from_url(
+            "redis+sentinel://:pw@10.0.0.1:26380,10.0.0.2,[::1]:26381/mymaster/3?replica_acks=1",
+        )
+        .unwrap();
+        let s = c.sentinel().unwrap();
+        assert_eq!(s.primary, "mymaster");
+        assert_eq!(
+            s.sentinels,
+            vec![
+                ("10.0.0.1".to_owned(), 26380),
+                ("10.0.0.2".to_owned(), DEFAULT_SENTINEL_PORT),
+                ("::1".to_owned(), 26381),
+            ]
+        );
+        let client = c.client_for("127.0.0.1", 6390).unwrap();
+        let info = client.get_connection_info();
+        assert_eq!(info.redis_settings().db(), 3);
+        assert_eq!(info.redis_settings().password(), Some("pw"));
+        assert!(format!("{:?}", info.addr()).contains("6390"));
+        assert!(!format!("{c:?}").contains("pw@"));
     }
 
     #[test]
     fn rejects_bad_values_naming_them_without_the_password() {
         for (url, needle) in [
             ("redis://:hunter2@h?volatile_tokens=maybe", "maybe"),
-            ("redis://:hunter2@h?clock_start=2", "clock_start"),
+            ("redis://:hunter2@h?clock_tokens=2", "clock_tokens"),
+            ("redis://:hunter2@h?replica_acks=17", "replica_acks"),
+            ("redis://:hunter2@h?replica_acks=some", "some"),
+            ("redis://:hunter2@a,b", "redis+sentinel"),
+            ("redis+sentinel://:hunter2@a,b", "primary"),
+            ("redis+sentinel://:hunter2@a:x,b/m", "a:x"),
+            ("rediss+sentinel://:hunter2@a/m", "not supported"),
             ("redis://:hunter2@h?token_floor=-1", "-1"),
             (
                 "redis://:hunter2@h?token_floor=9223372036854775807",

@@ -1,7 +1,9 @@
 //! The command connection: one multiplexed connection, reopened after it breaks, checked for
-//! durability every time it is opened.
+//! durability and replication every time it is opened. With `redis+sentinel://`, every open asks
+//! the Sentinels for the primary first and checks that it answers `ROLE master`.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -10,7 +12,7 @@ use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, RedisResult};
 use tokio::time::Instant;
 
-use crate::config::RedisConfig;
+use crate::config::{RedisConfig, SentinelConfig};
 use crate::error::{self, Op, BACKEND};
 
 /// A failure of the last connect attempt, kept so that callers queued behind it fail fast instead
@@ -56,7 +58,14 @@ struct ConnectState {
 /// ([`crate::error`]) and drops a connection that redis-rs reports as unusable (or that timed
 /// out: a half-open TCP connection never recovers by itself).
 pub(crate) struct Connection {
-    client: redis::Client,
+    config: RedisConfig,
+    /// The client of the server the current connection goes to (with Sentinel: the primary the
+    /// last successful open found).
+    client: Mutex<redis::Client>,
+    /// The replicas the primary reported streaming (`state=online`) at the last open.
+    replicas: AtomicUsize,
+    /// The Sentinel that answered last (asked first next time).
+    sentinel_first: AtomicUsize,
     async_config: AsyncConnectionConfig,
     connect_timeout: Duration,
     verify_durability: bool,
@@ -75,7 +84,10 @@ impl Connection {
             .set_connection_timeout(Some(config.connect_timeout()))
             .set_response_timeout(Some(config.command_timeout()));
         let conn = Connection {
-            client,
+            config: config.clone(),
+            client: Mutex::new(client),
+            replicas: AtomicUsize::new(0),
+            sentinel_first: AtomicUsize::new(0),
             async_config,
             connect_timeout: config.connect_timeout(),
             verify_durability: !config.volatile_tokens(),
@@ -87,9 +99,19 @@ impl Connection {
         Ok(conn)
     }
 
-    /// The redis-rs client (for the pub/sub connection).
-    pub(crate) fn client(&self) -> &redis::Client {
-        &self.client
+    /// The redis-rs client of the server the command connection last opened to (for the pub/sub
+    /// and tracking connections: with Sentinel, the current primary as last found).
+    pub(crate) fn client(&self) -> redis::Client {
+        self.client
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// How many replicas the primary reported streaming (`state=online`) when the connection was
+    /// last opened.
+    pub(crate) fn replicas(&self) -> usize {
+        self.replicas.load(Ordering::Relaxed)
     }
 
     /// Sets what to do when a request finds the connection broken (once; later calls are
@@ -151,10 +173,13 @@ impl Connection {
     }
 
     async fn connect(&self) -> Result<MultiplexedConnection> {
+        let client = match self.config.sentinel() {
+            None => self.client(),
+            Some(s) => self.ask_sentinels(s).await?,
+        };
         let mut conn = tokio::time::timeout(
             self.connect_timeout,
-            self.client
-                .get_multiplexed_async_connection_with_config(&self.async_config),
+            client.get_multiplexed_async_connection_with_config(&self.async_config),
         )
         .await
         .map_err(|_| error::connect_timed_out(self.connect_timeout))?
@@ -162,8 +187,61 @@ impl Connection {
         if self.verify_durability {
             check_durability(&mut conn).await?;
         }
-        tracing::debug!(backend = BACKEND, "command connection opened");
+        let replicas = check_replication(&mut conn, &self.config).await?;
+        self.replicas.store(replicas, Ordering::Relaxed);
+        *self.client.lock().unwrap_or_else(|p| p.into_inner()) = client;
+        tracing::debug!(backend = BACKEND, replicas, "command connection opened");
         Ok(conn)
+    }
+
+    /// Asks the Sentinels, in order starting with the one that answered last, where the primary
+    /// is; the whole round is bounded by the connect timeout. A Sentinel that does not know the
+    /// primary's name is a configuration error only when none knows it.
+    async fn ask_sentinels(&self, s: &SentinelConfig) -> Result<redis::Client> {
+        let n = s.sentinels.len();
+        let first = self.sentinel_first.load(Ordering::Relaxed) % n;
+        let deadline = Instant::now() + self.connect_timeout;
+        let mut problems = Vec::new();
+        let mut unknown = 0;
+        for i in (0..n).map(|i| (first + i) % n) {
+            let (host, port) = &s.sentinels[i];
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                problems.push(format!("{host}:{port}: not asked (connect timeout spent)"));
+                continue;
+            }
+            match tokio::time::timeout(left, primary_of(host, *port, &s.primary)).await {
+                Ok(Ok(Some((h, p)))) => {
+                    self.sentinel_first.store(i, Ordering::Relaxed);
+                    return self.config.client_for(&h, p);
+                }
+                Ok(Ok(None)) => {
+                    unknown += 1;
+                    problems.push(format!("{host}:{port}: does not monitor {:?}", s.primary));
+                }
+                Ok(Err(e)) => problems.push(format!("{host}:{port}: {e}")),
+                Err(_) => problems.push(format!("{host}:{port}: no answer in time")),
+            }
+        }
+        if unknown == n {
+            return Err(Error::Misconfigured {
+                backend: BACKEND,
+                problems: vec![format!(
+                    "no Sentinel monitors a primary named {:?} ({})",
+                    s.primary,
+                    problems.join("; ")
+                )],
+            });
+        }
+        Err(Error::Unavailable {
+            backend: BACKEND,
+            message: format!(
+                "no Sentinel named the primary {:?}: {}",
+                s.primary,
+                problems.join("; ")
+            ),
+            source: None,
+        })
     }
 
     /// Forgets the connection of `generation` (or any, for `None`) so the next request opens a
@@ -195,7 +273,7 @@ impl Connection {
             Err(e) => e,
         };
         self.broke(&first);
-        if first.is_unrecoverable_error() || first.is_timeout() {
+        if first.is_unrecoverable_error() || first.is_timeout() || demoted(&first) {
             self.discard(Some(generation));
         }
         let dropped = first.is_connection_dropped() && !first.is_timeout();
@@ -249,6 +327,146 @@ impl Connection {
         })
         .await
     }
+}
+
+impl Connection {
+    /// Like [`Self::eval`], then `WAIT replicas wait_ms` in the same pipeline (one round trip,
+    /// the same connection, so the `WAIT` covers the script's writes): the script's reply and how
+    /// many replicas acknowledged.
+    pub(crate) async fn eval_and_wait(
+        &self,
+        op: Op,
+        script: &redis::Script,
+        keys: &[&str],
+        args: &[&[u8]],
+        replicas: usize,
+        wait: Duration,
+    ) -> Result<(redis::Value, i64)> {
+        let wait_ms = wait.as_millis().max(1) as u64;
+        self.run(op, |mut c| async move {
+            let mut pipe = redis::pipe();
+            pipe.cmd("EVALSHA")
+                .arg(script.get_hash())
+                .arg(keys.len())
+                .arg(keys)
+                .arg(args);
+            pipe.cmd("WAIT").arg(replicas).arg(wait_ms);
+            match pipe.query_async::<(redis::Value, i64)>(&mut c).await {
+                Err(e) if e.code() == Some("NOSCRIPT") => {
+                    script.load_async(&mut c).await?;
+                    pipe.query_async(&mut c).await
+                }
+                other => other,
+            }
+        })
+        .await
+    }
+}
+
+/// The server is no longer the primary (a failover demoted it): open a new connection, which
+/// asks the Sentinels again.
+fn demoted(e: &redis::RedisError) -> bool {
+    matches!(e.code(), Some("READONLY" | "MASTERDOWN"))
+}
+
+/// `SENTINEL get-master-addr-by-name` of one Sentinel: `Some((host, port))`, or `None` when it
+/// does not monitor `name`.
+async fn primary_of(host: &str, port: u16, name: &str) -> RedisResult<Option<(String, u16)>> {
+    let client = redis::Client::open(redis::ConnectionAddr::Tcp(host.to_owned(), port))?;
+    let mut conn = client.get_multiplexed_async_connection().await?;
+    let addr: Option<(String, u16)> = redis::cmd("SENTINEL")
+        .arg("get-master-addr-by-name")
+        .arg(name)
+        .query_async(&mut conn)
+        .await?;
+    Ok(addr)
+}
+
+/// Checks what the connected server is to the others: with Sentinel it must answer
+/// `ROLE master` (a Sentinel's answer can be stale during a failover); and a primary with
+/// replicas is refused while `clock_tokens` is off (a failover to a replica that missed the last
+/// grants would issue their tokens again), unless the operator opted in. Returns the number of
+/// replicas streaming from it (`state=online`).
+async fn check_replication(
+    conn: &mut MultiplexedConnection,
+    config: &RedisConfig,
+) -> Result<usize> {
+    let info: String = match redis::cmd("INFO")
+        .arg("replication")
+        .query_async(conn)
+        .await
+    {
+        Ok(info) => info,
+        // INFO refused (renamed or not permitted, as on some managed services): the topology
+        // cannot be checked. Fine while the clock guard is on; refused otherwise.
+        Err(e) if e.code().is_some() => {
+            if config.clock_tokens() || config.unguarded_replicas() {
+                tracing::warn!(backend = BACKEND, error = %e, "INFO replication refused; assuming no replicas (replica_acks=auto waits for none)");
+                return Ok(0);
+            }
+            return Err(Error::Misconfigured {
+                backend: BACKEND,
+                problems: vec![format!(
+                    "cannot tell whether the primary has replicas (INFO replication failed: {}) \
+                     while clock_tokens=false; use clock_tokens=true (the default), or accept \
+                     repeated tokens after a failover with unguarded_replicas=true",
+                    e.detail().unwrap_or(e.code().unwrap_or("error"))
+                )],
+            });
+        }
+        Err(e) => return Err(error::from_redis(Op::CHECK, e)),
+    };
+    let field = |name: &str| {
+        info.lines()
+            .find_map(|l| l.trim().strip_prefix(name)?.strip_prefix(':'))
+            .map(str::to_owned)
+    };
+    let role = field("role").unwrap_or_default();
+    let replicas: usize = field("connected_slaves")
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    if role != "master" {
+        return Err(match config.sentinel() {
+            // A Sentinel's answer can be stale for a moment during a failover: try again.
+            Some(s) => Error::Unavailable {
+                backend: BACKEND,
+                message: format!(
+                    "the server Sentinel named as the primary {:?} answers role {role:?} (a \
+                     failover is under way)",
+                    s.primary
+                ),
+                source: None,
+            },
+            None => Error::Misconfigured {
+                backend: BACKEND,
+                problems: vec![format!(
+                    "the server is not a primary (role {role:?}): locks need the primary; use \
+                     redis+sentinel:// to follow failovers"
+                )],
+            },
+        });
+    }
+    if replicas > 0 && !config.clock_tokens() && !config.unguarded_replicas() {
+        return Err(Error::Misconfigured {
+            backend: BACKEND,
+            problems: vec![format!(
+                "the primary has {replicas} connected replica(s) and clock_tokens=false: a \
+                 failover to a replica that missed the last grants would issue the same tokens \
+                 again. Use clock_tokens=true (the default), or accept that with \
+                 unguarded_replicas=true"
+            )],
+        });
+    }
+    // `auto` waits for replicas that are streaming, not for one still in its first full sync.
+    let online = info
+        .lines()
+        .filter(|l| {
+            l.strip_prefix("slave")
+                .is_some_and(|rest| rest.starts_with(|c: char| c.is_ascii_digit()))
+                && l.contains("state=online")
+        })
+        .count();
+    Ok(online)
 }
 
 /// Refuses a server that would lose the token counter (or a fence's newest token) in a crash or

@@ -12,7 +12,7 @@ use lease_core::{
 };
 use tokio::time::Instant;
 
-use crate::config::RedisConfig;
+use crate::config::{RedisConfig, ReplicaAcks};
 use crate::connection::Connection;
 use crate::error::{bad_reply, Op, BACKEND};
 use crate::keys::{LockKeys, LockValue, ValueParts};
@@ -121,6 +121,15 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Inner {
+    /// How many replica acknowledgements a grant waits for (`replica_acks`; `auto` is one when
+    /// the primary reported a connected replica at the last connect).
+    pub(crate) fn replica_acks(&self) -> usize {
+        match self.config.replica_acks() {
+            ReplicaAcks::Auto => self.conn.replicas().min(1),
+            ReplicaAcks::Exactly(n) => usize::from(n),
+        }
+    }
+
     /// Compare-and-delete by nonce (`head`), then wake waiters. `Ok(true)` when deleted.
     pub(crate) async fn release_by_head(&self, keys: &LockKeys, head: &str) -> Result<i64> {
         let v = self
@@ -535,7 +544,7 @@ impl RedisCoordinator {
             .token_floor()
             .map(|t| t.to_string())
             .unwrap_or_default();
-        let clock_start: &[u8] = if self.inner.config.clock_start() {
+        let clock_tokens: &[u8] = if self.inner.config.clock_tokens() {
             b"1"
         } else {
             b"0"
@@ -543,23 +552,32 @@ impl RedisCoordinator {
         let sent_at = Instant::now();
         let was_pending = guard.pending;
         guard.pending = true;
-        let result = self
-            .inner
-            .conn
-            .eval(
+        let acks = self.inner.replica_acks();
+        let script_keys = [keys.lock.as_str(), keys.counter.as_str()];
+        let script_args = [
+            parts.head.as_bytes(),
+            parts.tail.as_bytes(),
+            ttl_ms.as_bytes(),
+            floor.as_bytes(),
+            clock_tokens,
+        ];
+        let conn = &self.inner.conn;
+        let result = if acks == 0 {
+            conn.eval(Op::ACQUIRE, &scripts::ACQUIRE, &script_keys, &script_args)
+                .await
+                .map(|v| (v, 0))
+        } else {
+            conn.eval_and_wait(
                 Op::ACQUIRE,
                 &scripts::ACQUIRE,
-                &[&keys.lock, &keys.counter],
-                &[
-                    parts.head.as_bytes(),
-                    parts.tail.as_bytes(),
-                    ttl_ms.as_bytes(),
-                    floor.as_bytes(),
-                    clock_start,
-                ],
+                &script_keys,
+                &script_args,
+                acks,
+                self.inner.config.command_timeout() / 2,
             )
-            .await;
-        let v = match result {
+            .await
+        };
+        let (v, acked) = match result {
             Ok(v) => v,
             Err(original @ Error::OutcomeUnknown { .. }) => {
                 // `guard.pending` stays set until a grant: this request may apply later. A grant
@@ -593,6 +611,20 @@ impl RedisCoordinator {
                 } else {
                     sent_at
                 };
+                if (acked as usize) < acks {
+                    // Not on enough replicas: a failover now could hand the key to someone
+                    // else while we hold it. Give it back.
+                    let _ = self.inner.release_by_head(keys, &parts.head).await;
+                    return Err(Error::Unavailable {
+                        backend: BACKEND,
+                        message: format!(
+                            "the grant of {key} reached {acked} of the {acks} replica(s) \
+                             replica_acks asks for within {:?}; released again",
+                            self.inner.config.command_timeout() / 2
+                        ),
+                        source: None,
+                    });
+                }
                 self.grant(key, keys, parts, token, options, validity_from)
                     .await
             }

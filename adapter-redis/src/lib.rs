@@ -18,15 +18,17 @@ use std::sync::Arc;
 use lease_core::{BackendUrl, Coordinator, Fence, Registry};
 
 pub use config::{
-    RedisConfig, DEFAULT_COMMAND_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_KEY_PREFIX,
-    DEFAULT_POLL_INTERVAL, MAX_INTERVAL, MAX_KEY_PREFIX_BYTES,
+    RedisConfig, ReplicaAcks, SentinelConfig, DEFAULT_COMMAND_TIMEOUT, DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_KEY_PREFIX, DEFAULT_POLL_INTERVAL, DEFAULT_SENTINEL_PORT, MAX_INTERVAL,
+    MAX_KEY_PREFIX_BYTES, MAX_REPLICA_ACKS,
 };
 pub use coordinator::{AuditRecord, RedisCoordinator, MIN_TTL};
 pub use fence::RedisFence;
 pub use lease::RedisLease;
 
-/// The URL schemes this adapter serves: `redis` (plain TCP) and `rediss` (TLS).
-pub const SCHEMES: [&str; 2] = ["redis", "rediss"];
+/// The URL schemes this adapter serves: `redis` (plain TCP), `rediss` (TLS) and
+/// `redis+sentinel` (the primary found through Sentinel, followed across failovers).
+pub const SCHEMES: [&str; 3] = ["redis", "rediss", "redis+sentinel"];
 
 /// Registers [`RedisCoordinator`] and [`RedisFence`] for every scheme in [`SCHEMES`].
 ///

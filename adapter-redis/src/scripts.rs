@@ -21,7 +21,7 @@ local function lt(a, b)
 end
 ";
 
-/// Acquire: `KEYS = [lock, counter]`, `ARGV = [head, tail, ttl_ms, floor or '', clock_start]`.
+/// Acquire: `KEYS = [lock, counter]`, `ARGV = [head, tail, ttl_ms, floor or '', clock_tokens]`.
 ///
 /// Returns `{1, token}` when this run granted the lock (the lock now holds `head .. token .. tail`
 /// with `PX ttl_ms`), or `{0, holder_value, holder_pttl_ms}` when the key is held by another
@@ -30,10 +30,13 @@ end
 /// writes nothing; the caller then counts validity from the earliest request that may have
 /// written it, and from this request's send otherwise.
 ///
-/// The token is the counter after `INCR`. A counter that does not exist (first use of the key,
-/// or lost: deleted by an operator, evicted, flushed, or never persisted before a crash) starts
-/// at the server's clock in microseconds when `clock_start` is `1`, so that it resumes above
-/// every token issued before; and never below `floor`.
+/// The token is the counter after `INCR`. With `clock_tokens` `1` the counter is first raised
+/// to the server's clock in microseconds when it is below it (or does not exist: first use of
+/// the key, or lost: deleted by an operator, evicted, flushed, never persisted before a crash,
+/// or never replicated to the replica a failover promoted), so every token is
+/// `max(counter + 1, TIME + 1)`: above every token issued before, as long as the clock of the
+/// server issuing it is not behind the clock of the server that issued those by more than the
+/// time between the two grants. It is never below `floor`.
 const ACQUIRE_BODY: &str = r"
 local cur = redis.call('GET', KEYS[1])
 if cur then
@@ -44,9 +47,10 @@ if cur then
 end
 local c = redis.call('GET', KEYS[2])
 local base = c
-if (not base) and ARGV[5] == '1' then
+if ARGV[5] == '1' then
   local t = redis.call('TIME')
-  base = t[1] .. string.format('%06d', tonumber(t[2]))
+  local now = t[1] .. string.format('%06d', tonumber(t[2]))
+  if (not base) or lt(base, now) then base = now end
 end
 if ARGV[4] ~= '' and ((not base) or lt(base, ARGV[4])) then
   base = ARGV[4]

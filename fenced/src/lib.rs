@@ -9,6 +9,7 @@ pub use lease_core::*;
 pub const SCHEMES: &[(&str, &str)] = &[
     ("redis", "redis"),
     ("rediss", "redis"),
+    ("redis+sentinel", "redis"),
     ("etcd", "etcd"),
     ("etcds", "etcd"),
     ("zk", "zookeeper"),

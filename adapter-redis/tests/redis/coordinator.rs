@@ -136,7 +136,7 @@ async fn keys_with_shared_prefixes_and_braces_are_independent() {
     ) else {
         return;
     };
-    let c = coordinator(&srv, "key_prefix=app:locks&clock_start=false").await;
+    let c = coordinator(&srv, "key_prefix=app:locks&clock_tokens=false").await;
     let base = key("p");
     let names = [
         base.to_string(),

@@ -53,7 +53,7 @@ async fn tokens_continue_after_kill_9_with_aof() {
         return;
     };
     // Counters start at 0 here, so the exact values prove the counter itself survived.
-    let c = coordinator(&srv, "clock_start=false").await;
+    let c = coordinator(&srv, "clock_tokens=false").await;
     let f = common::fence(&srv, "").await;
     let k = key("aof");
     let before = cycle(&c, &k, 3).await;
@@ -72,7 +72,7 @@ async fn tokens_continue_after_kill_9_with_aof() {
     let l = acquire_after_restart(&c, &k).await.unwrap();
     assert_eq!(l.token(), Token::new(4).unwrap());
     l.release().await.unwrap();
-    let fresh = coordinator(&srv, "clock_start=false").await;
+    let fresh = coordinator(&srv, "clock_tokens=false").await;
     assert_eq!(cycle(&fresh, &k, 1).await, vec![Token::new(5).unwrap()]);
     // The fence kept its newest token too.
     assert_eq!(f.read(&res).await.unwrap().unwrap().newest, before[2]);
@@ -159,7 +159,7 @@ async fn volatile_tokens_fail_closed_or_stay_above_the_floor_after_a_crash() {
         return;
     };
     // Counters start at 0 here (not at the server clock), so the crash makes them go back.
-    let c = coordinator(&srv, "volatile_tokens=true&clock_start=false").await;
+    let c = coordinator(&srv, "volatile_tokens=true&clock_tokens=false").await;
     let clocked = coordinator(&srv, "volatile_tokens=true").await;
     let k = key("volatile");
     let kc = key("volatile-clock");
@@ -194,7 +194,7 @@ async fn volatile_tokens_fail_closed_or_stay_above_the_floor_after_a_crash() {
     // it, for a new process and for the old one alike.
     let floored = coordinator(
         &srv,
-        "volatile_tokens=true&token_floor=1000&clock_start=false",
+        "volatile_tokens=true&token_floor=1000&clock_tokens=false",
     )
     .await;
     assert_eq!(
@@ -267,7 +267,7 @@ async fn a_reset_connection_retries_the_idempotent_script() {
         return;
     };
     let proxy = FaultProxy::start(srv.addr()).await.unwrap();
-    let c = RedisCoordinator::connect_url(&format!("redis://{}?clock_start=false", proxy.addr()))
+    let c = RedisCoordinator::connect_url(&format!("redis://{}?clock_tokens=false", proxy.addr()))
         .await
         .unwrap();
     warm_up(&c).await;
@@ -300,7 +300,7 @@ async fn a_timed_out_reply_resolves_by_re_reading() {
     };
     let proxy = FaultProxy::start(srv.addr()).await.unwrap();
     let c = RedisCoordinator::connect_url(&format!(
-        "redis://{}?command_timeout_ms=500&clock_start=false",
+        "redis://{}?command_timeout_ms=500&clock_tokens=false",
         proxy.addr()
     ))
     .await
@@ -338,7 +338,7 @@ async fn an_unseen_acquire_leaves_no_orphan_lock() {
     };
     let proxy = FaultProxy::start(srv.addr()).await.unwrap();
     let c = RedisCoordinator::connect_url(&format!(
-        "redis://{}?command_timeout_ms=500&connect_timeout_ms=500&clock_start=false",
+        "redis://{}?command_timeout_ms=500&connect_timeout_ms=500&clock_tokens=false",
         proxy.addr()
     ))
     .await
@@ -382,7 +382,7 @@ async fn a_paused_server_gives_one_grant() {
     let Some(srv) = server("a_paused_server_gives_one_grant", durable()) else {
         return;
     };
-    let c = coordinator(&srv, "command_timeout_ms=400&clock_start=false").await;
+    let c = coordinator(&srv, "command_timeout_ms=400&clock_tokens=false").await;
     warm_up(&c).await;
     let k = key("paused");
     let mut conn = raw(&srv).await;

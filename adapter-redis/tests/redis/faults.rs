@@ -35,8 +35,13 @@ async fn acquire_reply_lost_while_held_then_granted_with_full_validity() {
         return;
     };
     let proxy = FaultProxy::start(srv.addr()).await.unwrap();
-    let a = coordinator(&srv, "").await;
-    let b = via(&proxy, "command_timeout_ms=300&poll_interval_ms=50").await;
+    // Counter-only tokens, so that "one grant" is "the counter moved by one".
+    let a = coordinator(&srv, "clock_tokens=false").await;
+    let b = via(
+        &proxy,
+        "command_timeout_ms=300&poll_interval_ms=50&clock_tokens=false",
+    )
+    .await;
     let k = key("lost-acquire-reply");
     let ttl = Duration::from_millis(600);
     let held = a.try_acquire(&k, &LeaseOptions::new(ttl)).await.unwrap();

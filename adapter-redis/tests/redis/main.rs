@@ -9,4 +9,5 @@ mod coordinator;
 mod durability;
 mod faults;
 mod fence;
+mod replication;
 mod tls;

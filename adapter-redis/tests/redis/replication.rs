@@ -1,0 +1,137 @@
+//! A primary with a replica (decision 0016): the guard against repeated tokens after a failover,
+//! and grants acknowledged by replicas.
+
+use std::time::Duration;
+
+use adapter_redis::{RedisConfig, RedisCoordinator};
+use conformance_tests::harness::RedisServer;
+use lease_core::{Coordinator, Error, LeaseOptions};
+
+use crate::common::{blocking, coordinator, durable, eventually, key, raw, server, url};
+
+/// A primary with one replica following it, both durable and passwordless-equal (the replica
+/// authenticates with the primary's password).
+async fn primary_with_replica(test: &str) -> Option<(RedisServer, RedisServer)> {
+    let primary = server(test, durable())?;
+    let replica = server(test, durable())?;
+    let pw = primary.config().requirepass.clone();
+    let mut conn = raw(&replica).await;
+    if let Some(pw) = pw {
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("masterauth")
+            .arg(pw)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("127.0.0.1")
+        .arg(primary.port())
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let mut p = raw(&primary).await;
+    let linked = eventually(Duration::from_secs(20), || {
+        let mut p = p.clone();
+        async move {
+            let info: String = redis::cmd("INFO")
+                .arg("replication")
+                .query_async(&mut p)
+                .await
+                .ok()?;
+            (info.contains("connected_slaves:1") && info.contains("state=online")).then_some(())
+        }
+    })
+    .await;
+    let _ = &mut p;
+    assert!(linked.is_some(), "the replica never connected");
+    Some((primary, replica))
+}
+
+/// Counter-only tokens on a primary with a replica would repeat after a failover to a replica
+/// that missed grants: refused, naming the setting, unless opted in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counter_only_tokens_on_a_primary_with_replicas_are_refused_naming_the_setting() {
+    let Some((primary, _replica)) =
+        primary_with_replica("counter_only_tokens_on_a_primary_with_replicas_are_refused").await
+    else {
+        return;
+    };
+    let refused = RedisCoordinator::connect_url(&url(&primary, "clock_tokens=false")).await;
+    match refused {
+        Err(Error::Misconfigured { problems, .. }) => {
+            let text = problems.join(" ");
+            assert!(text.contains("clock_tokens"), "{text}");
+            assert!(text.contains("unguarded_replicas"), "{text}");
+        }
+        other => panic!("expected Misconfigured, got {other:?}"),
+    }
+    let opted_in = coordinator(&primary, "clock_tokens=false&unguarded_replicas=true").await;
+    let lease = opted_in
+        .try_acquire(&key("opted-in"), &LeaseOptions::new(Duration::from_secs(2)))
+        .await
+        .unwrap();
+    lease.release().await.unwrap();
+}
+
+/// With replicas, a grant is handed out only once `replica_acks` replicas have it; a grant that
+/// cannot reach enough replicas is released again and the call fails `Unavailable`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grants_wait_for_replica_acknowledgements_and_are_undone_without_them() {
+    let Some((primary, replica)) =
+        primary_with_replica("grants_wait_for_replica_acknowledgements").await
+    else {
+        return;
+    };
+    let ttl = Duration::from_secs(2);
+    // auto: one acknowledgement (one replica is connected).
+    let c = coordinator(&primary, "").await;
+    let k = key("acked");
+    let lease = c.try_acquire(&k, &LeaseOptions::new(ttl)).await.unwrap();
+    let token = lease.token();
+    let mut r = raw(&replica).await;
+    let on_replica: Option<String> = redis::cmd("GET")
+        .arg(&adapter_redis::storage_keys(c.config(), &k)[0])
+        .query_async(&mut r)
+        .await
+        .unwrap();
+    assert!(
+        on_replica.is_some_and(|v| v.contains(&format!("|{token}|"))),
+        "the replica did not have the grant when acquire returned"
+    );
+    lease.release().await.unwrap();
+
+    // Two acknowledgements asked, one replica exists: undone, nothing left locked.
+    let strict = coordinator(&primary, "replica_acks=2&command_timeout_ms=400").await;
+    let k2 = key("under-acked");
+    match strict.try_acquire(&k2, &LeaseOptions::new(ttl)).await {
+        Err(Error::Unavailable { message, .. }) => {
+            assert!(message.contains("replica_acks"), "{message}")
+        }
+        other => panic!("expected Unavailable, got {other:?}"),
+    }
+    assert!(
+        c.inspect(&k2).await.unwrap().is_none(),
+        "the key was left locked"
+    );
+
+    // The replica gone: `auto` still asks for one (as counted at connect) and fails closed.
+    let config = RedisConfig::from_url(&url(&primary, "command_timeout_ms=400")).unwrap();
+    let before_kill = RedisCoordinator::connect(config).await.unwrap();
+    let mut replica = replica;
+    blocking(move || {
+        replica.kill().unwrap();
+        replica
+    })
+    .await;
+    let k3 = key("replica-gone");
+    assert!(matches!(
+        before_kill.try_acquire(&k3, &LeaseOptions::new(ttl)).await,
+        Err(Error::Unavailable { .. })
+    ));
+    assert!(
+        c.inspect(&k3).await.unwrap().is_none(),
+        "the key was left locked"
+    );
+}
