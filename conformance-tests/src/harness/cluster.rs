@@ -91,6 +91,11 @@ pub trait ClusterControl: Send + Sync {
     /// etcd or ZooKeeper election), for the cases' bounds.
     fn failover_bound(&self) -> Duration;
 
+    /// What the members' logs end with (for a failed case's message); empty by default.
+    fn log_tails(&self) -> String {
+        String::new()
+    }
+
     /// Redis only: makes replica `member` fall behind the primary on purpose (its replication
     /// link is blackholed; writes acknowledged from now on do not reach it) and makes it the only
     /// replica Sentinel may promote. `Ok(false)` on clusters without replicas that can lag.

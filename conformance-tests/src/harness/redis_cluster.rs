@@ -1,1 +1,604 @@
-//! A Redis primary with two replicas and three Sentinels the harness runs (see [`super::cluster`]).
+//! A Redis primary with two replicas and three Sentinels the harness runs (see
+//! [`super::cluster`]).
+//!
+//! Every data node is a [`RedisServer`] with the durable configuration (AOF `appendfsync
+//! always`, `noeviction`), on its own port and data directory; member 0 starts as the primary
+//! and members 1 and 2 replicate it. Three Sentinels (`redis-server <conf> --sentinel`, the
+//! same binary Debian's `redis-sentinel` package links to) watch the primary under the name
+//! [`PRIMARY_NAME`] with quorum 2, `down-after-milliseconds 1000` and `failover-timeout 30000`.
+//!
+//! Clients use [`RedisCluster::url`], a `redis+sentinel://` URL naming the three Sentinels.
+//! [`ClusterControl::member_url`] names one member through its client-side fault proxy.
+//!
+//! Faults:
+//! - a replica's replication link can be routed through a fault proxy (`REPLICAOF` the proxy;
+//!   the replica resumes with a partial resync) and then blackholed: [`ClusterControl::lag_replica`]
+//!   and [`ClusterControl::isolate_from_peers`] do that (for the primary: every replica's link).
+//!   Sentinels keep reaching every member: a member "cut from its peers" is cut from the
+//!   replication stream, not from the Sentinels;
+//! - [`ClusterControl::isolate_from_clients`] blackholes the member's client proxy (clients of
+//!   [`ClusterControl::member_url`]; clients that follow the Sentinels connect directly);
+//! - a restarted member that is not the primary is pointed at the current primary at once
+//!   (`REPLICAOF`), as its configuration management would, instead of waiting for the Sentinels
+//!   to convert it.
+//!
+//! A Sentinel corrects a replica replicating from an address other than the primary's after
+//! `failover-timeout` (30 s), so a proxied link lasts that long at least; `lag_replica` sets one up
+//! anew each time.
+
+use std::collections::HashMap;
+use std::io;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use tokio::time::Instant;
+
+use super::cluster::{ClusterControl, ClusterError, ClusterResult};
+use super::server::{tcp_exchange, Launcher, Probe, ServerProcess};
+use super::{HarnessError, RedisConfig, RedisServer};
+use crate::proxy::FaultProxy;
+
+/// The name the Sentinels know the primary by.
+pub const PRIMARY_NAME: &str = "fenced";
+/// How many data nodes the cluster has.
+pub const MEMBERS: usize = 3;
+/// How many Sentinels watch them.
+pub const SENTINELS: usize = 3;
+/// `sentinel down-after-milliseconds`.
+const DOWN_AFTER_MS: u64 = 1000;
+/// `sentinel failover-timeout`.
+const FAILOVER_TIMEOUT_MS: u64 = 30_000;
+/// How long one Redis command of the harness may take.
+const COMMAND_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long the cluster may take to settle after a start or a change of topology.
+const SETTLE: Duration = Duration::from_secs(30);
+
+struct SentinelLauncher {
+    binary: PathBuf,
+    primary_port: u16,
+}
+
+impl Launcher for SentinelLauncher {
+    fn name(&self) -> &'static str {
+        "redis-sentinel"
+    }
+
+    fn ports_needed(&self) -> usize {
+        1
+    }
+
+    fn command(&self, _root: &Path, data_dir: &Path, ports: &[u16]) -> io::Result<Command> {
+        std::fs::create_dir_all(data_dir)?;
+        let conf = data_dir.join("sentinel.conf");
+        // Written once: a Sentinel rewrites its file with what it learned (the current primary,
+        // replicas, other Sentinels, the epoch), which a restart must keep.
+        if !conf.exists() {
+            std::fs::write(
+                &conf,
+                format!(
+                    "port {port}\nbind 127.0.0.1\ndir {dir}\n\
+                     sentinel monitor {PRIMARY_NAME} 127.0.0.1 {primary} 2\n\
+                     sentinel down-after-milliseconds {PRIMARY_NAME} {DOWN_AFTER_MS}\n\
+                     sentinel failover-timeout {PRIMARY_NAME} {FAILOVER_TIMEOUT_MS}\n\
+                     sentinel parallel-syncs {PRIMARY_NAME} 1\n",
+                    port = ports[0],
+                    dir = data_dir.display(),
+                    primary = self.primary_port,
+                ),
+            )?;
+        }
+        let mut cmd = Command::new(&self.binary);
+        cmd.arg(&conf).arg("--sentinel");
+        Ok(cmd)
+    }
+
+    fn probe(&self, client: SocketAddr) -> Probe {
+        match tcp_exchange(client, b"PING\r\n", Duration::from_millis(250), |b| {
+            b.ends_with(b"\r\n")
+        }) {
+            Ok(reply) if reply.starts_with(b"+PONG") => Probe::Ready,
+            Ok(reply) => Probe::NotReady(String::from_utf8_lossy(&reply).trim().to_owned()),
+            Err(e) => Probe::NotReady(e.to_string()),
+        }
+    }
+
+    fn startup_timeout(&self) -> Duration {
+        Duration::from_secs(20)
+    }
+}
+
+/// A Redis primary, two replicas and three Sentinels (see the [module docs](self)).
+pub struct RedisCluster {
+    members: Vec<Arc<Mutex<RedisServer>>>,
+    ports: Vec<u16>,
+    sentinels: Vec<Arc<Mutex<ServerProcess>>>,
+    sentinel_ports: Vec<u16>,
+    client_proxies: Vec<FaultProxy>,
+    /// Replication links routed through a proxy, by replica.
+    links: tokio::sync::Mutex<HashMap<usize, FaultProxy>>,
+}
+
+impl std::fmt::Debug for RedisCluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisCluster")
+            .field("ports", &self.ports)
+            .field("sentinel_ports", &self.sentinel_ports)
+            .finish()
+    }
+}
+
+fn err(context: impl std::fmt::Display, e: impl std::fmt::Display) -> ClusterError {
+    ClusterError(format!("{context}: {e}"))
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, HarnessError> + Send + 'static,
+) -> ClusterResult<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| ClusterError(format!("harness task failed: {e}")))?
+        .map_err(ClusterError::from)
+}
+
+/// One command to `127.0.0.1:port`, bounded.
+async fn query<T: redis::FromRedisValue>(port: u16, cmd: &redis::Cmd) -> ClusterResult<T> {
+    let client = redis::Client::open(redis::ConnectionAddr::Tcp("127.0.0.1".into(), port))
+        .map_err(|e| err(format!("127.0.0.1:{port}"), e))?;
+    let run = async {
+        let mut conn = client.get_multiplexed_async_connection().await?;
+        cmd.query_async::<T>(&mut conn).await
+    };
+    match tokio::time::timeout(COMMAND_TIMEOUT, run).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(err(format!("127.0.0.1:{port}"), e)),
+        Err(_) => Err(ClusterError(format!("127.0.0.1:{port}: no answer in time"))),
+    }
+}
+
+/// `INFO replication` of the node at `port`, as `field -> value`.
+async fn replication(port: u16) -> ClusterResult<HashMap<String, String>> {
+    let info: String = query(port, redis::cmd("INFO").arg("replication")).await?;
+    Ok(info
+        .lines()
+        .filter_map(|l| l.trim().split_once(':'))
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect())
+}
+
+/// Polls `check` until it returns `Some`, at most `bound`; the last reason on timeout.
+async fn wait_for<T, F, Fut>(what: &str, bound: Duration, mut check: F) -> ClusterResult<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<Option<T>, String>>,
+{
+    let deadline = Instant::now() + bound;
+    loop {
+        let why = match check().await {
+            Ok(Some(v)) => return Ok(v),
+            Ok(None) => "not yet".to_owned(),
+            Err(e) => e,
+        };
+        if Instant::now() >= deadline {
+            return Err(ClusterError(format!("{what} within {bound:?}: {why}")));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+impl RedisCluster {
+    /// Starts the three data nodes and the three Sentinels and waits until every Sentinel knows
+    /// both replicas and the two other Sentinels.
+    pub async fn start() -> Result<Self, ClusterError> {
+        let binary = RedisServer::binary().map_err(ClusterError)?;
+        let mut members = Vec::new();
+        let mut ports = Vec::new();
+        for _ in 0..MEMBERS {
+            let config = RedisConfig {
+                extra_args: vec![
+                    "--repl-diskless-sync".into(),
+                    "yes".into(),
+                    "--repl-diskless-sync-delay".into(),
+                    "0".into(),
+                ],
+                ..RedisConfig::default()
+            };
+            let server = blocking(move || RedisServer::start_with(config)).await?;
+            ports.push(server.port());
+            members.push(Arc::new(Mutex::new(server)));
+        }
+        let mut client_proxies = Vec::new();
+        for &p in &ports {
+            client_proxies.push(
+                FaultProxy::start(SocketAddr::from(([127, 0, 0, 1], p)))
+                    .await
+                    .map_err(|e| err("starting a client proxy", e))?,
+            );
+        }
+        for &p in &ports[1..] {
+            let _: () = query(p, redis::cmd("REPLICAOF").arg("127.0.0.1").arg(ports[0])).await?;
+        }
+        let mut sentinels = Vec::new();
+        let mut sentinel_ports = Vec::new();
+        for _ in 0..SENTINELS {
+            let launcher = SentinelLauncher {
+                binary: binary.clone(),
+                primary_port: ports[0],
+            };
+            let s = blocking(move || ServerProcess::start(Box::new(launcher))).await?;
+            sentinel_ports.push(s.addr().port());
+            sentinels.push(Arc::new(Mutex::new(s)));
+        }
+        let cluster = RedisCluster {
+            members,
+            ports,
+            sentinels,
+            sentinel_ports,
+            client_proxies,
+            links: tokio::sync::Mutex::new(HashMap::new()),
+        };
+        for r in 1..MEMBERS {
+            cluster.wait_synced(r, 0).await?;
+        }
+        cluster.wait_sentinels_settled(0).await?;
+        Ok(cluster)
+    }
+
+    /// The Sentinels' addresses.
+    pub fn sentinel_addrs(&self) -> Vec<SocketAddr> {
+        self.sentinel_ports
+            .iter()
+            .map(|p| SocketAddr::from(([127, 0, 0, 1], *p)))
+            .collect()
+    }
+
+    /// The real (not proxied) address of `member`.
+    pub fn member_addr(&self, member: usize) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.ports[member]))
+    }
+
+    fn check_member(&self, member: usize) -> ClusterResult<()> {
+        if member < MEMBERS {
+            Ok(())
+        } else {
+            Err(ClusterError(format!(
+                "member {member} does not exist (the cluster has {MEMBERS})"
+            )))
+        }
+    }
+
+    /// The member a Sentinel names as the primary, if it answers `role:master`.
+    async fn named_primary(&self) -> Result<Option<usize>, String> {
+        let mut last = String::from("no Sentinel answered");
+        for &s in &self.sentinel_ports {
+            let addr: Option<(String, u16)> = match query(
+                s,
+                redis::cmd("SENTINEL")
+                    .arg("get-master-addr-by-name")
+                    .arg(PRIMARY_NAME),
+            )
+            .await
+            {
+                Ok(a) => a,
+                Err(e) => {
+                    last = e.0;
+                    continue;
+                }
+            };
+            let Some((_, port)) = addr else {
+                last = format!("Sentinel {s} does not know {PRIMARY_NAME}");
+                continue;
+            };
+            let Some(member) = self.ports.iter().position(|p| *p == port) else {
+                return Err(format!("Sentinel {s} names an unknown primary port {port}"));
+            };
+            return match replication(port).await {
+                Ok(info) if info.get("role").map(String::as_str) == Some("master") => {
+                    Ok(Some(member))
+                }
+                Ok(info) => Err(format!(
+                    "member {member} (named by Sentinel {s}) answers role {:?}",
+                    info.get("role")
+                )),
+                Err(e) => Err(e.0),
+            };
+        }
+        Err(last)
+    }
+
+    /// Waits until replica `r` replicates `primary` with its link up and has caught up with it.
+    async fn wait_synced(&self, r: usize, primary: usize) -> ClusterResult<()> {
+        let (rp, pp) = (self.ports[r], self.ports[primary]);
+        wait_for(
+            &format!("member {r} in sync with member {primary}"),
+            SETTLE,
+            || async move {
+                let p = replication(pp).await.map_err(|e| e.0)?;
+                let target: u64 = p
+                    .get("master_repl_offset")
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(u64::MAX);
+                let info = replication(rp).await.map_err(|e| e.0)?;
+                let up = info.get("master_link_status").map(String::as_str) == Some("up");
+                let offset: u64 = info
+                    .get("slave_repl_offset")
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0);
+                Ok((up && offset >= target).then_some(()))
+            },
+        )
+        .await
+    }
+
+    /// Waits until every Sentinel names `primary`, knows the other members as replicas and the
+    /// other Sentinels.
+    async fn wait_sentinels_settled(&self, primary: usize) -> ClusterResult<()> {
+        let want_port = self.ports[primary];
+        for &s in &self.sentinel_ports {
+            wait_for(
+                &format!("Sentinel {s} settled on member {primary}"),
+                SETTLE,
+                || async move {
+                    let master: Vec<String> =
+                        query(s, redis::cmd("SENTINEL").arg("MASTER").arg(PRIMARY_NAME))
+                            .await
+                            .map_err(|e| e.0)?;
+                    let field = |name: &str| {
+                        master
+                            .chunks(2)
+                            .find(|kv| kv.len() == 2 && kv[0] == name)
+                            .map(|kv| kv[1].clone())
+                    };
+                    let ok = field("port") == Some(want_port.to_string())
+                        && field("num-slaves") == Some((MEMBERS - 1).to_string())
+                        && field("num-other-sentinels") == Some((SENTINELS - 1).to_string())
+                        && !field("flags").unwrap_or_default().contains("down");
+                    Ok(ok.then_some(()))
+                },
+            )
+            .await?;
+        }
+        Ok(())
+    }
+
+    /// Routes replica `r`'s replication link through a new fault proxy to the current primary
+    /// and waits until it is in sync over it. Returns the primary.
+    async fn link_through_proxy(&self, r: usize) -> ClusterResult<usize> {
+        let primary = self.leader().await?;
+        if primary == r {
+            return Err(ClusterError(format!(
+                "member {r} is the primary, not a replica"
+            )));
+        }
+        let proxy = FaultProxy::start(self.member_addr(primary))
+            .await
+            .map_err(|e| err("starting a replication proxy", e))?;
+        let _: () = query(
+            self.ports[r],
+            redis::cmd("REPLICAOF")
+                .arg("127.0.0.1")
+                .arg(proxy.addr().port()),
+        )
+        .await?;
+        self.links.lock().await.insert(r, proxy);
+        self.wait_synced(r, primary).await?;
+        Ok(primary)
+    }
+
+    async fn set_priority(&self, member: usize, priority: u32) -> ClusterResult<()> {
+        let _: () = query(
+            self.ports[member],
+            redis::cmd("CONFIG")
+                .arg("SET")
+                .arg("replica-priority")
+                .arg(priority),
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// Waits until every Sentinel reports `member`'s replica priority as `priority`.
+    async fn wait_sentinels_see_priority(&self, member: usize, priority: u32) -> ClusterResult<()> {
+        let port = self.ports[member].to_string();
+        for &s in &self.sentinel_ports {
+            let port = port.clone();
+            wait_for(
+                &format!("Sentinel {s} seeing member {member} with priority {priority}"),
+                SETTLE,
+                || {
+                    let port = port.clone();
+                    async move {
+                        let replicas: Vec<Vec<String>> =
+                            query(s, redis::cmd("SENTINEL").arg("REPLICAS").arg(PRIMARY_NAME))
+                                .await
+                                .map_err(|e| e.0)?;
+                        let seen = replicas.iter().any(|r| {
+                            let field = |name: &str| {
+                                r.chunks(2)
+                                    .find(|kv| kv.len() == 2 && kv[0] == name)
+                                    .map(|kv| kv[1].clone())
+                            };
+                            field("port").as_deref() == Some(port.as_str())
+                                && field("slave-priority") == Some(priority.to_string())
+                        });
+                        Ok(seen.then_some(()))
+                    }
+                },
+            )
+            .await?;
+        }
+        Ok(())
+    }
+}
+
+impl ClusterControl for RedisCluster {
+    fn kind(&self) -> &'static str {
+        "redis-sentinel"
+    }
+
+    fn members(&self) -> usize {
+        MEMBERS
+    }
+
+    fn leader(&self) -> BoxFuture<'_, ClusterResult<usize>> {
+        Box::pin(async move {
+            wait_for("a primary", self.failover_bound(), || async {
+                self.named_primary().await
+            })
+            .await
+        })
+    }
+
+    fn kill(&self, member: usize) -> BoxFuture<'_, ClusterResult<()>> {
+        Box::pin(async move {
+            self.check_member(member)?;
+            let m = self.members[member].clone();
+            blocking(move || m.lock().expect("member").kill()).await
+        })
+    }
+
+    fn restart(&self, member: usize) -> BoxFuture<'_, ClusterResult<()>> {
+        Box::pin(async move {
+            self.check_member(member)?;
+            let m = self.members[member].clone();
+            blocking(move || m.lock().expect("member").restart()).await?;
+            let primary = self.leader().await?;
+            if primary != member {
+                self.links.lock().await.remove(&member);
+                let _: () = query(
+                    self.ports[member],
+                    redis::cmd("REPLICAOF")
+                        .arg("127.0.0.1")
+                        .arg(self.ports[primary]),
+                )
+                .await?;
+                self.wait_synced(member, primary).await?;
+            }
+            self.wait_sentinels_settled(primary).await
+        })
+    }
+
+    fn pause(&self, member: usize) -> BoxFuture<'_, ClusterResult<()>> {
+        Box::pin(async move {
+            self.check_member(member)?;
+            let m = self.members[member].clone();
+            blocking(move || m.lock().expect("member").pause()).await
+        })
+    }
+
+    fn resume(&self, member: usize) -> BoxFuture<'_, ClusterResult<()>> {
+        Box::pin(async move {
+            self.check_member(member)?;
+            let m = self.members[member].clone();
+            blocking(move || m.lock().expect("member").resume()).await
+        })
+    }
+
+    fn isolate_from_peers(&self, member: usize) -> BoxFuture<'_, ClusterResult<()>> {
+        Box::pin(async move {
+            self.check_member(member)?;
+            let primary = self.leader().await?;
+            let replicas: Vec<usize> = if primary == member {
+                (0..MEMBERS).filter(|r| *r != member).collect()
+            } else {
+                vec![member]
+            };
+            for r in replicas {
+                self.link_through_proxy(r).await?;
+                if let Some(p) = self.links.lock().await.get(&r) {
+                    p.blackhole();
+                }
+            }
+            Ok(())
+        })
+    }
+
+    fn isolate_from_clients(&self, member: usize) -> BoxFuture<'_, ClusterResult<()>> {
+        Box::pin(async move {
+            self.check_member(member)?;
+            self.client_proxies[member].blackhole();
+            Ok(())
+        })
+    }
+
+    fn heal(&self, member: usize) -> BoxFuture<'_, ClusterResult<()>> {
+        Box::pin(async move {
+            self.check_member(member)?;
+            self.client_proxies[member].pass_through();
+            for p in self.links.lock().await.values() {
+                p.pass_through();
+            }
+            for m in 0..MEMBERS {
+                // A member that is down is restarted by whoever killed it.
+                if replication(self.ports[m]).await.is_ok() {
+                    self.set_priority(m, 100).await?;
+                }
+            }
+            Ok(())
+        })
+    }
+
+    fn url(&self) -> String {
+        let hosts: Vec<String> = self
+            .sentinel_ports
+            .iter()
+            .map(|p| format!("127.0.0.1:{p}"))
+            .collect();
+        format!("redis+sentinel://{}/{PRIMARY_NAME}", hosts.join(","))
+    }
+
+    fn member_url(&self, member: usize) -> String {
+        format!("redis://{}", self.client_proxies[member].addr())
+    }
+
+    fn failover_bound(&self) -> Duration {
+        // Down after 1 s, a vote (Sentinels wait up to a second or so before asking), the
+        // promotion and the replicas' reconfiguration; generous for a loaded 2-core machine.
+        Duration::from_secs(20)
+    }
+
+    fn log_tails(&self) -> String {
+        let mut out = String::new();
+        for (i, m) in self.members.iter().enumerate() {
+            if let Ok(m) = m.lock() {
+                out.push_str(&format!("--- member {i} ---\n{}\n", m.log_tail()));
+            }
+        }
+        for (i, s) in self.sentinels.iter().enumerate() {
+            if let Ok(s) = s.lock() {
+                out.push_str(&format!("--- sentinel {i} ---\n{}\n", s.log_tail()));
+            }
+        }
+        out
+    }
+
+    fn lag_replica(&self, member: usize) -> BoxFuture<'_, ClusterResult<bool>> {
+        Box::pin(async move {
+            self.check_member(member)?;
+            let primary = self.link_through_proxy(member).await?;
+            if let Some(p) = self.links.lock().await.get(&member) {
+                p.blackhole();
+            }
+            for other in (0..MEMBERS).filter(|m| *m != member && *m != primary) {
+                self.set_priority(other, 0).await?;
+                self.wait_sentinels_see_priority(other, 0).await?;
+            }
+            self.wait_sentinels_see_priority(member, 100).await?;
+            Ok(true)
+        })
+    }
+}
+
+impl Drop for RedisCluster {
+    fn drop(&mut self) {
+        // Sentinels first, so none starts a failover while the data nodes go down.
+        for s in &self.sentinels {
+            if let Ok(mut s) = s.lock() {
+                let _ = s.kill();
+            }
+        }
+    }
+}

@@ -17,10 +17,10 @@ use crate::harness::ClusterControl;
 
 pub(super) fn cases() -> Vec<Case> {
     vec![
-        Case::new("leader_killed_during_hold", &[Need::Cluster], 12, |c| {
+        Case::new("leader_killed_during_hold", &[Need::Cluster], 20, |c| {
             boxed(leader_killed_during_hold(c))
         }),
-        Case::new("failover_to_lagging_replica", &[Need::Cluster], 12, |c| {
+        Case::new("failover_to_lagging_replica", &[Need::Cluster], 20, |c| {
             boxed(failover_to_lagging_replica(c))
         }),
     ]
@@ -130,6 +130,14 @@ impl Drop for Restore {
 /// rejects the old holder once the new one has claimed.
 async fn leader_killed_during_hold(ctx: Arc<Ctx>) -> CaseResult {
     let cluster = cluster(&ctx)?;
+    let r = leader_killed_inner(&ctx, cluster.clone()).await;
+    if r.is_err() && std::env::var_os("CONFORMANCE_CLUSTER_LOGS").is_some() {
+        eprintln!("{}", cluster.log_tails());
+    }
+    r
+}
+
+async fn leader_killed_inner(ctx: &Ctx, cluster: Arc<dyn ClusterControl>) -> CaseResult {
     let key = ctx.key("leader-killed");
     let resource = ctx.resource(&key);
     let ttl = ctx.ttl();
@@ -147,18 +155,14 @@ async fn leader_killed_during_hold(ctx: Arc<Ctx>) -> CaseResult {
         .leader()
         .await
         .map_err(|e| Failure(format!("finding the leader: {e}")))?;
+    // Another client, connected before the crash, asks for the key while the cluster fails
+    // over. It may only get it once the holder's lease no longer reports Held.
+    let other = ctx.client().await?;
     let mut restore = Restore::new(cluster.clone());
     let killed_at = Instant::now();
     restore.kill(leader).await?;
-
-    // Another client asks for the key while the cluster fails over. It may only get it once the
-    // holder's lease no longer reports Held.
-    let other = ctx.client().await?;
     let wait = cluster.failover_bound() + ttl * 3;
-    let survived = match other
-        .acquire(&key, &LeaseOptions::new(ttl).wait(wait))
-        .await
-    {
+    let survived = match acquire_through_failover(&*other, &key, ttl, wait).await {
         Ok(second) => {
             let holder_status = kept.lease().status();
             check!(
@@ -168,7 +172,7 @@ async fn leader_killed_during_hold(ctx: Arc<Ctx>) -> CaseResult {
                 second.token(),
                 killed_at.elapsed()
             );
-            check_next(&ctx, &resource, first, second.token()).await?;
+            check_next(ctx, &resource, first, second.token()).await?;
             second.release().await?;
             false
         }
@@ -200,13 +204,38 @@ async fn leader_killed_during_hold(ctx: Arc<Ctx>) -> CaseResult {
         let third = other
             .acquire(&key, &LeaseOptions::new(ttl).wait(ttl * 2))
             .await?;
-        check_next(&ctx, &resource, first, third.token()).await?;
+        check_next(ctx, &resource, first, third.token()).await?;
         third.release().await?;
     } else {
         let _ = kept.release().await;
     }
     restore.finish().await?;
     Ok(Verdict::Passed)
+}
+
+/// `acquire` with a wait, asked again while the cluster answers `Unavailable` or leaves the
+/// outcome unknown (a failover in progress), until `wait` has passed.
+async fn acquire_through_failover(
+    client: &dyn lease_core::Coordinator,
+    key: &lease_core::LockKey,
+    ttl: Duration,
+    wait: Duration,
+) -> lease_core::Result<Box<dyn lease_core::Lease>> {
+    let deadline = Instant::now() + wait;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match client
+            .acquire(key, &LeaseOptions::new(ttl).wait(left))
+            .await
+        {
+            Err(Error::Unavailable { .. } | Error::OutcomeUnknown { .. })
+                if Instant::now() + Duration::from_millis(100) < deadline =>
+            {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            other => return other,
+        }
+    }
 }
 
 /// The newer holder's token is above the older one's, its claim is accepted, and a write fenced
@@ -279,6 +308,8 @@ async fn failover_to_lagging_replica(ctx: Arc<Ctx>) -> CaseResult {
     ctx.fence()
         .write(&resource, last, Bytes::from_static(b"before failover"))
         .await?;
+    // Connected before the crash: it follows the failover by itself.
+    let fresh = ctx.client().await?;
     restore.kill(primary).await?;
     let deadline = Instant::now() + cluster.failover_bound();
     loop {
@@ -298,10 +329,7 @@ async fn failover_to_lagging_replica(ctx: Arc<Ctx>) -> CaseResult {
             Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
         }
     }
-    let fresh = ctx.client().await?;
-    let next = fresh
-        .acquire(&key, &LeaseOptions::new(ttl).wait(ttl * 2))
-        .await?;
+    let next = acquire_through_failover(&*fresh, &key, ttl, cluster.failover_bound()).await?;
     check_next(&ctx, &resource, last, next.token()).await?;
     next.release().await?;
     restore.finish().await?;
