@@ -184,6 +184,9 @@ impl Launcher for MemberLauncher {
         }
     }
 
+    /// One member's start (first start or restart) is bounded by the restart bound; the
+    /// ensemble bounds the quorum with `startup_timeout` apart.
+    #[allow(clippy::misnamed_getters)]
     fn startup_timeout(&self) -> Duration {
         self.config.restart_timeout
     }
