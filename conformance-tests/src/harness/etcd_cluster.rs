@@ -1,7 +1,7 @@
 //! A three-member etcd cluster the harness runs (see [`super::cluster`]).
 //!
 //! Every member is a real `etcd` child process in its own network namespace
-//! ([`netns::NetLab`]), listening on `<member ip>:2379` (clients) and `<member ip>:2380` (Raft),
+//! ([`super::netns::NetLab`]), listening on `<member ip>:2379` (clients) and `<member ip>:2380` (Raft),
 //! with its own data directory (kept across restarts, removed on drop):
 //!
 //! ```text
@@ -19,7 +19,7 @@
 //!
 //! **Peers**: etcd needs one peer URL per member that every member agrees on, so per-pair proxies
 //! cannot carry Raft traffic; instead [`ClusterControl::isolate_from_peers`] installs blackhole
-//! routes between the member's namespace and the others' (see [`netns`]), both directions, while
+//! routes between the member's namespace and the others' (see [`super::netns`]), both directions, while
 //! the root namespace (its clients' proxy) still reaches it.
 //!
 //! **Leader**: [`ClusterControl::leader`] asks every member `POST /v3/maintenance/status` (the
@@ -34,9 +34,6 @@
 //! Without root or `ip`, or without `etcd`, [`EtcdCluster::availability`] says why; the subject
 //! then applies [`super::server_unavailable`].
 
-#[path = "netns.rs"]
-pub mod netns;
-
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -47,8 +44,8 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use tokio::time::Instant;
 
-use self::netns::NetLab;
 use super::cluster::{ClusterControl, ClusterError, ClusterResult};
+use super::netns::NetLab;
 use super::server::{tcp_exchange, Launcher, Probe, ServerProcess};
 use super::{Backend, EtcdServer, HarnessError, ServerControl};
 use crate::proxy::FaultProxy;

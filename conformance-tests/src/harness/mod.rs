@@ -33,6 +33,7 @@ use std::path::PathBuf;
 pub mod cluster;
 pub mod etcd;
 pub mod etcd_cluster;
+pub mod netns;
 pub mod postgres;
 pub mod redis;
 pub mod redis_cluster;
