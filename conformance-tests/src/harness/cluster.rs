@@ -91,6 +91,13 @@ pub trait ClusterControl: Send + Sync {
     /// etcd or ZooKeeper election), for the cases' bounds.
     fn failover_bound(&self) -> Duration;
 
+    /// The member a holder pinned with [`Self::member_url`] should talk to for a minority
+    /// partition: the one whose state goes stale when it is cut from its peers. By default a
+    /// follower (`leader + 1`); Redis, where only the primary serves locks, names the primary.
+    fn holder_member(&self, leader: usize) -> usize {
+        (leader + 1) % self.members()
+    }
+
     /// What the members' logs end with (for a failed case's message); empty by default.
     fn log_tails(&self) -> String {
         String::new()

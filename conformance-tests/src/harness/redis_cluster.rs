@@ -270,7 +270,8 @@ impl RedisCluster {
         }
     }
 
-    /// The member a Sentinel names as the primary, if it answers `role:master`.
+    /// The member a Sentinel names as the primary, if it answers `role:master` (`Ok(None)`: the
+    /// named one does not, yet).
     async fn named_primary(&self) -> Result<Option<usize>, String> {
         let mut last = String::from("no Sentinel answered");
         for &s in &self.sentinel_ports {
@@ -336,32 +337,48 @@ impl RedisCluster {
     /// Waits until every Sentinel names `primary`, knows the other members as replicas and the
     /// other Sentinels.
     async fn wait_sentinels_settled(&self, primary: usize) -> ClusterResult<()> {
-        let want_port = self.ports[primary];
         for &s in &self.sentinel_ports {
             wait_for(
                 &format!("Sentinel {s} settled on member {primary}"),
                 SETTLE,
-                || async move {
-                    let master: Vec<String> =
-                        query(s, redis::cmd("SENTINEL").arg("MASTER").arg(PRIMARY_NAME))
-                            .await
-                            .map_err(|e| e.0)?;
-                    let field = |name: &str| {
-                        master
-                            .chunks(2)
-                            .find(|kv| kv.len() == 2 && kv[0] == name)
-                            .map(|kv| kv[1].clone())
-                    };
-                    let ok = field("port") == Some(want_port.to_string())
-                        && field("num-slaves") == Some((MEMBERS - 1).to_string())
-                        && field("num-other-sentinels") == Some((SENTINELS - 1).to_string())
-                        && !field("flags").unwrap_or_default().contains("down");
-                    Ok(ok.then_some(()))
-                },
+                || async move { Ok(self.sentinel_settled(s, primary).await?.then_some(())) },
             )
             .await?;
         }
         Ok(())
+    }
+
+    /// Whether Sentinel `s` names `primary`, sees it up, and knows the other members as
+    /// replicas and the other Sentinels.
+    async fn sentinel_settled(&self, s: u16, primary: usize) -> Result<bool, String> {
+        let master: Vec<String> = query(s, redis::cmd("SENTINEL").arg("MASTER").arg(PRIMARY_NAME))
+            .await
+            .map_err(|e| e.0)?;
+        let field = |name: &str| {
+            master
+                .chunks(2)
+                .find(|kv| kv.len() == 2 && kv[0] == name)
+                .map(|kv| kv[1].clone())
+        };
+        Ok(field("port") == Some(self.ports[primary].to_string())
+            && field("num-slaves") == Some((MEMBERS - 1).to_string())
+            && field("num-other-sentinels") == Some((SENTINELS - 1).to_string())
+            && !field("flags").unwrap_or_default().contains("down"))
+    }
+
+    /// Whether `member` replicates `primary` (directly or through a proxy) with its link up.
+    async fn replicates(&self, member: usize, primary: usize) -> Result<bool, String> {
+        let info = replication(self.ports[member]).await.map_err(|e| e.0)?;
+        let port = info.get("master_port").cloned().unwrap_or_default();
+        let via_proxy = match self.links.lock().await.get(&member) {
+            Some(p) => {
+                p.upstream().port() == self.ports[primary] && port == p.addr().port().to_string()
+            }
+            None => false,
+        };
+        Ok(info.get("role").map(String::as_str) == Some("slave")
+            && (port == self.ports[primary].to_string() || via_proxy)
+            && info.get("master_link_status").map(String::as_str) == Some("up"))
     }
 
     /// Routes replica `r`'s replication link through a new fault proxy to the current primary
@@ -465,19 +482,37 @@ impl ClusterControl for RedisCluster {
             self.check_member(member)?;
             let m = self.members[member].clone();
             blocking(move || m.lock().expect("member").restart()).await?;
-            let primary = self.leader().await?;
-            if primary != member {
-                self.links.lock().await.remove(&member);
-                let _: () = query(
-                    self.ports[member],
-                    redis::cmd("REPLICAOF")
-                        .arg("127.0.0.1")
-                        .arg(self.ports[primary]),
-                )
-                .await?;
-                self.wait_synced(member, primary).await?;
-            }
-            self.wait_sentinels_settled(primary).await
+            self.links.lock().await.remove(&member);
+            // Converge whatever the Sentinels do meanwhile (a failover may be under way): the
+            // member replicates the primary they name, and they all agree on it again.
+            wait_for(
+                &format!("member {member} back in the cluster"),
+                SETTLE,
+                || async move {
+                    let primary = self.named_primary().await?;
+                    let Some(primary) = primary else {
+                        return Ok(None);
+                    };
+                    if primary != member && !self.replicates(member, primary).await? {
+                        let _: () = query(
+                            self.ports[member],
+                            redis::cmd("REPLICAOF")
+                                .arg("127.0.0.1")
+                                .arg(self.ports[primary]),
+                        )
+                        .await
+                        .map_err(|e| e.0)?;
+                        return Ok(None);
+                    }
+                    for &s in &self.sentinel_ports {
+                        if !self.sentinel_settled(s, primary).await? {
+                            return Ok(None);
+                        }
+                    }
+                    Ok(Some(()))
+                },
+            )
+            .await
         })
     }
 
@@ -558,6 +593,10 @@ impl ClusterControl for RedisCluster {
         // Down after 1 s, a vote (Sentinels wait up to a second or so before asking), the
         // promotion and the replicas' reconfiguration; generous for a loaded 2-core machine.
         Duration::from_secs(20)
+    }
+
+    fn holder_member(&self, leader: usize) -> usize {
+        leader
     }
 
     fn log_tails(&self) -> String {

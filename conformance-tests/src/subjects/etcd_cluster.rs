@@ -164,6 +164,11 @@ pub(crate) async fn subject(worker_exe: Option<PathBuf>) -> Result<Option<Subjec
     if let Some(exe) = worker_exe {
         subject = subject.with_workers(url, exe);
     }
+    let (members, prefix) = (cluster.clone(), key_prefix.clone());
+    subject = subject.with_member_connect(Arc::new(move |m| {
+        let url = format!("{}?key_prefix={prefix}", members.member_url(m));
+        Box::pin(async move { fenced::connect(&url).await })
+    }));
     Ok(Some(
         subject.with_cluster(cluster as Arc<dyn ClusterControl>),
     ))

@@ -59,6 +59,14 @@ pub(crate) async fn subject(worker_exe: Option<PathBuf>) -> Result<Option<Subjec
         TTL,
     )
     .with_cluster(cluster.clone() as Arc<dyn ClusterControl>);
+    let (members, member_prefix) = (cluster.clone(), prefix.clone());
+    subject = subject.with_member_connect(Arc::new(move |m| {
+        let url = format!(
+            "{}?key_prefix={member_prefix}&command_timeout_ms=1000&connect_timeout_ms=1000",
+            members.member_url(m)
+        );
+        Box::pin(async move { fenced::connect(&url).await })
+    }));
     if let Some(exe) = worker_exe {
         subject = subject.with_workers(url, exe);
     }

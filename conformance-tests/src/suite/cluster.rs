@@ -8,12 +8,16 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use lease_core::{keep, Bytes, Error, KeeperOptions, LeaseOptions, LeaseStatus, Token};
+use lease_core::{
+    keep, Bytes, Error, Fence, KeeperOptions, LeaseOptions, LeaseStatus, ResourceId, Token,
+};
+use rand::{Rng, SeedableRng};
 use tokio::time::Instant;
 
 use super::{boxed, Case, CaseResult, Ctx, Failure, Need, Verdict};
 use crate::check;
 use crate::harness::ClusterControl;
+use crate::history::{Done, Grant, History, HistoryFence, OpKind};
 
 pub(super) fn cases() -> Vec<Case> {
     vec![
@@ -22,6 +26,15 @@ pub(super) fn cases() -> Vec<Case> {
         }),
         Case::new("failover_to_lagging_replica", &[Need::Cluster], 20, |c| {
             boxed(failover_to_lagging_replica(c))
+        }),
+        Case::new(
+            "minority_partition_of_holders_member",
+            &[Need::Cluster],
+            20,
+            |c| boxed(minority_partition_of_holders_member(c)),
+        ),
+        Case::new("rolling_restart", &[Need::Cluster], 40, |c| {
+            boxed(rolling_restart(c))
         }),
     ]
 }
@@ -333,5 +346,179 @@ async fn failover_to_lagging_replica(ctx: Arc<Ctx>) -> CaseResult {
     check_next(&ctx, &resource, last, next.token()).await?;
     next.release().await?;
     restore.finish().await?;
+    Ok(Verdict::Passed)
+}
+
+/// The member the holder talks to is cut from its peers, not from the holder. Whatever that
+/// member answers from its stale state, no ownership decision rests on it: once a client of the
+/// majority holds the key, the holder does not report Held, then or later; and if the key stays
+/// with the holder, the holder is not silently lost with the key left locked.
+async fn minority_partition_of_holders_member(ctx: Arc<Ctx>) -> CaseResult {
+    let cluster = cluster(&ctx)?;
+    let Some(connect_member) = ctx.subject.connect_member.clone() else {
+        return Ok(Verdict::Skipped(
+            "the subject cannot pin a client to one member".into(),
+        ));
+    };
+    let leader = cluster
+        .leader()
+        .await
+        .map_err(|e| Failure(format!("finding the leader: {e}")))?;
+    let member = cluster.holder_member(leader);
+    let key = ctx.key("minority");
+    let ttl = ctx.ttl();
+    let holder = connect_member(member)
+        .await
+        .map_err(|e| Failure(format!("connecting a client to member {member}: {e}")))?;
+    let held = holder
+        .acquire(&key, &LeaseOptions::new(ttl).wait(ttl * 4))
+        .await?;
+    let first = held.token();
+    let kept = keep(held, KeeperOptions::new())?;
+    let other = ctx.client().await?;
+
+    let mut restore = Restore::new(cluster.clone());
+    restore.cut.push(member);
+    cluster
+        .isolate_from_peers(member)
+        .await
+        .map_err(|e| Failure(format!("cutting member {member} from its peers: {e}")))?;
+    let cut_at = Instant::now();
+
+    let wait = cluster.failover_bound() + ttl * 3;
+    match acquire_through_failover(&*other, &key, ttl, wait).await {
+        Ok(second) => {
+            let status = kept.lease().status();
+            check!(
+                !matches!(status, LeaseStatus::Held),
+                "a client of the majority holds the key (token {}) {:?} after member {member} \
+                 was cut from its peers, while the holder talking to it still reports Held \
+                 (token {first})",
+                second.token(),
+                cut_at.elapsed()
+            );
+            check!(
+                second.token() > first,
+                "the token went from {first} to {} across the partition",
+                second.token()
+            );
+            // Nothing the stale member says may bring the holder back (watched for half the
+            // second holder's TTL, so that it still holds when it releases).
+            let until = Instant::now() + ttl / 2;
+            while Instant::now() < until {
+                check!(
+                    !matches!(kept.lease().status(), LeaseStatus::Held),
+                    "the holder reports Held again while another client holds the key"
+                );
+                tokio::time::sleep(ttl / 20).await;
+            }
+            second.release().await?;
+        }
+        Err(Error::Timeout { .. } | Error::Held { .. }) => {
+            let status = kept.lease().status();
+            check!(
+                !matches!(status, LeaseStatus::Lost(_)),
+                "nobody could take the key for {wait:?} after member {member} was cut from \
+                 its peers, yet the holder reports {status:?}: the key was left locked"
+            );
+        }
+        Err(e) => return Err(Failure(format!("acquiring from the majority: {e}"))),
+    }
+    let _ = kept.release().await;
+    restore.finish().await?;
+    Ok(Verdict::Passed)
+}
+
+/// Every member restarted in turn (a crash, then a restart on the same data) while clients
+/// acquire, claim, write and release, some pausing past their TTL before a stale write. The
+/// history checker ([`crate::history::check`]) then proves: tokens unique and increasing in
+/// real-time order per key, no stale write accepted after a newer claim.
+async fn rolling_restart(ctx: Arc<Ctx>) -> CaseResult {
+    let cluster = cluster(&ctx)?;
+    let history = History::new(Some(ctx.seed));
+    let keys: Vec<_> = (0..2).map(|i| ctx.key(&format!("rolling/{i}"))).collect();
+    let ttl = ctx.ttl();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut workers = Vec::new();
+    for w in 0..3 {
+        let client = ctx.client().await?;
+        let recorder = history.recorder(format!("w{w}"));
+        let fence: Arc<dyn Fence> =
+            Arc::new(HistoryFence::new(ctx.fence().clone(), recorder.clone()));
+        let (keys, stop) = (keys.clone(), stop.clone());
+        let seed = ctx.fork_seed();
+        workers.push(tokio::spawn(async move {
+            let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+            let mut grants = 0u32;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                let key = &keys[rng.gen_range(0..keys.len())];
+                let resource = ResourceId::from(key);
+                let call = recorder.invoke();
+                let acquired = client
+                    .acquire(key, &LeaseOptions::new(ttl).wait(ttl * 2))
+                    .await;
+                call.complete(OpKind::Acquire {
+                    key: key.as_str().to_owned(),
+                    outcome: Grant::from_result(acquired.as_ref().map(|l| l.token())),
+                });
+                let lease = match acquired {
+                    Ok(l) => l,
+                    Err(e @ Error::TokenRegression { .. }) => {
+                        return Err(Failure(format!("worker {w}: {e}")))
+                    }
+                    Err(_) => {
+                        tokio::time::sleep(ttl / 10).await;
+                        continue;
+                    }
+                };
+                grants += 1;
+                let token = lease.token();
+                if fence.claim(&resource, token).await.is_ok() {
+                    if rng.gen_range(0..5) == 0 {
+                        // A pause past the TTL, then the write: stale if someone claimed since.
+                        tokio::time::sleep(ttl + ttl / 2).await;
+                    }
+                    let _ = fence
+                        .write(&resource, token, Bytes::from(format!("w{w} t{token}")))
+                        .await;
+                }
+                let call = recorder.invoke();
+                let released = lease.release().await;
+                call.complete(OpKind::Release {
+                    key: key.as_str().to_owned(),
+                    token: token.get(),
+                    outcome: Done::from_result(&released),
+                });
+            }
+            Ok(grants)
+        }));
+    }
+    let mut restore = Restore::new(cluster.clone());
+    for member in 0..cluster.members() {
+        restore.kill(member).await?;
+        // Let the workers run against the cluster without it for a moment.
+        tokio::time::sleep(ttl / 2).await;
+        cluster
+            .restart(member)
+            .await
+            .map_err(|e| Failure(format!("restarting member {member}: {e}")))?;
+        restore.killed.retain(|m| *m != member);
+    }
+    // A last stretch on the whole cluster.
+    tokio::time::sleep(ttl).await;
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let mut grants = 0;
+    for w in workers {
+        grants += w
+            .await
+            .map_err(|e| Failure(format!("a worker panicked: {e}")))??;
+    }
+    restore.finish().await?;
+    let summary = crate::history::check(&history).map_err(|v| Failure(v.to_string()))?;
+    check!(
+        grants >= 3 && summary.accepted_claims >= 3,
+        "too little happened during the rolling restart to mean anything: {grants} grants, \
+         {summary:?}"
+    );
     Ok(Verdict::Passed)
 }

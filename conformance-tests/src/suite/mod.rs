@@ -109,7 +109,9 @@ impl Need {
             Need::Proxy => "no fault proxy can be placed between client and server",
             Need::Operator => "the subject has no operator hook to delete a lock's keys",
             Need::FenceProxy => "no fault proxy can be placed between the fence and its storage",
-            Need::Cluster => "the coordinator is a single server, not a cluster the harness controls",
+            Need::Cluster => {
+                "the coordinator is a single server, not a cluster the harness controls"
+            }
         }
     }
 }
@@ -122,6 +124,12 @@ pub type ConnectViaFn = Arc<
     dyn Fn(SocketAddr) -> BoxFuture<'static, lease_core::Result<Arc<dyn Coordinator>>>
         + Send
         + Sync,
+>;
+
+/// Makes a new client of a cluster subject pinned to one member (by index), with the subject's
+/// own options (key prefix, timeouts).
+pub type ConnectMemberFn = Arc<
+    dyn Fn(usize) -> BoxFuture<'static, lease_core::Result<Arc<dyn Coordinator>>> + Send + Sync,
 >;
 
 /// Makes a new fence of the subject's kind that talks to its server at the given address (a proxy).
@@ -185,6 +193,8 @@ pub struct Subject {
     pub secret: Option<String>,
     /// For cluster cases: control over each member of a replicated coordinator.
     pub cluster: Option<Arc<dyn ClusterControl>>,
+    /// For cluster cases: a client pinned to one member.
+    pub connect_member: Option<ConnectMemberFn>,
 }
 
 impl fmt::Debug for Subject {
@@ -222,6 +232,7 @@ impl Subject {
             worker_exe: None,
             secret: None,
             cluster: None,
+            connect_member: None,
         }
     }
 
@@ -280,6 +291,12 @@ impl Subject {
     /// Sets the cluster control for cluster cases.
     pub fn with_cluster(mut self, cluster: Arc<dyn ClusterControl>) -> Self {
         self.cluster = Some(cluster);
+        self
+    }
+
+    /// Sets how to connect a client pinned to one member of the cluster.
+    pub fn with_member_connect(mut self, connect: ConnectMemberFn) -> Self {
+        self.connect_member = Some(connect);
         self
     }
 
