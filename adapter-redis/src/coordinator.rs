@@ -120,6 +120,12 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// The first pause of a waiting acquire after an `Unavailable` attempt; doubled up to
+/// [`UNAVAILABLE_MAX_PAUSE`].
+const UNAVAILABLE_FIRST_PAUSE: Duration = Duration::from_millis(50);
+/// The longest pause of a waiting acquire between attempts the server could not answer.
+const UNAVAILABLE_MAX_PAUSE: Duration = Duration::from_millis(800);
+
 impl Inner {
     /// How many replica acknowledgements a grant waits for (`replica_acks`; `auto` is one when
     /// the primary reported a connected replica at the last connect).
@@ -468,11 +474,25 @@ impl RedisCoordinator {
         // The send time of the earliest request of this call whose outcome was not seen.
         let mut unseen_since: Option<Instant> = None;
         let mut retries_left = 1u8;
+        let mut unavailable_pause = UNAVAILABLE_FIRST_PAUSE;
         loop {
-            let holder_ttl = match self
+            let attempt = match self
                 .attempt(key, &keys, &parts, options, &mut guard, &mut unseen_since)
-                .await?
+                .await
             {
+                Ok(a) => a,
+                // A waiting acquire rides out a server that cannot answer for a moment (a
+                // restart, a Sentinel failover) within its wait bound.
+                Err(Error::Unavailable { .. })
+                    if wait.is_some() && Instant::now() + unavailable_pause < deadline =>
+                {
+                    tokio::time::sleep(unavailable_pause).await;
+                    unavailable_pause = (unavailable_pause * 2).min(UNAVAILABLE_MAX_PAUSE);
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            let holder_ttl = match attempt {
                 Attempt::Granted(lease) => {
                     guard.pending = false;
                     return Ok(Box::new(lease));
