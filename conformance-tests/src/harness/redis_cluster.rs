@@ -107,7 +107,7 @@ impl Launcher for SentinelLauncher {
     }
 
     fn startup_timeout(&self) -> Duration {
-        Duration::from_secs(20)
+        Duration::from_secs(15)
     }
 }
 
@@ -592,7 +592,7 @@ impl ClusterControl for RedisCluster {
     fn failover_bound(&self) -> Duration {
         // Down after 1 s, a vote (Sentinels wait up to a second or so before asking), the
         // promotion and the replicas' reconfiguration; generous for a loaded 2-core machine.
-        Duration::from_secs(20)
+        Duration::from_secs(15)
     }
 
     fn holder_member(&self, leader: usize) -> usize {

@@ -461,6 +461,8 @@ pub fn cases() -> Vec<Case> {
 pub struct RunOptions {
     /// Only cases whose name contains this.
     pub filter: Option<String>,
+    /// Only the cases with these names (all when `None`); the others are not reported.
+    pub only: Option<Vec<&'static str>>,
     /// The base seed (default: from `CONFORMANCE_SEED` or random).
     pub seed: Option<u64>,
 }
@@ -648,6 +650,11 @@ pub async fn run_suite(mut subject: Subject, options: &RunOptions) -> Report {
                 continue;
             }
         }
+        if let Some(only) = &options.only {
+            if !only.contains(&case.name) {
+                continue;
+            }
+        }
         let start = std::time::Instant::now();
         if let Some(need) = subject.missing(case.needs).await {
             report.push(CaseReport::new(
@@ -712,6 +719,54 @@ where
     F: FnOnce() -> Fut,
     Fut: Future<Output = Result<Option<Subject>, String>>,
 {
+    main_with_options(make_subject, None)
+}
+
+/// The cases a cluster subject runs by default ([`main_for_cluster`]) besides the cluster
+/// cases: mutual exclusion, token order, a stale holder in another OS process, and the chaos run.
+pub const CLUSTER_CORE_CASES: &[&str] = &[
+    "mutual_exclusion_16_contenders",
+    "tokens_increase_across_handoffs",
+    "fault_stale_holder_process_sigstop",
+    "chaos_workers_pauses_kills_restarts",
+];
+
+/// The environment variable that makes [`main_for_cluster`] run the whole suite (the long run).
+pub const CLUSTER_FULL_ENV: &str = "CONFORMANCE_CLUSTER_FULL";
+
+/// Like [`main_for`] for a cluster subject: the cases that need a cluster plus
+/// [`CLUSTER_CORE_CASES`], or every case when `CONFORMANCE_CLUSTER_FULL=1` (with
+/// `CONFORMANCE_CHAOS_SECS` for a longer chaos run, this is the soak).
+pub fn main_for_cluster<F, Fut>(make_subject: F) -> std::process::ExitCode
+where
+    F: FnOnce() -> Fut,
+    Fut: Future<Output = Result<Option<Subject>, String>>,
+{
+    let full = std::env::var(CLUSTER_FULL_ENV).is_ok_and(|v| v == "1" || v == "true");
+    let only = (!full).then(|| {
+        cases()
+            .into_iter()
+            .filter(|c| c.needs.contains(&Need::Cluster) || CLUSTER_CORE_CASES.contains(&c.name))
+            .map(|c| c.name)
+            .collect()
+    });
+    if only.is_some() {
+        println!(
+            "note: cluster cases and {} core cases only; {CLUSTER_FULL_ENV}=1 runs the whole suite",
+            CLUSTER_CORE_CASES.len()
+        );
+    }
+    main_with_options(make_subject, only)
+}
+
+fn main_with_options<F, Fut>(
+    make_subject: F,
+    only: Option<Vec<&'static str>>,
+) -> std::process::ExitCode
+where
+    F: FnOnce() -> Fut,
+    Fut: Future<Output = Result<Option<Subject>, String>>,
+{
     let filter = std::env::args().skip(1).find(|a| !a.starts_with('-'));
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -731,7 +786,15 @@ where
                 return std::process::ExitCode::FAILURE;
             }
         };
-        let report = run_suite(subject, &RunOptions { filter, seed: None }).await;
+        let report = run_suite(
+            subject,
+            &RunOptions {
+                filter,
+                only,
+                seed: None,
+            },
+        )
+        .await;
         report.print();
         if let Ok(path) = std::env::var("CONFORMANCE_JUNIT") {
             if let Err(e) = std::fs::write(&path, report.junit()) {
