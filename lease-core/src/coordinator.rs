@@ -113,6 +113,12 @@ pub trait Coordinator: Send + Sync + fmt::Debug {
     /// The removed holder's lease reports `Lost(Revoked)` where the backend can tell it, and
     /// otherwise on its next renew. Its token stays below every later token, so a fence rejects
     /// its writes once the next holder has claimed.
+    ///
+    /// With [`ForceRelease::expect_token`] the holder is removed only if its token is exactly
+    /// the expected one, compared on the server in the same atomic step as the delete; if the
+    /// key is held under another token or is free, nothing is removed and the call returns
+    /// `Err(HolderChanged { expected, found })` (`found` is `None` for a free key). Never
+    /// `Ok(None)` then: `Ok(Some(holder))` is the expected holder, removed.
     async fn force_release(
         &self,
         key: &LockKey,

@@ -15,6 +15,7 @@
 //! | [`Error::Misconfigured`] | the backend's settings cannot keep the guarantees | fix the server's configuration |
 //! | [`Error::NotFound`] | the thing to act on does not exist | create it first |
 //! | [`Error::TokenRegression`] | the backend issued a token not above one seen before | stop: the token source went backwards |
+//! | [`Error::HolderChanged`] | a `force_release` with an expected token found another holder, or none; nothing was removed | `inspect` again and decide anew |
 
 use std::time::Duration;
 
@@ -268,6 +269,29 @@ pub enum Error {
         /// The token it must exceed.
         floor: Token,
     },
+    /// A [`ForceRelease`](crate::ForceRelease) with an
+    /// [expected token](crate::ForceRelease::expect_token) found the key held under another
+    /// token, or free: the server removed nothing.
+    #[error(
+        "lock {key:?} was not force-released: expected holder token {expected}, found {}",
+        found_text(found)
+    )]
+    HolderChanged {
+        /// The key.
+        key: String,
+        /// The token the request expected the holder to have.
+        expected: Token,
+        /// The holder's token at the time of the attempt, or `None` if the key was free.
+        found: Option<Token>,
+    },
+}
+
+/// How [`Error::HolderChanged`] shows the token it found.
+fn found_text(found: &Option<Token>) -> String {
+    match found {
+        Some(t) => format!("token {t}"),
+        None => "the lock free".to_owned(),
+    }
 }
 
 impl Error {
@@ -359,6 +383,15 @@ impl Error {
                 observed: *observed,
                 floor: *floor,
             },
+            Error::HolderChanged {
+                key,
+                expected,
+                found,
+            } => Error::HolderChanged {
+                key: key.clone(),
+                expected: *expected,
+                found: *found,
+            },
         }
     }
 
@@ -389,6 +422,7 @@ impl Error {
             Error::Misconfigured { .. } => "misconfigured",
             Error::NotFound { .. } => "not_found",
             Error::TokenRegression { .. } => "token_regression",
+            Error::HolderChanged { .. } => "holder_changed",
         }
     }
 }
@@ -462,6 +496,30 @@ mod tests {
             s.contains("presented 7") && s.contains("newest accepted 9"),
             "{s}"
         );
+    }
+
+    #[test]
+    fn holder_changed_names_key_expected_and_found() {
+        let e = Error::HolderChanged {
+            key: "jobs/nightly".into(),
+            expected: Token::new(7).unwrap(),
+            found: Some(Token::new(9).unwrap()),
+        };
+        let s = e.to_string();
+        assert!(
+            s.contains("jobs/nightly")
+                && s.contains("expected holder token 7")
+                && s.contains("found token 9"),
+            "{s}"
+        );
+        assert!(!e.is_retryable() && !e.is_lost());
+        assert_eq!(e.replicate().to_string(), s);
+        let free = Error::HolderChanged {
+            key: "k".into(),
+            expected: Token::new(7).unwrap(),
+            found: None,
+        };
+        assert!(free.to_string().contains("found the lock free"), "{free}");
     }
 
     #[test]

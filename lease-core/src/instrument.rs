@@ -8,7 +8,7 @@ use tokio::time::Instant;
 use tracing::Instrument as _;
 
 use crate::coordinator::{Coordinator, HolderInfo};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::fence::{Accepted, Fence, FencedValue};
 use crate::key::{LockKey, ResourceId};
 use crate::lease::{Lease, LeaseTracker};
@@ -125,6 +125,20 @@ impl<C: Coordinator> Coordinator for Instrumented<C> {
                 removed_owner = removed.as_ref().map(|h| h.owner.as_str()),
                 removed_token = removed.as_ref().map(|h| h.token.get()),
                 "lock force-released by operator"
+            );
+        }
+        if let Err(Error::HolderChanged {
+            expected, found, ..
+        }) = &result
+        {
+            tracing::warn!(
+                backend,
+                key = %key,
+                actor = request.actor(),
+                reason = request.reason(),
+                expected_token = expected.get(),
+                found_token = found.map(|t| t.get()),
+                "force_release refused: the holder is not the expected one; nothing removed"
             );
         }
         result

@@ -4,6 +4,7 @@ use std::fmt;
 use std::time::Duration;
 
 use crate::error::{Error, InvalidInput};
+use crate::token::Token;
 
 /// What a backend supports, declared by each [`crate::Coordinator`].
 ///
@@ -336,10 +337,24 @@ pub fn duration_in_range(
 }
 
 /// An operator's request to remove a lock regardless of its owner: who and why, both recorded.
+///
+/// By default [`Coordinator::force_release`](crate::Coordinator::force_release) removes whoever
+/// holds the key. With [`expect_token`](ForceRelease::expect_token) it becomes a
+/// compare-and-delete: the holder is removed only if its token is exactly the expected one, and
+/// that comparison is made on the server in the same atomic step as the delete (never a read
+/// from the client followed by a delete), so a holder that arrived after the operator's
+/// `inspect` is never removed. If the key is held under another token, or is free, nothing is
+/// removed and the call returns [`Error::HolderChanged`](crate::Error::HolderChanged) naming the
+/// expected token and the token found (`None` for a free key).
+///
+/// A refused attempt is not a forced release and is not written to any backend's audit trail
+/// (the trail lists what was removed); it is logged as a `warn` event naming the actor, the
+/// reason, the expected and the found token.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ForceRelease {
     actor: String,
     reason: String,
+    expected: Option<Token>,
 }
 
 impl ForceRelease {
@@ -348,7 +363,24 @@ impl ForceRelease {
         let (actor, reason) = (actor.into(), reason.into());
         validate_label("actor", &actor)?;
         validate_label("reason", &reason)?;
-        Ok(ForceRelease { actor, reason })
+        Ok(ForceRelease {
+            actor,
+            reason,
+            expected: None,
+        })
+    }
+
+    /// Removes the holder only if its token is exactly `token`, compared atomically on the
+    /// server; otherwise removes nothing and fails with
+    /// [`Error::HolderChanged`](crate::Error::HolderChanged) (also when the key is free).
+    pub fn expect_token(mut self, token: Token) -> Self {
+        self.expected = Some(token);
+        self
+    }
+
+    /// The token the holder must have to be removed, if the request names one.
+    pub fn expected_token(&self) -> Option<Token> {
+        self.expected
     }
 
     /// Who forced the release.

@@ -369,6 +369,20 @@ impl Coordinator for MemoryCoordinator {
     ) -> Result<Option<HolderInfo>> {
         let now = Instant::now();
         let mut st = self.shared.lock();
+        if let Some(expected) = request.expected_token() {
+            // Compared under the same lock as the removal below: nothing can arrive in between.
+            let found = st.keys.get_mut(key).and_then(|ks| {
+                ks.expire(now);
+                ks.holder.as_ref().map(|h| h.token)
+            });
+            if found != Some(expected) {
+                return Err(Error::HolderChanged {
+                    key: key.to_string(),
+                    expected,
+                    found,
+                });
+            }
+        }
         let removed = st.keys.get_mut(key).and_then(|ks| {
             ks.expire(now);
             let info = ks.holder_info(key, now);
