@@ -54,6 +54,12 @@ pub(super) fn cases() -> Vec<Case> {
         Case::new("inspect_and_force_release", &[], 20, |c| {
             boxed(inspect_and_force(c))
         }),
+        Case::new(
+            "force_release_with_a_stale_expected_token_removes_nothing",
+            &[],
+            20,
+            |c| boxed(force_with_expected_token(c)),
+        ),
         Case::new("multi_lock_opposite_orders_no_deadlock", &[], 60, |c| {
             boxed(multi_lock(c))
         }),
@@ -671,6 +677,93 @@ async fn inspect_and_force(ctx: Arc<Ctx>) -> CaseResult {
         "revoked holder's release removed the new lock"
     );
     next.release().await?;
+    Ok(Verdict::Passed)
+}
+
+/// An operator inspected (token t1), then a new holder arrived (t2): a force-release expecting
+/// t1 must remove nothing and say what it found; one expecting t2 removes the new holder; on a
+/// free key an expected token is refused with `found: None`.
+async fn force_with_expected_token(ctx: Arc<Ctx>) -> CaseResult {
+    let key = ctx.key("expect-token");
+    let (a, b, op) = (
+        ctx.client().await?,
+        ctx.client().await?,
+        ctx.client().await?,
+    );
+    let first = a.acquire(&key, &long(&ctx)).await?;
+    let t1 = first.token();
+    first.release().await?;
+    let second = b.acquire(&key, &long(&ctx)).await?;
+    let t2 = second.token();
+    check!(t2 > t1, "second token {t2} not above the first {t1}");
+    let request = ForceRelease::new("oncall-bob", "stuck after inspect")?;
+    match op
+        .force_release(&key, &request.clone().expect_token(t1))
+        .await
+    {
+        Err(Error::HolderChanged {
+            expected, found, ..
+        }) => {
+            check!(
+                expected == t1,
+                "HolderChanged expected {expected}, asked {t1}"
+            );
+            check!(
+                found == Some(t2),
+                "HolderChanged found {found:?}, holder is {t2}"
+            );
+        }
+        other => {
+            return Err(Failure(format!(
+                "force_release expecting the stale token {t1} (holder {t2}) returned {other:?}"
+            )))
+        }
+    }
+    check!(
+        op.inspect(&key).await?.map(|h| h.token) == Some(t2),
+        "the holder with token {t2} is gone after a refused force_release"
+    );
+    second.renew().await?;
+    check!(
+        second.status() == LeaseStatus::Held,
+        "the holder is not held after a refused force_release: {:?}",
+        second.status()
+    );
+    let removed = op
+        .force_release(&key, &request.clone().expect_token(t2))
+        .await?;
+    check!(
+        removed.as_ref().map(|h| h.token) == Some(t2),
+        "force_release expecting the holder's token {t2} returned {removed:?}"
+    );
+    check!(
+        op.inspect(&key).await?.is_none(),
+        "key still held after force_release with the right token"
+    );
+    match second.renew().await {
+        Err(Error::Lost { reason, .. }) => check!(
+            matches!(reason, LostReason::Revoked | LostReason::Superseded),
+            "removed holder's renew reported {reason:?}"
+        ),
+        other => {
+            return Err(Failure(format!(
+                "removed holder's renew returned {other:?}"
+            )))
+        }
+    }
+    match op.force_release(&key, &request.expect_token(t2)).await {
+        Err(Error::HolderChanged {
+            expected, found, ..
+        }) => check!(
+            expected == t2 && found.is_none(),
+            "free key: HolderChanged expected {expected} found {found:?}"
+        ),
+        other => {
+            return Err(Failure(format!(
+                "force_release of a free key with an expected token returned {other:?}"
+            )))
+        }
+    }
     Ok(Verdict::Passed)
 }
 
