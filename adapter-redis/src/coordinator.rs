@@ -847,13 +847,16 @@ impl Coordinator for RedisCoordinator {
             .to_string();
         let maxlen = scripts::AUDIT_MAXLEN.to_string();
         let marker = MARKER_WITHOUT_TTL_MS.to_string();
+        let expected = request
+            .expected_token()
+            .map_or_else(String::new, |t| t.to_string());
         let v = self
             .inner
             .conn
             .eval(
                 Op::FORCE_RELEASE,
                 &scripts::FORCE_RELEASE,
-                &[&keys.lock, &keys.revoked, &keys.audit],
+                &[&keys.lock, &keys.revoked, &keys.audit, &keys.counter],
                 &[
                     keys.channel.as_bytes(),
                     request.actor().as_bytes(),
@@ -861,10 +864,37 @@ impl Coordinator for RedisCoordinator {
                     at_ms.as_bytes(),
                     maxlen.as_bytes(),
                     marker.as_bytes(),
+                    expected.as_bytes(),
                 ],
             )
             .await?;
         let items = reply::array(v).ok_or_else(|| bad_reply(Op::FORCE_RELEASE, "not an array"))?;
+        if let (Some(expected), Some(first)) = (request.expected_token(), items.first()) {
+            if reply::text(first).as_deref() == Some("refused") {
+                let found = match items.get(1) {
+                    None => None,
+                    Some(t) => Some(
+                        reply::text(t)
+                            .and_then(|t| t.parse::<Token>().ok())
+                            .ok_or_else(|| bad_reply(Op::FORCE_RELEASE, "refused: no token"))?,
+                    ),
+                };
+                tracing::warn!(
+                    backend = BACKEND,
+                    key = %key,
+                    actor = request.actor(),
+                    reason = request.reason(),
+                    expected = %expected,
+                    found = ?found.map(|t| t.get()),
+                    "force_release refused: the holder is not the expected one; nothing removed"
+                );
+                return Err(Error::HolderChanged {
+                    key: key.to_string(),
+                    expected,
+                    found,
+                });
+            }
+        }
         let (value, pttl) = match items.as_slice() {
             [] => return Ok(None),
             [value, pttl] => (

@@ -121,15 +121,31 @@ if cur and string.sub(cur, 1, #head) == head then
 end
 ";
 
-/// Force release: `KEYS = [lock, revoked, audit]`,
-/// `ARGV = [channel, actor, reason, at_ms, audit_maxlen, marker_ms_if_no_ttl]`.
+/// Force release: `KEYS = [lock, revoked, audit, counter]`,
+/// `ARGV = [channel, actor, reason, at_ms, audit_maxlen, marker_ms_if_no_ttl, expected_token]`.
 ///
 /// Deletes the lock whoever holds it, keeps the removed value under `revoked` for the rest of its
 /// TTL (so the old holder's renew reports `Revoked`), wakes waiters, and appends actor, reason and
 /// the removed holder's token and owner (never its nonce) to the capped audit stream. Returns
 /// `{removed_value, pttl_ms}` or `{}` when the key was free (the attempt is audited either way).
+///
+/// With a non-empty `expected_token` it is a compare-and-delete in this one script: unless the
+/// lock value's token is exactly that decimal, nothing is deleted or audited and the reply is
+/// `{'refused', found_token}`, or `{'refused'}` when the key is free. A value this adapter did
+/// not write is taken to have the newest issued token (the counter), as `inspect` reports it.
 const FORCE_RELEASE_SRC: &str = r"
 local cur = redis.call('GET', KEYS[1])
+local tok, owner
+if cur then
+  local _
+  _, _, tok, owner = string.find(cur, '^v1|%x+|(%d+)|%d+|([^|]*)|')
+end
+local found = tok
+if cur and not found then found = redis.call('GET', KEYS[4]) or '' end
+if ARGV[7] ~= '' and found ~= ARGV[7] then
+  if cur then return {'refused', found} end
+  return {'refused'}
+end
 local pttl = -2
 local removed_token, removed_owner = '', ''
 if cur then
@@ -139,7 +155,6 @@ if cur then
   if keep < 0 then keep = tonumber(ARGV[6]) end
   redis.call('SET', KEYS[2], cur, 'PX', keep + 1000)
   redis.call('PUBLISH', ARGV[1], 'forced')
-  local _, _, tok, owner = string.find(cur, '^v1|%x+|(%d+)|%d+|([^|]*)|')
   removed_token = tok or ''
   removed_owner = owner or ''
 end
