@@ -931,6 +931,22 @@ impl Coordinator for ZkCoordinator {
                 Some((_, data, stat)) => Some(holder_info(key, data, stat)?),
                 None => None,
             };
+            if let Some(expected) = request.expected_token() {
+                // The delete below names the holder's node (a sequential path is never reused)
+                // and its version, so the server removes exactly the node whose czxid was read
+                // here, or nothing; a different holder is refused before anything is written.
+                let found = target.as_ref().map(|h| h.token);
+                if found != Some(expected) {
+                    tracing::warn!(key = %key, actor = request.actor(), reason = request.reason(),
+                        expected = %expected, found = ?found.map(|t| t.get()),
+                        "force_release refused: the holder is not the expected one; nothing removed");
+                    return Err(Error::HolderChanged {
+                        key: key.to_string(),
+                        expected,
+                        found,
+                    });
+                }
+            }
             // Record first: no forced release goes unrecorded.
             self.audit(&s, key, request, target.as_ref()).await?;
             let (Some((path, _, stat)), Some(info)) = (holder, target) else {
