@@ -768,6 +768,8 @@ impl Coordinator for ConsulCoordinator {
 
     /// A `?consistent` read, then one transaction: `check-index` (what was read), `delete`, and
     /// `set` of the audit record (actor, reason, removed holder) at `<prefix>/forced/<key>`.
+    /// With an expected token, a holder whose `CreateIndex` differs (or a free key) is refused
+    /// with `HolderChanged` before the transaction, which then removes that holder or nothing.
     async fn force_release(
         &self,
         key: &LockKey,
@@ -780,7 +782,33 @@ impl Coordinator for ConsulCoordinator {
                 .http
                 .kv_get(&kv_key, true, None, "force_release")
                 .await?;
-            let Some(entry) = entry.filter(|e| e.holder().is_some()) else {
+            let entry = entry.filter(|e| e.holder().is_some());
+            if let Some(expected) = request.expected_token() {
+                // A different holder is refused here; the expected one is deleted by the
+                // transaction below only if its `ModifyIndex` is still the one read, so the
+                // server removes that holder or nothing (and then this loop looks again).
+                let found = entry
+                    .as_ref()
+                    .map(|e| Self::holder_info(key, e).map(|h| h.token))
+                    .transpose()?;
+                if found != Some(expected) {
+                    tracing::warn!(
+                        backend = BACKEND,
+                        key = %key,
+                        actor = request.actor(),
+                        reason = request.reason(),
+                        expected = %expected,
+                        found = ?found.map(|t| t.get()),
+                        "force_release refused: the holder is not the expected one; nothing removed"
+                    );
+                    return Err(Error::HolderChanged {
+                        key: key.to_string(),
+                        expected,
+                        found,
+                    });
+                }
+            }
+            let Some(entry) = entry else {
                 tracing::warn!(
                     backend = BACKEND,
                     key = %key,
