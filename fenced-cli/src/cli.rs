@@ -4,6 +4,7 @@ use std::ffi::OsString;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
+use fenced::Token;
 
 /// Inspect and force-release fenced leases, and run commands under one.
 ///
@@ -17,7 +18,9 @@ use clap::{Args, Parser, Subcommand};
     after_help = "\
 Exit statuses:
   0   success (inspect: the key is held; fence read: the resource has state)
-  1   inspect: the key is free; fence read: nothing was ever accepted
+  1   inspect: the key is free; fence read: nothing was ever accepted;
+      force-release --expect-token: the holder has another token or the key is free
+      (nothing was removed; what is there now is printed)
   2   usage or input error (bad argument, key, duration or URL); nothing was sent
   69  the backend is unavailable
   70  the backend's answer was unknown or unexpected (re-read before acting)
@@ -57,6 +60,11 @@ pub(crate) enum Command {
     /// The removed holder's lease is lost (at once where the backend can tell it, otherwise at
     /// its next renewal), and its token stays below every later token, so a fence rejects its
     /// writes once the next holder has claimed. Prints what was removed, or that the key was free.
+    ///
+    /// With --expect-token N (the token `inspect` showed), the holder is removed only if its
+    /// token is still N: the backend compares and deletes in one atomic step, so a holder that
+    /// arrived after `inspect` is never removed. Otherwise nothing is removed, what holds the key
+    /// now is printed, and fenced exits 1.
     ForceRelease {
         /// The lock key.
         key: String,
@@ -66,6 +74,10 @@ pub(crate) enum Command {
         /// Why (required; recorded).
         #[arg(long, value_name = "TEXT")]
         reason: Option<String>,
+        /// Remove the holder only if its fencing token is exactly N; otherwise remove nothing and
+        /// exit 1.
+        #[arg(long, value_name = "N", value_parser = token)]
+        expect_token: Option<Token>,
         #[command(flatten)]
         output: Output,
     },
@@ -134,6 +146,11 @@ pub(crate) struct Output {
     pub(crate) json: bool,
 }
 
+/// A fencing token (`0..=9223372036854775807`).
+fn token(s: &str) -> Result<Token, String> {
+    s.parse::<Token>().map_err(|e| e.to_string())
+}
+
 /// A human duration (`10s`, `1m30s`, `250ms`).
 fn duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s)
@@ -155,5 +172,12 @@ mod tests {
         assert_eq!(duration("1m30s"), Ok(Duration::from_secs(90)));
         assert_eq!(duration("250ms"), Ok(Duration::from_millis(250)));
         assert!(duration("10x").unwrap_err().contains("not a duration"));
+    }
+
+    #[test]
+    fn tokens_parse_in_range_only() {
+        assert_eq!(token("42").map(|t| t.get()), Ok(42));
+        assert!(token("-1").unwrap_err().contains("out of range"));
+        assert!(token("abc").is_err());
     }
 }

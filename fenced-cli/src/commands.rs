@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use fenced::{Coordinator, Fence, ForceRelease, HolderInfo, LockKey, ResourceId};
+use fenced::{Coordinator, Error, Fence, ForceRelease, HolderInfo, LockKey, ResourceId, Token};
 use serde_json::{json, Value};
 
 use crate::cli::Output;
@@ -105,13 +105,15 @@ pub(crate) async fn inspect(url: Option<String>, key: &str, output: Output) -> R
     }
 }
 
-/// `fenced force-release KEY --actor NAME --reason TEXT`. Both labels are checked before
-/// anything is sent.
+/// `fenced force-release KEY --actor NAME --reason TEXT [--expect-token N]`. Both labels are
+/// checked before anything is sent. With an expected token the backend compares and deletes in
+/// one step; a refusal prints what holds the key now and exits [`exit::REFUSED`].
 pub(crate) async fn force_release(
     url: Option<String>,
     key: &str,
     actor: Option<String>,
     reason: Option<String>,
+    expect_token: Option<Token>,
     output: Output,
 ) -> Result<u8, Failure> {
     let (actor, reason) = match (actor, reason) {
@@ -132,17 +134,30 @@ pub(crate) async fn force_release(
             ))
         }
     };
-    let request = ForceRelease::new(actor, reason).map_err(|e| Failure::usage(e.to_string()))?;
+    let mut request =
+        ForceRelease::new(actor, reason).map_err(|e| Failure::usage(e.to_string()))?;
+    if let Some(t) = expect_token {
+        request = request.expect_token(t);
+    }
     let key = lock_key(key)?;
     let coord = connect(url).await?;
-    let removed = coord.force_release(&key, &request).await?;
-    let base = json!({
+    let result = coord.force_release(&key, &request).await;
+    let mut value = json!({
         "key": key.as_str(),
         "backend": coord.capabilities().backend,
         "actor": request.actor(),
         "reason": request.reason(),
+        "expected_token": request.expected_token().map(|t| t.get()),
     });
-    let mut value = base;
+    let removed = match result {
+        Ok(removed) => removed,
+        Err(Error::HolderChanged {
+            expected, found, ..
+        }) => return refused(&*coord, &key, expected, found, value, output).await,
+        Err(e) => return Err(e.into()),
+    };
+    value["refused"] = json!(false);
+    value["found_token"] = json!(removed.as_ref().map(|h| h.token.get()));
     match &removed {
         Some(h) => {
             value["removed"] = holder_json(h);
@@ -158,6 +173,37 @@ pub(crate) async fn force_release(
         }
     }
     Ok(exit::OK)
+}
+
+/// A force-release refused because the holder is not the expected one: nothing was removed.
+/// Prints the token found and, from a fresh `inspect`, who holds the key now (it may have changed
+/// again since the refusal; the `found_token` is the one the backend compared).
+async fn refused(
+    coord: &dyn Coordinator,
+    key: &LockKey,
+    expected: Token,
+    found: Option<Token>,
+    mut value: Value,
+    output: Output,
+) -> Result<u8, Failure> {
+    let now = coord.inspect(key).await?;
+    value["refused"] = json!(true);
+    value["found_token"] = json!(found.map(|t| t.get()));
+    value["removed"] = Value::Null;
+    value["holder"] = now.as_ref().map_or(Value::Null, holder_json);
+    let found_text = match found {
+        Some(t) => format!("held under token {t}"),
+        None => "free".to_owned(),
+    };
+    let mut text = format!(
+        "refused: {key} is {found_text}, not held under token {expected}: nothing removed\n"
+    );
+    match &now {
+        Some(h) => text += &format!("key        {key}\nstate      held\n{}", holder_text(h)),
+        None => text += &format!("key        {key}\nstate      free\n"),
+    }
+    emit(output, value, text);
+    Ok(exit::REFUSED)
 }
 
 /// `fenced fence read RESOURCE --fence-url URL`.

@@ -8,6 +8,9 @@ use fenced::Error;
 pub(crate) const OK: u8 = 0;
 /// inspect: the key is free; fence read: nothing was ever accepted.
 pub(crate) const ABSENT: u8 = 1;
+/// force-release --expect-token: the holder has another token, or the key is free; nothing was
+/// removed (the same status as `inspect`'s "not what you asked about").
+pub(crate) const REFUSED: u8 = 1;
 /// A usage or input error: nothing was sent.
 pub(crate) const USAGE: u8 = 2;
 /// The backend is unavailable (sysexits' `EX_UNAVAILABLE`).

@@ -65,8 +65,9 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
             key,
             actor,
             reason,
+            expect_token,
             output,
-        } => commands::force_release(cli.url, &key, actor, reason, output).await,
+        } => commands::force_release(cli.url, &key, actor, reason, expect_token, output).await,
         Command::Run(args) => run::run(cli.url, args).await,
         Command::Fence {
             command:

@@ -20,6 +20,8 @@ const NOT_ACQUIRED: i32 = 75;
 const LOST: i32 = 76;
 const USAGE: i32 = 2;
 const UNAVAILABLE: i32 = 69;
+/// force-release --expect-token: the holder has another token, or the key is free.
+const REFUSED: i32 = 1;
 
 /// `fenced` with a clean environment: no backend unless the test gives one.
 fn fenced() -> Command {
@@ -381,6 +383,108 @@ fn etcd_a_held_key_is_shown_refused_and_force_released() {
     a_held_key_is_shown_refused_and_force_released(&server.url(), "3s");
 }
 
+// force-release --expect-token -------------------------------------------------------------
+
+/// `force-release --expect-token` with a stale token (the holder changed after `inspect`) is
+/// refused with status 1 and removes nothing; with the holder's token it removes it; on a free
+/// key it is refused and says the key is free.
+fn a_stale_expect_token_is_refused_and_the_right_one_removes(url: &str) {
+    let key = "jobs/expect";
+    let first = Holder::start(url, key, &["--ttl", "3s"]);
+    let (_, stale) = first.seen();
+    drop(first);
+    eventually(
+        Duration::from_secs(20),
+        "the first holder to release",
+        || (inspect_json(url, key).0 == 1).then_some(()),
+    );
+    let mut second = Holder::start(url, key, &["--ttl", "3s"]);
+    let (_, current) = second.seen();
+    assert!(current > stale, "tokens {stale} then {current}");
+
+    let out = fenced()
+        .args(["--url", url, "force-release", key, "--json"])
+        .args(["--actor", "ops", "--reason", "stuck after inspect"])
+        .args(["--expect-token", &stale.to_string()])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(REFUSED), "{}", stderr_of(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["refused"], true, "{v}");
+    assert_eq!(v["expected_token"], stale, "{v}");
+    assert_eq!(v["found_token"], current, "{v}");
+    assert_eq!(v["removed"], serde_json::Value::Null, "{v}");
+    assert_eq!(v["holder"]["token"], current, "{v}");
+    fenced()
+        .args(["--url", url, "force-release", key])
+        .args(["--actor", "ops", "--reason", "stuck after inspect"])
+        .args(["--expect-token", &stale.to_string()])
+        .assert()
+        .code(REFUSED)
+        .stdout(predicate::str::contains(format!(
+            "refused: {key} is held under token {current}, not held under token {stale}"
+        )))
+        .stdout(predicate::str::contains(format!("token      {current}")));
+    // Nothing removed: the holder still holds, and its command still runs.
+    let (code, v) = inspect_json(url, key);
+    assert_eq!((code, &v["holder"]["token"]), (0, &current.into()), "{v}");
+    assert!(
+        second.child.as_mut().unwrap().try_wait().unwrap().is_none(),
+        "the holder's run exited after a refused force-release: {}",
+        second.stderr()
+    );
+
+    let out = fenced()
+        .args(["--url", url, "force-release", key, "--json"])
+        .args(["--actor", "ops", "--reason", "stuck after inspect"])
+        .args(["--expect-token", &current.to_string()])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["refused"], false, "{v}");
+    assert_eq!(v["expected_token"], current, "{v}");
+    assert_eq!(v["removed"]["token"], current, "{v}");
+    let status = second.wait_exit(Duration::from_secs(30));
+    assert_eq!(status.code(), Some(LOST), "{}", second.stderr());
+
+    let out = fenced()
+        .args(["--url", url, "force-release", key, "--json"])
+        .args(["--actor", "ops", "--reason", "again"])
+        .args(["--expect-token", &current.to_string()])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(REFUSED), "{}", stderr_of(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["found_token"], serde_json::Value::Null, "{v}");
+    assert_eq!(v["holder"], serde_json::Value::Null, "{v}");
+    fenced()
+        .args(["--url", url, "force-release", key])
+        .args(["--actor", "ops", "--reason", "again"])
+        .args(["--expect-token", &current.to_string()])
+        .assert()
+        .code(REFUSED)
+        .stdout(predicate::str::contains("state      free"));
+}
+
+#[test]
+fn redis_a_stale_expect_token_is_refused_and_the_right_one_removes() {
+    let Some(server) = redis("redis_a_stale_expect_token_is_refused_and_the_right_one_removes")
+    else {
+        return;
+    };
+    a_stale_expect_token_is_refused_and_the_right_one_removes(&server.url_with_auth());
+}
+
+#[test]
+fn etcd_a_stale_expect_token_is_refused_and_the_right_one_removes() {
+    let Some(server) = etcd("etcd_a_stale_expect_token_is_refused_and_the_right_one_removes")
+    else {
+        return;
+    };
+    a_stale_expect_token_is_refused_and_the_right_one_removes(&server.url());
+}
+
 // fence read -------------------------------------------------------------------------------
 
 #[test]
@@ -463,6 +567,36 @@ fn bad_urls_durations_and_keys_are_one_line_usage_errors() {
             &["--url", "redis://h", "force-release", "k"],
             "--actor NAME and --reason",
         ),
+        (
+            &[
+                "--url",
+                "redis://h",
+                "force-release",
+                "k",
+                "--actor",
+                "a",
+                "--reason",
+                "r",
+                "--expect-token",
+                "soon",
+            ],
+            "--expect-token",
+        ),
+        (
+            &[
+                "--url",
+                "redis://h",
+                "force-release",
+                "k",
+                "--actor",
+                "a",
+                "--reason",
+                "r",
+                "--expect-token",
+                "-1",
+            ],
+            "-1",
+        ),
     ];
     for (args, needle) in cases {
         let out = fenced().args(*args).output().unwrap();
@@ -512,5 +646,13 @@ fn help_documents_every_command_and_status() {
     let help = String::from_utf8_lossy(&out.stdout);
     for needle in ["--ttl", "--wait", "--grace", "FENCED_TOKEN", "SIGTERM"] {
         assert!(help.contains(needle), "run --help lacks {needle}: {help}");
+    }
+    let out = fenced().args(["force-release", "--help"]).output().unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    for needle in ["--expect-token", "--actor", "--reason", "exits 1"] {
+        assert!(
+            help.contains(needle),
+            "force-release --help lacks {needle}: {help}"
+        );
     }
 }
