@@ -228,8 +228,19 @@ pub(super) async fn zookeeper_subject(
         Some(_) => crate::suite::ttl_override().unwrap_or(ZK_SESSION_TIMEOUT),
         None => ZK_SESSION_TIMEOUT,
     };
+    // The harness server's tickTime is known (200 ms): the follower-touch margin need not assume
+    // the worst (decision 0017). An external ensemble's is not, so the default applies.
+    let tick = match &external {
+        Some(_) => String::new(),
+        None => format!(
+            "&tick_ms={}",
+            crate::harness::ZooKeeperConfig::default()
+                .tick_time
+                .as_millis()
+        ),
+    };
     let params = format!(
-        "session_timeout_ms={}&digest={digest}",
+        "session_timeout_ms={}{tick}&digest={digest}",
         session_timeout.as_millis()
     );
     let (url, server, upstream): (String, Box<dyn ServerControl>, Option<std::net::SocketAddr>) =

@@ -253,13 +253,19 @@ pub(crate) async fn subject(worker_exe: Option<PathBuf>) -> Result<Option<Subjec
         ZK_SESSION_TIMEOUT,
     )
     .with_server(Box::new(WholeEnsemble(ensemble.clone())))
-    .with_cluster(ensemble)
+    .with_cluster(ensemble.clone())
     .with_operator(Arc::new(ZkOperator {
         config: config.clone(),
         digest,
         clients: clients.clone(),
     }))
     .with_secret(password);
+    // A client pinned to one server: the same base path and options, one host.
+    let (members, member_base, member_params) = (ensemble.clone(), base.clone(), params.clone());
+    subject = subject.with_member_connect(Arc::new(move |m| {
+        let url = format!("{}{member_base}?{member_params}", members.member_url(m));
+        Box::pin(async move { fenced::connect(&url).await })
+    }));
     let connect_via: ConnectViaFn = Arc::new(move |addr| {
         let (config, clients) = (config.clone(), clients.clone());
         Box::pin(async move {
