@@ -33,6 +33,9 @@ pub(super) fn cases() -> Vec<Case> {
             20,
             |c| boxed(minority_partition_of_holders_member(c)),
         ),
+        Case::new("follower_cut_after_sync", &[Need::Cluster], 20, |c| {
+            boxed(follower_cut_after_sync(c))
+        }),
         Case::new("rolling_restart", &[Need::Cluster], 40, |c| {
             boxed(rolling_restart(c))
         }),
@@ -520,5 +523,87 @@ async fn rolling_restart(ctx: Arc<Ctx>) -> CaseResult {
         "too little happened during the rolling restart to mean anything: {grants} grants, \
          {summary:?}"
     );
+    Ok(Verdict::Passed)
+}
+
+/// The follower a holder talks to is cut from its peers right after confirming the holder's
+/// lease (a renewal that went through it). The holder's local validity must end no later than
+/// the moment a client of another member sees the key free: validity never outlives the
+/// leader's view of the session or lease. Skipped where holders talk to the leader only (Redis).
+async fn follower_cut_after_sync(ctx: Arc<Ctx>) -> CaseResult {
+    let cluster = cluster(&ctx)?;
+    let Some(connect_member) = ctx.subject.connect_member.clone() else {
+        return Ok(Verdict::Skipped(
+            "the subject cannot pin a client to one member".into(),
+        ));
+    };
+    let leader = cluster
+        .leader()
+        .await
+        .map_err(|e| Failure(format!("finding the leader: {e}")))?;
+    let follower = cluster.holder_member(leader);
+    if follower == leader {
+        return Ok(Verdict::Skipped(format!(
+            "holders talk to the leader only on {}: there is no follower to cut",
+            cluster.kind()
+        )));
+    }
+    let Some(observer_member) = (0..cluster.members()).find(|m| *m != follower) else {
+        return Ok(Verdict::Skipped("the cluster has a single member".into()));
+    };
+    let key = ctx.key("follower-cut");
+    let ttl = ctx.ttl();
+    let holder = connect_member(follower)
+        .await
+        .map_err(|e| Failure(format!("connecting a client to member {follower}: {e}")))?;
+    let observer = connect_member(observer_member).await.map_err(|e| {
+        Failure(format!(
+            "connecting a client to member {observer_member}: {e}"
+        ))
+    })?;
+    let lease = holder
+        .acquire(&key, &LeaseOptions::new(ttl).wait(ttl * 4))
+        .await?;
+    check!(
+        observer.inspect(&key).await?.is_some(),
+        "the observer on member {observer_member} does not see the fresh holder"
+    );
+    // Confirmed through the follower, then the follower is cut at once.
+    lease.renew().await?;
+    let mut restore = Restore::new(cluster.clone());
+    restore.cut.push(follower);
+    cluster
+        .isolate_from_peers(follower)
+        .await
+        .map_err(|e| Failure(format!("cutting member {follower} from its peers: {e}")))?;
+    let valid_until = lease.valid_until();
+
+    let deadline = Instant::now() + cluster.failover_bound() + ttl * 4;
+    let freed_at = loop {
+        match observer.inspect(&key).await {
+            Ok(None) => break Instant::now(),
+            Ok(Some(_)) | Err(Error::Unavailable { .. } | Error::OutcomeUnknown { .. }) => {}
+            Err(e) => return Err(Failure(format!("the observer's inspect: {e}"))),
+        }
+        check!(
+            Instant::now() < deadline,
+            "the key was never freed on the majority side within {:?} of the cut",
+            cluster.failover_bound() + ttl * 4
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    check!(
+        valid_until <= freed_at,
+        "the holder's validity (until {:?} after the cut) outlived the majority's view: the key \
+         was free {:?} before it ended",
+        valid_until.saturating_duration_since(freed_at.min(valid_until)),
+        valid_until.saturating_duration_since(freed_at)
+    );
+    check!(
+        !matches!(lease.status(), LeaseStatus::Held),
+        "the holder reports Held after the majority saw the key free"
+    );
+    let _ = lease.release().await;
+    restore.finish().await?;
     Ok(Verdict::Passed)
 }
