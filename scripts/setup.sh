@@ -8,6 +8,11 @@
 #   default-jre-headless         Java 17 to run ZooKeeper
 #   protobuf-compiler libprotobuf-dev   protoc for the etcd gRPC client's build script
 #   postgresql                   PostgreSQL 15 server (for the PostgreSQL backend work)
+#   iproute2                     `ip netns` and veth pairs for the etcd cluster's members (each in
+#                                its own network namespace, cut from its peers by blackhole routes)
+#
+# The Redis Sentinels of the replicated-Redis cluster run as `redis-server <conf> --sentinel` (the
+# binary Debian's redis-sentinel package links to), so that package is not needed.
 #
 # Debian's `zookeeper` package is deliberately not installed: it only adds an init script, a
 # system user and a dependency on the full (GUI) `default-jre`; the harness runs
@@ -33,6 +38,7 @@ PACKAGES=(
   protobuf-compiler
   libprotobuf-dev
   postgresql
+  iproute2
 )
 
 if [[ "$(id -u)" -ne 0 ]]; then
