@@ -4,7 +4,9 @@
 #   2. checks formatting and lints,
 #   3. runs all tests: unit, property, harness, and the conformance suite against every backend
 #      (the harness starts each real server on a free loopback port with a temporary data
-#      directory and stops it afterwards),
+#      directory and stops it afterwards), and the cluster cases against a Redis primary with
+#      two replicas and three Sentinels, three etcd members (network namespaces; needs root) and
+#      a three-server ZooKeeper ensemble (tests/cluster_*.rs in conformance-tests),
 #   4. builds the facade with no backend feature and PROTOC=/bin/false (what a newcomer's first
 #      command needs), runs its tests and the stale-holder demo, which must show the fence
 #      rejecting the stale write.
