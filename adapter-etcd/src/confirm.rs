@@ -17,7 +17,7 @@ use etcd_client::{Client, GetOptions, Txn, TxnOp, TxnOpResponse};
 use lease_core::batch::{Rounds, RoundsConfig};
 use lease_core::Error;
 
-use crate::error::{retry_unsent, BACKEND};
+use crate::error::{retry_unapplied, BACKEND};
 
 /// Gets per transaction: etcd's default `--max-txn-ops`.
 pub(crate) const MAX_TXN_OPS: usize = 128;
@@ -61,7 +61,7 @@ async fn confirm(
         .map(|(key, _)| TxnOp::get(key.clone(), Some(GetOptions::new().with_keys_only())))
         .collect();
     let txn = Txn::new().and_then(gets);
-    let resp = retry_unsent(timeout, || {
+    let resp = retry_unapplied(timeout, || {
         let (mut kv, txn) = (kv.clone(), txn.clone());
         async move { kv.txn(txn).await }
     })

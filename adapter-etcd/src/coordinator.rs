@@ -20,7 +20,7 @@ use tokio::time::Instant;
 
 use crate::config::EtcdConfig;
 use crate::confirm::Confirmer;
-use crate::error::{bounded, retry_unsent, Failure, BACKEND};
+use crate::error::{bounded, retry_unapplied, Failure, BACKEND};
 use crate::keys::{self, AuditRecord, HolderRecord};
 use crate::lease::EtcdLease;
 use crate::session::{Cleaner, Cleanup, Session, Unconfirmed};
@@ -448,7 +448,7 @@ impl Inner {
             let txn = try_txn(&prefix, &pending, &record);
             let sent = Instant::now();
             let client = &self.handle.client;
-            let resp = match retry_unsent(self.timeout(), || {
+            let resp = match retry_unapplied(self.timeout(), || {
                 let (mut kv, txn) = (client.clone(), txn.clone());
                 async move { kv.txn(txn).await }
             })
@@ -539,7 +539,7 @@ impl Inner {
             let txn = enqueue_txn(&prefix, &pending, &record);
             let sent = Instant::now();
             let client = &self.handle.client;
-            let resp = match retry_unsent(timeout, || {
+            let resp = match retry_unapplied(timeout, || {
                 let (mut kv, txn) = (client.clone(), txn.clone());
                 async move { kv.txn(txn).await }
             })
@@ -605,7 +605,7 @@ impl Inner {
                     .with_keys_only();
                 let sent2 = Instant::now();
                 let client = &self.handle.client;
-                match retry_unsent(timeout, || {
+                match retry_unapplied(timeout, || {
                     let (mut kv, prefix, upto) = (client.clone(), prefix.clone(), upto.clone());
                     async move { kv.get(prefix, Some(upto)).await }
                 })
@@ -673,7 +673,7 @@ impl Inner {
                     r = async {
                         tokio::join!(
                             session.confirm(sent3, timeout),
-                            retry_unsent(timeout, || {
+                            retry_unapplied(timeout, || {
                                 let (mut kv, own) = (kv.clone(), own.clone());
                                 async move { kv.get(own, None).await }
                             }),
@@ -748,7 +748,7 @@ impl Inner {
             )])
             .and_then([TxnOp::delete(pending.key.clone(), None)]);
         let client = &self.handle.client;
-        let deleted = retry_unsent(self.timeout(), || {
+        let deleted = retry_unapplied(self.timeout(), || {
             let (mut kv, txn) = (client.clone(), txn.clone());
             async move { kv.txn(txn).await }
         })
@@ -771,7 +771,7 @@ impl Inner {
         let mut last = None;
         for attempt in 0..3u32 {
             let client = &self.handle.client;
-            match retry_unsent(self.timeout(), || {
+            match retry_unapplied(self.timeout(), || {
                 let (mut kv, prefix, options) = (client.clone(), prefix.clone(), options.clone());
                 async move { kv.get(prefix, Some(options)).await }
             })
@@ -906,7 +906,7 @@ impl Coordinator for EtcdCoordinator {
         if kv.lease() != 0 {
             let client = &self.inner.handle.client;
             let lease = kv.lease();
-            if let Ok(ttl) = retry_unsent(self.inner.timeout(), || {
+            if let Ok(ttl) = retry_unapplied(self.inner.timeout(), || {
                 let mut c = client.clone();
                 async move { c.lease_time_to_live(lease, None).await }
             })
@@ -960,7 +960,7 @@ impl Coordinator for EtcdCoordinator {
                     ),
                 ]);
             let client = &self.inner.handle.client;
-            let resp = retry_unsent(self.inner.timeout(), || {
+            let resp = retry_unapplied(self.inner.timeout(), || {
                 let (mut c, txn) = (client.clone(), txn.clone());
                 async move { c.txn(txn).await }
             })
@@ -1006,9 +1006,10 @@ mod tests {
         assert!(!c.per_lease_ttl && c.fifo && c.durable_tokens && c.shared_across_processes);
     }
 
-    /// An acquire whose answer is lost is `OutcomeUnknown`, the attempt is retired (its key
-    /// deleted, its marker written), and the attempt's transaction applied late, as etcd does
-    /// with a proposal the client gave up on, writes nothing: no orphan key in the queue.
+    /// An acquire whose answers are lost is `OutcomeUnknown`, every attempt it made within its
+    /// wait is retired (its key deleted, its marker written), and each attempt's transaction
+    /// applied late, as etcd does with a proposal the client gave up on, writes nothing: no
+    /// orphan key in the queue.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn an_unanswered_acquire_is_retired_and_a_late_apply_writes_nothing() {
         use conformance_tests::harness::{start_or_skip_async, Backend, EtcdServer};
@@ -1038,43 +1039,49 @@ mod tests {
         assert!(matches!(err, Error::OutcomeUnknown { .. }), "{err:?}");
         proxy.heal();
 
-        // The cleaner retires the attempt: marker written, no key left in the queue.
+        // The cleaner retires the attempts (the waiting acquire made several within its wait,
+        // each lost): markers written, no key left in the queue.
         async fn kvs(raw: &Client, prefix: &str) -> Vec<KeyValue> {
             let mut raw = raw.clone();
             let options = GetOptions::new().with_prefix();
             raw.get(prefix, Some(options)).await.unwrap().take_kvs()
         }
         let deadline = Instant::now() + Duration::from_secs(10);
-        let marker = loop {
+        let retired = loop {
             let m = kvs(&raw, &markers).await;
-            if m.len() == 1 && kvs(&raw, &prefix).await.is_empty() {
-                break m.into_iter().next().unwrap();
+            if !m.is_empty() && kvs(&raw, &prefix).await.is_empty() {
+                break m;
             }
-            assert!(Instant::now() < deadline, "the attempt was not retired");
+            assert!(
+                Instant::now() < deadline,
+                "the attempts were not retired: {} markers",
+                m.len()
+            );
             tokio::time::sleep(Duration::from_millis(50)).await;
         };
         let session = coord.inner.sessions.lock().await.get(&20).cloned().unwrap();
-        assert_eq!(
-            marker.lease(),
-            session.id(),
-            "the marker goes with the session"
-        );
-
-        // etcd applies the lost request now: it writes nothing.
-        let name = marker.key_str().unwrap().rsplit('/').next().unwrap();
-        let late = PendingKey {
-            cleaner: coord.inner.handle.cleaner.clone(),
-            key: format!("{prefix}{name}"),
-            marker: marker.key_str().unwrap().to_owned(),
-            revision: None,
-            session,
-            armed: false,
-        };
-        for txn in [
-            enqueue_txn(&prefix, &late, "{}"),
-            try_txn(&prefix, &late, "{}"),
-        ] {
-            assert!(!raw.txn(txn).await.unwrap().succeeded());
+        for marker in &retired {
+            assert_eq!(
+                marker.lease(),
+                session.id(),
+                "the marker goes with the session"
+            );
+            // etcd applies the lost request now: it writes nothing.
+            let name = marker.key_str().unwrap().rsplit('/').next().unwrap();
+            let late = PendingKey {
+                cleaner: coord.inner.handle.cleaner.clone(),
+                key: format!("{prefix}{name}"),
+                marker: marker.key_str().unwrap().to_owned(),
+                revision: None,
+                session: session.clone(),
+                armed: false,
+            };
+            for txn in [
+                enqueue_txn(&prefix, &late, "{}"),
+                try_txn(&prefix, &late, "{}"),
+            ] {
+                assert!(!raw.txn(txn).await.unwrap().succeeded());
+            }
         }
         assert!(kvs(&raw, &prefix).await.is_empty());
         let next = coord.try_acquire(&key, &options).await.unwrap();

@@ -3,11 +3,15 @@
 //! | what etcd-client reports | read-only call | call that may write |
 //! |---|---|---|
 //! | transport error, gRPC `Unavailable` while connecting | `Unavailable` | `Unavailable` (nothing was sent) |
+//! | a refusal etcd makes before proposing anything ([`REFUSED_BEFORE_PROPOSING`]: `etcdserver: no leader`, `not capable`, `rpc not supported for learner`, `too many requests`, `raft proposal dropped`) | `Unavailable` | `Unavailable` (nothing was applied) |
 //! | gRPC `Unavailable` after sending, `Unknown`, `Cancelled`, `DeadlineExceeded`, our own timeout | `Unavailable` | `OutcomeUnknown` |
 //! | gRPC `Unauthenticated`, `PermissionDenied`, "authentication failed" | `Misconfigured` (credentials or roles) | same |
 //! | TLS handshake refused: the member's certificate is not trusted or not for the name (`invalid peer certificate`), or the member refused ours (`received fatal alert`, e.g. no client certificate under `--client-cert-auth`) | `Misconfigured` naming the TLS problem | same (nothing was processed: the handshake failed) |
 //! | `etcdserver: requested lease not found` | the session ended: callers treat it as `Lost(SessionEnded)` or start a new session; otherwise `Unavailable` | `Unavailable` (etcd rejects the whole request) |
-//! | anything else | `Unavailable` | `OutcomeUnknown` |
+//! | anything else (`etcdserver: request timed out`, `... due to previous leader failure`, `... due to connection lost`, `request cancelled`, `server stopped`: all may come after the proposal) | `Unavailable` | `OutcomeUnknown` |
+//!
+//! Both "not sent" and "refused before proposing" are also what [`retry_unapplied`] sends again
+//! within the request timeout, so the client's balancer can pick another member.
 //!
 //! Messages carry the gRPC status text, never the URL's password (etcd-client never puts
 //! credentials in its errors; the adapter formats URLs only through `BackendUrl`).
@@ -65,19 +69,29 @@ impl Failure {
         match self {
             Failure::Etcd(etcd_client::Error::TransportError(_)) => true,
             Failure::Etcd(etcd_client::Error::GRpcStatus(s)) => {
-                s.code() as i32 == tonic_code::UNAVAILABLE && {
-                    // Only the phrases of a connection that was never made: "connection reset"
-                    // or "connection closed" may come after the request was sent.
-                    let m = s.message().to_ascii_lowercase();
-                    m.contains("error trying to connect")
-                        || m.contains("tcp connect error")
-                        || m.contains("failed to connect")
-                        || m.contains("refused")
-                        || m.contains("dns")
-                }
+                status_not_sent(s.code() as i32, s.message())
             }
             _ => false,
         }
+    }
+
+    /// Whether etcd refused the request before proposing it to Raft, so that it certainly was
+    /// not applied and never will be (see [`REFUSED_BEFORE_PROPOSING`]).
+    pub(crate) fn refused_before_proposing(&self) -> bool {
+        match self {
+            Failure::Etcd(etcd_client::Error::GRpcStatus(s)) => {
+                is_refused_before_proposing(s.message())
+            }
+            _ => false,
+        }
+    }
+
+    /// Whether the request certainly did not change anything on the server: it never reached
+    /// etcd ([`Failure::certainly_not_sent`]) or etcd refused it before proposing it
+    /// ([`Failure::refused_before_proposing`]). Such a request is safe to send again, a write
+    /// included, and its failure is `Unavailable`, never `OutcomeUnknown`.
+    pub(crate) fn certainly_not_applied(&self) -> bool {
+        self.certainly_not_sent() || self.refused_before_proposing()
     }
 
     /// A failed TLS handshake, described for the operator. Found by walking the error's
@@ -164,7 +178,7 @@ impl Failure {
         }
         let message = format!("{operation}: {self}");
         // "lease not found" rejects a request that puts on that lease as a whole.
-        if !may_have_written || self.certainly_not_sent() || self.is_lease_not_found() {
+        if !may_have_written || self.certainly_not_applied() || self.is_lease_not_found() {
             return match self {
                 Failure::Etcd(e) => Error::unavailable(BACKEND, message, e),
                 Failure::Timeout(_) => Error::Unavailable {
@@ -208,6 +222,55 @@ fn quoted_text(s: &str) -> String {
     out.trim_end().to_owned()
 }
 
+/// etcd's refusals (messages of etcd 3.4's `etcdserver/api/v3rpc/rpctypes/error.go` and of
+/// `raft`) that it answers before the request is proposed to Raft: such a request was not
+/// applied and will not be later, on any member.
+///
+/// - `etcdserver: no leader` (`ErrGRPCNoLeader`): the gRPC interceptors answer it, before the
+///   handler, to a request carrying `require_leader` (every request of the adapter) while the
+///   member knows no leader; the server's other source, `waitLeader`, only precedes forwarding
+///   a lease renewal or TTL query to the leader. Never sent after a proposal.
+/// - `etcdserver: not capable` (`ErrGRPCNotCapable`) and `etcdserver: rpc not supported for
+///   learner`: the same interceptors, before the handler.
+/// - `etcdserver: too many requests` (`ErrGRPCTooManyRequests`): the server checks the gap
+///   between committed and applied index before proposing.
+/// - `raft proposal dropped`: Raft did not append the entry (no leader known, a leader
+///   transfer under way); the server returns it from `Propose` itself.
+///
+/// Deliberately absent, because etcd also answers them after the request was proposed and it
+/// may still apply: `etcdserver: request timed out` (and its variants `, possibly due to
+/// previous leader failure` / `, possibly due to connection lost`), `etcdserver: request
+/// cancelled`, `etcdserver: server stopped` (also returned while waiting for a proposal's
+/// apply), `etcdserver: leader changed`.
+pub(crate) const REFUSED_BEFORE_PROPOSING: &[&str] = &[
+    "etcdserver: no leader",
+    "etcdserver: not capable",
+    "etcdserver: rpc not supported for learner",
+    "etcdserver: too many requests",
+    "raft proposal dropped",
+];
+
+/// Whether a gRPC status `code` and `message` (the client's own, for a connection it could not
+/// make) say the request was never sent. Only the phrases of a connection that was never made:
+/// "connection reset" or "connection closed" may come after the request was sent.
+fn status_not_sent(code: i32, message: &str) -> bool {
+    code == tonic_code::UNAVAILABLE && {
+        let m = message.to_ascii_lowercase();
+        m.contains("error trying to connect")
+            || m.contains("tcp connect error")
+            || m.contains("failed to connect")
+            || m.contains("refused")
+            || m.contains("dns")
+    }
+}
+
+/// Whether a gRPC status message is one of etcd's [`REFUSED_BEFORE_PROPOSING`] (the whole
+/// message: etcd sends these texts as they are, and a longer text such as `etcdserver: request
+/// timed out, possibly due to previous leader failure` must not match a shorter one).
+fn is_refused_before_proposing(message: &str) -> bool {
+    REFUSED_BEFORE_PROPOSING.contains(&message.trim())
+}
+
 /// The gRPC status codes the mapping looks at (numbers from the gRPC spec, so that the adapter
 /// does not depend on tonic directly).
 mod tonic_code {
@@ -216,29 +279,36 @@ mod tonic_code {
     pub(super) const UNAUTHENTICATED: i32 = 16;
 }
 
-/// Runs `fut` with a bound; a request still unanswered at the bound is dropped (cancelled).
-/// Like [`bounded`], but a request that certainly never reached etcd (the connection to the
-/// endpoint the client picked was refused or reset before anything was sent: a member that is
-/// down, or cut off) is made again with `make` after 10 ms, as long as the overall bound
-/// `timeout` leaves time. The client balances requests over every endpoint of the URL, and a
-/// dead endpoint keeps being picked (tonic reports it ready with its connect error), so without
-/// this about half of the requests fail while one member of three is down. Safe for any
-/// request, writes included: nothing was sent.
-pub(crate) async fn retry_unsent<T, F, M>(timeout: Duration, mut make: M) -> Result<T, Failure>
+/// Runs the request `make` builds with the overall bound `timeout`, and makes it again while
+/// it certainly did not apply ([`Failure::certainly_not_applied`]) and the bound leaves time:
+/// it never reached etcd (the connection to the endpoint the client picked was refused or reset
+/// before anything was sent: a member that is down, or cut off), or etcd refused it before
+/// proposing it (a member cut from its peers answers `etcdserver: no leader`). The pause before
+/// sending again starts at 10 ms and doubles up to 80 ms (every member may be without a leader
+/// during an election). The client balances requests over every endpoint of the URL and keeps
+/// picking such a member (tonic reports a dead endpoint ready with its connect error; a
+/// leaderless member is healthy to it), so without this about a third to a half of the
+/// requests fail while one member of three is down or cut off. Safe for any request, writes
+/// included: nothing was applied. A request that finally gets no answer within the bound is
+/// `Failure::Timeout` (its outcome unknown); one still refused returns that refusal.
+/// TLS problems are returned at once (sending again cannot help).
+pub(crate) async fn retry_unapplied<T, F, M>(timeout: Duration, mut make: M) -> Result<T, Failure>
 where
     M: FnMut() -> F,
     F: std::future::Future<Output = Result<T, etcd_client::Error>>,
 {
     let deadline = tokio::time::Instant::now() + timeout;
+    let mut pause = FIRST_PAUSE;
     loop {
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
         match bounded(left, make()).await {
-            Err(f) if f.certainly_not_sent() && !f.is_tls_problem() => {
-                if tokio::time::Instant::now() + UNSENT_PAUSE >= deadline {
+            Err(f) if f.certainly_not_applied() && !f.is_tls_problem() => {
+                if tokio::time::Instant::now() + pause >= deadline {
                     return Err(f);
                 }
-                tracing::trace!(error = %f, "etcd request never sent; trying another endpoint");
-                tokio::time::sleep(UNSENT_PAUSE).await;
+                tracing::trace!(error = %f, "etcd request not applied; sending it again");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(MAX_PAUSE);
             }
             Err(Failure::Timeout(_)) => return Err(Failure::Timeout(timeout)),
             r => return r,
@@ -246,9 +316,12 @@ where
     }
 }
 
-/// The pause before [`retry_unsent`] sends again.
-const UNSENT_PAUSE: Duration = Duration::from_millis(10);
+/// The first pause before [`retry_unapplied`] sends again.
+const FIRST_PAUSE: Duration = Duration::from_millis(10);
+/// The longest pause of [`retry_unapplied`].
+const MAX_PAUSE: Duration = Duration::from_millis(80);
 
+/// Runs `fut` with a bound; a request still unanswered at the bound is dropped (cancelled).
 pub(crate) async fn bounded<T, F>(timeout: Duration, fut: F) -> Result<T, Failure>
 where
     F: std::future::Future<Output = Result<T, etcd_client::Error>>,
@@ -256,5 +329,99 @@ where
     match tokio::time::timeout(timeout, fut).await {
         Ok(r) => r.map_err(Failure::Etcd),
         Err(_) => Err(Failure::Timeout(timeout)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// etcd's status codes for its refusals (rpctypes/error.go).
+    const RESOURCE_EXHAUSTED: i32 = 8;
+    const UNKNOWN: i32 = 2;
+    const DEADLINE_EXCEEDED: i32 = 4;
+    const CANCELLED: i32 = 1;
+
+    fn not_applied(code: i32, message: &str) -> bool {
+        status_not_sent(code, message) || is_refused_before_proposing(message)
+    }
+
+    #[test]
+    fn refusals_before_proposing_are_not_applied() {
+        for (code, message) in [
+            (tonic_code::UNAVAILABLE, "etcdserver: no leader"),
+            (tonic_code::UNAVAILABLE, "etcdserver: not capable"),
+            (
+                tonic_code::UNAVAILABLE,
+                "etcdserver: rpc not supported for learner",
+            ),
+            (RESOURCE_EXHAUSTED, "etcdserver: too many requests"),
+            (UNKNOWN, "raft proposal dropped"),
+        ] {
+            assert!(
+                not_applied(code, message),
+                "{message} must count as not applied"
+            );
+        }
+    }
+
+    #[test]
+    fn failures_that_may_follow_a_proposal_are_not_taken_for_refusals() {
+        for (code, message) in [
+            (tonic_code::UNAVAILABLE, "etcdserver: request timed out"),
+            (
+                tonic_code::UNAVAILABLE,
+                "etcdserver: request timed out, possibly due to previous leader failure",
+            ),
+            (
+                tonic_code::UNAVAILABLE,
+                "etcdserver: request timed out, possibly due to connection lost",
+            ),
+            (tonic_code::UNAVAILABLE, "etcdserver: server stopped"),
+            (tonic_code::UNAVAILABLE, "etcdserver: leader changed"),
+            (CANCELLED, "etcdserver: request cancelled"),
+            (DEADLINE_EXCEEDED, "context deadline exceeded"),
+            (UNKNOWN, "transport error"),
+            (
+                tonic_code::UNAVAILABLE,
+                "error reading a body from connection: connection reset",
+            ),
+            // A longer text that merely starts like a refusal is not one.
+            (
+                tonic_code::UNAVAILABLE,
+                "etcdserver: no leader (but applied)",
+            ),
+        ] {
+            assert!(!not_applied(code, message), "{message} may have applied");
+        }
+    }
+
+    #[test]
+    fn connections_never_made_are_not_sent() {
+        for message in [
+            "error trying to connect: tcp connect error: Connection refused (os error 111)",
+            "failed to connect to all addresses",
+            "dns error: failed to lookup address information",
+        ] {
+            assert!(
+                status_not_sent(tonic_code::UNAVAILABLE, message),
+                "{message}"
+            );
+        }
+        assert!(!status_not_sent(
+            tonic_code::UNAVAILABLE,
+            "connection closed"
+        ));
+        assert!(!status_not_sent(UNKNOWN, "Connection refused"));
+    }
+
+    #[test]
+    fn a_timeout_is_neither_sent_nor_refused() {
+        let f = Failure::Timeout(Duration::from_secs(1));
+        assert!(!f.certainly_not_applied());
+        assert!(matches!(
+            f.into_error("release", true),
+            Error::OutcomeUnknown { .. }
+        ));
     }
 }

@@ -23,14 +23,14 @@ use etcd_client::{Client, Compare, CompareOp, GetOptions, Txn, TxnOp, TxnOpRespo
 use lease_core::{Accepted, Error, Fence, FencedValue, ResourceId, Result, Token};
 
 use crate::config::EtcdConfig;
-use crate::error::{bounded, Failure, BACKEND};
+use crate::error::{retry_unapplied, Failure, BACKEND};
 use crate::keys;
 
 /// A [`Fence`] whose state lives in etcd (see the module docs for the layout and transaction).
 ///
 /// Reads and claims that fail are retried a few times (a claim is idempotent, and one applied
-/// late changes nothing). A **write** is sent again only when it certainly never reached etcd
-/// (connection refused): a write whose answer was lost (no answer within the request timeout, a
+/// late changes nothing). A **write** is sent again only when it certainly did not apply
+/// (connection refused, or refused by etcd before proposing it: `etcdserver: no leader`): a write whose answer was lost (no answer within the request timeout, a
 /// stream broken after sending) returns `Error::OutcomeUnknown` at once. Retrying it blind could
 /// let that copy apply after a later write with the same token and replay the older value.
 /// etcd may still apply the lost request itself for a few seconds (it applies a proposal after
@@ -59,8 +59,9 @@ enum Retry {
     /// Any failure: reads, and claims (a claim applied twice, or late, changes nothing: it only
     /// raises `newest` to a token that is already there or refuses).
     Always,
-    /// Only a request that certainly never reached etcd: a write applied late after a newer
-    /// write with the same token would replace the newer value with the older one.
+    /// Only a request that certainly did not apply (never reached etcd, or refused before
+    /// being proposed): a write applied late after a newer write with the same token would
+    /// replace the newer value with the older one.
     UnlessSent,
 }
 
@@ -94,9 +95,12 @@ impl EtcdFence {
         &self.config
     }
 
-    /// Runs `call` up to [`ATTEMPTS`] times. With `Retry::UnlessSent`, a failure after which
-    /// the request may have reached etcd ends the loop at once (the error is then
-    /// `OutcomeUnknown`): only a request that certainly never left is sent again.
+    /// Runs `call` up to [`ATTEMPTS`] times (each call already sends a request again, within
+    /// the request timeout, while it certainly did not apply: see
+    /// [`crate::error::retry_unapplied`]). With `Retry::UnlessSent`, a failure after which the
+    /// request may have applied ends the loop at once (the error is then `OutcomeUnknown`):
+    /// only a request that never reached etcd, or that etcd refused before proposing it (`no
+    /// leader`), is sent again.
     async fn retrying<T, F, Fut>(
         &self,
         operation: &'static str,
@@ -112,7 +116,7 @@ impl EtcdFence {
             match call(self.client.clone()).await {
                 Ok(t) => return Ok(t),
                 Err(f) => {
-                    let blind = retry == Retry::UnlessSent && !f.certainly_not_sent();
+                    let blind = retry == Retry::UnlessSent && !f.certainly_not_applied();
                     last = Some(f);
                     if blind {
                         break;
@@ -163,9 +167,15 @@ impl EtcdFence {
             Retry::Always
         };
         let resp = self
-            .retrying(operation, retry, |mut c| {
+            .retrying(operation, retry, |c| {
                 let txn = txn.clone();
-                async move { bounded(timeout, c.txn(txn)).await }
+                async move {
+                    retry_unapplied(timeout, || {
+                        let (mut c, txn) = (c.clone(), txn.clone());
+                        async move { c.txn(txn).await }
+                    })
+                    .await
+                }
             })
             .await?;
         let stored = match resp.op_responses().into_iter().next() {
@@ -201,13 +211,13 @@ impl Fence for EtcdFence {
         let base = keys::fence_prefix(self.config.key_prefix(), resource);
         let timeout = self.config.request_timeout();
         let resp = self
-            .retrying("read", Retry::Always, |mut c| {
+            .retrying("read", Retry::Always, |c| {
                 let base = base.clone();
                 async move {
-                    bounded(
-                        timeout,
-                        c.get(base, Some(GetOptions::new().with_prefix())),
-                    )
+                    retry_unapplied(timeout, || {
+                        let (mut c, base) = (c.clone(), base.clone());
+                        async move { c.get(base, Some(GetOptions::new().with_prefix())).await }
+                    })
                     .await
                 }
             })

@@ -12,7 +12,7 @@ use lease_core::{Lease, LeaseStatus, LeaseTracker, LostReason, Result};
 use tokio::time::Instant;
 
 use crate::coordinator::Handle;
-use crate::error::retry_unsent;
+use crate::error::retry_unapplied;
 use crate::session::{Cleanup, Session, Unconfirmed};
 use crate::watch::Seen;
 
@@ -192,7 +192,7 @@ impl Lease for EtcdLease {
             )])
             .and_then([TxnOp::delete(key, None)]);
         let client = &self.shared.handle.client;
-        match retry_unsent(self.shared.handle.config.request_timeout(), || {
+        match retry_unapplied(self.shared.handle.config.request_timeout(), || {
             let (mut kv, txn) = (client.clone(), txn.clone());
             async move { kv.txn(txn).await }
         })
@@ -331,7 +331,7 @@ async fn guard(shared: Arc<LeaseShared>, tracker: LeaseTracker, mut from: i64) {
 /// `Some(None)` if it is gone, `None` if the read failed.
 async fn recheck(shared: &LeaseShared, key: &[u8], timeout: Duration) -> Option<Option<i64>> {
     let client = &shared.handle.client;
-    let resp = retry_unsent(timeout, || {
+    let resp = retry_unapplied(timeout, || {
         let mut kv = client.clone();
         async move { kv.get(key, None).await }
     })

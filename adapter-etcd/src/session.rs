@@ -28,7 +28,7 @@ use lease_core::{LeaseStatus, LeaseTracker, LostReason};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
-use crate::error::{retry_unsent, Failure};
+use crate::error::{retry_unapplied, Failure};
 
 /// What the keepalive task knows about its session.
 #[derive(Debug, Clone, Copy)]
@@ -79,7 +79,7 @@ impl Session {
         request_timeout: Duration,
     ) -> Result<Arc<Session>, Failure> {
         let sent = Instant::now();
-        let resp = retry_unsent(request_timeout, || {
+        let resp = retry_unapplied(request_timeout, || {
             let mut c = client.clone();
             async move { c.lease_grant(ttl_secs, None).await }
         })
@@ -291,7 +291,7 @@ async fn keepalive(mut ka: KeepAlive) {
         let open_sent = Instant::now();
         let lease_client = ka.client.lease_client();
         let opened = tokio::select! {
-            r = retry_unsent(ka.request_timeout.min(interval * 2), || {
+            r = retry_unapplied(ka.request_timeout.min(interval * 2), || {
                 let mut lease_client = lease_client.clone();
                 async move { lease_client.keep_alive(ka.id).await }
             }) => r,
@@ -359,7 +359,7 @@ async fn keepalive(mut ka: KeepAlive) {
             end(&ka.state, &ka.leases, reason);
             // Best effort: if the server still has the lease (a partition that healed after the
             // deadline), revoking it removes the keys at once instead of at its expiry.
-            let _ = retry_unsent(ka.request_timeout, || {
+            let _ = retry_unapplied(ka.request_timeout, || {
                 let mut c = ka.client.clone();
                 async move { c.lease_revoke(ka.id).await }
             })
@@ -367,7 +367,7 @@ async fn keepalive(mut ka: KeepAlive) {
         }
         End::Closed => {
             end(&ka.state, &ka.leases, LostReason::Released);
-            let _ = retry_unsent(ka.request_timeout, || {
+            let _ = retry_unapplied(ka.request_timeout, || {
                 let mut c = ka.client.clone();
                 async move { c.lease_revoke(ka.id).await }
             })
@@ -501,7 +501,7 @@ async fn cleaner(
                         TxnOp::delete(p.c.key.clone(), None),
                     ]),
                 };
-                let ok = match retry_unsent(request_timeout, || {
+                let ok = match retry_unapplied(request_timeout, || {
                     let (mut c, txn) = (c.clone(), txn.clone());
                     async move { c.txn(txn).await }
                 })

@@ -25,7 +25,7 @@ use std::time::Duration;
 use etcd_client::{Client, EventType, WatchFilterType, WatchOptions, WatchResponse};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::error::retry_unsent;
+use crate::error::retry_unapplied;
 
 /// What a deletion watch saw.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -187,7 +187,7 @@ async fn run(client: Client, timeout: Duration, mut rx: mpsc::UnboundedReceiver<
 
 /// Opens a stream with `first`'s watch and starts its sending task.
 async fn open(client: &Client, timeout: Duration, id: i64, first: &Entry) -> Option<Stream> {
-    let opened = retry_unsent(timeout, || {
+    let opened = retry_unapplied(timeout, || {
         let mut watch_client = client.watch_client();
         let (key, opts) = (first.key.clone(), options(id, first.from));
         async move { watch_client.watch(key, Some(opts)).await }
