@@ -920,7 +920,9 @@ impl Coordinator for EtcdCoordinator {
 
     /// Deletes the holder's key (compare-and-delete on its create revision) and records the
     /// actor and reason in the lock's audit key (`<prefix>/audit/<name>`, the last forced
-    /// release) in the same transaction, and in a `warn` log event.
+    /// release) in the same transaction, and in a `warn` log event. With an expected token, a
+    /// holder whose create revision differs (or a free key) is refused with `HolderChanged`
+    /// before the transaction, which then removes that holder or nothing.
     async fn force_release(
         &self,
         key: &LockKey,
@@ -928,12 +930,37 @@ impl Coordinator for EtcdCoordinator {
     ) -> Result<Option<HolderInfo>> {
         let prefix = self.config().key_prefix().to_owned();
         for _ in 0..5 {
-            let Some(kv) = self
+            let first = self
                 .inner
                 .first_in_queue(key)
                 .await
-                .map_err(|f| f.into_error("force_release", false))?
-            else {
+                .map_err(|f| f.into_error("force_release", false))?;
+            if let Some(expected) = request.expected_token() {
+                // A different holder is refused here; the expected one is deleted by the
+                // transaction below only if its key still has the create revision read (the
+                // token), so the server removes that holder or nothing.
+                let found = first
+                    .as_ref()
+                    .map(|kv| self.inner.holder_info(key, kv).map(|h| h.token))
+                    .transpose()?;
+                if found != Some(expected) {
+                    tracing::warn!(
+                        backend = BACKEND,
+                        key = %key,
+                        actor = request.actor(),
+                        reason = request.reason(),
+                        expected = %expected,
+                        found = ?found.map(|t| t.get()),
+                        "force_release refused: the holder is not the expected one; nothing removed"
+                    );
+                    return Err(Error::HolderChanged {
+                        key: key.to_string(),
+                        expected,
+                        found,
+                    });
+                }
+            }
+            let Some(kv) = first else {
                 tracing::warn!(backend = BACKEND, key = %key, actor = request.actor(), reason = request.reason(), "force_release: the lock was free");
                 return Ok(None);
             };
