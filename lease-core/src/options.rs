@@ -349,7 +349,9 @@ pub fn duration_in_range(
 ///
 /// A refused attempt is not a forced release and is not written to any backend's audit trail
 /// (the trail lists what was removed); it is logged as a `warn` event naming the actor, the
-/// reason, the expected and the found token.
+/// reason, the expected and the found token. (One exception: ZooKeeper writes its audit node
+/// before its delete, so if the expected holder leaves between the adapter's read and that
+/// delete, an audit node stays behind for an attempt that is then refused; see its README.)
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ForceRelease {
     actor: String,
