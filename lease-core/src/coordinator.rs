@@ -6,7 +6,8 @@ use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 
-use crate::error::Result;
+use crate::audit::AuditRecord;
+use crate::error::{Error, Result};
 use crate::key::LockKey;
 use crate::lease::Lease;
 use crate::options::{Capabilities, ForceRelease, LeaseOptions, OwnerId};
@@ -106,8 +107,9 @@ pub trait Coordinator: Send + Sync + fmt::Debug {
     /// Who holds `key` now, if anyone. Read-only.
     async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>>;
 
-    /// Removes the lock on `key` whoever holds it, recording `request`'s actor and reason (at
-    /// least in a `warn` log event and the `lease_forced_releases_total` counter). Returns the
+    /// Removes the lock on `key` whoever holds it, recording `request`'s actor and reason (in
+    /// the backend's audit trail, read with [`audit_trail`](Coordinator::audit_trail), and in a
+    /// `warn` log event and the `lease_forced_releases_total` counter). Returns the
     /// holder that was removed, or `None` if the key was free.
     ///
     /// The removed holder's lease reports `Lost(Revoked)` where the backend can tell it, and
@@ -124,6 +126,21 @@ pub trait Coordinator: Send + Sync + fmt::Debug {
         key: &LockKey,
         request: &ForceRelease,
     ) -> Result<Option<HolderInfo>>;
+
+    /// The forced releases of `key`, newest first, at most `limit` (1 to
+    /// [`AuditRecord::MAX_LIMIT`]; otherwise `Err(InvalidInput)` naming `limit`, and nothing is
+    /// sent). Read-only. See [`AuditRecord`] for what is recorded on each backend.
+    ///
+    /// The default implementation checks `limit` and returns `Err(Unsupported)`; every adapter
+    /// of this workspace implements it.
+    async fn audit_trail(&self, key: &LockKey, limit: usize) -> Result<Vec<AuditRecord>> {
+        let _ = key;
+        AuditRecord::check_limit(limit)?;
+        Err(Error::Unsupported {
+            backend: self.capabilities().backend,
+            what: "reading the audit trail".to_owned(),
+        })
+    }
 }
 
 macro_rules! forward_coordinator {
@@ -156,6 +173,9 @@ macro_rules! forward_coordinator {
                 request: &ForceRelease,
             ) -> Result<Option<HolderInfo>> {
                 (**self).force_release(key, request).await
+            }
+            async fn audit_trail(&self, key: &LockKey, limit: usize) -> Result<Vec<AuditRecord>> {
+                (**self).audit_trail(key, limit).await
             }
         }
     };

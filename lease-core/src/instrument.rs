@@ -7,6 +7,7 @@ use bytes::Bytes;
 use tokio::time::Instant;
 use tracing::Instrument as _;
 
+use crate::audit::AuditRecord;
 use crate::coordinator::{Coordinator, HolderInfo};
 use crate::error::{Error, Result};
 use crate::fence::{Accepted, Fence, FencedValue};
@@ -142,6 +143,14 @@ impl<C: Coordinator> Coordinator for Instrumented<C> {
             );
         }
         result
+    }
+
+    async fn audit_trail(&self, key: &LockKey, limit: usize) -> Result<Vec<AuditRecord>> {
+        let backend = self.inner.capabilities().backend;
+        self.inner
+            .audit_trail(key, limit)
+            .instrument(tracing::debug_span!("lease.audit_trail", backend, key = %key, limit))
+            .await
     }
 }
 

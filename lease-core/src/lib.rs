@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 #![forbid(unsafe_code)]
 
+mod audit;
 pub mod batch;
 pub mod clock;
 mod connect;
@@ -20,6 +21,7 @@ mod section;
 mod token;
 mod watermark;
 
+pub use audit::AuditRecord;
 pub use connect::{percent_decode, BackendUrl, CoordinatorFactory, FenceFactory, Registry};
 pub use coordinator::{Coordinator, HolderInfo};
 pub use error::{BoxError, Error, InvalidInput, LostReason, Result};

@@ -60,6 +60,12 @@ pub(super) fn cases() -> Vec<Case> {
             20,
             |c| boxed(force_with_expected_token(c)),
         ),
+        Case::new(
+            "audit_trail_lists_forced_releases_newest_first",
+            &[],
+            20,
+            |c| boxed(audit_trail_newest_first(c)),
+        ),
         Case::new("multi_lock_opposite_orders_no_deadlock", &[], 60, |c| {
             boxed(multi_lock(c))
         }),
@@ -764,6 +770,59 @@ async fn force_with_expected_token(ctx: Arc<Ctx>) -> CaseResult {
             )))
         }
     }
+    Ok(Verdict::Passed)
+}
+
+/// Two forced releases of a held key by different actors: `audit_trail` lists both, newest
+/// first, with actor, reason, removed token and owner; `limit` bounds the answer (1 gives the
+/// newest) and 0 is refused; another key's trail is empty.
+async fn audit_trail_newest_first(ctx: Arc<Ctx>) -> CaseResult {
+    let key = ctx.key("audit");
+    let (a, op) = (ctx.client().await?, ctx.client().await?);
+    let mut removed = Vec::new();
+    for (actor, reason, owner) in [
+        ("oncall-alice", "stuck after deploy 1", "worker-1"),
+        ("oncall-bob", "stuck after deploy 2", "worker-2"),
+    ] {
+        let owner = OwnerId::new(owner)?;
+        let lease = a.acquire(&key, &long(&ctx).owner(owner.clone())).await?;
+        let gone = op
+            .force_release(&key, &ForceRelease::new(actor, reason)?)
+            .await?;
+        check!(
+            gone.as_ref().map(|h| h.token) == Some(lease.token()),
+            "force_release by {actor} returned {gone:?}"
+        );
+        removed.push((actor, reason, owner, lease.token()));
+        drop(lease);
+    }
+    let trail = op.audit_trail(&key, 10).await?;
+    check!(trail.len() == 2, "audit_trail(10) returned {trail:?}");
+    for (record, (actor, reason, owner, token)) in trail.iter().zip(removed.iter().rev()) {
+        check!(
+            record.key == key
+                && record.actor == *actor
+                && record.reason == *reason
+                && record.removed_token == Some(*token)
+                && record.removed_owner.as_deref() == Some(owner.as_str()),
+            "record {record:?}, expected {actor} / {reason} / {owner} / token {token} (newest first)"
+        );
+        check!(record.at.is_some(), "record without a time: {record:?}");
+    }
+    let newest = op.audit_trail(&key, 1).await?;
+    check!(
+        newest.len() == 1 && newest[0] == trail[0],
+        "audit_trail(1) returned {newest:?}, the newest is {:?}",
+        trail[0]
+    );
+    match op.audit_trail(&key, 0).await {
+        Err(Error::InvalidInput(InvalidInput::OutOfRange { field, .. })) => {
+            check!(field == "limit", "limit 0 refused naming {field}")
+        }
+        other => return Err(Failure(format!("audit_trail(0) returned {other:?}"))),
+    }
+    let other = op.audit_trail(&ctx.key("audit-untouched"), 10).await?;
+    check!(other.is_empty(), "an untouched key's trail: {other:?}");
     Ok(Verdict::Passed)
 }
 

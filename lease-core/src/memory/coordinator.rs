@@ -9,6 +9,7 @@ use async_trait::async_trait;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use crate::audit::AuditRecord;
 use crate::coordinator::{Coordinator, HolderInfo};
 use crate::error::{Error, LostReason, Result};
 use crate::key::LockKey;
@@ -400,6 +401,26 @@ impl Coordinator for MemoryCoordinator {
             at: SystemTime::now(),
         });
         Ok(removed)
+    }
+
+    async fn audit_trail(&self, key: &LockKey, limit: usize) -> Result<Vec<AuditRecord>> {
+        let limit = AuditRecord::check_limit(limit)?;
+        let st = self.shared.lock();
+        Ok(st
+            .forced
+            .iter()
+            .rev()
+            .filter(|r| &r.key == key)
+            .take(limit)
+            .map(|r| {
+                AuditRecord::new(r.key.clone(), r.actor.clone(), r.reason.clone())
+                    .with_at(Some(r.at))
+                    .with_removed(
+                        r.removed.as_ref().map(|h| h.token),
+                        r.removed.as_ref().map(|h| h.owner.as_str().to_owned()),
+                    )
+            })
+            .collect())
     }
 }
 
