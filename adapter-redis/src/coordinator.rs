@@ -7,8 +7,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use lease_core::{
-    Capabilities, Coordinator, Error, ForceRelease, HolderInfo, Lease, LeaseOptions, LeaseStatus,
-    LeaseTracker, LockKey, LostReason, OwnerId, Result, Token, Watermarks,
+    AuditRecord, Capabilities, Coordinator, Error, ForceRelease, HolderInfo, Lease, LeaseOptions,
+    LeaseStatus, LeaseTracker, LockKey, LostReason, OwnerId, Result, Token, Watermarks,
 };
 use tokio::time::Instant;
 
@@ -29,23 +29,6 @@ pub const MIN_TTL: Duration = Duration::from_millis(10);
 /// How long a `revoked` marker lives when the removed lock had no TTL (never the case for locks
 /// this adapter wrote).
 const MARKER_WITHOUT_TTL_MS: u64 = 60_000;
-
-/// One forced release as recorded in a lock's audit stream (`<prefix>:{<key>}:audit`, capped at
-/// the 100 newest entries).
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct AuditRecord {
-    /// Who forced the release.
-    pub actor: String,
-    /// Why.
-    pub reason: String,
-    /// When, by the wall clock of the process that forced it (for display only).
-    pub at: Option<SystemTime>,
-    /// The token of the holder that was removed, if the key was held.
-    pub removed_token: Option<Token>,
-    /// The owner label of the holder that was removed, if the key was held.
-    pub removed_owner: Option<String>,
-}
 
 /// The state shared by a coordinator, its leases and its background tasks.
 pub(crate) struct Inner {
@@ -395,57 +378,6 @@ impl RedisCoordinator {
     /// ([`lease_core::Watermarks`]).
     pub fn high_water_mark(&self, key: &LockKey) -> Option<Token> {
         Watermarks::process().highest(&self.inner.scope, key)
-    }
-
-    /// The newest forced releases of `key` first, at most `limit` (the stream keeps 100).
-    pub async fn audit_trail(&self, key: &LockKey, limit: usize) -> Result<Vec<AuditRecord>> {
-        let keys = LockKeys::new(self.inner.config.key_prefix(), key);
-        let limit = limit.clamp(1, scripts::AUDIT_MAXLEN);
-        let audit = keys.audit.as_str();
-        let v: redis::Value = self
-            .inner
-            .conn
-            .run(Op::AUDIT, |mut c| async move {
-                redis::cmd("XREVRANGE")
-                    .arg(audit)
-                    .arg("+")
-                    .arg("-")
-                    .arg("COUNT")
-                    .arg(limit)
-                    .query_async(&mut c)
-                    .await
-            })
-            .await?;
-        let entries = reply::array(v).ok_or_else(|| bad_reply(Op::AUDIT, "not an array"))?;
-        let mut out = Vec::with_capacity(entries.len());
-        for entry in entries {
-            let mut parts =
-                reply::array(entry).ok_or_else(|| bad_reply(Op::AUDIT, "entry is not an array"))?;
-            let fields = parts
-                .pop()
-                .and_then(reply::array)
-                .ok_or_else(|| bad_reply(Op::AUDIT, "entry has no fields"))?;
-            let mut map = HashMap::new();
-            for pair in fields.chunks(2) {
-                if let [k, v] = pair {
-                    if let (Some(k), Some(v)) = (reply::text(k), reply::text(v)) {
-                        map.insert(k, v);
-                    }
-                }
-            }
-            let take = |name: &str| map.get(name).cloned().filter(|s| !s.is_empty());
-            out.push(AuditRecord {
-                actor: take("actor").unwrap_or_default(),
-                reason: take("reason").unwrap_or_default(),
-                at: take("at_ms")
-                    .and_then(|s| s.parse::<u64>().ok())
-                    .and_then(|ms| UNIX_EPOCH.checked_add(Duration::from_millis(ms))),
-                removed_token: take("removed_token").and_then(|s| s.parse().ok()),
-                removed_owner: take("removed_owner")
-                    .map(|s| s.replace("%7C", "|").replace("%25", "%")),
-            });
-        }
-        Ok(out)
     }
 
     async fn acquire_inner(
@@ -914,6 +846,64 @@ impl Coordinator for RedisCoordinator {
             live.tracker.mark_lost(LostReason::Revoked);
         }
         Ok(Some(v.holder_info(key, pttl)))
+    }
+
+    /// Reads the lock's capped audit stream newest first (`XREVRANGE ... COUNT limit`); the
+    /// stream keeps the 100 newest entries.
+    async fn audit_trail(&self, key: &LockKey, limit: usize) -> Result<Vec<AuditRecord>> {
+        let keys = LockKeys::new(self.inner.config.key_prefix(), key);
+        let limit = AuditRecord::check_limit(limit)?;
+        let audit = keys.audit.as_str();
+        let v: redis::Value = self
+            .inner
+            .conn
+            .run(Op::AUDIT, |mut c| async move {
+                redis::cmd("XREVRANGE")
+                    .arg(audit)
+                    .arg("+")
+                    .arg("-")
+                    .arg("COUNT")
+                    .arg(limit)
+                    .query_async(&mut c)
+                    .await
+            })
+            .await?;
+        let entries = reply::array(v).ok_or_else(|| bad_reply(Op::AUDIT, "not an array"))?;
+        let mut out = Vec::with_capacity(entries.len());
+        for entry in entries {
+            let mut parts =
+                reply::array(entry).ok_or_else(|| bad_reply(Op::AUDIT, "entry is not an array"))?;
+            let fields = parts
+                .pop()
+                .and_then(reply::array)
+                .ok_or_else(|| bad_reply(Op::AUDIT, "entry has no fields"))?;
+            let mut map = HashMap::new();
+            for pair in fields.chunks(2) {
+                if let [k, v] = pair {
+                    if let (Some(k), Some(v)) = (reply::text(k), reply::text(v)) {
+                        map.insert(k, v);
+                    }
+                }
+            }
+            let take = |name: &str| map.get(name).cloned().filter(|s| !s.is_empty());
+            out.push(
+                AuditRecord::new(
+                    key.clone(),
+                    take("actor").unwrap_or_default(),
+                    take("reason").unwrap_or_default(),
+                )
+                .with_at(
+                    take("at_ms")
+                        .and_then(|s| s.parse::<u64>().ok())
+                        .and_then(|ms| UNIX_EPOCH.checked_add(Duration::from_millis(ms))),
+                )
+                .with_removed(
+                    take("removed_token").and_then(|s| s.parse().ok()),
+                    take("removed_owner").map(|s| s.replace("%7C", "|").replace("%25", "%")),
+                ),
+            );
+        }
+        Ok(out)
     }
 }
 

@@ -22,7 +22,7 @@ pub use config::{
     DEFAULT_KEY_PREFIX, DEFAULT_POLL_INTERVAL, DEFAULT_SENTINEL_PORT, MAX_INTERVAL,
     MAX_KEY_PREFIX_BYTES, MAX_REPLICA_ACKS,
 };
-pub use coordinator::{AuditRecord, RedisCoordinator, MIN_TTL};
+pub use coordinator::{RedisCoordinator, MIN_TTL};
 pub use fence::RedisFence;
 pub use lease::RedisLease;
 

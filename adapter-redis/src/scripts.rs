@@ -194,7 +194,7 @@ pub(crate) static FENCE: LazyLock<Script> =
     LazyLock::new(|| Script::new(&format!("{LT}{FENCE_BODY}")));
 
 /// How many entries each lock's audit stream keeps.
-pub(crate) const AUDIT_MAXLEN: usize = 100;
+pub(crate) const AUDIT_MAXLEN: usize = lease_core::AuditRecord::MAX_LIMIT;
 
 /// Reply helpers: script replies are arrays of integers and bulk strings.
 pub(crate) mod reply {

@@ -32,12 +32,12 @@
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use lease_core::{
-    Capabilities, Coordinator, Error, ForceRelease, HolderInfo, Lease, LeaseOptions, LeaseTracker,
-    LockKey, OwnerId, Result, Token, Watermarks,
+    AuditRecord, Capabilities, Coordinator, Error, ForceRelease, HolderInfo, Lease, LeaseOptions,
+    LeaseTracker, LockKey, OwnerId, Result, Token, Watermarks,
 };
 use tokio::time::Instant;
 use zookeeper_client::{CreateMode, Error as ZkError, MultiReadResult, Stat};
@@ -54,26 +54,6 @@ use crate::session::Session;
 /// How many times one acquire call starts over when its node vanished under it, or retries a
 /// create whose answer was lost.
 const MAX_RESTARTS: usize = 3;
-
-/// A force-release as recorded in the audit trail (`<base>/audit/forced-<sequence>`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct AuditRecord {
-    /// The audit node's path.
-    pub path: String,
-    /// The key.
-    pub key: String,
-    /// Who forced the release.
-    pub actor: String,
-    /// Why.
-    pub reason: String,
-    /// The owner label of the holder removed, if there was one.
-    pub removed_owner: Option<String>,
-    /// The token of the holder removed, if there was one.
-    pub removed_token: Option<Token>,
-    /// When, by the server's wall clock (the audit node's creation time; display only).
-    pub at: Option<SystemTime>,
-}
 
 struct Inner {
     config: ZkConfig,
@@ -187,35 +167,6 @@ impl ZkCoordinator {
         slot.as_ref()
             .filter(|s| !s.is_terminated())
             .map(|s| s.client().session().clone())
-    }
-
-    /// The force-release audit trail, oldest first.
-    pub async fn audit_trail(&self) -> Result<Vec<AuditRecord>> {
-        let s = self.session().await?;
-        let dir = s.paths().audit();
-        let mut names = match self
-            .read(&s, Op::AUDIT_READ, s.client().list_children(&dir))
-            .await?
-        {
-            Ok(n) => n,
-            Err(ZkError::NoNode) => return Ok(Vec::new()),
-            Err(e) => return Err(from_zk(Op::AUDIT_READ, e)),
-        };
-        names.retain(|n| n.starts_with(AUDIT_PREFIX));
-        names.sort_by_key(|n| n[AUDIT_PREFIX.len()..].parse::<i64>().unwrap_or(i64::MAX));
-        let mut out = Vec::new();
-        for n in names {
-            let path = format!("{dir}/{n}");
-            match self
-                .read(&s, Op::AUDIT_READ, s.client().get_data(&path))
-                .await?
-            {
-                Ok((data, stat)) => out.push(parse_audit(path, &data, &stat)),
-                Err(ZkError::NoNode) => {}
-                Err(e) => return Err(from_zk(Op::AUDIT_READ, e)),
-            }
-        }
-        Ok(out)
     }
 
     /// The live session, or a new one if the last one ended.
@@ -794,24 +745,30 @@ fn holder_info(key: &LockKey, data: &[u8], stat: &Stat) -> Result<HolderInfo> {
     )
 }
 
-fn parse_audit(path: String, data: &[u8], stat: &Stat) -> AuditRecord {
+/// The audit node's record if it is about `key` (every key's nodes share one directory).
+fn parse_audit(key: &LockKey, data: &[u8], stat: &Stat) -> Option<AuditRecord> {
     let text = String::from_utf8_lossy(data);
     let field = |name: &str| {
         text.lines()
             .find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix('=')))
             .map(str::to_owned)
     };
-    AuditRecord {
-        path,
-        key: field("key").unwrap_or_default(),
-        actor: field("actor").unwrap_or_default(),
-        reason: field("reason").unwrap_or_default(),
-        removed_owner: field("owner"),
-        removed_token: field("token").and_then(|t| t.parse().ok()),
-        at: u64::try_from(stat.ctime)
-            .ok()
-            .map(|ms| UNIX_EPOCH + Duration::from_millis(ms)),
+    if field("key").as_deref() != Some(key.as_str()) {
+        return None;
     }
+    Some(
+        AuditRecord::new(
+            key.clone(),
+            field("actor").unwrap_or_default(),
+            field("reason").unwrap_or_default(),
+        )
+        .with_at(
+            u64::try_from(stat.ctime)
+                .ok()
+                .map(|ms| UNIX_EPOCH + Duration::from_millis(ms)),
+        )
+        .with_removed(field("token").and_then(|t| t.parse().ok()), field("owner")),
+    )
 }
 
 /// Removes an acquisition attempt's node(s) when the attempt ends without a lease, however it
@@ -985,5 +942,45 @@ impl Coordinator for ZkCoordinator {
             message: format!("the holder of {key:?} kept changing during force_release"),
             source: None,
         })
+    }
+
+    /// Lists the audit nodes (`<base>/audit/forced-<sequence>`, every key's in one directory),
+    /// newest sequence first, and reads them until `limit` records of `key` are found.
+    async fn audit_trail(&self, key: &LockKey, limit: usize) -> Result<Vec<AuditRecord>> {
+        let limit = AuditRecord::check_limit(limit)?;
+        let s = self.session().await?;
+        let dir = s.paths().audit();
+        let mut names = match self
+            .read(&s, Op::AUDIT_READ, s.client().list_children(&dir))
+            .await?
+        {
+            Ok(n) => n,
+            Err(ZkError::NoNode) => return Ok(Vec::new()),
+            Err(e) => return Err(from_zk(Op::AUDIT_READ, e)),
+        };
+        names.retain(|n| n.starts_with(AUDIT_PREFIX));
+        names.sort_by_key(|n| {
+            std::cmp::Reverse(n[AUDIT_PREFIX.len()..].parse::<i64>().unwrap_or(i64::MIN))
+        });
+        let mut out = Vec::new();
+        for n in names {
+            if out.len() == limit {
+                break;
+            }
+            let path = format!("{dir}/{n}");
+            match self
+                .read(&s, Op::AUDIT_READ, s.client().get_data(&path))
+                .await?
+            {
+                Ok((data, stat)) => {
+                    if let Some(r) = parse_audit(key, &data, &stat) {
+                        out.push(r);
+                    }
+                }
+                Err(ZkError::NoNode) => {}
+                Err(e) => return Err(from_zk(Op::AUDIT_READ, e)),
+            }
+        }
+        Ok(out)
     }
 }

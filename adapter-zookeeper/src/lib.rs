@@ -17,7 +17,7 @@ pub use config::{
     ZkConfig, DEFAULT_BASE_PATH, DEFAULT_PORT, DEFAULT_SESSION_TIMEOUT, MAX_TIMEOUT,
     MIN_SESSION_TIMEOUT,
 };
-pub use coordinator::{AuditRecord, ZkCoordinator};
+pub use coordinator::ZkCoordinator;
 pub use lease::ZkLease;
 #[doc(hidden)]
 pub use out_of_band::{close_session_out_of_band, OutOfBandClose};

@@ -335,8 +335,8 @@ async fn acl_keeps_other_clients_from_deleting_our_node() {
         tokio::time::timeout(Duration::from_secs(2), lease.lost().wait()).await,
         Ok(LostReason::Revoked)
     );
-    let trail = operator.audit_trail().await.unwrap();
-    let last = trail.last().expect("audit record");
+    let trail = operator.audit_trail(&key, 10).await.unwrap();
+    let last = trail.first().expect("audit record");
     assert_eq!(
         (last.key.as_str(), last.actor.as_str(), last.reason.as_str()),
         ("guarded", "oncall-bob", "stuck job 17")
