@@ -774,7 +774,8 @@ impl ConsulConfig {
         format!("{}/locks/{}", self.key_prefix, escape_key(key))
     }
 
-    /// Where the last forced release of `key` is recorded: `<prefix>/forced/<escaped key>`.
+    /// Where the forced releases of `key` are recorded: `<prefix>/forced/<escaped key>`, a JSON
+    /// array of the newest 100 (read them with `Coordinator::audit_trail`).
     pub fn audit_key(&self, key: &LockKey) -> String {
         format!("{}/forced/{}", self.key_prefix, escape_key(key))
     }

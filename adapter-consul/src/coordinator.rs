@@ -9,8 +9,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use lease_core::{
-    Capabilities, Coordinator, Error, ForceRelease, HolderInfo, Lease, LeaseOptions, LeaseTracker,
-    LockKey, LostReason, OwnerId, Result, Token, Watermarks,
+    AuditRecord, Capabilities, Coordinator, Error, ForceRelease, HolderInfo, Lease, LeaseOptions,
+    LeaseTracker, LockKey, LostReason, OwnerId, Result, Token, Watermarks,
 };
 use serde::{Deserialize, Serialize};
 use tokio::sync::OwnedMutexGuard;
@@ -33,6 +33,26 @@ struct HolderRecord {
     /// Wall-clock milliseconds since the Unix epoch, for display only.
     #[serde(default)]
     acquired_at_ms: u64,
+}
+
+/// One forced release as the audit key stores it: the key holds a JSON array of the newest
+/// [`AuditRecord::MAX_LIMIT`], oldest first (an earlier version wrote one JSON object).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct StoredAudit {
+    actor: String,
+    reason: String,
+    removed_token: u64,
+    #[serde(default)]
+    removed_owner: Option<String>,
+    #[serde(default)]
+    at_ms: u64,
+}
+
+/// The records an audit key's value holds, oldest first (none if it is unreadable).
+fn audit_records(value: &[u8]) -> Vec<StoredAudit> {
+    serde_json::from_slice::<Vec<StoredAudit>>(value)
+        .or_else(|_| serde_json::from_slice::<StoredAudit>(value).map(|r| vec![r]))
+        .unwrap_or_default()
 }
 
 fn unix_ms(t: SystemTime) -> u64 {
@@ -819,17 +839,35 @@ impl Coordinator for ConsulCoordinator {
                 return Ok(None);
             };
             let info = Self::holder_info(key, &entry)?;
-            let audit = serde_json::json!({
-                "actor": request.actor(),
-                "reason": request.reason(),
-                "removed_token": entry.create_index,
-                "removed_owner": info.owner.as_str(),
-                "at_ms": unix_ms(SystemTime::now()),
+            let audit_key = inner.config.audit_key(key);
+            let (_, audit_entry) = inner
+                .http
+                .kv_get(&audit_key, true, None, "force_release")
+                .await?;
+            let mut trail = audit_entry
+                .as_ref()
+                .map(|e| audit_records(&e.value_bytes()))
+                .unwrap_or_default();
+            trail.push(StoredAudit {
+                actor: request.actor().to_owned(),
+                reason: request.reason().to_owned(),
+                removed_token: entry.create_index,
+                removed_owner: Some(info.owner.as_str().to_owned()),
+                at_ms: unix_ms(SystemTime::now()),
             });
+            let excess = trail.len().saturating_sub(AuditRecord::MAX_LIMIT);
+            trail.drain(..excess);
+            let trail = serde_json::to_vec(&trail).expect("plain records serialise");
+            // The audit key is compared too, so that concurrent releases never drop a record.
+            let audit_check = match &audit_entry {
+                Some(e) => TxnOp::check_index(&audit_key, e.modify_index),
+                None => TxnOp::check_not_exists(&audit_key),
+            };
             let ops = [
                 TxnOp::check_index(&kv_key, entry.modify_index),
+                audit_check,
                 TxnOp::delete(&kv_key),
-                TxnOp::set(&inner.config.audit_key(key), audit.to_string().as_bytes()),
+                TxnOp::set(&audit_key, &trail),
             ];
             match inner.http.txn(&ops, "force_release", false).await? {
                 TxnOutcome::Committed(_) => {
@@ -855,7 +893,8 @@ impl Coordinator for ConsulCoordinator {
                     }
                     return Ok(Some(info));
                 }
-                // The key changed between the read and the delete: read again.
+                // The key or its audit record changed between the reads and the delete: read
+                // again.
                 TxnOutcome::RolledBack(_) => continue,
             }
         }
@@ -864,5 +903,49 @@ impl Coordinator for ConsulCoordinator {
             message: format!("force_release of {key:?}: the key kept changing"),
             source: None,
         })
+    }
+
+    /// Reads the audit key (`<key_prefix>/forced/<key>`, one `?consistent` get) and returns its
+    /// newest records first.
+    async fn audit_trail(&self, key: &LockKey, limit: usize) -> Result<Vec<AuditRecord>> {
+        let limit = AuditRecord::check_limit(limit)?;
+        let inner = &self.inner;
+        let (_, entry) = inner
+            .http
+            .kv_get(&inner.config.audit_key(key), true, None, "audit_trail")
+            .await?;
+        let trail = entry
+            .map(|e| audit_records(&e.value_bytes()))
+            .unwrap_or_default();
+        Ok(trail
+            .iter()
+            .rev()
+            .take(limit)
+            .map(|r| {
+                AuditRecord::new(key.clone(), r.actor.clone(), r.reason.clone())
+                    .with_at(UNIX_EPOCH.checked_add(Duration::from_millis(r.at_ms)))
+                    .with_removed(Token::new(r.removed_token).ok(), r.removed_owner.clone())
+            })
+            .collect())
+    }
+}
+
+#[cfg(test)]
+mod audit_tests {
+    use super::*;
+
+    #[test]
+    fn audit_values_hold_an_array_or_an_earlier_single_record() {
+        let one = r#"{"actor":"a","reason":"r","removed_token":7,"removed_owner":"w","at_ms":1}"#;
+        let recs = audit_records(one.as_bytes());
+        assert_eq!(recs.len(), 1);
+        assert_eq!((recs[0].actor.as_str(), recs[0].removed_token), ("a", 7));
+        let two = format!("[{one},{}]", one.replace(r#""a""#, r#""b""#));
+        let recs = audit_records(two.as_bytes());
+        assert_eq!(
+            recs.iter().map(|r| r.actor.as_str()).collect::<Vec<_>>(),
+            ["a", "b"]
+        );
+        assert!(audit_records(b"{}").is_empty());
     }
 }

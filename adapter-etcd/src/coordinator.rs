@@ -12,8 +12,8 @@ use etcd_client::{
     TxnOp, TxnOpResponse,
 };
 use lease_core::{
-    Capabilities, Coordinator, Error, ForceRelease, HolderInfo, Lease, LeaseOptions, LeaseStatus,
-    LeaseTracker, LockKey, LostReason, OwnerId, Result, Token, Watermarks,
+    AuditRecord, Capabilities, Coordinator, Error, ForceRelease, HolderInfo, Lease, LeaseOptions,
+    LeaseStatus, LeaseTracker, LockKey, LostReason, OwnerId, Result, Token, Watermarks,
 };
 use tokio::sync::oneshot;
 use tokio::time::Instant;
@@ -21,7 +21,7 @@ use tokio::time::Instant;
 use crate::config::EtcdConfig;
 use crate::confirm::Confirmer;
 use crate::error::{bounded, retry_unapplied, Failure, BACKEND};
-use crate::keys::{self, AuditRecord, HolderRecord};
+use crate::keys::{self, HolderRecord};
 use crate::lease::EtcdLease;
 use crate::session::{Cleaner, Cleanup, Session, Unconfirmed};
 use crate::watch::Watcher;
@@ -245,6 +245,25 @@ impl EtcdCoordinator {
     /// The configuration.
     pub fn config(&self) -> &EtcdConfig {
         &self.inner.handle.config
+    }
+
+    /// The audit key's mod revision (0 when it does not exist) and its records, oldest first.
+    async fn read_audit(
+        &self,
+        audit_key: &str,
+        operation: &'static str,
+    ) -> Result<(i64, Vec<keys::AuditRecord>)> {
+        let client = &self.inner.handle.client;
+        let mut got = retry_unapplied(self.inner.timeout(), || {
+            let mut c = client.clone();
+            async move { c.get(audit_key, None).await }
+        })
+        .await
+        .map_err(|f| f.into_error(operation, false))?;
+        Ok(match got.take_kvs().into_iter().next() {
+            Some(kv) => (kv.mod_revision(), keys::audit_records(kv.value())),
+            None => (0, Vec::new()),
+        })
     }
 
     /// The etcd key range holding `key`'s holder and waiters (see [`crate::keys`]).
@@ -919,8 +938,9 @@ impl Coordinator for EtcdCoordinator {
     }
 
     /// Deletes the holder's key (compare-and-delete on its create revision) and records the
-    /// actor and reason in the lock's audit key (`<prefix>/audit/<name>`, the last forced
-    /// release) in the same transaction, and in a `warn` log event. With an expected token, a
+    /// actor and reason in the lock's audit key (`<prefix>/audit/<name>`, the newest 100 forced
+    /// releases; compared on its mod revision so that concurrent releases never drop a record)
+    /// in the same transaction, and in a `warn` log event. With an expected token, a
     /// holder whose create revision differs (or a free key) is refused with `HolderChanged`
     /// before the transaction, which then removes that holder or nothing.
     async fn force_release(
@@ -965,24 +985,30 @@ impl Coordinator for EtcdCoordinator {
                 return Ok(None);
             };
             let info = self.inner.holder_info(key, &kv)?;
-            let audit = AuditRecord {
+            let audit = keys::AuditRecord {
                 actor: request.actor().to_owned(),
                 reason: request.reason().to_owned(),
                 token: info.token.get(),
                 owner: Some(info.owner.as_str().to_owned()),
                 at_ms: keys::wall_ms(),
             };
+            let audit_key = keys::audit_key(&prefix, key);
+            let (audit_rev, mut trail) = self.read_audit(&audit_key, "force_release").await?;
+            trail.push(audit);
+            let excess = trail
+                .len()
+                .saturating_sub(lease_core::AuditRecord::MAX_LIMIT);
+            trail.drain(..excess);
             let txn = Txn::new()
-                .when([Compare::create_revision(
-                    kv.key(),
-                    CompareOp::Equal,
-                    kv.create_revision(),
-                )])
+                .when([
+                    Compare::create_revision(kv.key(), CompareOp::Equal, kv.create_revision()),
+                    Compare::mod_revision(audit_key.as_str(), CompareOp::Equal, audit_rev),
+                ])
                 .and_then([
                     TxnOp::delete(kv.key(), None),
                     TxnOp::put(
-                        keys::audit_key(&prefix, key),
-                        serde_json::to_string(&audit).expect("a plain record serialises"),
+                        audit_key.as_str(),
+                        serde_json::to_string(&trail).expect("plain records serialise"),
                         None,
                     ),
                 ]);
@@ -1005,13 +1031,27 @@ impl Coordinator for EtcdCoordinator {
                 );
                 return Ok(Some(info));
             }
-            // The holder changed between the read and the transaction: look again.
+            // The holder or the audit key changed between the reads and the transaction: look
+            // again.
         }
         Err(Error::Unavailable {
             backend: BACKEND,
             message: "force_release: the holder kept changing".into(),
             source: None,
         })
+    }
+
+    /// Reads the lock's audit key (one linearizable get) and returns its newest records first.
+    async fn audit_trail(&self, key: &LockKey, limit: usize) -> Result<Vec<AuditRecord>> {
+        let limit = AuditRecord::check_limit(limit)?;
+        let audit_key = keys::audit_key(self.config().key_prefix(), key);
+        let (_, trail) = self.read_audit(&audit_key, "audit_trail").await?;
+        Ok(trail
+            .iter()
+            .rev()
+            .take(limit)
+            .map(|r| keys::to_audit_record(key, r))
+            .collect())
     }
 }
 

@@ -45,7 +45,9 @@ pub fn fence_prefix(key_prefix: &str, resource: &ResourceId) -> String {
     format!("{key_prefix}/fence/{}/", encode_name(resource.as_str()))
 }
 
-/// The key recording the last forced release of `key`: `<key_prefix>/audit/<encoded key>`.
+/// The key recording the forced releases of `key`: `<key_prefix>/audit/<encoded key>`, a JSON
+/// array of the newest [`lease_core::AuditRecord::MAX_LIMIT`] records, oldest first (a key
+/// written by an earlier version holds one record as a JSON object).
 pub fn audit_key(key_prefix: &str, key: &LockKey) -> String {
     format!("{key_prefix}/audit/{}", encode_name(key.as_str()))
 }
@@ -86,7 +88,7 @@ pub(crate) struct HolderRecord {
     pub(crate) ttl_ms: u64,
 }
 
-/// What the audit key stores for a forced release.
+/// What the audit key stores for one forced release.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) struct AuditRecord {
     pub(crate) actor: String,
@@ -94,6 +96,21 @@ pub(crate) struct AuditRecord {
     pub(crate) token: u64,
     pub(crate) owner: Option<String>,
     pub(crate) at_ms: u64,
+}
+
+/// The records an audit key's value holds, oldest first: a JSON array, or one object as an
+/// earlier version wrote it. An unreadable value holds none.
+pub(crate) fn audit_records(value: &[u8]) -> Vec<AuditRecord> {
+    serde_json::from_slice::<Vec<AuditRecord>>(value)
+        .or_else(|_| serde_json::from_slice::<AuditRecord>(value).map(|r| vec![r]))
+        .unwrap_or_default()
+}
+
+/// The record in the workspace's format.
+pub(crate) fn to_audit_record(key: &LockKey, r: &AuditRecord) -> lease_core::AuditRecord {
+    lease_core::AuditRecord::new(key.clone(), r.actor.clone(), r.reason.clone())
+        .with_at(std::time::UNIX_EPOCH.checked_add(std::time::Duration::from_millis(r.at_ms)))
+        .with_removed(lease_core::Token::new(r.token).ok(), r.owner.clone())
 }
 
 /// Wall-clock milliseconds since the epoch (for display records only).
@@ -163,5 +180,24 @@ mod tests {
         assert!(token_bytes(t(9)) < token_bytes(t(10)));
         assert!(token_bytes(t(99)) < token_bytes(lease_core::Token::MAX));
         assert_eq!(token_bytes(lease_core::Token::MAX).len(), 20);
+    }
+
+    #[test]
+    fn audit_values_hold_an_array_or_an_earlier_single_record() {
+        let one = r#"{"actor":"a","reason":"r","token":7,"owner":"w","at_ms":1000}"#;
+        let recs = audit_records(one.as_bytes());
+        assert_eq!(recs.len(), 1);
+        let key = LockKey::new("k").unwrap();
+        let r = to_audit_record(&key, &recs[0]);
+        assert_eq!((r.actor.as_str(), r.reason.as_str()), ("a", "r"));
+        assert_eq!(r.removed_token.map(|t| t.get()), Some(7));
+        assert_eq!(r.removed_owner.as_deref(), Some("w"));
+        let two = format!("[{one},{}]", one.replace(r#""a""#, r#""b""#));
+        let recs = audit_records(two.as_bytes());
+        assert_eq!(
+            recs.iter().map(|r| r.actor.as_str()).collect::<Vec<_>>(),
+            ["a", "b"]
+        );
+        assert!(audit_records(b"not json").is_empty());
     }
 }
