@@ -778,14 +778,18 @@ async fn force_with_expected_token(ctx: Arc<Ctx>) -> CaseResult {
 /// newest) and 0 is refused; another key's trail is empty.
 async fn audit_trail_newest_first(ctx: Arc<Ctx>) -> CaseResult {
     let key = ctx.key("audit");
-    let (a, op) = (ctx.client().await?, ctx.client().await?);
+    let op = ctx.client().await?;
     let mut removed = Vec::new();
     for (actor, reason, owner) in [
         ("oncall-alice", "stuck after deploy 1", "worker-1"),
         ("oncall-bob", "stuck after deploy 2", "worker-2"),
     ] {
+        // A client per holder: a removed lease's client may learn of the removal only later.
+        let holder = ctx.client().await?;
         let owner = OwnerId::new(owner)?;
-        let lease = a.acquire(&key, &long(&ctx).owner(owner.clone())).await?;
+        let lease = holder
+            .acquire(&key, &long(&ctx).owner(owner.clone()))
+            .await?;
         let gone = op
             .force_release(&key, &ForceRelease::new(actor, reason)?)
             .await?;
