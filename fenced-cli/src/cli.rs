@@ -6,7 +6,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 use fenced::Token;
 
-/// Inspect and force-release fenced leases, and run commands under one.
+/// Inspect, force-release and audit fenced leases, and run commands under one.
 ///
 /// The backend is chosen by URL: `--url`, else `FENCED_URL`, else Consul's own `CONSUL_HTTP_ADDR`
 /// (with `CONSUL_HTTP_TOKEN`, `CONSUL_CACERT`, ...). Durations are written like `500ms`, `10s`,
@@ -17,8 +17,10 @@ use fenced::Token;
     version,
     after_help = "\
 Exit statuses:
-  0   success (inspect: the key is held; fence read: the resource has state)
-  1   inspect: the key is free; fence read: nothing was ever accepted;
+  0   success (inspect: the key is held; audit: records were listed;
+      fence read: the resource has state)
+  1   inspect: the key is free; audit: no forced release is recorded;
+      fence read: nothing was ever accepted;
       force-release --expect-token: the holder has another token or the key is free
       (nothing was removed; what is there now is printed)
   2   usage or input error (bad argument, key, duration or URL); nothing was sent
@@ -78,6 +80,21 @@ pub(crate) enum Command {
         /// exit 1.
         #[arg(long, value_name = "N", value_parser = token)]
         expect_token: Option<Token>,
+        #[command(flatten)]
+        output: Output,
+    },
+    /// List the forced releases of KEY, newest first. Exit 0, or 1 if none is recorded.
+    ///
+    /// One line per forced release: the time (RFC 3339, display only), the actor, the reason,
+    /// and the removed holder's token and owner (`-` when the key was free). The format is the
+    /// same on every backend. A force-release refused because of --expect-token removed nothing
+    /// and is not listed (one exception on ZooKeeper: see its README).
+    Audit {
+        /// The lock key.
+        key: String,
+        /// How many records to show at most, newest first (1 to 100).
+        #[arg(long, value_name = "N", default_value_t = 20)]
+        limit: usize,
         #[command(flatten)]
         output: Output,
     },

@@ -1,10 +1,12 @@
-//! `inspect`, `force-release` and `fence read`; the backend URL and the output shared by every
+//! `inspect`, `force-release`, `audit` and `fence read`; the backend URL and the output shared by every
 //! command.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use fenced::{Coordinator, Error, Fence, ForceRelease, HolderInfo, LockKey, ResourceId, Token};
+use fenced::{
+    AuditRecord, Coordinator, Error, Fence, ForceRelease, HolderInfo, LockKey, ResourceId, Token,
+};
 use serde_json::{json, Value};
 
 use crate::cli::Output;
@@ -204,6 +206,65 @@ async fn refused(
     }
     emit(output, value, text);
     Ok(exit::REFUSED)
+}
+
+/// `fenced audit KEY [--limit N]`: the forced releases, newest first, one line each; exits
+/// [`exit::ABSENT`] when none is recorded. The limit is checked before anything is sent.
+pub(crate) async fn audit(
+    url: Option<String>,
+    key: &str,
+    limit: usize,
+    output: Output,
+) -> Result<u8, Failure> {
+    let limit =
+        AuditRecord::check_limit(limit).map_err(|e| Failure::usage(format!("--limit: {e}")))?;
+    let key = lock_key(key)?;
+    let coord = connect(url).await?;
+    let records = coord.audit_trail(&key, limit).await?;
+    let value = json!({
+        "key": key.as_str(),
+        "backend": coord.capabilities().backend,
+        "limit": limit,
+        "records": records.iter().map(record_json).collect::<Vec<_>>(),
+    });
+    if records.is_empty() {
+        emit(
+            output,
+            value,
+            format!("{key}: no forced release recorded\n"),
+        );
+        return Ok(exit::ABSENT);
+    }
+    let text: String = records.iter().map(record_text).collect();
+    emit(output, value, text);
+    Ok(exit::OK)
+}
+
+fn record_json(r: &AuditRecord) -> Value {
+    json!({
+        "at": r.at.map(rfc3339),
+        "actor": r.actor,
+        "reason": r.reason,
+        "removed_token": r.removed_token.map(|t| t.get()),
+        "removed_owner": r.removed_owner,
+    })
+}
+
+/// One line: `<time> actor="..." reason="..." removed_token=N removed_owner="..."` (`-` for what
+/// is unknown or was not there). Strings are quoted and escaped, so a line is one record.
+fn record_text(r: &AuditRecord) -> String {
+    let at = r.at.map_or_else(|| "-".to_owned(), rfc3339);
+    let token = r
+        .removed_token
+        .map_or_else(|| "-".to_owned(), |t| t.to_string());
+    let owner = r
+        .removed_owner
+        .as_ref()
+        .map_or_else(|| "-".to_owned(), |o| format!("{o:?}"));
+    format!(
+        "{at} actor={:?} reason={:?} removed_token={token} removed_owner={owner}\n",
+        r.actor, r.reason
+    )
 }
 
 /// `fenced fence read RESOURCE --fence-url URL`.

@@ -68,6 +68,9 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
             expect_token,
             output,
         } => commands::force_release(cli.url, &key, actor, reason, expect_token, output).await,
+        Command::Audit { key, limit, output } => {
+            commands::audit(cli.url, &key, limit, output).await
+        }
         Command::Run(args) => run::run(cli.url, args).await,
         Command::Fence {
             command:

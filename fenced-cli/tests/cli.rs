@@ -485,6 +485,99 @@ fn etcd_a_stale_expect_token_is_refused_and_the_right_one_removes() {
     a_stale_expect_token_is_refused_and_the_right_one_removes(&server.url());
 }
 
+// audit ------------------------------------------------------------------------------------
+
+/// `fenced audit KEY --json` as `(status, value)`.
+fn audit_json(url: &str, key: &str, extra: &[&str]) -> (i32, serde_json::Value) {
+    let out = fenced()
+        .args(["--url", url, "audit", key, "--json"])
+        .args(extra)
+        .output()
+        .unwrap();
+    let v = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("audit --json printed no JSON ({e}): {}", stderr_of(&out)));
+    (out.status.code().expect("exited"), v)
+}
+
+/// Two forced releases by different actors: `audit` lists both newest first (status 0) with
+/// actor, reason, removed token and owner, in JSON and one line each in text; `--limit 1` shows
+/// the newest only; a key never force-released has an empty trail (status 1).
+fn audit_lists_forced_releases_newest_first(url: &str) {
+    let key = "jobs/audited";
+    let (code, v) = audit_json(url, key, &[]);
+    assert_eq!(code, 1, "{v}");
+    assert_eq!(v["records"], serde_json::json!([]), "{v}");
+    fenced()
+        .args(["--url", url, "audit", key])
+        .assert()
+        .code(1)
+        .stdout(predicate::str::contains("no forced release recorded"));
+
+    let mut removed = Vec::new();
+    for (actor, reason) in [
+        ("alice", "stuck after deploy 1"),
+        ("bob", "stuck after deploy 2"),
+    ] {
+        let mut holder = Holder::start(url, key, &["--ttl", "3s"]);
+        let (_, token) = holder.seen();
+        fenced()
+            .args(["--url", url, "force-release", key])
+            .args(["--actor", actor, "--reason", reason])
+            .assert()
+            .code(0);
+        let status = holder.wait_exit(Duration::from_secs(30));
+        assert_eq!(status.code(), Some(LOST), "{}", holder.stderr());
+        removed.push((actor, reason, token));
+    }
+
+    let (code, v) = audit_json(url, key, &[]);
+    assert_eq!(code, 0, "{v}");
+    assert_eq!(v["key"], key, "{v}");
+    assert_eq!(v["limit"], 20, "{v}");
+    let records = v["records"].as_array().expect("records");
+    assert_eq!(records.len(), 2, "{v}");
+    for (r, (actor, reason, token)) in records.iter().zip(removed.iter().rev()) {
+        assert_eq!(r["actor"], *actor, "{v}");
+        assert_eq!(r["reason"], *reason, "{v}");
+        assert_eq!(r["removed_token"], *token, "{v}");
+        assert!(r["removed_owner"].is_string(), "{v}");
+        assert!(r["at"].is_string(), "{v}");
+    }
+
+    let (_, _, newest) = removed[1];
+    let out = fenced()
+        .args(["--url", url, "audit", key, "--limit", "1"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(text.lines().count(), 1, "{text}");
+    for needle in [
+        "actor=\"bob\"".to_owned(),
+        "reason=\"stuck after deploy 2\"".to_owned(),
+        format!("removed_token={newest} "),
+        "removed_owner=\"".to_owned(),
+    ] {
+        assert!(text.contains(&needle), "{text:?} lacks {needle}");
+    }
+}
+
+#[test]
+fn redis_audit_lists_forced_releases_newest_first() {
+    let Some(server) = redis("redis_audit_lists_forced_releases_newest_first") else {
+        return;
+    };
+    audit_lists_forced_releases_newest_first(&server.url_with_auth());
+}
+
+#[test]
+fn etcd_audit_lists_forced_releases_newest_first() {
+    let Some(server) = etcd("etcd_audit_lists_forced_releases_newest_first") else {
+        return;
+    };
+    audit_lists_forced_releases_newest_first(&server.url());
+}
+
 // fence read -------------------------------------------------------------------------------
 
 #[test]
@@ -564,6 +657,18 @@ fn bad_urls_durations_and_keys_are_one_line_usage_errors() {
         (&["--url", "redis://h", "run", "k"], "CMD"),
         (&["fence", "read", "r"], "--fence-url"),
         (
+            &["--url", "redis://h", "audit", "k", "--limit", "0"],
+            "limit",
+        ),
+        (
+            &["--url", "redis://h", "audit", "k", "--limit", "101"],
+            "limit",
+        ),
+        (
+            &["--url", "redis://h", "audit", "k", "--limit", "many"],
+            "--limit",
+        ),
+        (
             &["--url", "redis://h", "force-release", "k"],
             "--actor NAME and --reason",
         ),
@@ -633,6 +738,7 @@ fn help_documents_every_command_and_status() {
     for needle in [
         "inspect",
         "force-release",
+        "audit",
         "run",
         "fence",
         "FENCED_URL",
@@ -646,6 +752,11 @@ fn help_documents_every_command_and_status() {
     let help = String::from_utf8_lossy(&out.stdout);
     for needle in ["--ttl", "--wait", "--grace", "FENCED_TOKEN", "SIGTERM"] {
         assert!(help.contains(needle), "run --help lacks {needle}: {help}");
+    }
+    let out = fenced().args(["audit", "--help"]).output().unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    for needle in ["--limit", "newest first", "--json", "1 if none"] {
+        assert!(help.contains(needle), "audit --help lacks {needle}: {help}");
     }
     let out = fenced().args(["force-release", "--help"]).output().unwrap();
     let help = String::from_utf8_lossy(&out.stdout);
