@@ -32,6 +32,9 @@ pub(super) fn cases() -> Vec<Case> {
     )]
 }
 
+/// How many worker rounds (all workers together) a chaos run needs to mean something.
+const ENOUGH_ROUNDS: u32 = 24;
+
 fn chaos_duration() -> Duration {
     let secs = std::env::var("CONFORMANCE_CHAOS_SECS")
         .ok()
@@ -59,6 +62,11 @@ async fn chaos(ctx: Arc<Ctx>) -> CaseResult {
     let recorded: Arc<dyn Fence> = Arc::new(rec);
     let history = History::new(Some(ctx.seed));
     let until = Instant::now() + chaos_duration();
+    // A run slowed down (a loaded machine, a cluster's whole-cluster restarts) goes on past
+    // `until`, calmer (the monkey has stopped), until enough rounds happened to mean something,
+    // bounded by twice the duration more.
+    let hard_until = until + chaos_duration() * 2;
+    let all_rounds = Arc::new(std::sync::atomic::AtomicU32::new(0));
     let ttl = ctx.ttl();
     let mut tasks = Vec::new();
     for w in 0..4 {
@@ -67,11 +75,19 @@ async fn chaos(ctx: Arc<Ctx>) -> CaseResult {
         let fence: Arc<dyn Fence> = Arc::new(HistoryFence::new(recorded.clone(), history.clone()));
         let keys = keys.clone();
         let seed = ctx.fork_seed();
+        let all_rounds = all_rounds.clone();
         tasks.push(tokio::spawn(async move {
             let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
             let mut rounds = 0u32;
-            while Instant::now() < until {
+            let go_on = |all: &std::sync::atomic::AtomicU32| {
+                let now = Instant::now();
+                now < until
+                    || (now < hard_until
+                        && all.load(std::sync::atomic::Ordering::Relaxed) < ENOUGH_ROUNDS)
+            };
+            while go_on(&all_rounds) {
                 rounds += 1;
+                all_rounds.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let k = rng.gen_range(0..keys.len());
                 let (key, resource) = (&keys[k], ResourceId::from(&keys[k]));
                 let call = history.invoke();
