@@ -964,20 +964,7 @@ impl Coordinator for EtcdCoordinator {
                     .map(|kv| self.inner.holder_info(key, kv).map(|h| h.token))
                     .transpose()?;
                 if found != Some(expected) {
-                    tracing::warn!(
-                        backend = BACKEND,
-                        key = %key,
-                        actor = request.actor(),
-                        reason = request.reason(),
-                        expected = %expected,
-                        found = ?found.map(|t| t.get()),
-                        "force_release refused: the holder is not the expected one; nothing removed"
-                    );
-                    return Err(Error::HolderChanged {
-                        key: key.to_string(),
-                        expected,
-                        found,
-                    });
+                    return Err(request.refused(BACKEND, key, expected, found));
                 }
             }
             let Some(kv) = first else {

@@ -811,20 +811,7 @@ impl Coordinator for RedisCoordinator {
                             .ok_or_else(|| bad_reply(Op::FORCE_RELEASE, "refused: no token"))?,
                     ),
                 };
-                tracing::warn!(
-                    backend = BACKEND,
-                    key = %key,
-                    actor = request.actor(),
-                    reason = request.reason(),
-                    expected = %expected,
-                    found = ?found.map(|t| t.get()),
-                    "force_release refused: the holder is not the expected one; nothing removed"
-                );
-                return Err(Error::HolderChanged {
-                    key: key.to_string(),
-                    expected,
-                    found,
-                });
+                return Err(request.refused(BACKEND, key, expected, found));
             }
         }
         let (value, pttl) = match items.as_slice() {

@@ -894,14 +894,7 @@ impl Coordinator for ZkCoordinator {
                 // here, or nothing; a different holder is refused before anything is written.
                 let found = target.as_ref().map(|h| h.token);
                 if found != Some(expected) {
-                    tracing::warn!(key = %key, actor = request.actor(), reason = request.reason(),
-                        expected = %expected, found = ?found.map(|t| t.get()),
-                        "force_release refused: the holder is not the expected one; nothing removed");
-                    return Err(Error::HolderChanged {
-                        key: key.to_string(),
-                        expected,
-                        found,
-                    });
+                    return Err(request.refused(BACKEND, key, expected, found));
                 }
             }
             // Record first: no forced release goes unrecorded.

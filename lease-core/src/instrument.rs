@@ -9,7 +9,7 @@ use tracing::Instrument as _;
 
 use crate::audit::AuditRecord;
 use crate::coordinator::{Coordinator, HolderInfo};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::fence::{Accepted, Fence, FencedValue};
 use crate::key::{LockKey, ResourceId};
 use crate::lease::{Lease, LeaseTracker};
@@ -128,20 +128,8 @@ impl<C: Coordinator> Coordinator for Instrumented<C> {
                 "lock force-released by operator"
             );
         }
-        if let Err(Error::HolderChanged {
-            expected, found, ..
-        }) = &result
-        {
-            tracing::warn!(
-                backend,
-                key = %key,
-                actor = request.actor(),
-                reason = request.reason(),
-                expected_token = expected.get(),
-                found_token = found.map(|t| t.get()),
-                "force_release refused: the holder is not the expected one; nothing removed"
-            );
-        }
+        // A refusal (`HolderChanged`) was logged once by the backend
+        // (`ForceRelease::refused`).
         result
     }
 

@@ -385,6 +385,49 @@ impl ForceRelease {
         self.expected
     }
 
+    /// What every backend does when the holder it found is not the `expected` one: logs the
+    /// refusal once (a warning naming actor, reason, expected and found) and returns
+    /// [`Error::HolderChanged`]. `found` is the token of the holder the backend saw, `None` for
+    /// a free key. Nothing may have been removed when this is called.
+    pub fn refused(
+        &self,
+        backend: &'static str,
+        key: &crate::LockKey,
+        expected: Token,
+        found: Option<Token>,
+    ) -> Error {
+        tracing::warn!(
+            backend,
+            key = %key,
+            actor = self.actor(),
+            reason = self.reason(),
+            expected_token = expected.get(),
+            found_token = found.map(|t| t.get()),
+            "force_release refused: the holder is not the expected one; nothing removed"
+        );
+        Error::HolderChanged {
+            key: key.to_string(),
+            expected,
+            found,
+        }
+    }
+
+    /// For backends that read the holder before their conditional delete: `Ok(())` when no token
+    /// is expected or `found` is it, otherwise [`Self::refused`].
+    pub fn check_expected(
+        &self,
+        backend: &'static str,
+        key: &crate::LockKey,
+        found: Option<Token>,
+    ) -> Result<(), Error> {
+        match self.expected {
+            Some(expected) if found != Some(expected) => {
+                Err(self.refused(backend, key, expected, found))
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// Who forced the release.
     pub fn actor(&self) -> &str {
         &self.actor

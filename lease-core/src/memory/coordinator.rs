@@ -377,11 +377,7 @@ impl Coordinator for MemoryCoordinator {
                 ks.holder.as_ref().map(|h| h.token)
             });
             if found != Some(expected) {
-                return Err(Error::HolderChanged {
-                    key: key.to_string(),
-                    expected,
-                    found,
-                });
+                return Err(request.refused(BACKEND, key, expected, found));
             }
         }
         let removed = st.keys.get_mut(key).and_then(|ks| {
