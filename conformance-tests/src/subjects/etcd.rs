@@ -2,7 +2,107 @@
 
 use std::path::PathBuf;
 
-use crate::suite::Subject;
+use crate::suite::{Operator, Subject};
+
+/// The etcd operator: a plain etcd client and the subject's key prefix (also used by the
+/// cluster subject).
+pub(super) struct EtcdOperator {
+    pub(super) client: adapter_etcd::etcd_client::Client,
+    pub(super) key_prefix: String,
+}
+
+impl Operator for EtcdOperator {
+    fn delete_key<'a>(
+        &'a self,
+        key: &'a lease_core::LockKey,
+    ) -> futures::future::BoxFuture<'a, Result<(), String>> {
+        Box::pin(async move {
+            let prefix = adapter_etcd::keys::lock_prefix(&self.key_prefix, key);
+            let options = adapter_etcd::etcd_client::DeleteOptions::new().with_prefix();
+            self.client
+                .clone()
+                .delete(prefix, Some(options))
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        })
+    }
+
+    fn delete_parent<'a>(
+        &'a self,
+        _key: &'a lease_core::LockKey,
+    ) -> futures::future::BoxFuture<'a, Result<bool, String>> {
+        // Lock names are percent-encoded into one flat path segment: a lock has no parent
+        // node on etcd, and `delete_key` already removes its whole key range.
+        Box::pin(async { Ok(false) })
+    }
+
+    /// A raw `put` of a different value on the holder's key that keeps the key's lease
+    /// (`ignore_lease`), as another tool writing the key would.
+    fn overwrite_value<'a>(
+        &'a self,
+        key: &'a lease_core::LockKey,
+    ) -> futures::future::BoxFuture<'a, Result<bool, String>> {
+        Box::pin(async move {
+            let holder = self.holder(key).await?;
+            let options = adapter_etcd::etcd_client::PutOptions::new().with_ignore_lease();
+            self.client
+                .clone()
+                .put(holder.key(), "overwritten by the operator", Some(options))
+                .await
+                .map_err(|e| format!("put {}: {e}", String::from_utf8_lossy(holder.key())))?;
+            Ok(true)
+        })
+    }
+
+    /// `lease revoke` of the etcd lease the holder's key is attached to (the holder's
+    /// session: every key on it goes).
+    fn invalidate_holder<'a>(
+        &'a self,
+        key: &'a lease_core::LockKey,
+    ) -> futures::future::BoxFuture<'a, Result<bool, String>> {
+        Box::pin(async move {
+            let holder = self.holder(key).await?;
+            if holder.lease() == 0 {
+                return Err(format!(
+                    "the holder key {} has no lease",
+                    String::from_utf8_lossy(holder.key())
+                ));
+            }
+            self.client
+                .clone()
+                .lease_revoke(holder.lease())
+                .await
+                .map_err(|e| format!("lease revoke {:x}: {e}", holder.lease()))?;
+            Ok(true)
+        })
+    }
+}
+
+impl EtcdOperator {
+    /// The holder's key of `key`'s lock: the first key of its range by create revision.
+    async fn holder(
+        &self,
+        key: &lease_core::LockKey,
+    ) -> Result<adapter_etcd::etcd_client::KeyValue, String> {
+        use adapter_etcd::etcd_client::{GetOptions, SortOrder, SortTarget};
+        let prefix = adapter_etcd::keys::lock_prefix(&self.key_prefix, key);
+        let options = GetOptions::new()
+            .with_prefix()
+            .with_sort(SortTarget::Create, SortOrder::Ascend)
+            .with_limit(1);
+        let mut resp = self
+            .client
+            .clone()
+            .get(prefix.clone(), Some(options))
+            .await
+            .map_err(|e| format!("get {prefix}: {e}"))?;
+        resp.take_kvs()
+            .into_iter()
+            .next()
+            .ok_or_else(|| format!("no holder under {prefix}"))
+    }
+}
 
 /// The etcd subject: a harness-started `etcd` (or `FENCED_ETCD_URL`), clients and workers that
 /// connect by URL through `fenced::connect`, the etcd fence, proxy hooks for clients and
@@ -15,105 +115,7 @@ pub(crate) async fn etcd_subject(worker_exe: Option<PathBuf>) -> Result<Option<S
     use crate::harness::{
         server_unavailable, Backend, EtcdServer, ExternalEndpoints, ServerControl,
     };
-    use crate::suite::{ConnectViaFn, FenceViaFn, Operator};
-
-    struct EtcdOperator {
-        client: adapter_etcd::etcd_client::Client,
-        key_prefix: String,
-    }
-
-    impl Operator for EtcdOperator {
-        fn delete_key<'a>(
-            &'a self,
-            key: &'a lease_core::LockKey,
-        ) -> futures::future::BoxFuture<'a, Result<(), String>> {
-            Box::pin(async move {
-                let prefix = adapter_etcd::keys::lock_prefix(&self.key_prefix, key);
-                let options = adapter_etcd::etcd_client::DeleteOptions::new().with_prefix();
-                self.client
-                    .clone()
-                    .delete(prefix, Some(options))
-                    .await
-                    .map(|_| ())
-                    .map_err(|e| e.to_string())
-            })
-        }
-
-        fn delete_parent<'a>(
-            &'a self,
-            _key: &'a lease_core::LockKey,
-        ) -> futures::future::BoxFuture<'a, Result<bool, String>> {
-            // Lock names are percent-encoded into one flat path segment: a lock has no parent
-            // node on etcd, and `delete_key` already removes its whole key range.
-            Box::pin(async { Ok(false) })
-        }
-
-        /// A raw `put` of a different value on the holder's key that keeps the key's lease
-        /// (`ignore_lease`), as another tool writing the key would.
-        fn overwrite_value<'a>(
-            &'a self,
-            key: &'a lease_core::LockKey,
-        ) -> futures::future::BoxFuture<'a, Result<bool, String>> {
-            Box::pin(async move {
-                let holder = self.holder(key).await?;
-                let options = adapter_etcd::etcd_client::PutOptions::new().with_ignore_lease();
-                self.client
-                    .clone()
-                    .put(holder.key(), "overwritten by the operator", Some(options))
-                    .await
-                    .map_err(|e| format!("put {}: {e}", String::from_utf8_lossy(holder.key())))?;
-                Ok(true)
-            })
-        }
-
-        /// `lease revoke` of the etcd lease the holder's key is attached to (the holder's
-        /// session: every key on it goes).
-        fn invalidate_holder<'a>(
-            &'a self,
-            key: &'a lease_core::LockKey,
-        ) -> futures::future::BoxFuture<'a, Result<bool, String>> {
-            Box::pin(async move {
-                let holder = self.holder(key).await?;
-                if holder.lease() == 0 {
-                    return Err(format!(
-                        "the holder key {} has no lease",
-                        String::from_utf8_lossy(holder.key())
-                    ));
-                }
-                self.client
-                    .clone()
-                    .lease_revoke(holder.lease())
-                    .await
-                    .map_err(|e| format!("lease revoke {:x}: {e}", holder.lease()))?;
-                Ok(true)
-            })
-        }
-    }
-
-    impl EtcdOperator {
-        /// The holder's key of `key`'s lock: the first key of its range by create revision.
-        async fn holder(
-            &self,
-            key: &lease_core::LockKey,
-        ) -> Result<adapter_etcd::etcd_client::KeyValue, String> {
-            use adapter_etcd::etcd_client::{GetOptions, SortOrder, SortTarget};
-            let prefix = adapter_etcd::keys::lock_prefix(&self.key_prefix, key);
-            let options = GetOptions::new()
-                .with_prefix()
-                .with_sort(SortTarget::Create, SortOrder::Ascend)
-                .with_limit(1);
-            let mut resp = self
-                .client
-                .clone()
-                .get(prefix.clone(), Some(options))
-                .await
-                .map_err(|e| format!("get {prefix}: {e}"))?;
-            resp.take_kvs()
-                .into_iter()
-                .next()
-                .ok_or_else(|| format!("no holder under {prefix}"))
-        }
-    }
+    use crate::suite::{ConnectViaFn, FenceViaFn};
 
     let key_prefix = format!("conformance-{:08x}", rand::random::<u32>());
     let (base_url, server, upstream): (

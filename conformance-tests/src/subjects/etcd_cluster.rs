@@ -14,102 +14,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::etcd::EtcdOperator;
 use crate::harness::etcd_cluster::EtcdCluster;
 use crate::harness::{server_unavailable, ClusterControl};
-use crate::suite::{ConnectViaFn, FenceViaFn, Operator, Subject};
-
-/// The operator: a plain etcd client over the cluster URL.
-struct EtcdOperator {
-    client: adapter_etcd::etcd_client::Client,
-    key_prefix: String,
-}
-
-impl Operator for EtcdOperator {
-    fn delete_key<'a>(
-        &'a self,
-        key: &'a lease_core::LockKey,
-    ) -> futures::future::BoxFuture<'a, Result<(), String>> {
-        Box::pin(async move {
-            let prefix = adapter_etcd::keys::lock_prefix(&self.key_prefix, key);
-            let options = adapter_etcd::etcd_client::DeleteOptions::new().with_prefix();
-            self.client
-                .clone()
-                .delete(prefix, Some(options))
-                .await
-                .map(|_| ())
-                .map_err(|e| e.to_string())
-        })
-    }
-
-    fn delete_parent<'a>(
-        &'a self,
-        _key: &'a lease_core::LockKey,
-    ) -> futures::future::BoxFuture<'a, Result<bool, String>> {
-        // Lock names are one flat path segment on etcd (see the single-server subject).
-        Box::pin(async { Ok(false) })
-    }
-
-    fn overwrite_value<'a>(
-        &'a self,
-        key: &'a lease_core::LockKey,
-    ) -> futures::future::BoxFuture<'a, Result<bool, String>> {
-        Box::pin(async move {
-            let holder = self.holder(key).await?;
-            let options = adapter_etcd::etcd_client::PutOptions::new().with_ignore_lease();
-            self.client
-                .clone()
-                .put(holder.key(), "overwritten by the operator", Some(options))
-                .await
-                .map_err(|e| format!("put {}: {e}", String::from_utf8_lossy(holder.key())))?;
-            Ok(true)
-        })
-    }
-
-    fn invalidate_holder<'a>(
-        &'a self,
-        key: &'a lease_core::LockKey,
-    ) -> futures::future::BoxFuture<'a, Result<bool, String>> {
-        Box::pin(async move {
-            let holder = self.holder(key).await?;
-            if holder.lease() == 0 {
-                return Err(format!(
-                    "the holder key {} has no lease",
-                    String::from_utf8_lossy(holder.key())
-                ));
-            }
-            self.client
-                .clone()
-                .lease_revoke(holder.lease())
-                .await
-                .map_err(|e| format!("lease revoke {:x}: {e}", holder.lease()))?;
-            Ok(true)
-        })
-    }
-}
-
-impl EtcdOperator {
-    async fn holder(
-        &self,
-        key: &lease_core::LockKey,
-    ) -> Result<adapter_etcd::etcd_client::KeyValue, String> {
-        use adapter_etcd::etcd_client::{GetOptions, SortOrder, SortTarget};
-        let prefix = adapter_etcd::keys::lock_prefix(&self.key_prefix, key);
-        let options = GetOptions::new()
-            .with_prefix()
-            .with_sort(SortTarget::Create, SortOrder::Ascend)
-            .with_limit(1);
-        let mut resp = self
-            .client
-            .clone()
-            .get(prefix.clone(), Some(options))
-            .await
-            .map_err(|e| format!("get {prefix}: {e}"))?;
-        resp.take_kvs()
-            .into_iter()
-            .next()
-            .ok_or_else(|| format!("no holder under {prefix}"))
-    }
-}
+use crate::suite::{ConnectViaFn, FenceViaFn, Subject};
 
 /// The subject, or why it cannot be built.
 pub(crate) async fn subject(worker_exe: Option<PathBuf>) -> Result<Option<Subject>, String> {
