@@ -22,10 +22,12 @@ async fn server(test: &str) -> Option<ZooKeeperServer> {
     start_or_skip_async(test, Backend::ZooKeeper, ZooKeeperServer::start).await
 }
 
+/// A config for the harness server, whose `tickTime` (200 ms) is known: the follower-touch
+/// margin (decision 0017) need not assume half the session timeout.
 fn config(addr: impl std::fmt::Display, session_ms: u64) -> ZkConfig {
     let base = format!("/adapter-test-{:08x}", rand::random::<u32>());
     ZkConfig::from_url(&format!(
-        "zk://{addr}{base}?session_timeout_ms={session_ms}&digest=alice:{PASSWORD}"
+        "zk://{addr}{base}?session_timeout_ms={session_ms}&tick_ms=200&digest=alice:{PASSWORD}"
     ))
     .expect("valid url")
 }
@@ -843,8 +845,16 @@ async fn a_session_closed_by_another_client_loses_the_lease_promptly() {
         "closing took {:?}; lost {lost_after:?} after ({reason:?})",
         closed - closing
     );
+    // Since the session cap leaves a tick and a heartbeat period (decision 0017), the lease's
+    // validity can run out before the client library reports the closed session: about half
+    // the runs here end `Expired` some 0.6 s after the close instead of `SessionEnded` at once
+    // (left open in the stop-20 note). Either way the lease ends within its validity and the
+    // bound below.
     assert!(
-        matches!(reason, LostReason::SessionEnded | LostReason::Revoked),
+        matches!(
+            reason,
+            LostReason::SessionEnded | LostReason::Revoked | LostReason::Expired
+        ),
         "{reason:?}"
     );
     // Usually within a round trip (the holder's reconnect is told the session is gone). When
@@ -865,13 +875,13 @@ async fn a_session_closed_by_another_client_loses_the_lease_promptly() {
         .unwrap();
     assert!(next.token() > lease.token());
     next.release().await.unwrap();
-    let again = coord
-        .acquire(
-            &key,
-            &LeaseOptions::new(Duration::from_secs(2)).wait(Duration::from_secs(5)),
-        )
-        .await
-        .unwrap();
+    // When the lease ended `Expired`, this call is the first to learn that the session is gone
+    // (`Unavailable`, "a new session is opened on the next call"): the next call does.
+    let options = LeaseOptions::new(Duration::from_secs(2)).wait(Duration::from_secs(5));
+    let again = match coord.acquire(&key, &options).await {
+        Err(Error::Unavailable { .. }) => coord.acquire(&key, &options).await.unwrap(),
+        other => other.unwrap(),
+    };
     assert!(again.token() > next.token());
     again.release().await.unwrap();
 }
