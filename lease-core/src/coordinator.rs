@@ -109,7 +109,7 @@ pub trait Coordinator: Send + Sync + fmt::Debug {
 
     /// Removes the lock on `key` whoever holds it, recording `request`'s actor and reason (in
     /// the backend's audit trail, read with [`audit_trail`](Coordinator::audit_trail), and in a
-    /// `warn` log event and the `lease_forced_releases_total` counter). Returns the
+    /// `warn` log event and the `fenced_forced_releases_total` counter). Returns the
     /// holder that was removed, or `None` if the key was free.
     ///
     /// The removed holder's lease reports `Lost(Revoked)` where the backend can tell it, and

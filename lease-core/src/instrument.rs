@@ -21,7 +21,20 @@ use crate::token::Token;
 /// [`crate::metrics`]. Behaviour is otherwise unchanged; leases it returns are wrapped too, so
 /// renewals and releases are measured wherever they are called from (including the keeper).
 ///
-/// [`crate::Registry::connect`] always returns instrumented handles.
+/// [`crate::Registry::connect`] always returns instrumented handles. A coordinator or fence built
+/// directly from an adapter crate (for example `RedisCoordinator::connect(config)`) emits only the
+/// lease-level signals (held leases, losses, validity left at renewal, bounded sections); wrap it
+/// to get the request-level ones too:
+///
+/// ```
+/// use lease_core::memory::MemoryCoordinator;
+/// use lease_core::{Coordinator, Instrumented};
+///
+/// let coordinator = Instrumented::new(MemoryCoordinator::new());
+/// assert_eq!(coordinator.capabilities().backend, "memory");
+/// ```
+///
+/// Wrap once: a handle wrapped twice counts every request twice.
 #[derive(Debug, Clone)]
 pub struct Instrumented<T> {
     inner: T,

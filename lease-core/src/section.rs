@@ -95,8 +95,8 @@ where
 /// - When the lease is lost or the deadline passes, the future is dropped (cancelled) and the
 ///   call returns `Err(Lost)` (reason `Expired` for a deadline).
 /// - If the work finishes but the lease was lost meanwhile, its result is discarded and the call
-///   returns `Err(Lost)`, counted in `lease_work_after_loss_total`: never a silent success.
-/// - The duration is recorded in `lease_critical_section_seconds` by outcome.
+///   returns `Err(Lost)`, counted in `fenced_work_after_loss_total`: never a silent success.
+/// - The duration is recorded in `fenced_critical_section_seconds` by backend and outcome.
 pub async fn bounded_with<T, W, F>(lease: &dyn Lease, options: SectionOptions, work: W) -> Result<T>
 where
     W: FnOnce(SectionGuard) -> F,
@@ -126,7 +126,7 @@ where
             out = &mut fut => {
                 break match lease.status() {
                     LeaseStatus::Lost(reason) => {
-                        crate::metrics::work_after_loss();
+                        crate::metrics::work_after_loss(lease.tracker().backend());
                         tracing::warn!(key = %lease.key(), token = %lease.token(), %reason,
                             "work finished after its lease was lost; result discarded");
                         Err(lease.tracker().lost_error(reason))
@@ -148,6 +148,6 @@ where
         Err(Error::Lost { .. }) => "lost",
         Err(_) => "failed",
     };
-    crate::metrics::critical_section(label, start.elapsed());
+    crate::metrics::critical_section(lease.tracker().backend(), label, start.elapsed());
     outcome
 }
