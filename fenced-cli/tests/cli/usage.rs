@@ -1,0 +1,153 @@
+//! Usage errors, an unreachable backend and the help text: no server needed.
+
+use crate::support::*;
+
+#[test]
+fn bad_urls_durations_and_keys_are_one_line_usage_errors() {
+    let cases: &[(&[&str], &str)] = &[
+        (&["--url", "nosuch://h", "inspect", "k"], "nosuch"),
+        (
+            &["--url", "redis://u:hunter2@[bad", "inspect", "k"],
+            "redis://u:***",
+        ),
+        (
+            &[
+                "--url",
+                "redis://h",
+                "run",
+                "k",
+                "--ttl",
+                "10x",
+                "--",
+                "true",
+            ],
+            "10x",
+        ),
+        (
+            &[
+                "--url",
+                "redis://h",
+                "run",
+                "k",
+                "--wait",
+                "soon",
+                "--",
+                "true",
+            ],
+            "soon",
+        ),
+        (&["--url", "redis://h", "inspect", "a//b"], "a//b"),
+        (&["inspect", "k"], "--url"),
+        (&["--url", "redis://h", "run", "k"], "CMD"),
+        (&["fence", "read", "r"], "--fence-url"),
+        (
+            &["--url", "redis://h", "audit", "k", "--limit", "0"],
+            "limit",
+        ),
+        (
+            &["--url", "redis://h", "audit", "k", "--limit", "101"],
+            "limit",
+        ),
+        (
+            &["--url", "redis://h", "audit", "k", "--limit", "many"],
+            "--limit",
+        ),
+        (
+            &["--url", "redis://h", "force-release", "k"],
+            "--actor NAME and --reason",
+        ),
+        (
+            &[
+                "--url",
+                "redis://h",
+                "force-release",
+                "k",
+                "--actor",
+                "a",
+                "--reason",
+                "r",
+                "--expect-token",
+                "soon",
+            ],
+            "--expect-token",
+        ),
+        (
+            &[
+                "--url",
+                "redis://h",
+                "force-release",
+                "k",
+                "--actor",
+                "a",
+                "--reason",
+                "r",
+                "--expect-token",
+                "-1",
+            ],
+            "-1",
+        ),
+    ];
+    for (args, needle) in cases {
+        let out = fenced().args(*args).output().unwrap();
+        let err = stderr_of(&out);
+        assert_eq!(out.status.code(), Some(USAGE), "{args:?}: {err}");
+        assert_one_line(&err);
+        assert!(
+            err.contains(needle),
+            "{args:?}: {err:?} should name {needle:?}"
+        );
+        assert!(!err.contains("hunter2"), "{err}");
+        assert!(out.stdout.is_empty(), "{args:?}");
+    }
+}
+
+#[test]
+fn an_unreachable_backend_exits_69() {
+    let port = conformance_tests::harness::free_ports(1).unwrap()[0];
+    let url = format!("redis://127.0.0.1:{port}/?connect_timeout_ms=500");
+    let out = fenced()
+        .args(["--url", &url, "inspect", "k"])
+        .output()
+        .unwrap();
+    let err = stderr_of(&out);
+    assert_eq!(out.status.code(), Some(UNAVAILABLE), "{err}");
+    assert_one_line(&err);
+}
+
+#[test]
+fn help_documents_every_command_and_status() {
+    let out = fenced().arg("--help").output().unwrap();
+    assert!(out.status.success());
+    let help = String::from_utf8_lossy(&out.stdout);
+    for needle in [
+        "inspect",
+        "force-release",
+        "audit",
+        "run",
+        "fence",
+        "FENCED_URL",
+        "75",
+        "76",
+        "69",
+    ] {
+        assert!(help.contains(needle), "--help lacks {needle}: {help}");
+    }
+    let out = fenced().args(["run", "--help"]).output().unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    for needle in ["--ttl", "--wait", "--grace", "FENCED_TOKEN", "SIGTERM"] {
+        assert!(help.contains(needle), "run --help lacks {needle}: {help}");
+    }
+    let out = fenced().args(["audit", "--help"]).output().unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    for needle in ["--limit", "newest first", "--json", "1 if none"] {
+        assert!(help.contains(needle), "audit --help lacks {needle}: {help}");
+    }
+    let out = fenced().args(["force-release", "--help"]).output().unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    for needle in ["--expect-token", "--actor", "--reason", "exits 1"] {
+        assert!(
+            help.contains(needle),
+            "force-release --help lacks {needle}: {help}"
+        );
+    }
+}
