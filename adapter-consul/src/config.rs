@@ -4,7 +4,8 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use lease_core::{BackendUrl, InvalidInput, LockKey, OwnerId, Result, Token};
+use lease_core::adapter::{BackendUrl, OptionSpec, UrlOptions};
+use lease_core::{InvalidInput, LockKey, OwnerId, Result, Token};
 
 /// The default first segment of every KV key the adapter writes.
 pub const DEFAULT_KEY_PREFIX: &str = "fenced";
@@ -31,25 +32,25 @@ pub const DEFAULT_MAX_BLOCK: Duration = Duration::from_secs(30);
 /// The longest key prefix, in bytes.
 pub const MAX_KEY_PREFIX_BYTES: usize = 64;
 
-/// The URL query parameters the adapter understands (every other one is rejected).
-const PARAMS: &[&str] = &[
-    "token",
-    "token_file",
-    "key_prefix",
-    "session_ttl_ms",
-    "lock_delay_ms",
-    "token_floor",
-    "request_timeout_ms",
-    "connect_timeout_ms",
-    "max_block_ms",
-    "tls_ca_file",
-    "tls_ca_path",
-    "tls_cert_file",
-    "tls_key_file",
-    "tls_server_name",
-    "dc",
-];
-
+/// The URL options the adapter understands besides lease-core's common ones
+/// ([`COMMON_OPTIONS`](lease_core::adapter::COMMON_OPTIONS)); every other one is rejected.
+const OPTIONS: OptionSpec = OptionSpec {
+    backend: &[
+        "token",
+        "token_file",
+        "session_ttl_ms",
+        "lock_delay_ms",
+        "max_block_ms",
+        "tls_ca_file",
+        "tls_ca_path",
+        "tls_cert_file",
+        "tls_key_file",
+        "tls_server_name",
+        "dc",
+    ],
+    secret: &["token"],
+    key_prefix: validate_prefix,
+};
 /// The environment variables the adapter reads, as HashiCorp's clients (the `consul` CLI and the
 /// Go `api` package) do, for every setting the URL leaves out (see [`ConsulConfig`]).
 pub const ENV_VARS: &[&str] = &[
@@ -93,6 +94,7 @@ pub const ENV_VARS: &[&str] = &[
 /// | `token_floor` | none | every token issued is above this value (raise it after a snapshot restore) |
 /// | `request_timeout_ms` | `2000` | bound on each request's answer |
 /// | `connect_timeout_ms` | `2000` | bound on opening a connection |
+/// | `owner` | this process's `host/pid` | the owner label leases carry unless their options name another |
 /// | `max_block_ms` | `30000` | longest single blocking query while waiting for a key |
 /// | `tls_ca_file` | `CONSUL_CACERT` | PEM file of the CA(s) that signed the server certificate (instead of the system roots) |
 /// | `tls_ca_path` | `CONSUL_CAPATH` | directory of PEM CA files (used when no CA file is given) |
@@ -388,137 +390,84 @@ impl ConsulConfig {
                 (host, port, tls || scheme_tls)
             }
         };
+        let (common, mut o) = UrlOptions::parse(&url, OPTIONS)?;
+        let millis = |o: &mut UrlOptions<'_>, name, lo, hi| {
+            o.millis(name, Duration::from_millis(lo), Duration::from_millis(hi))
+        };
+        let token = o.value(
+            "token",
+            "a non-empty token without control characters",
+            |v| {
+                if v.is_empty() || v.chars().any(|ch| ch.is_control()) {
+                    Err("a non-empty token without control characters")
+                } else {
+                    Ok(v.to_owned())
+                }
+            },
+        )?;
+        let token_file = o.path("token_file")?;
+        let session_ttl = millis(&mut o, "session_ttl_ms", 100, 86_400_000)?;
+        let lock_delay = millis(&mut o, "lock_delay_ms", 0, 60_000)?;
+        let max_block = millis(&mut o, "max_block_ms", 1_000, 600_000)?;
+        let tls_path = |o: &mut UrlOptions<'_>, name: &str| {
+            let p = o.path(name)?;
+            if p.is_some() && !tls {
+                return Err(o.invalid(format!("{name} needs a consuls:// URL (TLS)")));
+            }
+            Ok(p)
+        };
+        let tls_ca_file = tls_path(&mut o, "tls_ca_file")?;
+        let tls_ca_path = tls_path(&mut o, "tls_ca_path")?;
+        let tls_cert_file = tls_path(&mut o, "tls_cert_file")?;
+        let tls_key_file = tls_path(&mut o, "tls_key_file")?;
+        let tls_server_name = o.value("tls_server_name", "a DNS name or IP address", |v| {
+            let n = strip_port(v);
+            if n.is_empty() || n.chars().any(|ch| ch.is_control() || ch == '/') {
+                Err("a DNS name or IP address")
+            } else {
+                Ok(n.to_owned())
+            }
+        })?;
+        if tls_server_name.is_some() && !tls {
+            return Err(o
+                .invalid("tls_server_name needs a consuls:// URL (TLS)")
+                .into());
+        }
+        let datacenter = o.value("dc", "a datacenter name of A-Z a-z 0-9 - _ .", |v| {
+            let ok = !v.is_empty()
+                && v.chars()
+                    .all(|ch| ch.is_ascii_alphanumeric() || "-_.".contains(ch));
+            if ok {
+                Ok(v.to_owned())
+            } else {
+                Err("a datacenter name of A-Z a-z 0-9 - _ .")
+            }
+        })?;
         let mut c = ConsulConfig {
             url: url.clone(),
             host,
             port,
             tls,
-            token: None,
-            token_file: None,
-            key_prefix: DEFAULT_KEY_PREFIX.to_owned(),
-            session_ttl: CONSUL_SESSION_TTL_MIN,
-            lock_delay: DEFAULT_LOCK_DELAY,
-            token_floor: None,
-            request_timeout: DEFAULT_REQUEST_TIMEOUT,
-            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
-            max_block: DEFAULT_MAX_BLOCK,
-            tls_ca_file: None,
-            tls_ca_path: None,
-            tls_cert_file: None,
-            tls_key_file: None,
-            tls_server_name: None,
-            datacenter: None,
-            owner: None,
+            token,
+            token_file,
+            key_prefix: common
+                .key_prefix
+                .unwrap_or_else(|| DEFAULT_KEY_PREFIX.to_owned()),
+            session_ttl: session_ttl.unwrap_or(CONSUL_SESSION_TTL_MIN),
+            lock_delay: lock_delay.unwrap_or(DEFAULT_LOCK_DELAY),
+            token_floor: common.token_floor,
+            request_timeout: common.request_timeout.unwrap_or(DEFAULT_REQUEST_TIMEOUT),
+            connect_timeout: common.connect_timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT),
+            max_block: max_block.unwrap_or(DEFAULT_MAX_BLOCK),
+            tls_ca_file,
+            tls_ca_path,
+            tls_cert_file,
+            tls_key_file,
+            tls_server_name,
+            datacenter,
+            owner: common.owner,
             from_env: Vec::new(),
         };
-        let mut seen: Vec<String> = Vec::new();
-        for (name, value) in raw.query_pairs() {
-            let (name, value) = (name.into_owned(), value.into_owned());
-            if !PARAMS.contains(&name.as_str()) {
-                return Err(url
-                    .invalid(format!(
-                        "unknown option {name:?} (known: {})",
-                        PARAMS.join(", ")
-                    ))
-                    .into());
-            }
-            if seen.contains(&name) {
-                return Err(url
-                    .invalid(format!("option {name:?} is given twice"))
-                    .into());
-            }
-            seen.push(name.clone());
-            // The token's value is never echoed.
-            let shown = if name == "token" {
-                "***".to_owned()
-            } else {
-                format!("{value:?}")
-            };
-            let bad = |expected: &str| url.invalid(format!("{name}={shown}: expected {expected}"));
-            let millis = |lo: u64, hi: u64, expected: &str| {
-                lease_core::parse_millis(
-                    &value,
-                    Duration::from_millis(lo),
-                    Duration::from_millis(hi),
-                )
-                .ok_or_else(|| bad(expected))
-            };
-            let path = || {
-                if value.is_empty() {
-                    Err(bad("a file path"))
-                } else {
-                    Ok(PathBuf::from(&value))
-                }
-            };
-            match name.as_str() {
-                "token" => {
-                    if value.is_empty() || value.chars().any(|ch| ch.is_control()) {
-                        return Err(bad("a non-empty token without control characters").into());
-                    }
-                    c.token = Some(value);
-                }
-                "token_file" => c.token_file = Some(path()?),
-                "key_prefix" => {
-                    validate_prefix(&value).map_err(bad)?;
-                    c.key_prefix = value;
-                }
-                "session_ttl_ms" => {
-                    c.session_ttl = millis(100, 86_400_000, "milliseconds in 100..=86400000")?
-                }
-                "lock_delay_ms" => c.lock_delay = millis(0, 60_000, "milliseconds in 0..=60000")?,
-                "request_timeout_ms" => {
-                    c.request_timeout = millis(1, 600_000, "milliseconds in 1..=600000")?
-                }
-                "connect_timeout_ms" => {
-                    c.connect_timeout = millis(1, 600_000, "milliseconds in 1..=600000")?
-                }
-                "max_block_ms" => {
-                    c.max_block = millis(1_000, 600_000, "milliseconds in 1000..=600000")?
-                }
-                "token_floor" => {
-                    let floor: Token = value
-                        .parse()
-                        .map_err(|_| bad("an integer in 0..=9223372036854775806"))?;
-                    if floor == Token::MAX {
-                        return Err(bad("an integer in 0..=9223372036854775806").into());
-                    }
-                    c.token_floor = Some(floor);
-                }
-                "tls_ca_file" | "tls_ca_path" | "tls_cert_file" | "tls_key_file" => {
-                    if !tls {
-                        return Err(bad(&format!("a consuls:// URL (TLS) for {name}")).into());
-                    }
-                    let p = Some(path()?);
-                    match name.as_str() {
-                        "tls_ca_file" => c.tls_ca_file = p,
-                        "tls_ca_path" => c.tls_ca_path = p,
-                        "tls_cert_file" => c.tls_cert_file = p,
-                        _ => c.tls_key_file = p,
-                    }
-                }
-                "tls_server_name" => {
-                    if !tls {
-                        return Err(bad("a consuls:// URL (TLS) for tls_server_name").into());
-                    }
-                    let n = strip_port(&value);
-                    if n.is_empty() || n.chars().any(|ch| ch.is_control() || ch == '/') {
-                        return Err(bad("a DNS name or IP address").into());
-                    }
-                    c.tls_server_name = Some(n.to_owned());
-                }
-                "dc" => {
-                    if value.is_empty()
-                        || !value
-                            .chars()
-                            .all(|ch| ch.is_ascii_alphanumeric() || "-_.".contains(ch))
-                    {
-                        return Err(bad("a datacenter name of A-Z a-z 0-9 - _ .").into());
-                    }
-                    c.datacenter = Some(value);
-                }
-                _ => unreachable!("checked against PARAMS"),
-            }
-        }
         if c.token.is_some() && c.token_file.is_some() {
             return Err(url
                 .invalid("give the ACL token as token or token_file, not both")

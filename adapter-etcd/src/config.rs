@@ -4,7 +4,8 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use lease_core::{BackendUrl, Error, InvalidInput, OwnerId, Result, Token};
+use lease_core::adapter::{timeout_in_range, BackendUrl, OptionSpec, UrlOptions};
+use lease_core::{Error, InvalidInput, OwnerId, Result, Token};
 
 /// The default key prefix.
 pub const DEFAULT_KEY_PREFIX: &str = "fenced";
@@ -14,24 +15,22 @@ pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(1);
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// The longest key prefix, in bytes.
 pub const MAX_KEY_PREFIX_BYTES: usize = 128;
-/// The largest request or connect timeout accepted.
-pub const MAX_TIMEOUT: Duration = Duration::from_secs(60);
 /// The default client port when the URL names none.
 pub const DEFAULT_PORT: u16 = 2379;
 
-/// The URL query parameters the adapter understands (every other one is rejected).
-const PARAMS: &[&str] = &[
-    "key_prefix",
-    "token_floor",
-    "endpoints",
-    "request_timeout_ms",
-    "connect_timeout_ms",
-    "tls_ca_file",
-    "tls_domain",
-    "tls_cert_file",
-    "tls_key_file",
-];
-
+/// The URL options the adapter understands besides lease-core's common ones
+/// ([`COMMON_OPTIONS`](lease_core::adapter::COMMON_OPTIONS)); every other one is rejected.
+const OPTIONS: OptionSpec = OptionSpec {
+    backend: &[
+        "endpoints",
+        "tls_ca_file",
+        "tls_domain",
+        "tls_cert_file",
+        "tls_key_file",
+    ],
+    secret: &[],
+    key_prefix: validate_prefix,
+};
 /// How to reach an etcd cluster and how the adapter uses it.
 ///
 /// Parsed from a URL ([`EtcdConfig::from_url`]):
@@ -51,6 +50,7 @@ const PARAMS: &[&str] = &[
 /// | `endpoints` | none | further members, comma-separated `host:port` |
 /// | `request_timeout_ms` | `1000` | bound on each request's response |
 /// | `connect_timeout_ms` | `2000` | bound on opening a connection |
+/// | `owner` | this process's `host/pid` | the owner label leases carry unless their options name another |
 /// | `tls_ca_file` | system roots | PEM file of the CA(s) that signed the members' certificates; when given, only these are trusted (`etcds://` only) |
 /// | `tls_domain` | the host | the name to check the members' certificates against (`etcds://` only) |
 /// | `tls_cert_file` | none | PEM client certificate (chain) for etcd's `--client-cert-auth`; needs `tls_key_file` (`etcds://` only) |
@@ -173,91 +173,58 @@ impl EtcdConfig {
             (u, Some(p)) => Some((decode(&url, u)?, decode(&url, p)?)),
         };
 
+        let (common, mut options) = UrlOptions::parse(&url, OPTIONS)?;
+        if let Some(list) = options.value("endpoints", "comma-separated host:port pairs", |v| {
+            let ok = v.split(',').all(|ep| {
+                ep.rsplit_once(':')
+                    .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok())
+                    && !ep.contains(['/', '@', ' '])
+            });
+            if ok {
+                Ok(v.to_owned())
+            } else {
+                Err("comma-separated host:port pairs")
+            }
+        })? {
+            endpoints.extend(list.split(',').map(|ep| format!("{scheme}://{ep}")));
+        }
+        let mut tls_option = |name: &str| -> Result<Option<String>> {
+            let value = options.value(name, "a non-empty value", |v| {
+                if v.is_empty() {
+                    Err("a non-empty value")
+                } else {
+                    Ok(v.to_owned())
+                }
+            })?;
+            if value.is_some() && !tls {
+                return Err(options
+                    .invalid(format!(
+                        "{name} needs an etcds:// URL (TLS options need TLS)"
+                    ))
+                    .into());
+            }
+            Ok(value)
+        };
+        let tls_ca_file = tls_option("tls_ca_file")?.map(PathBuf::from);
+        let tls_domain = tls_option("tls_domain")?;
+        let cert_file = tls_option("tls_cert_file")?.map(PathBuf::from);
+        let key_file = tls_option("tls_key_file")?.map(PathBuf::from);
         let mut config = EtcdConfig {
             url: url.clone(),
             endpoints,
             user,
-            key_prefix: DEFAULT_KEY_PREFIX.to_owned(),
-            token_floor: None,
-            request_timeout: DEFAULT_REQUEST_TIMEOUT,
-            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            key_prefix: common
+                .key_prefix
+                .unwrap_or_else(|| DEFAULT_KEY_PREFIX.to_owned()),
+            token_floor: common.token_floor,
+            request_timeout: common.request_timeout.unwrap_or(DEFAULT_REQUEST_TIMEOUT),
+            connect_timeout: common.connect_timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT),
             tls,
-            tls_ca_file: None,
-            tls_domain: None,
+            tls_ca_file,
+            tls_domain,
             tls_client: None,
-            owner: None,
+            owner: common.owner,
         };
-        let (mut cert_file, mut key_file) = (None, None);
-        let mut seen: Vec<String> = Vec::new();
-        for (name, value) in raw.query_pairs() {
-            let (name, value) = (name.into_owned(), value.into_owned());
-            if !PARAMS.contains(&name.as_str()) {
-                return Err(url
-                    .invalid(format!(
-                        "unknown option {name:?} (known: {})",
-                        PARAMS.join(", ")
-                    ))
-                    .into());
-            }
-            if seen.contains(&name) {
-                return Err(url
-                    .invalid(format!("option {name:?} is given twice"))
-                    .into());
-            }
-            seen.push(name.clone());
-            let bad =
-                |expected: &str| url.invalid(format!("{name}={value:?}: expected {expected}"));
-            match name.as_str() {
-                "key_prefix" => {
-                    validate_prefix(&value).map_err(bad)?;
-                    config.key_prefix = value;
-                }
-                "token_floor" => {
-                    let floor: Token = value
-                        .parse()
-                        .ok()
-                        .filter(|t| *t < Token::MAX)
-                        .ok_or_else(|| bad("an integer in 0..=9223372036854775806"))?;
-                    config.token_floor = Some(floor);
-                }
-                "endpoints" => {
-                    for ep in value.split(',') {
-                        let ok = ep
-                            .rsplit_once(':')
-                            .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok())
-                            && !ep.contains(['/', '@', ' ']);
-                        if !ok {
-                            return Err(bad("comma-separated host:port pairs").into());
-                        }
-                        config.endpoints.push(format!("{scheme}://{ep}"));
-                    }
-                }
-                "request_timeout_ms" | "connect_timeout_ms" => {
-                    let d = lease_core::parse_millis(&value, Duration::from_millis(1), MAX_TIMEOUT)
-                        .ok_or_else(|| bad("milliseconds in 1..=60000"))?;
-                    if name == "request_timeout_ms" {
-                        config.request_timeout = d;
-                    } else {
-                        config.connect_timeout = d;
-                    }
-                }
-                "tls_ca_file" | "tls_domain" | "tls_cert_file" | "tls_key_file" => {
-                    if !tls {
-                        return Err(bad("an etcds:// URL (TLS options need TLS)").into());
-                    }
-                    if value.is_empty() {
-                        return Err(bad("a non-empty value").into());
-                    }
-                    match name.as_str() {
-                        "tls_ca_file" => config.tls_ca_file = Some(PathBuf::from(value)),
-                        "tls_domain" => config.tls_domain = Some(value),
-                        "tls_cert_file" => cert_file = Some(PathBuf::from(value)),
-                        _ => key_file = Some(PathBuf::from(value)),
-                    }
-                }
-                _ => unreachable!("checked against PARAMS"),
-            }
-        }
         config.tls_client = match (cert_file, key_file) {
             (None, None) => None,
             (Some(cert), Some(key)) => Some((cert, key)),
@@ -296,15 +263,15 @@ impl EtcdConfig {
         self
     }
 
-    /// Sets the bound on each request's response (1 ms to [`MAX_TIMEOUT`]).
+    /// Sets the bound on each request's response (1 ms to 600 s).
     pub fn with_request_timeout(mut self, d: Duration) -> Result<Self> {
-        self.request_timeout = checked_timeout("request_timeout", d)?;
+        self.request_timeout = timeout_in_range("request_timeout", d)?;
         Ok(self)
     }
 
-    /// Sets the bound on opening a connection (1 ms to [`MAX_TIMEOUT`]).
+    /// Sets the bound on opening a connection (1 ms to 600 s).
     pub fn with_connect_timeout(mut self, d: Duration) -> Result<Self> {
-        self.connect_timeout = checked_timeout("connect_timeout", d)?;
+        self.connect_timeout = timeout_in_range("connect_timeout", d)?;
         Ok(self)
     }
 
@@ -530,16 +497,6 @@ fn validate_prefix(prefix: &str) -> std::result::Result<(), &'static str> {
     Ok(())
 }
 
-fn checked_timeout(field: &'static str, d: Duration) -> Result<Duration> {
-    Ok(lease_core::duration_in_range(
-        field,
-        d,
-        Duration::from_millis(1),
-        MAX_TIMEOUT,
-        "1 ms to 60 s",
-    )?)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -733,7 +690,7 @@ mod tests {
         assert!(c.clone().with_request_timeout(Duration::ZERO).is_err());
         assert!(c
             .clone()
-            .with_connect_timeout(Duration::from_secs(61))
+            .with_connect_timeout(Duration::from_secs(601))
             .is_err());
         let c = c.with_token_floor(Token::new(5).unwrap());
         assert_eq!(c.token_floor(), Some(Token::new(5).unwrap()));

@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 pub use config::{
     EtcdConfig, DEFAULT_CONNECT_TIMEOUT, DEFAULT_KEY_PREFIX, DEFAULT_PORT, DEFAULT_REQUEST_TIMEOUT,
-    MAX_KEY_PREFIX_BYTES, MAX_TIMEOUT,
+    MAX_KEY_PREFIX_BYTES,
 };
 pub use coordinator::{EtcdCoordinator, MIN_TTL};
 pub use fence::EtcdFence;

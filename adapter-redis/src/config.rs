@@ -4,12 +4,13 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use lease_core::{BackendUrl, Error, InvalidInput, OwnerId, Result, Token};
+use lease_core::adapter::{timeout_in_range, BackendUrl, OptionSpec, UrlOptions};
+use lease_core::{Error, InvalidInput, OwnerId, Result, Token};
 
 /// The default key prefix.
 pub const DEFAULT_KEY_PREFIX: &str = "fenced";
 /// The default bound on one command's response (also the bound on a re-read after it).
-pub const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_secs(2);
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 /// The default bound on opening a connection.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// The default longest sleep of a waiting `acquire` between two attempts when no release
@@ -17,23 +18,23 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(250);
 /// The longest key prefix, in bytes.
 pub const MAX_KEY_PREFIX_BYTES: usize = 64;
-/// The largest command timeout, connect timeout or poll interval accepted.
+/// The largest request timeout, connect timeout or poll interval accepted.
 pub const MAX_INTERVAL: Duration = Duration::from_secs(60);
 
-/// The URL query parameters the adapter understands (every other one is rejected).
-const PARAMS: &[&str] = &[
-    "key_prefix",
-    "volatile_tokens",
-    "token_floor",
-    "clock_tokens",
-    "replica_acks",
-    "unguarded_replicas",
-    "command_timeout_ms",
-    "connect_timeout_ms",
-    "poll_interval_ms",
-    "tls_ca_file",
-];
-
+/// The URL options the adapter understands besides lease-core's common ones
+/// ([`COMMON_OPTIONS`](lease_core::adapter::COMMON_OPTIONS)); every other one is rejected.
+const OPTIONS: OptionSpec = OptionSpec {
+    backend: &[
+        "volatile_tokens",
+        "clock_tokens",
+        "replica_acks",
+        "unguarded_replicas",
+        "poll_interval_ms",
+        "tls_ca_file",
+    ],
+    secret: &[],
+    key_prefix: validate_prefix,
+};
 /// The default port of a Sentinel.
 pub const DEFAULT_SENTINEL_PORT: u16 = 26379;
 /// The most replica acknowledgements an acquire can wait for.
@@ -79,10 +80,11 @@ pub struct SentinelConfig {
 /// | `volatile_tokens` | `false` | `true` accepts a server that cannot keep the token counter across a crash (see the crate docs); the durability check at connect is skipped |
 /// | `token_floor` | none | every token issued is above this value (raise it after a restore or failover) |
 /// | `clock_tokens` | `true` | every token is at least the server's clock in microseconds (`max(counter + 1, TIME)`), so tokens keep increasing when the counter is lost or a failover promotes a replica that missed the last grants; `false`: the counter alone (tokens 1, 2, 3, ...), refused on a primary with replicas unless `unguarded_replicas=true` |
-/// | `replica_acks` | `auto` | after a grant, `WAIT` until this many replicas have it (bounded by half the command timeout); fewer in time: the grant is undone and the acquire fails `Unavailable`. `auto`: 1 when the primary has a streaming (online) replica at connect, else 0; `0..=16` |
+/// | `replica_acks` | `auto` | after a grant, `WAIT` until this many replicas have it (bounded by half the request timeout); fewer in time: the grant is undone and the acquire fails `Unavailable`. `auto`: 1 when the primary has a streaming (online) replica at connect, else 0; `0..=16` |
 /// | `unguarded_replicas` | `false` | `true` accepts a primary with replicas while `clock_tokens=false` (tokens can then repeat after a failover) |
-/// | `command_timeout_ms` | `2000` | bound on each command's response |
+/// | `request_timeout_ms` | `2000` | bound on each command's response |
 /// | `connect_timeout_ms` | `2000` | bound on opening a connection |
+/// | `owner` | this process's `host/pid` | the owner label leases carry unless their options name another |
 /// | `poll_interval_ms` | `250` | longest sleep of a waiter between attempts without a notification; also the holder monitor's ping interval (and its poll interval without client-side tracking) |
 /// | `tls_ca_file` | none | PEM file of the CA that signed the server certificate (`rediss://` only) |
 ///
@@ -98,7 +100,7 @@ pub struct RedisConfig {
     replica_acks: ReplicaAcks,
     unguarded_replicas: bool,
     sentinel: Option<SentinelConfig>,
-    command_timeout: Duration,
+    request_timeout: Duration,
     connect_timeout: Duration,
     poll_interval: Duration,
     tls_ca_file: Option<PathBuf>,
@@ -116,7 +118,7 @@ impl fmt::Debug for RedisConfig {
             .field("replica_acks", &self.replica_acks)
             .field("unguarded_replicas", &self.unguarded_replicas)
             .field("sentinel", &self.sentinel)
-            .field("command_timeout", &self.command_timeout)
+            .field("request_timeout", &self.request_timeout)
             .field("connect_timeout", &self.connect_timeout)
             .field("poll_interval", &self.poll_interval)
             .field("tls_ca_file", &self.tls_ca_file)
@@ -220,98 +222,43 @@ impl RedisConfig {
                 .into());
         }
 
-        let mut config = RedisConfig {
-            url: url.clone(),
-            key_prefix: DEFAULT_KEY_PREFIX.to_owned(),
-            volatile_tokens: false,
-            token_floor: None,
-            clock_tokens: true,
-            replica_acks: ReplicaAcks::Auto,
-            unguarded_replicas: false,
-            sentinel,
-            command_timeout: DEFAULT_COMMAND_TIMEOUT,
-            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
-            poll_interval: DEFAULT_POLL_INTERVAL,
-            tls_ca_file: None,
-            owner: None,
-        };
-        let mut seen: Vec<String> = Vec::new();
-        for (name, value) in raw.query_pairs() {
-            let (name, value) = (name.into_owned(), value.into_owned());
-            if !PARAMS.contains(&name.as_str()) {
-                return Err(url
-                    .invalid(format!(
-                        "unknown option {name:?} (known: {})",
-                        PARAMS.join(", ")
-                    ))
-                    .into());
+        let (common, mut options) = UrlOptions::parse(&url, OPTIONS)?;
+        let replica_acks = options.value("replica_acks", "auto or a number in 0..=16", |v| {
+            if v.eq_ignore_ascii_case("auto") {
+                return Ok(ReplicaAcks::Auto);
             }
-            if seen.contains(&name) {
-                return Err(url
-                    .invalid(format!("option {name:?} is given twice"))
-                    .into());
+            match v.parse::<u8>() {
+                Ok(n) if n <= MAX_REPLICA_ACKS => Ok(ReplicaAcks::Exactly(n)),
+                _ => Err("auto or a number in 0..=16"),
             }
-            seen.push(name.clone());
-            let bad =
-                |expected: &str| url.invalid(format!("{name}={value:?}: expected {expected}"));
-            match name.as_str() {
-                "key_prefix" => {
-                    validate_prefix(&value).map_err(&bad)?;
-                    config.key_prefix = value;
-                }
-                "volatile_tokens" | "clock_tokens" | "unguarded_replicas" => {
-                    let yes = match value.to_ascii_lowercase().as_str() {
-                        "true" | "1" | "yes" => true,
-                        "false" | "0" | "no" => false,
-                        _ => return Err(bad("true or false").into()),
-                    };
-                    match name.as_str() {
-                        "clock_tokens" => config.clock_tokens = yes,
-                        "unguarded_replicas" => config.unguarded_replicas = yes,
-                        _ => config.volatile_tokens = yes,
-                    }
-                }
-                "replica_acks" => {
-                    config.replica_acks = if value.eq_ignore_ascii_case("auto") {
-                        ReplicaAcks::Auto
-                    } else {
-                        match value.parse::<u8>() {
-                            Ok(n) if n <= MAX_REPLICA_ACKS => ReplicaAcks::Exactly(n),
-                            _ => return Err(bad("auto or a number in 0..=16").into()),
-                        }
-                    };
-                }
-                "token_floor" => {
-                    let floor: Token = value
-                        .parse()
-                        .map_err(|_| bad("an integer in 0..=9223372036854775806"))?;
-                    if floor == Token::MAX {
-                        return Err(bad("an integer in 0..=9223372036854775806").into());
-                    }
-                    config.token_floor = Some(floor);
-                }
-                "command_timeout_ms" | "connect_timeout_ms" | "poll_interval_ms" => {
-                    let d =
-                        lease_core::parse_millis(&value, Duration::from_millis(1), MAX_INTERVAL)
-                            .ok_or_else(|| bad("milliseconds in 1..=60000"))?;
-                    match name.as_str() {
-                        "command_timeout_ms" => config.command_timeout = d,
-                        "connect_timeout_ms" => config.connect_timeout = d,
-                        _ => config.poll_interval = d,
-                    }
-                }
-                "tls_ca_file" => {
-                    if raw.scheme() != "rediss" {
-                        return Err(bad("a rediss:// URL (tls_ca_file needs TLS)").into());
-                    }
-                    if value.is_empty() {
-                        return Err(bad("a file path").into());
-                    }
-                    config.tls_ca_file = Some(PathBuf::from(value));
-                }
-                _ => unreachable!("checked against PARAMS"),
-            }
+        })?;
+        let tls_ca_file = options.path("tls_ca_file")?;
+        if tls_ca_file.is_some() && raw.scheme() != "rediss" {
+            return Err(options
+                .invalid("tls_ca_file needs a rediss:// URL (TLS)")
+                .into());
         }
+        let interval = |options: &mut UrlOptions<'_>, name| {
+            options.millis(name, Duration::from_millis(1), MAX_INTERVAL)
+        };
+        let config = RedisConfig {
+            key_prefix: common
+                .key_prefix
+                .unwrap_or_else(|| DEFAULT_KEY_PREFIX.to_owned()),
+            volatile_tokens: options.flag("volatile_tokens")?.unwrap_or(false),
+            token_floor: common.token_floor,
+            clock_tokens: options.flag("clock_tokens")?.unwrap_or(true),
+            replica_acks: replica_acks.unwrap_or(ReplicaAcks::Auto),
+            unguarded_replicas: options.flag("unguarded_replicas")?.unwrap_or(false),
+            sentinel,
+            request_timeout: common.request_timeout.unwrap_or(DEFAULT_REQUEST_TIMEOUT),
+            connect_timeout: common.connect_timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT),
+            poll_interval: interval(&mut options, "poll_interval_ms")?
+                .unwrap_or(DEFAULT_POLL_INTERVAL),
+            tls_ca_file,
+            owner: common.owner,
+            url: url.clone(),
+        };
         Ok(config)
     }
 
@@ -371,15 +318,15 @@ impl RedisConfig {
         self
     }
 
-    /// Sets the bound on each command's response (1 ms to [`MAX_INTERVAL`]).
-    pub fn with_command_timeout(mut self, d: Duration) -> Result<Self> {
-        self.command_timeout = checked_interval("command_timeout", d)?;
+    /// Sets the bound on each command's response (1 ms to 600 s).
+    pub fn with_request_timeout(mut self, d: Duration) -> Result<Self> {
+        self.request_timeout = timeout_in_range("request_timeout", d)?;
         Ok(self)
     }
 
-    /// Sets the bound on opening a connection (1 ms to [`MAX_INTERVAL`]).
+    /// Sets the bound on opening a connection (1 ms to 600 s).
     pub fn with_connect_timeout(mut self, d: Duration) -> Result<Self> {
-        self.connect_timeout = checked_interval("connect_timeout", d)?;
+        self.connect_timeout = timeout_in_range("connect_timeout", d)?;
         Ok(self)
     }
 
@@ -437,8 +384,8 @@ impl RedisConfig {
     }
 
     /// The bound on each command's response.
-    pub fn command_timeout(&self) -> Duration {
-        self.command_timeout
+    pub fn request_timeout(&self) -> Duration {
+        self.request_timeout
     }
 
     /// The bound on opening a connection.
@@ -605,7 +552,7 @@ mod tests {
     #[test]
     fn parses_options() {
         let c = RedisConfig::from_url(
-            "redis://alice:pw@127.0.0.1:6390/2?key_prefix=app&volatile_tokens=true&token_floor=1000&command_timeout_ms=500&connect_timeout_ms=700&poll_interval_ms=50&clock_tokens=false&replica_acks=2&unguarded_replicas=true",
+            "redis://alice:pw@127.0.0.1:6390/2?key_prefix=app&volatile_tokens=true&token_floor=1000&request_timeout_ms=500&connect_timeout_ms=700&poll_interval_ms=50&clock_tokens=false&replica_acks=2&unguarded_replicas=true",
         )
         .unwrap();
         assert!(!c.clock_tokens());
@@ -615,7 +562,7 @@ mod tests {
         assert_eq!(c.key_prefix(), "app");
         assert!(c.volatile_tokens());
         assert_eq!(c.token_floor(), Some(Token::new(1000).unwrap()));
-        assert_eq!(c.command_timeout(), Duration::from_millis(500));
+        assert_eq!(c.request_timeout(), Duration::from_millis(500));
         assert_eq!(c.connect_timeout(), Duration::from_millis(700));
         assert_eq!(c.poll_interval(), Duration::from_millis(50));
         let d = RedisConfig::from_url("rediss://h").unwrap();
@@ -624,7 +571,7 @@ mod tests {
         assert!(d.clock_tokens());
         assert_eq!(d.replica_acks(), ReplicaAcks::Auto);
         assert!(!d.unguarded_replicas());
-        assert_eq!(d.command_timeout(), DEFAULT_COMMAND_TIMEOUT);
+        assert_eq!(d.request_timeout(), DEFAULT_REQUEST_TIMEOUT);
     }
 
     #[test]
@@ -668,8 +615,8 @@ mod tests {
                 "token_floor",
             ),
             (
-                "redis://:hunter2@h?command_timeout_ms=0",
-                "command_timeout_ms",
+                "redis://:hunter2@h?request_timeout_ms=0",
+                "request_timeout_ms",
             ),
             (
                 "redis://:hunter2@h?poll_interval_ms=600000",
@@ -705,7 +652,7 @@ mod tests {
         let c = RedisConfig::from_url("redis://h").unwrap();
         assert!(c.clone().with_key_prefix("a}b").is_err());
         assert!(c.clone().with_key_prefix("ok:prefix").is_ok());
-        assert!(c.clone().with_command_timeout(Duration::ZERO).is_err());
+        assert!(c.clone().with_request_timeout(Duration::ZERO).is_err());
         assert!(c
             .clone()
             .with_poll_interval(Duration::from_secs(61))

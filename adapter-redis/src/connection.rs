@@ -82,7 +82,7 @@ impl Connection {
         let client = config.client()?;
         let async_config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(config.connect_timeout()))
-            .set_response_timeout(Some(config.command_timeout()));
+            .set_response_timeout(Some(config.request_timeout()));
         let conn = Connection {
             config: config.clone(),
             client: Mutex::new(client),

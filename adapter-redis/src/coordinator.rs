@@ -325,7 +325,7 @@ impl RedisCoordinator {
             config.key_prefix()
         );
         let conn = Arc::new(Connection::open(&config).await?);
-        let wakeups = Wakeups::start(&conn, config.command_timeout()).await?;
+        let wakeups = Wakeups::start(&conn, config.request_timeout()).await?;
         let (monitor, watch) = Monitor::channel();
         let caps = Capabilities::new(BACKEND)
             .min_ttl(MIN_TTL)
@@ -525,7 +525,7 @@ impl RedisCoordinator {
                 &script_keys,
                 &script_args,
                 acks,
-                self.inner.config.command_timeout() / 2,
+                self.inner.config.request_timeout() / 2,
             )
             .await
         };
@@ -572,7 +572,7 @@ impl RedisCoordinator {
                         message: format!(
                             "the grant of {key} reached {acked} of the {acks} replica(s) \
                              replica_acks asks for within {:?}; released again",
-                            self.inner.config.command_timeout() / 2
+                            self.inner.config.request_timeout() / 2
                         ),
                         source: None,
                     });

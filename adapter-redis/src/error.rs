@@ -140,7 +140,7 @@ pub(crate) fn from_redis(op: Op, err: RedisError) -> Error {
     // No answer: the request may or may not have reached the server.
     if err.is_timeout() || err.is_io_error() || err.is_unrecoverable_error() {
         let what = if err.is_timeout() {
-            "no response within the command timeout"
+            "no response within the request timeout"
         } else {
             "the connection failed"
         };

@@ -19,7 +19,7 @@ use crate::scripts::{self, reply};
 /// one and, if it is not older, record it (and the value) in the same atomic step; otherwise
 /// return `Stale { presented, current }` and change nothing. `read` is one `HMGET`.
 ///
-/// A write whose reply is not seen (no reply within the command timeout, or the connection
+/// A write whose reply is not seen (no reply within the request timeout, or the connection
 /// dropped after sending) returns `OutcomeUnknown` and is never re-sent by the fence: a blind
 /// re-send could apply after a later write with the same token and replace its value. A claim
 /// found on a dropped connection is re-sent once (a late claim cannot undo anything).

@@ -19,7 +19,7 @@
 //! in one pipeline on the command connection.
 //!
 //! While leases are held the task also `PING`s its connection every `poll_interval`; a ping
-//! without a reply within the command timeout, or the connection closing, marks every lease of
+//! without a reply within the request timeout, or the connection closing, marks every lease of
 //! the coordinator in doubt ([`lease_core::LeaseTracker::in_doubt`]) until its next confirmed
 //! renew, and the task reconnects (and re-reads every held key) with a capped backoff.
 
@@ -88,7 +88,7 @@ async fn open_tracking(inner: &Inner) -> Result<Tracking, Setup> {
     let (tx, pushes) = mpsc::unbounded_channel();
     let config = AsyncConnectionConfig::new()
         .set_connection_timeout(Some(inner.config.connect_timeout()))
-        .set_response_timeout(Some(inner.config.command_timeout()))
+        .set_response_timeout(Some(inner.config.request_timeout()))
         .set_push_sender(tx);
     let classify = |e: redis::RedisError| {
         if e.code().is_some() {
@@ -193,8 +193,8 @@ async fn run(
     ready: tokio::sync::oneshot::Sender<()>,
 ) {
     let mut ready = Some(ready);
-    let (poll, command_timeout) = match inner.upgrade() {
-        Some(i) => (i.config.poll_interval(), i.config.command_timeout()),
+    let (poll, request_timeout) = match inner.upgrade() {
+        Some(i) => (i.config.poll_interval(), i.config.request_timeout()),
         None => return,
     };
     let mut backoff = Duration::from_millis(50);
@@ -229,7 +229,7 @@ async fn run(
                 tracing::debug!(backend = BACKEND, reason = %why, "holder monitor cannot connect");
             }
             None => {
-                if poll_held(&inner, &mut watch, poll, command_timeout)
+                if poll_held(&inner, &mut watch, poll, request_timeout)
                     .await
                     .is_none()
                 {
@@ -326,7 +326,7 @@ async fn poll_held(
     inner: &Weak<Inner>,
     watch: &mut mpsc::UnboundedReceiver<String>,
     poll: Duration,
-    command_timeout: Duration,
+    request_timeout: Duration,
 ) -> Option<()> {
     let mut tick = tokio::time::interval(poll);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -340,7 +340,7 @@ async fn poll_held(
                 }
                 let conn = strong.conn.clone();
                 drop(strong);
-                let got = tokio::time::timeout(command_timeout, conn.raw()).await;
+                let got = tokio::time::timeout(request_timeout, conn.raw()).await;
                 let Ok(Ok((generation, mut c))) = got else { return Some(()) };
                 if confirm(inner, &mut c, None).await.is_err() {
                     conn.discard(Some(generation));

@@ -50,14 +50,14 @@ enum Cmd {
 pub(crate) struct Wakeups {
     shared: Shared,
     cmd: mpsc::UnboundedSender<Cmd>,
-    command_timeout: Duration,
+    request_timeout: Duration,
 }
 
 impl Wakeups {
     /// Opens the pub/sub connection (bounded by the connect timeout) and starts the task.
     pub(crate) async fn start(
         conn: &Arc<Connection>,
-        command_timeout: Duration,
+        request_timeout: Duration,
     ) -> lease_core::Result<Self> {
         let pubsub = open(conn).await?;
         let shared: Shared = Arc::default();
@@ -68,12 +68,12 @@ impl Wakeups {
             rx,
             Arc::downgrade(conn),
             Some((sink, stream)),
-            command_timeout,
+            request_timeout,
         ));
         Ok(Wakeups {
             shared,
             cmd,
-            command_timeout,
+            request_timeout,
         })
     }
 
@@ -107,8 +107,8 @@ impl Wakeups {
             .send(Cmd::Subscribe(channel.to_owned(), ack))
             .is_ok()
         {
-            // Bounded twice the command timeout: the task may be finishing another request.
-            confirmed = tokio::time::timeout(self.command_timeout * 2, answer)
+            // Bounded twice the request timeout: the task may be finishing another request.
+            confirmed = tokio::time::timeout(self.request_timeout * 2, answer)
                 .await
                 .ok()
                 .and_then(Result::ok)
@@ -180,7 +180,7 @@ async fn run(
     mut cmds: mpsc::UnboundedReceiver<Cmd>,
     conn: Weak<Connection>,
     mut first: Option<(PubSubSink, PubSubStream)>,
-    command_timeout: Duration,
+    request_timeout: Duration,
 ) {
     let mut backoff = Duration::from_millis(50);
     loop {
@@ -223,7 +223,7 @@ async fn run(
         };
         let mut healthy = true;
         for ch in wanted {
-            match tokio::time::timeout(command_timeout, sink.subscribe(&ch)).await {
+            match tokio::time::timeout(request_timeout, sink.subscribe(&ch)).await {
                 Ok(Ok(())) => {
                     subscribed.insert(ch);
                 }
@@ -251,7 +251,7 @@ async fn run(
                             let _ = ack.send(true);
                             continue;
                         }
-                        match tokio::time::timeout(command_timeout, sink.subscribe(&ch)).await {
+                        match tokio::time::timeout(request_timeout, sink.subscribe(&ch)).await {
                             Ok(Ok(())) => {
                                 subscribed.insert(ch);
                                 let _ = ack.send(true);
@@ -268,7 +268,7 @@ async fn run(
                             None => return,
                         };
                         if !still_wanted && subscribed.remove(&ch) {
-                            let r = tokio::time::timeout(command_timeout, sink.unsubscribe(&ch)).await;
+                            let r = tokio::time::timeout(request_timeout, sink.unsubscribe(&ch)).await;
                             if !matches!(r, Ok(Ok(()))) {
                                 break;
                             }

@@ -3,7 +3,8 @@
 use std::fmt;
 use std::time::Duration;
 
-use lease_core::{BackendUrl, InvalidInput, LockKey, OwnerId, Result, Token};
+use lease_core::adapter::{BackendUrl, OptionSpec, UrlOptions};
+use lease_core::{InvalidInput, LockKey, OwnerId, Result, Token};
 
 /// The base znode when the URL names no path.
 pub const DEFAULT_BASE_PATH: &str = "/fenced";
@@ -17,16 +18,14 @@ pub const MAX_TIMEOUT: Duration = Duration::from_secs(600);
 /// The default client port.
 pub const DEFAULT_PORT: u16 = 2181;
 
-/// The URL query parameters the adapter understands (every other one is rejected).
-const PARAMS: &[&str] = &[
-    "session_timeout_ms",
-    "request_timeout_ms",
-    "connect_timeout_ms",
-    "digest",
-    "token_floor",
-    "tick_ms",
-];
-
+/// The URL options the adapter understands besides lease-core's common ones
+/// ([`COMMON_OPTIONS`](lease_core::adapter::COMMON_OPTIONS); `key_prefix` is the base path
+/// without its leading `/`, an alternative to the URL's path); every other one is rejected.
+const OPTIONS: OptionSpec = OptionSpec {
+    backend: &["session_timeout_ms", "digest", "tick_ms"],
+    secret: &["digest"],
+    key_prefix: validate_prefix,
+};
 /// Digest credentials; the password leaves this type only towards the client library.
 #[derive(Clone, PartialEq, Eq)]
 struct Digest {
@@ -53,6 +52,8 @@ struct Digest {
 /// | `connect_timeout_ms` | the session timeout + 1 s | bound on establishing a session |
 /// | `digest` | none | `user:password`: authenticate with the `digest` scheme and create every node with the ACL *creator: all, world: read* (same as `user:password@` before the hosts) |
 /// | `token_floor` | none | every token issued must be above this value (raise it after restoring the ensemble from a backup) |
+/// | `key_prefix` | the URL's path | the base path without its leading `/` (`svc/locks`), when the URL has no path |
+/// | `owner` | this process's `host/pid` | the owner label leases carry unless their options name another |
 /// | `tick_ms` | half the negotiated session timeout | the ensemble's `tickTime`: the session cap leaves it (plus a heartbeat period) for a follower's session-touch lag, see [`ZkConfig::tick`] |
 ///
 /// Several hosts, each with its own port (`zk://h1:2181,h2:2182/x`), work here and through the
@@ -103,147 +104,83 @@ impl ZkConfig {
     /// Parses `url` (see the type docs). Errors are `Error::InvalidInput` naming the URL with the
     /// password redacted. Nothing is sent.
     pub fn from_url(url: &str) -> Result<Self> {
-        Self::parse(url).map_err(|e| match e {
-            // With credentials in the URL, a parse problem may quote part of the password (a
-            // password containing '/' is read as a port): then say what is wrong without it.
-            InvalidInput::Url { url: shown, .. } if quotes_password(url) => InvalidInput::Url {
-                url: shown,
-                problem: "malformed zk://user:password@host[:port],.../path URL \
-                              (percent-encode '/', '?', '#' and '@' inside the password)"
-                    .into(),
-            }
-            .into(),
-            other => other.into(),
-        })
+        Self::from_backend_url(BackendUrl::parse(url)?)
     }
 
     /// Like [`ZkConfig::from_url`], for an already parsed URL (as the registry hands it over).
     pub fn from_backend_url(url: BackendUrl) -> Result<Self> {
-        Self::from_url(url.expose_str())
-    }
-
-    fn parse(url: &str) -> Result<Self, InvalidInput> {
-        let shown = redact_raw(url);
-        let invalid = |problem: String| InvalidInput::Url {
-            url: shown.clone(),
-            problem,
-        };
-        let Some((scheme, rest)) = url.split_once("://") else {
-            return Err(invalid("expected zk://host:port/path".into()));
-        };
-        if !scheme.eq_ignore_ascii_case("zk") {
-            return Err(invalid(format!(
-                "scheme {scheme:?} is not the ZooKeeper scheme (use zk://)"
-            )));
+        let raw = url.expose();
+        if !raw.scheme().eq_ignore_ascii_case("zk") {
+            return Err(url
+                .invalid(format!(
+                    "scheme {:?} is not the ZooKeeper scheme (use zk://)",
+                    raw.scheme()
+                ))
+                .into());
         }
-        if rest.contains('#') {
-            return Err(invalid("URL fragments are not supported".into()));
+        if raw.fragment().is_some() {
+            return Err(url.invalid("URL fragments are not supported").into());
         }
-        let (before_query, query) = match rest.split_once('?') {
-            Some((b, q)) => (b, Some(q)),
-            None => (rest, None),
-        };
-        let (authority, path) = match before_query.find('/') {
-            Some(i) => (&before_query[..i], &before_query[i..]),
-            None => (before_query, ""),
-        };
-        let (userinfo, hostlist) = match authority.rfind('@') {
-            Some(i) => (Some(&authority[..i]), &authority[i + 1..]),
-            None => (None, authority),
-        };
-        let mut config = ZkConfig {
-            hosts: Vec::new(),
-            base_path: DEFAULT_BASE_PATH.to_owned(),
-            session_timeout: DEFAULT_SESSION_TIMEOUT,
-            request_timeout: None,
-            connect_timeout: None,
-            digest: None,
-            token_floor: None,
-            tick: None,
-            owner: None,
-        };
-        if let Some(ui) = userinfo {
-            config.digest = Some(
-                parse_digest(&percent_decode(ui).map_err(&invalid)?).map_err(|p| {
-                    invalid(format!(
+        let hosts = url.hosts();
+        if hosts.is_empty() {
+            return Err(url.invalid("the URL names no host").into());
+        }
+        let hosts = hosts
+            .iter()
+            .map(|h| parse_host(h).map_err(|p| url.invalid(p)))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut digest = match (url.username()?, url.password()?) {
+            (None, None) => None,
+            (user, password) => Some(
+                parse_digest(&format!(
+                    "{}:{}",
+                    user.unwrap_or_default(),
+                    password.unwrap_or_default()
+                ))
+                .map_err(|p| {
+                    url.invalid(format!(
                         "the credentials before '@' are not user:password: {p}"
                     ))
                 })?,
-            );
-        }
-        if hostlist.is_empty() {
-            return Err(invalid("the URL names no host".into()));
-        }
-        for h in hostlist.split(',') {
-            config.hosts.push(parse_host(h).map_err(&invalid)?);
-        }
-        config.base_path = parse_base_path(path).map_err(&invalid)?;
-        let mut seen: Vec<String> = Vec::new();
-        for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
-            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-            let key = percent_decode(k).map_err(&invalid)?;
-            let value = percent_decode(v).map_err(&invalid)?;
-            if !PARAMS.contains(&key.as_str()) {
-                return Err(invalid(format!(
-                    "unknown option {key:?} (known: {})",
-                    PARAMS.join(", ")
-                )));
+            ),
+        };
+        // The path as written: the parsed URL would already have resolved `.` and `..`.
+        let path = raw_path(url.expose_str());
+        let (common, mut options) = UrlOptions::parse(&url, OPTIONS)?;
+        let base_path = match common.key_prefix {
+            Some(_) if !matches!(path, "" | "/") => {
+                return Err(options
+                    .invalid("the base path is given both as the URL's path and as key_prefix")
+                    .into())
             }
-            if seen.contains(&key) {
-                return Err(invalid(format!("option {key:?} is given twice")));
+            Some(prefix) => format!("/{prefix}"),
+            None => parse_base_path(path).map_err(|p| options.invalid(p))?,
+        };
+        if let Some(d) = options.value("digest", "user:password", |v| {
+            parse_digest(v).map_err(|_| "user:password (both non-empty, no control characters)")
+        })? {
+            if digest.is_some() {
+                return Err(options
+                    .invalid("credentials are given both before '@' and as digest=")
+                    .into());
             }
-            seen.push(key.clone());
-            let shown_value = if key == "digest" {
-                "***".to_owned()
-            } else {
-                value.clone()
-            };
-            let millis = |min: Duration| -> Result<Duration, InvalidInput> {
-                let ms: u64 = value.parse().map_err(|_| {
-                    invalid(format!(
-                        "{key}={shown_value} is not a number of milliseconds"
-                    ))
-                })?;
-                let d = Duration::from_millis(ms);
-                if d < min || d > MAX_TIMEOUT {
-                    return Err(invalid(format!(
-                        "{key}={ms} is out of range ({} to {} ms)",
-                        min.as_millis(),
-                        MAX_TIMEOUT.as_millis()
-                    )));
-                }
-                Ok(d)
-            };
-            match key.as_str() {
-                "session_timeout_ms" => config.session_timeout = millis(MIN_SESSION_TIMEOUT)?,
-                "request_timeout_ms" => {
-                    config.request_timeout = Some(millis(Duration::from_millis(1))?)
-                }
-                "connect_timeout_ms" => {
-                    config.connect_timeout = Some(millis(Duration::from_millis(1))?)
-                }
-                "digest" => {
-                    if config.digest.is_some() {
-                        return Err(invalid(
-                            "credentials are given both before '@' and as digest=".into(),
-                        ));
-                    }
-                    config.digest =
-                        Some(parse_digest(&value).map_err(|p| {
-                            invalid(format!("digest=*** is not user:password: {p}"))
-                        })?);
-                }
-                "tick_ms" => config.tick = Some(millis(Duration::from_millis(1))?),
-                "token_floor" => {
-                    let n: u64 = value.parse().map_err(|_| {
-                        invalid(format!("token_floor={value} is not a non-negative integer"))
-                    })?;
-                    config.token_floor = Some(Token::new(n)?);
-                }
-                _ => unreachable!("checked against PARAMS"),
-            }
+            digest = Some(d);
         }
-        Ok(config)
+        let session_timeout = options
+            .millis("session_timeout_ms", MIN_SESSION_TIMEOUT, MAX_TIMEOUT)?
+            .unwrap_or(DEFAULT_SESSION_TIMEOUT);
+        let tick = options.millis("tick_ms", Duration::from_millis(1), MAX_TIMEOUT)?;
+        Ok(ZkConfig {
+            hosts,
+            base_path,
+            session_timeout,
+            request_timeout: common.request_timeout,
+            connect_timeout: common.connect_timeout,
+            digest,
+            token_floor: common.token_floor,
+            tick,
+            owner: common.owner,
+        })
     }
 
     /// The same configuration with other hosts (for example a fault proxy's address).
@@ -510,52 +447,22 @@ fn percent_decode(s: &str) -> Result<String, String> {
     })
 }
 
-/// Redacts the password of `user:password@` and the value of `digest=` in a raw URL string
-/// (used for errors before the URL has been parsed).
-/// Whether the parser may have misread the credentials: the URL has an '@' after the scheme, but
-/// not inside the authority as the parser delimits it (up to the first '/', '?' or '#'), so a
-/// password containing one of those was split and its pieces may be quoted in `problem`.
-fn quotes_password(url: &str) -> bool {
-    let Some((_, rest)) = url.split_once("://") else {
-        return false;
-    };
-    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    rest.contains('@') && !rest[..authority_end].contains('@')
+/// The path of a URL as written (between the authority and the query), before any `.` or `..`
+/// resolution.
+fn raw_path(url: &str) -> &str {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let rest = &rest[..rest.find(['?', '#']).unwrap_or(rest.len())];
+    rest.find('/').map_or("", |i| &rest[i..])
 }
 
-fn redact_raw(s: &str) -> String {
-    let mut s: String = s.chars().take(512).collect();
-    if let Some(start) = s.find("://").map(|i| i + 3) {
-        // A password may contain '/', '?' or '#' (often why the URL is malformed): the userinfo
-        // runs to the last '@' that is not inside the query (over-redacting is the safe error).
-        let at = s[start..].rfind('@').map(|i| start + i);
-        if let Some(at) = at {
-            if let Some(colon) = s[start..at].find(':').map(|i| start + i) {
-                s.replace_range(colon + 1..at, "***");
-            }
-        }
-    }
-    if let Some(q) = s.find('?') {
-        let (head, query) = s.split_at(q + 1);
-        let redacted: Vec<String> = query
-            .split('&')
-            .map(|pair| match pair.split_once('=') {
-                Some((k, v)) if k.eq_ignore_ascii_case("digest") => match v.split_once(':') {
-                    Some((user, _)) => format!("{k}={user}:***"),
-                    None => format!("{k}=***"),
-                },
-                Some((k, _))
-                    if ["password", "token", "secret", "auth"]
-                        .contains(&k.to_ascii_lowercase().as_str()) =>
-                {
-                    format!("{k}=***")
-                }
-                _ => pair.to_owned(),
-            })
-            .collect();
-        s = format!("{head}{}", redacted.join("&"));
-    }
-    s
+/// The rule for `key_prefix` (the base path without its leading `/`).
+fn validate_prefix(prefix: &str) -> std::result::Result<(), &'static str> {
+    parse_base_path(&format!("/{prefix}"))
+        .map(|_| ())
+        .map_err(|_| {
+            "znode names separated by '/' (none empty, '.' or '..', no control characters, \
+         not under zookeeper/)"
+        })
 }
 
 #[cfg(test)]
@@ -619,6 +526,9 @@ mod tests {
         let t = ZkConfig::from_url("zk://h/x?tick_ms=250").unwrap();
         assert_eq!(t.tick(), Some(Duration::from_millis(250)));
         assert!(t.redacted().contains("tick_ms=250"));
+        let k = ZkConfig::from_url("zk://h?key_prefix=svc/locks&owner=w1").unwrap();
+        assert_eq!(k.base_path(), "/svc/locks");
+        assert_eq!(k.owner().map(|o| o.as_str()), Some("w1"));
         let d = ZkConfig::from_url("zk://h").unwrap();
         assert_eq!(d.base_path(), DEFAULT_BASE_PATH);
         assert_eq!(d.hosts(), ["h:2181".to_owned()]);
@@ -668,7 +578,8 @@ mod tests {
         assert!(invalid("zk://h:1/a/../b").contains("'..'"));
         assert!(invalid("zk://h:1/a/").contains("ends with"));
         assert!(invalid("zk://h:1/zookeeper/x").contains("reserved"));
-        assert!(invalid("zk://h:1/x?session_timeout_ms=5").contains("out of range"));
+        assert!(invalid("zk://h:1/x?session_timeout_ms=5")
+            .contains("session_timeout_ms=\"5\": expected milliseconds in 100..=600000"));
         assert!(
             invalid("zk://h:1/x?session_timeout_ms=1000&session_timeout_ms=2000").contains("twice")
         );
@@ -676,7 +587,10 @@ mod tests {
         assert!(invalid("zk://h:1/x?token_floor=-1").contains("token_floor"));
         assert!(invalid("zk://a:b@h:1/x?digest=c:d").contains("both"));
         assert!(invalid("zk://h:1/x#frag").contains("fragment"));
-        assert!(invalid("zk://h:1/x?tick_ms=0").contains("out of range"));
+        assert!(invalid("zk://h:1/x?tick_ms=0").contains("expected milliseconds in 1..=600000"));
+        assert!(invalid("zk://h:1/x?key_prefix=y").contains("both"));
+        assert!(invalid("zk://h:1?key_prefix=zookeeper/y").contains("key_prefix"));
+        assert!(invalid("zk://h:1?key_prefix=a//b").contains("key_prefix"));
     }
 
     #[test]

@@ -96,6 +96,12 @@ impl BackendUrl {
 
     /// The URL with the password replaced by `***`.
     pub fn redacted(&self) -> String {
+        self.redacted_hiding(&[])
+    }
+
+    /// Like [`BackendUrl::redacted`], also hiding the values of the query parameters named in
+    /// `secret` (an adapter's own secret options).
+    pub fn redacted_hiding(&self, secret: &[&str]) -> String {
         let mut u = self.url.clone();
         if u.password().is_some() {
             let _ = u.set_password(Some("***"));
@@ -103,7 +109,7 @@ impl BackendUrl {
         let mut pairs: Vec<(String, String)> = u
             .query_pairs()
             .map(|(k, v)| {
-                let secret = is_secret_param(&k);
+                let secret = is_secret_param(&k) || secret.contains(&k.as_ref());
                 (
                     k.into_owned(),
                     if secret { "***".into() } else { v.into_owned() },

@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 #![forbid(unsafe_code)]
 
+pub mod adapter;
 mod audit;
 pub mod batch;
 pub mod clock;
@@ -19,6 +20,7 @@ mod multi;
 mod options;
 mod section;
 mod token;
+mod url_options;
 mod watermark;
 
 pub use audit::AuditRecord;

@@ -220,7 +220,7 @@ async fn unreachable_server_is_unavailable_never_a_lease() {
     let Some(mut srv) = server("unreachable_server_is_unavailable_never_a_lease", durable()) else {
         return;
     };
-    let c = coordinator(&srv, "connect_timeout_ms=500&command_timeout_ms=500").await;
+    let c = coordinator(&srv, "connect_timeout_ms=500&request_timeout_ms=500").await;
     let k = key("down");
     let port = srv.port();
     srv = blocking(move || {
@@ -291,7 +291,7 @@ async fn a_reset_connection_retries_the_idempotent_script() {
     assert!(direct.inspect(&k).await.unwrap().is_none());
 }
 
-/// The reply is slower than the command timeout, but the network recovers before the re-read:
+/// The reply is slower than the request timeout, but the network recovers before the re-read:
 /// the re-read finds our nonce and the call returns the grant the request made.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_timed_out_reply_resolves_by_re_reading() {
@@ -300,7 +300,7 @@ async fn a_timed_out_reply_resolves_by_re_reading() {
     };
     let proxy = FaultProxy::start(srv.addr()).await.unwrap();
     let c = RedisCoordinator::connect_url(&format!(
-        "redis://{}?command_timeout_ms=500&clock_tokens=false",
+        "redis://{}?request_timeout_ms=500&clock_tokens=false",
         proxy.addr()
     ))
     .await
@@ -328,7 +328,7 @@ async fn a_timed_out_reply_resolves_by_re_reading() {
     l.release().await.unwrap();
 }
 
-/// Replies (and the re-read) are slower than the command timeout: the call reports the unknown
+/// Replies (and the re-read) are slower than the request timeout: the call reports the unknown
 /// outcome, and the background cleanup removes the lock that the request did set, long before
 /// its 60 s TTL.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -338,7 +338,7 @@ async fn an_unseen_acquire_leaves_no_orphan_lock() {
     };
     let proxy = FaultProxy::start(srv.addr()).await.unwrap();
     let c = RedisCoordinator::connect_url(&format!(
-        "redis://{}?command_timeout_ms=500&connect_timeout_ms=500&clock_tokens=false",
+        "redis://{}?request_timeout_ms=500&connect_timeout_ms=500&clock_tokens=false",
         proxy.addr()
     ))
     .await
@@ -374,7 +374,7 @@ async fn an_unseen_acquire_leaves_no_orphan_lock() {
     l.release().await.unwrap();
 }
 
-/// The server holds writes back (`CLIENT PAUSE ... WRITE`) for longer than the command timeout:
+/// The server holds writes back (`CLIENT PAUSE ... WRITE`) for longer than the request timeout:
 /// the first reply is lost, the re-read (read-only, not paused) finds the key free, and the
 /// waiting acquire's idempotent retry gets the one grant once the pause ends.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -382,7 +382,7 @@ async fn a_paused_server_gives_one_grant() {
     let Some(srv) = server("a_paused_server_gives_one_grant", durable()) else {
         return;
     };
-    let c = coordinator(&srv, "command_timeout_ms=400&clock_tokens=false").await;
+    let c = coordinator(&srv, "request_timeout_ms=400&clock_tokens=false").await;
     warm_up(&c).await;
     let k = key("paused");
     let mut conn = raw(&srv).await;

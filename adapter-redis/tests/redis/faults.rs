@@ -39,7 +39,7 @@ async fn acquire_reply_lost_while_held_then_granted_with_full_validity() {
     let a = coordinator(&srv, "clock_tokens=false").await;
     let b = via(
         &proxy,
-        "command_timeout_ms=300&poll_interval_ms=50&clock_tokens=false",
+        "request_timeout_ms=300&poll_interval_ms=50&clock_tokens=false",
     )
     .await;
     let k = key("lost-acquire-reply");
@@ -140,7 +140,7 @@ async fn broken_connection_marks_leases_in_doubt_until_a_confirmed_renew() {
         return;
     };
     let proxy = FaultProxy::start(srv.addr()).await.unwrap();
-    let c = via(&proxy, "command_timeout_ms=500&poll_interval_ms=100").await;
+    let c = via(&proxy, "request_timeout_ms=500&poll_interval_ms=100").await;
     let k = key("in-doubt");
     let lease = c
         .try_acquire(&k, &LeaseOptions::new(20 * SEC))

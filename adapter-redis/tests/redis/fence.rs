@@ -126,7 +126,7 @@ async fn fence_write_with_unknown_outcome_is_not_retried() {
     let direct = fence(&srv, "").await;
     // Long enough that the drop below, not the timeout, ends the request.
     let via = RedisFence::connect_url(&format!(
-        "redis://{}/?command_timeout_ms=5000",
+        "redis://{}/?request_timeout_ms=5000",
         proxy.addr()
     ))
     .await
@@ -195,7 +195,7 @@ async fn fence_write_reply_lost_is_outcome_unknown_and_a_later_write_stands() {
     };
     let proxy = FaultProxy::start(srv.addr()).await.unwrap();
     let direct = fence(&srv, "").await;
-    let via = RedisFence::connect_url(&format!("redis://{}/?command_timeout_ms=500", proxy.addr()))
+    let via = RedisFence::connect_url(&format!("redis://{}/?request_timeout_ms=500", proxy.addr()))
         .await
         .unwrap();
     let r = ResourceId::from(&key("reply-lost"));

@@ -103,7 +103,7 @@ async fn grants_wait_for_replica_acknowledgements_and_are_undone_without_them() 
     lease.release().await.unwrap();
 
     // Two acknowledgements asked, one replica exists: undone, nothing left locked.
-    let strict = coordinator(&primary, "replica_acks=2&command_timeout_ms=400").await;
+    let strict = coordinator(&primary, "replica_acks=2&request_timeout_ms=400").await;
     let k2 = key("under-acked");
     match strict.try_acquire(&k2, &LeaseOptions::new(ttl)).await {
         Err(Error::Unavailable { message, .. }) => {
@@ -117,7 +117,7 @@ async fn grants_wait_for_replica_acknowledgements_and_are_undone_without_them() 
     );
 
     // The replica gone: `auto` still asks for one (as counted at connect) and fails closed.
-    let config = RedisConfig::from_url(&url(&primary, "command_timeout_ms=400")).unwrap();
+    let config = RedisConfig::from_url(&url(&primary, "request_timeout_ms=400")).unwrap();
     let before_kill = RedisCoordinator::connect(config).await.unwrap();
     let mut replica = replica;
     blocking(move || {

@@ -158,7 +158,7 @@ pub(crate) async fn redis_subject(worker_exe: Option<PathBuf>) -> Result<Option<
         // timeout so that a lost reply is noticed within about a second.
         let fence_via: FenceViaFn = Arc::new(move |via| {
             let url = format!(
-                "redis://:{secret}@{via}?key_prefix={prefix}&command_timeout_ms=1000&connect_timeout_ms=1000"
+                "redis://:{secret}@{via}?key_prefix={prefix}&request_timeout_ms=1000&connect_timeout_ms=1000"
             );
             Box::pin(async move {
                 let f = adapter_redis::RedisFence::connect_url(&url).await?;

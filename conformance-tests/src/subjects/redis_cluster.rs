@@ -34,7 +34,7 @@ pub(crate) async fn subject(worker_exe: Option<PathBuf>) -> Result<Option<Subjec
     );
     let prefix = format!("conformance-{:08x}", rand::random::<u32>());
     let mut url = format!(
-        "{}?key_prefix={prefix}&command_timeout_ms=1000&connect_timeout_ms=1000",
+        "{}?key_prefix={prefix}&request_timeout_ms=1000&connect_timeout_ms=1000",
         cluster.url()
     );
     // For reproducing what a guard prevents, e.g.
@@ -63,7 +63,7 @@ pub(crate) async fn subject(worker_exe: Option<PathBuf>) -> Result<Option<Subjec
     let (members, member_prefix) = (cluster.clone(), prefix.clone());
     subject = subject.with_member_connect(Arc::new(move |m| {
         let url = format!(
-            "{}?key_prefix={member_prefix}&command_timeout_ms=1000&connect_timeout_ms=1000",
+            "{}?key_prefix={member_prefix}&request_timeout_ms=1000&connect_timeout_ms=1000",
             members.member_url(m)
         );
         Box::pin(async move { fenced::connect(&url).await })

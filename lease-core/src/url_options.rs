@@ -1,0 +1,384 @@
+//! One parser for the query options of a backend URL, with one set of common options.
+//!
+//! Every adapter reads its URL through [`UrlOptions::parse`], so the same name means the same thing
+//! on every backend and a bad value gets the same error everywhere: `InvalidInput::Url` naming the
+//! URL (secrets redacted) and the option, its value (`***` for a secret) and what was expected.
+//! Nothing is sent before the whole URL has parsed.
+//!
+//! The common options, accepted by every adapter:
+//!
+//! | option | meaning |
+//! |---|---|
+//! | `key_prefix` | where the adapter keeps its keys (checked by the adapter's own rule) |
+//! | `token_floor` | every token issued is above this value (raise it after a restore) |
+//! | `request_timeout_ms` | bound on each request's response, in 1..=600000 ms |
+//! | `connect_timeout_ms` | bound on opening a connection or session, in 1..=600000 ms |
+//! | `owner` | the owner label leases carry unless their options name another |
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use crate::connect::BackendUrl;
+use crate::error::InvalidInput;
+use crate::options::OwnerId;
+use crate::token::Token;
+
+/// The names of the options every adapter accepts (see the module docs).
+pub const COMMON_OPTIONS: &[&str] = &[
+    "key_prefix",
+    "token_floor",
+    "request_timeout_ms",
+    "connect_timeout_ms",
+    "owner",
+];
+
+/// The largest `request_timeout_ms` or `connect_timeout_ms` accepted (10 minutes).
+pub const MAX_URL_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// Checks a request or connect timeout set through an adapter's builder against the same range
+/// as the URL options (1 ms to [`MAX_URL_TIMEOUT`]); otherwise `InvalidInput::OutOfRange` naming
+/// `field`.
+pub fn timeout_in_range(field: &'static str, d: Duration) -> Result<Duration, InvalidInput> {
+    crate::options::duration_in_range(
+        field,
+        d,
+        Duration::from_millis(1),
+        MAX_URL_TIMEOUT,
+        "1 ms to 600 s",
+    )
+}
+
+/// What an adapter accepts besides the common options.
+#[derive(Debug, Clone, Copy)]
+pub struct OptionSpec {
+    /// The backend's own option names.
+    pub backend: &'static [&'static str],
+    /// Names among `backend` whose values are secrets: errors show them as `***`.
+    pub secret: &'static [&'static str],
+    /// The backend's rule for `key_prefix`: `Err(expected)` describes what a valid prefix is.
+    pub key_prefix: fn(&str) -> Result<(), &'static str>,
+}
+
+/// The common options as given in the URL (`None`: not given, the adapter's default applies).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CommonOptions {
+    /// `key_prefix`, checked by [`OptionSpec::key_prefix`].
+    pub key_prefix: Option<String>,
+    /// `token_floor`, in `0..Token::MAX`.
+    pub token_floor: Option<Token>,
+    /// `request_timeout_ms`.
+    pub request_timeout: Option<Duration>,
+    /// `connect_timeout_ms`.
+    pub connect_timeout: Option<Duration>,
+    /// `owner`, a valid [`OwnerId`].
+    pub owner: Option<OwnerId>,
+}
+
+/// The backend-specific options of a URL, left after the common ones were read.
+///
+/// Each accessor takes an option out (so it is read once) and returns `Ok(None)` when the URL
+/// does not give it. Names are checked at [`UrlOptions::parse`]: an unknown or repeated name is
+/// refused there, listing the known ones.
+#[derive(Debug)]
+pub struct UrlOptions<'u> {
+    url: &'u BackendUrl,
+    spec: OptionSpec,
+    pairs: Vec<(String, String)>,
+}
+
+impl<'u> UrlOptions<'u> {
+    /// Reads `url`'s query: refuses unknown and repeated names, parses the common options and
+    /// keeps the backend's own for its accessors.
+    pub fn parse(
+        url: &'u BackendUrl,
+        spec: OptionSpec,
+    ) -> Result<(CommonOptions, UrlOptions<'u>), InvalidInput> {
+        let mut pairs: Vec<(String, String)> = Vec::new();
+        for (name, value) in url.expose().query_pairs() {
+            let known =
+                COMMON_OPTIONS.contains(&name.as_ref()) || spec.backend.contains(&name.as_ref());
+            if !known {
+                let names: Vec<&str> = COMMON_OPTIONS.iter().chain(spec.backend).copied().collect();
+                return Err(invalid(
+                    url,
+                    &spec,
+                    format!("unknown option {name:?} (known: {})", names.join(", ")),
+                ));
+            }
+            if pairs.iter().any(|(n, _)| *n == name) {
+                return Err(invalid(
+                    url,
+                    &spec,
+                    format!("option {name:?} is given twice"),
+                ));
+            }
+            pairs.push((name.into_owned(), value.into_owned()));
+        }
+        let mut options = UrlOptions { url, spec, pairs };
+        let common = CommonOptions {
+            key_prefix: options.value("key_prefix", "a valid key prefix", |p| {
+                (spec.key_prefix)(p).map(|()| p.to_owned())
+            })?,
+            token_floor: options.value(
+                "token_floor",
+                "an integer in 0..=9223372036854775806",
+                |v| {
+                    v.parse::<Token>()
+                        .ok()
+                        .filter(|t| *t < Token::MAX)
+                        .ok_or("an integer in 0..=9223372036854775806")
+                },
+            )?,
+            request_timeout: options.millis(
+                "request_timeout_ms",
+                Duration::from_millis(1),
+                MAX_URL_TIMEOUT,
+            )?,
+            connect_timeout: options.millis(
+                "connect_timeout_ms",
+                Duration::from_millis(1),
+                MAX_URL_TIMEOUT,
+            )?,
+            owner: options.value(
+                "owner",
+                "a non-empty label without control characters",
+                |v| OwnerId::new(v).map_err(|_| "a non-empty label without control characters"),
+            )?,
+        };
+        Ok((common, options))
+    }
+
+    /// The URL the options came from.
+    pub fn url(&self) -> &'u BackendUrl {
+        self.url
+    }
+
+    /// Takes the raw value of `name`.
+    pub fn take(&mut self, name: &str) -> Option<String> {
+        debug_assert!(
+            COMMON_OPTIONS.contains(&name) || self.spec.backend.contains(&name),
+            "option {name:?} is not in the adapter's OptionSpec"
+        );
+        let i = self.pairs.iter().position(|(n, _)| n == name)?;
+        Some(self.pairs.remove(i).1)
+    }
+
+    /// Takes `name` and converts it with `parse`; `Err(expected)` from `parse` becomes the
+    /// option's error (`expected` describes a valid value; `fallback` is used when `parse`
+    /// returns the empty string).
+    pub fn value<T>(
+        &mut self,
+        name: &str,
+        fallback: &'static str,
+        parse: impl FnOnce(&str) -> Result<T, &'static str>,
+    ) -> Result<Option<T>, InvalidInput> {
+        let Some(raw) = self.take(name) else {
+            return Ok(None);
+        };
+        parse(&raw).map(Some).map_err(|expected| {
+            let expected = if expected.is_empty() {
+                fallback
+            } else {
+                expected
+            };
+            self.bad(name, &raw, expected)
+        })
+    }
+
+    /// Takes `name` as whole milliseconds in `min..=max`.
+    pub fn millis(
+        &mut self,
+        name: &str,
+        min: Duration,
+        max: Duration,
+    ) -> Result<Option<Duration>, InvalidInput> {
+        let Some(raw) = self.take(name) else {
+            return Ok(None);
+        };
+        raw.parse::<u64>()
+            .ok()
+            .map(Duration::from_millis)
+            .filter(|d| (min..=max).contains(d))
+            .map(Some)
+            .ok_or_else(|| {
+                let expected = format!("milliseconds in {}..={}", min.as_millis(), max.as_millis());
+                self.bad(name, &raw, &expected)
+            })
+    }
+
+    /// Takes `name` as a flag: `true`/`1`/`yes` or `false`/`0`/`no` (any case).
+    pub fn flag(&mut self, name: &str) -> Result<Option<bool>, InvalidInput> {
+        self.value(name, "true or false", |v| {
+            match v.to_ascii_lowercase().as_str() {
+                "true" | "1" | "yes" => Ok(true),
+                "false" | "0" | "no" => Ok(false),
+                _ => Err("true or false"),
+            }
+        })
+    }
+
+    /// Takes `name` and parses it with [`FromStr`].
+    pub fn parsed<T: FromStr>(
+        &mut self,
+        name: &str,
+        expected: &'static str,
+    ) -> Result<Option<T>, InvalidInput> {
+        self.value(name, expected, |v| v.parse().map_err(|_| expected))
+    }
+
+    /// Takes `name` as a non-empty file path.
+    pub fn path(&mut self, name: &str) -> Result<Option<std::path::PathBuf>, InvalidInput> {
+        self.value(name, "a file path", |v| {
+            if v.is_empty() {
+                Err("a file path")
+            } else {
+                Ok(std::path::PathBuf::from(v))
+            }
+        })
+    }
+
+    /// Whether the URL gives `name` (without taking it).
+    pub fn has(&self, name: &str) -> bool {
+        self.pairs.iter().any(|(n, _)| n == name)
+    }
+
+    /// The error for option `name` with value `value`: the URL (redacted), the option, its value
+    /// (`***` when the option is a secret) and what was expected.
+    pub fn bad(&self, name: &str, value: &str, expected: &str) -> InvalidInput {
+        let secret = self.spec.secret.contains(&name);
+        let shown = if secret {
+            "\"***\"".to_owned()
+        } else {
+            format!("{value:?}")
+        };
+        invalid(
+            self.url,
+            &self.spec,
+            format!("{name}={shown}: expected {expected}"),
+        )
+    }
+
+    /// An `InvalidInput::Url` naming the URL with every secret hidden.
+    pub fn invalid(&self, problem: impl Into<String>) -> InvalidInput {
+        invalid(self.url, &self.spec, problem.into())
+    }
+}
+
+fn invalid(url: &BackendUrl, spec: &OptionSpec, problem: String) -> InvalidInput {
+    InvalidInput::Url {
+        url: url.redacted_hiding(spec.secret),
+        problem,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SPEC: OptionSpec = OptionSpec {
+        backend: &["flavour", "secret_thing", "wait_ms", "ca_file"],
+        secret: &["secret_thing"],
+        key_prefix: |p| {
+            if p.is_empty() || p.contains(' ') {
+                Err("a non-empty prefix without spaces")
+            } else {
+                Ok(())
+            }
+        },
+    };
+
+    fn parse(s: &str) -> Result<CommonOptions, String> {
+        let url = BackendUrl::parse(s).unwrap();
+        UrlOptions::parse(&url, SPEC)
+            .map(|(c, _)| c)
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn common_options_have_one_meaning() {
+        let c = parse(
+            "x://u:pw@h:1?key_prefix=app&token_floor=10&request_timeout_ms=500&connect_timeout_ms=700&owner=w1",
+        )
+        .unwrap();
+        assert_eq!(c.key_prefix.as_deref(), Some("app"));
+        assert_eq!(c.token_floor, Some(Token::new(10).unwrap()));
+        assert_eq!(c.request_timeout, Some(Duration::from_millis(500)));
+        assert_eq!(c.connect_timeout, Some(Duration::from_millis(700)));
+        assert_eq!(c.owner.as_ref().map(|o| o.as_str()), Some("w1"));
+        assert_eq!(parse("x://h:1").unwrap(), CommonOptions::default());
+    }
+
+    #[test]
+    fn bad_values_name_the_option_the_value_and_the_range_without_secrets() {
+        for (url, wanted) in [
+            (
+                "x://u:pw@h:1?token_floor=-1",
+                "token_floor=\"-1\": expected an integer",
+            ),
+            (
+                "x://u:pw@h:1?token_floor=9223372036854775807",
+                "expected an integer in 0..=9223372036854775806",
+            ),
+            (
+                "x://u:pw@h:1?request_timeout_ms=0",
+                "request_timeout_ms=\"0\": expected milliseconds in 1..=600000",
+            ),
+            (
+                "x://u:pw@h:1?key_prefix=a%20b",
+                "key_prefix=\"a b\": expected a non-empty prefix",
+            ),
+            (
+                "x://u:pw@h:1?nope=1",
+                "unknown option \"nope\" (known: key_prefix,",
+            ),
+            (
+                "x://u:pw@h:1?owner=a&owner=b",
+                "option \"owner\" is given twice",
+            ),
+            (
+                "x://u:pw@h:1?owner=",
+                "owner=\"\": expected a non-empty label",
+            ),
+        ] {
+            let e = parse(url).unwrap_err();
+            assert!(e.contains(wanted), "{url}: {e}");
+            assert!(!e.contains("pw"), "{url}: the password leaked: {e}");
+            assert!(e.contains("***"), "{url}: {e}");
+        }
+    }
+
+    #[test]
+    fn backend_options_are_taken_once_and_secrets_stay_hidden() {
+        let url = BackendUrl::parse(
+            "x://h:1?flavour=mint&secret_thing=hunter2&wait_ms=20&ca_file=/etc/ca.pem",
+        )
+        .unwrap();
+        let (_, mut o) = UrlOptions::parse(&url, SPEC).unwrap();
+        assert!(o.has("flavour"));
+        assert_eq!(o.take("flavour").as_deref(), Some("mint"));
+        assert_eq!(o.take("flavour"), None);
+        assert_eq!(
+            o.millis("wait_ms", Duration::from_millis(1), Duration::from_secs(1))
+                .unwrap(),
+            Some(Duration::from_millis(20))
+        );
+        assert_eq!(
+            o.path("ca_file").unwrap(),
+            Some(std::path::PathBuf::from("/etc/ca.pem"))
+        );
+        let e = o
+            .value::<u8>("secret_thing", "a number", |_| Err(""))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("secret_thing=\"***\": expected a number"), "{e}");
+        assert!(!e.contains("hunter2"), "{e}");
+
+        let url = BackendUrl::parse("x://h:1?flavour=maybe").unwrap();
+        let (_, mut o) = UrlOptions::parse(&url, SPEC).unwrap();
+        let e = o.flag("flavour").unwrap_err().to_string();
+        assert!(
+            e.contains("flavour=\"maybe\": expected true or false"),
+            "{e}"
+        );
+    }
+}
