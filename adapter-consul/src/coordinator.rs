@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
+use lease_core::adapter::Backoff;
 use lease_core::{
     AuditRecord, Capabilities, Coordinator, Error, ForceRelease, HolderInfo, Lease, LeaseOptions,
     LeaseTracker, LockKey, LostReason, OwnerId, Result, Token, Watermarks,
@@ -163,33 +164,6 @@ impl fmt::Debug for ConsulCoordinator {
     }
 }
 
-/// Exponential backoff between `min` and `max`.
-struct Backoff {
-    next: Duration,
-    min: Duration,
-    max: Duration,
-}
-
-impl Backoff {
-    fn new(min: Duration, max: Duration) -> Self {
-        Backoff {
-            next: min,
-            min,
-            max,
-        }
-    }
-
-    fn next(&mut self) -> Duration {
-        let d = self.next;
-        self.next = (self.next * 2).min(self.max);
-        d
-    }
-
-    fn reset(&mut self) {
-        self.next = self.min;
-    }
-}
-
 /// Sleeps `d`, but not past `deadline`.
 async fn nap(d: Duration, deadline: Option<Instant>) {
     let until = Instant::now() + d;
@@ -263,7 +237,7 @@ async fn cancel_attempt(
             .await
         {
             Ok(_) => break,
-            Err(_) => tokio::time::sleep(backoff.next()).await,
+            Err(_) => backoff.sleep().await,
         }
     }
     // 2. Undo the lock if the attempt took it: this client holds no other lease on the key (the
@@ -280,7 +254,7 @@ async fn cancel_attempt(
                 break;
             }
             Ok(TxnOutcome::RolledBack(_)) => break,
-            Err(_) => tokio::time::sleep(backoff.next()).await,
+            Err(_) => backoff.sleep().await,
         }
     }
     drop(slot);
@@ -402,7 +376,7 @@ impl ConsulCoordinator {
             let session = match inner.sessions.session().await {
                 Ok(s) => s,
                 Err(e) if e.is_retryable() && deadline.is_some_and(|d| Instant::now() < d) => {
-                    nap(retry.next(), deadline).await;
+                    nap(retry.next_delay(), deadline).await;
                     continue;
                 }
                 Err(e) => return Err(e),
@@ -500,7 +474,7 @@ impl ConsulCoordinator {
                     // Every other error certainly applied nothing (`error.rs`): no lock to undo.
                     slot = Some(attempt.disarm());
                     if e.is_retryable() && deadline.is_some_and(|d| Instant::now() < d) {
-                        nap(retry.next(), deadline).await;
+                        nap(retry.next_delay(), deadline).await;
                         continue;
                     }
                     return Err(e);
@@ -523,7 +497,7 @@ impl ConsulCoordinator {
                 _ if deadline.is_some_and(|d| Instant::now() >= d) => return Err(timeout()),
                 Refusal::LockDelay => {
                     // Consul does not say how long the delay lasts: back off, bounded.
-                    nap(retry.next(), deadline).await;
+                    nap(retry.next_delay(), deadline).await;
                 }
                 Refusal::Held => {
                     let free = self
@@ -531,7 +505,7 @@ impl ConsulCoordinator {
                         .await?;
                     if free {
                         // Seen free, then refused: another contender won the race.
-                        nap(raced.next(), deadline).await;
+                        nap(raced.next_delay(), deadline).await;
                     }
                 }
             }
@@ -584,7 +558,7 @@ impl ConsulCoordinator {
                 }
                 Ok(Err(e)) if e.is_retryable() => {
                     *index = 0;
-                    nap(backoff.next(), Some(deadline)).await;
+                    nap(backoff.next_delay(), Some(deadline)).await;
                 }
                 Ok(Err(e)) => return Err(e),
             }
@@ -681,7 +655,7 @@ impl ConsulCoordinator {
             while !session.is_ended() {
                 match http.txn(&ops, "release", false).await {
                     Ok(_) => break,
-                    Err(_) => tokio::time::sleep(backoff.next()).await,
+                    Err(_) => backoff.sleep().await,
                 }
             }
             drop(slot);
@@ -708,7 +682,7 @@ impl ConsulCoordinator {
             while !session.is_ended() {
                 match http.txn(&ops, "acquire", false).await {
                     Ok(_) => break,
-                    Err(_) => tokio::time::sleep(backoff.next()).await,
+                    Err(_) => backoff.sleep().await,
                 }
             }
             claim

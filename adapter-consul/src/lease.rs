@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use lease_core::adapter::Backoff;
 use lease_core::{Error, Lease, LeaseStatus, LeaseTracker, LockKey, LostReason, Result, Token};
 use tokio::time::Instant;
 
@@ -184,14 +185,13 @@ pub(crate) fn spawn_reaper(shared: Arc<LeaseShared>) {
 /// wait and this point cannot leave its holder believing it holds a deleted lock.
 pub(crate) async fn reap(shared: &LeaseShared, reason: LostReason) {
     shared.tracker.mark_lost(reason);
-    let mut backoff = Duration::from_millis(50);
+    let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(5));
     while !shared.resolved.load(Ordering::SeqCst) && !shared.session.is_ended() {
         match shared.release_on_server("release").await {
             Ok(_) => break,
             Err(e) => {
                 tracing::debug!(key = %shared.tracker.key(), error = %e, "releasing an ended lease failed; retrying");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(5));
+                backoff.sleep().await;
             }
         }
     }

@@ -29,6 +29,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
+use lease_core::adapter::Backoff;
 use lease_core::LeaseStatus;
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -147,7 +148,7 @@ fn live(state: &State) -> Option<Vec<Arc<LeaseShared>>> {
 
 async fn run(http: Arc<Http>, prefix: String, max_block: Duration, state: Arc<State>) {
     let mut index = 0u64;
-    let mut backoff = Duration::from_millis(20);
+    let mut backoff = Backoff::new(Duration::from_millis(20), Duration::from_secs(1));
     let mut next_start = Instant::now();
     loop {
         if live(&state).is_none() {
@@ -162,7 +163,7 @@ async fn run(http: Arc<Http>, prefix: String, max_block: Duration, state: Arc<St
         let Some(read) = read else { continue };
         match read {
             Ok((seen, entries)) => {
-                backoff = Duration::from_millis(20);
+                backoff.reset();
                 // Consul's guidance: reset when the index goes backwards, never block from 0.
                 index = if seen < index { 0 } else { seen.max(1) };
                 next_start = started + spacing(entries.len());
@@ -171,8 +172,7 @@ async fn run(http: Arc<Http>, prefix: String, max_block: Duration, state: Arc<St
             }
             Err(e) => {
                 tracing::debug!(prefix = %prefix, error = %e, "consul lock monitor: read failed; retrying");
-                next_start = Instant::now() + backoff;
-                backoff = (backoff * 2).min(Duration::from_secs(1));
+                next_start = Instant::now() + backoff.next_delay();
             }
         }
     }

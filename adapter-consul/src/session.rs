@@ -11,6 +11,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
+use lease_core::adapter::Backoff;
 use lease_core::{Error, LostReason, Result};
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -360,8 +361,7 @@ impl Drop for SessionManager {
 /// of up to a sixth of the TTL, so lease renewals need no session renewal of their own.
 async fn renewer(manager: Weak<SessionManager>, session: Arc<Session>) {
     let half = session.ttl / 3;
-    let min_backoff = (session.ttl / 20).max(Duration::from_millis(20));
-    let mut backoff = min_backoff;
+    let mut backoff = Backoff::new((session.ttl / 20).max(Duration::from_millis(20)), half);
     let mut ended = session.ended_signal();
     let mut next = Instant::now() + half;
     loop {
@@ -374,7 +374,7 @@ async fn renewer(manager: Weak<SessionManager>, session: Arc<Session>) {
         match m.renew_after(&session, sent).await {
             Ok(true) => {
                 next = sent + half;
-                backoff = min_backoff;
+                backoff.reset();
             }
             Ok(false) => {
                 tracing::warn!(session = %session.id, "consul session invalidated; its leases are lost");
@@ -383,8 +383,7 @@ async fn renewer(manager: Weak<SessionManager>, session: Arc<Session>) {
             Err(e) => {
                 tracing::debug!(session = %session.id, error = %e, "consul session renewal failed");
                 session.in_doubt();
-                next = Instant::now() + backoff;
-                backoff = (backoff * 2).min(half);
+                next = Instant::now() + backoff.next_delay();
             }
         }
     }

@@ -11,6 +11,7 @@ use etcd_client::{
     Client, Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn,
     TxnOp, TxnOpResponse,
 };
+use lease_core::adapter::Backoff;
 use lease_core::{
     AuditRecord, Capabilities, Coordinator, Error, ForceRelease, HolderInfo, Lease, LeaseOptions,
     LeaseStatus, LeaseTracker, LockKey, LostReason, OwnerId, Result, Token, Watermarks,
@@ -541,7 +542,7 @@ impl Inner {
         };
         let mut lease_gone = 0;
         // Backoff between attempts that failed on a transient error (see `retry_within`).
-        let mut retry = Duration::from_millis(50);
+        let mut retry = Backoff::new(Duration::from_millis(50), Duration::from_millis(500));
         'enqueue: loop {
             if caller.is_closed() {
                 return Err(timed_out());
@@ -600,7 +601,7 @@ impl Inner {
             let mut predecessor = kvs.get(1).map(|kv| kv.key().to_vec());
             let mut read_revision = header_revision(resp.header());
             let mut confirmed_sent = sent;
-            let mut backoff = Duration::from_millis(20);
+            let mut backoff = Backoff::new(Duration::from_millis(20), Duration::from_millis(500));
             while let Some(pred) = predecessor.take() {
                 match self
                     .wait_deleted(&session, &pred, read_revision + 1, deadline, caller)
@@ -644,7 +645,7 @@ impl Inner {
                         read_revision = header;
                         confirmed_sent = sent2;
                         predecessor = kvs.get(1).map(|kv| kv.key().to_vec());
-                        backoff = Duration::from_millis(20);
+                        backoff.reset();
                     }
                     Err(f) => {
                         tracing::debug!(key = %key, error = %f, "etcd waiter could not re-read its queue; retrying");
@@ -654,9 +655,8 @@ impl Inner {
                                 self.delete_now(&mut pending).await;
                                 return Err(timed_out());
                             }
-                            _ = tokio::time::sleep(backoff) => {}
+                            _ = backoff.sleep() => {}
                         }
-                        backoff = (backoff * 2).min(Duration::from_millis(500));
                         predecessor = Some(pred);
                     }
                 }
@@ -723,9 +723,8 @@ impl Inner {
                         tokio::select! {
                             _ = caller.closed() => return Err(timed_out()),
                             _ = tokio::time::sleep_until(deadline) => {}
-                            _ = tokio::time::sleep(backoff) => {}
+                            _ = backoff.sleep() => {}
                         }
-                        backoff = (backoff * 2).min(Duration::from_millis(500));
                     }
                 }
             }
@@ -826,13 +825,13 @@ impl Inner {
 
 /// A waiting `acquire`'s answer to a failed session grant or enqueue: `Unavailable` and
 /// `OutcomeUnknown` (no leader during an election, a member that died or was cut off, a request
-/// timeout) are transient on a cluster, so the attempt is made again after `backoff` (doubling
-/// up to 500 ms) as long as that leaves time before `deadline`; any other error, or a transient
+/// timeout) are transient on a cluster, so the attempt is made again after `backoff` (doubling,
+/// with jitter, up to 500 ms) as long as that leaves time before `deadline`; any other error, or a transient
 /// one too close to the deadline, is returned as it is. The retry uses a new attempt key, so an
 /// attempt whose answer was lost is still retired by the background worker.
 async fn retry_within(
     error: Error,
-    backoff: &mut Duration,
+    backoff: &mut Backoff,
     deadline: Instant,
     caller: &mut oneshot::Sender<Result<EtcdLease>>,
 ) -> Result<()> {
@@ -840,15 +839,14 @@ async fn retry_within(
         error,
         Error::Unavailable { .. } | Error::OutcomeUnknown { .. }
     );
-    if !transient || Instant::now() + *backoff >= deadline {
+    if !transient || Instant::now() + backoff.ceiling() >= deadline {
         return Err(error);
     }
-    tracing::debug!(error = %error, backoff = ?*backoff, "etcd acquire failed transiently; trying again within its wait");
+    tracing::debug!(error = %error, backoff = ?backoff.ceiling(), "etcd acquire failed transiently; trying again within its wait");
     tokio::select! {
         _ = caller.closed() => return Err(error),
-        _ = tokio::time::sleep(*backoff) => {}
+        _ = backoff.sleep() => {}
     }
-    *backoff = (*backoff * 2).min(Duration::from_millis(500));
     Ok(())
 }
 

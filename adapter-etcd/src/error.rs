@@ -18,6 +18,7 @@
 
 use std::time::Duration;
 
+use lease_core::adapter::Backoff;
 use lease_core::Error;
 
 pub(crate) const BACKEND: &str = "etcd";
@@ -298,17 +299,16 @@ where
     F: std::future::Future<Output = Result<T, etcd_client::Error>>,
 {
     let deadline = tokio::time::Instant::now() + timeout;
-    let mut pause = FIRST_PAUSE;
+    let mut pause = Backoff::new(FIRST_PAUSE, MAX_PAUSE);
     loop {
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
         match bounded(left, make()).await {
             Err(f) if f.certainly_not_applied() && !f.is_tls_problem() => {
-                if tokio::time::Instant::now() + pause >= deadline {
+                if tokio::time::Instant::now() + pause.ceiling() >= deadline {
                     return Err(f);
                 }
                 tracing::trace!(error = %f, "etcd request not applied; sending it again");
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(MAX_PAUSE);
+                pause.sleep().await;
             }
             Err(Failure::Timeout(_)) => return Err(Failure::Timeout(timeout)),
             r => return r,

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use etcd_client::{Compare, CompareOp, Txn, TxnOp};
+use lease_core::adapter::Backoff;
 use lease_core::{Lease, LeaseStatus, LeaseTracker, LostReason, Result};
 use tokio::time::Instant;
 
@@ -262,7 +263,7 @@ async fn guard(shared: Arc<LeaseShared>, tracker: LeaseTracker, mut from: i64) {
     let slot = shared.session.register(tracker.clone());
     let mut signal = tracker.signal();
     let timeout = shared.handle.config.request_timeout();
-    let mut backoff = Duration::from_millis(50);
+    let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
     let mut first = true;
     let key = shared.key.as_bytes().to_vec();
     let outcome = 'outer: loop {
@@ -290,15 +291,14 @@ async fn guard(shared: Arc<LeaseShared>, tracker: LeaseTracker, mut from: i64) {
             Seen::Recheck => match Box::pin(recheck(&shared, &key, timeout)).await {
                 Some(Some(next)) => {
                     from = next;
-                    backoff = Duration::from_millis(50);
+                    backoff.reset();
                 }
                 Some(None) => break 'outer Watched::Deleted,
                 None => {
                     tokio::select! {
                         r = signal.wait() => break 'outer Watched::Lost(r),
-                        _ = tokio::time::sleep(backoff) => {}
+                        _ = backoff.sleep() => {}
                     }
-                    backoff = (backoff * 2).min(Duration::from_secs(1));
                 }
             },
         }

@@ -24,6 +24,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use etcd_client::{Client, Compare, CompareOp, PutOptions, Txn, TxnOp};
+use lease_core::adapter::Backoff;
 use lease_core::{LeaseStatus, LeaseTracker, LostReason};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
@@ -282,7 +283,10 @@ enum End {
 
 async fn keepalive(mut ka: KeepAlive) {
     let interval = ka.ttl / 3;
-    let mut backoff = Duration::from_millis(50);
+    let mut backoff = Backoff::new(
+        Duration::from_millis(50),
+        interval.max(Duration::from_millis(50)),
+    );
     let end_reason = 'session: loop {
         if Instant::now() >= ka.deadline() {
             break End::Lost(LostReason::Expired);
@@ -303,8 +307,7 @@ async fn keepalive(mut ka: KeepAlive) {
             Err(f) => {
                 tracing::debug!(lease = %format_args!("{:016x}", ka.id as u64), error = %f, "etcd keepalive stream not open; retrying");
                 ka.in_doubt();
-                let wake = (Instant::now() + backoff).min(ka.deadline());
-                backoff = (backoff * 2).min(interval.max(Duration::from_millis(50)));
+                let wake = (Instant::now() + backoff.next_delay()).min(ka.deadline());
                 loop {
                     tokio::select! {
                         _ = tokio::time::sleep_until(wake) => continue 'session,
@@ -313,7 +316,7 @@ async fn keepalive(mut ka: KeepAlive) {
                 }
             }
         };
-        backoff = Duration::from_millis(50);
+        backoff.reset();
         ka.ack(open_sent, ka.ttl);
         let mut inflight: VecDeque<Instant> = VecDeque::new();
         let mut next_tick = open_sent + interval;

@@ -23,6 +23,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
 use etcd_client::{Client, EventType, WatchFilterType, WatchOptions, WatchResponse};
+use lease_core::adapter::Backoff;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::error::retry_unapplied;
@@ -130,7 +131,7 @@ struct Stream {
 async fn run(client: Client, timeout: Duration, mut rx: mpsc::UnboundedReceiver<Command>) {
     let mut entries: HashMap<i64, Entry> = HashMap::new();
     let mut stream: Option<Stream> = None;
-    let mut backoff = Duration::from_millis(50);
+    let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
     loop {
         if stream.is_none() {
             if let Some((&id, first)) = entries.iter().next() {
@@ -141,14 +142,13 @@ async fn run(client: Client, timeout: Duration, mut rx: mpsc::UnboundedReceiver<
                                 let _ = s.out.send(Out::Watch(other, e.key.clone(), e.from));
                             }
                         }
-                        backoff = Duration::from_millis(50);
+                        backoff.reset();
                         tracing::debug!(watches = entries.len(), "etcd watch stream open");
                         stream = Some(s);
                     }
                     None => {
                         // Keep taking commands while waiting to retry.
-                        let wake = tokio::time::Instant::now() + backoff;
-                        backoff = (backoff * 2).min(Duration::from_secs(1));
+                        let wake = tokio::time::Instant::now() + backoff.next_delay();
                         loop {
                             tokio::select! {
                                 _ = tokio::time::sleep_until(wake) => break,

@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
+use lease_core::adapter::Backoff;
 use lease_core::{
     AuditRecord, Capabilities, Coordinator, Error, ForceRelease, HolderInfo, Lease, LeaseOptions,
     LeaseStatus, LeaseTracker, LockKey, LostReason, OwnerId, Result, Token, Watermarks,
@@ -103,8 +104,8 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// The first pause of a waiting acquire after an `Unavailable` attempt; doubled up to
-/// [`UNAVAILABLE_MAX_PAUSE`].
+/// The first pause of a waiting acquire after an `Unavailable` attempt; doubled (with jitter) up
+/// to [`UNAVAILABLE_MAX_PAUSE`].
 const UNAVAILABLE_FIRST_PAUSE: Duration = Duration::from_millis(50);
 /// The longest pause of a waiting acquire between attempts the server could not answer.
 const UNAVAILABLE_MAX_PAUSE: Duration = Duration::from_millis(800);
@@ -212,21 +213,20 @@ pub(crate) fn spawn_cleanup(
     let give_up = Instant::now() + ttl + Duration::from_secs(1);
     let cap = (ttl / 20).clamp(Duration::from_secs(1), Duration::from_secs(30));
     rt.spawn(async move {
-        let mut nap = Duration::from_millis(50);
+        let mut nap = Backoff::new(Duration::from_millis(50), cap);
         loop {
             let outcome = inner.release_by_head(&keys, &head).await;
             match (&outcome, mode) {
                 (Ok(1), _) | (Ok(_), Cleanup::Once) => return,
                 _ => {}
             }
-            if Instant::now() + nap >= give_up {
+            if Instant::now() + nap.ceiling() >= give_up {
                 if let Err(e) = outcome {
                     tracing::debug!(backend = BACKEND, key = %keys.lock, error = %e, "cleanup gave up; the lock expires at its TTL");
                 }
                 return;
             }
-            tokio::time::sleep(nap).await;
-            nap = (nap * 2).min(cap);
+            nap.sleep().await;
         }
     });
 }
@@ -406,7 +406,7 @@ impl RedisCoordinator {
         // The send time of the earliest request of this call whose outcome was not seen.
         let mut unseen_since: Option<Instant> = None;
         let mut retries_left = 1u8;
-        let mut unavailable_pause = UNAVAILABLE_FIRST_PAUSE;
+        let mut unavailable_pause = Backoff::new(UNAVAILABLE_FIRST_PAUSE, UNAVAILABLE_MAX_PAUSE);
         loop {
             let attempt = match self
                 .attempt(key, &keys, &parts, options, &mut guard, &mut unseen_since)
@@ -416,10 +416,10 @@ impl RedisCoordinator {
                 // A waiting acquire rides out a server that cannot answer for a moment (a
                 // restart, a Sentinel failover) within its wait bound.
                 Err(Error::Unavailable { .. })
-                    if wait.is_some() && Instant::now() + unavailable_pause < deadline =>
+                    if wait.is_some()
+                        && Instant::now() + unavailable_pause.ceiling() < deadline =>
                 {
-                    tokio::time::sleep(unavailable_pause).await;
-                    unavailable_pause = (unavailable_pause * 2).min(UNAVAILABLE_MAX_PAUSE);
+                    unavailable_pause.sleep().await;
                     continue;
                 }
                 Err(e) => return Err(e),

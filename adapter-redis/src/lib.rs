@@ -18,8 +18,8 @@ use std::sync::Arc;
 use lease_core::{BackendUrl, Coordinator, Fence, Registry};
 
 pub use config::{
-    RedisConfig, ReplicaAcks, SentinelConfig, DEFAULT_REQUEST_TIMEOUT, DEFAULT_CONNECT_TIMEOUT,
-    DEFAULT_KEY_PREFIX, DEFAULT_POLL_INTERVAL, DEFAULT_SENTINEL_PORT, MAX_INTERVAL,
+    RedisConfig, ReplicaAcks, SentinelConfig, DEFAULT_CONNECT_TIMEOUT, DEFAULT_KEY_PREFIX,
+    DEFAULT_POLL_INTERVAL, DEFAULT_REQUEST_TIMEOUT, DEFAULT_SENTINEL_PORT, MAX_INTERVAL,
     MAX_KEY_PREFIX_BYTES, MAX_REPLICA_ACKS,
 };
 pub use coordinator::{RedisCoordinator, MIN_TTL};

@@ -26,6 +26,7 @@
 use std::sync::Weak;
 use std::time::Duration;
 
+use lease_core::adapter::Backoff;
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, ProtocolVersion, PushInfo, PushKind, Value};
 use tokio::sync::mpsc;
@@ -197,7 +198,7 @@ async fn run(
         Some(i) => (i.config.poll_interval(), i.config.request_timeout()),
         None => return,
     };
-    let mut backoff = Duration::from_millis(50);
+    let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
     let mut polling = false;
     loop {
         let opened = match inner.upgrade() {
@@ -210,7 +211,7 @@ async fn run(
         }
         match opened {
             Some(Ok(tracking)) => {
-                backoff = Duration::from_millis(50);
+                backoff.reset();
                 if track(&inner, &mut watch, tracking, poll).await.is_none() {
                     return;
                 }
@@ -241,9 +242,8 @@ async fn run(
         if let Some(i) = inner.upgrade() {
             all_in_doubt(&i);
         }
-        let sleep = tokio::time::sleep(backoff);
+        let sleep = tokio::time::sleep(backoff.next_delay());
         tokio::pin!(sleep);
-        backoff = (backoff * 2).min(Duration::from_secs(2));
         loop {
             tokio::select! {
                 _ = &mut sleep => break,

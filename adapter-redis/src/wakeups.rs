@@ -17,6 +17,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use futures::StreamExt;
+use lease_core::adapter::Backoff;
 use redis::aio::{PubSubSink, PubSubStream};
 use tokio::sync::{mpsc, oneshot, watch};
 
@@ -182,7 +183,7 @@ async fn run(
     mut first: Option<(PubSubSink, PubSubStream)>,
     request_timeout: Duration,
 ) {
-    let mut backoff = Duration::from_millis(50);
+    let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
     loop {
         // Connect (the first connection comes from `start`).
         let (mut sink, mut stream) = match first.take() {
@@ -195,9 +196,8 @@ async fn run(
                     Ok(p) => p.split(),
                     Err(e) => {
                         tracing::debug!(backend = BACKEND, error = %e, "pub/sub reconnect failed");
-                        let sleep = tokio::time::sleep(backoff);
+                        let sleep = tokio::time::sleep(backoff.next_delay());
                         tokio::pin!(sleep);
-                        backoff = (backoff * 2).min(Duration::from_secs(2));
                         // Answer requests while disconnected: not subscribed.
                         loop {
                             tokio::select! {
@@ -239,7 +239,7 @@ async fn run(
         if !healthy {
             continue;
         }
-        backoff = Duration::from_millis(50);
+        backoff.reset();
 
         // Serve requests and dispatch messages until the connection breaks.
         loop {

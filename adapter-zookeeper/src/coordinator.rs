@@ -35,6 +35,7 @@ use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
 use async_trait::async_trait;
+use lease_core::adapter::Backoff;
 use lease_core::{
     AuditRecord, Capabilities, Coordinator, Error, ForceRelease, HolderInfo, Lease, LeaseOptions,
     LeaseTracker, LockKey, OwnerId, Result, Token, Watermarks,
@@ -809,7 +810,7 @@ impl Drop for ContenderGuard {
 /// Deletes every node of the lock with the attempt's prefix. Requests of one session are
 /// processed in order, so this listing sees the attempt's create whatever happened to its answer.
 pub(crate) async fn cleanup(s: Arc<Session>, dir: String, prefix: String) {
-    let mut backoff = Duration::from_millis(10);
+    let mut backoff = Backoff::new(Duration::from_millis(10), s.timeout() / 4);
     loop {
         if s.is_terminated() {
             return;
@@ -824,8 +825,7 @@ pub(crate) async fn cleanup(s: Arc<Session>, dir: String, prefix: String) {
                 Ok(Err(ZkError::NoNode)) => return,
                 Ok(Err(e)) if session_ended(&e) => return,
                 _ => {
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(s.timeout() / 4);
+                    backoff.sleep().await;
                     continue;
                 }
             };
@@ -843,8 +843,7 @@ pub(crate) async fn cleanup(s: Arc<Session>, dir: String, prefix: String) {
         if done {
             return;
         }
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(s.timeout() / 4);
+        backoff.sleep().await;
     }
 }
 

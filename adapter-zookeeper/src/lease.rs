@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use lease_core::adapter::Backoff;
 use lease_core::{Error, Lease, LeaseStatus, LeaseTracker, LostReason, Result};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
@@ -180,7 +181,7 @@ impl LeaseState {
     async fn delete_own(&self) {
         let s = &self.session;
         let mut version = Some(self.version);
-        let mut backoff = Duration::from_millis(10);
+        let mut backoff = Backoff::new(Duration::from_millis(10), s.timeout() / 4);
         while !self.node_gone.load(Ordering::SeqCst) {
             if s.is_terminated() {
                 return;
@@ -206,8 +207,7 @@ impl LeaseState {
                     return;
                 }
                 _ => {
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(s.timeout() / 4);
+                    backoff.sleep().await;
                 }
             }
         }
@@ -242,7 +242,7 @@ pub(crate) async fn monitor(state: Arc<LeaseState>, mut dropped: oneshot::Receiv
     // for it (the client library does not disable Nagle, so a request sent right behind
     // another costs a second round trip). `renew` checks the node in any case.
     let mut retry_at = Some(Instant::now() + ARM_DELAY.min(state.session.timeout() / 10));
-    let mut backoff = Duration::from_millis(10);
+    let mut backoff = Backoff::new(Duration::from_millis(10), state.session.timeout() / 4);
     let end = loop {
         if watch.is_none() && retry_at.is_none_or(|t| Instant::now() >= t) {
             retry_at = None;
@@ -257,8 +257,7 @@ pub(crate) async fn monitor(state: Arc<LeaseState>, mut dropped: oneshot::Receiv
                     break End::Gone;
                 }
                 Err(false) => {
-                    retry_at = Some(Instant::now() + backoff);
-                    backoff = (backoff * 2).min(state.session.timeout() / 4);
+                    retry_at = Some(Instant::now() + backoff.next_delay());
                 }
             }
         }

@@ -5,6 +5,7 @@
 //! imports from here (`use lease_core::adapter::{UrlOptions, OptionSpec, ...}`), so a reader can
 //! tell at the `use` line which parts of the core an adapter builds on.
 
+pub use crate::backoff::Backoff;
 pub use crate::batch;
 pub use crate::clock;
 pub use crate::connect::{percent_decode, BackendUrl, CoordinatorFactory, FenceFactory};

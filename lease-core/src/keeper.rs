@@ -8,6 +8,7 @@ use std::time::Duration;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use crate::backoff::Backoff;
 use crate::error::{Error, InvalidInput, LostReason, Result};
 use crate::lease::{Lease, LeaseStatus, LostSignal};
 use crate::token::Token;
@@ -254,7 +255,7 @@ async fn run(
 /// the confirmed renewal, or `None` when the lease is lost (validity passed, or the backend said
 /// so).
 async fn renew_until_confirmed(lease: &dyn Lease, ttl: Duration) -> Option<Instant> {
-    let mut backoff = (ttl / 50).max(Duration::from_millis(5));
+    let mut backoff = Backoff::new((ttl / 50).max(Duration::from_millis(5)), ttl / 5);
     loop {
         if matches!(lease.status(), LeaseStatus::Lost(_)) {
             return None;
@@ -280,8 +281,7 @@ async fn renew_until_confirmed(lease: &dyn Lease, ttl: Duration) -> Option<Insta
             lease.tracker().mark_lost(LostReason::Expired);
             return None;
         }
-        let wake = (now + backoff).min(lease.valid_until());
+        let wake = (now + backoff.next_delay()).min(lease.valid_until());
         tokio::time::sleep_until(wake).await;
-        backoff = (backoff * 2).min(ttl / 5);
     }
 }

@@ -3,6 +3,7 @@
 
 pub mod adapter;
 mod audit;
+mod backoff;
 pub mod batch;
 pub mod clock;
 mod connect;
