@@ -5,6 +5,7 @@ pub mod adapter;
 mod audit;
 mod backoff;
 pub mod batch;
+mod cancel;
 pub mod clock;
 mod connect;
 mod coordinator;
@@ -25,6 +26,7 @@ mod url_options;
 mod watermark;
 
 pub use audit::AuditRecord;
+pub use cancel::{lost_token, signal_token, LostTokenExt};
 pub use connect::{percent_decode, BackendUrl, CoordinatorFactory, FenceFactory, Registry};
 pub use coordinator::{Coordinator, HolderInfo};
 pub use error::{BoxError, Error, InvalidInput, LostReason, Result};
@@ -45,3 +47,5 @@ pub use watermark::Watermarks;
 
 /// Re-exported so callers name the same `Bytes` type the [`Fence`] trait uses.
 pub use bytes::Bytes;
+/// Re-exported so callers name the same `CancellationToken` type [`lost_token`] returns.
+pub use tokio_util::sync::CancellationToken;
