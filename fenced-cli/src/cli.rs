@@ -102,13 +102,15 @@ pub(crate) enum Command {
     ///
     /// Acquires KEY (waiting up to --wait), keeps the lease renewed while CMD runs, and passes
     /// FENCED_TOKEN (the fencing token: carry it on every protected write) and FENCED_KEY to CMD.
-    /// If the lease is lost, CMD gets SIGTERM, then SIGKILL after --grace, and fenced exits 76.
+    /// If the lease is lost, CMD gets SIGTERM and SIGCONT (so a stopped CMD acts on the SIGTERM
+    /// too), then SIGKILL if it still runs after --grace, and fenced exits 76. Anything CMD writes
+    /// after the loss carries the old token, which a fence rejects once a newer holder wrote.
     /// When CMD exits, the lease is released and fenced exits with CMD's status. SIGTERM and
     /// SIGHUP sent to fenced are forwarded to CMD; SIGINT is not (from a terminal CMD gets it
     /// directly). Only CMD itself is signalled: a shell script should `exec` its last command or
     /// pass the signal on to its own children.
     Run(RunArgs),
-    /// Read a fenced resource.
+    /// Read a fenced resource, or write to it under a fencing token.
     Fence {
         #[command(subcommand)]
         command: FenceCommand,
@@ -143,6 +145,32 @@ pub(crate) enum FenceCommand {
     Read {
         /// The resource id (for example `orders/42`).
         resource: String,
+        /// The fence's URL (redis://, etcd://, postgres://, ...).
+        #[arg(
+            long,
+            env = "FENCED_FENCE_URL",
+            value_name = "URL",
+            hide_env_values = true
+        )]
+        fence_url: Option<String>,
+        #[command(flatten)]
+        output: Output,
+    },
+    /// Write VALUE to RESOURCE under a fencing token, if no newer token was accepted there.
+    ///
+    /// The fence compares and writes in one atomic step: it accepts the write only if TOKEN is
+    /// at least the newest token RESOURCE has accepted. Under `fenced run` the token is the
+    /// lease's (FENCED_TOKEN), so `fenced run KEY -- sh -c 'fenced fence write R "$VALUE"'`
+    /// writes only while no later holder of KEY has written or claimed R. Exit 0 when written;
+    /// 76 when the token is stale (a newer holder wrote or claimed; nothing was written).
+    Write {
+        /// The resource id (for example `orders/42`).
+        resource: String,
+        /// The value to write (UTF-8 text, stored as its bytes).
+        value: String,
+        /// The fencing token to write under. Default: FENCED_TOKEN, which `fenced run` sets.
+        #[arg(long, env = "FENCED_TOKEN", value_name = "N", value_parser = token)]
+        token: Option<Token>,
         /// The fence's URL (redis://, etcd://, postgres://, ...).
         #[arg(
             long,

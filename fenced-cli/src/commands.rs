@@ -267,17 +267,66 @@ fn record_text(r: &AuditRecord) -> String {
     )
 }
 
+/// The fence at `--fence-url` (or `FENCED_FENCE_URL`), which `command` needs.
+async fn connect_fence(
+    fence_url: Option<String>,
+    command: &str,
+) -> Result<Arc<dyn Fence>, Failure> {
+    let url = fence_url.filter(|u| !u.trim().is_empty()).ok_or_else(|| {
+        Failure::usage(format!(
+            "{command} needs --fence-url URL (or FENCED_FENCE_URL)"
+        ))
+    })?;
+    Ok(fenced::connect_fence(&url).await?)
+}
+
+fn resource_id(resource: &str) -> Result<ResourceId, Failure> {
+    ResourceId::new(resource).map_err(|e| Failure::usage(e.to_string()))
+}
+
+/// `fenced fence write RESOURCE VALUE --token N --fence-url URL`: written (0), or refused as
+/// stale ([`exit::LOST`], nothing written). Input is checked before connecting.
+pub(crate) async fn fence_write(
+    fence_url: Option<String>,
+    resource: &str,
+    value: String,
+    token: Option<Token>,
+    output: Output,
+) -> Result<u8, Failure> {
+    let resource = resource_id(resource)?;
+    let token = token.ok_or_else(|| {
+        Failure::usage("fence write needs --token N (or FENCED_TOKEN, which `fenced run` sets)")
+    })?;
+    let fence = connect_fence(fence_url, "fence write").await?;
+    let accepted = fence
+        .write(&resource, token, fenced::Bytes::from(value.into_bytes()))
+        .await?;
+    let previous = accepted.previous;
+    emit(
+        output,
+        json!({
+            "resource": resource.as_str(),
+            "backend": fence.backend(),
+            "token": token.get(),
+            "written": true,
+            "previous_token": previous.map(|t| t.get()),
+        }),
+        format!(
+            "written to {resource} under token {token} (newest before: {})\n",
+            previous.map_or_else(|| "none".to_owned(), |t| t.to_string())
+        ),
+    );
+    Ok(exit::OK)
+}
+
 /// `fenced fence read RESOURCE --fence-url URL`.
 pub(crate) async fn fence_read(
     fence_url: Option<String>,
     resource: &str,
     output: Output,
 ) -> Result<u8, Failure> {
-    let resource = ResourceId::new(resource).map_err(|e| Failure::usage(e.to_string()))?;
-    let url = fence_url
-        .filter(|u| !u.trim().is_empty())
-        .ok_or_else(|| Failure::usage("fence read needs --fence-url URL (or FENCED_FENCE_URL)"))?;
-    let fence: Arc<dyn Fence> = fenced::connect_fence(&url).await?;
+    let resource = resource_id(resource)?;
+    let fence = connect_fence(fence_url, "fence read").await?;
     let state = fence.read(&resource).await?;
     let base = json!({"resource": resource.as_str(), "backend": fence.backend()});
     let mut value = base;

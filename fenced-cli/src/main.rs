@@ -80,6 +80,16 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
                     output,
                 },
         } => commands::fence_read(fence_url, &resource, output).await,
+        Command::Fence {
+            command:
+                FenceCommand::Write {
+                    resource,
+                    value,
+                    token,
+                    fence_url,
+                    output,
+                },
+        } => commands::fence_write(fence_url, &resource, value, token, output).await,
     }
 }
 

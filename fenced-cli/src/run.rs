@@ -126,12 +126,19 @@ fn forward(child: &Child, sig: Signal) {
     }
 }
 
-/// SIGTERM, then SIGKILL once `grace` has passed; says how the command ended.
+/// SIGTERM and SIGCONT, then SIGKILL once `grace` has passed; says how the command ended.
+///
+/// SIGCONT follows SIGTERM (as systemd does) so that a command that is stopped (SIGSTOP, a
+/// terminal's ^Z, a debugger) acts on the SIGTERM within the grace period like a running one,
+/// instead of sitting out the grace stopped and being killed. Whatever it writes on its way out
+/// carries the lost lease's token, which a fence rejects once a newer holder has written or
+/// claimed. On a running command SIGCONT does nothing.
 async fn stop(child: &mut Child, grace: Duration) -> String {
     if let Ok(Some(_)) = child.try_wait() {
         return "already finished".to_owned();
     }
     forward(child, Signal::SIGTERM);
+    forward(child, Signal::SIGCONT);
     match tokio::time::timeout(grace, child.wait()).await {
         Ok(_) => "stopped with SIGTERM".to_owned(),
         Err(_) => {

@@ -379,6 +379,36 @@ fn fence_read_shows_the_newest_token_and_value(url: &str, backend: &str) {
         .code(0)
         .stdout(predicate::str::contains("written by 7"))
         .stdout(predicate::str::contains("paid"));
+
+    // fence write: a token below the newest is refused as stale (76, nothing written); the
+    // token comes from --token or FENCED_TOKEN (as `fenced run` sets it).
+    let out = fenced()
+        .args(["fence", "write", "orders/42", "late", "--token", "5"])
+        .args(["--fence-url", url])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(LOST), "{}", stderr_of(&out));
+    assert_one_line(&stderr_of(&out));
+    assert!(stderr_of(&out).contains("stale"), "{}", stderr_of(&out));
+    let out = fenced()
+        .env("FENCED_TOKEN", "8")
+        .args(["fence", "write", "orders/42", "shipped", "--json"])
+        .args(["--fence-url", url])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (&v["token"], &v["previous_token"]),
+        (&8.into(), &7.into()),
+        "{v}"
+    );
+    let (_, v) = json_of(&["fence", "read", "orders/42", "--fence-url", url, "--json"]);
+    assert_eq!(
+        (&v["newest_token"], &v["value"]["utf8"]),
+        (&8.into(), &"shipped".into()),
+        "{v}"
+    );
 }
 
 mod fence_read {

@@ -8,5 +8,6 @@
 
 mod backends;
 mod commands;
+mod run;
 mod support;
 mod usage;

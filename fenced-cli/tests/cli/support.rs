@@ -28,6 +28,7 @@ pub(crate) fn fenced() -> Command {
     let mut c = Command::new(fenced_bin());
     c.env_remove("FENCED_URL")
         .env_remove("FENCED_FENCE_URL")
+        .env_remove("FENCED_TOKEN")
         .env_remove("CONSUL_HTTP_ADDR")
         .env_remove("RUST_LOG")
         .timeout(Duration::from_secs(60));
@@ -92,6 +93,7 @@ impl Holder {
         let child = std::process::Command::new(fenced_bin())
             .env_remove("FENCED_URL")
             .env_remove("FENCED_FENCE_URL")
+            .env_remove("FENCED_TOKEN")
             .env_remove("RUST_LOG")
             .env("DIR", dir.path())
             .envs(env.iter().copied())
@@ -129,6 +131,11 @@ impl Holder {
 
     pub(crate) fn path(&self, name: &str) -> PathBuf {
         self.dir.path().join(name)
+    }
+
+    /// The PID of the `fenced run` process.
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
     }
 
     /// `(key, token)` as the child saw them in `FENCED_KEY` and `FENCED_TOKEN`.

@@ -40,6 +40,22 @@ fn bad_urls_durations_and_keys_are_one_line_usage_errors() {
         (&["inspect", "k"], "--url"),
         (&["--url", "redis://h", "run", "k"], "CMD"),
         (&["fence", "read", "r"], "--fence-url"),
+        (&["fence", "write", "r", "v"], "--token"),
+        (&["fence", "write", "r", "v", "--token", "1"], "--fence-url"),
+        (&["fence", "write", "r", "v", "--token", "x"], "--token"),
+        (
+            &[
+                "fence",
+                "write",
+                "a//b",
+                "v",
+                "--token",
+                "1",
+                "--fence-url",
+                "redis://h",
+            ],
+            "a//b",
+        ),
         (
             &["--url", "redis://h", "audit", "k", "--limit", "0"],
             "limit",

@@ -1,0 +1,111 @@
+//! `fenced run` when the lease is lost under a paused command: the command is stopped and its
+//! late write is rejected by the fence.
+
+use std::fs;
+use std::time::Duration;
+
+use conformance_tests::process;
+
+use crate::backends::{on_every_backend, Subject};
+use crate::support::*;
+
+on_every_backend!(a_paused_command_is_stopped_and_its_stale_write_rejected);
+
+/// The holder's command: writes `first` through the fence under its token, reports its PID and
+/// token, idles; on SIGTERM it tries one more write (`stale`), records that write's exit status
+/// in `$DIR/stale`, and exits.
+const PAUSED_SCRIPT: &str = r#"trap '"$FENCED_BIN" fence write orders/1 stale >/dev/null 2>"$DIR/stale.err"; echo $? > "$DIR/stale.tmp"; mv "$DIR/stale.tmp" "$DIR/stale"; exit 143' TERM
+"$FENCED_BIN" fence write orders/1 first >/dev/null || exit 9
+echo $$ > "$DIR/pid"
+echo "$FENCED_KEY $FENCED_TOKEN" > "$DIR/token.tmp" && mv "$DIR/token.tmp" "$DIR/token"
+i=0; while [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done"#;
+
+/// A holder's command and `fenced run` itself freeze (SIGSTOP, until every thread shows
+/// stopped) past the TTL; meanwhile another `fenced run` takes the key and writes through the
+/// fence under its higher token. `fenced run` alone is thawed: it finds its lease lost and stops
+/// the command, which is still frozen (SIGTERM, then SIGCONT so that it acts on it). The command's
+/// last write is rejected as stale, the fence keeps the newer holder's value, `fenced` exits 76.
+fn a_paused_command_is_stopped_and_its_stale_write_rejected(s: &Subject, test: &str) {
+    let Some(fence_url) = s.fence_url(test) else {
+        return;
+    };
+    let url = s.url.as_str();
+    let key = "jobs/paused";
+    let bin = fenced_bin();
+    let bin = bin.to_str().unwrap();
+    let env = [
+        ("FENCED_FENCE_URL", fence_url.as_str()),
+        ("FENCED_BIN", bin),
+    ];
+    let mut holder = Holder::start_script(
+        url,
+        key,
+        &["--ttl", "2s", "--grace", "10s"],
+        PAUSED_SCRIPT,
+        &env,
+    );
+    let (_, old_token) = holder.seen();
+    let command: u32 = fs::read_to_string(holder.path("pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let fenced_pid = holder.pid();
+    process::pause(command).expect("the command frozen");
+    process::pause(fenced_pid).expect("fenced run frozen");
+
+    // Another client waits for the key (the frozen holder renews nothing) and writes under its
+    // own, higher token.
+    let out = fenced()
+        .env("FENCED_FENCE_URL", &fence_url)
+        .env("FENCED_BIN", bin)
+        .args([
+            "--url", url, "run", key, "--ttl", "2s", "--wait", "30s", "--",
+        ])
+        .args([
+            "sh",
+            "-c",
+            r#""$FENCED_BIN" fence write orders/1 newer >/dev/null && echo "$FENCED_TOKEN""#,
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let new_token: u64 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+    assert!(new_token > old_token, "tokens {old_token} then {new_token}");
+
+    // Only fenced run thaws; the command stays frozen until fenced stops it.
+    process::resume(fenced_pid).expect("fenced run thawed");
+    let status = holder.wait_exit(Duration::from_secs(30));
+    let err = holder.stderr();
+    assert_eq!(status.code(), Some(LOST), "{err}");
+    assert_one_line(&err);
+    assert!(err.contains("lost") && err.contains("SIGTERM"), "{err}");
+    assert!(
+        !err.contains("SIGKILL"),
+        "the frozen command got SIGKILL: {err}"
+    );
+    eventually(Duration::from_secs(10), "the command to be gone", || {
+        (!process::exists(command)).then_some(())
+    });
+
+    // Its late write was tried and refused as stale; the newer holder's value stands.
+    let stale = fs::read_to_string(holder.path("stale")).unwrap_or_default();
+    assert_eq!(
+        stale.trim(),
+        LOST.to_string(),
+        "the command's last write: {}",
+        fs::read_to_string(holder.path("stale.err")).unwrap_or_default()
+    );
+    let (code, v) = json_of(&[
+        "fence",
+        "read",
+        "orders/1",
+        "--fence-url",
+        &fence_url,
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{v}");
+    assert_eq!(v["newest_token"], new_token, "{v}");
+    assert_eq!(v["value"]["token"], new_token, "{v}");
+    assert_eq!(v["value"]["utf8"], "newer", "{v}");
+}
