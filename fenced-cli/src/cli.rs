@@ -110,6 +110,11 @@ pub(crate) enum Command {
     /// directly). Only CMD itself is signalled: a shell script should `exec` its last command or
     /// pass the signal on to its own children.
     Run(RunArgs),
+    /// Work out the token floor to configure after restoring the coordinator from a backup.
+    TokenFloor {
+        #[command(subcommand)]
+        command: TokenFloorCommand,
+    },
     /// Read a fenced resource, or write to it under a fencing token.
     Fence {
         #[command(subcommand)]
@@ -136,6 +141,36 @@ pub(crate) struct RunArgs {
     /// The command and its arguments (after `--`).
     #[arg(required = true, num_args = 1.., last = true, value_name = "CMD")]
     pub(crate) command: Vec<OsString>,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum TokenFloorCommand {
+    /// Suggest a token floor for KEY: one above the highest token any named fence accepted and
+    /// the coordinator's current token for KEY.
+    ///
+    /// A coordinator restored from a backup (a Redis RDB/AOF, an etcd snapshot, a ZooKeeper or
+    /// Consul snapshot) may hand out tokens again that fences already accepted, so a new
+    /// holder's writes would be refused, or, worse, an old one's accepted. Configure the floor
+    /// this prints (the `token_floor=N` option of the backend URL: every token is then above N)
+    /// before any client acquires KEY again.
+    ///
+    /// Each --resource is read on each --fence (or on FENCED_FENCE_URL when no --fence is
+    /// given); the coordinator's token comes from `inspect KEY` (none when KEY is free). Every
+    /// number is printed with where it came from. Fence URLs are never printed: fences are
+    /// named by their position on the command line. Exit 0 with a suggestion; 1 when no number
+    /// was found (KEY is free and no fence accepted a token for the resources named).
+    Suggest {
+        /// The lock key whose tokens the fences carry.
+        key: String,
+        /// A fence to read (redis://, etcd://, postgres://, ...); repeat for several.
+        #[arg(long = "fence", value_name = "URL")]
+        fences: Vec<String>,
+        /// A resource the holders of KEY write through the fences; repeat for several.
+        #[arg(long = "resource", value_name = "RESOURCE")]
+        resources: Vec<String>,
+        #[command(flatten)]
+        output: Output,
+    },
 }
 
 #[derive(Debug, Subcommand)]

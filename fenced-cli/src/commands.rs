@@ -37,7 +37,7 @@ pub(crate) async fn connect(flag: Option<String>) -> Result<Arc<dyn Coordinator>
 }
 
 /// Writes `value` (JSON) or `text` on stdout.
-fn emit(output: Output, value: Value, text: String) {
+pub(crate) fn emit(output: Output, value: Value, text: String) {
     if output.json {
         println!("{value}");
     } else {
@@ -268,7 +268,7 @@ fn record_text(r: &AuditRecord) -> String {
 }
 
 /// The fence at `--fence-url` (or `FENCED_FENCE_URL`), which `command` needs.
-async fn connect_fence(
+pub(crate) async fn connect_fence(
     fence_url: Option<String>,
     command: &str,
 ) -> Result<Arc<dyn Fence>, Failure> {
@@ -280,7 +280,7 @@ async fn connect_fence(
     Ok(fenced::connect_fence(&url).await?)
 }
 
-fn resource_id(resource: &str) -> Result<ResourceId, Failure> {
+pub(crate) fn resource_id(resource: &str) -> Result<ResourceId, Failure> {
     ResourceId::new(resource).map_err(|e| Failure::usage(e.to_string()))
 }
 

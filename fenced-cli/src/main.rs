@@ -5,6 +5,7 @@
 mod cli;
 mod commands;
 mod exit;
+mod floor;
 mod run;
 
 use std::io::Write;
@@ -13,7 +14,7 @@ use std::time::Duration;
 
 use clap::Parser;
 
-use crate::cli::{Cli, Command, FenceCommand};
+use crate::cli::{Cli, Command, FenceCommand, TokenFloorCommand};
 use crate::exit::Failure;
 
 fn main() -> ExitCode {
@@ -72,6 +73,15 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
             commands::audit(cli.url, &key, limit, output).await
         }
         Command::Run(args) => run::run(cli.url, args).await,
+        Command::TokenFloor {
+            command:
+                TokenFloorCommand::Suggest {
+                    key,
+                    fences,
+                    resources,
+                    output,
+                },
+        } => floor::suggest(cli.url, &key, fences, resources, output).await,
         Command::Fence {
             command:
                 FenceCommand::Read {

@@ -10,4 +10,5 @@ mod backends;
 mod commands;
 mod run;
 mod support;
+mod token_floor;
 mod usage;

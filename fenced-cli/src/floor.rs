@@ -1,0 +1,156 @@
+//! `fenced token-floor suggest KEY [--fence URL]... [--resource R]...`: the floor to configure
+//! after a restore of the coordinator.
+
+use serde_json::{json, Value};
+
+use fenced::Token;
+
+use crate::cli::Output;
+use crate::commands::{connect, connect_fence, emit, lock_key, resource_id};
+use crate::exit::{self, Failure};
+
+/// One number the suggestion rests on, and where it came from.
+struct Source {
+    token: Token,
+    what: String,
+}
+
+/// Reads the coordinator's current token for KEY and each resource's newest accepted token on
+/// each fence, and suggests one above the highest. Input is checked before anything is sent.
+pub(crate) async fn suggest(
+    url: Option<String>,
+    key: &str,
+    mut fences: Vec<String>,
+    resources: Vec<String>,
+    output: Output,
+) -> Result<u8, Failure> {
+    let key = lock_key(key)?;
+    let resources = resources
+        .iter()
+        .map(|r| resource_id(r).map_err(|e| Failure::usage(format!("--resource: {e}"))))
+        .collect::<Result<Vec<_>, _>>()?;
+    if fences.is_empty() {
+        if let Some(url) = std::env::var("FENCED_FENCE_URL")
+            .ok()
+            .filter(|u| !u.trim().is_empty())
+        {
+            fences.push(url);
+        }
+    }
+    if let Some(empty) = fences.iter().position(|f| f.trim().is_empty()) {
+        return Err(Failure::usage(format!("--fence {} is empty", empty + 1)));
+    }
+    match (fences.is_empty(), resources.is_empty()) {
+        (false, true) => {
+            return Err(Failure::usage(
+                "--fence needs at least one --resource RESOURCE to read on it",
+            ))
+        }
+        (true, false) => {
+            return Err(Failure::usage(
+                "--resource needs a fence to read it on: --fence URL (or FENCED_FENCE_URL)",
+            ))
+        }
+        _ => {}
+    }
+
+    let coord = connect(url).await?;
+    let backend = coord.capabilities().backend;
+    let holder = coord.inspect(&key).await?;
+    let mut sources = Vec::new();
+    let mut text = format!("key          {key}\n");
+    let coordinator = match &holder {
+        Some(h) => {
+            text += &format!(
+                "coordinator  {backend}: token {} (inspect {key}: held by {})\n",
+                h.token, h.owner
+            );
+            sources.push(Source {
+                token: h.token,
+                what: format!("the coordinator ({backend}), holder of {key}"),
+            });
+            json!({"backend": backend, "held": true, "token": h.token.get(), "owner": h.owner.as_str()})
+        }
+        None => {
+            text += &format!("coordinator  {backend}: no current token (inspect {key}: free)\n");
+            json!({"backend": backend, "held": false, "token": null, "owner": null})
+        }
+    };
+
+    let mut read = Vec::new();
+    for (i, fence_url) in fences.into_iter().enumerate() {
+        let n = i + 1;
+        let fence = connect_fence(Some(fence_url), "token-floor suggest")
+            .await
+            .map_err(|f| Failure::new(f.status, format!("fence {n}: {f}")))?;
+        let fence_backend = fence.backend();
+        for resource in &resources {
+            let state = fence
+                .read(resource)
+                .await
+                .map_err(|e| Failure::new(exit::status_of(&e), format!("fence {n}: {e}")))?;
+            let newest = state.map(|s| s.newest);
+            match newest {
+                Some(t) => {
+                    text += &format!(
+                        "fence {n}      {fence_backend} {resource}: newest accepted token {t}\n"
+                    );
+                    sources.push(Source {
+                        token: t,
+                        what: format!("fence {n} ({fence_backend}), resource {resource}"),
+                    });
+                }
+                None => {
+                    text += &format!(
+                        "fence {n}      {fence_backend} {resource}: never accepted a token\n"
+                    );
+                }
+            }
+            read.push(json!({
+                "fence": n,
+                "backend": fence_backend,
+                "resource": resource.as_str(),
+                "newest_token": newest.map(|t| t.get()),
+            }));
+        }
+    }
+
+    let mut value = json!({
+        "key": key.as_str(),
+        "backend": backend,
+        "coordinator": coordinator,
+        "fences": read,
+    });
+    let Some(highest) = sources.iter().max_by_key(|s| s.token) else {
+        value["highest"] = Value::Null;
+        value["suggested_floor"] = Value::Null;
+        text += "suggested    none: no token found (the key is free and no fence named accepted \
+                 one); name the fences and resources its holders write to\n";
+        emit(output, value, text);
+        return Ok(exit::ABSENT);
+    };
+    let floor = highest
+        .token
+        .get()
+        .checked_add(1)
+        .and_then(|t| Token::new(t).ok())
+        .ok_or_else(|| {
+            Failure::new(
+                exit::SOFTWARE,
+                format!(
+                    "the highest token {} ({}) is the largest token there is: no floor above it",
+                    highest.token, highest.what
+                ),
+            )
+        })?;
+    value["highest"] = json!({"token": highest.token.get(), "source": highest.what});
+    value["suggested_floor"] = json!(floor.get());
+    text += &format!("highest      {} ({})\n", highest.token, highest.what);
+    text += &format!("suggested    {floor}\n");
+    text += &format!(
+        "configure    token_floor={floor} in the backend URL of every client of {key}, before \
+         any acquires it again\n"
+    );
+    emit(output, value, text);
+    Ok(exit::OK)
+}
