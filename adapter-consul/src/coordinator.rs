@@ -8,10 +8,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
-use lease_core::adapter::Backoff;
+use lease_core::adapter::{Backoff, TokenAdmission};
 use lease_core::{
     AuditRecord, Capabilities, Coordinator, Error, ForceRelease, HolderInfo, Lease, LeaseOptions,
-    LeaseTracker, LockKey, LostReason, OwnerId, Result, Token, Watermarks,
+    LeaseTracker, LockKey, LostReason, OwnerId, Result, Token,
 };
 use serde::{Deserialize, Serialize};
 use tokio::sync::OwnedMutexGuard;
@@ -140,9 +140,9 @@ struct Inner {
     sessions: Arc<SessionManager>,
     slots: Arc<Slots>,
     default_owner: OwnerId,
-    /// The scope of the process-wide token watermark: agent, datacenter and key prefix (each
+    /// Admits grants; the watermark's scope is agent, datacenter and key prefix (each
     /// datacenter has its own Raft index; two prefixes are two lock namespaces).
-    agent: String,
+    tokens: TokenAdmission,
     next_lease: AtomicU64,
 }
 
@@ -297,7 +297,7 @@ impl ConsulCoordinator {
         ));
         Ok(ConsulCoordinator {
             inner: Arc::new(Inner {
-                agent: config.token_scope(),
+                tokens: TokenAdmission::new(BACKEND, config.token_scope(), config.token_floor()),
                 monitor: Arc::new(Monitor::new(
                     http.clone(),
                     config.locks_prefix(),
@@ -580,18 +580,7 @@ impl ConsulCoordinator {
         let raw = entry.modify_index;
         // Fail closed on an index that is not above the floor or above every token this process
         // was granted for the key on this agent (a snapshot restore), and leave no lock behind.
-        let admitted = Token::new(raw).map_err(Error::from).and_then(|token| {
-            Watermarks::process()
-                .admit(
-                    BACKEND,
-                    &inner.agent,
-                    key,
-                    token,
-                    inner.config.token_floor(),
-                )
-                .map(|()| token)
-        });
-        let token = match admitted {
+        let token = match inner.tokens.admit(key, raw) {
             Ok(t) => t,
             Err(e) => {
                 self.release_detached(kv_key, raw, &session, slot);
@@ -702,7 +691,7 @@ impl ConsulCoordinator {
     /// created (a key found existing is deleted and locked again), so that index is the
     /// holder's token, and a plain write by another tool (which raises `ModifyIndex`) does not
     /// change it. When that write replaced the holder record, the owner is shown as the session.
-    fn holder_info(key: &LockKey, entry: &KvEntry) -> Result<HolderInfo> {
+    fn holder_info(&self, key: &LockKey, entry: &KvEntry) -> Result<HolderInfo> {
         let record: Option<HolderRecord> = serde_json::from_slice(&entry.value_bytes()).ok();
         let owner = record
             .as_ref()
@@ -713,8 +702,7 @@ impl ConsulCoordinator {
                     .and_then(|s| OwnerId::new(format!("unknown (consul session {s})")).ok())
             })
             .unwrap_or_else(|| OwnerId::new("unknown").expect("valid label"));
-        let token = Token::new(entry.create_index)
-            .map_err(|_| crate::error::protocol("inspect", "CreateIndex above the token range"))?;
+        let token = self.inner.tokens.convert(key, entry.create_index)?;
         Ok(HolderInfo::new(key.clone(), owner, token)
             .with_operation(record.as_ref().and_then(|r| r.operation.clone()))
             .with_acquired_at(
@@ -755,7 +743,7 @@ impl Coordinator for ConsulCoordinator {
             .kv_get(&kv_key, true, None, "inspect")
             .await?;
         match entry.filter(|e| e.holder().is_some()) {
-            Some(e) => Ok(Some(Self::holder_info(key, &e)?)),
+            Some(e) => Ok(Some(self.holder_info(key, &e)?)),
             None => Ok(None),
         }
     }
@@ -783,7 +771,7 @@ impl Coordinator for ConsulCoordinator {
                 // server removes that holder or nothing (and then this loop looks again).
                 let found = entry
                     .as_ref()
-                    .map(|e| Self::holder_info(key, e).map(|h| h.token))
+                    .map(|e| self.holder_info(key, e).map(|h| h.token))
                     .transpose()?;
                 if found != Some(expected) {
                     return Err(request.refused(BACKEND, key, expected, found));
@@ -799,7 +787,7 @@ impl Coordinator for ConsulCoordinator {
                 );
                 return Ok(None);
             };
-            let info = Self::holder_info(key, &entry)?;
+            let info = self.holder_info(key, &entry)?;
             let audit_key = inner.config.audit_key(key);
             let (_, audit_entry) = inner
                 .http

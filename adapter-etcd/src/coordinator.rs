@@ -11,10 +11,10 @@ use etcd_client::{
     Client, Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn,
     TxnOp, TxnOpResponse,
 };
-use lease_core::adapter::Backoff;
+use lease_core::adapter::{Backoff, TokenAdmission};
 use lease_core::{
     AuditRecord, Capabilities, Coordinator, Error, ForceRelease, HolderInfo, Lease, LeaseOptions,
-    LeaseStatus, LeaseTracker, LockKey, LostReason, OwnerId, Result, Token, Watermarks,
+    LeaseStatus, LeaseTracker, LockKey, LostReason, OwnerId, Result, Token,
 };
 use tokio::sync::oneshot;
 use tokio::time::Instant;
@@ -50,10 +50,9 @@ struct Inner {
     sessions: tokio::sync::Mutex<HashMap<i64, Arc<Session>>>,
     /// Numbers each acquisition attempt, so that every attempt has its own key.
     attempts: AtomicU64,
-    /// Names this cluster and key prefix in the process-wide token watermarks: a grant must be
-    /// above every token granted for the lock in this process, or it fails closed with
-    /// `TokenRegression`.
-    scope: String,
+    /// Admits grants: in range, above the floor and above every token granted for the lock in
+    /// this process on this cluster and key prefix.
+    tokens: TokenAdmission,
 }
 
 /// A coordinator on an etcd cluster.
@@ -215,10 +214,14 @@ impl EtcdCoordinator {
         let cleaner = Cleaner::start(client.clone(), config.request_timeout());
         let watcher = Watcher::start(client.clone(), config.request_timeout());
         let confirmer = Confirmer::start(client.clone(), config.request_timeout());
-        let scope = format!(
-            "etcd://{}#{}",
-            config.endpoints().join(","),
-            config.key_prefix()
+        let tokens = TokenAdmission::new(
+            BACKEND,
+            format!(
+                "etcd://{}#{}",
+                config.endpoints().join(","),
+                config.key_prefix()
+            ),
+            config.token_floor(),
         );
         Ok(EtcdCoordinator {
             inner: Arc::new(Inner {
@@ -233,7 +236,7 @@ impl EtcdCoordinator {
                 owner,
                 sessions: tokio::sync::Mutex::new(HashMap::new()),
                 attempts: AtomicU64::new(rand::random::<u32>() as u64),
-                scope,
+                tokens,
             }),
         })
     }
@@ -307,15 +310,6 @@ fn range_of(resp: &etcd_client::TxnResponse, index: usize) -> Vec<KeyValue> {
 
 fn header_revision(h: Option<&etcd_client::ResponseHeader>) -> i64 {
     h.map_or(0, |h| h.revision())
-}
-
-fn token_of(key: &LockKey, revision: i64) -> Result<Token> {
-    Token::from_i64(revision).map_err(|_| Error::TokenRegression {
-        backend: BACKEND,
-        key: key.to_string(),
-        observed: Token::ZERO,
-        floor: Token::ZERO,
-    })
 }
 
 /// `try_acquire`'s transaction: put our key (attached to the session) if the lock has no key
@@ -393,25 +387,6 @@ impl Inner {
             session: session.clone(),
             armed: true,
         }
-    }
-
-    /// Fails closed if `token` is not above the configured floor.
-    fn check_floor(&self, key: &LockKey, token: Token) -> Result<()> {
-        match self.handle.config.token_floor() {
-            Some(floor) if token <= floor => Err(Error::TokenRegression {
-                backend: BACKEND,
-                key: key.to_string(),
-                observed: token,
-                floor,
-            }),
-            _ => Ok(()),
-        }
-    }
-
-    /// Fails closed if `token` is not above every token this process was granted for the lock on
-    /// this cluster ([`lease_core::Watermarks`]); records it otherwise.
-    fn check_high_water(&self, key: &LockKey, token: Token) -> Result<()> {
-        Watermarks::process().admit(BACKEND, &self.scope, key, token, None)
     }
 
     /// The state of a lease granted `token` whose ownership was confirmed by a request sent at
@@ -493,9 +468,7 @@ impl Inner {
             // One write in the transaction: our key's create revision is its revision.
             let revision = header_revision(resp.header());
             pending.revision = Some(revision);
-            let token = token_of(key, revision)?;
-            self.check_floor(key, token)?;
-            self.check_high_water(key, token)?;
+            let token = self.tokens.admit(key, revision)?;
             let tracker = self.tracker(&session, key, token, options, sent);
             if tracker.status() != LeaseStatus::Held {
                 // The answer came after the validity it grants had ended (a round trip longer
@@ -596,8 +569,8 @@ impl Inner {
             };
             let revision = mine.create_revision();
             pending.revision = Some(revision);
-            let token = token_of(key, revision)?;
-            self.check_floor(key, token)?;
+            // Fail fast on a revision that cannot be handed out; admitted when granted.
+            let token = self.tokens.check(key, revision)?;
             let mut predecessor = kvs.get(1).map(|kv| kv.key().to_vec());
             let mut read_revision = header_revision(resp.header());
             let mut confirmed_sent = sent;
@@ -666,7 +639,7 @@ impl Inner {
                 pending.armed = false;
                 continue 'enqueue;
             }
-            self.check_high_water(key, token)?;
+            self.tokens.admit(key, revision)?;
             // Never return a lease whose validity already ended (a slow last read, a session
             // whose last acknowledged keepalive is old): confirm again, a keepalive and a read of
             // our key in one round trip, until the validity it gives is still running when the
@@ -811,15 +784,17 @@ impl Inner {
             .as_ref()
             .and_then(|r| OwnerId::new(r.owner.clone()).ok())
             .unwrap_or_else(|| OwnerId::new("unknown").expect("valid label"));
-        Ok(
-            HolderInfo::new(key.clone(), owner, token_of(key, kv.create_revision())?)
-                .with_operation(record.as_ref().and_then(|r| r.operation.clone()))
-                .with_acquired_at(
-                    record
-                        .as_ref()
-                        .map(|r| SystemTime::UNIX_EPOCH + Duration::from_millis(r.at_ms)),
-                ),
+        Ok(HolderInfo::new(
+            key.clone(),
+            owner,
+            self.tokens.convert(key, kv.create_revision())?,
         )
+        .with_operation(record.as_ref().and_then(|r| r.operation.clone()))
+        .with_acquired_at(
+            record
+                .as_ref()
+                .map(|r| SystemTime::UNIX_EPOCH + Duration::from_millis(r.at_ms)),
+        ))
     }
 }
 

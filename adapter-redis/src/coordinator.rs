@@ -6,10 +6,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
-use lease_core::adapter::Backoff;
+use lease_core::adapter::{Backoff, TokenAdmission};
 use lease_core::{
     AuditRecord, Capabilities, Coordinator, Error, ForceRelease, HolderInfo, Lease, LeaseOptions,
-    LeaseStatus, LeaseTracker, LockKey, LostReason, OwnerId, Result, Token, Watermarks,
+    LeaseStatus, LeaseTracker, LockKey, LostReason, OwnerId, Result, Token,
 };
 use tokio::time::Instant;
 
@@ -40,9 +40,9 @@ pub(crate) struct Inner {
     wakeups: Wakeups,
     caps: Capabilities,
     default_owner: OwnerId,
-    /// The highest token this process has granted per key (fail closed below it).
-    /// Names this server and key prefix in the process-wide token watermarks.
-    scope: String,
+    /// Admits grants: in range, above the floor and above every token this process was granted
+    /// for the lock on this server and key prefix (fail closed otherwise).
+    tokens: TokenAdmission,
     /// Live leases of this process by nonce, so that a local force release marks them revoked
     /// and the holder monitor can judge them.
     live: Mutex<LiveSet>,
@@ -318,11 +318,15 @@ impl RedisCoordinator {
     /// - `Unavailable` when the server cannot be reached within the connect timeout.
     /// - `InvalidInput` for an unreadable `tls_ca_file` or a URL the client rejects.
     pub async fn connect(config: RedisConfig) -> Result<Self> {
-        let scope = format!(
-            "redis://{}{}#{}",
-            config.url().hosts().join(","),
-            config.url().expose().path(),
-            config.key_prefix()
+        let tokens = TokenAdmission::new(
+            BACKEND,
+            format!(
+                "redis://{}{}#{}",
+                config.url().hosts().join(","),
+                config.url().expose().path(),
+                config.key_prefix()
+            ),
+            config.token_floor(),
         );
         let conn = Arc::new(Connection::open(&config).await?);
         let wakeups = Wakeups::start(&conn, config.request_timeout()).await?;
@@ -346,7 +350,7 @@ impl RedisCoordinator {
             wakeups,
             caps,
             default_owner,
-            scope,
+            tokens,
             live: Mutex::new(LiveSet::default()),
             monitor,
         });
@@ -375,9 +379,9 @@ impl RedisCoordinator {
 
     /// The highest token this process has granted for `key` on this server and key prefix, if
     /// any: tokens at or below it are refused with `TokenRegression`
-    /// ([`lease_core::Watermarks`]).
+    /// ([`lease_core::adapter::Watermarks`]).
     pub fn high_water_mark(&self, key: &LockKey) -> Option<Token> {
-        Watermarks::process().highest(&self.inner.scope, key)
+        self.inner.tokens.highest(key)
     }
 
     async fn acquire_inner(
@@ -552,9 +556,10 @@ impl RedisCoordinator {
         let items = reply::array(v).ok_or_else(|| bad_reply(Op::ACQUIRE, "not an array"))?;
         match items.as_slice() {
             [flag, token] if matches!(reply::int(flag), Some(1 | 2)) => {
-                let token: Token = reply::text(token)
+                let native: u64 = reply::text(token)
                     .and_then(|t| t.parse().ok())
-                    .ok_or_else(|| bad_reply(Op::ACQUIRE, "token is not a number in range"))?;
+                    .ok_or_else(|| bad_reply(Op::ACQUIRE, "token is not a number"))?;
+                let token = self.inner.tokens.convert(key, native)?;
                 // 1: this request wrote the lock, so Redis counts its PX from after our send.
                 // 2: an earlier request of this call did, at the earliest when the first unseen
                 // one was sent.
@@ -635,20 +640,12 @@ impl RedisCoordinator {
         let ttl = options.ttl_value();
         let margin = options.drift_margin_for(ttl);
         let valid_until = lease_core::clock::valid_until(sent_at, ttl, margin);
+        // A grant handed out is admitted (and recorded); one whose validity ended in flight is
+        // only checked, so that a token that went backwards is reported either way.
         let regression = if Instant::now() < valid_until {
-            Watermarks::process()
-                .admit(BACKEND, &self.inner.scope, key, token, None)
-                .err()
+            self.inner.tokens.admit(key, token).err()
         } else {
-            Watermarks::process()
-                .highest(&self.inner.scope, key)
-                .filter(|prev| token <= *prev)
-                .map(|prev| Error::TokenRegression {
-                    backend: BACKEND,
-                    key: key.to_string(),
-                    observed: token,
-                    floor: prev,
-                })
+            self.inner.tokens.check(key, token).err()
         };
         if Instant::now() >= valid_until || regression.is_some() {
             // Either the lease expired before we could use it (a very slow reply), or the token

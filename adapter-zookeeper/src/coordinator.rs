@@ -35,10 +35,10 @@ use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
 use async_trait::async_trait;
-use lease_core::adapter::Backoff;
+use lease_core::adapter::{Backoff, TokenAdmission};
 use lease_core::{
     AuditRecord, Capabilities, Coordinator, Error, ForceRelease, HolderInfo, Lease, LeaseOptions,
-    LeaseTracker, LockKey, OwnerId, Result, Token, Watermarks,
+    LeaseTracker, LockKey, OwnerId, Result, Token,
 };
 use tokio::time::Instant;
 use zookeeper_client::{CreateMode, Error as ZkError, MultiReadResult, Stat};
@@ -63,7 +63,9 @@ struct Inner {
     client_id: u64,
     attempts: AtomicU64,
     owner: OwnerId,
-    namespace: String,
+    /// Admits grants: in range, above the floor and above every token this process was granted
+    /// for the lock on this ensemble and base path.
+    tokens: TokenAdmission,
 }
 
 /// A [`Coordinator`] on ZooKeeper: one session per coordinator, one ephemeral sequential node per
@@ -121,7 +123,11 @@ impl ZkCoordinator {
             .fifo(true)
             .durable_tokens(true)
             .shared_across_processes(true);
-        let namespace = format!("{}{}", config.connect_string(), config.base_path());
+        let tokens = TokenAdmission::new(
+            BACKEND,
+            format!("{}{}", config.connect_string(), config.base_path()),
+            config.token_floor(),
+        );
         let owner = config
             .owner()
             .cloned()
@@ -134,7 +140,7 @@ impl ZkCoordinator {
                 client_id: rand::random(),
                 attempts: AtomicU64::new(0),
                 owner,
-                namespace,
+                tokens,
             }),
         })
     }
@@ -601,42 +607,27 @@ impl ZkCoordinator {
         key: &LockKey,
         node: &Node,
     ) -> std::result::Result<Token, Option<Error>> {
-        let token = Token::from_i64(node.czxid).map_err(|e| Some(e.into()))?;
-        if let Some(floor) = self.inner.config.token_floor() {
-            if token <= floor {
-                return Err(Some(Error::TokenRegression {
-                    backend: BACKEND,
-                    key: key.to_string(),
-                    observed: token,
-                    floor,
-                }));
-            }
-        }
-        // The per-process high-water mark, per ensemble and base path ([`Watermarks`]).
-        let watermarks = Watermarks::process();
-        let previous = watermarks.highest(&self.inner.namespace, key);
-        if let Some(prev) = previous.filter(|p| token <= *p) {
+        let tokens = &self.inner.tokens;
+        match tokens.check(key, node.czxid) {
+            Ok(_) => {}
             // A later token was granted in this process. Either our node was deleted after we saw
             // it first (and someone else got the lock), or the ensemble's state went backwards.
-            match self
-                .read(s, Op::WAIT, s.client().check_stat(&node.path))
-                .await
+            Err(regression @ Error::TokenRegression { floor: bound, .. })
+                if Some(bound) != tokens.floor() =>
             {
-                Ok(Ok(Some(stat))) if stat.czxid == node.czxid => {
-                    return Err(Some(Error::TokenRegression {
-                        backend: BACKEND,
-                        key: key.to_string(),
-                        observed: token,
-                        floor: prev,
-                    }));
-                }
-                Ok(Ok(_)) => return Err(None),
-                Ok(Err(e)) => return Err(Some(from_zk(Op::WAIT, e))),
-                Err(e) => return Err(Some(e)),
+                return match self
+                    .read(s, Op::WAIT, s.client().check_stat(&node.path))
+                    .await
+                {
+                    Ok(Ok(Some(stat))) if stat.czxid == node.czxid => Err(Some(regression)),
+                    Ok(Ok(_)) => Err(None),
+                    Ok(Err(e)) => Err(Some(from_zk(Op::WAIT, e))),
+                    Err(e) => Err(Some(e)),
+                };
             }
+            Err(e) => return Err(Some(e)),
         }
-        watermarks.record(&self.inner.namespace, key, token);
-        Ok(token)
+        tokens.admit(key, node.czxid).map_err(Some)
     }
 
     /// The current holder's node: `(path, data, stat)`.
@@ -731,7 +722,12 @@ fn busy(key: &LockKey, mode: &Mode, start: Instant) -> Error {
     }
 }
 
-fn holder_info(key: &LockKey, data: &[u8], stat: &Stat) -> Result<HolderInfo> {
+fn holder_info(
+    tokens: &TokenAdmission,
+    key: &LockKey,
+    data: &[u8],
+    stat: &Stat,
+) -> Result<HolderInfo> {
     let (owner, operation) = parse_holder_data(data);
     let owner = owner
         .and_then(|o| OwnerId::new(o).ok())
@@ -740,7 +736,7 @@ fn holder_info(key: &LockKey, data: &[u8], stat: &Stat) -> Result<HolderInfo> {
         .ok()
         .map(|ms| UNIX_EPOCH + Duration::from_millis(ms));
     Ok(
-        HolderInfo::new(key.clone(), owner, Token::from_i64(stat.czxid)?)
+        HolderInfo::new(key.clone(), owner, tokens.convert(key, stat.czxid)?)
             .with_operation(operation)
             .with_acquired_at(at),
     )
@@ -868,7 +864,7 @@ impl Coordinator for ZkCoordinator {
         }
         match self.holder(&s, key).await? {
             None => Ok(None),
-            Some((_, data, stat)) => holder_info(key, &data, &stat).map(Some),
+            Some((_, data, stat)) => holder_info(&self.inner.tokens, key, &data, &stat).map(Some),
         }
     }
 
@@ -884,7 +880,7 @@ impl Coordinator for ZkCoordinator {
         for _ in 0..3 {
             let holder = self.holder(&s, key).await?;
             let target = match &holder {
-                Some((_, data, stat)) => Some(holder_info(key, data, stat)?),
+                Some((_, data, stat)) => Some(holder_info(&self.inner.tokens, key, data, stat)?),
                 None => None,
             };
             if let Some(expected) = request.expected_token() {

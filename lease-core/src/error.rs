@@ -15,6 +15,7 @@
 //! | [`Error::Misconfigured`] | the backend's settings cannot keep the guarantees | fix the server's configuration |
 //! | [`Error::NotFound`] | the thing to act on does not exist | create it first |
 //! | [`Error::TokenRegression`] | the backend issued a token not above one seen before | stop: the token source went backwards |
+//! | [`Error::TokenOutOfRange`] | the backend's native token is not a fencing token (negative, or above `i64::MAX`) | stop: the token source is broken |
 //! | [`Error::HolderChanged`] | a `force_release` with an expected token found another holder, or none; nothing was removed | `inspect` again and decide anew |
 
 use std::time::Duration;
@@ -269,6 +270,17 @@ pub enum Error {
         /// The token it must exceed.
         floor: Token,
     },
+    /// The backend's native token (a revision, a zxid, an index, a counter) is not a fencing
+    /// token: negative, or above `i64::MAX`. Fail closed: no lease was handed out.
+    #[error("{backend} issued the native token {native} for {key:?}, which is not a fencing token (0..=9223372036854775807): the token source is broken")]
+    TokenOutOfRange {
+        /// The backend's name.
+        backend: &'static str,
+        /// The key.
+        key: String,
+        /// The native value, rendered.
+        native: String,
+    },
     /// A [`ForceRelease`](crate::ForceRelease) with an
     /// [expected token](crate::ForceRelease::expect_token) found the key held under another
     /// token, or free: the server removed nothing.
@@ -383,6 +395,15 @@ impl Error {
                 observed: *observed,
                 floor: *floor,
             },
+            Error::TokenOutOfRange {
+                backend,
+                key,
+                native,
+            } => Error::TokenOutOfRange {
+                backend,
+                key: key.clone(),
+                native: native.clone(),
+            },
             Error::HolderChanged {
                 key,
                 expected,
@@ -422,6 +443,7 @@ impl Error {
             Error::Misconfigured { .. } => "misconfigured",
             Error::NotFound { .. } => "not_found",
             Error::TokenRegression { .. } => "token_regression",
+            Error::TokenOutOfRange { .. } => "token_out_of_range",
             Error::HolderChanged { .. } => "holder_changed",
         }
     }

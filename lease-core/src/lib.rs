@@ -22,6 +22,7 @@ mod multi;
 mod options;
 mod section;
 mod token;
+mod tokens;
 mod url_options;
 mod watermark;
 
