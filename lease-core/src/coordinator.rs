@@ -83,6 +83,18 @@ impl HolderInfo {
 ///    leaves an orphaned lock past its TTL.
 /// 5. Dropping an `acquire` future at any await point leaves no lock held beyond its TTL and no
 ///    waiter entry that blocks others.
+///
+/// # Not reentrant
+///
+/// A second acquisition of a key this process already holds, even through the same handle and
+/// from the same task, is a contender like any other: `try_acquire` returns `Err(Held)` and
+/// `acquire` waits until the key is free or its wait bound passes (`Err(Timeout)`). There is no
+/// hold count; pass the lease down instead of acquiring again.
+///
+/// # Cancel safety
+///
+/// Each method below says what a dropped future may have done on the server; the crate docs have
+/// the same in one table.
 #[async_trait]
 pub trait Coordinator: Send + Sync + fmt::Debug {
     /// What this backend supports.
@@ -95,16 +107,35 @@ pub trait Coordinator: Send + Sync + fmt::Debug {
     /// - `Err(Timeout)`: the key stayed busy for the whole wait (also with a zero wait).
     /// - `Err(InvalidInput)`: nothing was sent.
     /// - `Err(Unavailable)`: retry later. `Err(OutcomeUnknown)`: re-read (`inspect`) first.
+    /// - A key this process already holds is waited for like any other (not reentrant).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future at any await point leaves no waiter entry behind. The lock may have
+    /// been granted on the server just before the drop (a token used up): no one holds that
+    /// lease, the adapter deletes the lock in the background (compare-and-delete) and in any
+    /// case it expires at its TTL. Nothing to do; a new `acquire` may have to wait for that
+    /// cleanup, so give it a wait of at least one TTL.
     async fn acquire(&self, key: &LockKey, options: &LeaseOptions) -> Result<Box<dyn Lease>>;
 
     /// Acquires `key` only if it is free now (ignores `options.wait`).
     ///
     /// # Behaviour
     /// - `Ok(lease)`: held. `Err(Held)`: someone else has it (or, on a FIFO backend, is queued
-    ///   for it). Other errors as for [`acquire`](Coordinator::acquire).
+    ///   for it), this process included (not reentrant). Other errors as for
+    ///   [`acquire`](Coordinator::acquire).
+    ///
+    /// # Cancel safety
+    ///
+    /// As for [`acquire`](Coordinator::acquire): a lock granted just before the drop is deleted
+    /// in the background and expires at its TTL in any case; nobody holds it.
     async fn try_acquire(&self, key: &LockKey, options: &LeaseOptions) -> Result<Box<dyn Lease>>;
 
     /// Who holds `key` now, if anyone. Read-only.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: read-only, a dropped future changed nothing; call again.
     async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>>;
 
     /// Removes the lock on `key` whoever holds it, recording `request`'s actor and reason (in
@@ -121,6 +152,13 @@ pub trait Coordinator: Send + Sync + fmt::Debug {
     /// key is held under another token or is free, nothing is removed and the call returns
     /// `Err(HolderChanged { expected, found })` (`found` is `None` for a free key). Never
     /// `Ok(None)` then: `Ok(Some(holder))` is the expected holder, removed.
+    ///
+    /// # Cancel safety
+    ///
+    /// Not cancel-safe: a dropped future may or may not have removed the holder, and may or may
+    /// not have written the audit record. Look with [`inspect`](Coordinator::inspect) and
+    /// [`audit_trail`](Coordinator::audit_trail); retry with [`ForceRelease::expect_token`] set
+    /// to the token you meant to remove, so that a holder that arrived since is never removed.
     async fn force_release(
         &self,
         key: &LockKey,
@@ -133,6 +171,10 @@ pub trait Coordinator: Send + Sync + fmt::Debug {
     ///
     /// The default implementation checks `limit` and returns `Err(Unsupported)`; every adapter
     /// of this workspace implements it.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: read-only, a dropped future changed nothing; call again.
     async fn audit_trail(&self, key: &LockKey, limit: usize) -> Result<Vec<AuditRecord>> {
         let _ = key;
         AuditRecord::check_limit(limit)?;
@@ -183,3 +225,47 @@ macro_rules! forward_coordinator {
 
 forward_coordinator!(Arc<C>);
 forward_coordinator!(Box<C>);
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tokio::time::Instant;
+
+    use crate::memory::MemoryCoordinator;
+    use crate::{acquire_many, Coordinator, Error, Lease, LeaseOptions, LockKey};
+
+    /// Not reentrant: the same handle, from the same task, is one more contender for its own key.
+    #[tokio::test(start_paused = true)]
+    async fn a_second_acquire_of_a_held_key_by_the_same_handle_waits_like_any_contender() {
+        let coord = MemoryCoordinator::new();
+        let key = LockKey::new("reentrant/no").unwrap();
+        let options = LeaseOptions::new(Duration::from_secs(60));
+        let held = coord.try_acquire(&key, &options).await.unwrap();
+        assert!(matches!(
+            coord.try_acquire(&key, &options).await,
+            Err(Error::Held { .. })
+        ));
+        let start = Instant::now();
+        let wait = Duration::from_secs(2);
+        assert!(matches!(
+            coord.acquire(&key, &options.clone().wait(wait)).await,
+            Err(Error::Timeout { .. })
+        ));
+        assert_eq!(start.elapsed(), wait);
+        assert!(matches!(
+            acquire_many(
+                &coord,
+                std::slice::from_ref(&key),
+                &options.clone().wait(wait)
+            )
+            .await,
+            Err(Error::Timeout { .. })
+        ));
+        // The first lease is untouched, and once released the key is free again.
+        assert!(held.ensure_held().is_ok());
+        held.release().await.unwrap();
+        let again = coord.try_acquire(&key, &options).await.unwrap();
+        assert!(again.token() > held.token());
+    }
+}

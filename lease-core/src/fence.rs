@@ -54,6 +54,11 @@ impl FencedValue {
 ///   that a new owner cuts off the old one before reading.
 /// - The newest accepted token is as durable as the resource's data (the in-memory fence is not).
 /// - A token is scoped to one resource; unrelated resources do not affect each other.
+///
+/// # Cancel safety
+///
+/// `write` and `claim` are atomic on the resource's store, but a dropped future may have been
+/// applied or not: see each method. `read` is cancel-safe.
 #[async_trait]
 pub trait Fence: Send + Sync + fmt::Debug {
     /// A short, stable backend name.
@@ -65,13 +70,29 @@ pub trait Fence: Send + Sync + fmt::Debug {
     /// - `Ok(Accepted)`: written; the newest accepted token is now `token`.
     /// - `Err(Stale)`: a newer holder has written or claimed; stop, nothing was written.
     /// - `Err(Unavailable)`: nothing was written; retry. `Err(OutcomeUnknown)`: re-read first.
+    ///
+    /// # Cancel safety
+    ///
+    /// A dropped future may have committed the value with its token, or changed nothing; never
+    /// half of it. [`read`](Fence::read) tells: if the value and token are yours, it was written;
+    /// otherwise write again with the same token (an equal token is accepted; `Err(Stale)` then
+    /// means a newer holder has written or claimed since).
     async fn write(&self, resource: &ResourceId, token: Token, value: Bytes) -> Result<Accepted>;
 
     /// Advances the newest accepted token to `token` without writing, if `token >= newest`.
     /// Errors as for [`write`](Fence::write).
+    ///
+    /// # Cancel safety
+    ///
+    /// A dropped future may have advanced the newest accepted token to `token`, or not; claiming
+    /// again with the same token is harmless (idempotent).
     async fn claim(&self, resource: &ResourceId, token: Token) -> Result<Accepted>;
 
     /// The resource's current state, or `None` if nothing was ever accepted.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: read-only, a dropped future changed nothing; call again.
     async fn read(&self, resource: &ResourceId) -> Result<Option<FencedValue>>;
 }
 

@@ -160,6 +160,9 @@ impl LeaseScope {
 ///
 /// Dropping the returned future drops the body and the keeper; the lease is released
 /// best-effort without blocking (as any dropped lease is) and in any case expires at its TTL.
+/// Dropped while acquiring, it has the effects of a dropped [`Coordinator::acquire`]. Whatever
+/// the body already sent is its own business: fence its writes, and read the fence to learn
+/// what was written.
 pub async fn with_lease<C, K, B, F, T>(
     coord: &C,
     key: K,

@@ -33,6 +33,15 @@ impl fmt::Debug for MultiLease {
 /// - If a key cannot be had (timeout or any error), every lease already taken is released (in
 ///   reverse order) before the error is returned; nothing stays held.
 /// - An empty `keys` is invalid input.
+/// - Not reentrant: a key this process already holds is waited for like any other, so it ends in
+///   `Err(Timeout)` (see [`Coordinator`]).
+///
+/// # Cancel safety
+///
+/// Dropping the future drops the leases already taken (each is released best-effort, without
+/// blocking, and expires at its TTL in any case) and the acquire in flight, with the effects of a
+/// dropped [`Coordinator::acquire`]: a lock granted just before the drop is deleted in the
+/// background and expires at its TTL. Nothing stays held past a TTL; nothing to do.
 pub async fn acquire_many(
     coordinator: &dyn Coordinator,
     keys: &[LockKey],
@@ -95,6 +104,11 @@ impl MultiLease {
     }
 
     /// Renews every lease; the first error is returned (the others are still attempted).
+    ///
+    /// # Cancel safety
+    ///
+    /// As for [`Lease::renew`], for the leases reached before the drop: a renewal may have been
+    /// applied on the server, but local validity moves only on a confirmed one; renew again.
     pub async fn renew(&self) -> Result<Instant> {
         let mut first = None;
         for l in &self.leases {
@@ -108,7 +122,7 @@ impl MultiLease {
         }
     }
 
-    /// Resolves when any of the leases is lost, with its key and the reason.
+    /// Resolves when any of the leases is lost, with its key and the reason. Cancel-safe (local).
     pub async fn lost(&self) -> (LockKey, LostReason) {
         let waits = self.leases.iter().map(|l| {
             let mut s = l.lost();
@@ -119,6 +133,11 @@ impl MultiLease {
     }
 
     /// Releases every lease (reverse order). All are attempted; the first error is returned.
+    ///
+    /// # Cancel safety
+    ///
+    /// The leases not reached yet are dropped, so released best-effort; the one in flight may or
+    /// may not have been deleted. All expire at their TTL in any case.
     pub async fn release(self) -> Result<()> {
         match release_all(self.leases).await {
             Some(e) => Err(e),

@@ -72,7 +72,8 @@ impl SectionGuard {
     }
 }
 
-/// Runs `work` under `lease`; see [`bounded_with`].
+/// Runs `work` under `lease`; see [`bounded_with`] (also for cancel safety: dropping this
+/// future drops `work` and leaves the lease held).
 pub async fn bounded<T, F>(lease: &dyn Lease, work: F) -> Result<T>
 where
     F: Future<Output = T>,
@@ -97,6 +98,12 @@ where
 /// - If the work finishes but the lease was lost meanwhile, its result is discarded and the call
 ///   returns `Err(Lost)`, counted in `fenced_work_after_loss_total`: never a silent success.
 /// - The duration is recorded in `fenced_critical_section_seconds` by backend and outcome.
+///
+/// # Cancel safety
+///
+/// Dropping the returned future drops `work` (whatever it already sent is its own: fence its
+/// writes) and sends nothing for the lease: the lease stays held and is still the caller's to
+/// release or keep using.
 pub async fn bounded_with<T, W, F>(lease: &dyn Lease, options: SectionOptions, work: W) -> Result<T>
 where
     W: FnOnce(SectionGuard) -> F,
