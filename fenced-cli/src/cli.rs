@@ -138,6 +138,12 @@ pub(crate) struct RunArgs {
     /// An operation name shown by `inspect` while CMD runs.
     #[arg(long, value_name = "NAME")]
     pub(crate) operation: Option<String>,
+    /// Serve the library's metrics (Prometheus text format, on any path, e.g. `/metrics`) on
+    /// ADDR (`127.0.0.1:9464`, `[::]:9464`) from before the acquisition until fenced exits:
+    /// `fenced_leases_held`, `fenced_renew_seconds`, `fenced_leases_lost_total`, ... (see
+    /// docs/metrics.md). The `_seconds` histograms have buckets, for `histogram_quantile`.
+    #[arg(long, value_name = "ADDR")]
+    pub(crate) metrics_addr: Option<std::net::SocketAddr>,
     /// The command and its arguments (after `--`).
     #[arg(required = true, num_args = 1.., last = true, value_name = "CMD")]
     pub(crate) command: Vec<OsString>,

@@ -26,6 +26,9 @@ pub(crate) async fn run(url: Option<String>, args: RunArgs) -> Result<u8, Failur
     let Some((program, rest)) = args.command.split_first() else {
         return Err(Failure::usage("run needs a command after `--`"));
     };
+    if let Some(addr) = args.metrics_addr {
+        serve_metrics(addr)?;
+    }
     let coord = connect(url).await?;
 
     let spinner = Spinner::start(&key, args.wait);
@@ -118,6 +121,26 @@ pub(crate) async fn run(url: Option<String>, args: RunArgs) -> Result<u8, Failur
             ))
         }
     }
+}
+
+/// Buckets (seconds) of the `_seconds` histograms, as docs/metrics.md suggests.
+const SECONDS_BUCKETS: &[f64] = &[
+    0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
+
+/// Installs the Prometheus exporter as the metrics recorder, listening on `addr` (bound here,
+/// so a bad address fails before anything is sent; served by this runtime until fenced exits).
+fn serve_metrics(addr: std::net::SocketAddr) -> Result<(), Failure> {
+    use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+    let bad = |e: &dyn std::fmt::Display| Failure::usage(format!("--metrics-addr {addr}: {e}"));
+    PrometheusBuilder::new()
+        .with_http_listener(addr)
+        .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), SECONDS_BUCKETS)
+        .map_err(|e| bad(&e))?
+        .install()
+        .map_err(|e| bad(&e))?;
+    fenced::metrics::describe();
+    Ok(())
 }
 
 fn forward(child: &Child, sig: Signal) {

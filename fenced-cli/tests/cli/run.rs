@@ -1,7 +1,8 @@
-//! `fenced run` when the lease is lost under a paused command: the command is stopped and its
-//! late write is rejected by the fence.
+//! `fenced run` when the lease is lost under a paused command (the command is stopped and its
+//! late write is rejected by the fence), and its metrics endpoint.
 
 use std::fs;
+use std::io::{Read, Write};
 use std::time::Duration;
 
 use conformance_tests::process;
@@ -9,7 +10,10 @@ use conformance_tests::process;
 use crate::backends::{on_every_backend, Subject};
 use crate::support::*;
 
-on_every_backend!(a_paused_command_is_stopped_and_its_stale_write_rejected);
+on_every_backend!(
+    a_paused_command_is_stopped_and_its_stale_write_rejected,
+    metrics_are_served_while_the_command_runs,
+);
 
 /// The holder's command: writes `first` through the fence under its token, reports its PID and
 /// token, idles; on SIGTERM it tries one more write (`stale`), records that write's exit status
@@ -108,4 +112,68 @@ fn a_paused_command_is_stopped_and_its_stale_write_rejected(s: &Subject, test: &
     assert_eq!(v["newest_token"], new_token, "{v}");
     assert_eq!(v["value"]["token"], new_token, "{v}");
     assert_eq!(v["value"]["utf8"], "newer", "{v}");
+}
+
+/// `GET /metrics` from `addr`, the body as text; `None` if nothing listens (yet).
+fn scrape(addr: &str) -> Option<String> {
+    let mut stream = std::net::TcpStream::connect(addr).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: fenced\r\nConnection: close\r\n\r\n")
+        .ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    let (head, body) = response.split_once("\r\n\r\n")?;
+    head.starts_with("HTTP/1.1 200").then(|| body.to_owned())
+}
+
+/// The sample lines of `metric` (`name{labels} value`, or `name_bucket{...}` and the like).
+fn samples<'a>(body: &'a str, metric: &str) -> Vec<&'a str> {
+    body.lines()
+        .filter(|l| !l.starts_with('#') && l.starts_with(metric))
+        .collect()
+}
+
+/// `fenced run --metrics-addr` serves the library's metrics while the command runs: the lease
+/// held (gauge 1, with the backend label), the acquisition, and renewals once the keeper renewed.
+/// The names come from `fenced::metrics`, the library's own constants.
+fn metrics_are_served_while_the_command_runs(s: &Subject, _test: &str) {
+    use fenced::metrics::{ACQUIRE_TOTAL, LEASES_HELD, RENEW_SECONDS};
+    let port = conformance_tests::harness::free_ports(1).unwrap()[0];
+    let addr = format!("127.0.0.1:{port}");
+    let holder = Holder::start(
+        &s.url,
+        "jobs/metered",
+        &["--ttl", "3s", "--metrics-addr", &addr],
+    );
+    let backend = format!("backend=\"{}\"", s.name());
+    let body = eventually(
+        Duration::from_secs(20),
+        "a renewal in the scraped metrics",
+        || scrape(&addr).filter(|b| !samples(b, RENEW_SECONDS).is_empty()),
+    );
+    let held = samples(&body, LEASES_HELD);
+    assert!(
+        held.iter()
+            .any(|l| l.contains(&backend) && l.ends_with(" 1")),
+        "{LEASES_HELD} {backend} 1 in {body}"
+    );
+    let acquired = samples(&body, ACQUIRE_TOTAL);
+    assert!(
+        acquired
+            .iter()
+            .any(|l| l.contains(&backend) && l.contains("acquired")),
+        "{ACQUIRE_TOTAL} in {body}"
+    );
+    assert!(
+        samples(&body, RENEW_SECONDS)
+            .iter()
+            .any(|l| l.contains("_bucket{") && l.contains(&backend)),
+        "{RENEW_SECONDS} as a histogram with buckets in {body}"
+    );
+    assert!(
+        body.contains(&format!("# HELP {LEASES_HELD}")),
+        "described: {body}"
+    );
+    drop(holder);
 }

@@ -83,6 +83,19 @@ fn bad_urls_durations_and_keys_are_one_line_usage_errors() {
             &["--url", "redis://h", "token-floor", "suggest", "a//b"],
             "a//b",
         ),
+        (
+            &[
+                "--url",
+                "redis://h",
+                "run",
+                "k",
+                "--metrics-addr",
+                "nowhere",
+                "--",
+                "true",
+            ],
+            "--metrics-addr",
+        ),
         (&["fence", "write", "r", "v"], "--token"),
         (&["fence", "write", "r", "v", "--token", "1"], "--fence-url"),
         (&["fence", "write", "r", "v", "--token", "x"], "--token"),
@@ -158,6 +171,32 @@ fn bad_urls_durations_and_keys_are_one_line_usage_errors() {
         assert!(!err.contains("hunter2"), "{err}");
         assert!(out.stdout.is_empty(), "{args:?}");
     }
+}
+
+/// An address already taken: a one-line usage error before anything is sent.
+#[test]
+fn a_metrics_address_in_use_is_a_usage_error() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let out = fenced()
+        .args([
+            "--url",
+            "redis://127.0.0.1:1",
+            "run",
+            "k",
+            "--metrics-addr",
+            &addr,
+        ])
+        .args(["--", "true"])
+        .output()
+        .unwrap();
+    let err = stderr_of(&out);
+    assert_eq!(out.status.code(), Some(USAGE), "{err}");
+    assert_one_line(&err);
+    assert!(
+        err.contains("--metrics-addr") && err.contains(&addr),
+        "{err}"
+    );
 }
 
 #[test]
