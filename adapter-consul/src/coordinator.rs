@@ -268,13 +268,14 @@ enum Refusal {
 }
 
 impl ConsulCoordinator {
-    /// A coordinator for `config`. Sends nothing: the session is created by the first acquire.
+    /// A coordinator for `config`. Sends nothing: the session is created by the first acquire
+    /// (async only so that every adapter's constructor reads the same).
     ///
     /// # Errors
     /// `Misconfigured` if TLS cannot be set up (no CA certificates; an unreadable or empty CA
     /// file or directory, client certificate or key; an invalid `tls_server_name`);
     /// `InvalidInput` for a token that cannot be sent as a header.
-    pub fn new(config: ConsulConfig) -> Result<Self> {
+    pub async fn connect(config: ConsulConfig) -> Result<Self> {
         let http = Arc::new(Http::new(&config)?);
         let default_owner = config
             .owner()
@@ -317,8 +318,8 @@ impl ConsulCoordinator {
     }
 
     /// Parses `url` ([`ConsulConfig::from_url`]) and makes a coordinator. Sends nothing.
-    pub async fn connect(url: &str) -> Result<Self> {
-        Self::new(ConsulConfig::from_url(url)?)
+    pub async fn connect_url(url: &str) -> Result<Self> {
+        Self::connect(ConsulConfig::from_url(url)?).await
     }
 
     /// The configuration (token redacted in its `Debug` and `Display`).

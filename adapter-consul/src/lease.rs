@@ -336,9 +336,10 @@ mod tests {
             StandInOptions::default().session_ttl_min(Duration::from_millis(500)),
         )
         .expect("stand-in");
-        let c = ConsulCoordinator::connect(&format!("consul://{}?session_ttl_ms=1000", s.addr()))
-            .await
-            .unwrap();
+        let c =
+            ConsulCoordinator::connect_url(&format!("consul://{}?session_ttl_ms=1000", s.addr()))
+                .await
+                .unwrap();
         let k = LockKey::new("reaped").unwrap();
         let lease = c
             .acquire(&k, &LeaseOptions::new(Duration::from_secs(30)))

@@ -41,7 +41,7 @@ pub fn register(registry: &mut Registry) {
             Arc::new(|url: BackendUrl| {
                 Box::pin(async move {
                     let config = ConsulConfig::from_backend_url(url)?;
-                    Ok(Arc::new(ConsulCoordinator::new(config)?) as Arc<dyn Coordinator>)
+                    Ok(Arc::new(ConsulCoordinator::connect(config).await?) as Arc<dyn Coordinator>)
                 })
             }),
         );

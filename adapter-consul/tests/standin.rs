@@ -35,7 +35,7 @@ fn url(s: &ConsulStandIn, extra: &str) -> String {
 }
 
 async fn client(url: &str) -> ConsulCoordinator {
-    ConsulCoordinator::connect(url).await.expect("client")
+    ConsulCoordinator::connect_url(url).await.expect("client")
 }
 
 fn key(name: &str) -> LockKey {

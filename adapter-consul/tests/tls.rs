@@ -83,7 +83,7 @@ fn path_str(p: &Path) -> &str {
 
 /// Acquires and releases one lease through `config`.
 async fn round_trip(config: ConsulConfig) -> lease_core::Result<()> {
-    let c = ConsulCoordinator::new(config)?;
+    let c = ConsulCoordinator::connect(config).await?;
     let lease = c
         .acquire(
             &LockKey::new("tls/one").unwrap(),
@@ -96,7 +96,9 @@ async fn round_trip(config: ConsulConfig) -> lease_core::Result<()> {
 
 /// The first acquire's error through `config` (it must fail).
 async fn acquire_error(config: ConsulConfig) -> Error {
-    let c = ConsulCoordinator::new(config).expect("coordinator");
+    let c = ConsulCoordinator::connect(config)
+        .await
+        .expect("coordinator");
     match c
         .acquire(
             &LockKey::new("tls/one").unwrap(),
@@ -313,7 +315,7 @@ async fn the_consul_environment_configures_address_token_ca_and_client_cert() {
     vars.push(("CONSUL_HTTP_TOKEN", TOKEN.to_owned()));
     let config = ConsulConfig::from_url_with_env(&url, env_of(vars)).unwrap();
     assert!(!config.tls());
-    let c = ConsulCoordinator::new(config).unwrap();
+    let c = ConsulCoordinator::connect(config).await.unwrap();
     let r = c
         .try_acquire(
             &LockKey::new("tls/one").unwrap(),
@@ -380,7 +382,7 @@ async fn secrets_never_show_in_debug_display_errors_or_logs() {
         path_str(&key)
     );
     let config = ConsulConfig::from_url_with_env(&url, no_env).unwrap();
-    let c = ConsulCoordinator::new(config.clone()).unwrap();
+    let c = ConsulCoordinator::connect(config.clone()).await.unwrap();
     let mut shown = vec![config.to_string(), format!("{config:?}"), format!("{c:?}")];
     let lease = c
         .acquire(
@@ -404,14 +406,16 @@ async fn secrets_never_show_in_debug_display_errors_or_logs() {
         &format!("-----BEGIN PRIVATE KEY-----\n{key_line}!!\n-----END PRIVATE KEY-----\n"),
     );
     let bad_key = url.replace(path_str(&key), path_str(&bogus));
-    let e = ConsulCoordinator::new(ConsulConfig::from_url_with_env(&bad_key, no_env).unwrap())
+    let e = ConsulCoordinator::connect(ConsulConfig::from_url_with_env(&bad_key, no_env).unwrap())
+        .await
         .unwrap_err();
     assert!(matches!(e, Error::Misconfigured { .. }), "{e}");
     assert!(e.to_string().contains("tls_key_file"), "{e}");
     shown.push(e.to_string());
     shown.push(format!("{e:?}"));
     let missing = url.replace(path_str(&key), "/nonexistent/key.pem");
-    let e = ConsulCoordinator::new(ConsulConfig::from_url_with_env(&missing, no_env).unwrap())
+    let e = ConsulCoordinator::connect(ConsulConfig::from_url_with_env(&missing, no_env).unwrap())
+        .await
         .unwrap_err();
     assert!(e.to_string().contains("/nonexistent/key.pem"), "{e}");
     shown.push(e.to_string());

@@ -207,6 +207,14 @@ impl EtcdCoordinator {
     /// `Unavailable` on the first call.
     pub async fn connect(config: EtcdConfig) -> Result<Self> {
         let client = client_for(&config).await?;
+        Ok(Self::from_client(client, config))
+    }
+
+    /// A coordinator on a client the application already has (its own connection, balancer
+    /// and credentials); `config` gives the adapter's own settings (key prefix, token floor,
+    /// timeouts, owner) and names the cluster in the token watermark, so its endpoints should
+    /// be the client's. Sends nothing.
+    pub fn from_client(client: etcd_client::Client, config: EtcdConfig) -> Self {
         let owner = config
             .owner()
             .cloned()
@@ -223,7 +231,7 @@ impl EtcdCoordinator {
             ),
             config.token_floor(),
         );
-        Ok(EtcdCoordinator {
+        EtcdCoordinator {
             inner: Arc::new(Inner {
                 handle: Arc::new(Handle {
                     client,
@@ -238,11 +246,11 @@ impl EtcdCoordinator {
                 attempts: AtomicU64::new(rand::random::<u32>() as u64),
                 tokens,
             }),
-        })
+        }
     }
 
     /// Parses `url` ([`EtcdConfig::from_url`]) and connects.
-    pub async fn from_url(url: &str) -> Result<Self> {
+    pub async fn connect_url(url: &str) -> Result<Self> {
         Self::connect(EtcdConfig::from_url(url)?).await
     }
 
@@ -1048,8 +1056,8 @@ mod tests {
         };
         let proxy = FaultProxy::start(server.addr()).await.unwrap();
         let url = format!("etcd://{}?request_timeout_ms=300", proxy.addr());
-        let coord = EtcdCoordinator::from_url(&url).await.unwrap();
-        let mut raw = EtcdCoordinator::from_url(&server.url())
+        let coord = EtcdCoordinator::connect_url(&url).await.unwrap();
+        let mut raw = EtcdCoordinator::connect_url(&server.url())
             .await
             .unwrap()
             .client();

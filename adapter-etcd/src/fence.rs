@@ -82,11 +82,17 @@ impl EtcdFence {
     /// except that credentials and a TLS handshake are checked now).
     pub async fn connect(config: EtcdConfig) -> Result<Self> {
         let client = crate::coordinator::client_for(&config).await?;
-        Ok(EtcdFence { client, config })
+        Ok(Self::from_client(client, config))
+    }
+
+    /// A fence on a client the application already has; `config` gives the key prefix and
+    /// timeouts. Sends nothing.
+    pub fn from_client(client: etcd_client::Client, config: EtcdConfig) -> Self {
+        EtcdFence { client, config }
     }
 
     /// Parses `url` ([`EtcdConfig::from_url`]) and connects.
-    pub async fn from_url(url: &str) -> Result<Self> {
+    pub async fn connect_url(url: &str) -> Result<Self> {
         Self::connect(EtcdConfig::from_url(url)?).await
     }
 

@@ -22,7 +22,7 @@ pub use fence::EtcdFence;
 pub use lease::EtcdLease;
 
 /// The etcd client library this adapter is built on, re-exported so that operator tooling and
-/// tests name the same version ([`EtcdCoordinator::client`]).
+/// tests name the same version ([`EtcdCoordinator::client`], [`EtcdCoordinator::from_client`]).
 pub use etcd_client;
 
 /// The URL schemes this crate serves: `etcd` (plain gRPC) and `etcds` (gRPC over TLS).

@@ -25,7 +25,7 @@ async fn server(test: &str) -> Option<EtcdServer> {
 
 async fn coord(url: &str) -> Arc<dyn Coordinator> {
     Arc::new(Instrumented::new(
-        EtcdCoordinator::from_url(url).await.expect("connect"),
+        EtcdCoordinator::connect_url(url).await.expect("connect"),
     ))
 }
 
@@ -90,7 +90,7 @@ async fn acquire_release_round_trips() {
     let Some(server) = server("acquire_release_round_trips").await else {
         return;
     };
-    let c = EtcdCoordinator::from_url(&server.url()).await.unwrap();
+    let c = EtcdCoordinator::connect_url(&server.url()).await.unwrap();
     let k = key("latency");
     let o = LeaseOptions::new(Duration::from_secs(10));
     for _ in 0..20 {
@@ -131,7 +131,7 @@ async fn lease_revoked_from_outside_fires_lost() {
         return;
     };
     let c = coord(&server.url()).await;
-    let etcd = EtcdCoordinator::from_url(&server.url()).await.unwrap();
+    let etcd = EtcdCoordinator::connect_url(&server.url()).await.unwrap();
     let k = key("revoked");
     let lease = c
         .acquire(&k, &LeaseOptions::new(Duration::from_secs(20)))
@@ -171,7 +171,7 @@ async fn waiter_whose_session_ended_requeues_and_never_reports_acquired() {
         coord(&server.url()).await,
         coord(&server.url()).await,
     );
-    let etcd = EtcdCoordinator::from_url(&server.url()).await.unwrap();
+    let etcd = EtcdCoordinator::connect_url(&server.url()).await.unwrap();
     let k = key("requeue");
     let long = LeaseOptions::new(Duration::from_secs(20)).wait(Duration::from_secs(15));
     let held = a.acquire(&k, &long).await.unwrap();
@@ -233,7 +233,7 @@ async fn compaction_during_a_wait() {
     // past that revision: the watch is then cancelled with a compaction and B must re-read.
     let proxy = FaultProxy::start(server.addr()).await.unwrap();
     let b = coord(&format!("etcd://{}", proxy.addr())).await;
-    let etcd = EtcdCoordinator::from_url(&server.url()).await.unwrap();
+    let etcd = EtcdCoordinator::connect_url(&server.url()).await.unwrap();
     let k = key("compacted");
     let long = LeaseOptions::new(Duration::from_secs(20)).wait(Duration::from_secs(15));
     // Warm up B's session before slowing its link.
@@ -328,7 +328,7 @@ async fn token_floor_and_high_water_mark_fail_closed_across_a_snapshot_restore()
             other => panic!("expected TokenRegression, got {other:?}"),
         }
     }
-    let etcd = EtcdCoordinator::from_url(&url).await.unwrap();
+    let etcd = EtcdCoordinator::connect_url(&url).await.unwrap();
     let deadline = Instant::now() + Duration::from_secs(3);
     while etcd.inspect(&k).await.unwrap().is_some() {
         assert!(Instant::now() < deadline, "a refused attempt left its key");
@@ -417,12 +417,12 @@ async fn password_is_used_and_never_shown() {
     let k = key("secret");
     let lease = c.acquire(&k, &LeaseOptions::new(TTL)).await.unwrap();
     let info = c.inspect(&k).await.unwrap().unwrap();
-    let fence = EtcdFence::from_url(&url).await.unwrap();
+    let fence = EtcdFence::connect_url(&url).await.unwrap();
     fence
         .claim(&lease_core::ResourceId::from(&k), lease.token())
         .await
         .unwrap();
-    let wrong = EtcdCoordinator::from_url(&format!(
+    let wrong = EtcdCoordinator::connect_url(&format!(
         "etcd://root:{SECRET}x@{}?key_prefix=auth",
         server.addr()
     ))
@@ -458,7 +458,7 @@ async fn lock_names_are_prefix_free() {
     let Some(server) = server("lock_names_are_prefix_free").await else {
         return;
     };
-    let c = EtcdCoordinator::from_url(&server.url()).await.unwrap();
+    let c = EtcdCoordinator::connect_url(&server.url()).await.unwrap();
     let o = LeaseOptions::new(Duration::from_secs(20));
     let mut held = Vec::new();
     for name in ["pfx", "pfx/b", "pfxb", "pfx%2Fb", "pfx/b/c", "p f x"] {
@@ -528,7 +528,7 @@ async fn a_waited_lease_is_held_when_returned_or_the_wait_times_out() {
     let a = coord(&server.url()).await;
     let proxy = FaultProxy::start(server.addr()).await.unwrap();
     let b = coord(&format!("etcd://{}?request_timeout_ms=3000", proxy.addr())).await;
-    let etcd = EtcdCoordinator::from_url(&server.url()).await.unwrap();
+    let etcd = EtcdCoordinator::connect_url(&server.url()).await.unwrap();
     let k = key("waited-expired");
     let tight = LeaseOptions::new(TTL)
         .drift_margin(TTL - Duration::from_millis(300))
@@ -600,7 +600,7 @@ async fn try_acquire_never_returns_an_expired_grant() {
     };
     let proxy = FaultProxy::start(server.addr()).await.unwrap();
     let b = coord(&format!("etcd://{}?request_timeout_ms=3000", proxy.addr())).await;
-    let etcd = EtcdCoordinator::from_url(&server.url()).await.unwrap();
+    let etcd = EtcdCoordinator::connect_url(&server.url()).await.unwrap();
     let k = key("try-expired");
     let tight = LeaseOptions::new(TTL).drift_margin(TTL - Duration::from_millis(300));
     b.try_acquire(&k, &tight)
@@ -637,7 +637,7 @@ async fn a_fence_write_with_a_lost_reply_is_outcome_unknown_and_sent_once() {
         return;
     };
     let proxy = FaultProxy::start(server.addr()).await.unwrap();
-    let fence = EtcdFence::from_url(&format!(
+    let fence = EtcdFence::connect_url(&format!(
         "etcd://{}?request_timeout_ms=500&key_prefix=lostfence",
         proxy.addr()
     ))
@@ -690,7 +690,7 @@ async fn a_revoked_session_lease_under_a_kept_lease_fires_lost_promptly() {
     };
     let c = coord(&server.url()).await;
     let other = coord(&server.url()).await;
-    let etcd = EtcdCoordinator::from_url(&server.url()).await.unwrap();
+    let etcd = EtcdCoordinator::connect_url(&server.url()).await.unwrap();
     let k = key("invalidated");
     let lease = c.acquire(&k, &LeaseOptions::new(TTL * 20)).await.unwrap();
     let token = lease.token();
@@ -734,7 +734,7 @@ async fn an_outside_write_keeping_the_lease_changes_nothing_for_the_holder() {
         return;
     };
     let c = coord(&server.url()).await;
-    let etcd = EtcdCoordinator::from_url(&server.url()).await.unwrap();
+    let etcd = EtcdCoordinator::connect_url(&server.url()).await.unwrap();
     let k = key("overwritten");
     let lease = c
         .acquire(&k, &LeaseOptions::new(Duration::from_secs(20)))
@@ -850,4 +850,37 @@ async fn a_cut_connection_under_a_thousand_kept_leases_loses_none() {
             k.release().await.unwrap();
         }
     }
+}
+
+/// `from_client` builds a coordinator on the application's own etcd client: tokens increase
+/// across it and a coordinator from a URL, and the key is exclusive between them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_coordinator_from_the_applications_own_client_behaves_like_one_from_a_url() {
+    let Some(server) =
+        server("a_coordinator_from_the_applications_own_client_behaves_like_one_from_a_url").await
+    else {
+        return;
+    };
+    let own = Client::connect([server.client_endpoint()], None)
+        .await
+        .unwrap();
+    let config = EtcdConfig::from_url(&server.url()).unwrap();
+    let from_client = EtcdCoordinator::from_client(own, config);
+    let from_url = coord(&server.url()).await;
+    let k = key("from-client");
+    let first = from_client
+        .try_acquire(&k, &LeaseOptions::new(TTL))
+        .await
+        .unwrap();
+    assert!(matches!(
+        from_url.try_acquire(&k, &LeaseOptions::new(TTL)).await,
+        Err(Error::Held { .. })
+    ));
+    first.release().await.unwrap();
+    let second = from_url
+        .try_acquire(&k, &LeaseOptions::new(TTL))
+        .await
+        .unwrap();
+    assert!(second.token() > first.token());
+    second.release().await.unwrap();
 }

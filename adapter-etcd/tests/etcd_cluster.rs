@@ -46,7 +46,7 @@ async fn a_dead_member_neither_fails_nor_stalls_requests() {
         return;
     };
     let url = format!("{}?key_prefix=dead-member", c.url());
-    let coord = EtcdCoordinator::from_url(&url).await.unwrap();
+    let coord = EtcdCoordinator::connect_url(&url).await.unwrap();
     let o = LeaseOptions::new(Duration::from_secs(2));
     let k = key("dead-member");
     // Every endpoint connected once (a dead endpoint that never connected is skipped anyway).
@@ -99,8 +99,8 @@ async fn a_member_cut_from_its_peers_answers_no_leader_and_its_holder_goes_in_do
         "{}?key_prefix=cut-member",
         c.member_url((cut + 1) % c.members())
     );
-    let pinned = EtcdCoordinator::from_url(&pinned_url).await.unwrap();
-    let majority = EtcdCoordinator::from_url(&majority_url).await.unwrap();
+    let pinned = EtcdCoordinator::connect_url(&pinned_url).await.unwrap();
+    let majority = EtcdCoordinator::connect_url(&majority_url).await.unwrap();
     let raw = Client::connect(
         [format!("http://{}", c.proxy(cut).addr())],
         Some(ConnectOptions::new().with_require_leader(true)),
@@ -185,8 +185,8 @@ async fn no_leader_refusals_from_a_cut_member_are_sent_again_to_another() {
         return;
     };
     let url = format!("{}?key_prefix=no-leader", c.url());
-    let coord = EtcdCoordinator::from_url(&url).await.unwrap();
-    let fence = EtcdFence::from_url(&url).await.unwrap();
+    let coord = EtcdCoordinator::connect_url(&url).await.unwrap();
+    let fence = EtcdFence::connect_url(&url).await.unwrap();
     let timeout = coord_timeout(&url);
     let o = LeaseOptions::new(Duration::from_secs(4));
     // Every endpoint connected once, the session granted, before the cut.

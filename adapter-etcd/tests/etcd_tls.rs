@@ -93,8 +93,8 @@ fn key(name: &str) -> LockKey {
 /// Acquire, renew, release, a second holder's larger token, and the fence refusing the older
 /// token: everything a user does, over the connection `url` describes.
 async fn exercise(url: &str) {
-    let c = EtcdCoordinator::from_url(url).await.expect("connect");
-    let fence = EtcdFence::from_url(url).await.expect("fence connect");
+    let c = EtcdCoordinator::connect_url(url).await.expect("connect");
+    let fence = EtcdFence::connect_url(url).await.expect("fence connect");
     let k = key("tls");
     let resource = ResourceId::from(&k);
     let o = LeaseOptions::new(TTL);
@@ -140,7 +140,7 @@ async fn refused(url: &str, needles: &[&str]) -> String {
 async fn refused_or_closed(url: &str, needles: &[&str], closed_ok: bool) -> String {
     let started = Instant::now();
     let outcome = tokio::time::timeout(REFUSAL_BOUND, async {
-        let c = EtcdCoordinator::from_url(url).await?;
+        let c = EtcdCoordinator::connect_url(url).await?;
         c.try_acquire(&key("refused"), &LeaseOptions::new(TTL))
             .await
             .map(|_| ())
@@ -185,7 +185,7 @@ async fn etcds_with_the_right_ca_acquires_renews_releases_and_fences() {
     .await;
     // Plain gRPC against a TLS port does not pass either.
     let plain = tokio::time::timeout(REFUSAL_BOUND, async {
-        EtcdCoordinator::from_url(&server.url())
+        EtcdCoordinator::connect_url(&server.url())
             .await?
             .try_acquire(&key("plain"), &LeaseOptions::new(TTL))
             .await
@@ -230,7 +230,7 @@ async fn a_wrong_ca_or_name_is_refused_promptly_naming_the_problem() {
     // The fence refuses the same way, at connect (a TLS connection is checked then).
     let e = tokio::time::timeout(
         REFUSAL_BOUND,
-        EtcdFence::from_url(&format!("{base}?{}", other.opt("tls_ca_file", "ca.pem"))),
+        EtcdFence::connect_url(&format!("{base}?{}", other.opt("tls_ca_file", "ca.pem"))),
     )
     .await
     .expect("the fence hung on a refused TLS connection")
@@ -326,7 +326,7 @@ async fn a_password_over_tls_is_used_and_never_shown() {
     // A wrong password over TLS is refused at connect, naming authentication.
     let wrong = tokio::time::timeout(
         REFUSAL_BOUND,
-        EtcdCoordinator::from_url(&format!("etcds://root:{SECRET}x@{addr}?{certs}")),
+        EtcdCoordinator::connect_url(&format!("etcds://root:{SECRET}x@{addr}?{certs}")),
     )
     .await
     .expect("a wrong password hung")
@@ -334,7 +334,7 @@ async fn a_password_over_tls_is_used_and_never_shown() {
     assert!(matches!(wrong, Error::Misconfigured { .. }), "{wrong:?}");
     // A user without a role: the TLS connection works, the request is refused by etcd.
     let alice = format!("etcds://alice:{SECRET}@{addr}?{certs}");
-    let alice_c = EtcdCoordinator::from_url(&alice).await.unwrap();
+    let alice_c = EtcdCoordinator::connect_url(&alice).await.unwrap();
     let denied = alice_c
         .try_acquire(&key("denied"), &LeaseOptions::new(TTL))
         .await
@@ -344,7 +344,7 @@ async fn a_password_over_tls_is_used_and_never_shown() {
     let other = Pki::generate("not the server's CA");
     let tls_refused = tokio::time::timeout(
         REFUSAL_BOUND,
-        EtcdCoordinator::from_url(&format!(
+        EtcdCoordinator::connect_url(&format!(
             "etcds://root:{SECRET}@{addr}?{}",
             other.opt("tls_ca_file", "ca.pem")
         )),

@@ -40,7 +40,7 @@ fn etcds_without_a_ca_file_trusts_the_system_roots() {
         .build()
         .unwrap();
     rt.block_on(async {
-        let c = EtcdCoordinator::from_url(&server.adapter_url())
+        let c = EtcdCoordinator::connect_url(&server.adapter_url())
             .await
             .expect("connect trusting the system roots");
         let lease = c

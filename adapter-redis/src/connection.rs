@@ -79,7 +79,12 @@ pub(crate) struct Connection {
 impl Connection {
     /// Opens the first connection (and checks durability unless the config opts out).
     pub(crate) async fn open(config: &RedisConfig) -> Result<Self> {
-        let client = config.client()?;
+        Self::open_with(config, config.client()?).await
+    }
+
+    /// Like [`Connection::open`], through `client` (an application's own redis-rs client; with
+    /// Sentinel, only until the first reconnect asks the Sentinels).
+    pub(crate) async fn open_with(config: &RedisConfig, client: redis::Client) -> Result<Self> {
         let async_config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(config.connect_timeout()))
             .set_response_timeout(Some(config.request_timeout()));

@@ -318,6 +318,21 @@ impl RedisCoordinator {
     /// - `Unavailable` when the server cannot be reached within the connect timeout.
     /// - `InvalidInput` for an unreadable `tls_ca_file` or a URL the client rejects.
     pub async fn connect(config: RedisConfig) -> Result<Self> {
+        let conn = Connection::open(&config).await?;
+        Self::start(config, conn).await
+    }
+
+    /// A coordinator that opens its connections with a redis-rs client the application already
+    /// has (its own address, TLS and credentials); `config` gives the adapter's own settings
+    /// (key prefix, token floor, timeouts, owner) and names the server in the token watermark,
+    /// so its host should be the client's. Connects and checks the server as
+    /// [`RedisCoordinator::connect`] does.
+    pub async fn from_client(client: redis::Client, config: RedisConfig) -> Result<Self> {
+        let conn = Connection::open_with(&config, client).await?;
+        Self::start(config, conn).await
+    }
+
+    async fn start(config: RedisConfig, conn: Connection) -> Result<Self> {
         let tokens = TokenAdmission::new(
             BACKEND,
             format!(
@@ -328,7 +343,7 @@ impl RedisCoordinator {
             ),
             config.token_floor(),
         );
-        let conn = Arc::new(Connection::open(&config).await?);
+        let conn = Arc::new(conn);
         let wakeups = Wakeups::start(&conn, config.request_timeout()).await?;
         let (monitor, watch) = Monitor::channel();
         let caps = Capabilities::new(BACKEND)

@@ -25,6 +25,9 @@ pub use config::{
 pub use coordinator::{RedisCoordinator, MIN_TTL};
 pub use fence::RedisFence;
 pub use lease::RedisLease;
+/// The redis-rs crate this adapter is built on, so that [`RedisCoordinator::from_client`] is
+/// given a client of the same version.
+pub use redis;
 
 /// The URL schemes this adapter serves: `redis` (plain TCP), `rediss` (TLS) and
 /// `redis+sentinel` (the primary found through Sentinel, followed across failovers).

@@ -145,6 +145,11 @@ impl ZkCoordinator {
         })
     }
 
+    /// Parses `url` ([`ZkConfig::from_url`]) and connects.
+    pub async fn connect_url(url: &str) -> Result<Self> {
+        Self::connect(ZkConfig::from_url(url)?).await
+    }
+
     /// The configuration (shown redacted).
     pub fn config(&self) -> &ZkConfig {
         &self.inner.config

@@ -634,3 +634,32 @@ async fn concurrent_renewals_share_scripts_and_each_gets_its_own_answer() {
         }
     }
 }
+
+/// `from_client` builds a coordinator on the application's own redis-rs client: the same
+/// guarantees (tokens increase across the two coordinators, the key is exclusive).
+#[tokio::test]
+async fn a_coordinator_from_the_applications_own_client_behaves_like_one_from_a_url() {
+    let Some(srv) = server(
+        "a_coordinator_from_the_applications_own_client_behaves_like_one_from_a_url",
+        durable(),
+    ) else {
+        return;
+    };
+    let url = common::url(&srv, "");
+    let config = adapter_redis::RedisConfig::from_url(&url).unwrap();
+    let own = adapter_redis::redis::Client::open(url.as_str()).unwrap();
+    let from_client = adapter_redis::RedisCoordinator::from_client(own, config)
+        .await
+        .unwrap();
+    let from_url = coordinator(&srv, "").await;
+    let k = key("from-client");
+    let first = from_client.try_acquire(&k, &opts(10 * SEC)).await.unwrap();
+    assert!(matches!(
+        from_url.try_acquire(&k, &opts(10 * SEC)).await,
+        Err(Error::Held { .. })
+    ));
+    first.release().await.unwrap();
+    let second = from_url.try_acquire(&k, &opts(10 * SEC)).await.unwrap();
+    assert!(second.token() > first.token());
+    second.release().await.unwrap();
+}

@@ -143,7 +143,7 @@ pub(crate) async fn etcd_subject(worker_exe: Option<PathBuf>) -> Result<Option<S
     let fence = fenced::connect_fence(&url)
         .await
         .map_err(|e| format!("etcd fence: {e}"))?;
-    let operator = adapter_etcd::EtcdCoordinator::from_url(&url)
+    let operator = adapter_etcd::EtcdCoordinator::connect_url(&url)
         .await
         .map_err(|e| format!("etcd operator client: {e}"))?;
     let connect_url = url.clone();
@@ -166,7 +166,7 @@ pub(crate) async fn etcd_subject(worker_exe: Option<PathBuf>) -> Result<Option<S
         let connect_via: ConnectViaFn = Arc::new(move |addr| {
             let url = format!("etcd://{addr}?key_prefix={prefix}");
             Box::pin(async move {
-                let c = adapter_etcd::EtcdCoordinator::from_url(&url).await?;
+                let c = adapter_etcd::EtcdCoordinator::connect_url(&url).await?;
                 Ok(Arc::new(lease_core::Instrumented::new(c)) as Arc<dyn lease_core::Coordinator>)
             })
         });
@@ -176,7 +176,7 @@ pub(crate) async fn etcd_subject(worker_exe: Option<PathBuf>) -> Result<Option<S
             // A short request timeout, so that a lost reply is noticed within about a second.
             let url = format!("etcd://{addr}?key_prefix={prefix}&request_timeout_ms=1000");
             Box::pin(async move {
-                let f = adapter_etcd::EtcdFence::from_url(&url).await?;
+                let f = adapter_etcd::EtcdFence::connect_url(&url).await?;
                 Ok(Arc::new(f) as Arc<dyn lease_core::Fence>)
             })
         });
