@@ -5,6 +5,12 @@ use std::sync::Arc;
 
 pub use lease_core::*;
 
+/// The workspace's root README, so that its Rust examples compile and run as doctests of this
+/// crate (`cargo test -p fenced --doc`).
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct RootReadme;
+
 /// Every URL scheme this workspace ships, with the cargo feature of `fenced` that enables it.
 pub const SCHEMES: &[(&str, &str)] = &[
     ("redis", "redis"),
@@ -49,18 +55,23 @@ pub fn registry() -> Registry {
     r
 }
 
+/// Each backend feature, and whether this build has it.
+const ENABLED: &[(&str, bool)] = &[
+    ("redis", cfg!(feature = "redis")),
+    ("etcd", cfg!(feature = "etcd")),
+    ("zookeeper", cfg!(feature = "zookeeper")),
+    ("consul", cfg!(feature = "consul")),
+    ("postgres", cfg!(feature = "postgres")),
+];
+
 /// The cargo feature that enables `url`'s scheme, when this build was made without it.
 fn disabled_feature(url: &str) -> Option<&'static str> {
     let scheme = url.split_once("://")?.0.to_ascii_lowercase();
     let (_, feature) = SCHEMES.iter().find(|(s, _)| *s == scheme)?;
-    let enabled = match *feature {
-        "redis" => cfg!(feature = "redis"),
-        "etcd" => cfg!(feature = "etcd"),
-        "zookeeper" => cfg!(feature = "zookeeper"),
-        "consul" => cfg!(feature = "consul"),
-        "postgres" => cfg!(feature = "postgres"),
-        _ => true,
-    };
+    let enabled = ENABLED
+        .iter()
+        .find(|(f, _)| f == feature)
+        .is_none_or(|(_, on)| *on);
     (!enabled).then_some(*feature)
 }
 
