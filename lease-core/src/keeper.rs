@@ -180,6 +180,10 @@ impl Kept {
     }
 
     /// Stops the keeper, then releases the lease (compare-and-delete).
+    ///
+    /// Cancel safety: the keeper is stopped before the first await; a dropped future then drops
+    /// the lease mid-release, as for a dropped [`Lease::release`] followed by dropping the lease
+    /// (released best-effort, and in any case it expires at its TTL).
     pub async fn release(self) -> Result<()> {
         self.task.abort();
         self.lease.release().await
@@ -263,7 +267,13 @@ async fn renew_until_confirmed(lease: &dyn Lease, ttl: Duration) -> Option<Insta
         let sent = Instant::now();
         let deadline = lease.valid_until();
         match tokio::time::timeout_at(deadline, lease.renew()).await {
-            Ok(Ok(_)) => return Some(sent),
+            Ok(Ok(_)) => {
+                crate::metrics::renew_validity_left(
+                    lease.tracker().backend(),
+                    deadline.saturating_duration_since(Instant::now()),
+                );
+                return Some(sent);
+            }
             Ok(Err(e @ (Error::Lost { .. } | Error::Stale { .. }))) => {
                 tracing::warn!(key = %lease.key(), error = %e, "keeper: renewal refused, lease lost");
                 lease.tracker().mark_lost(LostReason::Superseded);

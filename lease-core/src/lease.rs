@@ -38,6 +38,8 @@ struct TrackerInner {
     margin: Duration,
     acquired_at: Instant,
     tx: watch::Sender<View>,
+    /// This lease in `fenced_leases_held`, until lost or dropped.
+    held: crate::metrics::HeldLease,
 }
 
 /// The client-side state of one lease, shared by the lease object, its [`LostSignal`]s and
@@ -87,6 +89,7 @@ impl LeaseTracker {
                 margin,
                 acquired_at: sent_at,
                 tx,
+                held: crate::metrics::HeldLease::new(backend),
             }),
         }
     }
@@ -200,7 +203,8 @@ impl LeaseTracker {
     }
 
     /// Marks the lease lost. Returns true the first time (later reasons are ignored: the first
-    /// cause wins). Counts `lease_lost_total` and logs the loss, except for a plain release.
+    /// cause wins). The lease leaves `fenced_leases_held`; counts `fenced_leases_lost_total` and
+    /// logs the loss, except for a plain release.
     pub fn mark_lost(&self, reason: LostReason) -> bool {
         let first = self.inner.tx.send_if_modified(|v| {
             if matches!(v.status, LeaseStatus::Lost(_)) {
@@ -210,6 +214,9 @@ impl LeaseTracker {
                 true
             }
         });
+        if first {
+            self.inner.held.ended();
+        }
         if first && reason != LostReason::Released {
             crate::metrics::lease_lost(self.inner.backend, reason);
             tracing::warn!(
@@ -356,6 +363,12 @@ pub trait Lease: Send + Sync + fmt::Debug {
     /// - `Err(Lost)`: the lease is gone (expired, revoked, superseded, released); stop working.
     /// - `Err(Unavailable)` / `Err(OutcomeUnknown)`: not confirmed; validity is unchanged, the
     ///   caller may retry until [`valid_until`](Lease::valid_until).
+    ///
+    /// # Cancel safety
+    ///
+    /// A dropped future may have extended the lock on the server, or not. The local deadline
+    /// moves only on a confirmed renewal, so it stays where it was (the safe side): renew again
+    /// before [`valid_until`](Lease::valid_until).
     async fn renew(&self) -> Result<Instant>;
 
     /// Releases the lock if this lease still owns it (compare-and-delete), and marks the lease
@@ -365,6 +378,13 @@ pub trait Lease: Send + Sync + fmt::Debug {
     /// - `Ok(())`: the lock was ours and is deleted; waiters are woken.
     /// - `Err(Lost)`: it was not ours any more (or already released); nothing was deleted.
     /// - `Err(Unavailable)` / `Err(OutcomeUnknown)`: the lock expires at its TTL in any case.
+    ///
+    /// # Cancel safety
+    ///
+    /// A dropped future may or may not have deleted the lock. Call `release` again, or drop the
+    /// lease: both are compare-and-delete, so they never remove another holder's lock
+    /// (`Err(Lost)` then means it is gone or no longer ours). At the latest it expires at its
+    /// TTL.
     async fn release(&self) -> Result<()>;
 
     /// The key.
