@@ -6,7 +6,18 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 use fenced::Token;
 
-/// Inspect, force-release and audit fenced leases, and run commands under one.
+/// The statuses every command that talks to a backend can end with, after its own.
+macro_rules! backend_statuses {
+    () => {
+        "  2   usage or input error (the line names the bad value); nothing was sent
+  69  the backend is unavailable (retry later)
+  70  the backend's answer was unknown or unexpected (re-read before acting)
+  78  the backend is misconfigured for fenced leases"
+    };
+}
+
+/// Inspect, force-release and audit fenced leases, run commands under one, read and write
+/// fenced resources, and work out the token floor after a restore.
 ///
 /// The backend is chosen by URL: `--url`, else `FENCED_URL`, else Consul's own `CONSUL_HTTP_ADDR`
 /// (with `CONSUL_HTTP_TOKEN`, `CONSUL_CACERT`, ...). Durations are written like `500ms`, `10s`,
@@ -18,19 +29,24 @@ use fenced::Token;
     after_help = "\
 Exit statuses:
   0   success (inspect: the key is held; audit: records were listed;
-      fence read: the resource has state)
+      fence read: the resource has state; fence write: written;
+      token-floor suggest: a floor was suggested)
   1   inspect: the key is free; audit: no forced release is recorded;
       fence read: nothing was ever accepted;
       force-release --expect-token: the holder has another token or the key is free
-      (nothing was removed; what is there now is printed)
-  2   usage or input error (bad argument, key, duration or URL); nothing was sent
+      (nothing was removed; what is there now is printed);
+      token-floor suggest: no token was found to base a floor on
+  2   usage or input error (bad argument, key, duration, URL or address); nothing was sent
   69  the backend is unavailable
   70  the backend's answer was unknown or unexpected (re-read before acting)
   75  run: the lock was not acquired within --wait
-  76  run: the lease was lost while the command ran (the command was stopped)
+  76  run: the lease was lost while the command ran (the command was stopped);
+      fence write: the token is stale (nothing was written)
   78  the backend is misconfigured for fenced leases
-  126 run: the command could not be executed; 127 run: the command was not found
-  run otherwise exits with the command's status, 128+N if signal N killed it."
+  126 run: the command could not be executed
+  127 run: the command was not found
+  128+N run: signal N killed the command
+  run otherwise exits with the command's own status."
 )]
 pub(crate) struct Cli {
     /// Backend URL (redis://, etcd://, zk://, consul://, ...). Default: FENCED_URL, else
@@ -51,6 +67,13 @@ pub(crate) struct Cli {
 #[derive(Debug, Subcommand)]
 pub(crate) enum Command {
     /// Show who holds KEY: owner, token, operation, time left. Exit 0 held, 1 free.
+    ///
+    /// Read-only: nothing is changed on the backend. `time left` is the coordinator's view of
+    /// when it will expire the holder, not the holder's own (more conservative) validity.
+    #[command(after_help = concat!(
+        "Exit statuses:\n  0   the key is held\n  1   the key is free\n",
+        backend_statuses!()
+    ))]
     Inspect {
         /// The lock key (for example `jobs/nightly`).
         key: String,
@@ -67,6 +90,12 @@ pub(crate) enum Command {
     /// token is still N: the backend compares and deletes in one atomic step, so a holder that
     /// arrived after `inspect` is never removed. Otherwise nothing is removed, what holds the key
     /// now is printed, and fenced exits 1.
+    #[command(after_help = concat!(
+        "Exit statuses:\n  0   removed (what was removed is printed), or the key was free\n",
+        "  1   --expect-token: the holder has another token, or the key is free; nothing was\n",
+        "      removed, what holds the key now is printed\n",
+        backend_statuses!()
+    ))]
     ForceRelease {
         /// The lock key.
         key: String,
@@ -89,6 +118,10 @@ pub(crate) enum Command {
     /// and the removed holder's token and owner (`-` when the key was free). The format is the
     /// same on every backend. A force-release refused because of --expect-token removed nothing
     /// and is not listed (one exception on ZooKeeper: see its README).
+    #[command(after_help = concat!(
+        "Exit statuses:\n  0   records were listed\n  1   no forced release is recorded\n",
+        backend_statuses!()
+    ))]
     Audit {
         /// The lock key.
         key: String,
@@ -109,6 +142,18 @@ pub(crate) enum Command {
     /// SIGHUP sent to fenced are forwarded to CMD; SIGINT is not (from a terminal CMD gets it
     /// directly). Only CMD itself is signalled: a shell script should `exec` its last command or
     /// pass the signal on to its own children.
+    ///
+    /// While fenced waits for KEY on a terminal (stderr is a tty), a spinner shows the wait;
+    /// otherwise nothing is printed but errors.
+    #[command(after_help = concat!(
+        "Exit statuses:\n",
+        "  N   CMD's own status when it exited under the lease (128+N if signal N killed it)\n",
+        "  75  the lock was not acquired within --wait (the holder is named when known)\n",
+        "  76  the lease was lost while CMD ran; CMD was stopped (SIGTERM and SIGCONT, then\n",
+        "      SIGKILL after --grace)\n",
+        "  126 CMD could not be executed; 127 CMD was not found (the lease was released)\n",
+        backend_statuses!()
+    ))]
     Run(RunArgs),
     /// Work out the token floor to configure after restoring the coordinator from a backup.
     TokenFloor {
@@ -165,6 +210,11 @@ pub(crate) enum TokenFloorCommand {
     /// number is printed with where it came from. Fence URLs are never printed: fences are
     /// named by their position on the command line. Exit 0 with a suggestion; 1 when no number
     /// was found (KEY is free and no fence accepted a token for the resources named).
+    #[command(after_help = concat!(
+        "Exit statuses:\n  0   a floor was suggested\n",
+        "  1   no token was found (KEY is free and no fence accepted one for the resources)\n",
+        backend_statuses!()
+    ))]
     Suggest {
         /// The lock key whose tokens the fences carry.
         key: String,
@@ -183,6 +233,13 @@ pub(crate) enum TokenFloorCommand {
 pub(crate) enum FenceCommand {
     /// Show RESOURCE's newest accepted token and its last value. Exit 0, or 1 if the resource
     /// never accepted anything.
+    ///
+    /// The value is printed as text when it is UTF-8, otherwise as hex (`utf8` or `hex` in
+    /// JSON). A resource that was claimed but never written shows its token and no value.
+    #[command(after_help = concat!(
+        "Exit statuses:\n  0   the resource has state\n  1   it never accepted a token\n",
+        backend_statuses!()
+    ))]
     Read {
         /// The resource id (for example `orders/42`).
         resource: String,
@@ -204,13 +261,24 @@ pub(crate) enum FenceCommand {
     /// lease's (FENCED_TOKEN), so `fenced run KEY -- sh -c 'fenced fence write R "$VALUE"'`
     /// writes only while no later holder of KEY has written or claimed R. Exit 0 when written;
     /// 76 when the token is stale (a newer holder wrote or claimed; nothing was written).
+    #[command(after_help = concat!(
+        "Exit statuses:\n  0   written\n",
+        "  76  the token is stale: a newer holder wrote or claimed; nothing was written\n",
+        backend_statuses!()
+    ))]
     Write {
         /// The resource id (for example `orders/42`).
         resource: String,
         /// The value to write (UTF-8 text, stored as its bytes).
         value: String,
         /// The fencing token to write under. Default: FENCED_TOKEN, which `fenced run` sets.
-        #[arg(long, env = "FENCED_TOKEN", value_name = "N", value_parser = token)]
+        #[arg(
+            long,
+            env = "FENCED_TOKEN",
+            value_name = "N",
+            value_parser = token,
+            hide_env_values = true
+        )]
         token: Option<Token>,
         /// The fence's URL (redis://, etcd://, postgres://, ...).
         #[arg(
@@ -251,6 +319,45 @@ mod tests {
     #[test]
     fn the_command_line_is_consistent() {
         Cli::command().debug_assert();
+    }
+
+    /// Every command, subcommand and option has help, and every command that runs has its
+    /// exit statuses listed.
+    #[test]
+    fn help_is_complete() {
+        fn walk(cmd: &clap::Command, path: &str) {
+            let path = format!("{path} {}", cmd.get_name());
+            for arg in cmd.get_arguments() {
+                if arg.get_id() == "help" || arg.get_id() == "version" {
+                    continue;
+                }
+                assert!(
+                    arg.get_help().is_some(),
+                    "{path}: {} has no help",
+                    arg.get_id()
+                );
+            }
+            if cmd.get_name() == "help" {
+                return;
+            }
+            assert!(cmd.get_about().is_some(), "{path} has no about");
+            if cmd.get_subcommands().next().is_none() {
+                let after = cmd
+                    .get_after_help()
+                    .map(|h| h.to_string())
+                    .unwrap_or_default();
+                assert!(
+                    after.contains("Exit statuses:"),
+                    "{path} lists no exit statuses"
+                );
+            }
+            for sub in cmd.get_subcommands() {
+                walk(sub, &path);
+            }
+        }
+        let mut cli = Cli::command();
+        cli.build();
+        walk(&cli, "");
     }
 
     #[test]

@@ -1,4 +1,100 @@
-//! `fenced`: the operator and scripting command for fenced leases (see the README).
+//! `fenced`: the operator and scripting command for fenced leases.
+//!
+//! `fenced` looks at and steers the locks that the `fenced` library keeps on Redis, etcd,
+//! ZooKeeper or Consul, runs commands under such a lock (as `flock`, `consul lock` and
+//! `etcdctl lock` do, but with a fencing token and a stop when the lease is lost), reads and
+//! writes fenced resources, and works out the token floor after a restore. `fenced --help` and
+//! `fenced <command> --help` document every option and exit status; `fenced-cli/README.md` has
+//! the details per backend.
+//!
+//! | command | what it does | exit statuses of its own |
+//! |---|---|---|
+//! | `inspect KEY` | who holds KEY: owner, token, operation, time left | 0 held, 1 free |
+//! | `force-release KEY --actor A --reason R [--expect-token N]` | removes the holder (with `--expect-token`, only if its token is N: compare-and-delete on the server); recorded | 0 removed or free, 1 refused |
+//! | `audit KEY [--limit N]` | the forced releases, newest first | 0 listed, 1 none |
+//! | `run KEY [--ttl] [--wait] [--grace] [--metrics-addr] -- CMD...` | CMD under a kept lease, `FENCED_TOKEN`/`FENCED_KEY` in its environment, stopped when the lease is lost | CMD's status, 75 not acquired, 76 lost, 126/127 |
+//! | `fence read RESOURCE` | the newest accepted token and the last value | 0, 1 never written |
+//! | `fence write RESOURCE VALUE [--token N]` | a fenced write (token default `FENCED_TOKEN`) | 0 written, 76 stale |
+//! | `token-floor suggest KEY [--fence URL]... [--resource R]...` | the `token_floor` to configure after restoring the coordinator | 0, 1 nothing found |
+//!
+//! Every command takes `--json` (one JSON object on stdout). Errors are one line on stderr
+//! (`fenced: ...`): 2 for bad input (nothing was sent), 69 unavailable, 70 unknown outcome, 78
+//! misconfigured backend.
+//!
+//! # An example session
+//!
+//! An operator and a nightly job on etcd (tokens on Redis are larger numbers; the shapes are the
+//! same on every backend):
+//!
+//! ```text
+//! $ export FENCED_URL=etcd://10.0.0.5:2379 FENCED_FENCE_URL=postgres://app@db/app
+//! $ fenced inspect jobs/nightly; echo "exit $?"
+//! key        jobs/nightly
+//! state      free
+//! exit 1
+//!
+//! # The job: FENCED_TOKEN is the lease's token; `fence write` carries it.
+//! $ fenced run jobs/nightly --ttl 10s --wait 1m --operation nightly -- \
+//!       sh -c 'fenced fence write orders/42 paid && exec ./nightly.sh' &
+//! written to orders/42 under token 41 (newest before: none)
+//!
+//! $ fenced inspect jobs/nightly
+//! key        jobs/nightly
+//! state      held
+//! holder     web-3/4121
+//! token      41
+//! operation  nightly
+//! acquired   2026-12-01T02:00:00Z
+//! time left  8s 996ms
+//!
+//! # A second copy does not get the lock.
+//! $ fenced run jobs/nightly --wait 0s -- ./nightly.sh; echo "exit $?"
+//! fenced: lock "jobs/nightly" was not acquired within 0ns (held by web-3/4121 with token 41)
+//! exit 75
+//!
+//! # The job hangs: remove it, but only if it is still the holder that was inspected.
+//! $ fenced force-release jobs/nightly --actor alice --reason "host lost" --expect-token 41
+//! removed the holder of jobs/nightly
+//! holder     web-3/4121
+//! token      41
+//! ...
+//! # Meanwhile the job's fenced run stops its command and exits 76:
+//! fenced: lease on "jobs/nightly" (token 41) is lost: revoked; the command was stopped with SIGTERM
+//!
+//! $ fenced audit jobs/nightly
+//! 2026-12-01T02:17:40Z actor="alice" reason="host lost" removed_token=41 removed_owner="web-3/4121"
+//!
+//! # A late write of the old holder, after the next run wrote under token 57:
+//! $ fenced fence write orders/42 late --token 41; echo "exit $?"
+//! fenced: stale token for resource "orders/42": presented 41, newest accepted 57
+//! exit 76
+//! $ fenced fence read orders/42
+//! resource   orders/42
+//! newest     57
+//! written by 57
+//! value      shipped
+//!
+//! # After restoring etcd from an older snapshot: which floor to configure?
+//! $ fenced token-floor suggest jobs/nightly --resource orders/42
+//! key          jobs/nightly
+//! coordinator  etcd: no current token (inspect jobs/nightly: free)
+//! fence 1      postgres orders/42: newest accepted token 57
+//! highest      57 (fence 1 (postgres), resource orders/42)
+//! suggested    58
+//! configure    token_floor=58 in the backend URL of every client of jobs/nightly, before any acquires it again
+//! $ export FENCED_URL='etcd://10.0.0.5:2379?token_floor=58'
+//! ```
+//!
+//! # `run` and a lost lease
+//!
+//! When the lease is lost (revoked, expired unrenewed, superseded), CMD gets SIGTERM and at once
+//! SIGCONT, then SIGKILL if it still runs after `--grace` (5 s). SIGCONT makes a stopped CMD
+//! (SIGSTOP, ^Z, a debugger, a frozen cgroup thawed) act on the SIGTERM within the grace like a
+//! running one, as systemd does when it stops a unit; whatever it writes on its way out carries
+//! the old token, which a fence rejects once the next holder has written or claimed. `fenced`
+//! then exits 76. While `run` waits for the key on a terminal, a spinner shows the wait;
+//! otherwise nothing is printed. `--metrics-addr ADDR` serves the library's metrics
+//! (`fenced_*`, Prometheus text format) while the command runs.
 
 #![forbid(unsafe_code)]
 

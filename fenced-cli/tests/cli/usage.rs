@@ -212,40 +212,97 @@ fn an_unreachable_backend_exits_69() {
     assert_one_line(&err);
 }
 
+/// `fenced --help` names every command, the URL variable and every exit status; each
+/// subcommand's `--help` documents each of its options and lists its exit statuses.
 #[test]
 fn help_documents_every_command_and_status() {
-    let out = fenced().arg("--help").output().unwrap();
-    assert!(out.status.success());
-    let help = String::from_utf8_lossy(&out.stdout);
+    let help = |args: &[&str]| {
+        let out = fenced().args(args).arg("--help").output().unwrap();
+        assert!(out.status.success(), "{args:?} --help: {}", stderr_of(&out));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let top = help(&[]);
     for needle in [
         "inspect",
         "force-release",
         "audit",
         "run",
         "fence",
+        "token-floor",
         "FENCED_URL",
-        "75",
-        "76",
-        "69",
+        "Exit statuses",
     ] {
-        assert!(help.contains(needle), "--help lacks {needle}: {help}");
+        assert!(top.contains(needle), "--help lacks {needle}: {top}");
     }
-    let out = fenced().args(["run", "--help"]).output().unwrap();
-    let help = String::from_utf8_lossy(&out.stdout);
-    for needle in ["--ttl", "--wait", "--grace", "FENCED_TOKEN", "SIGTERM"] {
-        assert!(help.contains(needle), "run --help lacks {needle}: {help}");
-    }
-    let out = fenced().args(["audit", "--help"]).output().unwrap();
-    let help = String::from_utf8_lossy(&out.stdout);
-    for needle in ["--limit", "newest first", "--json", "1 if none"] {
-        assert!(help.contains(needle), "audit --help lacks {needle}: {help}");
-    }
-    let out = fenced().args(["force-release", "--help"]).output().unwrap();
-    let help = String::from_utf8_lossy(&out.stdout);
-    for needle in ["--expect-token", "--actor", "--reason", "exits 1"] {
+    for status in [
+        "0", "1", "2", "69", "70", "75", "76", "78", "126", "127", "128+N",
+    ] {
         assert!(
-            help.contains(needle),
-            "force-release --help lacks {needle}: {help}"
+            top.lines().any(|l| l.trim_start().starts_with(status)),
+            "--help lists no status {status}: {top}"
         );
+    }
+
+    let subcommands: &[(&[&str], &[&str])] = &[
+        (
+            &["inspect"],
+            &["<KEY>", "--json", "--url", "1   the key is free"],
+        ),
+        (
+            &["force-release"],
+            &["--actor", "--reason", "--expect-token", "--json", "exits 1"],
+        ),
+        (
+            &["audit"],
+            &["--limit", "newest first", "--json", "1 if none"],
+        ),
+        (
+            &["run"],
+            &[
+                "--ttl",
+                "--wait",
+                "--grace",
+                "--operation",
+                "--metrics-addr",
+                "FENCED_TOKEN",
+                "FENCED_KEY",
+                "SIGTERM",
+                "SIGCONT",
+                "SIGKILL",
+                "spinner",
+                "75",
+                "76",
+                "127",
+            ],
+        ),
+        (&["fence", "read"], &["<RESOURCE>", "--fence-url", "--json"]),
+        (
+            &["fence", "write"],
+            &[
+                "<RESOURCE>",
+                "<VALUE>",
+                "--token",
+                "FENCED_TOKEN",
+                "--fence-url",
+                "76",
+            ],
+        ),
+        (
+            &["token-floor", "suggest"],
+            &["<KEY>", "--fence", "--resource", "token_floor", "--json"],
+        ),
+    ];
+    for (path, needles) in subcommands {
+        let text = help(path);
+        for needle in needles.iter().chain(&["Exit statuses", "69", "70", "78"]) {
+            assert!(
+                text.contains(needle),
+                "fenced {path:?} --help lacks {needle}: {text}"
+            );
+        }
+    }
+    for group in [&["fence"][..], &["token-floor"]] {
+        let text = help(group);
+        assert!(text.contains("Commands:"), "{group:?}: {text}");
     }
 }
