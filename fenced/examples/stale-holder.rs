@@ -4,7 +4,7 @@
 //! with a larger token, claims the resource and writes; A resumes and writes with its old token.
 //! The fence rejects A's write. Exits non-zero if the stale write was ever accepted.
 //!
-//! ```text
+//! ```sh
 //! cargo run --example stale-holder -- [--coordinator URL] [--fence URL] [--ttl-ms N] [--pause-ms N]
 //! ```
 
