@@ -5,6 +5,7 @@ use std::fs;
 use std::io::{Read, Write};
 use std::time::Duration;
 
+use conformance_tests::harness::Backend;
 use conformance_tests::process;
 
 use crate::backends::{on_every_backend, Subject};
@@ -175,5 +176,95 @@ fn metrics_are_served_while_the_command_runs(s: &Subject, _test: &str) {
         body.contains(&format!("# HELP {LEASES_HELD}")),
         "described: {body}"
     );
+    drop(holder);
+}
+
+/// While `run` waits for a held key, a spinner shows on stderr when stderr is a terminal (here a
+/// pty from util-linux `script`), and nothing at all when it is not; both get the key once the
+/// holder is force-released. Backend-agnostic, so on Redis only.
+#[test]
+fn the_wait_spinner_shows_on_a_terminal_only() {
+    let test = "the_wait_spinner_shows_on_a_terminal_only";
+    let Some(s) = Subject::start(test, Backend::Redis) else {
+        return;
+    };
+    let url = s.url.as_str();
+    let key = "jobs/spin";
+    let holder = Holder::start(url, key, &["--ttl", "10s"]);
+    let waiter = |tty: bool| {
+        let args = ["--url", url, "run", key, "--wait", "30s", "--", "true"];
+        let mut c = if tty {
+            let line = std::iter::once(fenced_bin().to_str().unwrap().to_owned())
+                .chain(args.iter().map(|a| format!("'{a}'")))
+                .collect::<Vec<_>>()
+                .join(" ");
+            let mut c = std::process::Command::new("script");
+            c.args(["-q", "-e", "-c", &line, "/dev/null"]);
+            c
+        } else {
+            let mut c = std::process::Command::new(fenced_bin());
+            c.args(args);
+            c
+        };
+        c.env_remove("FENCED_URL")
+            .env_remove("RUST_LOG")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let plain = waiter(false);
+    let mut tty = waiter(true);
+    // The terminal's output, read as it comes.
+    let (tx, rx) = std::sync::mpsc::channel::<Vec<u8>>();
+    let mut tty_out = tty.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = tty_out.read(&mut buf) {
+            if n == 0 || tx.send(buf[..n].to_vec()).is_err() {
+                break;
+            }
+        }
+    });
+    let mut seen = Vec::new();
+    eventually(
+        Duration::from_secs(20),
+        "the spinner on the terminal",
+        || {
+            while let Ok(chunk) = rx.try_recv() {
+                seen.extend(chunk);
+            }
+            String::from_utf8_lossy(&seen)
+                .contains(&format!("waiting for {key}"))
+                .then_some(())
+        },
+    );
+    // Both waiters now wait (the spinner starts after a quarter second): free the key.
+    fenced()
+        .args([
+            "--url",
+            url,
+            "force-release",
+            key,
+            "--actor",
+            "test",
+            "--reason",
+            "spin",
+        ])
+        .assert()
+        .code(0);
+    let status = tty.wait().unwrap();
+    reader.join().unwrap();
+    seen.extend(rx.try_iter().flatten());
+    assert!(status.success(), "{}", String::from_utf8_lossy(&seen));
+    assert!(
+        String::from_utf8_lossy(&seen).contains("\r\x1b[2K"),
+        "the spinner's line is cleared once the key is acquired: {:?}",
+        String::from_utf8_lossy(&seen)
+    );
+    let out = plain.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    assert_eq!(stderr_of(&out), "", "silent when stderr is not a terminal");
     drop(holder);
 }
