@@ -8,10 +8,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
-use lease_core::adapter::{Backoff, TokenAdmission};
+use lease_core::adapter::{Backoff, LeaseTracker, TokenAdmission};
 use lease_core::{
     AuditRecord, Capabilities, Coordinator, Error, ForceRelease, HolderInfo, Lease, LeaseOptions,
-    LeaseTracker, LockKey, LostReason, OwnerId, Result, Token,
+    LockKey, LostReason, OwnerId, Result, Token,
 };
 use serde::{Deserialize, Serialize};
 use tokio::sync::OwnedMutexGuard;

@@ -6,8 +6,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lease_core::adapter::Backoff;
-use lease_core::{Error, Lease, LeaseStatus, LeaseTracker, LockKey, LostReason, Result, Token};
+use lease_core::adapter::{Backoff, LeaseTracker};
+use lease_core::{Error, Lease, LeaseState, LeaseStatus, LockKey, LostReason, Result, Token};
 use tokio::time::Instant;
 
 use crate::confirm::{Confirmer, Ownership};
@@ -233,7 +233,7 @@ impl ConsulLease {
 
 #[async_trait]
 impl Lease for ConsulLease {
-    fn tracker(&self) -> &LeaseTracker {
+    fn state(&self) -> &LeaseState {
         &self.shared.tracker
     }
 

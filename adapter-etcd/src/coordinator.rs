@@ -11,10 +11,10 @@ use etcd_client::{
     Client, Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn,
     TxnOp, TxnOpResponse,
 };
-use lease_core::adapter::{Backoff, TokenAdmission};
+use lease_core::adapter::{Backoff, LeaseTracker, TokenAdmission};
 use lease_core::{
     AuditRecord, Capabilities, Coordinator, Error, ForceRelease, HolderInfo, Lease, LeaseOptions,
-    LeaseStatus, LeaseTracker, LockKey, LostReason, OwnerId, Result, Token,
+    LeaseStatus, LockKey, LostReason, OwnerId, Result, Token,
 };
 use tokio::sync::oneshot;
 use tokio::time::Instant;

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use etcd_client::{Compare, CompareOp, Txn, TxnOp};
-use lease_core::adapter::Backoff;
-use lease_core::{Lease, LeaseStatus, LeaseTracker, LostReason, Result};
+use lease_core::adapter::{Backoff, LeaseTracker};
+use lease_core::{Lease, LeaseState, LeaseStatus, LostReason, Result};
 use tokio::time::Instant;
 
 use crate::coordinator::Handle;
@@ -123,7 +123,7 @@ impl EtcdLease {
 
 #[async_trait]
 impl Lease for EtcdLease {
-    fn tracker(&self) -> &LeaseTracker {
+    fn state(&self) -> &LeaseState {
         &self.tracker
     }
 

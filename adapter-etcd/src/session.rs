@@ -24,8 +24,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use etcd_client::{Client, Compare, CompareOp, PutOptions, Txn, TxnOp};
-use lease_core::adapter::Backoff;
-use lease_core::{LeaseStatus, LeaseTracker, LostReason};
+use lease_core::adapter::{Backoff, LeaseTracker};
+use lease_core::{LeaseStatus, LostReason};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 

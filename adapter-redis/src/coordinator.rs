@@ -6,10 +6,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
-use lease_core::adapter::{Backoff, TokenAdmission};
+use lease_core::adapter::{Backoff, LeaseTracker, TokenAdmission};
 use lease_core::{
     AuditRecord, Capabilities, Coordinator, Error, ForceRelease, HolderInfo, Lease, LeaseOptions,
-    LeaseStatus, LeaseTracker, LockKey, LostReason, OwnerId, Result, Token,
+    LeaseStatus, LockKey, LostReason, OwnerId, Result, Token,
 };
 use tokio::time::Instant;
 

@@ -4,7 +4,8 @@ use std::fmt;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use lease_core::{Error, Lease, LeaseStatus, LeaseTracker, LostReason, Result};
+use lease_core::adapter::LeaseTracker;
+use lease_core::{Error, Lease, LeaseState, LeaseStatus, LostReason, Result};
 use tokio::time::Instant;
 
 use crate::coordinator::{nothing_to_delete, spawn_cleanup, Cleanup, Inner};
@@ -68,7 +69,7 @@ impl RedisLease {
 
 #[async_trait]
 impl Lease for RedisLease {
-    fn tracker(&self) -> &LeaseTracker {
+    fn state(&self) -> &LeaseState {
         &self.tracker
     }
 

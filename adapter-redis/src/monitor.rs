@@ -20,7 +20,7 @@
 //!
 //! While leases are held the task also `PING`s its connection every `poll_interval`; a ping
 //! without a reply within the request timeout, or the connection closing, marks every lease of
-//! the coordinator in doubt ([`lease_core::LeaseTracker::in_doubt`]) until its next confirmed
+//! the coordinator in doubt ([`lease_core::adapter::LeaseTracker::in_doubt`]) until its next confirmed
 //! renew, and the task reconnects (and re-reads every held key) with a capped backoff.
 
 use std::sync::Weak;

@@ -35,10 +35,10 @@ use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
 use async_trait::async_trait;
-use lease_core::adapter::{Backoff, TokenAdmission};
+use lease_core::adapter::{Backoff, LeaseTracker, TokenAdmission};
 use lease_core::{
     AuditRecord, Capabilities, Coordinator, Error, ForceRelease, HolderInfo, Lease, LeaseOptions,
-    LeaseTracker, LockKey, OwnerId, Result, Token,
+    LockKey, OwnerId, Result, Token,
 };
 use tokio::time::Instant;
 use zookeeper_client::{CreateMode, Error as ZkError, MultiReadResult, Stat};

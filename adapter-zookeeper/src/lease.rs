@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lease_core::adapter::Backoff;
-use lease_core::{Error, Lease, LeaseStatus, LeaseTracker, LostReason, Result};
+use lease_core::adapter::{Backoff, LeaseTracker};
+use lease_core::{Error, Lease, LeaseStatus, LostReason, Result};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 use zookeeper_client::{Error as ZkError, EventType, WatchedEvent};
@@ -392,7 +392,7 @@ impl Drop for ZkLease {
 
 #[async_trait]
 impl Lease for ZkLease {
-    fn tracker(&self) -> &LeaseTracker {
+    fn state(&self) -> &lease_core::LeaseState {
         &self.state.tracker
     }
 

@@ -12,7 +12,7 @@ use crate::coordinator::{Coordinator, HolderInfo};
 use crate::error::Result;
 use crate::fence::{Accepted, Fence, FencedValue};
 use crate::key::{LockKey, ResourceId};
-use crate::lease::{Lease, LeaseTracker};
+use crate::lease::{Lease, LeaseState};
 use crate::metrics;
 use crate::options::{Capabilities, ForceRelease, LeaseOptions};
 use crate::token::Token;
@@ -163,12 +163,12 @@ struct InstrumentedLease {
 
 #[async_trait]
 impl Lease for InstrumentedLease {
-    fn tracker(&self) -> &LeaseTracker {
-        self.inner.tracker()
+    fn state(&self) -> &LeaseState {
+        self.inner.state()
     }
 
     async fn renew(&self) -> Result<Instant> {
-        let backend = self.tracker().backend();
+        let backend = self.state().backend();
         let start = Instant::now();
         let result = self
             .inner
@@ -189,7 +189,7 @@ impl Lease for InstrumentedLease {
     }
 
     async fn release(&self) -> Result<()> {
-        let backend = self.tracker().backend();
+        let backend = self.state().backend();
         let result = self
             .inner
             .release()

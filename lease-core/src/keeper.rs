@@ -210,7 +210,7 @@ async fn run(
 ) {
     let ttl = lease.ttl();
     let interval = ttl.mul_f64(options.renew_fraction);
-    let acquired_at = lease.tracker().acquired_at();
+    let acquired_at = lease.state().acquired_at();
     let mut lost = lease.lost();
     let mut last_sent = acquired_at;
     let mut seen_progress = progress.count();
@@ -252,7 +252,7 @@ async fn run(
     // a sleep until validity would pick either branch at random at that instant, and the lease
     // then ended `Lost(Expired)` half of the time.)
     lost.wait().await;
-    lease.tracker().mark_lost(LostReason::KeeperStopped);
+    lease.state().mark_lost(LostReason::KeeperStopped);
 }
 
 /// Renews, retrying transient failures with backoff until validity ends. Returns the send time of
@@ -269,14 +269,14 @@ async fn renew_until_confirmed(lease: &dyn Lease, ttl: Duration) -> Option<Insta
         match tokio::time::timeout_at(deadline, lease.renew()).await {
             Ok(Ok(_)) => {
                 crate::metrics::renew_validity_left(
-                    lease.tracker().backend(),
+                    lease.state().backend(),
                     deadline.saturating_duration_since(Instant::now()),
                 );
                 return Some(sent);
             }
             Ok(Err(e @ (Error::Lost { .. } | Error::Stale { .. }))) => {
                 tracing::warn!(key = %lease.key(), error = %e, "keeper: renewal refused, lease lost");
-                lease.tracker().mark_lost(LostReason::Superseded);
+                lease.state().mark_lost(LostReason::Superseded);
                 return None;
             }
             Ok(Err(e)) => {
@@ -288,7 +288,7 @@ async fn renew_until_confirmed(lease: &dyn Lease, ttl: Duration) -> Option<Insta
         }
         let now = Instant::now();
         if now >= lease.valid_until() {
-            lease.tracker().mark_lost(LostReason::Expired);
+            lease.state().mark_lost(LostReason::Expired);
             return None;
         }
         let wake = (now + backoff.next_delay()).min(lease.valid_until());

@@ -42,18 +42,42 @@ struct TrackerInner {
     held: crate::metrics::HeldLease,
 }
 
-/// The client-side state of one lease, shared by the lease object, its [`LostSignal`]s and
-/// whatever in the adapter learns that the lease is gone (a watch, a keepalive, a revocation).
-///
-/// Adapters create one per acquisition and expose it through [`Lease::tracker`]; everything that
-/// depends only on this state (status, validity, the lost signal, the `Lost` error) is written once
-/// here. Cloning is cheap and shares the state.
+/// What a lease's holder can read of its client-side state ([`Lease::state`]): key, token,
+/// validity, status and the lost signal. Nothing here changes the state: only the adapter that
+/// granted the lease holds the [`LeaseTracker`] that records renewals and losses.
 #[derive(Clone)]
-pub struct LeaseTracker {
+pub struct LeaseState {
     inner: Arc<TrackerInner>,
 }
 
+/// The adapter's handle on one lease's client-side state: shared by the lease object, its
+/// [`LostSignal`]s and whatever in the adapter learns that the lease is gone (a watch, a
+/// keepalive, a revocation), and the only way to record a renewal, doubt or loss.
+///
+/// Adapters create one per acquisition (from [`crate::adapter`]) and expose its read-only
+/// [`LeaseState`] through [`Lease::state`]; everything that depends only on this state (status,
+/// validity, the lost signal, the `Lost` error) is written once here. Cloning is cheap and shares
+/// the state.
+#[derive(Clone)]
+pub struct LeaseTracker {
+    state: LeaseState,
+}
+
+impl std::ops::Deref for LeaseTracker {
+    type Target = LeaseState;
+
+    fn deref(&self) -> &LeaseState {
+        &self.state
+    }
+}
+
 impl fmt::Debug for LeaseTracker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.state.fmt(f)
+    }
+}
+
+impl fmt::Debug for LeaseState {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LeaseTracker")
             .field("backend", &self.inner.backend)
@@ -81,19 +105,53 @@ impl LeaseTracker {
             status: LeaseStatus::Held,
         });
         LeaseTracker {
-            inner: Arc::new(TrackerInner {
-                backend,
-                key,
-                token,
-                ttl,
-                margin,
-                acquired_at: sent_at,
-                tx,
-                held: crate::metrics::HeldLease::new(backend),
-            }),
+            state: LeaseState {
+                inner: Arc::new(TrackerInner {
+                    backend,
+                    key,
+                    token,
+                    ttl,
+                    margin,
+                    acquired_at: sent_at,
+                    tx,
+                    held: crate::metrics::HeldLease::new(backend),
+                }),
+            },
         }
     }
 
+    /// The read-only view of this state that the lease hands out ([`Lease::state`]).
+    pub fn state(&self) -> &LeaseState {
+        &self.state
+    }
+
+    /// Records a renewal confirmed for a request sent at `sent_at`: validity becomes
+    /// `sent_at + ttl - margin` (never earlier than it was). Returns the deadline now in force, or
+    /// `Err(Lost)` if the lease is already lost (a lost lease never comes back).
+    pub fn renewed_from(&self, sent_at: Instant) -> Result<Instant> {
+        self.state.renewed_from(sent_at)
+    }
+
+    /// Records a confirmed renewal: validity moves to `valid_until`, an in-doubt lease is held
+    /// again. Has no effect on a lost lease (a lost lease never comes back) and returns false then.
+    pub fn renewed(&self, valid_until: Instant) -> bool {
+        self.state.renewed(valid_until)
+    }
+
+    /// Marks the lease in doubt (connection lost inside a still-live session). No effect once lost.
+    pub fn in_doubt(&self) {
+        self.state.in_doubt()
+    }
+
+    /// Marks the lease lost. Returns true the first time (later reasons are ignored: the first
+    /// cause wins). The lease leaves `fenced_leases_held`; counts `fenced_leases_lost_total` and
+    /// logs the loss, except for a plain release.
+    pub fn mark_lost(&self, reason: LostReason) -> bool {
+        self.state.mark_lost(reason)
+    }
+}
+
+impl LeaseState {
     /// The key.
     pub fn key(&self) -> &LockKey {
         &self.inner.key
@@ -163,7 +221,7 @@ impl LeaseTracker {
     /// Records a renewal confirmed for a request sent at `sent_at`: validity becomes
     /// `sent_at + ttl - margin` (never earlier than it was). Returns the deadline now in force, or
     /// `Err(Lost)` if the lease is already lost (a lost lease never comes back).
-    pub fn renewed_from(&self, sent_at: Instant) -> Result<Instant> {
+    pub(crate) fn renewed_from(&self, sent_at: Instant) -> Result<Instant> {
         let until = crate::clock::valid_until(sent_at, self.inner.ttl, self.inner.margin);
         if self.renewed(until.max(self.valid_until())) {
             Ok(self.valid_until())
@@ -176,7 +234,7 @@ impl LeaseTracker {
 
     /// Records a confirmed renewal: validity moves to `valid_until`, an in-doubt lease is held
     /// again. Has no effect on a lost lease (a lost lease never comes back) and returns false then.
-    pub fn renewed(&self, valid_until: Instant) -> bool {
+    pub(crate) fn renewed(&self, valid_until: Instant) -> bool {
         let mut applied = false;
         self.inner.tx.send_if_modified(|v| {
             if matches!(v.status, LeaseStatus::Lost(_)) {
@@ -191,7 +249,7 @@ impl LeaseTracker {
     }
 
     /// Marks the lease in doubt (connection lost inside a still-live session). No effect once lost.
-    pub fn in_doubt(&self) {
+    pub(crate) fn in_doubt(&self) {
         self.inner.tx.send_if_modified(|v| {
             if v.status == LeaseStatus::Held {
                 v.status = LeaseStatus::InDoubt;
@@ -205,7 +263,7 @@ impl LeaseTracker {
     /// Marks the lease lost. Returns true the first time (later reasons are ignored: the first
     /// cause wins). The lease leaves `fenced_leases_held`; counts `fenced_leases_lost_total` and
     /// logs the loss, except for a plain release.
-    pub fn mark_lost(&self, reason: LostReason) -> bool {
+    pub(crate) fn mark_lost(&self, reason: LostReason) -> bool {
         let first = self.inner.tx.send_if_modified(|v| {
             if matches!(v.status, LeaseStatus::Lost(_)) {
                 false
@@ -350,11 +408,13 @@ impl From<LostReason> for LeaseStatus {
 /// - Dropping a lease without releasing it stops any renewal; the lock is released best-effort
 ///   without blocking in `Drop` (never a blocking call), and in any case expires at its TTL.
 ///
-/// Adapters implement [`tracker`](Lease::tracker), `renew` and `release`; the rest is provided.
+/// Adapters implement [`state`](Lease::state), `renew` and `release`; the rest is provided.
 #[async_trait]
 pub trait Lease: Send + Sync + fmt::Debug {
-    /// The shared client-side state of this lease.
-    fn tracker(&self) -> &LeaseTracker;
+    /// The client-side state of this lease, read-only: nothing reachable from a lease lets its
+    /// holder change its status or validity (the adapter records those through its
+    /// [`LeaseTracker`]).
+    fn state(&self) -> &LeaseState;
 
     /// Extends the lease by its TTL, measured from the moment the request is sent.
     ///
@@ -389,22 +449,22 @@ pub trait Lease: Send + Sync + fmt::Debug {
 
     /// The key.
     fn key(&self) -> &LockKey {
-        self.tracker().key()
+        self.state().key()
     }
 
     /// The fencing token of this acquisition.
     fn token(&self) -> Token {
-        self.tracker().token()
+        self.state().token()
     }
 
     /// The TTL the backend granted (may be larger than asked: backends round up).
     fn ttl(&self) -> Duration {
-        self.tracker().ttl()
+        self.state().ttl()
     }
 
     /// The local monotonic validity deadline.
     fn valid_until(&self) -> Instant {
-        self.tracker().valid_until()
+        self.state().valid_until()
     }
 
     /// Validity left now (zero once passed).
@@ -414,12 +474,12 @@ pub trait Lease: Send + Sync + fmt::Debug {
 
     /// The status now.
     fn status(&self) -> LeaseStatus {
-        self.tracker().status()
+        self.state().status()
     }
 
     /// A signal that fires when the lease is lost.
     fn lost(&self) -> LostSignal {
-        self.tracker().signal()
+        self.state().signal()
     }
 
     /// `Ok` only while the lease is [`LeaseStatus::Held`]. An in-doubt lease gives a retryable
@@ -429,19 +489,19 @@ pub trait Lease: Send + Sync + fmt::Debug {
         match self.status() {
             LeaseStatus::Held => Ok(()),
             LeaseStatus::InDoubt => Err(Error::Unavailable {
-                backend: self.tracker().backend(),
+                backend: self.state().backend(),
                 message: format!("lease on {:?} is in doubt (connection lost)", self.key()),
                 source: None,
             }),
-            LeaseStatus::Lost(r) => Err(self.tracker().lost_error(r)),
+            LeaseStatus::Lost(r) => Err(self.state().lost_error(r)),
         }
     }
 }
 
 #[async_trait]
 impl<L: Lease + ?Sized> Lease for Box<L> {
-    fn tracker(&self) -> &LeaseTracker {
-        (**self).tracker()
+    fn state(&self) -> &LeaseState {
+        (**self).state()
     }
     async fn renew(&self) -> Result<Instant> {
         (**self).renew().await
@@ -453,8 +513,8 @@ impl<L: Lease + ?Sized> Lease for Box<L> {
 
 #[async_trait]
 impl<L: Lease + ?Sized> Lease for Arc<L> {
-    fn tracker(&self) -> &LeaseTracker {
-        (**self).tracker()
+    fn state(&self) -> &LeaseState {
+        (**self).state()
     }
     async fn renew(&self) -> Result<Instant> {
         (**self).renew().await

@@ -72,7 +72,7 @@ pub use helpers::{with_lease, IntoLockKey, LeaseScope};
 pub use instrument::Instrumented;
 pub use keeper::{keep, KeeperOptions, KeeperStop, Kept, Progress};
 pub use key::{LockKey, ResourceId, MAX_NAME_BYTES};
-pub use lease::{Lease, LeaseStatus, LeaseTracker, LostSignal};
+pub use lease::{Lease, LeaseState, LeaseStatus, LostSignal};
 pub use multi::{acquire_many, MultiLease};
 pub use options::{
     duration_in_range, parse_millis, Capabilities, ForceRelease, LeaseOptions, OwnerId,

@@ -27,7 +27,7 @@
 //!
 //! The lease-level signals (`fenced_leases_held`, `fenced_leases_lost_total`,
 //! `fenced_renew_validity_left_seconds`, and the bounded-section metrics) come from code every
-//! backend shares (the [`crate::LeaseTracker`], the keeper, [`crate::bounded`]), so they are
+//! backend shares (the [`crate::adapter::LeaseTracker`], the keeper, [`crate::bounded`]), so they are
 //! emitted for every lease, however its coordinator was built. The request-level signals
 //! (acquire, renew latency, release, fence operations, forced releases) are measured by the
 //! [`Instrumented`](crate::Instrumented) wrapper: [`crate::Registry::connect`] always returns instrumented handles; an

@@ -129,14 +129,14 @@ where
         let deadline = hard_deadline.map_or(soft, |h| h.min(soft));
         tokio::select! {
             biased;
-            reason = signal.wait() => break Err(lease.tracker().lost_error(reason)),
+            reason = signal.wait() => break Err(lease.state().lost_error(reason)),
             out = &mut fut => {
                 break match lease.status() {
                     LeaseStatus::Lost(reason) => {
-                        crate::metrics::work_after_loss(lease.tracker().backend());
+                        crate::metrics::work_after_loss(lease.state().backend());
                         tracing::warn!(key = %lease.key(), token = %lease.token(), %reason,
                             "work finished after its lease was lost; result discarded");
-                        Err(lease.tracker().lost_error(reason))
+                        Err(lease.state().lost_error(reason))
                     }
                     _ => out,
                 };
@@ -145,7 +145,7 @@ where
                 let moved = signal.valid_until().checked_sub(margin).unwrap_or(start) > deadline;
                 let hard_hit = hard_deadline.is_some_and(|h| Instant::now() >= h);
                 if hard_hit || !moved {
-                    break Err(lease.tracker().lost_error(LostReason::Expired));
+                    break Err(lease.state().lost_error(LostReason::Expired));
                 }
             }
         }
@@ -155,6 +155,6 @@ where
         Err(Error::Lost { .. }) => "lost",
         Err(_) => "failed",
     };
-    crate::metrics::critical_section(lease.tracker().backend(), label, start.elapsed());
+    crate::metrics::critical_section(lease.state().backend(), label, start.elapsed());
     outcome
 }

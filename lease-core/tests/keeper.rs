@@ -54,7 +54,7 @@ async fn renews_at_the_configured_fraction_of_the_ttl() {
     assert_eq!(renews.load(Ordering::SeqCst), 3);
     assert_eq!(
         kept.lease().valid_until(),
-        kept.lease().tracker().acquired_at() + secs(10)
+        kept.lease().state().acquired_at() + secs(10)
     );
 }
 

@@ -154,7 +154,7 @@ fn instrumented_backends_keeper_and_sections_emit_every_signal() {
         1
     );
     assert_eq!(
-        seen.counter(RENEW_FAILURES_TOTAL, &with(&[("kind", "lost")])),
+        seen.counter(RENEW_FAILURES_TOTAL, &with(&[("outcome", "lost")])),
         1
     );
     assert_eq!(

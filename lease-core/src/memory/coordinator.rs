@@ -13,7 +13,7 @@ use crate::audit::AuditRecord;
 use crate::coordinator::{Coordinator, HolderInfo};
 use crate::error::{Error, LostReason, Result};
 use crate::key::LockKey;
-use crate::lease::{Lease, LeaseTracker};
+use crate::lease::{Lease, LeaseState, LeaseTracker};
 use crate::options::{Capabilities, ForceRelease, LeaseOptions, OwnerId};
 use crate::token::Token;
 
@@ -472,7 +472,7 @@ impl MemoryLease {
 
 #[async_trait]
 impl Lease for MemoryLease {
-    fn tracker(&self) -> &LeaseTracker {
+    fn state(&self) -> &LeaseState {
         &self.tracker
     }
 

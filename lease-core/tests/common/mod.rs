@@ -6,8 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use lease_core::adapter::LeaseTracker;
 use lease_core::memory::MemoryCoordinator;
-use lease_core::{Error, Lease, LeaseOptions, LeaseTracker, LockKey, Result, Token};
+use lease_core::{Error, Lease, LeaseOptions, LeaseState, LockKey, Result, Token};
 use tokio::time::Instant;
 
 pub(crate) fn key(s: &str) -> LockKey {
@@ -100,7 +101,7 @@ impl ScriptedLease {
 
 #[async_trait]
 impl Lease for ScriptedLease {
-    fn tracker(&self) -> &LeaseTracker {
+    fn state(&self) -> &LeaseState {
         &self.tracker
     }
 
