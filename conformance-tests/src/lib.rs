@@ -1,12 +1,25 @@
 #![doc = include_str!("../README.md")]
 #![forbid(unsafe_code)]
 
-pub mod consul_standin;
-pub mod fence_server;
-pub mod harness;
-pub mod history;
-pub mod pki;
-pub mod process;
-pub mod proxy;
 pub mod subjects;
-pub mod suite;
+
+/// The real-server harness (from [`lease_testkit`]).
+pub use lease_testkit::harness;
+/// The fence server and remote fence (from [`lease_testkit`]).
+pub use lease_testkit::fence_server;
+/// The test PKI (from [`lease_testkit`]).
+pub use lease_testkit::pki;
+/// Signals to one process (from [`lease_testkit`]).
+pub use lease_testkit::process;
+/// The TCP fault proxy (from [`lease_testkit`]).
+pub use lease_testkit::proxy;
+
+/// The Consul stand-in (the [`consul_standin`](::consul_standin) crate).
+pub use ::consul_standin;
+
+/// The conformance suite (from [`conformance_suite`]).
+pub use conformance_suite::suite;
+/// The history checker (from [`conformance_suite`]).
+pub use conformance_suite::history;
+/// The suite's `check!` macro (from [`conformance_suite`]).
+pub use conformance_suite::check;

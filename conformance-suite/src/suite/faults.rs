@@ -14,8 +14,8 @@ use tokio::time::Instant;
 
 use super::{boxed, Case, CaseResult, Ctx, Failure, Need, Verdict};
 use crate::check;
-use crate::fence_server::{FenceServer, RecordingFence, RemoteFence};
-use crate::proxy::FaultProxy;
+use lease_testkit::fence_server::{FenceServer, RecordingFence, RemoteFence};
+use lease_testkit::proxy::FaultProxy;
 
 pub(super) fn cases() -> Vec<Case> {
     vec![
@@ -291,11 +291,11 @@ async fn paused_process(ctx: Arc<Ctx>) -> CaseResult {
     let mut worker = Worker::spawn(&ctx, &key, server.addr(), 10_000, ctx.ttl() / 10).await?;
     let token_a = Worker::token(&worker.expect("ACQUIRED", ctx.ttl() * 20).await?)?;
     worker.expect("WRITE 0 OK", ctx.ttl() * 5).await?;
-    crate::process::pause(worker.pid).map_err(|e| Failure(e.to_string()))?;
+    lease_testkit::process::pause(worker.pid).map_err(|e| Failure(e.to_string()))?;
     tokio::time::sleep(ctx.ttl() * 2).await;
     let b = ctx.client().await?;
     let new = takeover_via(&ctx, &*rec, &*b, &key, token_a).await;
-    crate::process::resume(worker.pid).map_err(|e| Failure(e.to_string()))?;
+    lease_testkit::process::resume(worker.pid).map_err(|e| Failure(e.to_string()))?;
     let new = new?;
     let line = worker.expect("WRITE", ctx.ttl() * 10).await?;
     let stale_line = if line.contains("STALE") {
@@ -336,7 +336,7 @@ impl Worker {
 
 /// No write or claim with `old` was accepted after the new owner's claim with `new`.
 fn verify_log(
-    log: &crate::fence_server::FenceLog,
+    log: &lease_testkit::fence_server::FenceLog,
     key: &LockKey,
     old: Token,
     new: Token,
@@ -644,7 +644,7 @@ async fn killed_process(ctx: Arc<Ctx>) -> CaseResult {
     let key = ctx.key("killed-after");
     let mut worker = Worker::spawn(&ctx, &key, server.addr(), 10_000, ctx.ttl() / 10).await?;
     let token = Worker::token(&worker.expect("ACQUIRED", ctx.ttl() * 20).await?)?;
-    crate::process::kill(worker.pid).map_err(|e| Failure(e.to_string()))?;
+    lease_testkit::process::kill(worker.pid).map_err(|e| Failure(e.to_string()))?;
     let _ = worker.child.wait().await;
     let killed_at = Instant::now();
     let next = b
@@ -672,7 +672,7 @@ async fn killed_process(ctx: Arc<Ctx>) -> CaseResult {
         "worker exited while it should be waiting; saw {:?}",
         worker.seen
     );
-    crate::process::kill(worker.pid).map_err(|e| Failure(e.to_string()))?;
+    lease_testkit::process::kill(worker.pid).map_err(|e| Failure(e.to_string()))?;
     let _ = worker.child.wait().await;
     holder.release().await?;
     let c = ctx.client().await?;
@@ -757,7 +757,7 @@ impl Worker {
 
     /// Kills the worker and reaps it.
     pub(super) async fn stop(&mut self) {
-        let _ = crate::process::resume(self.pid);
+        let _ = lease_testkit::process::resume(self.pid);
         let _ = self.child.kill().await;
     }
 }

@@ -13,7 +13,7 @@ use tokio::time::Instant;
 
 use super::{boxed, Case, CaseResult, Ctx, Failure, Need, Operator, Verdict};
 use crate::check;
-use crate::proxy::FaultProxy;
+use lease_testkit::proxy::FaultProxy;
 
 pub(super) fn cases() -> Vec<Case> {
     vec![

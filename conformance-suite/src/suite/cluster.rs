@@ -1,6 +1,6 @@
 //! Cases for replicated coordinators: a member crashed, frozen or cut off while leases are held,
 //! and a failover to a replica that missed writes. They run only against subjects with a
-//! [`ClusterControl`](crate::harness::ClusterControl) and are skipped by name on single servers.
+//! [`ClusterControl`](lease_testkit::harness::ClusterControl) and are skipped by name on single servers.
 //!
 //! Every case leaves the cluster whole: members it killed are restarted and cuts are healed,
 //! also when a check fails (see [`Restore`]).
@@ -16,7 +16,7 @@ use tokio::time::Instant;
 
 use super::{boxed, Case, CaseResult, Ctx, Failure, Need, Verdict};
 use crate::check;
-use crate::harness::ClusterControl;
+use lease_testkit::harness::ClusterControl;
 use crate::history::{Done, Grant, History, HistoryFence, OpKind};
 
 pub(super) fn cases() -> Vec<Case> {

@@ -105,7 +105,9 @@ pub enum HarnessError {
 }
 
 impl HarnessError {
-    pub(crate) fn io(context: impl Into<String>, source: io::Error) -> Self {
+    /// An [`HarnessError::Io`] with its context (what was being done), for servers and stand-ins
+    /// built outside this crate (such as the `consul-standin` crate's).
+    pub fn io(context: impl Into<String>, source: io::Error) -> Self {
         Self::Io {
             context: context.into(),
             source,

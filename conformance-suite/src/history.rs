@@ -23,7 +23,7 @@
 //! # Recording
 //!
 //! ```
-//! use conformance_tests::history::{check, FenceOutcome, History, OpKind};
+//! use conformance_suite::history::{check, FenceOutcome, History, OpKind};
 //!
 //! let history = History::new(Some(7));
 //! let rec = history.recorder("w0");
@@ -478,7 +478,7 @@ impl fmt::Display for FenceOutcome {
 ///
 /// Reads are forwarded without recording. A call cancelled mid-flight (its future dropped) is
 /// recorded as never completed with an unknown outcome. Put one in front of the fence a
-/// [`crate::fence_server::FenceServer`] serves, and the claims and writes of worker *processes*
+/// [`lease_testkit::fence_server::FenceServer`] serves, and the claims and writes of worker *processes*
 /// are timestamped by the harness at the server: the fence's effect lies between the two.
 #[derive(Debug, Clone)]
 pub struct HistoryFence {

@@ -42,7 +42,7 @@ use lease_core::{Coordinator, Fence, LockKey, ResourceId};
 use rand::{Rng, SeedableRng};
 use tokio::sync::Mutex;
 
-use crate::harness::{ClusterControl, ServerControl};
+use lease_testkit::harness::{ClusterControl, ServerControl};
 
 mod basic;
 mod chaos;
@@ -582,7 +582,7 @@ async fn effective_ttl(subject: &Subject, requested: Duration) -> (Duration, Opt
     if !caps.per_lease_ttl {
         let note = format!(
             "{TTL_ENV}={} not applied: a {} lease lives as long as its session, whose TTL the \
-             subject sets ({:?}); the subject must read conformance_tests::suite::ttl_override()",
+             subject sets ({:?}); the subject must read conformance_suite::suite::ttl_override()",
             requested.as_millis(),
             subject.name,
             subject.ttl

@@ -1,10 +1,12 @@
+#![forbid(unsafe_code)]
+
 //! **A test-only stand-in for a Consul server** — not Consul, and not for production.
 //!
 //! No Consul server package is reachable from this project's machines, so the conformance suite
 //! runs the Consul adapter against this in-process HTTP server, which implements the endpoints the
 //! adapter uses with the semantics documented in Consul's HTTP API and implemented in Consul's
 //! state store. When `CONSUL_HTTP_ADDR` names a real Consul, the suite runs against that instead
-//! (see [`crate::subjects`]).
+//! (see the `conformance-tests` crate's Consul subject).
 //!
 //! # What it implements
 //!
@@ -86,7 +88,7 @@ use tokio::sync::watch;
 
 use self::http::{Control, Shared};
 use self::state::Store;
-use crate::harness::{Backend, HarnessError, ServerControl};
+use lease_testkit::harness::{Backend, HarnessError, ServerControl};
 
 /// HTTPS for the stand-in (see [`StandInOptions::tls`]). The key is never shown by `Debug`.
 #[derive(Clone, PartialEq, Eq)]

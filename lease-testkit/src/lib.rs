@@ -1,0 +1,8 @@
+#![doc = include_str!("../README.md")]
+#![forbid(unsafe_code)]
+
+pub mod fence_server;
+pub mod harness;
+pub mod pki;
+pub mod process;
+pub mod proxy;
