@@ -37,6 +37,7 @@ pub mod netns;
 pub mod postgres;
 pub mod redis;
 pub mod redis_cluster;
+mod resp;
 mod server;
 pub mod zookeeper;
 pub mod zookeeper_ensemble;

@@ -38,6 +38,7 @@ use futures::future::BoxFuture;
 use tokio::time::Instant;
 
 use super::cluster::{ClusterControl, ClusterError, ClusterResult};
+use super::resp::{self, FromReply};
 use super::server::{tcp_exchange, Launcher, Probe, ServerProcess};
 use super::{HarnessError, RedisConfig, RedisServer};
 use crate::proxy::FaultProxy;
@@ -145,15 +146,9 @@ async fn blocking<T: Send + 'static>(
 }
 
 /// One command to `127.0.0.1:port`, bounded.
-async fn query<T: redis::FromRedisValue>(port: u16, cmd: &redis::Cmd) -> ClusterResult<T> {
-    let client = redis::Client::open(redis::ConnectionAddr::Tcp("127.0.0.1".into(), port))
-        .map_err(|e| err(format!("127.0.0.1:{port}"), e))?;
-    let run = async {
-        let mut conn = client.get_multiplexed_async_connection().await?;
-        cmd.query_async::<T>(&mut conn).await
-    };
-    match tokio::time::timeout(COMMAND_TIMEOUT, run).await {
-        Ok(Ok(v)) => Ok(v),
+async fn query<T: FromReply>(port: u16, args: &[&str]) -> ClusterResult<T> {
+    match tokio::time::timeout(COMMAND_TIMEOUT, resp::command(port, args)).await {
+        Ok(Ok(reply)) => T::from_reply(reply).map_err(|e| err(format!("127.0.0.1:{port}"), e)),
         Ok(Err(e)) => Err(err(format!("127.0.0.1:{port}"), e)),
         Err(_) => Err(ClusterError(format!("127.0.0.1:{port}: no answer in time"))),
     }
@@ -161,7 +156,7 @@ async fn query<T: redis::FromRedisValue>(port: u16, cmd: &redis::Cmd) -> Cluster
 
 /// `INFO replication` of the node at `port`, as `field -> value`.
 async fn replication(port: u16) -> ClusterResult<HashMap<String, String>> {
-    let info: String = query(port, redis::cmd("INFO").arg("replication")).await?;
+    let info: String = query(port, &["INFO", "replication"]).await?;
     Ok(info
         .lines()
         .filter_map(|l| l.trim().split_once(':'))
@@ -219,7 +214,7 @@ impl RedisCluster {
             );
         }
         for &p in &ports[1..] {
-            let _: () = query(p, redis::cmd("REPLICAOF").arg("127.0.0.1").arg(ports[0])).await?;
+            let _: () = query(p, &["REPLICAOF", "127.0.0.1", &ports[0].to_string()]).await?;
         }
         let mut sentinels = Vec::new();
         let mut sentinel_ports = Vec::new();
@@ -275,20 +270,14 @@ impl RedisCluster {
     async fn named_primary(&self) -> Result<Option<usize>, String> {
         let mut last = String::from("no Sentinel answered");
         for &s in &self.sentinel_ports {
-            let addr: Option<(String, u16)> = match query(
-                s,
-                redis::cmd("SENTINEL")
-                    .arg("get-master-addr-by-name")
-                    .arg(PRIMARY_NAME),
-            )
-            .await
-            {
-                Ok(a) => a,
-                Err(e) => {
-                    last = e.0;
-                    continue;
-                }
-            };
+            let addr: Option<(String, u16)> =
+                match query(s, &["SENTINEL", "get-master-addr-by-name", PRIMARY_NAME]).await {
+                    Ok(a) => a,
+                    Err(e) => {
+                        last = e.0;
+                        continue;
+                    }
+                };
             let Some((_, port)) = addr else {
                 last = format!("Sentinel {s} does not know {PRIMARY_NAME}");
                 continue;
@@ -351,7 +340,7 @@ impl RedisCluster {
     /// Whether Sentinel `s` names `primary`, sees it up, and knows the other members as
     /// replicas and the other Sentinels.
     async fn sentinel_settled(&self, s: u16, primary: usize) -> Result<bool, String> {
-        let master: Vec<String> = query(s, redis::cmd("SENTINEL").arg("MASTER").arg(PRIMARY_NAME))
+        let master: Vec<String> = query(s, &["SENTINEL", "MASTER", PRIMARY_NAME])
             .await
             .map_err(|e| e.0)?;
         let field = |name: &str| {
@@ -395,9 +384,7 @@ impl RedisCluster {
             .map_err(|e| err("starting a replication proxy", e))?;
         let _: () = query(
             self.ports[r],
-            redis::cmd("REPLICAOF")
-                .arg("127.0.0.1")
-                .arg(proxy.addr().port()),
+            &["REPLICAOF", "127.0.0.1", &proxy.addr().port().to_string()],
         )
         .await?;
         self.links.lock().await.insert(r, proxy);
@@ -408,10 +395,7 @@ impl RedisCluster {
     async fn set_priority(&self, member: usize, priority: u32) -> ClusterResult<()> {
         let _: () = query(
             self.ports[member],
-            redis::cmd("CONFIG")
-                .arg("SET")
-                .arg("replica-priority")
-                .arg(priority),
+            &["CONFIG", "SET", "replica-priority", &priority.to_string()],
         )
         .await?;
         Ok(())
@@ -429,7 +413,7 @@ impl RedisCluster {
                     let port = port.clone();
                     async move {
                         let replicas: Vec<Vec<String>> =
-                            query(s, redis::cmd("SENTINEL").arg("REPLICAS").arg(PRIMARY_NAME))
+                            query(s, &["SENTINEL", "REPLICAS", PRIMARY_NAME])
                                 .await
                                 .map_err(|e| e.0)?;
                         let seen = replicas.iter().any(|r| {
@@ -496,9 +480,7 @@ impl ClusterControl for RedisCluster {
                     if primary != member && !self.replicates(member, primary).await? {
                         let _: () = query(
                             self.ports[member],
-                            redis::cmd("REPLICAOF")
-                                .arg("127.0.0.1")
-                                .arg(self.ports[primary]),
+                            &["REPLICAOF", "127.0.0.1", &self.ports[primary].to_string()],
                         )
                         .await
                         .map_err(|e| e.0)?;
