@@ -164,8 +164,10 @@ mod tests {
 
     #[test]
     fn parses_the_required_flags_and_defaults() {
-        let a = parse(args("--coordinator memory:// --fence 127.0.0.1:1 --key k --ttl-ms 500"))
-            .unwrap();
+        let a = parse(args(
+            "--coordinator memory:// --fence 127.0.0.1:1 --key k --ttl-ms 500",
+        ))
+        .unwrap();
         assert_eq!(
             (a.coordinator.as_str(), a.ttl_ms, a.wait_ms, a.writes),
             ("memory://", 500, 30_000, 100)

@@ -3,10 +3,10 @@
 
 pub mod subjects;
 
-/// The real-server harness (from [`lease_testkit`]).
-pub use lease_testkit::harness;
 /// The fence server and remote fence (from [`lease_testkit`]).
 pub use lease_testkit::fence_server;
+/// The real-server harness (from [`lease_testkit`]).
+pub use lease_testkit::harness;
 /// The test PKI (from [`lease_testkit`]).
 pub use lease_testkit::pki;
 /// Signals to one process (from [`lease_testkit`]).
@@ -17,9 +17,9 @@ pub use lease_testkit::proxy;
 /// The Consul stand-in (the [`consul_standin`](::consul_standin) crate).
 pub use ::consul_standin;
 
-/// The conformance suite (from [`conformance_suite`]).
-pub use conformance_suite::suite;
-/// The history checker (from [`conformance_suite`]).
-pub use conformance_suite::history;
 /// The suite's `check!` macro (from [`conformance_suite`]).
 pub use conformance_suite::check;
+/// The history checker (from [`conformance_suite`]).
+pub use conformance_suite::history;
+/// The conformance suite (from [`conformance_suite`]).
+pub use conformance_suite::suite;

@@ -20,8 +20,8 @@ use tokio::time::Instant;
 
 use super::{boxed, Case, CaseResult, Ctx, Failure, Need, Verdict};
 use crate::check;
-use lease_testkit::fence_server::{FenceServer, RecordingFence};
 use crate::history::{Done, Grant, History, HistoryFence, OpKind};
+use lease_testkit::fence_server::{FenceServer, RecordingFence};
 
 pub(super) fn cases() -> Vec<Case> {
     vec![Case::new(
@@ -279,12 +279,15 @@ async fn monkey(
                     super::faults::spawn_worker(&ctx, key, server.addr(), 10_000, ttl / 10).await?;
                 if w.wait_for_acquired(ttl * 6).await {
                     if rng.gen_bool(0.5) {
-                        lease_testkit::process::pause(w.pid()).map_err(|e| Failure(e.to_string()))?;
+                        lease_testkit::process::pause(w.pid())
+                            .map_err(|e| Failure(e.to_string()))?;
                         tokio::time::sleep(ttl * 2).await;
-                        lease_testkit::process::resume(w.pid()).map_err(|e| Failure(e.to_string()))?;
+                        lease_testkit::process::resume(w.pid())
+                            .map_err(|e| Failure(e.to_string()))?;
                         paused += 1;
                     } else {
-                        lease_testkit::process::kill(w.pid()).map_err(|e| Failure(e.to_string()))?;
+                        lease_testkit::process::kill(w.pid())
+                            .map_err(|e| Failure(e.to_string()))?;
                         killed += 1;
                     }
                 }

@@ -16,8 +16,8 @@ use tokio::time::Instant;
 
 use super::{boxed, Case, CaseResult, Ctx, Failure, Need, Verdict};
 use crate::check;
-use lease_testkit::harness::ClusterControl;
 use crate::history::{Done, Grant, History, HistoryFence, OpKind};
+use lease_testkit::harness::ClusterControl;
 
 pub(super) fn cases() -> Vec<Case> {
     vec![
