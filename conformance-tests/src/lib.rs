@@ -14,7 +14,7 @@ pub use lease_testkit::process;
 /// The TCP fault proxy (from [`lease_testkit`]).
 pub use lease_testkit::proxy;
 
-/// The Consul stand-in (the [`consul_standin`](::consul_standin) crate).
+/// The Consul stand-in (the [`consul_standin`] crate).
 pub use ::consul_standin;
 
 /// The suite's `check!` macro (from [`conformance_suite`]).
