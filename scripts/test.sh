@@ -7,6 +7,7 @@
 #      directory and stops it afterwards), and the cluster cases against a Redis primary with
 #      two replicas and three Sentinels, three etcd members (network namespaces; needs root) and
 #      a three-server ZooKeeper ensemble (tests/cluster_*.rs in conformance-tests),
+#      and the suite's third-party example adapter (conformance-suite/example-adapter),
 #   4. builds the facade with no backend feature and PROTOC=/bin/false (what a newcomer's first
 #      command needs), runs its tests and the stale-holder demo, which must show the fence
 #      rejecting the stale write.
@@ -24,6 +25,14 @@ cargo fmt --all -- --check
 
 step "cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
+
+step "the test kit and the suite build without any adapter or backend client (decision 0020)"
+if cargo tree --locked -e normal --prefix none -p lease-testkit -p consul-standin -p conformance-suite \
+    | grep -E '^(adapter-[a-z]+|fenced|fence-postgres|etcd-client|redis|zookeeper[a-z-]*|tokio-postgres) v'; then
+  echo "lease-testkit, consul-standin or conformance-suite depends on the crates above" >&2
+  exit 1
+fi
+PROTOC=/bin/false cargo build --locked -p lease-testkit -p consul-standin -p conformance-suite
 
 step "cargo test (unit, property, harness, conformance suite per backend)"
 cargo test --workspace --locked
