@@ -284,9 +284,7 @@ impl ConsulCoordinator {
         let caps = Capabilities::new(BACKEND)
             .min_ttl(config.session_ttl())
             .max_ttl(LeaseOptions::MAX_TTL)
-            .ttl_granularity(Duration::from_millis(1))
             .per_lease_ttl(false)
-            .fifo(false)
             .durable_tokens(true)
             .shared_across_processes(true)
             .lock_delay(config.lock_delay());

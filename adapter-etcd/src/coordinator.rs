@@ -152,9 +152,7 @@ pub(crate) async fn client_for(config: &EtcdConfig) -> Result<Client> {
 fn capabilities() -> Capabilities {
     Capabilities::new(BACKEND)
         .min_ttl(MIN_TTL)
-        .ttl_granularity(Duration::from_secs(1))
         .per_lease_ttl(false)
-        .fifo(true)
         .durable_tokens(true)
         .shared_across_processes(true)
 }
@@ -1038,7 +1036,7 @@ mod tests {
     fn capabilities_declare_etcd() {
         let c = capabilities();
         assert_eq!(c.min_ttl, MIN_TTL);
-        assert!(!c.per_lease_ttl && c.fifo && c.durable_tokens && c.shared_across_processes);
+        assert!(!c.per_lease_ttl && c.durable_tokens && c.shared_across_processes);
     }
 
     /// An acquire whose answers are lost is `OutcomeUnknown`, every attempt it made within its

@@ -348,9 +348,7 @@ impl RedisCoordinator {
         let (monitor, watch) = Monitor::channel();
         let caps = Capabilities::new(BACKEND)
             .min_ttl(MIN_TTL)
-            .ttl_granularity(Duration::from_millis(1))
             .per_lease_ttl(true)
-            .fifo(false)
             .durable_tokens(!config.volatile_tokens())
             .shared_across_processes(true);
         let default_owner = config

@@ -120,7 +120,6 @@ impl ZkCoordinator {
         let caps = Capabilities::new(BACKEND)
             .min_ttl(session.timeout())
             .per_lease_ttl(false)
-            .fifo(true)
             .durable_tokens(true)
             .shared_across_processes(true);
         let tokens = TokenAdmission::new(

@@ -20,13 +20,9 @@ pub struct Capabilities {
     pub min_ttl: Duration,
     /// The largest TTL the backend honours.
     pub max_ttl: Duration,
-    /// The unit the backend rounds TTLs to (a TTL is rounded up to a multiple of it).
-    pub ttl_granularity: Duration,
     /// Whether each acquisition gets exactly its own TTL (false when leases share a session whose
     /// TTL is fixed per client, as on etcd, ZooKeeper and Consul).
     pub per_lease_ttl: bool,
-    /// Whether waiters are served in arrival order.
-    pub fifo: bool,
     /// Whether the coordinator's tokens survive a coordinator restart.
     pub durable_tokens: bool,
     /// Whether other OS processes can reach the same coordinator (needed by the fault cases that
@@ -39,16 +35,14 @@ pub struct Capabilities {
 }
 
 impl Capabilities {
-    /// Capabilities with conservative defaults: per-lease TTL, FIFO, no minimum beyond 1 ms,
+    /// Capabilities with conservative defaults: per-lease TTL, no minimum beyond 1 ms,
     /// tokens neither durable nor shared across processes. Adapters override what they offer.
     pub fn new(backend: &'static str) -> Self {
         Capabilities {
             backend,
             min_ttl: Duration::from_millis(1),
             max_ttl: LeaseOptions::MAX_TTL,
-            ttl_granularity: Duration::from_millis(1),
             per_lease_ttl: true,
-            fifo: true,
             durable_tokens: false,
             shared_across_processes: false,
             lock_delay: Duration::ZERO,
@@ -67,21 +61,9 @@ impl Capabilities {
         self
     }
 
-    /// Sets the TTL granularity.
-    pub fn ttl_granularity(mut self, d: Duration) -> Self {
-        self.ttl_granularity = d;
-        self
-    }
-
     /// Sets whether each lease has its own TTL.
     pub fn per_lease_ttl(mut self, yes: bool) -> Self {
         self.per_lease_ttl = yes;
-        self
-    }
-
-    /// Sets whether waiters are FIFO.
-    pub fn fifo(mut self, yes: bool) -> Self {
-        self.fifo = yes;
         self
     }
 

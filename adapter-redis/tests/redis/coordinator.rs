@@ -451,7 +451,6 @@ async fn registry_serves_redis_urls() {
     let c = registry.connect(&srv.url()).await.unwrap();
     assert_eq!(c.capabilities().backend, "redis");
     assert!(c.capabilities().durable_tokens);
-    assert!(!c.capabilities().fifo);
     assert!(c.capabilities().shared_across_processes);
     let f = registry.connect_fence(&srv.url()).await.unwrap();
     assert_eq!(f.backend(), "redis");
