@@ -22,7 +22,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lease_core::batch::{Rounds, RoundsConfig};
+use lease_core::adapter::batch::{Rounds, RoundsConfig};
 use lease_core::Error;
 
 use crate::http::{Http, TxnOp, TxnRead};
@@ -49,7 +49,7 @@ pub(crate) enum Ownership {
     NotOurs,
 }
 
-/// The handle to a coordinator's confirmation rounds ([`lease_core::batch::Rounds`]; its task
+/// The handle to a coordinator's confirmation rounds ([`lease_core::adapter::batch::Rounds`]; its task
 /// starts on first use, from a runtime).
 #[derive(Debug)]
 pub(crate) struct Confirmer {

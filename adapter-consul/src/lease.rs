@@ -268,7 +268,11 @@ impl Lease for ConsulLease {
             Ownership::NotOurs => return Err(s.lost(s.reason_gone(false))),
             Ownership::Missing => return Err(s.lost(s.reason_gone(true))),
         }
-        let own = lease_core::clock::valid_until(sent, s.tracker.ttl(), s.tracker.drift_margin());
+        let own = lease_core::adapter::clock::valid_until(
+            sent,
+            s.tracker.ttl(),
+            s.tracker.drift_margin(),
+        );
         {
             let mut o = s.own_until.lock().unwrap_or_else(|p| p.into_inner());
             *o = (*o).max(own);

@@ -12,7 +12,8 @@ mod session;
 
 use std::sync::Arc;
 
-use lease_core::{BackendUrl, Coordinator, Registry};
+use lease_core::adapter::BackendUrl;
+use lease_core::{Coordinator, Registry};
 
 pub use config::{
     escape_key, ConsulConfig, CONSUL_MAX_LOCK_DELAY, CONSUL_SESSION_TTL_MAX,

@@ -66,7 +66,7 @@ impl Session {
             ttl,
             margin,
             state: Mutex::new(SessionState {
-                valid_until: lease_core::clock::valid_until(created_sent_at, ttl, margin),
+                valid_until: lease_core::adapter::clock::valid_until(created_sent_at, ttl, margin),
                 pushed_until: created_sent_at,
                 ended: false,
                 leases: HashMap::new(),
@@ -110,7 +110,7 @@ impl Session {
             if st.ended {
                 return;
             }
-            let until = lease_core::clock::valid_until(sent_at, self.ttl, self.margin);
+            let until = lease_core::adapter::clock::valid_until(sent_at, self.ttl, self.margin);
             st.valid_until = st.valid_until.max(until);
             if st.valid_until < st.pushed_until + self.ttl / 4 {
                 return;
@@ -213,7 +213,7 @@ impl SessionManager {
     }
 
     fn margin(&self) -> Duration {
-        lease_core::clock::default_drift_margin(self.ttl)
+        lease_core::adapter::clock::default_drift_margin(self.ttl)
     }
 
     /// The current session, if one is live.

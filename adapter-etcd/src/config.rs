@@ -476,7 +476,7 @@ enum PemKind {
 
 /// Percent-decodes URL user info (`%40` is `@`).
 fn decode(url: &BackendUrl, s: &str) -> Result<String> {
-    lease_core::percent_decode(s).ok_or_else(|| {
+    lease_core::adapter::percent_decode(s).ok_or_else(|| {
         Error::from(url.invalid("user info has a malformed percent escape or is not UTF-8"))
     })
 }

@@ -14,7 +14,7 @@
 use std::time::Duration;
 
 use etcd_client::{Client, GetOptions, Txn, TxnOp, TxnOpResponse};
-use lease_core::batch::{Rounds, RoundsConfig};
+use lease_core::adapter::batch::{Rounds, RoundsConfig};
 use lease_core::Error;
 
 use crate::error::{retry_unapplied, BACKEND};
@@ -25,7 +25,7 @@ pub(crate) const MAX_TXN_OPS: usize = 128;
 /// The least time between the starts of two rounds.
 pub(crate) const ROUND_SPACING: Duration = Duration::from_millis(20);
 
-/// The handle to a coordinator's confirmation rounds ([`lease_core::batch::Rounds`]).
+/// The handle to a coordinator's confirmation rounds ([`lease_core::adapter::batch::Rounds`]).
 #[derive(Debug)]
 pub(crate) struct Confirmer {
     rounds: Rounds<(String, i64), bool>,

@@ -529,7 +529,7 @@ fn validate_prefix(prefix: &str) -> std::result::Result<(), &'static str> {
 }
 
 fn checked_interval(field: &'static str, d: Duration) -> Result<Duration> {
-    Ok(lease_core::duration_in_range(
+    Ok(lease_core::adapter::duration_in_range(
         field,
         d,
         Duration::from_millis(1),

@@ -652,7 +652,7 @@ impl RedisCoordinator {
     ) -> Result<Attempt> {
         let ttl = options.ttl_value();
         let margin = options.drift_margin_for(ttl);
-        let valid_until = lease_core::clock::valid_until(sent_at, ttl, margin);
+        let valid_until = lease_core::adapter::clock::valid_until(sent_at, ttl, margin);
         // A grant handed out is admitted (and recorded); one whose validity ended in flight is
         // only checked, so that a token that went backwards is reported either way.
         let regression = if Instant::now() < valid_until {

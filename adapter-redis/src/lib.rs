@@ -15,7 +15,8 @@ mod wakeups;
 
 use std::sync::Arc;
 
-use lease_core::{BackendUrl, Coordinator, Fence, Registry};
+use lease_core::adapter::BackendUrl;
+use lease_core::{Coordinator, Fence, Registry};
 
 pub use config::{
     RedisConfig, ReplicaAcks, SentinelConfig, DEFAULT_CONNECT_TIMEOUT, DEFAULT_KEY_PREFIX,

@@ -16,7 +16,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use lease_core::batch::{Rounds, RoundsConfig};
+use lease_core::adapter::batch::{Rounds, RoundsConfig};
 use lease_core::Result;
 
 use crate::connection::Connection;
@@ -33,7 +33,7 @@ pub(crate) const ROUND_SPACING: Duration = Duration::from_millis(5);
 /// One renewal: the lock, the owner's head, the TTL in milliseconds.
 type Renewal = (Arc<LockKeys>, String, String);
 
-/// The handle to a coordinator's renewal rounds ([`lease_core::batch::Rounds`]).
+/// The handle to a coordinator's renewal rounds ([`lease_core::adapter::batch::Rounds`]).
 #[derive(Debug)]
 pub(crate) struct Renewals {
     rounds: Rounds<Renewal, i64>,

@@ -442,7 +442,7 @@ fn parse_base_path(path: &str) -> Result<String, String> {
 }
 
 fn percent_decode(s: &str) -> Result<String, String> {
-    lease_core::percent_decode(s).ok_or_else(|| {
+    lease_core::adapter::percent_decode(s).ok_or_else(|| {
         "a '%' not followed by two hex digits, or escaped bytes that are not UTF-8".to_owned()
     })
 }

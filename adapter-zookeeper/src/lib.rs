@@ -11,7 +11,8 @@ mod session;
 
 use std::sync::Arc;
 
-use lease_core::{BackendUrl, Coordinator, Registry};
+use lease_core::adapter::BackendUrl;
+use lease_core::{Coordinator, Registry};
 
 pub use config::{
     ZkConfig, DEFAULT_BASE_PATH, DEFAULT_PORT, DEFAULT_SESSION_TIMEOUT, MAX_TIMEOUT,

@@ -102,7 +102,7 @@ async fn validity_leaves_a_tick_and_a_heartbeat_for_the_followers_touch_lag() {
         let key: LockKey = format!("margin-{}", tick.as_millis()).parse().unwrap();
         // A TTL far above T: validity is the session cap.
         let ttl = Duration::from_secs(20);
-        let drift = lease_core::clock::default_drift_margin(ttl);
+        let drift = lease_core::adapter::clock::default_drift_margin(ttl);
         let lease = coord.acquire(&key, &LeaseOptions::new(ttl)).await.unwrap();
         let sent = Instant::now();
         let renewed = lease.renew().await.unwrap();

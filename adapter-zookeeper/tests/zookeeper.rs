@@ -712,8 +712,9 @@ async fn only_a_sync_extends_validity_never_a_read_answered_alone() {
     // A TTL far above the session timeout: validity is the session bound, last sync + T − the
     // session margin (tick + heartbeat period, for a follower's touch lag) − the drift margin.
     let ttl = Duration::from_secs(20);
-    let margin =
-        Duration::from_millis(200) + session / 6 + lease_core::clock::default_drift_margin(ttl);
+    let margin = Duration::from_millis(200)
+        + session / 6
+        + lease_core::adapter::clock::default_drift_margin(ttl);
     let lease = coord.acquire(&key, &LeaseOptions::new(ttl)).await.unwrap();
 
     // A normal renew (sync + exists) extends validity, measured from its send time.

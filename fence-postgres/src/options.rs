@@ -61,7 +61,7 @@ pub fn redact_url(raw: &str) -> String {
             .split('&')
             .map(|piece| {
                 let key = piece.split_once('=').map_or(piece, |(k, _)| k);
-                let decoded = lease_core::percent_decode(key).unwrap_or_default();
+                let decoded = lease_core::adapter::percent_decode(key).unwrap_or_default();
                 if SECRET_KEYS.contains(&decoded.to_ascii_lowercase().as_str()) {
                     format!("{key}=***")
                 } else {
@@ -90,7 +90,7 @@ fn secrets(raw: &str) -> Vec<String> {
     }
     for piece in query.split('&') {
         if let Some((k, v)) = piece.split_once('=') {
-            let k = lease_core::percent_decode(k).unwrap_or_default();
+            let k = lease_core::adapter::percent_decode(k).unwrap_or_default();
             if SECRET_KEYS.contains(&k.to_ascii_lowercase().as_str()) {
                 found.push(v.to_owned());
             }
@@ -98,7 +98,7 @@ fn secrets(raw: &str) -> Vec<String> {
     }
     let decoded: Vec<String> = found
         .iter()
-        .filter_map(|s| lease_core::percent_decode(s))
+        .filter_map(|s| lease_core::adapter::percent_decode(s))
         .collect();
     found.extend(decoded);
     // A one- or two-character secret would scrub innocent text; the URL itself is redacted anyway.
@@ -142,10 +142,10 @@ pub(crate) fn parse(raw: &str) -> Result<Options> {
     let (mut ssl_cert, mut ssl_key) = (None, None);
     for piece in query.split('&').filter(|p| !p.is_empty()) {
         let (k, v) = piece.split_once('=').unwrap_or((piece, ""));
-        let key = lease_core::percent_decode(k)
+        let key = lease_core::adapter::percent_decode(k)
             .ok_or_else(|| invalid("an option name has a malformed percent escape".into()))?;
         let decode = || {
-            lease_core::percent_decode(v).ok_or_else(|| {
+            lease_core::adapter::percent_decode(v).ok_or_else(|| {
                 invalid(format!(
                     "option {key}: the value has a malformed percent escape"
                 ))
@@ -162,8 +162,11 @@ pub(crate) fn parse(raw: &str) -> Result<Options> {
             }
             "timeout_ms" => {
                 let v = decode()?;
-                timeout = lease_core::parse_millis(&v, Duration::from_millis(1), MAX_TIMEOUT)
-                    .ok_or_else(|| invalid(format!("timeout_ms={v}: milliseconds in 1..=600000")))?
+                timeout =
+                    lease_core::adapter::parse_millis(&v, Duration::from_millis(1), MAX_TIMEOUT)
+                        .ok_or_else(|| {
+                            invalid(format!("timeout_ms={v}: milliseconds in 1..=600000"))
+                        })?
             }
             "pool_size" => {
                 let v = decode()?;

@@ -109,8 +109,8 @@ async fn run(args: Args) -> Result<bool, Error> {
     let t = Timeline(Instant::now());
     println!(
         "stale-holder demo: coordinator {}, fence {}, TTL {:?}, A pauses {:?}\n",
-        fenced::BackendUrl::parse(&args.coordinator)?,
-        fenced::BackendUrl::parse(&args.fence)?,
+        fenced::adapter::BackendUrl::parse(&args.coordinator)?,
+        fenced::adapter::BackendUrl::parse(&args.fence)?,
         args.ttl,
         args.pause
     );

@@ -42,7 +42,7 @@ pub fn registry() -> Registry {
     for scheme in ["postgres", "postgresql"] {
         r.register_fence(
             scheme,
-            Arc::new(|url: BackendUrl| {
+            Arc::new(|url: lease_core::adapter::BackendUrl| {
                 Box::pin(async move {
                     Ok(
                         Arc::new(fence_postgres::PgFence::connect(url.expose().as_str()).await?)

@@ -239,7 +239,7 @@ async fn main() -> std::process::ExitCode {
         };
         println!(
             "lease-bench on {}",
-            fenced::BackendUrl::parse(&a.coordinator)?
+            fenced::adapter::BackendUrl::parse(&a.coordinator)?
         );
         println!(
             "  acquire+release   {}",

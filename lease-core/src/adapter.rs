@@ -6,8 +6,10 @@
 //! tell at the `use` line which parts of the core an adapter builds on.
 
 pub use crate::backoff::Backoff;
-pub use crate::batch;
-pub use crate::clock;
+#[path = "batch.rs"]
+pub mod batch;
+#[path = "clock.rs"]
+pub mod clock;
 pub use crate::connect::{percent_decode, BackendUrl, CoordinatorFactory, FenceFactory};
 pub use crate::lease::LeaseTracker;
 pub use crate::options::{duration_in_range, parse_millis};

@@ -13,7 +13,7 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use lease_core::batch::{Rounds, RoundsConfig};
+//! use lease_core::adapter::batch::{Rounds, RoundsConfig};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> lease_core::Result<()> {

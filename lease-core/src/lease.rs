@@ -90,7 +90,7 @@ impl fmt::Debug for LeaseState {
 
 impl LeaseTracker {
     /// State for a lease just granted `ttl` by a request sent at `sent_at`: held, valid until
-    /// `sent_at + ttl - margin` ([`crate::clock::valid_until`]).
+    /// `sent_at + ttl - margin` ([`crate::adapter::clock::valid_until`]).
     pub fn new(
         backend: &'static str,
         key: LockKey,
@@ -99,7 +99,7 @@ impl LeaseTracker {
         margin: Duration,
         sent_at: Instant,
     ) -> Self {
-        let valid_until = crate::clock::valid_until(sent_at, ttl, margin);
+        let valid_until = crate::adapter::clock::valid_until(sent_at, ttl, margin);
         let (tx, _) = watch::channel(View {
             valid_until,
             status: LeaseStatus::Held,
@@ -222,7 +222,7 @@ impl LeaseState {
     /// `sent_at + ttl - margin` (never earlier than it was). Returns the deadline now in force, or
     /// `Err(Lost)` if the lease is already lost (a lost lease never comes back).
     pub(crate) fn renewed_from(&self, sent_at: Instant) -> Result<Instant> {
-        let until = crate::clock::valid_until(sent_at, self.inner.ttl, self.inner.margin);
+        let until = crate::adapter::clock::valid_until(sent_at, self.inner.ttl, self.inner.margin);
         if self.renewed(until.max(self.valid_until())) {
             Ok(self.valid_until())
         } else {

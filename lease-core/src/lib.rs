@@ -40,9 +40,7 @@
 pub mod adapter;
 mod audit;
 mod backoff;
-pub mod batch;
 mod cancel;
-pub mod clock;
 mod connect;
 mod coordinator;
 mod error;
@@ -64,7 +62,7 @@ mod watermark;
 
 pub use audit::AuditRecord;
 pub use cancel::{lost_token, signal_token, LostTokenExt};
-pub use connect::{percent_decode, BackendUrl, CoordinatorFactory, FenceFactory, Registry};
+pub use connect::Registry;
 pub use coordinator::{Coordinator, HolderInfo};
 pub use error::{BoxError, Error, InvalidInput, LostReason, Result};
 pub use fence::{Accepted, Fence, FencedValue};
@@ -74,13 +72,9 @@ pub use keeper::{keep, KeeperOptions, KeeperStop, Kept, Progress};
 pub use key::{LockKey, ResourceId, MAX_NAME_BYTES};
 pub use lease::{Lease, LeaseState, LeaseStatus, LostSignal};
 pub use multi::{acquire_many, MultiLease};
-pub use options::{
-    duration_in_range, parse_millis, Capabilities, ForceRelease, LeaseOptions, OwnerId,
-    MAX_LABEL_BYTES,
-};
+pub use options::{Capabilities, ForceRelease, LeaseOptions, OwnerId, MAX_LABEL_BYTES};
 pub use section::{bounded, bounded_with, SectionGuard, SectionOptions};
 pub use token::{FencingToken, Token};
-pub use watermark::Watermarks;
 
 /// Re-exported so callers name the same `Bytes` type the [`Fence`] trait uses.
 pub use bytes::Bytes;

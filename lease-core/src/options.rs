@@ -182,7 +182,7 @@ impl LeaseOptions {
     pub const MAX_WAIT: Duration = Duration::from_secs(24 * 3600);
 
     /// Options with this TTL, no wait (`acquire` tries once), the coordinator's default owner id,
-    /// no operation name, and the default drift margin ([`crate::clock::default_drift_margin`]).
+    /// no operation name, and the default drift margin ([`crate::adapter::clock::default_drift_margin`]).
     pub fn new(ttl: Duration) -> Self {
         LeaseOptions {
             ttl,
@@ -242,7 +242,7 @@ impl LeaseOptions {
     /// The drift margin for a lease granted `granted_ttl`: the override if set, else the default.
     pub fn drift_margin_for(&self, granted_ttl: Duration) -> Duration {
         self.drift_margin
-            .unwrap_or_else(|| crate::clock::default_drift_margin(granted_ttl))
+            .unwrap_or_else(|| crate::adapter::clock::default_drift_margin(granted_ttl))
     }
 
     /// Checks the options against a backend's capabilities. Every coordinator calls this before

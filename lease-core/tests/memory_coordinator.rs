@@ -299,7 +299,7 @@ async fn expiry_takeover_happens_exactly_at_ttl() {
         .try_acquire(&k, &LeaseOptions::new(secs(10)))
         .await
         .unwrap();
-    let margin = lease_core::clock::default_drift_margin(secs(10));
+    let margin = lease_core::adapter::clock::default_drift_margin(secs(10));
     assert_eq!(l1.valid_until() - Instant::now(), secs(10) - margin);
 
     tokio::time::advance(secs(10) - ms(1)).await;
@@ -421,7 +421,7 @@ async fn lost_fires_at_local_validity_end() {
     assert_eq!(sig.wait().await, LostReason::Expired);
     assert_eq!(
         Instant::now() - t0,
-        secs(10) - lease_core::clock::default_drift_margin(secs(10))
+        secs(10) - lease_core::adapter::clock::default_drift_margin(secs(10))
     );
     assert_eq!(l.status(), LeaseStatus::Lost(LostReason::Expired));
 

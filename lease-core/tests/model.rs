@@ -218,7 +218,7 @@ impl Harness {
                 opts = opts.drift_margin(m);
                 m
             }
-            None => lease_core::clock::default_drift_margin(ttl),
+            None => lease_core::adapter::clock::default_drift_margin(ttl),
         };
         (opts, ttl, margin)
     }
