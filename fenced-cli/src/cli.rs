@@ -150,7 +150,8 @@ pub(crate) enum Command {
         "  N   CMD's own status when it exited under the lease (128+N if signal N killed it)\n",
         "  75  the lock was not acquired within --wait (the holder is named when known)\n",
         "  76  the lease was lost while CMD ran; CMD was stopped (SIGTERM and SIGCONT, then\n",
-        "      SIGKILL after --grace)\n",
+        "      SIGKILL after --grace); or it was granted with no more validity than the margin\n",
+        "      (a tenth of the TTL), and CMD was not started\n",
         "  126 CMD could not be executed; 127 CMD was not found (the lease was released)\n",
         backend_statuses!()
     ))]

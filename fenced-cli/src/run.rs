@@ -6,7 +6,8 @@ use std::process::ExitStatus;
 use std::time::Duration;
 
 use fenced::{
-    bounded_with, keep, Error, KeeperOptions, Kept, LeaseOptions, LockKey, SectionOptions,
+    bounded_with, keep, Error, KeeperOptions, Kept, LeaseOptions, LeaseStatus, LockKey,
+    SectionOptions,
 };
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
@@ -46,6 +47,25 @@ pub(crate) async fn run(url: Option<String>, args: RunArgs) -> Result<u8, Failur
         Err(e) => return Err(e.into()),
     };
     let kept = keep(lease, KeeperOptions::new())?;
+    // The section's margin, as bounded_with would pick it: a tenth of the granted TTL.
+    let margin = (kept.lease().ttl() / 10).max(Duration::from_millis(1));
+    let left = kept.lease().remaining();
+    if !matches!(kept.lease().status(), LeaseStatus::Held) || left <= margin {
+        // The section would end at once: the command would be started only to be stopped.
+        let token = kept.token();
+        let _ = kept.release().await;
+        return Err(Failure::new(
+            exit::LOST,
+            format!(
+                "lease on {key} (token {token}) had {} of validity when granted, not more than \
+                 run's margin of {} (a tenth of the TTL): the command was not started; the \
+                 backend caps validity below the TTL (on ZooKeeper, give tick_ms, or a \
+                 session_timeout_ms well above the margin)",
+                humantime::format_duration(round_ms(left)),
+                humantime::format_duration(round_ms(margin)),
+            ),
+        ));
+    }
 
     // Installed before the child starts, so a SIGTERM meant for it is never lost. The child
     // starts with the default dispositions (exec resets caught signals).
@@ -85,17 +105,21 @@ pub(crate) async fn run(url: Option<String>, args: RunArgs) -> Result<u8, Failur
 
     // The child runs as a bounded section of the kept lease: the section ends as soon as the
     // lease is lost or its validity (less a tenth of the TTL) runs out unrenewed.
-    let outcome = bounded_with(kept.lease(), SectionOptions::new(), |_guard| async {
-        loop {
-            tokio::select! {
-                status = child.wait() => return Ok(status),
-                _ = term.recv() => forward(&child, Signal::SIGTERM),
-                _ = hup.recv() => forward(&child, Signal::SIGHUP),
-                // From a terminal the child got the same SIGINT: keep waiting for it.
-                _ = int.recv() => {}
+    let outcome = bounded_with(
+        kept.lease(),
+        SectionOptions::new().margin(margin),
+        |_guard| async {
+            loop {
+                tokio::select! {
+                    status = child.wait() => return Ok(status),
+                    _ = term.recv() => forward(&child, Signal::SIGTERM),
+                    _ = hup.recv() => forward(&child, Signal::SIGHUP),
+                    // From a terminal the child got the same SIGINT: keep waiting for it.
+                    _ = int.recv() => {}
+                }
             }
-        }
-    })
+        },
+    )
     .await;
 
     match outcome {
@@ -141,6 +165,11 @@ fn serve_metrics(addr: std::net::SocketAddr) -> Result<(), Failure> {
         .map_err(|e| bad(&e))?;
     fenced::metrics::describe();
     Ok(())
+}
+
+/// `d` to whole milliseconds, for messages.
+fn round_ms(d: Duration) -> Duration {
+    Duration::from_millis(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 fn forward(child: &Child, sig: Signal) {

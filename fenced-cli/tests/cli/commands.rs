@@ -80,6 +80,8 @@ fn run_passes_the_token_and_exits_with_the_child_status(s: &Subject, _test: &str
             url,
             "run",
             "jobs/b",
+            "--ttl",
+            "5s",
             "--",
             "/nonexistent/fenced-test-cmd",
         ])

@@ -268,3 +268,33 @@ fn the_wait_spinner_shows_on_a_terminal_only() {
     assert_eq!(stderr_of(&out), "", "silent when stderr is not a terminal");
     drop(holder);
 }
+
+/// A lease granted with no more validity than `run`'s safety margin (a tenth of the TTL) would
+/// end the command as soon as it started: `run` does not start it, releases, and says why (76).
+/// ZooKeeper without `tick_ms` assumes a tick of half the 1.5 s session timeout, which caps a new
+/// lease's validity far below a 5 s TTL's margin.
+#[test]
+fn a_lease_with_no_validity_to_spare_does_not_start_the_command() {
+    let test = "a_lease_with_no_validity_to_spare_does_not_start_the_command";
+    let Some(s) = Subject::start(test, Backend::ZooKeeper) else {
+        return;
+    };
+    let url = s.url.split("&tick_ms=").next().unwrap().to_owned();
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join("started");
+    let out = fenced()
+        .args(["--url", &url, "run", "jobs/short", "--ttl", "5s", "--"])
+        .args(["sh", "-c", r#"echo started > "$MARKER""#])
+        .env("MARKER", &marker)
+        .output()
+        .unwrap();
+    let err = stderr_of(&out);
+    assert_eq!(out.status.code(), Some(LOST), "{err}");
+    assert_one_line(&err);
+    assert!(
+        err.contains("not started") && err.contains("margin"),
+        "{err}"
+    );
+    assert!(!marker.exists(), "the command ran: {err}");
+    assert_eq!(inspect_json(&url, "jobs/short").0, 1, "released");
+}
