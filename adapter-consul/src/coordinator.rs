@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
-use lease_core::adapter::{Backoff, LeaseTracker, TokenAdmission};
+use lease_core::adapter::{Backoff, LeaseTracker, Op, TokenAdmission};
 use lease_core::{
     AuditRecord, Capabilities, Coordinator, Error, ForceRelease, HolderInfo, Lease, LeaseOptions,
     LockKey, LostReason, OwnerId, Result, Token,
@@ -231,8 +231,7 @@ async fn cancel_attempt(
         match http
             .txn(
                 &[TxnOp::lock(&marker, &session.id, b"")],
-                "cancel acquire",
-                false,
+                Op::write("cancel acquire", false),
             )
             .await
         {
@@ -248,7 +247,7 @@ async fn cancel_attempt(
             TxnOp::check_session(&kv_key, &session.id),
             TxnOp::delete(&kv_key),
         ];
-        match http.txn(&ops, "cancel acquire", false).await {
+        match http.txn(&ops, Op::write("cancel acquire", false)).await {
             Ok(TxnOutcome::Committed(_)) => {
                 tracing::debug!(key = %kv_key, "removed the lock of a cancelled acquire");
                 break;
@@ -397,7 +396,7 @@ impl ConsulCoordinator {
                 }),
             };
             let sent_at = Instant::now();
-            let refusal = match inner.http.txn(&ops, "acquire", false).await {
+            let refusal = match inner.http.txn(&ops, Op::write("acquire", false)).await {
                 Ok(TxnOutcome::Committed(results)) => {
                     let Some(entry) = results
                         .into_iter()
@@ -641,7 +640,7 @@ impl ConsulCoordinator {
             ];
             let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(5));
             while !session.is_ended() {
-                match http.txn(&ops, "release", false).await {
+                match http.txn(&ops, Op::write("release", false)).await {
                     Ok(_) => break,
                     Err(_) => backoff.sleep().await,
                 }
@@ -668,7 +667,7 @@ impl ConsulCoordinator {
             ];
             let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(5));
             while !session.is_ended() {
-                match http.txn(&ops, "acquire", false).await {
+                match http.txn(&ops, Op::write("acquire", false)).await {
                     Ok(_) => break,
                     Err(_) => backoff.sleep().await,
                 }
@@ -817,7 +816,11 @@ impl Coordinator for ConsulCoordinator {
                 TxnOp::delete(&kv_key),
                 TxnOp::set(&audit_key, &trail),
             ];
-            match inner.http.txn(&ops, "force_release", false).await? {
+            match inner
+                .http
+                .txn(&ops, Op::write("force_release", false))
+                .await?
+            {
                 TxnOutcome::Committed(_) => {
                     tracing::warn!(
                         backend = BACKEND,

@@ -20,6 +20,7 @@
 
 use std::time::Duration;
 
+use lease_core::adapter::{Delivery, Op};
 use lease_core::{BoxError, Error};
 
 use crate::BACKEND;
@@ -106,10 +107,10 @@ fn tls_misconfiguration(operation: &'static str, tls: &rustls::Error) -> Option<
     })
 }
 
-/// Maps a transport failure of `operation`. `idempotent` operations (reads, checks) never report
-/// an unknown outcome. A TLS certificate problem is `Misconfigured` (see
+/// Maps a transport failure of `op` ([`Op::failed`]): never sent is `Unavailable`; sent without
+/// an answer is `OutcomeUnknown` for a write. A TLS certificate problem is `Misconfigured` (see
 /// [`tls_misconfiguration`]); any other TLS failure is named in the message.
-pub(crate) fn transport(operation: &'static str, idempotent: bool, t: Transport) -> Error {
+pub(crate) fn transport(op: Op, t: Transport) -> Error {
     let tls = match &t {
         Transport::NotSent(source) | Transport::Failed(source) => {
             find_tls_error(source.as_ref()).cloned()
@@ -117,50 +118,40 @@ pub(crate) fn transport(operation: &'static str, idempotent: bool, t: Transport)
         Transport::TimedOut(_) => None,
     };
     if let Some(tls) = &tls {
-        if let Some(e) = tls_misconfiguration(operation, tls) {
+        if let Some(e) = tls_misconfiguration(op.name, tls) {
             return e;
         }
     }
     let tls_note = tls.map(|e| format!(" (TLS: {e})")).unwrap_or_default();
-    match t {
-        Transport::NotSent(source) => Error::Unavailable {
-            backend: BACKEND,
-            message: format!("{operation}: could not reach the Consul agent{tls_note}"),
-            source: Some(source),
-        },
-        Transport::TimedOut(after) if idempotent => Error::Unavailable {
-            backend: BACKEND,
-            message: format!("{operation}: no answer within {after:?}"),
-            source: None,
-        },
-        Transport::Failed(source) if idempotent => Error::Unavailable {
-            backend: BACKEND,
-            message: format!("{operation}: the connection failed{tls_note}"),
-            source: Some(source),
-        },
-        Transport::TimedOut(after) => Error::OutcomeUnknown {
-            backend: BACKEND,
-            operation,
-            message: format!("no answer within {after:?}"),
-            source: None,
-        },
-        Transport::Failed(source) => Error::OutcomeUnknown {
-            backend: BACKEND,
-            operation,
-            message: format!("the connection failed after the request was sent{tls_note}"),
-            source: Some(source),
-        },
-    }
+    let (delivery, message, source) = match t {
+        Transport::NotSent(source) => (
+            Delivery::NotSent,
+            format!("could not reach the Consul agent{tls_note}"),
+            Some(source),
+        ),
+        Transport::TimedOut(after) => (
+            Delivery::Unanswered,
+            format!("no answer within {after:?}"),
+            None,
+        ),
+        Transport::Failed(source) => (
+            Delivery::Unanswered,
+            format!("the connection failed after the request was sent{tls_note}"),
+            Some(source),
+        ),
+    };
+    op.failed(BACKEND, delivery, message, source)
 }
 
-/// Maps an HTTP answer that the caller did not expect (anything but its success codes).
-pub(crate) fn status(operation: &'static str, idempotent: bool, code: u16, body: &[u8]) -> Error {
+/// Maps an HTTP answer that the caller did not expect (anything but its success codes). A
+/// server error is a refusal when its text says the write was not applied, otherwise an answer
+/// that says nothing about the write ([`Op::failed`]).
+pub(crate) fn status(op: Op, code: u16, body: &[u8]) -> Error {
     let text: String = String::from_utf8_lossy(body)
         .chars()
         .filter(|c| !c.is_control())
         .take(300)
         .collect();
-    let message = format!("{operation}: HTTP {code}: {text}");
     match code {
         403 => Error::Misconfigured {
             backend: BACKEND,
@@ -169,27 +160,25 @@ pub(crate) fn status(operation: &'static str, idempotent: bool, code: u16, body:
                  session:write on the agent's node"
             )],
         },
-        429 => Error::Unavailable {
-            backend: BACKEND,
-            message,
-            source: None,
-        },
-        500 | 502 | 503 | 504 if idempotent || not_applied(&text) => Error::Unavailable {
-            backend: BACKEND,
-            message,
-            source: None,
-        },
-        // The write may have been committed (`rpc error making call: EOF`, `leadership lost
-        // while committing log`, a proxy that lost the answer): the caller must resolve it.
-        500 | 502 | 503 | 504 => Error::OutcomeUnknown {
-            backend: BACKEND,
-            operation,
-            message,
-            source: None,
-        },
+        429 => op.failed(
+            BACKEND,
+            Delivery::Refused,
+            format!("HTTP {code}: {text}"),
+            None,
+        ),
+        // Otherwise the write may have been committed (`rpc error making call: EOF`,
+        // `leadership lost while committing log`, a proxy that lost the answer).
+        500 | 502 | 503 | 504 => {
+            let delivery = if not_applied(&text) {
+                Delivery::Refused
+            } else {
+                Delivery::Unanswered
+            };
+            op.failed(BACKEND, delivery, format!("HTTP {code}: {text}"), None)
+        }
         _ => Error::Unsupported {
             backend: BACKEND,
-            what: message,
+            what: format!("{}: HTTP {code}: {text}", op.name),
         },
     }
 }
@@ -237,23 +226,22 @@ mod tests {
     #[test]
     fn classification() {
         assert!(matches!(
-            status("acquire", false, 403, b"Permission denied"),
+            status(Op::write("acquire", false), 403, b"Permission denied"),
             Error::Misconfigured { .. }
         ));
-        assert!(status("read", true, 500, b"boom").is_retryable());
+        assert!(status(Op::read("read"), 500, b"boom").is_retryable());
         assert!(matches!(
-            status("acquire", false, 500, b"boom"),
+            status(Op::write("acquire", false), 500, b"boom"),
             Error::OutcomeUnknown { .. }
         ));
-        assert!(status("acquire", false, 500, b"No cluster leader").is_retryable());
+        assert!(status(Op::write("acquire", false), 500, b"No cluster leader").is_retryable());
         assert!(status(
-            "acquire",
-            false,
+            Op::write("acquire", false),
             500,
             b"rpc error making call: No cluster leader"
         )
         .is_retryable());
-        assert!(status("acquire", false, 429, b"rate limit exceeded").is_retryable());
+        assert!(status(Op::write("acquire", false), 429, b"rate limit exceeded").is_retryable());
         // The agent's prefix, the server's EOF, a lost leadership, a proxy: may have applied.
         for (code, body) in [
             (500, &b"rpc error making call: EOF"[..]),
@@ -270,23 +258,27 @@ mod tests {
         ] {
             assert!(
                 matches!(
-                    status("acquire", false, code, body),
+                    status(Op::write("acquire", false), code, body),
                     Error::OutcomeUnknown { .. }
                 ),
                 "{code}"
             );
-            assert!(status("read", true, code, body).is_retryable(), "{code}");
+            assert!(
+                status(Op::read("read"), code, body).is_retryable(),
+                "{code}"
+            );
         }
         assert!(matches!(
             transport(
-                "release",
-                false,
+                Op::write("release", false),
                 Transport::TimedOut(Duration::from_secs(1))
             ),
             Error::OutcomeUnknown { .. }
         ));
-        assert!(
-            transport("read", true, Transport::TimedOut(Duration::from_secs(1))).is_retryable()
-        );
+        assert!(transport(
+            Op::read("read"),
+            Transport::TimedOut(Duration::from_secs(1))
+        )
+        .is_retryable());
     }
 }

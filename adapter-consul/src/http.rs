@@ -18,6 +18,7 @@ use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
+use lease_core::adapter::Op;
 use lease_core::{Error, Result};
 use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 use serde::{Deserialize, Serialize};
@@ -528,7 +529,7 @@ impl Http {
                 MAX_ANSWER,
             )
             .await
-            .map_err(|t| error::transport(operation, true, t))?;
+            .map_err(|t| error::transport(Op::read(operation), t))?;
         let index = a.index.unwrap_or(0);
         match a.status {
             200 => {
@@ -537,7 +538,7 @@ impl Http {
                 Ok((index, entries.into_iter().find(|e| e.key == key)))
             }
             404 => Ok((index, None)),
-            code => Err(error::status(operation, true, code, &a.body)),
+            code => Err(error::status(Op::read(operation), code, &a.body)),
         }
     }
 
@@ -564,7 +565,7 @@ impl Http {
                 MAX_LIST_ANSWER,
             )
             .await
-            .map_err(|t| error::transport(operation, true, t))?;
+            .map_err(|t| error::transport(Op::read(operation), t))?;
         let index = a.index.unwrap_or(0);
         match a.status {
             200 => {
@@ -573,18 +574,13 @@ impl Http {
                 Ok((index, entries))
             }
             404 => Ok((index, Vec::new())),
-            code => Err(error::status(operation, true, code, &a.body)),
+            code => Err(error::status(Op::read(operation), code, &a.body)),
         }
     }
 
-    /// `PUT /v1/txn`. `idempotent` transactions (only checks and reads) never report an unknown
-    /// outcome.
-    pub(crate) async fn txn(
-        &self,
-        ops: &[TxnOp],
-        operation: &'static str,
-        idempotent: bool,
-    ) -> Result<TxnOutcome> {
+    /// `PUT /v1/txn` of `op` (a write: an answer lost after sending is `OutcomeUnknown`).
+    pub(crate) async fn txn(&self, ops: &[TxnOp], op: Op) -> Result<TxnOutcome> {
+        let operation = op.name;
         let body =
             serde_json::to_vec(ops).map_err(|e| error::protocol(operation, e.to_string()))?;
         let a = self
@@ -598,11 +594,11 @@ impl Http {
                 MAX_ANSWER,
             )
             .await
-            .map_err(|t| error::transport(operation, idempotent, t))?;
+            .map_err(|t| error::transport(op, t))?;
         match a.status {
             200 | 409 => {
                 let ans: TxnAnswer = serde_json::from_slice(&a.body).map_err(|e| {
-                    if a.status == 200 && !idempotent {
+                    if a.status == 200 && op.writes {
                         // Committed, but what it did cannot be read: the caller must resolve it.
                         error::unreadable_commit(operation, e.to_string())
                     } else {
@@ -627,7 +623,7 @@ impl Http {
                     ))
                 }
             }
-            code => Err(error::status(operation, idempotent, code, &a.body)),
+            code => Err(error::status(op, code, &a.body)),
         }
     }
 
@@ -648,7 +644,7 @@ impl Http {
                 MAX_ANSWER,
             )
             .await
-            .map_err(|t| error::transport(operation, true, t))?;
+            .map_err(|t| error::transport(Op::read(operation), t))?;
         match a.status {
             200 | 409 => {
                 let ans: TxnAnswer = serde_json::from_slice(&a.body)
@@ -665,7 +661,7 @@ impl Http {
                     ))
                 }
             }
-            code => Err(error::status(operation, true, code, &a.body)),
+            code => Err(error::status(Op::read(operation), code, &a.body)),
         }
     }
 
@@ -684,7 +680,7 @@ impl Http {
             )
             .await
             // A session nobody knows of expires by itself: safe to treat as not created.
-            .map_err(|t| error::transport(OP, true, t))?;
+            .map_err(|t| error::transport(Op::read(OP), t))?;
         match a.status {
             200 => {
                 #[derive(Deserialize)]
@@ -706,7 +702,7 @@ impl Http {
                     )],
                 })
             }
-            code => Err(error::status(OP, true, code, &a.body)),
+            code => Err(error::status(Op::read(OP), code, &a.body)),
         }
     }
 
@@ -724,11 +720,11 @@ impl Http {
                 MAX_ANSWER,
             )
             .await
-            .map_err(|t| error::transport(OP, true, t))?;
+            .map_err(|t| error::transport(Op::read(OP), t))?;
         match a.status {
             200 => Ok(true),
             404 => Ok(false),
-            code => Err(error::status(OP, true, code, &a.body)),
+            code => Err(error::status(Op::read(OP), code, &a.body)),
         }
     }
 
@@ -746,10 +742,10 @@ impl Http {
                 MAX_ANSWER,
             )
             .await
-            .map_err(|t| error::transport(OP, true, t))?;
+            .map_err(|t| error::transport(Op::read(OP), t))?;
         match a.status {
             200 => Ok(()),
-            code => Err(error::status(OP, true, code, &a.body)),
+            code => Err(error::status(Op::read(OP), code, &a.body)),
         }
     }
 }

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lease_core::adapter::{Backoff, LeaseTracker};
+use lease_core::adapter::{Backoff, LeaseTracker, Op};
 use lease_core::{Error, Lease, LeaseState, LeaseStatus, LockKey, LostReason, Result, Token};
 use tokio::time::Instant;
 
@@ -156,7 +156,7 @@ impl LeaseShared {
             TxnOp::check_session(&self.kv_key, &self.session.id),
             TxnOp::delete(&self.kv_key),
         ];
-        match self.http.txn(&ops, operation, false).await? {
+        match self.http.txn(&ops, Op::write(operation, false)).await? {
             TxnOutcome::Committed(_) => {
                 self.resolved.store(true, Ordering::SeqCst);
                 Ok(Released::Deleted)

@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use etcd_client::{Client, GetOptions, Txn, TxnOp, TxnOpResponse};
 use lease_core::adapter::batch::{Rounds, RoundsConfig};
+use lease_core::adapter::Op;
 use lease_core::Error;
 
 use crate::error::{retry_unapplied, BACKEND};
@@ -66,7 +67,7 @@ async fn confirm(
         async move { kv.txn(txn).await }
     })
     .await
-    .map_err(|f| f.into_error("renew", false))?;
+    .map_err(|f| f.into_error(Op::read("renew")))?;
     let results = resp.op_responses();
     Ok(chunk
         .iter()

@@ -11,7 +11,7 @@ use etcd_client::{
     Client, Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn,
     TxnOp, TxnOpResponse,
 };
-use lease_core::adapter::{Backoff, LeaseTracker, TokenAdmission};
+use lease_core::adapter::{Backoff, LeaseTracker, Op, TokenAdmission};
 use lease_core::{
     AuditRecord, Capabilities, Coordinator, Error, ForceRelease, HolderInfo, Lease, LeaseOptions,
     LeaseStatus, LockKey, LostReason, OwnerId, Result, Token,
@@ -100,7 +100,7 @@ pub(crate) async fn client_for(config: &EtcdConfig) -> Result<Client> {
                 }
                 match bounded(bound, client.status()).await {
                     Ok(_) => return Ok(client),
-                    Err(f) if f.is_tls_problem() => return Err(f.into_error("connect", false)),
+                    Err(f) if f.is_tls_problem() => return Err(f.into_error(Op::read("connect"))),
                     Err(f) if f.closed_after_handshake() => f,
                     // Unreachable, no leader, not permitted…: the calls will say.
                     Err(_) => return Ok(client),
@@ -119,11 +119,11 @@ pub(crate) async fn client_for(config: &EtcdConfig) -> Result<Client> {
             Ok(Err(e)) => {
                 let f = Failure::Etcd(e);
                 if !config.tls() || f.is_tls_problem() || !f.closed_after_handshake() {
-                    return Err(f.into_error("connect", false));
+                    return Err(f.into_error(Op::read("connect")));
                 }
                 f
             }
-            Err(_) => return Err(Failure::Timeout(bound).into_error("connect", false)),
+            Err(_) => return Err(Failure::Timeout(bound).into_error(Op::read("connect"))),
         };
         closed = Some(failure);
     }
@@ -269,7 +269,7 @@ impl EtcdCoordinator {
             async move { c.get(audit_key, None).await }
         })
         .await
-        .map_err(|f| f.into_error(operation, false))?;
+        .map_err(|f| f.into_error(Op::read(operation)))?;
         Ok(match got.take_kvs().into_iter().next() {
             Some(kv) => (kv.mod_revision(), keys::audit_records(kv.value())),
             None => (0, Vec::new()),
@@ -372,7 +372,7 @@ impl Inner {
         }
         let s = Session::grant(&self.handle.client, secs, self.timeout())
             .await
-            .map_err(|f| f.into_error("grant session lease", false))?;
+            .map_err(|f| f.into_error(Op::read("grant session lease")))?;
         sessions.insert(secs, s.clone());
         Ok(s)
     }
@@ -463,7 +463,7 @@ impl Inner {
                 }
                 // The request may still apply: `pending` retires the attempt in the background
                 // (its marker makes a late transaction write nothing).
-                Err(f) => return Err(f.into_error("try_acquire", true)),
+                Err(f) => return Err(f.into_error(Op::write("try_acquire", false))),
             };
             if !resp.succeeded() {
                 pending.armed = false;
@@ -555,8 +555,13 @@ impl Inner {
                 // nothing); a transient failure is tried again with a new attempt within the
                 // wait bound.
                 Err(f) => {
-                    retry_within(f.into_error("acquire", true), &mut retry, deadline, caller)
-                        .await?;
+                    retry_within(
+                        f.into_error(Op::write("acquire", false)),
+                        &mut retry,
+                        deadline,
+                        caller,
+                    )
+                    .await?;
                     continue 'enqueue;
                 }
             };
@@ -896,7 +901,7 @@ impl Coordinator for EtcdCoordinator {
             .inner
             .first_in_queue(key)
             .await
-            .map_err(|f| f.into_error("inspect", false))?
+            .map_err(|f| f.into_error(Op::read("inspect")))?
         else {
             return Ok(None);
         };
@@ -933,7 +938,7 @@ impl Coordinator for EtcdCoordinator {
                 .inner
                 .first_in_queue(key)
                 .await
-                .map_err(|f| f.into_error("force_release", false))?;
+                .map_err(|f| f.into_error(Op::read("force_release")))?;
             if let Some(expected) = request.expected_token() {
                 // A different holder is refused here; the expected one is deleted by the
                 // transaction below only if its key still has the create revision read (the
@@ -984,7 +989,7 @@ impl Coordinator for EtcdCoordinator {
                 async move { c.txn(txn).await }
             })
             .await
-            .map_err(|f| f.into_error("force_release", true))?;
+            .map_err(|f| f.into_error(Op::write("force_release", false)))?;
             if resp.succeeded() {
                 tracing::warn!(
                     backend = BACKEND,

@@ -19,6 +19,7 @@
 use std::time::Duration;
 
 use lease_core::adapter::Backoff;
+use lease_core::adapter::{Delivery, Op};
 use lease_core::Error;
 
 pub(crate) const BACKEND: &str = "etcd";
@@ -168,37 +169,27 @@ impl Failure {
         auth.then(|| format!("the etcd user cannot do this: {m}"))
     }
 
-    /// The workspace error for a failure of `operation`. `may_have_written`: the request could
-    /// have changed state if it reached the server.
-    pub(crate) fn into_error(self, operation: &'static str, may_have_written: bool) -> Error {
+    /// The workspace error for a failure of `op` ([`Op::failed`]): a request that certainly
+    /// did not apply (never sent, refused before proposing, or putting on a missing lease, which
+    /// rejects it as a whole) is delivery `NotSent`, anything else `Unanswered`.
+    pub(crate) fn into_error(self, op: Op) -> Error {
         if let Some(problem) = self.tls_problem().or_else(|| self.auth_problem()) {
             return Error::Misconfigured {
                 backend: BACKEND,
                 problems: vec![problem],
             };
         }
-        let message = format!("{operation}: {self}");
-        // "lease not found" rejects a request that puts on that lease as a whole.
-        if !may_have_written || self.certainly_not_applied() || self.is_lease_not_found() {
-            return match self {
-                Failure::Etcd(e) => Error::unavailable(BACKEND, message, e),
-                Failure::Timeout(_) => Error::Unavailable {
-                    backend: BACKEND,
-                    message,
-                    source: None,
-                },
-            };
-        }
+        let delivery = if self.certainly_not_applied() || self.is_lease_not_found() {
+            Delivery::NotSent
+        } else {
+            Delivery::Unanswered
+        };
+        let message = self.to_string();
         let source: Option<lease_core::BoxError> = match self {
             Failure::Etcd(e) => Some(Box::new(e)),
             Failure::Timeout(_) => None,
         };
-        Error::OutcomeUnknown {
-            backend: BACKEND,
-            operation,
-            message,
-            source,
-        }
+        op.failed(BACKEND, delivery, message, source)
     }
 }
 
@@ -420,7 +411,7 @@ mod tests {
         let f = Failure::Timeout(Duration::from_secs(1));
         assert!(!f.certainly_not_applied());
         assert!(matches!(
-            f.into_error("release", true),
+            f.into_error(Op::write("release", false)),
             Error::OutcomeUnknown { .. }
         ));
     }

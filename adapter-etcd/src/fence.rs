@@ -20,6 +20,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bytes::Bytes;
 use etcd_client::{Client, Compare, CompareOp, GetOptions, Txn, TxnOp, TxnOpResponse};
+use lease_core::adapter::Op;
 use lease_core::{Accepted, Error, Fence, FencedValue, ResourceId, Result, Token};
 
 use crate::config::EtcdConfig;
@@ -135,7 +136,11 @@ impl EtcdFence {
         }
         Err(last
             .expect("at least one attempt")
-            .into_error(operation, operation != "read"))
+            .into_error(if operation == "read" {
+                Op::read(operation)
+            } else {
+                Op::write(operation, false)
+            }))
     }
 
     async fn accept(

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use etcd_client::{Compare, CompareOp, Txn, TxnOp};
-use lease_core::adapter::{Backoff, LeaseTracker};
+use lease_core::adapter::{Backoff, LeaseTracker, Op};
 use lease_core::{Lease, LeaseState, LeaseStatus, LostReason, Result};
 use tokio::time::Instant;
 
@@ -212,7 +212,7 @@ impl Lease for EtcdLease {
                 // Not seen: delete it in the background; the lease is given up either way.
                 self.shared.retire();
                 self.tracker.mark_lost(LostReason::Released);
-                Err(f.into_error("release", true))
+                Err(f.into_error(Op::write("release", false)))
             }
         }
     }

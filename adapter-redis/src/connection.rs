@@ -13,7 +13,8 @@ use redis::{AsyncConnectionConfig, RedisResult};
 use tokio::time::Instant;
 
 use crate::config::{RedisConfig, SentinelConfig};
-use crate::error::{self, Op, BACKEND};
+use crate::error::{self, ops, BACKEND};
+use lease_core::adapter::Op;
 
 /// A failure of the last connect attempt, kept so that callers queued behind it fail fast instead
 /// of each waiting a whole connect timeout.
@@ -419,7 +420,7 @@ async fn check_replication(
                 )],
             });
         }
-        Err(e) => return Err(error::from_redis(Op::CHECK, e)),
+        Err(e) => return Err(error::from_redis(ops::CHECK, e)),
     };
     let field = |name: &str| {
         info.lines()
@@ -513,7 +514,7 @@ async fn check_durability(conn: &mut MultiplexedConnection) -> Result<()> {
                     )],
                 });
             }
-            return Err(error::from_redis(Op::CHECK, e));
+            return Err(error::from_redis(ops::CHECK, e));
         }
     };
     let mut problems = Vec::new();

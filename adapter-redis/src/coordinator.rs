@@ -15,13 +15,14 @@ use tokio::time::Instant;
 
 use crate::config::{RedisConfig, ReplicaAcks};
 use crate::connection::Connection;
-use crate::error::{bad_reply, Op, BACKEND};
+use crate::error::{bad_reply, ops, BACKEND};
 use crate::keys::{LockKeys, LockValue, ValueParts};
 use crate::lease::RedisLease;
 use crate::monitor::Monitor;
 use crate::renewals::Renewals;
 use crate::scripts::{self, reply};
 use crate::wakeups::{Subscription, Wakeups};
+use lease_core::adapter::Op;
 
 /// The smallest TTL the adapter accepts. Redis expires keys with millisecond precision, but a
 /// lease must outlive at least one round trip and the drift margin to be of any use.
@@ -125,13 +126,13 @@ impl Inner {
         let v = self
             .conn
             .eval(
-                Op::RELEASE,
+                ops::RELEASE,
                 &scripts::RELEASE,
                 &[&keys.lock, &keys.revoked],
                 &[head.as_bytes(), keys.channel.as_bytes()],
             )
             .await?;
-        reply::int(&v).ok_or_else(|| bad_reply(Op::RELEASE, "not an integer"))
+        reply::int(&v).ok_or_else(|| bad_reply(ops::RELEASE, "not an integer"))
     }
 
     /// Stops tracking a lease (dropped, or about to be released: from then on the monitor does
@@ -532,12 +533,12 @@ impl RedisCoordinator {
         ];
         let conn = &self.inner.conn;
         let result = if acks == 0 {
-            conn.eval(Op::ACQUIRE, &scripts::ACQUIRE, &script_keys, &script_args)
+            conn.eval(ops::ACQUIRE, &scripts::ACQUIRE, &script_keys, &script_args)
                 .await
                 .map(|v| (v, 0))
         } else {
             conn.eval_and_wait(
-                Op::ACQUIRE,
+                ops::ACQUIRE,
                 &scripts::ACQUIRE,
                 &script_keys,
                 &script_args,
@@ -566,12 +567,12 @@ impl RedisCoordinator {
         // be pending at the server, so only a grant (which such a request then finds and leaves
         // alone, the script being idempotent per nonce) clears `pending`.
         guard.pending = was_pending;
-        let items = reply::array(v).ok_or_else(|| bad_reply(Op::ACQUIRE, "not an array"))?;
+        let items = reply::array(v).ok_or_else(|| bad_reply(ops::ACQUIRE, "not an array"))?;
         match items.as_slice() {
             [flag, token] if matches!(reply::int(flag), Some(1 | 2)) => {
                 let native: u64 = reply::text(token)
                     .and_then(|t| t.parse().ok())
-                    .ok_or_else(|| bad_reply(Op::ACQUIRE, "token is not a number"))?;
+                    .ok_or_else(|| bad_reply(ops::ACQUIRE, "token is not a number"))?;
                 let token = self.inner.tokens.convert(key, native)?;
                 // 1: this request wrote the lock, so Redis counts its PX from after our send.
                 // 2: an earlier request of this call did, at the earliest when the first unseen
@@ -604,7 +605,7 @@ impl RedisCoordinator {
                     (pttl >= 0).then(|| Duration::from_millis(pttl as u64)),
                 ))
             }
-            _ => Err(bad_reply(Op::ACQUIRE, "unexpected shape")),
+            _ => Err(bad_reply(ops::ACQUIRE, "unexpected shape")),
         }
     }
 
@@ -620,7 +621,7 @@ impl RedisCoordinator {
         validity_from: Instant,
         original: Error,
     ) -> Result<Attempt> {
-        match self.read_lock(keys, Op::RESOLVE).await {
+        match self.read_lock(keys, ops::RESOLVE).await {
             Ok(Some((value, pttl))) => match LockValue::parse(&value) {
                 Some(v) if value.starts_with(&parts.head) => {
                     tracing::debug!(backend = BACKEND, key = %key, "acquire reply lost; re-read shows we hold the lock");
@@ -709,15 +710,15 @@ impl RedisCoordinator {
         let newest: Option<String> = self
             .inner
             .conn
-            .run(Op::INSPECT, |mut c| async move {
+            .run(ops::INSPECT, |mut c| async move {
                 redis::cmd("GET").arg(counter).query_async(&mut c).await
             })
             .await?;
         let token: Token = newest
             .and_then(|t| t.parse().ok())
-            .ok_or_else(|| bad_reply(Op::INSPECT, "the lock holds a value of another writer"))?;
+            .ok_or_else(|| bad_reply(ops::INSPECT, "the lock holds a value of another writer"))?;
         let owner = OwnerId::new("unknown (outside write)")
-            .map_err(|_| bad_reply(Op::INSPECT, "the lock holds a value of another writer"))?;
+            .map_err(|_| bad_reply(ops::INSPECT, "the lock holds a value of another writer"))?;
         Ok(HolderInfo::new(key.clone(), owner, token)
             .with_expires_in((pttl >= 0).then(|| Duration::from_millis(pttl as u64))))
     }
@@ -767,7 +768,7 @@ impl Coordinator for RedisCoordinator {
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>> {
         let keys = LockKeys::new(self.inner.config.key_prefix(), key);
-        let Some((value, pttl)) = self.read_lock(&keys, Op::INSPECT).await? else {
+        let Some((value, pttl)) = self.read_lock(&keys, ops::INSPECT).await? else {
             return Ok(None);
         };
         match LockValue::parse(&value) {
@@ -796,7 +797,7 @@ impl Coordinator for RedisCoordinator {
             .inner
             .conn
             .eval(
-                Op::FORCE_RELEASE,
+                ops::FORCE_RELEASE,
                 &scripts::FORCE_RELEASE,
                 &[&keys.lock, &keys.revoked, &keys.audit, &keys.counter],
                 &[
@@ -810,7 +811,7 @@ impl Coordinator for RedisCoordinator {
                 ],
             )
             .await?;
-        let items = reply::array(v).ok_or_else(|| bad_reply(Op::FORCE_RELEASE, "not an array"))?;
+        let items = reply::array(v).ok_or_else(|| bad_reply(ops::FORCE_RELEASE, "not an array"))?;
         if let (Some(expected), Some(first)) = (request.expected_token(), items.first()) {
             if reply::text(first).as_deref() == Some("refused") {
                 let found = match items.get(1) {
@@ -818,7 +819,7 @@ impl Coordinator for RedisCoordinator {
                     Some(t) => Some(
                         reply::text(t)
                             .and_then(|t| t.parse::<Token>().ok())
-                            .ok_or_else(|| bad_reply(Op::FORCE_RELEASE, "refused: no token"))?,
+                            .ok_or_else(|| bad_reply(ops::FORCE_RELEASE, "refused: no token"))?,
                     ),
                 };
                 return Err(request.refused(BACKEND, key, expected, found));
@@ -827,15 +828,15 @@ impl Coordinator for RedisCoordinator {
         let (value, pttl) = match items.as_slice() {
             [] => return Ok(None),
             [value, pttl] => (
-                reply::text(value).ok_or_else(|| bad_reply(Op::FORCE_RELEASE, "not UTF-8"))?,
+                reply::text(value).ok_or_else(|| bad_reply(ops::FORCE_RELEASE, "not UTF-8"))?,
                 reply::int(pttl).unwrap_or(-1),
             ),
-            _ => return Err(bad_reply(Op::FORCE_RELEASE, "unexpected shape")),
+            _ => return Err(bad_reply(ops::FORCE_RELEASE, "unexpected shape")),
         };
         let Some(v) = LockValue::parse(&value) else {
             // A foreign value was removed: report it without details.
             return Err(bad_reply(
-                Op::FORCE_RELEASE,
+                ops::FORCE_RELEASE,
                 "removed a lock value of another writer",
             ));
         };
@@ -854,7 +855,7 @@ impl Coordinator for RedisCoordinator {
         let v: redis::Value = self
             .inner
             .conn
-            .run(Op::AUDIT, |mut c| async move {
+            .run(ops::AUDIT, |mut c| async move {
                 redis::cmd("XREVRANGE")
                     .arg(audit)
                     .arg("+")
@@ -865,15 +866,15 @@ impl Coordinator for RedisCoordinator {
                     .await
             })
             .await?;
-        let entries = reply::array(v).ok_or_else(|| bad_reply(Op::AUDIT, "not an array"))?;
+        let entries = reply::array(v).ok_or_else(|| bad_reply(ops::AUDIT, "not an array"))?;
         let mut out = Vec::with_capacity(entries.len());
         for entry in entries {
-            let mut parts =
-                reply::array(entry).ok_or_else(|| bad_reply(Op::AUDIT, "entry is not an array"))?;
+            let mut parts = reply::array(entry)
+                .ok_or_else(|| bad_reply(ops::AUDIT, "entry is not an array"))?;
             let fields = parts
                 .pop()
                 .and_then(reply::array)
-                .ok_or_else(|| bad_reply(Op::AUDIT, "entry has no fields"))?;
+                .ok_or_else(|| bad_reply(ops::AUDIT, "entry has no fields"))?;
             let mut map = HashMap::new();
             for pair in fields.chunks(2) {
                 if let [k, v] = pair {

@@ -14,29 +14,20 @@
 //! | `NOPERM`, `NOAUTH`, `WRONGPASS`, unknown command (`CONFIG` renamed) | `Misconfigured` | `Misconfigured` |
 //! | `WRONGTYPE` and other script errors (a foreign value in the adapter's keys) | `Misconfigured` | `Misconfigured` |
 
+use lease_core::adapter::{Delivery, Op};
 use lease_core::Error;
 use redis::{ErrorKind, RedisError, RetryMethod, ServerErrorKind};
 
 /// The backend name used in every error, metric and capability.
 pub(crate) const BACKEND: &str = "redis";
 
-/// What kind of request failed: its name for messages, and whether it could have changed state.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Op {
-    /// The operation ("acquire", "renew", "release", "write", ...).
-    pub(crate) name: &'static str,
-    /// Whether the request could have changed state on the server.
-    pub(crate) writes: bool,
-    /// Whether running the request twice has the effect of running it once (reads; the acquire
-    /// script per nonce; renew; a fence claim, which only raises the newest token and so cannot
-    /// undo anything when it lands late). Such a request is retried once on a fresh connection
-    /// when its connection was found dropped. Fence writes are not: a re-sent write can apply
-    /// after a later write of the same token and replace its value, so a write whose outcome is
-    /// unknown is reported as `OutcomeUnknown` and left to the caller.
-    pub(crate) idempotent: bool,
-}
+/// The requests this adapter sends ([`Op`]: the operation's name, whether it writes, whether it
+/// may be sent twice). A script's writes are ordered so that a failure leaves nothing behind, and
+/// the acquire script is idempotent per nonce; a fence write is not idempotent: re-sent, it can
+/// apply after a later write of the same token and replace its value.
+pub(crate) mod ops {
+    use lease_core::adapter::Op;
 
-impl Op {
     pub(crate) const ACQUIRE: Op = Op::write("acquire", true);
     pub(crate) const RENEW: Op = Op::write("renew", true);
     pub(crate) const RELEASE: Op = Op::write("release", false);
@@ -48,22 +39,6 @@ impl Op {
     pub(crate) const RESOLVE: Op = Op::read("re-read after an unseen acquire outcome");
     pub(crate) const CHECK: Op = Op::read("durability check");
     pub(crate) const AUDIT: Op = Op::read("audit trail read");
-
-    const fn write(name: &'static str, idempotent: bool) -> Op {
-        Op {
-            name,
-            writes: true,
-            idempotent,
-        }
-    }
-
-    const fn read(name: &'static str) -> Op {
-        Op {
-            name,
-            writes: false,
-            idempotent: true,
-        }
-    }
 }
 
 /// Maps an error of a request that was handed to an established connection.
@@ -144,16 +119,12 @@ pub(crate) fn from_redis(op: Op, err: RedisError) -> Error {
         } else {
             "the connection failed"
         };
-        return if op.writes {
-            Error::OutcomeUnknown {
-                backend: BACKEND,
-                operation: op.name,
-                message: format!("{what}; the request may have been applied"),
-                source: Some(Box::new(err)),
-            }
+        let message = if op.writes {
+            format!("{what}; the request may have been applied")
         } else {
-            unavailable(format!("{} failed: {what}", op.name), err)
+            what.to_owned()
         };
+        return op.failed(BACKEND, Delivery::Unanswered, message, Some(Box::new(err)));
     }
     unavailable(format!("{} failed: {}", op.name, detail(&err)), err)
 }
@@ -228,11 +199,11 @@ mod tests {
 
     #[test]
     fn timeouts_after_send_are_unknown_for_writes_only() {
-        let e = from_redis(Op::ACQUIRE, io_err(io::ErrorKind::TimedOut));
+        let e = from_redis(ops::ACQUIRE, io_err(io::ErrorKind::TimedOut));
         assert!(matches!(e, Error::OutcomeUnknown { .. }), "{e}");
-        let e = from_redis(Op::INSPECT, io_err(io::ErrorKind::TimedOut));
+        let e = from_redis(ops::INSPECT, io_err(io::ErrorKind::TimedOut));
         assert!(matches!(e, Error::Unavailable { .. }), "{e}");
-        let e = from_redis(Op::RELEASE, io_err(io::ErrorKind::ConnectionReset));
+        let e = from_redis(ops::RELEASE, io_err(io::ErrorKind::ConnectionReset));
         assert!(matches!(e, Error::OutcomeUnknown { .. }), "{e}");
     }
 
@@ -246,11 +217,11 @@ mod tests {
     #[test]
     fn server_refusals_are_unavailable() {
         let e = redis::make_extension_error("OOM".into(), Some("command not allowed".into()));
-        let mapped = from_redis(Op::ACQUIRE, e);
+        let mapped = from_redis(ops::ACQUIRE, e);
         assert!(mapped.is_retryable(), "{mapped}");
         let e = redis::make_extension_error("WRONGTYPE".into(), Some("wrong kind".into()));
         assert!(matches!(
-            from_redis(Op::ACQUIRE, e),
+            from_redis(ops::ACQUIRE, e),
             Error::Misconfigured { .. }
         ));
     }

@@ -8,9 +8,10 @@ use lease_core::{Accepted, Bytes, Error, Fence, FencedValue, ResourceId, Result,
 
 use crate::config::RedisConfig;
 use crate::connection::Connection;
-use crate::error::{bad_reply, Op, BACKEND};
+use crate::error::{bad_reply, ops, BACKEND};
 use crate::keys::fence_key;
 use crate::scripts::{self, reply};
+use lease_core::adapter::Op;
 
 /// A fenced store on Redis: each resource is a hash `<prefix>:{<resource>}:fence` holding the
 /// newest accepted token, the last value and the token that wrote it.
@@ -120,17 +121,17 @@ impl Fence for RedisFence {
     }
 
     async fn write(&self, resource: &ResourceId, token: Token, value: Bytes) -> Result<Accepted> {
-        self.accept(Op::FENCE_WRITE, resource, token, Some(&value))
+        self.accept(ops::FENCE_WRITE, resource, token, Some(&value))
             .await
     }
 
     async fn claim(&self, resource: &ResourceId, token: Token) -> Result<Accepted> {
-        self.accept(Op::FENCE_CLAIM, resource, token, None).await
+        self.accept(ops::FENCE_CLAIM, resource, token, None).await
     }
 
     async fn read(&self, resource: &ResourceId) -> Result<Option<FencedValue>> {
         let key = fence_key(self.config.key_prefix(), resource);
-        let op = Op::FENCE_READ;
+        let op = ops::FENCE_READ;
         let key = key.as_str();
         let v: redis::Value = self
             .conn

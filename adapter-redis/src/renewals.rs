@@ -20,7 +20,7 @@ use lease_core::adapter::batch::{Rounds, RoundsConfig};
 use lease_core::Result;
 
 use crate::connection::Connection;
-use crate::error::{bad_reply, Op};
+use crate::error::{bad_reply, ops};
 use crate::keys::LockKeys;
 use crate::scripts::{self, reply};
 
@@ -82,7 +82,7 @@ async fn renew_chunk(conn: &Connection, chunk: Vec<Renewal>) -> Result<Vec<Resul
     } else {
         &scripts::RENEW_MANY
     };
-    let v = conn.eval(Op::RENEW, script, &keys, &args).await?;
+    let v = conn.eval(ops::RENEW, script, &keys, &args).await?;
     let codes = if chunk.len() == 1 {
         reply::int(&v).map(|c| vec![c])
     } else {
@@ -90,6 +90,6 @@ async fn renew_chunk(conn: &Connection, chunk: Vec<Renewal>) -> Result<Vec<Resul
     };
     let codes = codes
         .filter(|c| c.len() == chunk.len())
-        .ok_or_else(|| bad_reply(Op::RENEW, "not one integer per lock"))?;
+        .ok_or_else(|| bad_reply(ops::RENEW, "not one integer per lock"))?;
     Ok(codes.into_iter().map(Ok).collect())
 }

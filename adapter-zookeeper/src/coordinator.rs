@@ -35,7 +35,7 @@ use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
 use async_trait::async_trait;
-use lease_core::adapter::{Backoff, LeaseTracker, TokenAdmission};
+use lease_core::adapter::{Backoff, LeaseTracker, Op, TokenAdmission};
 use lease_core::{
     AuditRecord, Capabilities, Coordinator, Error, ForceRelease, HolderInfo, Lease, LeaseOptions,
     LockKey, OwnerId, Result, Token,
@@ -44,7 +44,7 @@ use tokio::time::Instant;
 use zookeeper_client::{CreateMode, Error as ZkError, MultiReadResult, Stat};
 
 use crate::config::ZkConfig;
-use crate::error::{disconnected, from_zk, session_ended, timed_out, Op, BACKEND};
+use crate::error::{disconnected, from_zk, ops, session_ended, timed_out, BACKEND};
 use crate::lease::{LeaseState, ZkLease};
 use crate::paths::{
     contender_prefix, holder_data, parse_contender, parse_holder_data, sequence_orders,
@@ -237,7 +237,7 @@ impl ZkCoordinator {
         loop {
             let s = self.session().await?;
             if !s.is_connected() {
-                return Err(disconnected(Op::ACQUIRE));
+                return Err(disconnected(ops::ACQUIRE));
             }
             let dir = s.paths().lock_dir(key);
             let attempt = self.inner.attempts.fetch_add(1, Ordering::Relaxed);
@@ -322,7 +322,7 @@ impl ZkCoordinator {
         loop {
             tries += 1;
             if !s.is_connected() {
-                return Err(disconnected(Op::ACQUIRE));
+                return Err(disconnected(ops::ACQUIRE));
             }
             guard.issued = true;
             let sent = Instant::now();
@@ -356,10 +356,10 @@ impl ZkCoordinator {
                         return Ok(node);
                     }
                 }
-                Ok(Err(e)) => return Err(from_zk(Op::ACQUIRE, e)),
+                Ok(Err(e)) => return Err(from_zk(ops::ACQUIRE, e)),
                 Err(_) => {
                     guard.unsure = true;
-                    return Err(timed_out(Op::ACQUIRE, s.request_timeout()));
+                    return Err(timed_out(ops::ACQUIRE, s.request_timeout()));
                 }
             }
         }
@@ -371,7 +371,7 @@ impl ZkCoordinator {
         if !s.is_connected() {
             return Err(Error::OutcomeUnknown {
                 backend: BACKEND,
-                operation: Op::ACQUIRE.name,
+                operation: ops::ACQUIRE.name,
                 message: "the connection was lost while creating the contender node; it is \
                           removed in the background if it was created"
                     .into(),
@@ -379,19 +379,19 @@ impl ZkCoordinator {
             });
         }
         let children = match self
-            .read(s, Op::ACQUIRE, s.client().list_children(dir))
+            .read(s, ops::ACQUIRE, s.client().list_children(dir))
             .await?
         {
             Ok(c) => c,
             Err(ZkError::NoNode) => return Ok(None),
-            Err(e) => return Err(from_zk(Op::ACQUIRE, e)),
+            Err(e) => return Err(from_zk(ops::ACQUIRE, e)),
         };
         let Some(name) = children.into_iter().find(|c| c.starts_with(prefix)) else {
             return Ok(None);
         };
         let path = format!("{dir}/{name}");
         match self
-            .read(s, Op::ACQUIRE, s.client().check_stat(&path))
+            .read(s, ops::ACQUIRE, s.client().check_stat(&path))
             .await?
         {
             Ok(Some(stat)) => Ok(Some(Node {
@@ -401,7 +401,7 @@ impl ZkCoordinator {
                 version: stat.version,
             })),
             Ok(None) | Err(ZkError::NoNode) => Ok(None),
-            Err(e) => Err(from_zk(Op::ACQUIRE, e)),
+            Err(e) => Err(from_zk(ops::ACQUIRE, e)),
         }
     }
 
@@ -413,7 +413,7 @@ impl ZkCoordinator {
             match tokio::time::timeout(s.request_timeout(), s.client().create(dir, &[], &options))
                 .await
             {
-                Err(_) => return Err(timed_out(Op::SETUP, s.request_timeout())),
+                Err(_) => return Err(timed_out(ops::SETUP, s.request_timeout())),
                 Ok(Ok(_)) | Ok(Err(ZkError::NodeExists)) => {
                     s.confirm(sent);
                     return Ok(());
@@ -422,7 +422,7 @@ impl ZkCoordinator {
                     s.confirm(sent);
                     s.ensure_persistent(&s.paths().locks()).await?;
                 }
-                Ok(Err(e)) => return Err(from_zk(Op::SETUP, e)),
+                Ok(Err(e)) => return Err(from_zk(ops::SETUP, e)),
             }
         }
         Ok(())
@@ -447,10 +447,10 @@ impl ZkCoordinator {
             let past = deadline.is_none_or(|d| Instant::now() >= d);
             if !s.is_connected() {
                 if s.is_terminated() {
-                    return Err(from_zk(Op::WAIT, ZkError::SessionExpired));
+                    return Err(from_zk(ops::WAIT, ZkError::SessionExpired));
                 }
                 if past {
-                    return Err(disconnected(Op::WAIT));
+                    return Err(disconnected(ops::WAIT));
                 }
                 let left = deadline
                     .map(|d| d.saturating_duration_since(Instant::now()))
@@ -465,10 +465,10 @@ impl ZkCoordinator {
             let children = match tokio::time::timeout(s.request_timeout(), list).await {
                 Ok(Ok((children, _))) => children,
                 Ok(Err(ZkError::NoNode)) => return Ok(Turn::Vanished),
-                Ok(Err(e)) if session_ended(&e) => return Err(from_zk(Op::WAIT, e)),
+                Ok(Err(e)) if session_ended(&e) => return Err(from_zk(ops::WAIT, e)),
                 Ok(Err(ZkError::ConnectionLoss)) | Err(_) if !past => continue,
-                Ok(Err(e)) => return Err(from_zk(Op::WAIT, e)),
-                Err(_) => return Err(timed_out(Op::WAIT, s.request_timeout())),
+                Ok(Err(e)) => return Err(from_zk(ops::WAIT, e)),
+                Err(_) => return Err(timed_out(ops::WAIT, s.request_timeout())),
             };
             let ordered = self.order(s, dir, children).await?;
             let Some(index) = ordered.iter().position(|c| c.name == node.name) else {
@@ -507,7 +507,7 @@ impl ZkCoordinator {
                         _ = tokio::time::sleep_until(deadline) => {}
                     }
                 }
-                Ok(Err(e)) if session_ended(&e) => return Err(from_zk(Op::WAIT, e)),
+                Ok(Err(e)) if session_ended(&e) => return Err(from_zk(ops::WAIT, e)),
                 // Connection trouble: the next round waits for the connection.
                 _ => tokio::time::sleep(Duration::from_millis(5)).await,
             }
@@ -527,11 +527,11 @@ impl ZkCoordinator {
             let results = {
                 let mut reader = s.client().new_multi_reader();
                 for p in &paths {
-                    reader.add_get_data(p).map_err(|e| from_zk(Op::WAIT, e))?;
+                    reader.add_get_data(p).map_err(|e| from_zk(ops::WAIT, e))?;
                 }
-                match self.read(s, Op::WAIT, reader.commit()).await? {
+                match self.read(s, ops::WAIT, reader.commit()).await? {
                     Ok(r) => r,
-                    Err(e) => return Err(from_zk(Op::WAIT, e)),
+                    Err(e) => return Err(from_zk(ops::WAIT, e)),
                 }
             };
             for (c, r) in contenders.iter_mut().zip(results) {
@@ -555,8 +555,8 @@ impl ZkCoordinator {
                 tracing::debug!(%path, "removed a second contender node of the same attempt");
                 Ok(())
             }
-            Ok(Err(e)) => Err(from_zk(Op::ACQUIRE, e)),
-            Err(_) => Err(timed_out(Op::ACQUIRE, s.request_timeout())),
+            Ok(Err(e)) => Err(from_zk(ops::ACQUIRE, e)),
+            Err(_) => Err(timed_out(ops::ACQUIRE, s.request_timeout())),
         }
     }
 
@@ -620,12 +620,12 @@ impl ZkCoordinator {
                 if Some(bound) != tokens.floor() =>
             {
                 return match self
-                    .read(s, Op::WAIT, s.client().check_stat(&node.path))
+                    .read(s, ops::WAIT, s.client().check_stat(&node.path))
                     .await
                 {
                     Ok(Ok(Some(stat))) if stat.czxid == node.czxid => Err(Some(regression)),
                     Ok(Ok(_)) => Err(None),
-                    Ok(Err(e)) => Err(Some(from_zk(Op::WAIT, e))),
+                    Ok(Err(e)) => Err(Some(from_zk(ops::WAIT, e))),
                     Err(e) => Err(Some(e)),
                 };
             }
@@ -639,12 +639,12 @@ impl ZkCoordinator {
         let dir = s.paths().lock_dir(key);
         for _ in 0..5 {
             let children = match self
-                .read(s, Op::INSPECT, s.client().list_children(&dir))
+                .read(s, ops::INSPECT, s.client().list_children(&dir))
                 .await?
             {
                 Ok(c) => c,
                 Err(ZkError::NoNode) => return Ok(None),
-                Err(e) => return Err(from_zk(Op::INSPECT, e)),
+                Err(e) => return Err(from_zk(ops::INSPECT, e)),
             };
             let ordered = self.order(s, &dir, children).await?;
             let Some(first) = ordered.first() else {
@@ -652,12 +652,12 @@ impl ZkCoordinator {
             };
             let path = format!("{dir}/{}", first.name);
             match self
-                .read(s, Op::INSPECT, s.client().get_data(&path))
+                .read(s, ops::INSPECT, s.client().get_data(&path))
                 .await?
             {
                 Ok((data, stat)) => return Ok(Some((path, data, stat))),
                 Err(ZkError::NoNode) => continue,
-                Err(e) => return Err(from_zk(Op::INSPECT, e)),
+                Err(e) => return Err(from_zk(ops::INSPECT, e)),
             }
         }
         Err(Error::Unavailable {
@@ -694,7 +694,7 @@ impl ZkCoordinator {
             )
             .await
             {
-                Err(_) => return Err(timed_out(Op::AUDIT, s.request_timeout())),
+                Err(_) => return Err(timed_out(ops::AUDIT, s.request_timeout())),
                 Ok(Ok(_)) => {
                     s.confirm(sent);
                     return Ok(());
@@ -703,7 +703,7 @@ impl ZkCoordinator {
                     s.confirm(sent);
                     s.ensure_persistent(&dir).await?;
                 }
-                Ok(Err(e)) => return Err(from_zk(Op::AUDIT, e)),
+                Ok(Err(e)) => return Err(from_zk(ops::AUDIT, e)),
             }
         }
         Err(Error::Unavailable {
@@ -864,7 +864,7 @@ impl Coordinator for ZkCoordinator {
     async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>> {
         let s = self.session().await?;
         if !s.is_connected() {
-            return Err(disconnected(Op::INSPECT));
+            return Err(disconnected(ops::INSPECT));
         }
         match self.holder(&s, key).await? {
             None => Ok(None),
@@ -879,7 +879,7 @@ impl Coordinator for ZkCoordinator {
     ) -> Result<Option<HolderInfo>> {
         let s = self.session().await?;
         if !s.is_connected() {
-            return Err(disconnected(Op::FORCE_RELEASE));
+            return Err(disconnected(ops::FORCE_RELEASE));
         }
         for _ in 0..3 {
             let holder = self.holder(&s, key).await?;
@@ -910,7 +910,7 @@ impl Coordinator for ZkCoordinator {
             )
             .await
             {
-                Err(_) => return Err(timed_out(Op::FORCE_RELEASE, s.request_timeout())),
+                Err(_) => return Err(timed_out(ops::FORCE_RELEASE, s.request_timeout())),
                 Ok(Ok(())) => {
                     s.confirm(sent);
                     tracing::warn!(
@@ -926,7 +926,7 @@ impl Coordinator for ZkCoordinator {
                 }
                 // The holder changed meanwhile: look again.
                 Ok(Err(ZkError::NoNode | ZkError::BadVersion)) => s.confirm(sent),
-                Ok(Err(e)) => return Err(from_zk(Op::FORCE_RELEASE, e)),
+                Ok(Err(e)) => return Err(from_zk(ops::FORCE_RELEASE, e)),
             }
         }
         Err(Error::Unavailable {
@@ -943,12 +943,12 @@ impl Coordinator for ZkCoordinator {
         let s = self.session().await?;
         let dir = s.paths().audit();
         let mut names = match self
-            .read(&s, Op::AUDIT_READ, s.client().list_children(&dir))
+            .read(&s, ops::AUDIT_READ, s.client().list_children(&dir))
             .await?
         {
             Ok(n) => n,
             Err(ZkError::NoNode) => return Ok(Vec::new()),
-            Err(e) => return Err(from_zk(Op::AUDIT_READ, e)),
+            Err(e) => return Err(from_zk(ops::AUDIT_READ, e)),
         };
         names.retain(|n| n.starts_with(AUDIT_PREFIX));
         names.sort_by_key(|n| {
@@ -961,7 +961,7 @@ impl Coordinator for ZkCoordinator {
             }
             let path = format!("{dir}/{n}");
             match self
-                .read(&s, Op::AUDIT_READ, s.client().get_data(&path))
+                .read(&s, ops::AUDIT_READ, s.client().get_data(&path))
                 .await?
             {
                 Ok((data, stat)) => {
@@ -970,7 +970,7 @@ impl Coordinator for ZkCoordinator {
                     }
                 }
                 Err(ZkError::NoNode) => {}
-                Err(e) => return Err(from_zk(Op::AUDIT_READ, e)),
+                Err(e) => return Err(from_zk(ops::AUDIT_READ, e)),
             }
         }
         Ok(out)

@@ -18,42 +18,26 @@
 
 use std::time::Duration;
 
+use lease_core::adapter::{Delivery, Op};
 use lease_core::Error;
 use zookeeper_client::Error as ZkError;
 
 /// The backend name used in every error, metric and capability.
 pub(crate) const BACKEND: &str = "zookeeper";
 
-/// What kind of request failed: its name for messages, and whether it could have changed state.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Op {
-    /// The operation ("acquire", "renew", "release", ...).
-    pub(crate) name: &'static str,
-    /// Whether the request could have changed state on the server.
-    pub(crate) writes: bool,
-}
+/// The requests this adapter sends ([`Op`]: the operation's name and whether it writes).
+pub(crate) mod ops {
+    use lease_core::adapter::Op;
 
-impl Op {
-    pub(crate) const ACQUIRE: Op = Op::write("acquire");
+    pub(crate) const ACQUIRE: Op = Op::write("acquire", false);
     pub(crate) const WAIT: Op = Op::read("acquire (queue read)");
     pub(crate) const RENEW: Op = Op::read("renew");
-    pub(crate) const RELEASE: Op = Op::write("release");
+    pub(crate) const RELEASE: Op = Op::write("release", false);
     pub(crate) const INSPECT: Op = Op::read("inspect");
-    pub(crate) const FORCE_RELEASE: Op = Op::write("force_release");
-    pub(crate) const AUDIT: Op = Op::write("force_release audit record");
+    pub(crate) const FORCE_RELEASE: Op = Op::write("force_release", false);
+    pub(crate) const AUDIT: Op = Op::write("force_release audit record", false);
     pub(crate) const AUDIT_READ: Op = Op::read("audit trail read");
-    pub(crate) const SETUP: Op = Op::write("creating the lock's parent nodes");
-
-    const fn write(name: &'static str) -> Op {
-        Op { name, writes: true }
-    }
-
-    const fn read(name: &'static str) -> Op {
-        Op {
-            name,
-            writes: false,
-        }
-    }
+    pub(crate) const SETUP: Op = Op::write("creating the lock's parent nodes", true);
 }
 
 /// Whether `err` says the session is over (expired, closed, failed): its ephemeral nodes are gone
@@ -72,12 +56,12 @@ pub(crate) fn session_ended(err: &ZkError) -> bool {
 /// Maps an error of a request handed to the client library.
 pub(crate) fn from_zk(op: Op, err: ZkError) -> Error {
     match err {
-        ZkError::ConnectionLoss if op.writes => Error::OutcomeUnknown {
-            backend: BACKEND,
-            operation: op.name,
-            message: "the connection was lost after the request was sent".into(),
-            source: Some(Box::new(err)),
-        },
+        ZkError::ConnectionLoss if op.writes => op.failed(
+            BACKEND,
+            Delivery::Unanswered,
+            "the connection was lost after the request was sent",
+            Some(Box::new(err)),
+        ),
         ZkError::NoAuth | ZkError::InvalidAcl | ZkError::AuthFailed => Error::Misconfigured {
             backend: BACKEND,
             problems: vec![format!(
@@ -105,20 +89,12 @@ pub(crate) fn from_zk(op: Op, err: ZkError) -> Error {
 
 /// The error for a request whose answer did not come within `after`.
 pub(crate) fn timed_out(op: Op, after: Duration) -> Error {
-    if op.writes {
-        Error::OutcomeUnknown {
-            backend: BACKEND,
-            operation: op.name,
-            message: format!("no answer within {after:?}"),
-            source: None,
-        }
-    } else {
-        Error::Unavailable {
-            backend: BACKEND,
-            message: format!("{}: no answer within {after:?}", op.name),
-            source: None,
-        }
-    }
+    op.failed(
+        BACKEND,
+        Delivery::Unanswered,
+        format!("no answer within {after:?}"),
+        None,
+    )
 }
 
 /// The error for a call made while the session is disconnected (nothing was sent).
@@ -157,27 +133,27 @@ mod tests {
     #[test]
     fn connection_loss_is_unknown_only_for_writes() {
         assert!(matches!(
-            from_zk(Op::ACQUIRE, ZkError::ConnectionLoss),
+            from_zk(ops::ACQUIRE, ZkError::ConnectionLoss),
             Error::OutcomeUnknown { .. }
         ));
         assert!(matches!(
-            from_zk(Op::RENEW, ZkError::ConnectionLoss),
+            from_zk(ops::RENEW, ZkError::ConnectionLoss),
             Error::Unavailable { .. }
         ));
         assert!(matches!(
-            timed_out(Op::RELEASE, Duration::from_secs(1)),
+            timed_out(ops::RELEASE, Duration::from_secs(1)),
             Error::OutcomeUnknown { .. }
         ));
-        assert!(timed_out(Op::INSPECT, Duration::from_secs(1)).is_retryable());
+        assert!(timed_out(ops::INSPECT, Duration::from_secs(1)).is_retryable());
     }
 
     #[test]
     fn acl_refusals_are_misconfiguration_and_expiry_is_retryable() {
         assert!(matches!(
-            from_zk(Op::FORCE_RELEASE, ZkError::NoAuth),
+            from_zk(ops::FORCE_RELEASE, ZkError::NoAuth),
             Error::Misconfigured { .. }
         ));
-        let e = from_zk(Op::ACQUIRE, ZkError::SessionExpired);
+        let e = from_zk(ops::ACQUIRE, ZkError::SessionExpired);
         assert!(e.is_retryable(), "{e}");
         assert!(session_ended(&ZkError::SessionExpired));
     }

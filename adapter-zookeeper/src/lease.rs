@@ -14,7 +14,7 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 use zookeeper_client::{Error as ZkError, EventType, WatchedEvent};
 
-use crate::error::{disconnected, from_zk, session_ended, timed_out, Op};
+use crate::error::{disconnected, from_zk, ops, session_ended, timed_out};
 use crate::session::Session;
 
 /// The shared state of one held lock node.
@@ -405,14 +405,14 @@ impl Lease for ZkLease {
                 st.on_session_ended();
                 return Err(st.lost_error(LostReason::SessionEnded));
             }
-            return Err(disconnected(Op::RENEW));
+            return Err(disconnected(ops::RENEW));
         }
         let epoch = s.epoch();
         // Only a sync proves the leader still has the session: a follower cut off from the leader
         // answers the exists alone. `synced_read` confirms the session only if the sync succeeded.
         let sent = Instant::now();
         match s.synced_read(sent, |c| c.check_stat(&st.path)).await {
-            None => Err(timed_out(Op::RENEW, s.request_timeout())),
+            None => Err(timed_out(ops::RENEW, s.request_timeout())),
             Some(Ok(Some(stat))) if stat.czxid == st.czxid => {
                 st.extend(sent);
                 match s.with_epoch(epoch, |bound| st.apply(bound, true)) {
@@ -434,7 +434,7 @@ impl Lease for ZkLease {
                 st.on_session_ended();
                 Err(st.lost_error(LostReason::SessionEnded))
             }
-            Some(Err(e)) => Err(from_zk(Op::RENEW, e)),
+            Some(Err(e)) => Err(from_zk(ops::RENEW, e)),
         }
     }
 
@@ -446,7 +446,7 @@ impl Lease for ZkLease {
         if !s.is_connected() {
             // The monitor deletes the node once the connection is back (or the session ends).
             st.tracker.mark_lost(LostReason::Released);
-            return Err(disconnected(Op::RELEASE));
+            return Err(disconnected(ops::RELEASE));
         }
         let mut version = Some(st.version);
         loop {
@@ -479,11 +479,11 @@ impl Lease for ZkLease {
                 }
                 Ok(Err(e)) => {
                     st.tracker.mark_lost(LostReason::Released);
-                    return Err(from_zk(Op::RELEASE, e));
+                    return Err(from_zk(ops::RELEASE, e));
                 }
                 Err(_) => {
                     st.tracker.mark_lost(LostReason::Released);
-                    return Err(timed_out(Op::RELEASE, s.request_timeout()));
+                    return Err(timed_out(ops::RELEASE, s.request_timeout()));
                 }
             }
         }

@@ -43,7 +43,7 @@ use tokio::time::Instant;
 use zookeeper_client::{Acl, Acls, Client, CreateMode, Permission, SessionState, StateWatcher};
 
 use crate::config::ZkConfig;
-use crate::error::{connect_failed, from_zk, timed_out, Op};
+use crate::error::{connect_failed, from_zk, ops, timed_out};
 use crate::lease::LeaseState;
 use crate::paths::Paths;
 
@@ -302,12 +302,12 @@ impl Session {
         let options = CreateMode::Persistent.with_acls(self.acls());
         let sent = Instant::now();
         match tokio::time::timeout(self.request_timeout, self.client.mkdir(path, &options)).await {
-            Err(_) => Err(timed_out(Op::SETUP, self.request_timeout)),
+            Err(_) => Err(timed_out(ops::SETUP, self.request_timeout)),
             Ok(Ok(())) => {
                 self.confirm(sent);
                 Ok(())
             }
-            Ok(Err(e)) => Err(from_zk(Op::SETUP, e)),
+            Ok(Err(e)) => Err(from_zk(ops::SETUP, e)),
         }
     }
 

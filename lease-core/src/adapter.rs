@@ -13,6 +13,7 @@ pub mod clock;
 pub use crate::connect::{percent_decode, BackendUrl, CoordinatorFactory, FenceFactory};
 pub use crate::lease::LeaseTracker;
 pub use crate::options::{duration_in_range, parse_millis};
+pub use crate::outcome::{Delivery, Op};
 pub use crate::tokens::{NativeToken, TokenAdmission};
 pub use crate::url_options::{
     timeout_in_range, CommonOptions, OptionSpec, UrlOptions, COMMON_OPTIONS, MAX_URL_TIMEOUT,

@@ -54,6 +54,7 @@ pub mod memory;
 pub mod metrics;
 mod multi;
 mod options;
+mod outcome;
 mod section;
 mod token;
 mod tokens;
