@@ -99,11 +99,7 @@ impl LeaseShared {
     /// reason recorded first.
     pub(crate) fn lost(&self, reason: LostReason) -> Error {
         self.resolved.store(true, Ordering::SeqCst);
-        self.tracker.mark_lost(reason);
-        match self.tracker.status() {
-            LeaseStatus::Lost(r) => self.tracker.lost_error(r),
-            _ => self.tracker.lost_error(reason),
-        }
+        self.tracker.lose(reason)
     }
 
     /// Gives up this client's claim on the key (idempotent).

@@ -113,11 +113,7 @@ impl EtcdLease {
     }
 
     fn lost_now(&self, reason: LostReason) -> lease_core::Error {
-        self.tracker.mark_lost(reason);
-        match self.tracker.status() {
-            LeaseStatus::Lost(r) => self.tracker.lost_error(r),
-            _ => self.tracker.lost_error(reason),
-        }
+        self.tracker.lose(reason)
     }
 }
 

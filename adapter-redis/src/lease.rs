@@ -59,11 +59,7 @@ impl RedisLease {
             -1 => LostReason::Superseded,
             _ => LostReason::Expired,
         };
-        self.tracker.mark_lost(reason);
-        match self.tracker.status() {
-            LeaseStatus::Lost(r) => self.tracker.lost_error(r),
-            _ => self.tracker.lost_error(reason),
-        }
+        self.tracker.lose(reason)
     }
 }
 

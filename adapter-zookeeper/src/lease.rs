@@ -127,10 +127,7 @@ impl LeaseState {
 
     /// The `Lost` error with the reason recorded (or `fallback`).
     fn lost_error(&self, fallback: LostReason) -> Error {
-        match self.tracker.status() {
-            LeaseStatus::Lost(r) => self.tracker.lost_error(r),
-            _ => self.tracker.lost_error(fallback),
-        }
+        self.tracker.lost_error(fallback)
     }
 
     /// After a reconnect: checks that our node still exists (`sync` + `exists`, which confirms
@@ -465,8 +462,7 @@ impl Lease for ZkLease {
                     st.node_gone.store(true, Ordering::SeqCst);
                     // Not deleted by us: revoked (or expired by our own monitor, whose reason
                     // was recorded first).
-                    st.tracker.mark_lost(LostReason::Revoked);
-                    return Err(st.lost_error(LostReason::Revoked));
+                    return Err(st.tracker.lose(LostReason::Revoked));
                 }
                 Ok(Err(ZkError::BadVersion)) if version.is_some() => {
                     // Someone changed our node's data; the path is unique to this acquisition.

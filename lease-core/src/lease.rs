@@ -149,6 +149,13 @@ impl LeaseTracker {
     pub fn mark_lost(&self, reason: LostReason) -> bool {
         self.state.mark_lost(reason)
     }
+
+    /// Marks the lease lost for `reason` (unless it already was: the first cause wins) and
+    /// returns the `Lost` error with the reason recorded.
+    pub fn lose(&self, reason: LostReason) -> Error {
+        self.state.mark_lost(reason);
+        self.state.lost_error(reason)
+    }
 }
 
 impl LeaseState {
@@ -204,8 +211,13 @@ impl LeaseState {
         }
     }
 
-    /// The `Lost` error for this lease.
+    /// The `Lost` error for this lease: with the reason recorded when the lease is already lost
+    /// (the first cause wins), `reason` otherwise.
     pub fn lost_error(&self, reason: LostReason) -> Error {
+        let reason = match self.status() {
+            LeaseStatus::Lost(recorded) => recorded,
+            _ => reason,
+        };
         Error::Lost {
             key: self.inner.key.to_string(),
             token: self.inner.token,
@@ -580,6 +592,40 @@ mod tests {
         assert!(!sig.is_lost());
         t.renewed(Instant::now() + Duration::from_secs(10));
         assert_eq!(t.status(), LeaseStatus::Held);
+    }
+
+    #[test]
+    fn lose_keeps_the_first_reason_and_lost_error_reports_it() {
+        let t = tracker(Duration::from_secs(10));
+        assert!(matches!(
+            t.lost_error(LostReason::Expired),
+            Error::Lost {
+                reason: LostReason::Expired,
+                ..
+            }
+        ));
+        assert!(matches!(
+            t.lose(LostReason::Revoked),
+            Error::Lost {
+                reason: LostReason::Revoked,
+                ..
+            }
+        ));
+        assert!(matches!(
+            t.lose(LostReason::Released),
+            Error::Lost {
+                reason: LostReason::Revoked,
+                ..
+            }
+        ));
+        assert!(matches!(
+            t.lost_error(LostReason::Expired),
+            Error::Lost {
+                reason: LostReason::Revoked,
+                ..
+            }
+        ));
+        assert_eq!(t.status(), LeaseStatus::Lost(LostReason::Revoked));
     }
 
     #[tokio::test(start_paused = true)]
