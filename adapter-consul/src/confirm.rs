@@ -25,7 +25,7 @@ use std::time::Duration;
 use lease_core::adapter::batch::{Rounds, RoundsConfig};
 use lease_core::Error;
 
-use crate::http::{Http, TxnOp, TxnRead};
+use crate::client::{Http, TxnOp, TxnRead};
 use crate::BACKEND;
 
 /// Operations per transaction: Consul's `maxTxnOps` (64).

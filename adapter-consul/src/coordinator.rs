@@ -17,9 +17,9 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::OwnedMutexGuard;
 use tokio::time::Instant;
 
+use crate::client::{Http, KvEntry, TxnOp, TxnOutcome};
 use crate::config::ConsulConfig;
 use crate::confirm::Confirmer;
-use crate::http::{Http, KvEntry, TxnOp, TxnOutcome};
 use crate::lease::{spawn_reaper, ConsulLease, LeaseShared};
 use crate::monitor::Monitor;
 use crate::session::{Session, SessionManager};

@@ -10,9 +10,9 @@ use lease_core::adapter::{Backoff, LeaseTracker, Op};
 use lease_core::{Error, Lease, LeaseState, LeaseStatus, LockKey, LostReason, Result, Token};
 use tokio::time::Instant;
 
+use crate::client::{Http, KvEntry, TxnOp, TxnOutcome};
 use crate::confirm::{Confirmer, Ownership};
 use crate::coordinator::SlotGuard;
-use crate::http::{Http, KvEntry, TxnOp, TxnOutcome};
 use crate::monitor::Monitor;
 use crate::session::{Session, SessionManager};
 

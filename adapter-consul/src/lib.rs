@@ -1,11 +1,11 @@
 #![doc = include_str!("../README.md")]
 #![forbid(unsafe_code)]
 
+mod client;
 mod config;
 mod confirm;
 mod coordinator;
 mod error;
-mod http;
 mod lease;
 mod monitor;
 mod session;

@@ -34,7 +34,7 @@ use lease_core::LeaseStatus;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::http::{Http, KvEntry};
+use crate::client::{Http, KvEntry};
 use crate::lease::LeaseShared;
 
 /// The least time between the starts of two monitor queries.

@@ -16,7 +16,7 @@ use lease_core::{Error, LostReason, Result};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::http::Http;
+use crate::client::Http;
 use crate::lease::LeaseShared;
 
 struct SessionState {

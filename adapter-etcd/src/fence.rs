@@ -82,7 +82,7 @@ impl EtcdFence {
     /// Connects to the cluster `config` names (as [`crate::EtcdCoordinator::connect`]: lazily,
     /// except that credentials and a TLS handshake are checked now).
     pub async fn connect(config: EtcdConfig) -> Result<Self> {
-        let client = crate::coordinator::client_for(&config).await?;
+        let client = crate::client::client_for(&config).await?;
         Ok(Self::from_client(client, config))
     }
 

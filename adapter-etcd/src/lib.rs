@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 #![forbid(unsafe_code)]
 
+mod client;
 mod config;
 mod confirm;
 mod coordinator;

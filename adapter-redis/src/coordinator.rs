@@ -13,8 +13,8 @@ use lease_core::{
 };
 use tokio::time::Instant;
 
+use crate::client::Connection;
 use crate::config::{RedisConfig, ReplicaAcks};
-use crate::connection::Connection;
 use crate::error::{bad_reply, ops, BACKEND};
 use crate::keys::{LockKeys, LockValue, ValueParts};
 use crate::lease::RedisLease;

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use lease_core::{Accepted, Bytes, Error, Fence, FencedValue, ResourceId, Result, Token};
 
+use crate::client::Connection;
 use crate::config::RedisConfig;
-use crate::connection::Connection;
 use crate::error::{bad_reply, ops, BACKEND};
 use crate::keys::fence_key;
 use crate::scripts::{self, reply};

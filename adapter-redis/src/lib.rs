@@ -1,8 +1,8 @@
 #![doc = include_str!("../README.md")]
 #![forbid(unsafe_code)]
 
+mod client;
 mod config;
-mod connection;
 mod coordinator;
 mod error;
 mod fence;

@@ -19,7 +19,7 @@ use std::time::Duration;
 use lease_core::adapter::batch::{Rounds, RoundsConfig};
 use lease_core::Result;
 
-use crate::connection::Connection;
+use crate::client::Connection;
 use crate::error::{bad_reply, ops};
 use crate::keys::LockKeys;
 use crate::scripts::{self, reply};

@@ -21,7 +21,7 @@ use lease_core::adapter::Backoff;
 use redis::aio::{PubSubSink, PubSubStream};
 use tokio::sync::{mpsc, oneshot, watch};
 
-use crate::connection::Connection;
+use crate::client::Connection;
 use crate::error::{self, BACKEND};
 
 struct Channel {

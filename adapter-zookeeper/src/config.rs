@@ -306,7 +306,7 @@ impl ZkConfig {
     /// The znode of `key`'s lock (the parent of its contender nodes), for operators' tools:
     /// `<base>/locks/<key, percent-encoded into one node name>`.
     pub fn lock_path(&self, key: &LockKey) -> String {
-        crate::paths::Paths::new(&self.base_path).lock_dir(key)
+        crate::keys::Paths::new(&self.base_path).lock_dir(key)
     }
 
     /// The token floor, if set.

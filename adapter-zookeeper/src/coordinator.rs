@@ -45,11 +45,11 @@ use zookeeper_client::{CreateMode, Error as ZkError, MultiReadResult, Stat};
 
 use crate::config::ZkConfig;
 use crate::error::{disconnected, from_zk, ops, session_ended, timed_out, BACKEND};
-use crate::lease::{LeaseState, ZkLease};
-use crate::paths::{
+use crate::keys::{
     contender_prefix, holder_data, parse_contender, parse_holder_data, sequence_orders,
     sort_by_creation, Contender, AUDIT_PREFIX,
 };
+use crate::lease::{LeaseState, ZkLease};
 use crate::session::Session;
 
 /// How many times one acquire call starts over when its node vanished under it, or retries a

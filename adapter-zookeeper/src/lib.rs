@@ -4,9 +4,9 @@
 mod config;
 mod coordinator;
 mod error;
+mod keys;
 mod lease;
 mod out_of_band;
-mod paths;
 mod session;
 
 use std::sync::Arc;

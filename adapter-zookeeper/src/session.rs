@@ -44,8 +44,8 @@ use zookeeper_client::{Acl, Acls, Client, CreateMode, Permission, SessionState, 
 
 use crate::config::ZkConfig;
 use crate::error::{connect_failed, from_zk, ops, timed_out};
+use crate::keys::Paths;
 use crate::lease::LeaseState;
-use crate::paths::Paths;
 
 /// The ACL of every node the adapter creates when digest credentials are configured: the
 /// creator's identity (every session authenticated as the same digest user) may do anything,
