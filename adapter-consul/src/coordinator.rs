@@ -11,7 +11,7 @@ use async_trait::async_trait;
 use lease_core::adapter::{Backoff, LeaseTracker, Op, TokenAdmission};
 use lease_core::{
     AuditRecord, Capabilities, Coordinator, Error, ForceRelease, HolderInfo, Lease, LeaseOptions,
-    LockKey, LostReason, OwnerId, Result, Token,
+    LockKey, LostReason, OwnerId, Result,
 };
 use serde::{Deserialize, Serialize};
 use tokio::sync::OwnedMutexGuard;
@@ -39,24 +39,24 @@ struct HolderRecord {
 /// One forced release as the audit key stores it: the key holds a JSON array of the newest
 /// [`AuditRecord::MAX_LIMIT`], oldest first (an earlier version wrote one JSON object).
 #[derive(Debug, Clone, Serialize, Deserialize)]
-struct StoredAudit {
-    actor: String,
-    reason: String,
-    removed_token: u64,
+pub(crate) struct StoredAudit {
+    pub(crate) actor: String,
+    pub(crate) reason: String,
+    pub(crate) removed_token: u64,
     #[serde(default)]
-    removed_owner: Option<String>,
+    pub(crate) removed_owner: Option<String>,
     #[serde(default)]
-    at_ms: u64,
+    pub(crate) at_ms: u64,
 }
 
 /// The records an audit key's value holds, oldest first (none if it is unreadable).
-fn audit_records(value: &[u8]) -> Vec<StoredAudit> {
+pub(crate) fn audit_records(value: &[u8]) -> Vec<StoredAudit> {
     serde_json::from_slice::<Vec<StoredAudit>>(value)
         .or_else(|_| serde_json::from_slice::<StoredAudit>(value).map(|r| vec![r]))
         .unwrap_or_default()
 }
 
-fn unix_ms(t: SystemTime) -> u64 {
+pub(crate) fn unix_ms(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0)
@@ -128,16 +128,16 @@ pub(crate) const MAX_WAITING_QUERIES: usize = 64;
 /// most this long, so the slots go round.
 pub(crate) const BUSY_WAIT: Duration = Duration::from_secs(2);
 
-struct Inner {
-    config: ConsulConfig,
+pub(crate) struct Inner {
+    pub(crate) config: ConsulConfig,
     caps: Capabilities,
-    http: Arc<Http>,
+    pub(crate) http: Arc<Http>,
     confirmer: Arc<Confirmer>,
     /// The one blocking query that watches every held key (loss detection).
     monitor: Arc<Monitor>,
     /// Slots for waiting acquires' blocking queries (see [`MAX_WAITING_QUERIES`]).
     waits: Arc<tokio::sync::Semaphore>,
-    sessions: Arc<SessionManager>,
+    pub(crate) sessions: Arc<SessionManager>,
     slots: Arc<Slots>,
     default_owner: OwnerId,
     /// Admits grants; the watermark's scope is agent, datacenter and key prefix (each
@@ -152,7 +152,7 @@ struct Inner {
 /// and shares the client and its session.
 #[derive(Clone)]
 pub struct ConsulCoordinator {
-    inner: Arc<Inner>,
+    pub(crate) inner: Arc<Inner>,
 }
 
 impl fmt::Debug for ConsulCoordinator {
@@ -689,7 +689,7 @@ impl ConsulCoordinator {
     /// created (a key found existing is deleted and locked again), so that index is the
     /// holder's token, and a plain write by another tool (which raises `ModifyIndex`) does not
     /// change it. When that write replaced the holder record, the owner is shown as the session.
-    fn holder_info(&self, key: &LockKey, entry: &KvEntry) -> Result<HolderInfo> {
+    pub(crate) fn holder_info(&self, key: &LockKey, entry: &KvEntry) -> Result<HolderInfo> {
         let record: Option<HolderRecord> = serde_json::from_slice(&entry.value_bytes()).ok();
         let owner = record
             .as_ref()
@@ -734,16 +734,7 @@ impl Coordinator for ConsulCoordinator {
 
     /// One `?consistent` read of the key.
     async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>> {
-        let kv_key = self.inner.config.kv_key(key);
-        let (_, entry) = self
-            .inner
-            .http
-            .kv_get(&kv_key, true, None, "inspect")
-            .await?;
-        match entry.filter(|e| e.holder().is_some()) {
-            Some(e) => Ok(Some(self.holder_info(key, &e)?)),
-            None => Ok(None),
-        }
+        self.inspect_key(key).await
     }
 
     /// A `?consistent` read, then one transaction: `check-index` (what was read), `delete`, and
@@ -755,129 +746,13 @@ impl Coordinator for ConsulCoordinator {
         key: &LockKey,
         request: &ForceRelease,
     ) -> Result<Option<HolderInfo>> {
-        let inner = &self.inner;
-        let kv_key = inner.config.kv_key(key);
-        for _ in 0..8 {
-            let (_, entry) = inner
-                .http
-                .kv_get(&kv_key, true, None, "force_release")
-                .await?;
-            let entry = entry.filter(|e| e.holder().is_some());
-            if let Some(expected) = request.expected_token() {
-                // A different holder is refused here; the expected one is deleted by the
-                // transaction below only if its `ModifyIndex` is still the one read, so the
-                // server removes that holder or nothing (and then this loop looks again).
-                let found = entry
-                    .as_ref()
-                    .map(|e| self.holder_info(key, e).map(|h| h.token))
-                    .transpose()?;
-                if found != Some(expected) {
-                    return Err(request.refused(BACKEND, key, expected, found));
-                }
-            }
-            let Some(entry) = entry else {
-                tracing::warn!(
-                    backend = BACKEND,
-                    key = %key,
-                    actor = request.actor(),
-                    reason = request.reason(),
-                    "force_release: the key was not held"
-                );
-                return Ok(None);
-            };
-            let info = self.holder_info(key, &entry)?;
-            let audit_key = inner.config.audit_key(key);
-            let (_, audit_entry) = inner
-                .http
-                .kv_get(&audit_key, true, None, "force_release")
-                .await?;
-            let mut trail = audit_entry
-                .as_ref()
-                .map(|e| audit_records(&e.value_bytes()))
-                .unwrap_or_default();
-            trail.push(StoredAudit {
-                actor: request.actor().to_owned(),
-                reason: request.reason().to_owned(),
-                removed_token: entry.create_index,
-                removed_owner: Some(info.owner.as_str().to_owned()),
-                at_ms: unix_ms(SystemTime::now()),
-            });
-            let excess = trail.len().saturating_sub(AuditRecord::MAX_LIMIT);
-            trail.drain(..excess);
-            let trail = serde_json::to_vec(&trail).expect("plain records serialise");
-            // The audit key is compared too, so that concurrent releases never drop a record.
-            let audit_check = match &audit_entry {
-                Some(e) => TxnOp::check_index(&audit_key, e.modify_index),
-                None => TxnOp::check_not_exists(&audit_key),
-            };
-            let ops = [
-                TxnOp::check_index(&kv_key, entry.modify_index),
-                audit_check,
-                TxnOp::delete(&kv_key),
-                TxnOp::set(&audit_key, &trail),
-            ];
-            match inner
-                .http
-                .txn(&ops, Op::write("force_release", false))
-                .await?
-            {
-                TxnOutcome::Committed(_) => {
-                    tracing::warn!(
-                        backend = BACKEND,
-                        key = %key,
-                        token = %info.token,
-                        owner = %info.owner,
-                        actor = request.actor(),
-                        reason = request.reason(),
-                        "lock force-released; recorded at {}",
-                        inner.config.audit_key(key)
-                    );
-                    // A lease of this very client learns of it at once (the key was locked by
-                    // its session, and the local slot admits one lease per key).
-                    if let Some(lease) = inner
-                        .sessions
-                        .peek()
-                        .filter(|s| entry.holder() == Some(s.id.as_str()))
-                        .and_then(|s| s.lease_on(&kv_key))
-                    {
-                        let _ = lease.lost(LostReason::Revoked);
-                    }
-                    return Ok(Some(info));
-                }
-                // The key or its audit record changed between the reads and the delete: read
-                // again.
-                TxnOutcome::RolledBack(_) => continue,
-            }
-        }
-        Err(Error::Unavailable {
-            backend: BACKEND,
-            message: format!("force_release of {key:?}: the key kept changing"),
-            source: None,
-        })
+        self.force_release_key(key, request).await
     }
 
     /// Reads the audit key (`<key_prefix>/forced/<key>`, one `?consistent` get) and returns its
     /// newest records first.
     async fn audit_trail(&self, key: &LockKey, limit: usize) -> Result<Vec<AuditRecord>> {
-        let limit = AuditRecord::check_limit(limit)?;
-        let inner = &self.inner;
-        let (_, entry) = inner
-            .http
-            .kv_get(&inner.config.audit_key(key), true, None, "audit_trail")
-            .await?;
-        let trail = entry
-            .map(|e| audit_records(&e.value_bytes()))
-            .unwrap_or_default();
-        Ok(trail
-            .iter()
-            .rev()
-            .take(limit)
-            .map(|r| {
-                AuditRecord::new(key.clone(), r.actor.clone(), r.reason.clone())
-                    .with_at(UNIX_EPOCH.checked_add(Duration::from_millis(r.at_ms)))
-                    .with_removed(Token::new(r.removed_token).ok(), r.removed_owner.clone())
-            })
-            .collect())
+        self.audit_trail_of(key, limit).await
     }
 }
 

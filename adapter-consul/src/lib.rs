@@ -8,6 +8,7 @@ mod coordinator;
 mod error;
 mod lease;
 mod monitor;
+mod operator;
 mod session;
 
 use std::sync::Arc;

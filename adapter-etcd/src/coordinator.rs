@@ -43,8 +43,8 @@ pub(crate) struct Handle {
     pub(crate) confirmer: Confirmer,
 }
 
-struct Inner {
-    handle: Arc<Handle>,
+pub(crate) struct Inner {
+    pub(crate) handle: Arc<Handle>,
     caps: Capabilities,
     owner: OwnerId,
     /// One session per granted TTL, in whole seconds.
@@ -63,7 +63,7 @@ struct Inner {
 /// See the crate docs for the semantics.
 #[derive(Clone)]
 pub struct EtcdCoordinator {
-    inner: Arc<Inner>,
+    pub(crate) inner: Arc<Inner>,
 }
 
 impl fmt::Debug for EtcdCoordinator {
@@ -185,7 +185,7 @@ impl EtcdCoordinator {
     }
 
     /// The audit key's mod revision (0 when it does not exist) and its records, oldest first.
-    async fn read_audit(
+    pub(crate) async fn read_audit(
         &self,
         audit_key: &str,
         operation: &'static str,
@@ -285,7 +285,7 @@ fn enqueue_txn(prefix: &str, pending: &PendingKey, record: &str) -> Txn {
 }
 
 impl Inner {
-    fn timeout(&self) -> Duration {
+    pub(crate) fn timeout(&self) -> Duration {
         self.handle.config.request_timeout()
     }
 
@@ -688,7 +688,7 @@ impl Inner {
     }
 
     /// The first key of `key`'s queue (the holder), with its value.
-    async fn first_in_queue(
+    pub(crate) async fn first_in_queue(
         &self,
         key: &LockKey,
     ) -> std::result::Result<Option<KeyValue>, Failure> {
@@ -716,7 +716,7 @@ impl Inner {
         Err(last.expect("three attempts"))
     }
 
-    fn holder_info(&self, key: &LockKey, kv: &KeyValue) -> Result<HolderInfo> {
+    pub(crate) fn holder_info(&self, key: &LockKey, kv: &KeyValue) -> Result<HolderInfo> {
         let record: Option<HolderRecord> = serde_json::from_slice(kv.value()).ok();
         let owner = record
             .as_ref()
@@ -824,28 +824,7 @@ impl Coordinator for EtcdCoordinator {
     /// holder's session lease (an upper bound: the holder's key is deleted earlier if it stops
     /// renewing).
     async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>> {
-        let Some(kv) = self
-            .inner
-            .first_in_queue(key)
-            .await
-            .map_err(|f| f.into_error(Op::read("inspect")))?
-        else {
-            return Ok(None);
-        };
-        let mut info = self.inner.holder_info(key, &kv)?;
-        if kv.lease() != 0 {
-            let client = &self.inner.handle.client;
-            let lease = kv.lease();
-            if let Ok(ttl) = retry_unapplied(self.inner.timeout(), || {
-                let mut c = client.clone();
-                async move { c.lease_time_to_live(lease, None).await }
-            })
-            .await
-            {
-                info = info.with_expires_in(Some(Duration::from_secs(ttl.ttl().max(0) as u64)));
-            }
-        }
-        Ok(Some(info))
+        self.inspect_key(key).await
     }
 
     /// Deletes the holder's key (compare-and-delete on its create revision) and records the
@@ -859,97 +838,12 @@ impl Coordinator for EtcdCoordinator {
         key: &LockKey,
         request: &ForceRelease,
     ) -> Result<Option<HolderInfo>> {
-        let prefix = self.config().key_prefix().to_owned();
-        for _ in 0..5 {
-            let first = self
-                .inner
-                .first_in_queue(key)
-                .await
-                .map_err(|f| f.into_error(Op::read("force_release")))?;
-            if let Some(expected) = request.expected_token() {
-                // A different holder is refused here; the expected one is deleted by the
-                // transaction below only if its key still has the create revision read (the
-                // token), so the server removes that holder or nothing.
-                let found = first
-                    .as_ref()
-                    .map(|kv| self.inner.holder_info(key, kv).map(|h| h.token))
-                    .transpose()?;
-                if found != Some(expected) {
-                    return Err(request.refused(BACKEND, key, expected, found));
-                }
-            }
-            let Some(kv) = first else {
-                tracing::warn!(backend = BACKEND, key = %key, actor = request.actor(), reason = request.reason(), "force_release: the lock was free");
-                return Ok(None);
-            };
-            let info = self.inner.holder_info(key, &kv)?;
-            let audit = keys::AuditRecord {
-                actor: request.actor().to_owned(),
-                reason: request.reason().to_owned(),
-                token: info.token.get(),
-                owner: Some(info.owner.as_str().to_owned()),
-                at_ms: keys::wall_ms(),
-            };
-            let audit_key = keys::audit_key(&prefix, key);
-            let (audit_rev, mut trail) = self.read_audit(&audit_key, "force_release").await?;
-            trail.push(audit);
-            let excess = trail
-                .len()
-                .saturating_sub(lease_core::AuditRecord::MAX_LIMIT);
-            trail.drain(..excess);
-            let txn = Txn::new()
-                .when([
-                    Compare::create_revision(kv.key(), CompareOp::Equal, kv.create_revision()),
-                    Compare::mod_revision(audit_key.as_str(), CompareOp::Equal, audit_rev),
-                ])
-                .and_then([
-                    TxnOp::delete(kv.key(), None),
-                    TxnOp::put(
-                        audit_key.as_str(),
-                        serde_json::to_string(&trail).expect("plain records serialise"),
-                        None,
-                    ),
-                ]);
-            let client = &self.inner.handle.client;
-            let resp = retry_unapplied(self.inner.timeout(), || {
-                let (mut c, txn) = (client.clone(), txn.clone());
-                async move { c.txn(txn).await }
-            })
-            .await
-            .map_err(|f| f.into_error(Op::write("force_release", false)))?;
-            if resp.succeeded() {
-                tracing::warn!(
-                    backend = BACKEND,
-                    key = %key,
-                    token = %info.token,
-                    owner = %info.owner,
-                    actor = request.actor(),
-                    reason = request.reason(),
-                    "force_release removed the holder"
-                );
-                return Ok(Some(info));
-            }
-            // The holder or the audit key changed between the reads and the transaction: look
-            // again.
-        }
-        Err(Error::Unavailable {
-            backend: BACKEND,
-            message: "force_release: the holder kept changing".into(),
-            source: None,
-        })
+        self.force_release_key(key, request).await
     }
 
     /// Reads the lock's audit key (one linearizable get) and returns its newest records first.
     async fn audit_trail(&self, key: &LockKey, limit: usize) -> Result<Vec<AuditRecord>> {
-        let limit = AuditRecord::check_limit(limit)?;
-        let audit_key = keys::audit_key(self.config().key_prefix(), key);
-        let (_, trail) = self.read_audit(&audit_key, "audit_trail").await?;
-        Ok(trail
-            .iter()
-            .rev()
-            .take(limit)
-            .map(|r| keys::to_audit_record(key, r))
-            .collect())
+        self.audit_trail_of(key, limit).await
     }
 }
 

@@ -9,6 +9,7 @@ mod error;
 mod fence;
 pub mod keys;
 mod lease;
+mod operator;
 mod session;
 mod watch;
 

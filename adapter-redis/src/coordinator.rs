@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use lease_core::adapter::{Backoff, LeaseTracker, TokenAdmission};
@@ -30,7 +30,7 @@ pub const MIN_TTL: Duration = Duration::from_millis(10);
 
 /// How long a `revoked` marker lives when the removed lock had no TTL (never the case for locks
 /// this adapter wrote).
-const MARKER_WITHOUT_TTL_MS: u64 = 60_000;
+pub(crate) const MARKER_WITHOUT_TTL_MS: u64 = 60_000;
 
 /// The state shared by a coordinator, its leases and its background tasks.
 pub(crate) struct Inner {
@@ -46,7 +46,7 @@ pub(crate) struct Inner {
     tokens: TokenAdmission,
     /// Live leases of this process by nonce, so that a local force release marks them revoked
     /// and the holder monitor can judge them.
-    live: Mutex<LiveSet>,
+    pub(crate) live: Mutex<LiveSet>,
     /// Watches the lock keys of live leases ([`crate::monitor`]).
     monitor: Monitor,
 }
@@ -67,7 +67,7 @@ pub(crate) struct LiveLease {
 /// invalidation names, thousands of times a second with thousands of leases).
 #[derive(Default)]
 pub(crate) struct LiveSet {
-    by_nonce: HashMap<u128, LiveLease>,
+    pub(crate) by_nonce: HashMap<u128, LiveLease>,
     by_key: HashMap<String, Vec<u128>>,
 }
 
@@ -101,7 +101,7 @@ impl LiveSet {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
@@ -289,7 +289,7 @@ enum Attempt {
 /// Cloning is cheap and shares the connections.
 #[derive(Clone)]
 pub struct RedisCoordinator {
-    inner: Arc<Inner>,
+    pub(crate) inner: Arc<Inner>,
 }
 
 impl fmt::Debug for RedisCoordinator {
@@ -700,7 +700,7 @@ impl RedisCoordinator {
     /// by another tool over a held lock): the owner is `unknown (outside write)` and the token is
     /// the newest one issued (the counter), which is the token of the holder whose value was
     /// overwritten (no grant can happen while the key is occupied), never one no holder got.
-    async fn foreign_holder(
+    pub(crate) async fn foreign_holder(
         &self,
         key: &LockKey,
         keys: &LockKeys,
@@ -726,7 +726,7 @@ impl RedisCoordinator {
     /// The lock's value and PTTL (`GET` and `PTTL` in one `MULTI`/`EXEC`: one round trip, atomic,
     /// and read-only, so it passes `CLIENT PAUSE WRITE` and works on a replica), or `None` when
     /// free.
-    async fn read_lock(&self, keys: &LockKeys, op: Op) -> Result<Option<(String, i64)>> {
+    pub(crate) async fn read_lock(&self, keys: &LockKeys, op: Op) -> Result<Option<(String, i64)>> {
         let (value, pttl): (Option<Vec<u8>>, i64) = self
             .inner
             .conn
@@ -767,14 +767,7 @@ impl Coordinator for RedisCoordinator {
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>> {
-        let keys = LockKeys::new(self.inner.config.key_prefix(), key);
-        let Some((value, pttl)) = self.read_lock(&keys, ops::INSPECT).await? else {
-            return Ok(None);
-        };
-        match LockValue::parse(&value) {
-            Some(v) => Ok(Some(v.holder_info(key, pttl))),
-            None => self.foreign_holder(key, &keys, pttl).await.map(Some),
-        }
+        self.inspect_key(key).await
     }
 
     async fn force_release(
@@ -782,126 +775,13 @@ impl Coordinator for RedisCoordinator {
         key: &LockKey,
         request: &ForceRelease,
     ) -> Result<Option<HolderInfo>> {
-        let keys = LockKeys::new(self.inner.config.key_prefix(), key);
-        let at_ms = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_millis())
-            .unwrap_or(0)
-            .to_string();
-        let maxlen = scripts::AUDIT_MAXLEN.to_string();
-        let marker = MARKER_WITHOUT_TTL_MS.to_string();
-        let expected = request
-            .expected_token()
-            .map_or_else(String::new, |t| t.to_string());
-        let v = self
-            .inner
-            .conn
-            .eval(
-                ops::FORCE_RELEASE,
-                &scripts::FORCE_RELEASE,
-                &[&keys.lock, &keys.revoked, &keys.audit, &keys.counter],
-                &[
-                    keys.channel.as_bytes(),
-                    request.actor().as_bytes(),
-                    request.reason().as_bytes(),
-                    at_ms.as_bytes(),
-                    maxlen.as_bytes(),
-                    marker.as_bytes(),
-                    expected.as_bytes(),
-                ],
-            )
-            .await?;
-        let items = reply::array(v).ok_or_else(|| bad_reply(ops::FORCE_RELEASE, "not an array"))?;
-        if let (Some(expected), Some(first)) = (request.expected_token(), items.first()) {
-            if reply::text(first).as_deref() == Some("refused") {
-                let found = match items.get(1) {
-                    None => None,
-                    Some(t) => Some(
-                        reply::text(t)
-                            .and_then(|t| t.parse::<Token>().ok())
-                            .ok_or_else(|| bad_reply(ops::FORCE_RELEASE, "refused: no token"))?,
-                    ),
-                };
-                return Err(request.refused(BACKEND, key, expected, found));
-            }
-        }
-        let (value, pttl) = match items.as_slice() {
-            [] => return Ok(None),
-            [value, pttl] => (
-                reply::text(value).ok_or_else(|| bad_reply(ops::FORCE_RELEASE, "not UTF-8"))?,
-                reply::int(pttl).unwrap_or(-1),
-            ),
-            _ => return Err(bad_reply(ops::FORCE_RELEASE, "unexpected shape")),
-        };
-        let Some(v) = LockValue::parse(&value) else {
-            // A foreign value was removed: report it without details.
-            return Err(bad_reply(
-                ops::FORCE_RELEASE,
-                "removed a lock value of another writer",
-            ));
-        };
-        if let Some(live) = lock(&self.inner.live).by_nonce.get(&v.nonce) {
-            live.tracker.mark_lost(LostReason::Revoked);
-        }
-        Ok(Some(v.holder_info(key, pttl)))
+        self.force_release_key(key, request).await
     }
 
     /// Reads the lock's capped audit stream newest first (`XREVRANGE ... COUNT limit`); the
     /// stream keeps the 100 newest entries.
     async fn audit_trail(&self, key: &LockKey, limit: usize) -> Result<Vec<AuditRecord>> {
-        let keys = LockKeys::new(self.inner.config.key_prefix(), key);
-        let limit = AuditRecord::check_limit(limit)?;
-        let audit = keys.audit.as_str();
-        let v: redis::Value = self
-            .inner
-            .conn
-            .run(ops::AUDIT, |mut c| async move {
-                redis::cmd("XREVRANGE")
-                    .arg(audit)
-                    .arg("+")
-                    .arg("-")
-                    .arg("COUNT")
-                    .arg(limit)
-                    .query_async(&mut c)
-                    .await
-            })
-            .await?;
-        let entries = reply::array(v).ok_or_else(|| bad_reply(ops::AUDIT, "not an array"))?;
-        let mut out = Vec::with_capacity(entries.len());
-        for entry in entries {
-            let mut parts = reply::array(entry)
-                .ok_or_else(|| bad_reply(ops::AUDIT, "entry is not an array"))?;
-            let fields = parts
-                .pop()
-                .and_then(reply::array)
-                .ok_or_else(|| bad_reply(ops::AUDIT, "entry has no fields"))?;
-            let mut map = HashMap::new();
-            for pair in fields.chunks(2) {
-                if let [k, v] = pair {
-                    if let (Some(k), Some(v)) = (reply::text(k), reply::text(v)) {
-                        map.insert(k, v);
-                    }
-                }
-            }
-            let take = |name: &str| map.get(name).cloned().filter(|s| !s.is_empty());
-            out.push(
-                AuditRecord::new(
-                    key.clone(),
-                    take("actor").unwrap_or_default(),
-                    take("reason").unwrap_or_default(),
-                )
-                .with_at(
-                    take("at_ms")
-                        .and_then(|s| s.parse::<u64>().ok())
-                        .and_then(|ms| UNIX_EPOCH.checked_add(Duration::from_millis(ms))),
-                )
-                .with_removed(
-                    take("removed_token").and_then(|s| s.parse().ok()),
-                    take("removed_owner").map(|s| s.replace("%7C", "|").replace("%25", "%")),
-                ),
-            );
-        }
-        Ok(out)
+        self.audit_trail_of(key, limit).await
     }
 }
 

@@ -9,6 +9,7 @@ mod fence;
 mod keys;
 mod lease;
 mod monitor;
+mod operator;
 mod renewals;
 mod scripts;
 mod wakeups;

@@ -56,7 +56,7 @@ use crate::session::Session;
 /// create whose answer was lost.
 const MAX_RESTARTS: usize = 3;
 
-struct Inner {
+pub(crate) struct Inner {
     config: ZkConfig,
     caps: Capabilities,
     session: tokio::sync::Mutex<Option<Arc<Session>>>,
@@ -65,7 +65,7 @@ struct Inner {
     owner: OwnerId,
     /// Admits grants: in range, above the floor and above every token this process was granted
     /// for the lock on this ensemble and base path.
-    tokens: TokenAdmission,
+    pub(crate) tokens: TokenAdmission,
 }
 
 /// A [`Coordinator`] on ZooKeeper: one session per coordinator, one ephemeral sequential node per
@@ -74,7 +74,7 @@ struct Inner {
 /// Cloning is cheap and shares the session.
 #[derive(Clone)]
 pub struct ZkCoordinator {
-    inner: Arc<Inner>,
+    pub(crate) inner: Arc<Inner>,
 }
 
 impl fmt::Debug for ZkCoordinator {
@@ -181,7 +181,7 @@ impl ZkCoordinator {
     }
 
     /// The live session, or a new one if the last one ended.
-    async fn session(&self) -> Result<Arc<Session>> {
+    pub(crate) async fn session(&self) -> Result<Arc<Session>> {
         let mut slot = self.inner.session.lock().await;
         if let Some(s) = slot.as_ref() {
             if !s.is_terminated() {
@@ -204,7 +204,7 @@ impl ZkCoordinator {
     /// Runs one read request with the request timeout. It does not confirm the session: the
     /// server that answers a read may be a follower cut off from the leader. The outer error is
     /// the adapter's (timed out); the inner result is the server's answer.
-    async fn read<T>(
+    pub(crate) async fn read<T>(
         &self,
         s: &Session,
         op: Op,
@@ -635,7 +635,11 @@ impl ZkCoordinator {
     }
 
     /// The current holder's node: `(path, data, stat)`.
-    async fn holder(&self, s: &Session, key: &LockKey) -> Result<Option<(String, Vec<u8>, Stat)>> {
+    pub(crate) async fn holder(
+        &self,
+        s: &Session,
+        key: &LockKey,
+    ) -> Result<Option<(String, Vec<u8>, Stat)>> {
         let dir = s.paths().lock_dir(key);
         for _ in 0..5 {
             let children = match self
@@ -668,7 +672,7 @@ impl ZkCoordinator {
     }
 
     /// Writes an audit node for a force-release before it happens.
-    async fn audit(
+    pub(crate) async fn audit(
         &self,
         s: &Session,
         key: &LockKey,
@@ -726,7 +730,7 @@ fn busy(key: &LockKey, mode: &Mode, start: Instant) -> Error {
     }
 }
 
-fn holder_info(
+pub(crate) fn holder_info(
     tokens: &TokenAdmission,
     key: &LockKey,
     data: &[u8],
@@ -747,7 +751,7 @@ fn holder_info(
 }
 
 /// The audit node's record if it is about `key` (every key's nodes share one directory).
-fn parse_audit(key: &LockKey, data: &[u8], stat: &Stat) -> Option<AuditRecord> {
+pub(crate) fn parse_audit(key: &LockKey, data: &[u8], stat: &Stat) -> Option<AuditRecord> {
     let text = String::from_utf8_lossy(data);
     let field = |name: &str| {
         text.lines()
@@ -862,14 +866,7 @@ impl Coordinator for ZkCoordinator {
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>> {
-        let s = self.session().await?;
-        if !s.is_connected() {
-            return Err(disconnected(ops::INSPECT));
-        }
-        match self.holder(&s, key).await? {
-            None => Ok(None),
-            Some((_, data, stat)) => holder_info(&self.inner.tokens, key, &data, &stat).map(Some),
-        }
+        self.inspect_key(key).await
     }
 
     async fn force_release(
@@ -877,102 +874,12 @@ impl Coordinator for ZkCoordinator {
         key: &LockKey,
         request: &ForceRelease,
     ) -> Result<Option<HolderInfo>> {
-        let s = self.session().await?;
-        if !s.is_connected() {
-            return Err(disconnected(ops::FORCE_RELEASE));
-        }
-        for _ in 0..3 {
-            let holder = self.holder(&s, key).await?;
-            let target = match &holder {
-                Some((_, data, stat)) => Some(holder_info(&self.inner.tokens, key, data, stat)?),
-                None => None,
-            };
-            if let Some(expected) = request.expected_token() {
-                // The delete below names the holder's node (a sequential path is never reused)
-                // and its version, so the server removes exactly the node whose czxid was read
-                // here, or nothing; a different holder is refused before anything is written.
-                let found = target.as_ref().map(|h| h.token);
-                if found != Some(expected) {
-                    return Err(request.refused(BACKEND, key, expected, found));
-                }
-            }
-            // Record first: no forced release goes unrecorded.
-            self.audit(&s, key, request, target.as_ref()).await?;
-            let (Some((path, _, stat)), Some(info)) = (holder, target) else {
-                tracing::info!(key = %key, actor = request.actor(), reason = request.reason(),
-                    "force_release: the lock was free");
-                return Ok(None);
-            };
-            let sent = Instant::now();
-            match tokio::time::timeout(
-                s.request_timeout(),
-                s.client().delete(&path, Some(stat.version)),
-            )
-            .await
-            {
-                Err(_) => return Err(timed_out(ops::FORCE_RELEASE, s.request_timeout())),
-                Ok(Ok(())) => {
-                    s.confirm(sent);
-                    tracing::warn!(
-                        key = %key,
-                        actor = request.actor(),
-                        reason = request.reason(),
-                        owner = %info.owner,
-                        token = %info.token,
-                        node = %path,
-                        "force_release: removed the holder's node (audit node written)"
-                    );
-                    return Ok(Some(info));
-                }
-                // The holder changed meanwhile: look again.
-                Ok(Err(ZkError::NoNode | ZkError::BadVersion)) => s.confirm(sent),
-                Ok(Err(e)) => return Err(from_zk(ops::FORCE_RELEASE, e)),
-            }
-        }
-        Err(Error::Unavailable {
-            backend: BACKEND,
-            message: format!("the holder of {key:?} kept changing during force_release"),
-            source: None,
-        })
+        self.force_release_key(key, request).await
     }
 
     /// Lists the audit nodes (`<base>/audit/forced-<sequence>`, every key's in one directory),
     /// newest sequence first, and reads them until `limit` records of `key` are found.
     async fn audit_trail(&self, key: &LockKey, limit: usize) -> Result<Vec<AuditRecord>> {
-        let limit = AuditRecord::check_limit(limit)?;
-        let s = self.session().await?;
-        let dir = s.paths().audit();
-        let mut names = match self
-            .read(&s, ops::AUDIT_READ, s.client().list_children(&dir))
-            .await?
-        {
-            Ok(n) => n,
-            Err(ZkError::NoNode) => return Ok(Vec::new()),
-            Err(e) => return Err(from_zk(ops::AUDIT_READ, e)),
-        };
-        names.retain(|n| n.starts_with(AUDIT_PREFIX));
-        names.sort_by_key(|n| {
-            std::cmp::Reverse(n[AUDIT_PREFIX.len()..].parse::<i64>().unwrap_or(i64::MIN))
-        });
-        let mut out = Vec::new();
-        for n in names {
-            if out.len() == limit {
-                break;
-            }
-            let path = format!("{dir}/{n}");
-            match self
-                .read(&s, ops::AUDIT_READ, s.client().get_data(&path))
-                .await?
-            {
-                Ok((data, stat)) => {
-                    if let Some(r) = parse_audit(key, &data, &stat) {
-                        out.push(r);
-                    }
-                }
-                Err(ZkError::NoNode) => {}
-                Err(e) => return Err(from_zk(ops::AUDIT_READ, e)),
-            }
-        }
-        Ok(out)
+        self.audit_trail_of(key, limit).await
     }
 }

@@ -6,6 +6,7 @@ mod coordinator;
 mod error;
 mod keys;
 mod lease;
+mod operator;
 mod out_of_band;
 mod session;
 

@@ -1,0 +1,164 @@
+//! Operator actions on Consul: inspect a key, force-release it (audited; a compare-and-delete
+//! when a token is expected), read the audit trail. The [`Coordinator`](lease_core::Coordinator)
+//! methods of the same names delegate here.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use lease_core::adapter::Op;
+use lease_core::{
+    AuditRecord, Error, ForceRelease, HolderInfo, LockKey, LostReason, Result, Token,
+};
+
+use crate::client::{TxnOp, TxnOutcome};
+use crate::coordinator::*;
+use crate::BACKEND;
+
+impl ConsulCoordinator {
+    /// [`Coordinator::inspect`](lease_core::Coordinator::inspect).
+    pub(crate) async fn inspect_key(&self, key: &LockKey) -> Result<Option<HolderInfo>> {
+        let kv_key = self.inner.config.kv_key(key);
+        let (_, entry) = self
+            .inner
+            .http
+            .kv_get(&kv_key, true, None, "inspect")
+            .await?;
+        match entry.filter(|e| e.holder().is_some()) {
+            Some(e) => Ok(Some(self.holder_info(key, &e)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// [`Coordinator::force_release`](lease_core::Coordinator::force_release).
+    pub(crate) async fn force_release_key(
+        &self,
+        key: &LockKey,
+        request: &ForceRelease,
+    ) -> Result<Option<HolderInfo>> {
+        let inner = &self.inner;
+        let kv_key = inner.config.kv_key(key);
+        for _ in 0..8 {
+            let (_, entry) = inner
+                .http
+                .kv_get(&kv_key, true, None, "force_release")
+                .await?;
+            let entry = entry.filter(|e| e.holder().is_some());
+            if let Some(expected) = request.expected_token() {
+                // A different holder is refused here; the expected one is deleted by the
+                // transaction below only if its `ModifyIndex` is still the one read, so the
+                // server removes that holder or nothing (and then this loop looks again).
+                let found = entry
+                    .as_ref()
+                    .map(|e| self.holder_info(key, e).map(|h| h.token))
+                    .transpose()?;
+                if found != Some(expected) {
+                    return Err(request.refused(BACKEND, key, expected, found));
+                }
+            }
+            let Some(entry) = entry else {
+                tracing::warn!(
+                    backend = BACKEND,
+                    key = %key,
+                    actor = request.actor(),
+                    reason = request.reason(),
+                    "force_release: the key was not held"
+                );
+                return Ok(None);
+            };
+            let info = self.holder_info(key, &entry)?;
+            let audit_key = inner.config.audit_key(key);
+            let (_, audit_entry) = inner
+                .http
+                .kv_get(&audit_key, true, None, "force_release")
+                .await?;
+            let mut trail = audit_entry
+                .as_ref()
+                .map(|e| audit_records(&e.value_bytes()))
+                .unwrap_or_default();
+            trail.push(StoredAudit {
+                actor: request.actor().to_owned(),
+                reason: request.reason().to_owned(),
+                removed_token: entry.create_index,
+                removed_owner: Some(info.owner.as_str().to_owned()),
+                at_ms: unix_ms(SystemTime::now()),
+            });
+            let excess = trail.len().saturating_sub(AuditRecord::MAX_LIMIT);
+            trail.drain(..excess);
+            let trail = serde_json::to_vec(&trail).expect("plain records serialise");
+            // The audit key is compared too, so that concurrent releases never drop a record.
+            let audit_check = match &audit_entry {
+                Some(e) => TxnOp::check_index(&audit_key, e.modify_index),
+                None => TxnOp::check_not_exists(&audit_key),
+            };
+            let ops = [
+                TxnOp::check_index(&kv_key, entry.modify_index),
+                audit_check,
+                TxnOp::delete(&kv_key),
+                TxnOp::set(&audit_key, &trail),
+            ];
+            match inner
+                .http
+                .txn(&ops, Op::write("force_release", false))
+                .await?
+            {
+                TxnOutcome::Committed(_) => {
+                    tracing::warn!(
+                        backend = BACKEND,
+                        key = %key,
+                        token = %info.token,
+                        owner = %info.owner,
+                        actor = request.actor(),
+                        reason = request.reason(),
+                        "lock force-released; recorded at {}",
+                        inner.config.audit_key(key)
+                    );
+                    // A lease of this very client learns of it at once (the key was locked by
+                    // its session, and the local slot admits one lease per key).
+                    if let Some(lease) = inner
+                        .sessions
+                        .peek()
+                        .filter(|s| entry.holder() == Some(s.id.as_str()))
+                        .and_then(|s| s.lease_on(&kv_key))
+                    {
+                        let _ = lease.lost(LostReason::Revoked);
+                    }
+                    return Ok(Some(info));
+                }
+                // The key or its audit record changed between the reads and the delete: read
+                // again.
+                TxnOutcome::RolledBack(_) => continue,
+            }
+        }
+        Err(Error::Unavailable {
+            backend: BACKEND,
+            message: format!("force_release of {key:?}: the key kept changing"),
+            source: None,
+        })
+    }
+
+    /// [`Coordinator::audit_trail`](lease_core::Coordinator::audit_trail).
+    pub(crate) async fn audit_trail_of(
+        &self,
+        key: &LockKey,
+        limit: usize,
+    ) -> Result<Vec<AuditRecord>> {
+        let limit = AuditRecord::check_limit(limit)?;
+        let inner = &self.inner;
+        let (_, entry) = inner
+            .http
+            .kv_get(&inner.config.audit_key(key), true, None, "audit_trail")
+            .await?;
+        let trail = entry
+            .map(|e| audit_records(&e.value_bytes()))
+            .unwrap_or_default();
+        Ok(trail
+            .iter()
+            .rev()
+            .take(limit)
+            .map(|r| {
+                AuditRecord::new(key.clone(), r.actor.clone(), r.reason.clone())
+                    .with_at(UNIX_EPOCH.checked_add(Duration::from_millis(r.at_ms)))
+                    .with_removed(Token::new(r.removed_token).ok(), r.removed_owner.clone())
+            })
+            .collect())
+    }
+}

@@ -1,0 +1,144 @@
+//! Operator actions on etcd: inspect a key, force-release it (audited; a compare-and-delete
+//! when a token is expected), read the audit trail. The [`Coordinator`](lease_core::Coordinator)
+//! methods of the same names delegate here.
+
+use std::time::Duration;
+
+use etcd_client::{Compare, CompareOp, Txn, TxnOp};
+use lease_core::adapter::Op;
+use lease_core::{AuditRecord, Error, ForceRelease, HolderInfo, LockKey, Result};
+
+use crate::coordinator::*;
+use crate::error::{retry_unapplied, BACKEND};
+use crate::keys::{self};
+
+impl EtcdCoordinator {
+    /// [`Coordinator::inspect`](lease_core::Coordinator::inspect).
+    pub(crate) async fn inspect_key(&self, key: &LockKey) -> Result<Option<HolderInfo>> {
+        let Some(kv) = self
+            .inner
+            .first_in_queue(key)
+            .await
+            .map_err(|f| f.into_error(Op::read("inspect")))?
+        else {
+            return Ok(None);
+        };
+        let mut info = self.inner.holder_info(key, &kv)?;
+        if kv.lease() != 0 {
+            let client = &self.inner.handle.client;
+            let lease = kv.lease();
+            if let Ok(ttl) = retry_unapplied(self.inner.timeout(), || {
+                let mut c = client.clone();
+                async move { c.lease_time_to_live(lease, None).await }
+            })
+            .await
+            {
+                info = info.with_expires_in(Some(Duration::from_secs(ttl.ttl().max(0) as u64)));
+            }
+        }
+        Ok(Some(info))
+    }
+
+    /// [`Coordinator::force_release`](lease_core::Coordinator::force_release).
+    pub(crate) async fn force_release_key(
+        &self,
+        key: &LockKey,
+        request: &ForceRelease,
+    ) -> Result<Option<HolderInfo>> {
+        let prefix = self.config().key_prefix().to_owned();
+        for _ in 0..5 {
+            let first = self
+                .inner
+                .first_in_queue(key)
+                .await
+                .map_err(|f| f.into_error(Op::read("force_release")))?;
+            if let Some(expected) = request.expected_token() {
+                // A different holder is refused here; the expected one is deleted by the
+                // transaction below only if its key still has the create revision read (the
+                // token), so the server removes that holder or nothing.
+                let found = first
+                    .as_ref()
+                    .map(|kv| self.inner.holder_info(key, kv).map(|h| h.token))
+                    .transpose()?;
+                if found != Some(expected) {
+                    return Err(request.refused(BACKEND, key, expected, found));
+                }
+            }
+            let Some(kv) = first else {
+                tracing::warn!(backend = BACKEND, key = %key, actor = request.actor(), reason = request.reason(), "force_release: the lock was free");
+                return Ok(None);
+            };
+            let info = self.inner.holder_info(key, &kv)?;
+            let audit = keys::AuditRecord {
+                actor: request.actor().to_owned(),
+                reason: request.reason().to_owned(),
+                token: info.token.get(),
+                owner: Some(info.owner.as_str().to_owned()),
+                at_ms: keys::wall_ms(),
+            };
+            let audit_key = keys::audit_key(&prefix, key);
+            let (audit_rev, mut trail) = self.read_audit(&audit_key, "force_release").await?;
+            trail.push(audit);
+            let excess = trail
+                .len()
+                .saturating_sub(lease_core::AuditRecord::MAX_LIMIT);
+            trail.drain(..excess);
+            let txn = Txn::new()
+                .when([
+                    Compare::create_revision(kv.key(), CompareOp::Equal, kv.create_revision()),
+                    Compare::mod_revision(audit_key.as_str(), CompareOp::Equal, audit_rev),
+                ])
+                .and_then([
+                    TxnOp::delete(kv.key(), None),
+                    TxnOp::put(
+                        audit_key.as_str(),
+                        serde_json::to_string(&trail).expect("plain records serialise"),
+                        None,
+                    ),
+                ]);
+            let client = &self.inner.handle.client;
+            let resp = retry_unapplied(self.inner.timeout(), || {
+                let (mut c, txn) = (client.clone(), txn.clone());
+                async move { c.txn(txn).await }
+            })
+            .await
+            .map_err(|f| f.into_error(Op::write("force_release", false)))?;
+            if resp.succeeded() {
+                tracing::warn!(
+                    backend = BACKEND,
+                    key = %key,
+                    token = %info.token,
+                    owner = %info.owner,
+                    actor = request.actor(),
+                    reason = request.reason(),
+                    "force_release removed the holder"
+                );
+                return Ok(Some(info));
+            }
+            // The holder or the audit key changed between the reads and the transaction: look
+            // again.
+        }
+        Err(Error::Unavailable {
+            backend: BACKEND,
+            message: "force_release: the holder kept changing".into(),
+            source: None,
+        })
+    }
+
+    /// [`Coordinator::audit_trail`](lease_core::Coordinator::audit_trail).
+    pub(crate) async fn audit_trail_of(
+        &self,
+        key: &LockKey,
+        limit: usize,
+    ) -> Result<Vec<AuditRecord>> {
+        let limit = AuditRecord::check_limit(limit)?;
+        let audit_key = keys::audit_key(self.config().key_prefix(), key);
+        let (_, trail) = self.read_audit(&audit_key, "audit_trail").await?;
+        Ok(trail
+            .iter()
+            .rev()
+            .take(limit)
+            .map(|r| keys::to_audit_record(key, r))
+            .collect())
+    }
+}

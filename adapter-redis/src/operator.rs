@@ -1,0 +1,158 @@
+//! Operator actions on Redis: inspect a key, force-release it (audited; a compare-and-delete
+//! when a token is expected), read the audit trail. The [`Coordinator`](lease_core::Coordinator)
+//! methods of the same names delegate here.
+
+use std::collections::HashMap;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use lease_core::{AuditRecord, ForceRelease, HolderInfo, LockKey, LostReason, Result, Token};
+
+use crate::coordinator::*;
+use crate::error::{bad_reply, ops, BACKEND};
+use crate::keys::{LockKeys, LockValue};
+use crate::scripts::{self, reply};
+
+impl RedisCoordinator {
+    /// [`Coordinator::inspect`](lease_core::Coordinator::inspect).
+    pub(crate) async fn inspect_key(&self, key: &LockKey) -> Result<Option<HolderInfo>> {
+        let keys = LockKeys::new(self.inner.config.key_prefix(), key);
+        let Some((value, pttl)) = self.read_lock(&keys, ops::INSPECT).await? else {
+            return Ok(None);
+        };
+        match LockValue::parse(&value) {
+            Some(v) => Ok(Some(v.holder_info(key, pttl))),
+            None => self.foreign_holder(key, &keys, pttl).await.map(Some),
+        }
+    }
+
+    /// [`Coordinator::force_release`](lease_core::Coordinator::force_release).
+    pub(crate) async fn force_release_key(
+        &self,
+        key: &LockKey,
+        request: &ForceRelease,
+    ) -> Result<Option<HolderInfo>> {
+        let keys = LockKeys::new(self.inner.config.key_prefix(), key);
+        let at_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_millis())
+            .unwrap_or(0)
+            .to_string();
+        let maxlen = scripts::AUDIT_MAXLEN.to_string();
+        let marker = MARKER_WITHOUT_TTL_MS.to_string();
+        let expected = request
+            .expected_token()
+            .map_or_else(String::new, |t| t.to_string());
+        let v = self
+            .inner
+            .conn
+            .eval(
+                ops::FORCE_RELEASE,
+                &scripts::FORCE_RELEASE,
+                &[&keys.lock, &keys.revoked, &keys.audit, &keys.counter],
+                &[
+                    keys.channel.as_bytes(),
+                    request.actor().as_bytes(),
+                    request.reason().as_bytes(),
+                    at_ms.as_bytes(),
+                    maxlen.as_bytes(),
+                    marker.as_bytes(),
+                    expected.as_bytes(),
+                ],
+            )
+            .await?;
+        let items = reply::array(v).ok_or_else(|| bad_reply(ops::FORCE_RELEASE, "not an array"))?;
+        if let (Some(expected), Some(first)) = (request.expected_token(), items.first()) {
+            if reply::text(first).as_deref() == Some("refused") {
+                let found = match items.get(1) {
+                    None => None,
+                    Some(t) => Some(
+                        reply::text(t)
+                            .and_then(|t| t.parse::<Token>().ok())
+                            .ok_or_else(|| bad_reply(ops::FORCE_RELEASE, "refused: no token"))?,
+                    ),
+                };
+                return Err(request.refused(BACKEND, key, expected, found));
+            }
+        }
+        let (value, pttl) = match items.as_slice() {
+            [] => return Ok(None),
+            [value, pttl] => (
+                reply::text(value).ok_or_else(|| bad_reply(ops::FORCE_RELEASE, "not UTF-8"))?,
+                reply::int(pttl).unwrap_or(-1),
+            ),
+            _ => return Err(bad_reply(ops::FORCE_RELEASE, "unexpected shape")),
+        };
+        let Some(v) = LockValue::parse(&value) else {
+            // A foreign value was removed: report it without details.
+            return Err(bad_reply(
+                ops::FORCE_RELEASE,
+                "removed a lock value of another writer",
+            ));
+        };
+        if let Some(live) = lock(&self.inner.live).by_nonce.get(&v.nonce) {
+            live.tracker.mark_lost(LostReason::Revoked);
+        }
+        Ok(Some(v.holder_info(key, pttl)))
+    }
+
+    /// [`Coordinator::audit_trail`](lease_core::Coordinator::audit_trail).
+    pub(crate) async fn audit_trail_of(
+        &self,
+        key: &LockKey,
+        limit: usize,
+    ) -> Result<Vec<AuditRecord>> {
+        let keys = LockKeys::new(self.inner.config.key_prefix(), key);
+        let limit = AuditRecord::check_limit(limit)?;
+        let audit = keys.audit.as_str();
+        let v: redis::Value = self
+            .inner
+            .conn
+            .run(ops::AUDIT, |mut c| async move {
+                redis::cmd("XREVRANGE")
+                    .arg(audit)
+                    .arg("+")
+                    .arg("-")
+                    .arg("COUNT")
+                    .arg(limit)
+                    .query_async(&mut c)
+                    .await
+            })
+            .await?;
+        let entries = reply::array(v).ok_or_else(|| bad_reply(ops::AUDIT, "not an array"))?;
+        let mut out = Vec::with_capacity(entries.len());
+        for entry in entries {
+            let mut parts = reply::array(entry)
+                .ok_or_else(|| bad_reply(ops::AUDIT, "entry is not an array"))?;
+            let fields = parts
+                .pop()
+                .and_then(reply::array)
+                .ok_or_else(|| bad_reply(ops::AUDIT, "entry has no fields"))?;
+            let mut map = HashMap::new();
+            for pair in fields.chunks(2) {
+                if let [k, v] = pair {
+                    if let (Some(k), Some(v)) = (reply::text(k), reply::text(v)) {
+                        map.insert(k, v);
+                    }
+                }
+            }
+            let take = |name: &str| map.get(name).cloned().filter(|s| !s.is_empty());
+            out.push(
+                AuditRecord::new(
+                    key.clone(),
+                    take("actor").unwrap_or_default(),
+                    take("reason").unwrap_or_default(),
+                )
+                .with_at(
+                    take("at_ms")
+                        .and_then(|s| s.parse::<u64>().ok())
+                        .and_then(|ms| UNIX_EPOCH.checked_add(Duration::from_millis(ms))),
+                )
+                .with_removed(
+                    take("removed_token").and_then(|s| s.parse().ok()),
+                    take("removed_owner").map(|s| s.replace("%7C", "|").replace("%25", "%")),
+                ),
+            );
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,133 @@
+//! Operator actions on ZooKeeper: inspect a key, force-release it (audited; a compare-and-delete
+//! when a token is expected), read the audit trail. The [`Coordinator`](lease_core::Coordinator)
+//! methods of the same names delegate here.
+
+use lease_core::{AuditRecord, Error, ForceRelease, HolderInfo, LockKey, Result};
+use tokio::time::Instant;
+use zookeeper_client::Error as ZkError;
+
+use crate::coordinator::*;
+use crate::error::{disconnected, from_zk, ops, timed_out, BACKEND};
+use crate::keys::AUDIT_PREFIX;
+
+impl ZkCoordinator {
+    /// [`Coordinator::inspect`](lease_core::Coordinator::inspect).
+    pub(crate) async fn inspect_key(&self, key: &LockKey) -> Result<Option<HolderInfo>> {
+        let s = self.session().await?;
+        if !s.is_connected() {
+            return Err(disconnected(ops::INSPECT));
+        }
+        match self.holder(&s, key).await? {
+            None => Ok(None),
+            Some((_, data, stat)) => holder_info(&self.inner.tokens, key, &data, &stat).map(Some),
+        }
+    }
+
+    /// [`Coordinator::force_release`](lease_core::Coordinator::force_release).
+    pub(crate) async fn force_release_key(
+        &self,
+        key: &LockKey,
+        request: &ForceRelease,
+    ) -> Result<Option<HolderInfo>> {
+        let s = self.session().await?;
+        if !s.is_connected() {
+            return Err(disconnected(ops::FORCE_RELEASE));
+        }
+        for _ in 0..3 {
+            let holder = self.holder(&s, key).await?;
+            let target = match &holder {
+                Some((_, data, stat)) => Some(holder_info(&self.inner.tokens, key, data, stat)?),
+                None => None,
+            };
+            if let Some(expected) = request.expected_token() {
+                // The delete below names the holder's node (a sequential path is never reused)
+                // and its version, so the server removes exactly the node whose czxid was read
+                // here, or nothing; a different holder is refused before anything is written.
+                let found = target.as_ref().map(|h| h.token);
+                if found != Some(expected) {
+                    return Err(request.refused(BACKEND, key, expected, found));
+                }
+            }
+            // Record first: no forced release goes unrecorded.
+            self.audit(&s, key, request, target.as_ref()).await?;
+            let (Some((path, _, stat)), Some(info)) = (holder, target) else {
+                tracing::info!(key = %key, actor = request.actor(), reason = request.reason(),
+                    "force_release: the lock was free");
+                return Ok(None);
+            };
+            let sent = Instant::now();
+            match tokio::time::timeout(
+                s.request_timeout(),
+                s.client().delete(&path, Some(stat.version)),
+            )
+            .await
+            {
+                Err(_) => return Err(timed_out(ops::FORCE_RELEASE, s.request_timeout())),
+                Ok(Ok(())) => {
+                    s.confirm(sent);
+                    tracing::warn!(
+                        key = %key,
+                        actor = request.actor(),
+                        reason = request.reason(),
+                        owner = %info.owner,
+                        token = %info.token,
+                        node = %path,
+                        "force_release: removed the holder's node (audit node written)"
+                    );
+                    return Ok(Some(info));
+                }
+                // The holder changed meanwhile: look again.
+                Ok(Err(ZkError::NoNode | ZkError::BadVersion)) => s.confirm(sent),
+                Ok(Err(e)) => return Err(from_zk(ops::FORCE_RELEASE, e)),
+            }
+        }
+        Err(Error::Unavailable {
+            backend: BACKEND,
+            message: format!("the holder of {key:?} kept changing during force_release"),
+            source: None,
+        })
+    }
+
+    /// [`Coordinator::audit_trail`](lease_core::Coordinator::audit_trail).
+    pub(crate) async fn audit_trail_of(
+        &self,
+        key: &LockKey,
+        limit: usize,
+    ) -> Result<Vec<AuditRecord>> {
+        let limit = AuditRecord::check_limit(limit)?;
+        let s = self.session().await?;
+        let dir = s.paths().audit();
+        let mut names = match self
+            .read(&s, ops::AUDIT_READ, s.client().list_children(&dir))
+            .await?
+        {
+            Ok(n) => n,
+            Err(ZkError::NoNode) => return Ok(Vec::new()),
+            Err(e) => return Err(from_zk(ops::AUDIT_READ, e)),
+        };
+        names.retain(|n| n.starts_with(AUDIT_PREFIX));
+        names.sort_by_key(|n| {
+            std::cmp::Reverse(n[AUDIT_PREFIX.len()..].parse::<i64>().unwrap_or(i64::MIN))
+        });
+        let mut out = Vec::new();
+        for n in names {
+            if out.len() == limit {
+                break;
+            }
+            let path = format!("{dir}/{n}");
+            match self
+                .read(&s, ops::AUDIT_READ, s.client().get_data(&path))
+                .await?
+            {
+                Ok((data, stat)) => {
+                    if let Some(r) = parse_audit(key, &data, &stat) {
+                        out.push(r);
+                    }
+                }
+                Err(ZkError::NoNode) => {}
+                Err(e) => return Err(from_zk(ops::AUDIT_READ, e)),
+            }
+        }
+        Ok(out)
+    }
+}
