@@ -1,24 +1,23 @@
 //! [`RedisCoordinator`]: the `Coordinator` on one Redis server (or one Cluster node's slots).
 
-use std::collections::HashMap;
 use std::fmt;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use lease_core::adapter::{Backoff, LeaseTracker, TokenAdmission};
 use lease_core::{
     AuditRecord, Capabilities, Coordinator, Error, ForceRelease, HolderInfo, Lease, LeaseOptions,
-    LeaseStatus, LockKey, LostReason, OwnerId, Result, Token,
+    LockKey, OwnerId, Result, Token,
 };
 use tokio::time::Instant;
 
 use crate::client::Connection;
-use crate::config::{RedisConfig, ReplicaAcks};
+use crate::config::RedisConfig;
+use crate::core::*;
 use crate::error::{bad_reply, ops, BACKEND};
 use crate::keys::{LockKeys, LockValue, ValueParts};
 use crate::lease::RedisLease;
-use crate::monitor::Monitor;
 use crate::renewals::Renewals;
 use crate::scripts::{self, reply};
 use crate::wakeups::{Subscription, Wakeups};
@@ -28,209 +27,11 @@ use lease_core::adapter::Op;
 /// lease must outlive at least one round trip and the drift margin to be of any use.
 pub const MIN_TTL: Duration = Duration::from_millis(10);
 
-/// How long a `revoked` marker lives when the removed lock had no TTL (never the case for locks
-/// this adapter wrote).
-pub(crate) const MARKER_WITHOUT_TTL_MS: u64 = 60_000;
-
-/// The state shared by a coordinator, its leases and its background tasks.
-pub(crate) struct Inner {
-    pub(crate) config: RedisConfig,
-    pub(crate) conn: Arc<Connection>,
-    /// Batched renewals ([`crate::renewals`]).
-    pub(crate) renewals: Renewals,
-    wakeups: Wakeups,
-    caps: Capabilities,
-    default_owner: OwnerId,
-    /// Admits grants: in range, above the floor and above every token this process was granted
-    /// for the lock on this server and key prefix (fail closed otherwise).
-    tokens: TokenAdmission,
-    /// Live leases of this process by nonce, so that a local force release marks them revoked
-    /// and the holder monitor can judge them.
-    pub(crate) live: Mutex<LiveSet>,
-    /// Watches the lock keys of live leases ([`crate::monitor`]).
-    monitor: Monitor,
-}
-
-/// What the coordinator keeps about one live lease.
-#[derive(Clone)]
-pub(crate) struct LiveLease {
-    pub(crate) nonce: u128,
-    pub(crate) tracker: LeaseTracker,
-    pub(crate) lock_key: String,
-    /// Where a force-release keeps the removed holder's value (`<base>:revoked`).
-    pub(crate) revoked_key: String,
-    /// `v1|<nonce>|`: the prefix of this lease's lock value.
-    pub(crate) head: String,
-}
-
-/// The live leases, by nonce and by lock key (the holder monitor looks them up by the keys an
-/// invalidation names, thousands of times a second with thousands of leases).
-#[derive(Default)]
-pub(crate) struct LiveSet {
-    pub(crate) by_nonce: HashMap<u128, LiveLease>,
-    by_key: HashMap<String, Vec<u128>>,
-}
-
-impl LiveSet {
-    fn insert(&mut self, lease: LiveLease) {
-        self.by_key
-            .entry(lease.lock_key.clone())
-            .or_default()
-            .push(lease.nonce);
-        self.by_nonce.insert(lease.nonce, lease);
-    }
-
-    fn remove(&mut self, nonce: u128) {
-        let Some(lease) = self.by_nonce.remove(&nonce) else {
-            return;
-        };
-        if let Some(nonces) = self.by_key.get_mut(&lease.lock_key) {
-            nonces.retain(|n| *n != nonce);
-            if nonces.is_empty() {
-                self.by_key.remove(&lease.lock_key);
-            }
-        }
-    }
-
-    fn on_keys(&self, keys: &[String]) -> Vec<LiveLease> {
-        keys.iter()
-            .filter_map(|k| self.by_key.get(k))
-            .flatten()
-            .filter_map(|n| self.by_nonce.get(n).cloned())
-            .collect()
-    }
-}
-
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 /// The first pause of a waiting acquire after an `Unavailable` attempt; doubled (with jitter) up
 /// to [`UNAVAILABLE_MAX_PAUSE`].
 const UNAVAILABLE_FIRST_PAUSE: Duration = Duration::from_millis(50);
 /// The longest pause of a waiting acquire between attempts the server could not answer.
 const UNAVAILABLE_MAX_PAUSE: Duration = Duration::from_millis(800);
-
-impl Inner {
-    /// How many replica acknowledgements a grant waits for (`replica_acks`; `auto` is one when
-    /// the primary reported a connected replica at the last connect).
-    pub(crate) fn replica_acks(&self) -> usize {
-        match self.config.replica_acks() {
-            ReplicaAcks::Auto => self.conn.replicas().min(1),
-            ReplicaAcks::Exactly(n) => usize::from(n),
-        }
-    }
-
-    /// Compare-and-delete by nonce (`head`), then wake waiters. `Ok(true)` when deleted.
-    pub(crate) async fn release_by_head(&self, keys: &LockKeys, head: &str) -> Result<i64> {
-        let v = self
-            .conn
-            .eval(
-                ops::RELEASE,
-                &scripts::RELEASE,
-                &[&keys.lock, &keys.revoked],
-                &[head.as_bytes(), keys.channel.as_bytes()],
-            )
-            .await?;
-        reply::int(&v).ok_or_else(|| bad_reply(ops::RELEASE, "not an integer"))
-    }
-
-    /// Stops tracking a lease (dropped, or about to be released: from then on the monitor does
-    /// not judge it, so its own delete is never taken for an outside one).
-    pub(crate) fn forget(&self, nonce: u128) {
-        lock(&self.live).remove(nonce);
-    }
-
-    /// A snapshot of the live leases.
-    pub(crate) fn live_leases(&self) -> Vec<LiveLease> {
-        lock(&self.live).by_nonce.values().cloned().collect()
-    }
-
-    /// A snapshot of the live leases on any of the lock keys `keys`.
-    pub(crate) fn live_on(&self, keys: &[String]) -> Vec<LiveLease> {
-        lock(&self.live).on_keys(keys)
-    }
-
-    /// Whether any lease is live.
-    pub(crate) fn has_live_leases(&self) -> bool {
-        !lock(&self.live).by_nonce.is_empty()
-    }
-
-    /// Judges `lease` by its lock's current `value` and the key's `revoked` record (both read
-    /// after the lease was registered): still ours, nothing; force-released (the revoked record
-    /// is ours) or gone, `Lost(Revoked)`; another value, `Lost(Superseded)`. Only while the
-    /// lease is still live (a lease being released is not judged on its own delete).
-    pub(crate) fn judge(&self, lease: &LiveLease, value: Option<&[u8]>, revoked: Option<&[u8]>) {
-        let live = lock(&self.live);
-        if !live.by_nonce.contains_key(&lease.nonce) {
-            return;
-        }
-        let ours = |v: &[u8]| v.starts_with(lease.head.as_bytes());
-        let reason = match value {
-            Some(v) if ours(v) => return,
-            // Force-released, and maybe taken by the next holder since.
-            _ if revoked.is_some_and(ours) => LostReason::Revoked,
-            Some(_) => LostReason::Superseded,
-            None => LostReason::Revoked,
-        };
-        // A lease whose local validity has passed is reported as expired, not as taken.
-        if matches!(lease.tracker.status(), LeaseStatus::Lost(_)) {
-            return;
-        }
-        tracing::warn!(
-            backend = BACKEND,
-            key = %lease.tracker.key(),
-            %reason,
-            "the lock of a held lease was changed from outside"
-        );
-        lease.tracker.mark_lost(reason);
-    }
-}
-
-/// How long a background cleanup keeps trying.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Cleanup {
-    /// Release once (a dropped lease): retry only while the server cannot be reached.
-    Once,
-    /// A request of ours may still be pending at the server (its reply was never seen): keep
-    /// trying to compare-and-delete until our lock is deleted or the TTL has passed, because the
-    /// request may run after a first "not ours".
-    UntilExpiry,
-}
-
-/// Removes, in the background and best-effort, a lock of ours (compare-and-delete by nonce).
-/// Never outlives the lock's TTL (after which Redis has removed it anyway). Needs a tokio runtime;
-/// without one the lock simply expires.
-pub(crate) fn spawn_cleanup(
-    inner: Arc<Inner>,
-    keys: Arc<LockKeys>,
-    head: String,
-    ttl: Duration,
-    mode: Cleanup,
-) {
-    let Ok(rt) = tokio::runtime::Handle::try_current() else {
-        return;
-    };
-    let give_up = Instant::now() + ttl + Duration::from_secs(1);
-    let cap = (ttl / 20).clamp(Duration::from_secs(1), Duration::from_secs(30));
-    rt.spawn(async move {
-        let mut nap = Backoff::new(Duration::from_millis(50), cap);
-        loop {
-            let outcome = inner.release_by_head(&keys, &head).await;
-            match (&outcome, mode) {
-                (Ok(1), _) | (Ok(_), Cleanup::Once) => return,
-                _ => {}
-            }
-            if Instant::now() + nap.ceiling() >= give_up {
-                if let Err(e) = outcome {
-                    tracing::debug!(backend = BACKEND, key = %keys.lock, error = %e, "cleanup gave up; the lock expires at its TTL");
-                }
-                return;
-            }
-            nap.sleep().await;
-        }
-    });
-}
 
 /// Lives for one acquire call. If the call ends without a lease (an error, or the future is
 /// dropped) while a request of ours may still apply, it starts an `UntilExpiry` cleanup.
@@ -783,22 +584,6 @@ impl Coordinator for RedisCoordinator {
     async fn audit_trail(&self, key: &LockKey, limit: usize) -> Result<Vec<AuditRecord>> {
         self.audit_trail_of(key, limit).await
     }
-}
-
-/// Whether a status means the lease is already gone without anything to delete.
-pub(crate) fn nothing_to_delete(status: LeaseStatus) -> Option<LostReason> {
-    match status {
-        LeaseStatus::Lost(
-            r @ (LostReason::Released | LostReason::Revoked | LostReason::Superseded),
-        ) => Some(r),
-        _ => None,
-    }
-}
-
-/// A TTL as Redis `PX` milliseconds, rounded *up*, so that the server never expires the lock
-/// before the client's own validity estimate (computed from the exact TTL) ends.
-pub(crate) fn px_millis(ttl: Duration) -> u128 {
-    ttl.as_nanos().div_ceil(1_000_000)
 }
 
 #[cfg(test)]

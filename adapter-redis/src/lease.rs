@@ -8,7 +8,7 @@ use lease_core::adapter::LeaseTracker;
 use lease_core::{Error, Lease, LeaseState, LeaseStatus, LostReason, Result};
 use tokio::time::Instant;
 
-use crate::coordinator::{nothing_to_delete, spawn_cleanup, Cleanup, Inner};
+use crate::core::{nothing_to_delete, px_millis, spawn_cleanup, Cleanup, Inner};
 use crate::keys::LockKeys;
 
 /// A lease from [`crate::RedisCoordinator`].
@@ -71,7 +71,7 @@ impl Lease for RedisLease {
 
     async fn renew(&self) -> Result<Instant> {
         self.tracker.ensure_not_lost()?;
-        let ttl_ms = crate::coordinator::px_millis(self.tracker.ttl()).to_string();
+        let ttl_ms = px_millis(self.tracker.ttl()).to_string();
         let sent_at = Instant::now();
         let code = self
             .inner

@@ -4,6 +4,7 @@
 mod client;
 mod config;
 mod coordinator;
+mod core;
 mod error;
 mod fence;
 mod keys;

@@ -31,26 +31,8 @@ use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, ProtocolVersion, PushInfo, PushKind, Value};
 use tokio::sync::mpsc;
 
-use crate::coordinator::Inner;
+use crate::core::Inner;
 use crate::error::BACKEND;
-
-/// The coordinator's handle on its monitor task. Dropping it ends the task.
-pub(crate) struct Monitor {
-    tx: mpsc::UnboundedSender<String>,
-}
-
-impl Monitor {
-    /// A handle and the receiving end for [`spawn`].
-    pub(crate) fn channel() -> (Self, mpsc::UnboundedReceiver<String>) {
-        let (tx, rx) = mpsc::unbounded_channel();
-        (Monitor { tx }, rx)
-    }
-
-    /// Starts watching `lock_key` (a lease on it was just granted and registered as live).
-    pub(crate) fn watch(&self, lock_key: &str) {
-        let _ = self.tx.send(lock_key.to_owned());
-    }
-}
 
 /// Starts the monitor task for `inner` (needs a tokio runtime, as `connect` does). The returned
 /// receiver resolves once the first attempt to set up tracking has finished (either way), so

@@ -8,6 +8,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use lease_core::{AuditRecord, ForceRelease, HolderInfo, LockKey, LostReason, Result, Token};
 
 use crate::coordinator::*;
+use crate::core::*;
 use crate::error::{bad_reply, ops, BACKEND};
 use crate::keys::{LockKeys, LockValue};
 use crate::scripts::{self, reply};
