@@ -22,6 +22,7 @@ use tokio::time::Instant;
 use crate::client::client_for;
 use crate::config::EtcdConfig;
 use crate::confirm::Confirmer;
+use crate::core::Handle;
 use crate::error::{retry_unapplied, Failure, BACKEND};
 use crate::keys::{self, HolderRecord};
 use crate::lease::EtcdLease;
@@ -31,17 +32,6 @@ use crate::watch::Watcher;
 /// etcd's smallest lease TTL with its default election timeout (1 s): a 1 s request is
 /// granted 2 s. The adapter rejects smaller TTLs rather than hand out a longer lease than asked.
 pub const MIN_TTL: Duration = Duration::from_secs(2);
-
-/// What a coordinator shares with its leases.
-pub(crate) struct Handle {
-    pub(crate) client: Client,
-    pub(crate) config: EtcdConfig,
-    pub(crate) cleaner: Cleaner,
-    /// The coordinator's one watch stream (guardians and waiters).
-    pub(crate) watcher: Watcher,
-    /// Batched reads of held keys (renewals).
-    pub(crate) confirmer: Confirmer,
-}
 
 pub(crate) struct Inner {
     pub(crate) handle: Arc<Handle>,

@@ -12,7 +12,7 @@ use lease_core::adapter::{Backoff, LeaseTracker, Op};
 use lease_core::{Lease, LeaseState, LeaseStatus, LostReason, Result};
 use tokio::time::Instant;
 
-use crate::coordinator::Handle;
+use crate::core::Handle;
 use crate::error::retry_unapplied;
 use crate::session::{Cleanup, Session, Unconfirmed};
 use crate::watch::Seen;
