@@ -35,7 +35,7 @@ use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
 use async_trait::async_trait;
-use lease_core::adapter::{Backoff, LeaseTracker, Op, TokenAdmission};
+use lease_core::adapter::{LeaseTracker, Op, TokenAdmission};
 use lease_core::{
     AuditRecord, Capabilities, Coordinator, Error, ForceRelease, HolderInfo, Lease, LeaseOptions,
     LockKey, OwnerId, Result, Token,
@@ -49,7 +49,7 @@ use crate::keys::{
     contender_prefix, holder_data, parse_contender, parse_holder_data, sequence_orders,
     sort_by_creation, Contender, AUDIT_PREFIX,
 };
-use crate::lease::{LeaseState, ZkLease};
+use crate::lease::{cleanup, LeaseState, ZkLease};
 use crate::session::Session;
 
 /// How many times one acquire call starts over when its node vanished under it, or retries a
@@ -808,46 +808,6 @@ impl Drop for ContenderGuard {
                 "no runtime to clean up an abandoned contender node; the session's end removes it"
             ),
         }
-    }
-}
-
-/// Deletes every node of the lock with the attempt's prefix. Requests of one session are
-/// processed in order, so this listing sees the attempt's create whatever happened to its answer.
-pub(crate) async fn cleanup(s: Arc<Session>, dir: String, prefix: String) {
-    let mut backoff = Backoff::new(Duration::from_millis(10), s.timeout() / 4);
-    loop {
-        if s.is_terminated() {
-            return;
-        }
-        if !s.is_connected() {
-            s.wait_connected(s.timeout()).await;
-            continue;
-        }
-        let children =
-            match tokio::time::timeout(s.request_timeout(), s.client().list_children(&dir)).await {
-                Ok(Ok(c)) => c,
-                Ok(Err(ZkError::NoNode)) => return,
-                Ok(Err(e)) if session_ended(&e) => return,
-                _ => {
-                    backoff.sleep().await;
-                    continue;
-                }
-            };
-        let mut done = true;
-        for name in children.into_iter().filter(|c| c.starts_with(&prefix)) {
-            let path = format!("{dir}/{name}");
-            match tokio::time::timeout(s.request_timeout(), s.client().delete(&path, None)).await {
-                Ok(Ok(())) | Ok(Err(ZkError::NoNode)) => {
-                    tracing::debug!(%path, "removed an abandoned contender node");
-                }
-                Ok(Err(e)) if session_ended(&e) => return,
-                _ => done = false,
-            }
-        }
-        if done {
-            return;
-        }
-        backoff.sleep().await;
     }
 }
 

@@ -314,7 +314,7 @@ pub(crate) async fn monitor(state: Arc<LeaseState>, mut dropped: oneshot::Receiv
     }
     state.session.unregister(state.id);
     if let Some((dir, prefix)) = &state.sweep {
-        crate::coordinator::cleanup(state.session.clone(), dir.clone(), prefix.clone()).await;
+        cleanup(state.session.clone(), dir.clone(), prefix.clone()).await;
     }
 }
 
@@ -483,5 +483,45 @@ impl Lease for ZkLease {
                 }
             }
         }
+    }
+}
+
+/// Deletes every node of the lock with the attempt's prefix. Requests of one session are
+/// processed in order, so this listing sees the attempt's create whatever happened to its answer.
+pub(crate) async fn cleanup(s: Arc<Session>, dir: String, prefix: String) {
+    let mut backoff = Backoff::new(Duration::from_millis(10), s.timeout() / 4);
+    loop {
+        if s.is_terminated() {
+            return;
+        }
+        if !s.is_connected() {
+            s.wait_connected(s.timeout()).await;
+            continue;
+        }
+        let children =
+            match tokio::time::timeout(s.request_timeout(), s.client().list_children(&dir)).await {
+                Ok(Ok(c)) => c,
+                Ok(Err(ZkError::NoNode)) => return,
+                Ok(Err(e)) if session_ended(&e) => return,
+                _ => {
+                    backoff.sleep().await;
+                    continue;
+                }
+            };
+        let mut done = true;
+        for name in children.into_iter().filter(|c| c.starts_with(&prefix)) {
+            let path = format!("{dir}/{name}");
+            match tokio::time::timeout(s.request_timeout(), s.client().delete(&path, None)).await {
+                Ok(Ok(())) | Ok(Err(ZkError::NoNode)) => {
+                    tracing::debug!(%path, "removed an abandoned contender node");
+                }
+                Ok(Err(e)) if session_ended(&e) => return,
+                _ => done = false,
+            }
+        }
+        if done {
+            return;
+        }
+        backoff.sleep().await;
     }
 }
