@@ -12,7 +12,7 @@ use tokio::time::Instant;
 
 use crate::client::{Http, KvEntry, TxnOp, TxnOutcome};
 use crate::confirm::{Confirmer, Ownership};
-use crate::coordinator::SlotGuard;
+use crate::core::SlotGuard;
 use crate::monitor::Monitor;
 use crate::session::{Session, SessionManager};
 

@@ -5,6 +5,7 @@ mod client;
 mod config;
 mod confirm;
 mod coordinator;
+mod core;
 mod error;
 mod lease;
 mod monitor;
