@@ -6,11 +6,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use async_trait::async_trait;
 use lease_core::adapter::{Backoff, LeaseTracker, Op, TokenAdmission};
 use lease_core::{
-    AuditRecord, Capabilities, Coordinator, Error, ForceRelease, HolderInfo, Lease, LeaseOptions,
-    LockKey, LostReason, OwnerId, Result,
+    Capabilities, Error, HolderInfo, Lease, LeaseOptions, LockKey, LostReason, OwnerId, Result,
 };
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
@@ -657,47 +655,26 @@ impl ConsulCoordinator {
     }
 }
 
-#[async_trait]
-impl Coordinator for ConsulCoordinator {
-    fn capabilities(&self) -> &Capabilities {
+lease_core::coordinator_from_primitives!(ConsulCoordinator);
+
+impl ConsulCoordinator {
+    /// `capabilities`.
+    pub(crate) fn caps(&self) -> &Capabilities {
         &self.inner.caps
     }
 
-    /// One `/v1/txn` round trip when the key is free (`check-not-exists` of the attempt marker,
-    /// `lock`, `get`); otherwise blocking queries on the key until it changes, backing off while
-    /// a lock-delay holds, within `options.wait`.
-    async fn acquire(&self, key: &LockKey, options: &LeaseOptions) -> Result<Box<dyn Lease>> {
-        self.acquire_impl(key, options, Some(options.wait_value()))
-            .await
-    }
-
-    /// One `/v1/txn` round trip; `Held` if another session holds the key (or its lock-delay
-    /// runs).
-    async fn try_acquire(&self, key: &LockKey, options: &LeaseOptions) -> Result<Box<dyn Lease>> {
-        self.acquire_impl(key, options, None).await
-    }
-
-    /// One `?consistent` read of the key.
-    async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>> {
-        self.inspect_key(key).await
-    }
-
-    /// A `?consistent` read, then one transaction: `check-index` (what was read), `delete`, and
-    /// `set` of the audit record (actor, reason, removed holder) at `<prefix>/forced/<key>`.
-    /// With an expected token, a holder whose `CreateIndex` differs (or a free key) is refused
-    /// with `HolderChanged` before the transaction, which then removes that holder or nothing.
-    async fn force_release(
+    /// `acquire` (`wait`) and `try_acquire` (`!wait`): one `/v1/txn` round trip when the key is
+    /// free (`check-not-exists` of the attempt marker, `lock`, `get`). Trying once, `Held` if
+    /// another session holds the key (or its lock-delay runs); waiting, blocking queries on the
+    /// key until it changes, backing off while a lock-delay holds, within `options.wait`.
+    pub(crate) async fn acquire_for(
         &self,
         key: &LockKey,
-        request: &ForceRelease,
-    ) -> Result<Option<HolderInfo>> {
-        self.force_release_key(key, request).await
-    }
-
-    /// Reads the audit key (`<key_prefix>/forced/<key>`, one `?consistent` get) and returns its
-    /// newest records first.
-    async fn audit_trail(&self, key: &LockKey, limit: usize) -> Result<Vec<AuditRecord>> {
-        self.audit_trail_of(key, limit).await
+        options: &LeaseOptions,
+        wait: bool,
+    ) -> Result<Box<dyn Lease>> {
+        self.acquire_impl(key, options, wait.then(|| options.wait_value()))
+            .await
     }
 }
 

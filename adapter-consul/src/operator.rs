@@ -14,7 +14,9 @@ use crate::coordinator::*;
 use crate::BACKEND;
 
 impl ConsulCoordinator {
-    /// [`Coordinator::inspect`](lease_core::Coordinator::inspect).
+    /// [`Coordinator::inspect`](lease_core::Coordinator::inspect):
+    ///
+    /// One `?consistent` read of the key.
     pub(crate) async fn inspect_key(&self, key: &LockKey) -> Result<Option<HolderInfo>> {
         let kv_key = self.inner.config.kv_key(key);
         let (_, entry) = self
@@ -28,7 +30,12 @@ impl ConsulCoordinator {
         }
     }
 
-    /// [`Coordinator::force_release`](lease_core::Coordinator::force_release).
+    /// [`Coordinator::force_release`](lease_core::Coordinator::force_release):
+    ///
+    /// A `?consistent` read, then one transaction: `check-index` (what was read), `delete`, and
+    /// `set` of the audit record (actor, reason, removed holder) at `<prefix>/forced/<key>`.
+    /// With an expected token, a holder whose `CreateIndex` differs (or a free key) is refused
+    /// with `HolderChanged` before the transaction, which then removes that holder or nothing.
     pub(crate) async fn force_release_key(
         &self,
         key: &LockKey,
@@ -135,7 +142,10 @@ impl ConsulCoordinator {
         })
     }
 
-    /// [`Coordinator::audit_trail`](lease_core::Coordinator::audit_trail).
+    /// [`Coordinator::audit_trail`](lease_core::Coordinator::audit_trail):
+    ///
+    /// Reads the audit key (`<key_prefix>/forced/<key>`, one `?consistent` get) and returns its
+    /// newest records first.
     pub(crate) async fn audit_trail_of(
         &self,
         key: &LockKey,

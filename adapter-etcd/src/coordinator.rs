@@ -6,15 +6,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use async_trait::async_trait;
 use etcd_client::{
     Client, Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn,
     TxnOp, TxnOpResponse,
 };
 use lease_core::adapter::{Backoff, LeaseTracker, Op, TokenAdmission};
 use lease_core::{
-    AuditRecord, Capabilities, Coordinator, Error, ForceRelease, HolderInfo, Lease, LeaseOptions,
-    LeaseStatus, LockKey, LostReason, OwnerId, Result, Token,
+    Capabilities, Error, HolderInfo, Lease, LeaseOptions, LeaseStatus, LockKey, LostReason,
+    OwnerId, Result, Token,
 };
 use tokio::sync::oneshot;
 use tokio::time::Instant;
@@ -753,13 +752,34 @@ async fn retry_within(
     Ok(())
 }
 
-#[async_trait]
-impl Coordinator for EtcdCoordinator {
-    fn capabilities(&self) -> &Capabilities {
+lease_core::coordinator_from_primitives!(EtcdCoordinator);
+
+impl EtcdCoordinator {
+    /// `capabilities`.
+    pub(crate) fn caps(&self) -> &Capabilities {
         &self.inner.caps
     }
 
-    async fn acquire(&self, key: &LockKey, options: &LeaseOptions) -> Result<Box<dyn Lease>> {
+    /// `acquire` (`wait`: queued behind the holder up to `options.wait`) and `try_acquire`
+    /// (`!wait`: one transaction). The attempt runs in its own task either way.
+    pub(crate) async fn acquire_for(
+        &self,
+        key: &LockKey,
+        options: &LeaseOptions,
+        wait: bool,
+    ) -> Result<Box<dyn Lease>> {
+        if wait {
+            self.acquire_waiting(key, options).await
+        } else {
+            self.acquire_once(key, options).await
+        }
+    }
+
+    async fn acquire_waiting(
+        &self,
+        key: &LockKey,
+        options: &LeaseOptions,
+    ) -> Result<Box<dyn Lease>> {
         options.validate(&self.inner.caps)?;
         let start = Instant::now();
         let inner = self.inner.clone();
@@ -795,7 +815,7 @@ impl Coordinator for EtcdCoordinator {
         }
     }
 
-    async fn try_acquire(&self, key: &LockKey, options: &LeaseOptions) -> Result<Box<dyn Lease>> {
+    async fn acquire_once(&self, key: &LockKey, options: &LeaseOptions) -> Result<Box<dyn Lease>> {
         options.validate(&self.inner.caps)?;
         let inner = self.inner.clone();
         let (key, options) = (key.clone(), options.clone());
@@ -809,37 +829,12 @@ impl Coordinator for EtcdCoordinator {
             }),
         }
     }
-
-    /// The first key of the lock's queue is the holder. `expires_in` is the remaining TTL of the
-    /// holder's session lease (an upper bound: the holder's key is deleted earlier if it stops
-    /// renewing).
-    async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>> {
-        self.inspect_key(key).await
-    }
-
-    /// Deletes the holder's key (compare-and-delete on its create revision) and records the
-    /// actor and reason in the lock's audit key (`<prefix>/audit/<name>`, the newest 100 forced
-    /// releases; compared on its mod revision so that concurrent releases never drop a record)
-    /// in the same transaction, and in a `warn` log event. With an expected token, a
-    /// holder whose create revision differs (or a free key) is refused with `HolderChanged`
-    /// before the transaction, which then removes that holder or nothing.
-    async fn force_release(
-        &self,
-        key: &LockKey,
-        request: &ForceRelease,
-    ) -> Result<Option<HolderInfo>> {
-        self.force_release_key(key, request).await
-    }
-
-    /// Reads the lock's audit key (one linearizable get) and returns its newest records first.
-    async fn audit_trail(&self, key: &LockKey, limit: usize) -> Result<Vec<AuditRecord>> {
-        self.audit_trail_of(key, limit).await
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use lease_core::Coordinator;
 
     #[test]
     fn ttl_rounds_up_to_whole_seconds() {

@@ -13,7 +13,11 @@ use crate::error::{retry_unapplied, BACKEND};
 use crate::keys::{self};
 
 impl EtcdCoordinator {
-    /// [`Coordinator::inspect`](lease_core::Coordinator::inspect).
+    /// [`Coordinator::inspect`](lease_core::Coordinator::inspect):
+    ///
+    /// The first key of the lock's queue is the holder. `expires_in` is the remaining TTL of the
+    /// holder's session lease (an upper bound: the holder's key is deleted earlier if it stops
+    /// renewing).
     pub(crate) async fn inspect_key(&self, key: &LockKey) -> Result<Option<HolderInfo>> {
         let Some(kv) = self
             .inner
@@ -39,7 +43,14 @@ impl EtcdCoordinator {
         Ok(Some(info))
     }
 
-    /// [`Coordinator::force_release`](lease_core::Coordinator::force_release).
+    /// [`Coordinator::force_release`](lease_core::Coordinator::force_release):
+    ///
+    /// Deletes the holder's key (compare-and-delete on its create revision) and records the
+    /// actor and reason in the lock's audit key (`<prefix>/audit/<name>`, the newest 100 forced
+    /// releases; compared on its mod revision so that concurrent releases never drop a record)
+    /// in the same transaction, and in a `warn` log event. With an expected token, a
+    /// holder whose create revision differs (or a free key) is refused with `HolderChanged`
+    /// before the transaction, which then removes that holder or nothing.
     pub(crate) async fn force_release_key(
         &self,
         key: &LockKey,
@@ -125,7 +136,9 @@ impl EtcdCoordinator {
         })
     }
 
-    /// [`Coordinator::audit_trail`](lease_core::Coordinator::audit_trail).
+    /// [`Coordinator::audit_trail`](lease_core::Coordinator::audit_trail):
+    ///
+    /// Reads the lock's audit key (one linearizable get) and returns its newest records first.
     pub(crate) async fn audit_trail_of(
         &self,
         key: &LockKey,

@@ -4,11 +4,9 @@ use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use async_trait::async_trait;
 use lease_core::adapter::{Backoff, LeaseTracker, TokenAdmission};
 use lease_core::{
-    AuditRecord, Capabilities, Coordinator, Error, ForceRelease, HolderInfo, Lease, LeaseOptions,
-    LockKey, OwnerId, Result, Token,
+    Capabilities, Error, HolderInfo, Lease, LeaseOptions, LockKey, OwnerId, Result, Token,
 };
 use tokio::time::Instant;
 
@@ -552,37 +550,23 @@ impl RedisCoordinator {
     }
 }
 
-#[async_trait]
-impl Coordinator for RedisCoordinator {
-    fn capabilities(&self) -> &Capabilities {
+lease_core::coordinator_from_primitives!(RedisCoordinator);
+
+impl RedisCoordinator {
+    /// `capabilities`.
+    pub(crate) fn caps(&self) -> &Capabilities {
         &self.inner.caps
     }
 
-    async fn acquire(&self, key: &LockKey, options: &LeaseOptions) -> Result<Box<dyn Lease>> {
-        self.acquire_inner(key, options, Some(options.wait_value()))
-            .await
-    }
-
-    async fn try_acquire(&self, key: &LockKey, options: &LeaseOptions) -> Result<Box<dyn Lease>> {
-        self.acquire_inner(key, options, None).await
-    }
-
-    async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>> {
-        self.inspect_key(key).await
-    }
-
-    async fn force_release(
+    /// `acquire` (`wait`: up to `options.wait`) and `try_acquire` (`!wait`).
+    pub(crate) async fn acquire_for(
         &self,
         key: &LockKey,
-        request: &ForceRelease,
-    ) -> Result<Option<HolderInfo>> {
-        self.force_release_key(key, request).await
-    }
-
-    /// Reads the lock's capped audit stream newest first (`XREVRANGE ... COUNT limit`); the
-    /// stream keeps the 100 newest entries.
-    async fn audit_trail(&self, key: &LockKey, limit: usize) -> Result<Vec<AuditRecord>> {
-        self.audit_trail_of(key, limit).await
+        options: &LeaseOptions,
+        wait: bool,
+    ) -> Result<Box<dyn Lease>> {
+        self.acquire_inner(key, options, wait.then(|| options.wait_value()))
+            .await
     }
 }
 

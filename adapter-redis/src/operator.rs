@@ -96,7 +96,10 @@ impl RedisCoordinator {
         Ok(Some(v.holder_info(key, pttl)))
     }
 
-    /// [`Coordinator::audit_trail`](lease_core::Coordinator::audit_trail).
+    /// [`Coordinator::audit_trail`](lease_core::Coordinator::audit_trail):
+    ///
+    /// Reads the lock's capped audit stream newest first (`XREVRANGE ... COUNT limit`); the
+    /// stream keeps the 100 newest entries.
     pub(crate) async fn audit_trail_of(
         &self,
         key: &LockKey,

@@ -34,11 +34,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
-use async_trait::async_trait;
 use lease_core::adapter::{LeaseTracker, Op, TokenAdmission};
 use lease_core::{
-    AuditRecord, Capabilities, Coordinator, Error, ForceRelease, HolderInfo, Lease, LeaseOptions,
-    LockKey, OwnerId, Result, Token,
+    AuditRecord, Capabilities, Error, ForceRelease, HolderInfo, Lease, LeaseOptions, LockKey,
+    OwnerId, Result, Token,
 };
 use tokio::time::Instant;
 use zookeeper_client::{CreateMode, Error as ZkError, MultiReadResult, Stat};
@@ -811,35 +810,21 @@ impl Drop for ContenderGuard {
     }
 }
 
-#[async_trait]
-impl Coordinator for ZkCoordinator {
-    fn capabilities(&self) -> &Capabilities {
+lease_core::coordinator_from_primitives!(ZkCoordinator);
+
+impl ZkCoordinator {
+    /// `capabilities`.
+    pub(crate) fn caps(&self) -> &Capabilities {
         &self.inner.caps
     }
 
-    async fn acquire(&self, key: &LockKey, options: &LeaseOptions) -> Result<Box<dyn Lease>> {
-        self.grant(key, options, false).await
-    }
-
-    async fn try_acquire(&self, key: &LockKey, options: &LeaseOptions) -> Result<Box<dyn Lease>> {
-        self.grant(key, options, true).await
-    }
-
-    async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>> {
-        self.inspect_key(key).await
-    }
-
-    async fn force_release(
+    /// `acquire` (`wait`: up to `options.wait`) and `try_acquire` (`!wait`).
+    pub(crate) async fn acquire_for(
         &self,
         key: &LockKey,
-        request: &ForceRelease,
-    ) -> Result<Option<HolderInfo>> {
-        self.force_release_key(key, request).await
-    }
-
-    /// Lists the audit nodes (`<base>/audit/forced-<sequence>`, every key's in one directory),
-    /// newest sequence first, and reads them until `limit` records of `key` are found.
-    async fn audit_trail(&self, key: &LockKey, limit: usize) -> Result<Vec<AuditRecord>> {
-        self.audit_trail_of(key, limit).await
+        options: &LeaseOptions,
+        wait: bool,
+    ) -> Result<Box<dyn Lease>> {
+        self.grant(key, options, !wait).await
     }
 }

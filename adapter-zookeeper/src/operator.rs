@@ -88,7 +88,10 @@ impl ZkCoordinator {
         })
     }
 
-    /// [`Coordinator::audit_trail`](lease_core::Coordinator::audit_trail).
+    /// [`Coordinator::audit_trail`](lease_core::Coordinator::audit_trail):
+    ///
+    /// Lists the audit nodes (`<base>/audit/forced-<sequence>`, every key's in one directory),
+    /// newest sequence first, and reads them until `limit` records of `key` are found.
     pub(crate) async fn audit_trail_of(
         &self,
         key: &LockKey,

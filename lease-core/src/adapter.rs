@@ -19,3 +19,69 @@ pub use crate::url_options::{
     timeout_in_range, CommonOptions, OptionSpec, UrlOptions, COMMON_OPTIONS, MAX_URL_TIMEOUT,
 };
 pub use crate::watermark::Watermarks;
+
+/// Re-exported for [`coordinator_from_primitives!`](crate::coordinator_from_primitives).
+pub use async_trait::async_trait;
+
+/// Writes an adapter's [`Coordinator`](crate::Coordinator) impl from its primitives, so that the
+/// trait impl is the same code on every backend and an adapter only writes what is its own.
+///
+/// The type provides these inherent methods (each documents what it costs on its backend):
+///
+/// | method | is |
+/// |---|---|
+/// | `fn caps(&self) -> &Capabilities` | `capabilities` |
+/// | `async fn acquire_for(&self, &LockKey, &LeaseOptions, wait: bool) -> Result<Box<dyn Lease>>` | `acquire` (`wait`: up to `options.wait`) and `try_acquire` (`!wait`) |
+/// | `async fn inspect_key(&self, &LockKey) -> Result<Option<HolderInfo>>` | `inspect` |
+/// | `async fn force_release_key(&self, &LockKey, &ForceRelease) -> Result<Option<HolderInfo>>` | `force_release` |
+/// | `async fn audit_trail_of(&self, &LockKey, usize) -> Result<Vec<AuditRecord>>` | `audit_trail` |
+#[macro_export]
+macro_rules! coordinator_from_primitives {
+    ($ty:ty) => {
+        #[$crate::adapter::async_trait]
+        impl $crate::Coordinator for $ty {
+            fn capabilities(&self) -> &$crate::Capabilities {
+                self.caps()
+            }
+
+            async fn acquire(
+                &self,
+                key: &$crate::LockKey,
+                options: &$crate::LeaseOptions,
+            ) -> $crate::Result<Box<dyn $crate::Lease>> {
+                self.acquire_for(key, options, true).await
+            }
+
+            async fn try_acquire(
+                &self,
+                key: &$crate::LockKey,
+                options: &$crate::LeaseOptions,
+            ) -> $crate::Result<Box<dyn $crate::Lease>> {
+                self.acquire_for(key, options, false).await
+            }
+
+            async fn inspect(
+                &self,
+                key: &$crate::LockKey,
+            ) -> $crate::Result<Option<$crate::HolderInfo>> {
+                self.inspect_key(key).await
+            }
+
+            async fn force_release(
+                &self,
+                key: &$crate::LockKey,
+                request: &$crate::ForceRelease,
+            ) -> $crate::Result<Option<$crate::HolderInfo>> {
+                self.force_release_key(key, request).await
+            }
+
+            async fn audit_trail(
+                &self,
+                key: &$crate::LockKey,
+                limit: usize,
+            ) -> $crate::Result<Vec<$crate::AuditRecord>> {
+                self.audit_trail_of(key, limit).await
+            }
+        }
+    };
+}
