@@ -457,6 +457,9 @@ async fn many_leases_kept(ctx: Arc<Ctx>) -> CaseResult {
 
     drop(released);
     fig.rss_released = rss_bytes();
+    if std::env::var(REFILL_ENV).is_ok_and(|v| v == "1") {
+        refill(&client, &keys, &options, deadline).await;
+    }
     let line = fig.line(
         &ctx.subject.name,
         failed.total,
@@ -497,6 +500,54 @@ enum Found {
     Held(String),
     /// Any other error (of the try or of the check's own release).
     Error(String),
+}
+
+/// With `CONFORMANCE_SCALE_REFILL=1`, the case fills the same client a second time after the
+/// release (every key acquired and kept, then released, no hold) and reports the RSS peak and
+/// what is left after: if the second fill grows RSS by about as much as the first, memory leaked;
+/// if it stays near the first peak, the allocator kept the first fill's memory and reused it.
+/// A diagnostic only: it asserts nothing and is off by default.
+const REFILL_ENV: &str = "CONFORMANCE_SCALE_REFILL";
+
+async fn refill(
+    client: &Arc<dyn lease_core::Coordinator>,
+    keys: &[LockKey],
+    options: &LeaseOptions,
+    deadline: Instant,
+) {
+    let until = Instant::now() + deadline.saturating_duration_since(Instant::now()) / 2;
+    let before = rss_bytes();
+    let kept: Vec<Kept> = stream::iter(keys.iter().cloned())
+        .map(|key| async move {
+            match tokio::time::timeout_at(until, client.acquire(&key, options)).await {
+                Ok(Ok(lease)) => keep(lease, KeeperOptions::new()).ok(),
+                _ => None,
+            }
+        })
+        .buffer_unordered(IN_FLIGHT)
+        .filter_map(|k| async move { k })
+        .collect()
+        .await;
+    let peak = rss_bytes();
+    let n = kept.len();
+    stream::iter(kept)
+        .for_each_concurrent(IN_FLIGHT, |k| async move {
+            let _ = tokio::time::timeout_at(until, k.release()).await;
+        })
+        .await;
+    let after = rss_bytes();
+    let mib = |b: Option<u64>| {
+        b.map_or("n/a".to_owned(), |b| {
+            format!("{:.1} MiB", b as f64 / 1048576.0)
+        })
+    };
+    println!(
+        "refill: a second fill of {n} kept leases on the same client: RSS {} before, {} at its \
+         peak, {} after its release",
+        mib(before),
+        mib(peak),
+        mib(after)
+    );
 }
 
 /// `try_acquire`s every key on `checker` ([`IN_FLIGHT`] at a time) and releases what it got.
