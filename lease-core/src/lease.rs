@@ -510,31 +510,27 @@ pub trait Lease: Send + Sync + fmt::Debug {
     }
 }
 
-#[async_trait]
-impl<L: Lease + ?Sized> Lease for Box<L> {
-    fn state(&self) -> &LeaseState {
-        (**self).state()
-    }
-    async fn renew(&self) -> Result<Instant> {
-        (**self).renew().await
-    }
-    async fn release(&self) -> Result<()> {
-        (**self).release().await
-    }
+/// `Box` and `Arc` of a lease are leases: every required method forwards (the provided ones
+/// read [`Lease::state`], so they follow).
+macro_rules! forward_lease {
+    ($ty:ty) => {
+        #[async_trait]
+        impl<L: Lease + ?Sized> Lease for $ty {
+            fn state(&self) -> &LeaseState {
+                (**self).state()
+            }
+            async fn renew(&self) -> Result<Instant> {
+                (**self).renew().await
+            }
+            async fn release(&self) -> Result<()> {
+                (**self).release().await
+            }
+        }
+    };
 }
 
-#[async_trait]
-impl<L: Lease + ?Sized> Lease for Arc<L> {
-    fn state(&self) -> &LeaseState {
-        (**self).state()
-    }
-    async fn renew(&self) -> Result<Instant> {
-        (**self).renew().await
-    }
-    async fn release(&self) -> Result<()> {
-        (**self).release().await
-    }
-}
+forward_lease!(Box<L>);
+forward_lease!(Arc<L>);
 
 #[cfg(test)]
 mod tests {
