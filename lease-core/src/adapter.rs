@@ -1,5 +1,9 @@
-//! What only adapter authors need: URL option parsing, grant and renewal bookkeeping, token
-//! watermarks, the round scheduler, clock helpers and the registry's factory types.
+//! What only adapter authors need: URL option parsing ([`UrlOptions`]), grant and renewal
+//! bookkeeping ([`LeaseTracker`]), token admission against the floor and the process watermark
+//! ([`TokenAdmission`], [`Watermarks`]), the one rule for a failed request's error ([`Op`]), the
+//! retry backoff ([`Backoff`]), the round scheduler ([`batch`]), clock helpers ([`clock`]), the
+//! registry's factory types, and the macro that writes an adapter's `Coordinator` impl
+//! ([`coordinator_from_primitives!`](crate::coordinator_from_primitives)).
 //!
 //! Code that uses leases needs none of this; it lives at the crate root. An adapter crate
 //! imports from here (`use lease_core::adapter::{UrlOptions, OptionSpec, ...}`), so a reader can
