@@ -517,29 +517,10 @@ impl Http {
         if consistent {
             query.push(("consistent", String::new()));
         }
-        let (lane, timeout) = self.blocking(&mut query, block);
-        let a = self
-            .send(
-                lane,
-                Method::GET,
-                &kv_path(key),
-                &query,
-                None,
-                timeout,
-                MAX_ANSWER,
-            )
-            .await
-            .map_err(|t| error::transport(Op::read(operation), t))?;
-        let index = a.index.unwrap_or(0);
-        match a.status {
-            200 => {
-                let entries: Vec<KvEntry> = serde_json::from_slice(&a.body)
-                    .map_err(|e| error::protocol(operation, e.to_string()))?;
-                Ok((index, entries.into_iter().find(|e| e.key == key)))
-            }
-            404 => Ok((index, None)),
-            code => Err(error::status(Op::read(operation), code, &a.body)),
-        }
+        let (index, entries) = self
+            .kv_read(key, query, block, MAX_ANSWER, operation)
+            .await?;
+        Ok((index, entries.into_iter().find(|e| e.key == key)))
     }
 
     /// `GET /v1/kv/<prefix>?recurse&consistent`, blocking from `index` for up to `wait` when
@@ -552,17 +533,32 @@ impl Http {
         wait: Duration,
         operation: &'static str,
     ) -> Result<(u64, Vec<KvEntry>)> {
-        let mut query = vec![("recurse", String::new()), ("consistent", String::new())];
-        let (lane, timeout) = self.blocking(&mut query, (index > 0).then_some((index, wait)));
+        let query = vec![("recurse", String::new()), ("consistent", String::new())];
+        let block = (index > 0).then_some((index, wait));
+        self.kv_read(prefix, query, block, MAX_LIST_ANSWER, operation)
+            .await
+    }
+
+    /// One KV read of `path` with `query` (blocking when `block` is given): the
+    /// `X-Consul-Index` and the entries answered (none for 404).
+    async fn kv_read(
+        &self,
+        path: &str,
+        mut query: Vec<(&'static str, String)>,
+        block: Option<(u64, Duration)>,
+        max_answer: usize,
+        operation: &'static str,
+    ) -> Result<(u64, Vec<KvEntry>)> {
+        let (lane, timeout) = self.blocking(&mut query, block);
         let a = self
             .send(
                 lane,
                 Method::GET,
-                &kv_path(prefix),
+                &kv_path(path),
                 &query,
                 None,
                 timeout,
-                MAX_LIST_ANSWER,
+                max_answer,
             )
             .await
             .map_err(|t| error::transport(Op::read(operation), t))?;
