@@ -37,6 +37,9 @@ PROTOC=/bin/false cargo build --locked -p lease-testkit -p consul-standin -p con
 step "cargo test (unit, property, harness, conformance suite per backend)"
 cargo test --workspace --locked
 
+step "benchmarks build and run once (criterion test mode; asserts nothing, measures nothing)"
+cargo test --workspace --locked --bench hot_paths
+
 step "facade without backends (no protoc needed): its tests, then the stale-holder demo"
 PROTOC=/bin/false cargo test --locked -p fenced
 PROTOC=/bin/false cargo run --quiet --locked --example stale-holder
