@@ -1,263 +1,305 @@
-//! Lock benchmarks against any backend URL: the numbers that performance targets are stated in
-//! (see shared BACKEND-FACTS: one round trip is the physical limit; peers' hand-off latencies).
+//! Lock benchmarks, ours side by side with the raw clients and the peer libraries, against the
+//! same servers in one run, with ratios.
 //!
 //! ```text
-//! cargo run --release -p lease-bench -- --coordinator redis://127.0.0.1:6379 [--iterations 2000]
-//!     [--tasks 64] [--seconds 5] [--ttl-ms 10000]
-//! cargo run --release -p lease-bench -- --start redis|etcd|zookeeper|consul-standin
+//! cargo run --release -p lease-bench -- [--start redis,etcd,zookeeper] [--out docs/bench]
+//! cargo run --release -p lease-bench -- --coordinator redis://127.0.0.1:6379 [--coordinator ...]
+//! cargo run --release -p lease-bench -- --smoke        # a few seconds: proves it still works
 //! ```
 //!
-//! `--start` has the conformance harness start the server (Debian's packages; Redis with AOF and
-//! `appendfsync always`) on a free loopback port for the run, and stops it afterwards.
+//! `--start` (the default when no `--coordinator` is given) has the harness start each server
+//! (Debian's packages; Redis with AOF and `appendfsync always`) on a free loopback port for the
+//! run and stops it afterwards. Per backend it measures ours (built by `fenced::connect`), the
+//! raw client doing the same round trips (Redis: a 1+1 Lua lock that mints a token; etcd: txn +
+//! delete; ZooKeeper: create + delete, and create + getChildren + delete) and the peers
+//! (rslock, etcd's Lock RPC, zookeeper-client's lock recipe):
+//! 1. uncontended acquire+release, sequential, one client: p50 / p99, and the release alone;
+//! 2. hand-off: a waiter on a second client blocked in acquire, from the START of the holder's
+//!    release to the waiter holding (the peers' definition);
+//! 3. throughput: `--tasks` tasks on one client, each on its own key, and on `--shared-keys` keys;
+//! 4. the server's own request counters around 1 and 3, per pair and per contended grant.
 //!
-//! Measures, after a warm-up (the first request after an idle gap is slower on these machines):
-//! 1. `acquire + release` of an uncontended key, sequential, one client: p50 / p99 / max;
-//! 2. hand-off: a waiter blocked in `acquire`, time from the holder's `release` returning to the
-//!    waiter holding the key: p50 / p99 / max;
-//! 3. throughput: `--tasks` tasks, each on its own key, acquire+release pairs per second.
-//!
-//! Timing uses the monotonic clock only. This is a benchmark, not a test: it asserts nothing.
+//! Every scenario runs each lock in a seeded random order within each of `--rounds` rounds, each
+//! after a warm-up. `--out DIR` writes `side-by-side.md` and `side-by-side.svg` there. Timing
+//! uses the monotonic clock only. This is a benchmark, not a test: it asserts nothing.
 
+mod locks;
+mod measure;
+mod report;
+mod servers;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use fenced::{Coordinator, LeaseOptions, LockKey};
-use tokio::time::Instant;
+use clap::Parser;
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
 
+use locks::{BenchLock, BenchResult};
+use measure::{Figures, Sizes};
+use servers::{Backend, Server};
+
+/// Lock benchmarks: ours, the raw clients and the peer libraries, side by side.
+#[derive(Parser, Debug)]
+#[command(name = "lease-bench", version)]
 struct Args {
-    coordinator: String,
-    start: Option<String>,
+    /// Servers to start for the run, comma-separated: redis, etcd, zookeeper, consul-standin.
+    /// The default when no --coordinator is given: redis,etcd,zookeeper.
+    #[arg(long, value_delimiter = ',')]
+    start: Vec<String>,
+    /// A running server, as our coordinator URL (repeatable); raw clients and peers are derived
+    /// from it for redis://, etcd:// and zk://. memory:// measures ours alone.
+    #[arg(long = "coordinator", alias = "backend")]
+    coordinators: Vec<String>,
+    /// Rounds; each lock runs every scenario once per round, in a seeded random order.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// Measured uncontended acquire+release pairs per lock per round.
+    #[arg(long, default_value_t = 1000)]
     iterations: usize,
+    /// Hand-offs per lock per round.
+    #[arg(long, default_value_t = 30)]
+    handoffs: usize,
+    /// Tasks in the throughput scenarios.
+    #[arg(long, default_value_t = 64)]
     tasks: usize,
-    seconds: u64,
-    ttl: Duration,
+    /// Keys the tasks of the contended scenario share.
+    #[arg(long, default_value_t = 4)]
+    shared_keys: usize,
+    /// Length of each throughput measurement, in seconds.
+    #[arg(long, default_value_t = 3.0)]
+    seconds: f64,
+    /// Lease TTL (and session timeout) in milliseconds.
+    #[arg(long, default_value_t = 10_000)]
+    ttl_ms: u64,
+    /// How long the hand-off waiter waits before the holder starts its release, in ms.
+    #[arg(long, default_value_t = 20)]
+    head_start_ms: u64,
+    /// Seed of the interleaving order (printed; random when not given).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Writes side-by-side.md and side-by-side.svg into this directory.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Tiny sizes (one round, a few operations each): proves the benchmark still works.
+    #[arg(long)]
+    smoke: bool,
 }
 
-fn parse() -> Result<Args, String> {
-    let mut a = Args {
-        coordinator: "memory://".into(),
-        start: None,
-        iterations: 2000,
-        tasks: 64,
-        seconds: 5,
-        ttl: Duration::from_secs(10),
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let v = it.next().ok_or(format!("{flag} needs a value"))?;
-        let num = || {
-            v.parse::<u64>()
-                .map_err(|_| format!("{flag} {v:?} is not a number"))
-        };
-        match flag.as_str() {
-            "--coordinator" | "--backend" => a.coordinator = v.clone(),
-            "--start" => a.start = Some(v.clone()),
-            "--iterations" => a.iterations = num()?.max(10) as usize,
-            "--tasks" => a.tasks = num()?.max(1) as usize,
-            "--seconds" => a.seconds = num()?.max(1),
-            "--ttl-ms" => a.ttl = Duration::from_millis(num()?),
-            _ => return Err(format!("unknown flag {flag:?}")),
-        }
-    }
-    Ok(a)
-}
-
-fn percentiles(mut v: Vec<Duration>) -> String {
-    v.sort();
-    let p = |q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
-    format!(
-        "p50 {:>9.1?}  p99 {:>9.1?}  max {:>9.1?}  (n={})",
-        p(0.5),
-        p(0.99),
-        v[v.len() - 1],
-        v.len()
-    )
-}
-
-fn key(run: u32, name: &str) -> Result<LockKey, fenced::Error> {
-    Ok(LockKey::new(format!("bench/{run:08x}/{name}"))?)
-}
-
-async fn acquire_release(c: &dyn Coordinator, run: u32, a: &Args) -> Result<String, fenced::Error> {
-    let k = key(run, "pair")?;
-    let o = LeaseOptions::new(a.ttl);
-    for _ in 0..a.iterations / 10 {
-        c.acquire(&k, &o).await?.release().await?;
-    }
-    let mut samples = Vec::with_capacity(a.iterations);
-    for _ in 0..a.iterations {
-        let t = Instant::now();
-        c.acquire(&k, &o).await?.release().await?;
-        samples.push(t.elapsed());
-    }
-    Ok(percentiles(samples))
-}
-
-async fn hand_off(
-    c: Arc<dyn Coordinator>,
-    waiter: Arc<dyn Coordinator>,
-    run: u32,
-    a: &Args,
-) -> Result<String, fenced::Error> {
-    let k = key(run, "handoff")?;
-    let rounds = (a.iterations / 10).clamp(20, 500);
-    let mut samples = Vec::with_capacity(rounds);
-    for _ in 0..rounds {
-        let held = c.acquire(&k, &LeaseOptions::new(a.ttl)).await?;
-        let w = {
-            let (waiter, k) = (waiter.clone(), k.clone());
-            let o = LeaseOptions::new(a.ttl).wait(a.ttl);
-            tokio::spawn(async move {
-                let l = waiter.acquire(&k, &o).await?;
-                let got = Instant::now();
-                l.release().await?;
-                Ok::<_, fenced::Error>(got)
-            })
-        };
-        // Let the waiter queue up and start waiting (not a measured interval).
-        tokio::time::sleep(Duration::from_millis(5)).await;
-        held.release().await?;
-        let released = Instant::now();
-        let got = w.await.map_err(|e| fenced::Error::Unavailable {
-            backend: "bench",
-            message: e.to_string(),
-            source: None,
-        })??;
-        samples.push(got.saturating_duration_since(released));
-    }
-    Ok(percentiles(samples))
-}
-
-async fn throughput(c: Arc<dyn Coordinator>, run: u32, a: &Args) -> Result<String, fenced::Error> {
-    let until = Instant::now() + Duration::from_secs(a.seconds);
-    let mut tasks = Vec::new();
-    for i in 0..a.tasks {
-        let c = c.clone();
-        let k = key(run, &format!("own/{i}"))?;
-        let o = LeaseOptions::new(a.ttl);
-        tasks.push(tokio::spawn(async move {
-            let mut n = 0u64;
-            while Instant::now() < until {
-                c.acquire(&k, &o).await?.release().await?;
-                n += 1;
-            }
-            Ok::<_, fenced::Error>(n)
-        }));
-    }
-    let mut total = 0;
-    for t in tasks {
-        total += t.await.map_err(|e| fenced::Error::Unavailable {
-            backend: "bench",
-            message: e.to_string(),
-            source: None,
-        })??;
-    }
-    Ok(format!(
-        "{:.0} pairs/s ({} tasks, own keys, {} s)",
-        total as f64 / a.seconds as f64,
-        a.tasks,
-        a.seconds
-    ))
-}
-
-/// A server started for the run, held only to be dropped (stopped) when the benchmark ends.
-type Started = Box<dyn std::any::Any + Send>;
-
-fn start(what: &str, ttl: Duration) -> Result<(Started, String), String> {
-    use conformance_tests::harness::{EtcdServer, RedisServer, ZooKeeperServer};
-    let e = |e: conformance_tests::harness::HarnessError| e.to_string();
-    Ok(match what {
-        "redis" => {
-            let s = RedisServer::start().map_err(e)?;
-            let url = s.url();
-            (Box::new(s) as Started, url)
-        }
-        "etcd" => {
-            let s = EtcdServer::start().map_err(e)?;
-            let url = s.url();
-            (Box::new(s) as Started, url)
-        }
-        "zookeeper" => {
-            let s = ZooKeeperServer::start().map_err(e)?;
-            let url = format!(
-                "{}/bench?session_timeout_ms={}",
-                s.url(),
-                ttl.as_millis().min(60_000)
-            );
-            (Box::new(s) as Started, url)
-        }
-        "consul-standin" => {
-            let s = conformance_tests::consul_standin::ConsulStandIn::start(Default::default())
-                .map_err(|e| e.to_string())?;
-            let url = format!("consul://{}", s.addr());
-            (Box::new(s) as Started, url)
-        }
-        other => {
-            return Err(format!(
-                "--start {other:?}: expected redis, etcd, zookeeper or consul-standin"
-            ))
-        }
+/// The locks measured against one server.
+async fn locks_for(server: &Server, ttl: Duration) -> BenchResult<Vec<Arc<dyn BenchLock>>> {
+    use locks::*;
+    let ours: Arc<dyn BenchLock> = Arc::new(Ours::connect(&server.url, ttl).await?);
+    let e = &server.endpoint;
+    Ok(match server.backend {
+        Backend::Redis => vec![
+            ours,
+            Arc::new(RawRedis::connect(e, ttl).await?),
+            Arc::new(Rslock::new(e, ttl)),
+        ],
+        Backend::Etcd => vec![
+            ours,
+            Arc::new(RawEtcd::connect(e, ttl).await?),
+            Arc::new(EtcdLock::connect(e, ttl).await?),
+        ],
+        Backend::ZooKeeper => vec![
+            ours,
+            Arc::new(RawZk::connect(e, ttl, false).await?),
+            Arc::new(RawZk::connect(e, ttl, true).await?),
+            Arc::new(ZkRecipe::connect(e, ttl).await?),
+        ],
+        Backend::Consul | Backend::Other => vec![ours],
     })
 }
 
-#[tokio::main]
-async fn main() -> std::process::ExitCode {
-    let mut a = match parse() {
-        Ok(a) => a,
-        Err(e) => {
-            eprintln!("{e}\nusage: lease-bench [--coordinator URL] [--iterations N] [--tasks N] [--seconds N] [--ttl-ms N]");
-            return std::process::ExitCode::from(2);
-        }
+/// Today's date (UTC) for the report's heading: days since the epoch to a civil date.
+fn today() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let z = (secs / 86_400) as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02}")
+}
+
+struct Entry {
+    server: usize,
+    lock: Arc<dyn BenchLock>,
+    waiter: Arc<dyn BenchLock>,
+    figures: Figures,
+}
+
+async fn run(mut args: Args) -> BenchResult<String> {
+    if args.smoke {
+        args.rounds = 1;
+        args.iterations = args.iterations.min(30);
+        args.handoffs = args.handoffs.min(3);
+        args.tasks = args.tasks.min(8);
+        args.seconds = args.seconds.min(0.3);
+    }
+    if args.start.is_empty() && args.coordinators.is_empty() {
+        args.start = vec!["redis".into(), "etcd".into(), "zookeeper".into()];
+    }
+    let ttl = Duration::from_millis(args.ttl_ms);
+    let seed = args.seed.unwrap_or_else(rand::random);
+    let sizes = Sizes {
+        iterations: args.iterations.max(1),
+        handoffs: args.handoffs,
+        tasks: args.tasks.max(1),
+        shared_keys: args.shared_keys.max(1),
+        seconds: Duration::from_secs_f64(args.seconds.max(0.05)),
+        waiter_head_start: Duration::from_millis(args.head_start_ms),
     };
-    let _server = match a.start.clone() {
-        Some(what) => {
-            match tokio::task::spawn_blocking(move || start(&what, Duration::from_secs(10))).await {
-                Ok(Ok((server, url))) => {
-                    a.coordinator = url;
-                    Some(server)
-                }
-                Ok(Err(e)) => {
-                    eprintln!("could not start the server: {e}");
-                    return std::process::ExitCode::FAILURE;
-                }
-                Err(e) => {
-                    eprintln!("could not start the server: {e}");
-                    return std::process::ExitCode::FAILURE;
+    eprintln!("lease-bench: seed {seed}; {sizes:?}");
+
+    let mut servers = Vec::new();
+    for what in args.start.clone() {
+        eprintln!("starting {what}");
+        servers.push(tokio::task::spawn_blocking(move || Server::start(&what, ttl)).await??);
+    }
+    for url in &args.coordinators {
+        servers.push(Server::external(url)?);
+    }
+    let mut versions = Vec::new();
+    let mut entries = Vec::new();
+    for (i, server) in servers.iter().enumerate() {
+        versions.push(server.counters.version().await);
+        for lock in locks_for(server, ttl).await? {
+            let waiter = lock.another().await?;
+            entries.push(Entry {
+                server: i,
+                lock,
+                waiter,
+                figures: Figures::default(),
+            });
+        }
+    }
+    let run_id: u32 = rand::random();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    for round in 0..args.rounds {
+        for phase in ["pairs", "hand-offs", "throughput"] {
+            let mut order: Vec<usize> = (0..entries.len()).collect();
+            order.shuffle(&mut rng);
+            for i in order {
+                let e = &mut entries[i];
+                let server = &servers[e.server];
+                let prefix = format!("bench/{run_id:08x}/r{round}/l{i}");
+                eprintln!(
+                    "round {}/{}: {phase:<10} {}: {}",
+                    round + 1,
+                    args.rounds,
+                    server.backend.name(),
+                    e.lock.name()
+                );
+                let done = match phase {
+                    "pairs" => {
+                        measure::pairs(
+                            &*e.lock,
+                            &server.counters,
+                            &format!("{prefix}/pair"),
+                            &sizes,
+                            &mut e.figures,
+                        )
+                        .await
+                    }
+                    "hand-offs" => {
+                        measure::handoffs(
+                            &*e.lock,
+                            e.waiter.clone(),
+                            &format!("{prefix}/handoff"),
+                            &sizes,
+                            &mut e.figures,
+                        )
+                        .await
+                    }
+                    _ => {
+                        measure::throughputs(
+                            e.lock.clone(),
+                            &server.counters,
+                            &prefix,
+                            &sizes,
+                            &mut e.figures,
+                        )
+                        .await
+                    }
+                };
+                if let Err(err) = done {
+                    eprintln!("  failed: {err}");
+                    e.figures.errors.push(format!("{phase}: {err}"));
                 }
             }
         }
-        None => None,
-    };
-    let run: u32 = std::process::id() ^ (Instant::now().elapsed().subsec_nanos());
-    let result = async {
-        let c = fenced::connect(&a.coordinator).await?;
-        // The hand-off waiter uses its own client, as a second process would.
-        let waiter = if a.coordinator.starts_with("memory") {
-            c.clone()
-        } else {
-            fenced::connect(&a.coordinator).await?
-        };
-        println!(
-            "lease-bench on {}",
-            fenced::adapter::BackendUrl::parse(&a.coordinator)?
-        );
-        println!(
-            "  acquire+release   {}",
-            acquire_release(&*c, run, &a).await?
-        );
-        println!(
-            "  hand-off          {}",
-            hand_off(c.clone(), waiter, run, &a).await?
-        );
-        println!("  throughput        {}", throughput(c, run, &a).await?);
-        Ok::<_, fenced::Error>(())
     }
-    .await;
-    match result {
-        Ok(()) => std::process::ExitCode::SUCCESS,
+    let rows: Vec<report::Row> = entries
+        .into_iter()
+        .map(|e| report::Row {
+            backend: servers[e.server].backend,
+            version: versions[e.server].clone(),
+            name: e.lock.name().to_owned(),
+            kind: e.lock.kind(),
+            figures: e.figures,
+        })
+        .collect();
+    let info = report::RunInfo {
+        date: today(),
+        machine: servers::machine(),
+        seed,
+        command: std::iter::once("lease-bench".to_owned())
+            .chain(std::env::args().skip(1))
+            .collect::<Vec<_>>()
+            .join(" "),
+        sizes: format!(
+            "{} rounds; {} pairs, {} hand-offs (waiter head start {} ms), {} tasks for {:.1} s \
+             (own keys; {} shared keys) per lock per round; TTL {} ms",
+            args.rounds,
+            sizes.iterations,
+            sizes.handoffs,
+            args.head_start_ms,
+            sizes.tasks,
+            sizes.seconds.as_secs_f64(),
+            sizes.shared_keys,
+            args.ttl_ms
+        ),
+    };
+    let md = report::markdown(&info, &rows);
+    if let Some(dir) = &args.out {
+        std::fs::create_dir_all(dir)?;
+        std::fs::write(dir.join("side-by-side.md"), &md)?;
+        report::svg(&dir.join("side-by-side.svg"), &rows)?;
+        eprintln!("wrote {}/side-by-side.{{md,svg}}", dir.display());
+    }
+    let failed: Vec<String> = rows
+        .iter()
+        .filter(|r| !r.figures.errors.is_empty())
+        .map(|r| format!("{} {}", r.backend.name(), r.name))
+        .collect();
+    if !failed.is_empty() {
+        return Err(format!("{md}\nfailed: {}", failed.join(", ")).into());
+    }
+    Ok(md)
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args = Args::parse();
+    match run(args).await {
+        Ok(md) => {
+            println!("{md}");
+            ExitCode::SUCCESS
+        }
         Err(e) => {
             eprintln!("benchmark failed: {e}");
-            std::process::ExitCode::FAILURE
+            ExitCode::FAILURE
         }
     }
 }

@@ -1,0 +1,609 @@
+//! The locks measured: ours (through `fenced::connect`, as users build it), the raw client doing
+//! the same round trips by hand, and the peer libraries, all behind one small trait so every
+//! scenario runs the same code for each.
+
+use std::any::Any;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use fenced::{Coordinator, LeaseOptions, LockKey};
+
+/// Any error of a measured client, as text for the report.
+pub(crate) type BenchError = Box<dyn std::error::Error + Send + Sync>;
+/// The result of one measured operation.
+pub(crate) type BenchResult<T> = Result<T, BenchError>;
+
+/// What a lock is in the comparison.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// This project.
+    Ours,
+    /// The backend's raw client doing the same round trips by hand.
+    Raw,
+    /// A peer library.
+    Peer,
+}
+
+/// How a lock waits for a held key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Waiting {
+    /// Woken by the server (watch, pub/sub, blocking query).
+    Event,
+    /// Polls at the given interval (a hand-written lock's usual answer).
+    Poll(Duration),
+    /// Does not wait: measured uncontended only.
+    No,
+}
+
+/// A held lock of any of the measured kinds.
+pub(crate) struct Held(Box<dyn Any + Send>);
+
+/// One lock implementation under measurement.
+#[async_trait]
+pub(crate) trait BenchLock: Send + Sync {
+    /// Its name in the report.
+    fn name(&self) -> &str;
+    /// Ours, raw or peer.
+    fn kind(&self) -> Kind;
+    /// How it waits for a held key.
+    fn waiting(&self) -> Waiting;
+    /// Takes `key`, which is free (uncontended); an error when it is not.
+    async fn acquire(&self, key: &str) -> BenchResult<Held>;
+    /// Takes `key`, waiting as long as it is held (bounded by the lock's own limits).
+    async fn acquire_waiting(&self, key: &str) -> BenchResult<Held>;
+    /// Releases a lock this value took.
+    async fn release(&self, held: Held) -> BenchResult<()>;
+    /// The same lock on a second, independent client (as a second process would have), for the
+    /// hand-off waiter.
+    async fn another(&self) -> BenchResult<Arc<dyn BenchLock>>;
+}
+
+fn held<T: Send + 'static>(t: T) -> Held {
+    Held(Box::new(t))
+}
+
+fn unwrap<T: 'static>(h: Held) -> BenchResult<T> {
+    h.0.downcast::<T>()
+        .map(|b| *b)
+        .map_err(|_| "released a lock another implementation took".into())
+}
+
+/// A process-unique owner value for the raw locks.
+fn owner() -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    format!(
+        "{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// The time a blocking acquire of ours may wait in the benchmark.
+const WAIT_LIMIT: Duration = Duration::from_secs(30);
+
+// ---------------------------------------------------------------------------------------------
+// Ours
+
+/// This project's lock, built from a URL with `fenced::connect` (instrumented, as users get it).
+pub(crate) struct Ours {
+    url: String,
+    coordinator: Arc<dyn Coordinator>,
+    ttl: Duration,
+}
+
+impl Ours {
+    /// Connects to `url`.
+    pub(crate) async fn connect(url: &str, ttl: Duration) -> BenchResult<Self> {
+        Ok(Self {
+            url: url.to_owned(),
+            coordinator: fenced::connect(url).await?,
+            ttl,
+        })
+    }
+}
+
+#[async_trait]
+impl BenchLock for Ours {
+    fn name(&self) -> &str {
+        "ours"
+    }
+    fn kind(&self) -> Kind {
+        Kind::Ours
+    }
+    fn waiting(&self) -> Waiting {
+        Waiting::Event
+    }
+    async fn acquire(&self, key: &str) -> BenchResult<Held> {
+        let key = LockKey::new(key)?;
+        Ok(held(
+            self.coordinator
+                .acquire(&key, &LeaseOptions::new(self.ttl))
+                .await?,
+        ))
+    }
+    async fn acquire_waiting(&self, key: &str) -> BenchResult<Held> {
+        let key = LockKey::new(key)?;
+        let options = LeaseOptions::new(self.ttl).wait(WAIT_LIMIT);
+        Ok(held(self.coordinator.acquire(&key, &options).await?))
+    }
+    async fn release(&self, h: Held) -> BenchResult<()> {
+        unwrap::<Box<dyn fenced::Lease>>(h)?.release().await?;
+        Ok(())
+    }
+    async fn another(&self) -> BenchResult<Arc<dyn BenchLock>> {
+        if self.url.starts_with("memory") {
+            // One process's memory backend: a second client would be a second, separate store.
+            return Ok(Arc::new(Self {
+                url: self.url.clone(),
+                coordinator: self.coordinator.clone(),
+                ttl: self.ttl,
+            }));
+        }
+        Ok(Arc::new(Self::connect(&self.url, self.ttl).await?))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Redis
+
+/// Takes the key and mints a token in one script (a failed attempt writes nothing); 1 round trip.
+const RAW_ACQUIRE: &str = "if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then \
+    return redis.call('INCR', KEYS[2]) end return false";
+/// Deletes the key if it is still ours; 1 round trip.
+const RAW_RELEASE: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then \
+    return redis.call('DEL', KEYS[1]) end return 0";
+
+/// The hand-written Redis lock: one Lua script to take the key and mint a token, one to release;
+/// waiting polls every millisecond.
+pub(crate) struct RawRedis {
+    client: redis::Client,
+    conn: redis::aio::MultiplexedConnection,
+    acquire: redis::Script,
+    release: redis::Script,
+    ttl: Duration,
+}
+
+impl RawRedis {
+    /// Connects one multiplexed connection to `url`.
+    pub(crate) async fn connect(url: &str, ttl: Duration) -> BenchResult<Self> {
+        let client = redis::Client::open(url)?;
+        let conn = client.get_multiplexed_async_connection().await?;
+        Ok(Self {
+            client,
+            conn,
+            acquire: redis::Script::new(RAW_ACQUIRE),
+            release: redis::Script::new(RAW_RELEASE),
+            ttl,
+        })
+    }
+
+    async fn try_take(&self, key: &str) -> BenchResult<Option<(String, String, u64)>> {
+        let (k, owner) = (format!("raw:{key}"), owner());
+        let token: Option<u64> = self
+            .acquire
+            .key(&k)
+            .key(format!("raw-token:{key}"))
+            .arg(&owner)
+            .arg(self.ttl.as_millis() as u64)
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        Ok(token.map(|t| (k, owner, t)))
+    }
+}
+
+#[async_trait]
+impl BenchLock for RawRedis {
+    fn name(&self) -> &str {
+        "raw Lua 1+1"
+    }
+    fn kind(&self) -> Kind {
+        Kind::Raw
+    }
+    fn waiting(&self) -> Waiting {
+        Waiting::Poll(Duration::from_millis(1))
+    }
+    async fn acquire(&self, key: &str) -> BenchResult<Held> {
+        match self.try_take(key).await? {
+            Some(t) => Ok(held(t)),
+            None => Err(format!("{key} is held").into()),
+        }
+    }
+    async fn acquire_waiting(&self, key: &str) -> BenchResult<Held> {
+        loop {
+            if let Some(t) = self.try_take(key).await? {
+                return Ok(held(t));
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+    async fn release(&self, h: Held) -> BenchResult<()> {
+        let (k, owner, _token) = unwrap::<(String, String, u64)>(h)?;
+        let _: i64 = self
+            .release
+            .key(k)
+            .arg(owner)
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        Ok(())
+    }
+    async fn another(&self) -> BenchResult<Arc<dyn BenchLock>> {
+        let conn = self.client.get_multiplexed_async_connection().await?;
+        Ok(Arc::new(Self {
+            client: self.client.clone(),
+            conn,
+            acquire: self.acquire.clone(),
+            release: self.release.clone(),
+            ttl: self.ttl,
+        }))
+    }
+}
+
+/// rslock 0.10 with its defaults (3 tries, random 0–200 ms apart; no token).
+pub(crate) struct Rslock {
+    url: String,
+    manager: rslock::LockManager,
+    ttl: Duration,
+}
+
+impl Rslock {
+    /// A lock manager over the one server at `url`.
+    pub(crate) fn new(url: &str, ttl: Duration) -> Self {
+        Self {
+            url: url.to_owned(),
+            manager: rslock::LockManager::new(vec![url.to_owned()]),
+            ttl,
+        }
+    }
+}
+
+fn rslock_error(e: rslock::LockError) -> BenchError {
+    format!("rslock: {e:?}").into()
+}
+
+#[async_trait]
+impl BenchLock for Rslock {
+    fn name(&self) -> &str {
+        "rslock 0.10"
+    }
+    fn kind(&self) -> Kind {
+        Kind::Peer
+    }
+    fn waiting(&self) -> Waiting {
+        Waiting::Poll(Duration::from_millis(100))
+    }
+    async fn acquire(&self, key: &str) -> BenchResult<Held> {
+        let lock = self
+            .manager
+            .lock(format!("rslock:{key}").as_str(), self.ttl)
+            .await
+            .map_err(rslock_error)?;
+        Ok(held(lock))
+    }
+    async fn acquire_waiting(&self, key: &str) -> BenchResult<Held> {
+        let lock = self
+            .manager
+            .acquire_no_guard(format!("rslock:{key}").as_str(), self.ttl)
+            .await
+            .map_err(rslock_error)?;
+        Ok(held(lock))
+    }
+    async fn release(&self, h: Held) -> BenchResult<()> {
+        self.manager.unlock(&unwrap::<rslock::Lock>(h)?).await;
+        Ok(())
+    }
+    async fn another(&self) -> BenchResult<Arc<dyn BenchLock>> {
+        Ok(Arc::new(Self::new(&self.url, self.ttl)))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// etcd
+
+/// One etcd client with one lease kept alive (a session), shared by the raw lock and the Lock RPC.
+#[derive(Clone)]
+pub(crate) struct EtcdSession {
+    endpoint: String,
+    client: etcd_client::Client,
+    lease: i64,
+}
+
+impl EtcdSession {
+    /// Connects to `endpoint` (`host:port` or `http://host:port`), grants a lease of `ttl` and
+    /// keeps it alive for as long as the process runs.
+    pub(crate) async fn connect(endpoint: &str, ttl: Duration) -> BenchResult<Self> {
+        let mut client = etcd_client::Client::connect([endpoint], None).await?;
+        let lease = client.lease_grant(ttl.as_secs() as i64, None).await?.id();
+        let (mut keeper, mut answers) = client.lease_keep_alive(lease).await?;
+        let every = ttl / 3;
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                if keeper.keep_alive().await.is_err() || answers.message().await.is_err() {
+                    return;
+                }
+            }
+        });
+        Ok(Self {
+            endpoint: endpoint.to_owned(),
+            client,
+            lease,
+        })
+    }
+}
+
+/// The hand-written etcd lock: one txn (create the key if absent, with the session's lease; the
+/// token is its create revision), one delete. Does not wait.
+pub(crate) struct RawEtcd {
+    session: EtcdSession,
+    ttl: Duration,
+}
+
+impl RawEtcd {
+    /// Over its own session.
+    pub(crate) async fn connect(endpoint: &str, ttl: Duration) -> BenchResult<Self> {
+        Ok(Self {
+            session: EtcdSession::connect(endpoint, ttl).await?,
+            ttl,
+        })
+    }
+}
+
+#[async_trait]
+impl BenchLock for RawEtcd {
+    fn name(&self) -> &str {
+        "raw txn + delete"
+    }
+    fn kind(&self) -> Kind {
+        Kind::Raw
+    }
+    fn waiting(&self) -> Waiting {
+        Waiting::No
+    }
+    async fn acquire(&self, key: &str) -> BenchResult<Held> {
+        use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
+        let k = format!("raw/{key}");
+        let txn = Txn::new()
+            .when([Compare::create_revision(k.clone(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(
+                k.clone(),
+                owner(),
+                Some(PutOptions::new().with_lease(self.session.lease)),
+            )]);
+        let answer = self.session.client.kv_client().txn(txn).await?;
+        if !answer.succeeded() {
+            return Err(format!("{key} is held").into());
+        }
+        let token = answer.header().map(|h| h.revision()).unwrap_or_default();
+        Ok(held((k, token)))
+    }
+    async fn acquire_waiting(&self, key: &str) -> BenchResult<Held> {
+        Err(format!("the raw etcd lock does not wait ({key})").into())
+    }
+    async fn release(&self, h: Held) -> BenchResult<()> {
+        let (k, _token) = unwrap::<(String, i64)>(h)?;
+        self.session.client.kv_client().delete(k, None).await?;
+        Ok(())
+    }
+    async fn another(&self) -> BenchResult<Arc<dyn BenchLock>> {
+        Ok(Arc::new(
+            Self::connect(&self.session.endpoint, self.ttl).await?,
+        ))
+    }
+}
+
+/// etcd's own Lock RPC (the server-side recipe of `concurrency.Mutex`), with the session's lease.
+pub(crate) struct EtcdLock {
+    session: EtcdSession,
+    ttl: Duration,
+}
+
+impl EtcdLock {
+    /// Over its own session.
+    pub(crate) async fn connect(endpoint: &str, ttl: Duration) -> BenchResult<Self> {
+        Ok(Self {
+            session: EtcdSession::connect(endpoint, ttl).await?,
+            ttl,
+        })
+    }
+}
+
+#[async_trait]
+impl BenchLock for EtcdLock {
+    fn name(&self) -> &str {
+        "etcd Lock RPC"
+    }
+    fn kind(&self) -> Kind {
+        Kind::Peer
+    }
+    fn waiting(&self) -> Waiting {
+        Waiting::Event
+    }
+    async fn acquire(&self, key: &str) -> BenchResult<Held> {
+        self.acquire_waiting(key).await
+    }
+    async fn acquire_waiting(&self, key: &str) -> BenchResult<Held> {
+        let options = etcd_client::LockOptions::new().with_lease(self.session.lease);
+        let answer = self
+            .session
+            .client
+            .lock_client()
+            .lock(format!("rpc/{key}"), Some(options))
+            .await?;
+        Ok(held(answer.key().to_vec()))
+    }
+    async fn release(&self, h: Held) -> BenchResult<()> {
+        let key = unwrap::<Vec<u8>>(h)?;
+        self.session.client.lock_client().unlock(key).await?;
+        Ok(())
+    }
+    async fn another(&self) -> BenchResult<Arc<dyn BenchLock>> {
+        Ok(Arc::new(
+            Self::connect(&self.session.endpoint, self.ttl).await?,
+        ))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// ZooKeeper
+
+/// Connects a zookeeper-client session to `addr` (`host:port`).
+async fn zk_connect(addr: &str, ttl: Duration) -> BenchResult<zookeeper_client::Client> {
+    Ok(zookeeper_client::Client::connector()
+        .with_session_timeout(ttl)
+        .connect(addr)
+        .await?)
+}
+
+/// Creates `path` (persistent) unless it exists.
+async fn zk_ensure(client: &zookeeper_client::Client, path: &str) -> BenchResult<()> {
+    use zookeeper_client::{Acls, CreateMode};
+    let options = CreateMode::Persistent.with_acls(Acls::anyone_all());
+    match client.create(path, &[], &options).await {
+        Ok(_) | Err(zookeeper_client::Error::NodeExists) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The hand-written ZooKeeper lock: create an ephemeral sequential node under the key's
+/// directory (its czxid is the token), optionally list the directory to see who is first (the
+/// round trip a waiting lock needs), delete the node. Does not wait.
+pub(crate) struct RawZk {
+    addr: String,
+    client: zookeeper_client::Client,
+    list: bool,
+    ttl: Duration,
+}
+
+impl RawZk {
+    /// Over its own session; `list` adds the getChildren of a lock that can wait.
+    pub(crate) async fn connect(addr: &str, ttl: Duration, list: bool) -> BenchResult<Self> {
+        let client = zk_connect(addr, ttl).await?;
+        zk_ensure(&client, "/bench-raw").await?;
+        Ok(Self {
+            addr: addr.to_owned(),
+            client,
+            list,
+            ttl,
+        })
+    }
+}
+
+#[async_trait]
+impl BenchLock for RawZk {
+    fn name(&self) -> &str {
+        if self.list {
+            "raw create + getChildren + delete"
+        } else {
+            "raw create + delete"
+        }
+    }
+    fn kind(&self) -> Kind {
+        Kind::Raw
+    }
+    fn waiting(&self) -> Waiting {
+        Waiting::No
+    }
+    async fn acquire(&self, key: &str) -> BenchResult<Held> {
+        use zookeeper_client::{Acls, CreateMode};
+        let dir = format!("/bench-raw/{}", key.replace('/', "_"));
+        let options = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
+        let (stat, seq) = match self
+            .client
+            .create(&format!("{dir}/n-"), &[], &options)
+            .await
+        {
+            Ok(created) => created,
+            Err(zookeeper_client::Error::NoNode) => {
+                zk_ensure(&self.client, &dir).await?;
+                self.client
+                    .create(&format!("{dir}/n-"), &[], &options)
+                    .await?
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let path = format!("{dir}/n-{seq}");
+        if self.list {
+            let children = self.client.list_children(&dir).await?;
+            if children.len() != 1 {
+                self.client.delete(&path, None).await?;
+                return Err(format!("{key} is held").into());
+            }
+        }
+        Ok(held((path, stat.czxid)))
+    }
+    async fn acquire_waiting(&self, key: &str) -> BenchResult<Held> {
+        Err(format!("the raw ZooKeeper lock does not wait ({key})").into())
+    }
+    async fn release(&self, h: Held) -> BenchResult<()> {
+        let (path, _czxid) = unwrap::<(String, i64)>(h)?;
+        self.client.delete(&path, None).await?;
+        Ok(())
+    }
+    async fn another(&self) -> BenchResult<Arc<dyn BenchLock>> {
+        Ok(Arc::new(
+            Self::connect(&self.addr, self.ttl, self.list).await?,
+        ))
+    }
+}
+
+/// zookeeper-client's lock recipe (`Client::lock` with Curator's node names), released by
+/// deleting its node in the foreground (the recipe's own drop deletes it in the background).
+pub(crate) struct ZkRecipe {
+    addr: String,
+    client: zookeeper_client::Client,
+    ttl: Duration,
+}
+
+impl ZkRecipe {
+    /// Over its own session.
+    pub(crate) async fn connect(addr: &str, ttl: Duration) -> BenchResult<Self> {
+        let client = zk_connect(addr, ttl).await?;
+        zk_ensure(&client, "/bench-recipe").await?;
+        Ok(Self {
+            addr: addr.to_owned(),
+            client,
+            ttl,
+        })
+    }
+}
+
+#[async_trait]
+impl BenchLock for ZkRecipe {
+    fn name(&self) -> &str {
+        "zookeeper-client recipe"
+    }
+    fn kind(&self) -> Kind {
+        Kind::Peer
+    }
+    fn waiting(&self) -> Waiting {
+        Waiting::Event
+    }
+    async fn acquire(&self, key: &str) -> BenchResult<Held> {
+        self.acquire_waiting(key).await
+    }
+    async fn acquire_waiting(&self, key: &str) -> BenchResult<Held> {
+        use zookeeper_client::{Acls, CreateMode, LockOptions, LockPrefix};
+        let dir = format!("/bench-recipe/{}", key.replace('/', "_"));
+        let options = LockOptions::new(Acls::anyone_all())
+            .with_ancestor_options(CreateMode::Persistent.with_acls(Acls::anyone_all()))?;
+        let lock = self
+            .client
+            .lock(LockPrefix::new_curator(&dir, "lock-")?, b"", options)
+            .await?;
+        let path = lock.lock_path().to_owned();
+        // The recipe's guard deletes its node in a background task when dropped; release below
+        // deletes it in the foreground instead, so the measured release is the real one.
+        std::mem::forget(lock);
+        Ok(held(path))
+    }
+    async fn release(&self, h: Held) -> BenchResult<()> {
+        let path = unwrap::<String>(h)?;
+        self.client.delete(&path, None).await?;
+        Ok(())
+    }
+    async fn another(&self) -> BenchResult<Arc<dyn BenchLock>> {
+        Ok(Arc::new(Self::connect(&self.addr, self.ttl).await?))
+    }
+}
