@@ -86,6 +86,13 @@ struct Args {
     /// Tiny sizes (one round, a few operations each): proves the benchmark still works.
     #[arg(long)]
     smoke: bool,
+    /// Only the locks whose names start with one of these (comma-separated, e.g. `ours,rslock`);
+    /// all when not given. For profiling one lock.
+    #[arg(long, value_delimiter = ',')]
+    locks: Vec<String>,
+    /// Only these scenarios (comma-separated: pairs, hand-offs, throughput); all when not given.
+    #[arg(long, value_delimiter = ',')]
+    scenarios: Vec<String>,
 }
 
 /// The locks measured against one server.
@@ -175,6 +182,14 @@ async fn run(mut args: Args) -> BenchResult<String> {
     for (i, server) in servers.iter().enumerate() {
         versions.push(server.counters.version().await);
         for lock in locks_for(server, ttl).await? {
+            if !args.locks.is_empty()
+                && !args
+                    .locks
+                    .iter()
+                    .any(|l| lock.name().starts_with(l.as_str()))
+            {
+                continue;
+            }
             let waiter = lock.another().await?;
             entries.push(Entry {
                 server: i,
@@ -188,6 +203,9 @@ async fn run(mut args: Args) -> BenchResult<String> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     for round in 0..args.rounds {
         for phase in ["pairs", "hand-offs", "throughput"] {
+            if !args.scenarios.is_empty() && !args.scenarios.iter().any(|s| s == phase) {
+                continue;
+            }
             let mut order: Vec<usize> = (0..entries.len()).collect();
             order.shuffle(&mut rng);
             for i in order {

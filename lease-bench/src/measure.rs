@@ -68,6 +68,9 @@ pub(crate) struct Figures {
     pub(crate) handoff: Samples,
     /// Pairs per second with tasks on their own keys, one figure per round.
     pub(crate) own_keys: Vec<f64>,
+    /// What the server counted during the own-keys runs (and this process's and the server's
+    /// CPU time), and the pairs they made.
+    pub(crate) own_keys_counted: Option<(Reading, u64)>,
     /// Grants per second with the tasks on a few shared keys, one figure per round.
     pub(crate) contended: Vec<f64>,
     /// Server requests per contended grant (total, grants).
@@ -81,6 +84,12 @@ pub(crate) struct Figures {
 fn add(total: &mut Option<(Reading, u64)>, delta: Reading, n: u64) {
     let (sum, count) = total.get_or_insert_with(Default::default);
     sum.requests += delta.requests;
+    sum.client_cpu += delta.client_cpu;
+    sum.server_cpu = match (sum.server_cpu, delta.server_cpu) {
+        (Some(a), Some(b)) => Some(a + b),
+        (None, b) if *count == 0 => b,
+        _ => None,
+    };
     for (k, v) in delta.by_name {
         *sum.by_name.entry(k).or_default() += v;
     }
@@ -234,8 +243,9 @@ pub(crate) async fn throughputs(
     let own: Vec<String> = (0..sizes.tasks)
         .map(|i| format!("{prefix}/own/{i}"))
         .collect();
-    let (rate, _, _) = throughput(lock.clone(), counters, &own, sizes).await?;
+    let (rate, delta, pairs) = throughput(lock.clone(), counters, &own, sizes).await?;
     into.own_keys.push(rate);
+    add(&mut into.own_keys_counted, delta, pairs);
     if lock.waiting() != Waiting::No {
         let shared: Vec<String> = (0..sizes.shared_keys.max(1))
             .map(|i| format!("{prefix}/shared/{i}"))
@@ -249,7 +259,7 @@ pub(crate) async fn throughputs(
                 seconds: (sizes.seconds / 4).max(Duration::from_millis(200)),
                 ..sizes.clone()
             };
-            let (_, _, grants) = throughput(lock, &Counters::None, &shared, &short).await?;
+            let (_, _, grants) = throughput(lock, &Counters::none(), &shared, &short).await?;
             add(
                 &mut into.contended_round_trips,
                 monitor.finish().await?,

@@ -62,6 +62,20 @@ fn per(total: &Option<(Reading, u64)>) -> Option<f64> {
         .map(|(r, n)| r.requests as f64 / *n as f64)
 }
 
+/// CPU per own-keys pair, client / server, in µs.
+fn cpu(total: &Option<(Reading, u64)>) -> String {
+    match total {
+        Some((r, n)) if *n > 0 => {
+            let us = |d: Duration| d.as_secs_f64() * 1e6 / *n as f64;
+            match r.server_cpu {
+                Some(s) => format!("{:.0} / {:.0}", us(r.client_cpu), us(s)),
+                None => format!("{:.0} / –", us(r.client_cpu)),
+            }
+        }
+        _ => "–".into(),
+    }
+}
+
 /// Round trips per operation: counted by `MONITOR` where the server's counters count more
 /// (Redis), else the server's request counters.
 fn trips(monitored: &Option<(Reading, u64)>, counted: &Option<(Reading, u64)>) -> Option<f64> {
@@ -137,7 +151,10 @@ pub(crate) fn markdown(info: &RunInfo, rows: &[Row]) -> String {
          - round trips are counted by the server: Redis `MONITOR` over a few more pairs (its \
          `INFO` counters also count the commands a script invokes), etcd \
          `grpc_server_msg_received_total`, ZooKeeper `zk_packets_received`, read before and \
-         after, so they include background traffic (keep-alives, pings) of the same interval\n",
+         after, so they include background traffic (keep-alives, pings) of the same interval\n\
+         - CPU per pair: user + system time of the benchmark process (all its clients, the \
+         idle ones too) and of the server process during the own-keys runs, divided by the \
+         pairs made\n",
         info.date, info.machine, info.command, info.seed, info.sizes
     );
     let mut backends: Vec<Backend> = rows.iter().map(|r| r.backend).collect();
@@ -151,9 +168,9 @@ pub(crate) fn markdown(info: &RunInfo, rows: &[Row]) -> String {
             out,
             "\n## {} ({version})\n\n\
              | lock | acquire+release p50 | p99 | release p50 | round trips / pair | \
-             hand-off p50 | hand-off p99 | 64 tasks, own keys | 64 tasks, shared keys | \
-             round trips / contended grant |\n\
-             |---|---|---|---|---|---|---|---|---|---|",
+             hand-off p50 | hand-off p99 | 64 tasks, own keys | CPU µs / pair, client / server | \
+             64 tasks, shared keys | round trips / contended grant |\n\
+             |---|---|---|---|---|---|---|---|---|---|---|",
             backend.name()
         );
         let o = ours.map(|o| &o.figures);
@@ -200,7 +217,7 @@ pub(crate) fn markdown(info: &RunInfo, rows: &[Row]) -> String {
             };
             let _ = writeln!(
                 out,
-                "| {name} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                "| {name} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                 lat(p50, op50),
                 ms(f.pair.p99()),
                 ms(f.release.p50()),
@@ -210,6 +227,7 @@ pub(crate) fn markdown(info: &RunInfo, rows: &[Row]) -> String {
                 handoff.0,
                 handoff.1,
                 thr(own, o.and_then(|o| median(&o.own_keys))),
+                cpu(&f.own_keys_counted),
                 thr(shared, o.and_then(|o| median(&o.contended))),
                 trips(&f.contended_round_trips, &f.contended_requests)
                     .map(|p| format!("{p:.2}"))
@@ -279,7 +297,9 @@ fn backend_targets(backend: Backend, rows: &[&Row], ours: &Row) -> Vec<String> {
     let mut t = Vec::new();
     let n = backend.name();
     let f = &ours.figures;
-    if let Some(raw) = same_round_trips(rows, ours) {
+    if let Some(raw) = same_round_trips(rows, ours)
+        .filter(|raw| !f.pair.0.is_empty() && !raw.figures.pair.0.is_empty())
+    {
         let ratio = f.pair.p50().as_secs_f64() / raw.figures.pair.p50().as_secs_f64().max(1e-9);
         t.push(format!(
             "| {n}: acquire+release p50 ≤ 1.05x the raw client ({}) | {ratio:.2}x ({} vs {}) | {} |",

@@ -52,9 +52,28 @@ pub(crate) struct Server {
     _started: Option<Box<dyn Any + Send>>,
 }
 
-/// A server's own request counters.
+/// A server's own request counters, and its process for its CPU time.
 #[derive(Clone, Debug)]
-pub(crate) enum Counters {
+pub(crate) struct Counters {
+    /// Where the request counters are read.
+    pub(crate) source: Source,
+    /// The server's PID when it runs on this machine (started by the harness).
+    pub(crate) pid: Option<u32>,
+}
+
+impl Counters {
+    /// Nothing read.
+    pub(crate) fn none() -> Self {
+        Counters {
+            source: Source::None,
+            pid: None,
+        }
+    }
+}
+
+/// Where a server's request counters are read.
+#[derive(Clone, Debug)]
+pub(crate) enum Source {
     /// `INFO` of the Redis server at this URL.
     Redis(String),
     /// The `/metrics` of etcd's plain-HTTP client port.
@@ -74,6 +93,21 @@ pub(crate) struct Reading {
     /// By command or method, where the server breaks them down (Redis counts the commands a
     /// script invokes here too).
     pub(crate) by_name: BTreeMap<String, u64>,
+    /// CPU time (user + system) of this process.
+    pub(crate) client_cpu: Duration,
+    /// CPU time of the server's process, when it runs here.
+    pub(crate) server_cpu: Option<Duration>,
+}
+
+/// CPU time (user + system) of process `pid` (`self` for this one), from `/proc`.
+pub(crate) fn cpu_time(pid: &str) -> Option<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name (which may contain spaces), in clock ticks of 1/100 s on
+    // Linux: utime is the 14th field, stime the 15th.
+    let rest = stat.rsplit_once(')')?.1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    Some(Duration::from_millis(ticks * 10))
 }
 
 impl Reading {
@@ -90,6 +124,11 @@ impl Reading {
         Reading {
             requests: after.requests.saturating_sub(self.requests),
             by_name,
+            client_cpu: after.client_cpu.saturating_sub(self.client_cpu),
+            server_cpu: match (self.server_cpu, after.server_cpu) {
+                (Some(b), Some(a)) => Some(a.saturating_sub(b)),
+                _ => None,
+            },
         }
     }
 }
@@ -133,9 +172,13 @@ async fn redis_info(url: &str, section: &str) -> BenchResult<String> {
 impl Counters {
     /// Reads the counters now.
     pub(crate) async fn read(&self) -> BenchResult<Reading> {
-        let mut reading = Reading::default();
-        match self {
-            Counters::Redis(url) => {
+        let mut reading = Reading {
+            client_cpu: cpu_time("self").unwrap_or_default(),
+            server_cpu: self.pid.and_then(|p| cpu_time(&p.to_string())),
+            ..Reading::default()
+        };
+        match &self.source {
+            Source::Redis(url) => {
                 // One INFO for both sections, so the reading itself is one command.
                 let info = redis_info(url, "everything").await?;
                 for line in info.lines() {
@@ -155,7 +198,7 @@ impl Counters {
                 // The reading's own INFO (counted by the time it answers).
                 reading.requests = reading.requests.saturating_sub(1);
             }
-            Counters::Etcd(addr) => {
+            Source::Etcd(addr) => {
                 let metrics = http_get(*addr, "/metrics").await?;
                 for line in metrics.lines() {
                     let Some(rest) = line.strip_prefix("grpc_server_msg_received_total{") else {
@@ -172,7 +215,7 @@ impl Counters {
                     *reading.by_name.entry(method.to_owned()).or_default() += n;
                 }
             }
-            Counters::ZooKeeper(addr) => {
+            Source::ZooKeeper(addr) => {
                 let mntr = exchange(*addr, b"mntr".to_vec()).await?;
                 let received = mntr
                     .lines()
@@ -181,34 +224,34 @@ impl Counters {
                 reading.requests = received.trim().parse()?;
                 // The mntr request itself is not a packet of the client protocol.
             }
-            Counters::None => {}
+            Source::None => {}
         }
         Ok(reading)
     }
 
     /// The server's version, for the report.
     pub(crate) async fn version(&self) -> String {
-        let found = match self {
-            Counters::Redis(url) => redis_info(url, "server").await.map(|i| {
+        let found = match &self.source {
+            Source::Redis(url) => redis_info(url, "server").await.map(|i| {
                 i.lines()
                     .find_map(|l| l.strip_prefix("redis_version:"))
                     .map(|v| format!("Redis {}", v.trim()))
                     .unwrap_or_default()
             }),
-            Counters::Etcd(addr) => http_get(*addr, "/version").await.map(|v| {
+            Source::Etcd(addr) => http_get(*addr, "/version").await.map(|v| {
                 v.split("\"etcdserver\":\"")
                     .nth(1)
                     .and_then(|r| r.split('"').next())
                     .map(|v| format!("etcd {v}"))
                     .unwrap_or_default()
             }),
-            Counters::ZooKeeper(addr) => exchange(*addr, b"srvr".to_vec()).await.map(|s| {
+            Source::ZooKeeper(addr) => exchange(*addr, b"srvr".to_vec()).await.map(|s| {
                 s.lines()
                     .find_map(|l| l.strip_prefix("Zookeeper version: "))
                     .map(|v| format!("ZooKeeper {}", v.split(['-', ',']).next().unwrap_or(v)))
                     .unwrap_or_default()
             }),
-            Counters::None => Ok(String::new()),
+            Source::None => Ok(String::new()),
         };
         found.unwrap_or_else(|e| format!("(version unknown: {e})"))
     }
@@ -227,7 +270,7 @@ impl Counters {
     /// commands (Redis); `None` where [`Counters::read`] already counts round trips.
     pub(crate) async fn monitor(&self) -> BenchResult<Option<Monitor>> {
         use futures::StreamExt;
-        let Counters::Redis(url) = self else {
+        let Source::Redis(url) = &self.source else {
             return Ok(None);
         };
         let marker = format!("lease-bench-monitor-end-{}", rand::random::<u64>());
@@ -295,7 +338,10 @@ impl Server {
                 Server {
                     backend: Backend::Redis,
                     endpoint: url.clone(),
-                    counters: Counters::Redis(url.clone()),
+                    counters: Counters {
+                        source: Source::Redis(url.clone()),
+                        pid: s.pid(),
+                    },
                     url,
                     _started: Some(Box::new(s)),
                 }
@@ -306,7 +352,10 @@ impl Server {
                     backend: Backend::Etcd,
                     url: s.url(),
                     endpoint: s.http_endpoint(),
-                    counters: Counters::Etcd(s.addr()),
+                    counters: Counters {
+                        source: Source::Etcd(s.addr()),
+                        pid: s.pid(),
+                    },
                     _started: Some(Box::new(s)),
                 }
             }
@@ -320,7 +369,10 @@ impl Server {
                         ttl.as_millis().min(60_000)
                     ),
                     endpoint: s.addr().to_string(),
-                    counters: Counters::ZooKeeper(s.addr()),
+                    counters: Counters {
+                        source: Source::ZooKeeper(s.addr()),
+                        pid: s.pid(),
+                    },
                     _started: Some(Box::new(s)),
                 }
             }
@@ -330,7 +382,7 @@ impl Server {
                     backend: Backend::Consul,
                     url: format!("consul://{}", s.addr()),
                     endpoint: String::new(),
-                    counters: Counters::None,
+                    counters: Counters::none(),
                     _started: Some(Box::new(s)),
                 }
             }
@@ -361,14 +413,14 @@ impl Server {
                 Backend::Redis,
                 // The raw client and rslock get the same URL without our options.
                 url.split('?').next().unwrap_or(url).to_owned(),
-                Counters::Redis(url.split('?').next().unwrap_or(url).to_owned()),
+                Source::Redis(url.split('?').next().unwrap_or(url).to_owned()),
             ),
             "etcd" => {
                 let host = first_host()?;
                 (
                     Backend::Etcd,
                     format!("http://{host}"),
-                    Counters::Etcd(addr_of(&host)?),
+                    Source::Etcd(addr_of(&host)?),
                 )
             }
             "zk" => {
@@ -376,17 +428,20 @@ impl Server {
                 (
                     Backend::ZooKeeper,
                     host.clone(),
-                    Counters::ZooKeeper(addr_of(&host)?),
+                    Source::ZooKeeper(addr_of(&host)?),
                 )
             }
-            "consul" | "consuls" => (Backend::Consul, String::new(), Counters::None),
-            _ => (Backend::Other, String::new(), Counters::None),
+            "consul" | "consuls" => (Backend::Consul, String::new(), Source::None),
+            _ => (Backend::Other, String::new(), Source::None),
         };
         Ok(Server {
             backend,
             url: url.to_owned(),
             endpoint,
-            counters,
+            counters: Counters {
+                source: counters,
+                pid: None,
+            },
             _started: None,
         })
     }
