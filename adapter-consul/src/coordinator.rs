@@ -74,6 +74,8 @@ pub(crate) const BUSY_WAIT: Duration = Duration::from_secs(2);
 pub(crate) struct Inner {
     pub(crate) config: ConsulConfig,
     caps: Capabilities,
+    /// The turns of this coordinator's waiting acquires.
+    local_waiters: lease_core::adapter::LocalWaiters,
     pub(crate) http: Arc<Http>,
     confirmer: Arc<Confirmer>,
     /// The one blocking query that watches every held key (loss detection).
@@ -246,6 +248,7 @@ impl ConsulCoordinator {
                 )),
                 config,
                 caps,
+                local_waiters: Default::default(),
                 confirmer: Arc::new(Confirmer::new(http.clone())),
                 waits: Arc::new(tokio::sync::Semaphore::new(MAX_WAITING_QUERIES)),
                 http,
@@ -661,6 +664,11 @@ impl ConsulCoordinator {
     /// `capabilities`.
     pub(crate) fn caps(&self) -> &Capabilities {
         &self.inner.caps
+    }
+
+    /// The turns of this coordinator's waiting acquires.
+    pub(crate) fn local_waiters(&self) -> Option<&lease_core::adapter::LocalWaiters> {
+        Some(&self.inner.local_waiters)
     }
 
     /// `acquire` (`wait`) and `try_acquire` (`!wait`): one `/v1/txn` round trip when the key is

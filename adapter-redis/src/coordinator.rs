@@ -162,6 +162,7 @@ impl RedisCoordinator {
             renewals,
             wakeups,
             caps,
+            local_waiters: Default::default(),
             default_owner,
             tokens,
             live: Mutex::new(LiveSet::default()),
@@ -556,6 +557,11 @@ impl RedisCoordinator {
     /// `capabilities`.
     pub(crate) fn caps(&self) -> &Capabilities {
         &self.inner.caps
+    }
+
+    /// The turns of this coordinator's waiting acquires.
+    pub(crate) fn local_waiters(&self) -> Option<&lease_core::adapter::LocalWaiters> {
+        Some(&self.inner.local_waiters)
     }
 
     /// `acquire` (`wait`: up to `options.wait`) and `try_acquire` (`!wait`).

@@ -30,6 +30,8 @@ pub(crate) struct Inner {
     pub(crate) renewals: Renewals,
     pub(crate) wakeups: Wakeups,
     pub(crate) caps: Capabilities,
+    /// The turns of this coordinator's waiting acquires.
+    pub(crate) local_waiters: lease_core::adapter::LocalWaiters,
     pub(crate) default_owner: OwnerId,
     /// Admits grants: in range, above the floor and above every token this process was granted
     /// for the lock on this server and key prefix (fail closed otherwise).

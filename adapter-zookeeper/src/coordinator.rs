@@ -58,6 +58,8 @@ const MAX_RESTARTS: usize = 3;
 pub(crate) struct Inner {
     config: ZkConfig,
     caps: Capabilities,
+    /// The turns of this coordinator's waiting acquires.
+    local_waiters: lease_core::adapter::LocalWaiters,
     session: tokio::sync::Mutex<Option<Arc<Session>>>,
     client_id: u64,
     attempts: AtomicU64,
@@ -134,6 +136,7 @@ impl ZkCoordinator {
             inner: Arc::new(Inner {
                 config,
                 caps,
+                local_waiters: Default::default(),
                 session: tokio::sync::Mutex::new(Some(session)),
                 client_id: rand::random(),
                 attempts: AtomicU64::new(0),
@@ -816,6 +819,11 @@ impl ZkCoordinator {
     /// `capabilities`.
     pub(crate) fn caps(&self) -> &Capabilities {
         &self.inner.caps
+    }
+
+    /// The turns of this coordinator's waiting acquires.
+    pub(crate) fn local_waiters(&self) -> Option<&lease_core::adapter::LocalWaiters> {
+        Some(&self.inner.local_waiters)
     }
 
     /// `acquire` (`wait`: up to `options.wait`) and `try_acquire` (`!wait`).

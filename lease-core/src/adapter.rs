@@ -16,6 +16,7 @@ pub mod batch;
 pub mod clock;
 pub use crate::connect::{percent_decode, BackendUrl, CoordinatorFactory, FenceFactory};
 pub use crate::lease::LeaseTracker;
+pub use crate::local_waiters::{in_turn, LocalWaiters, Turn};
 pub use crate::options::{duration_in_range, parse_millis};
 pub use crate::outcome::{Delivery, Op};
 pub use crate::tokens::{NativeToken, TokenAdmission};
@@ -35,7 +36,8 @@ pub use async_trait::async_trait;
 /// | method | is |
 /// |---|---|
 /// | `fn caps(&self) -> &Capabilities` | `capabilities` |
-/// | `async fn acquire_for(&self, &LockKey, &LeaseOptions, wait: bool) -> Result<Box<dyn Lease>>` | `acquire` (`wait`: up to `options.wait`) and `try_acquire` (`!wait`) |
+/// | `fn local_waiters(&self) -> Option<&LocalWaiters>` | the turns of this coordinator's waiting acquires ([`LocalWaiters`]); `None` where the backend's own queue already gives each waiter its turn |
+/// | `async fn acquire_for(&self, &LockKey, &LeaseOptions, wait: bool) -> Result<Box<dyn Lease>>` | `acquire` (`wait`: up to `options.wait`) and `try_acquire` (`!wait`); a waiting `acquire` runs in its turn among this coordinator's waiters of the key, with what is left of its wait |
 /// | `async fn inspect_key(&self, &LockKey) -> Result<Option<HolderInfo>>` | `inspect` |
 /// | `async fn force_release_key(&self, &LockKey, &ForceRelease) -> Result<Option<HolderInfo>>` | `force_release` |
 /// | `async fn audit_trail_of(&self, &LockKey, usize) -> Result<Vec<AuditRecord>>` | `audit_trail` |
@@ -53,7 +55,24 @@ macro_rules! coordinator_from_primitives {
                 key: &$crate::LockKey,
                 options: &$crate::LeaseOptions,
             ) -> $crate::Result<Box<dyn $crate::Lease>> {
-                self.acquire_for(key, options, true).await
+                // Bad input is refused before any wait.
+                options.validate(self.caps())?;
+                let wait = options.wait_value();
+                let Some(waiters) = self.local_waiters().filter(|_| !wait.is_zero()) else {
+                    return self.acquire_for(key, options, true).await;
+                };
+                // One waiter per key at a time asks the server (no herd, no overtaking).
+                $crate::adapter::in_turn(waiters, key, wait, |left| async move {
+                    if left.is_zero() {
+                        return Err($crate::Error::Timeout {
+                            key: key.to_string(),
+                            waited: wait,
+                        });
+                    }
+                    self.acquire_for(key, &options.clone().wait(left), true)
+                        .await
+                })
+                .await
             }
 
             async fn try_acquire(

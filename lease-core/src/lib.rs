@@ -50,6 +50,7 @@ mod instrument;
 mod keeper;
 mod key;
 mod lease;
+mod local_waiters;
 pub mod memory;
 pub mod metrics;
 mod multi;
