@@ -21,7 +21,7 @@ use tokio::time::Instant;
 use crate::client::client_for;
 use crate::config::EtcdConfig;
 use crate::confirm::Confirmer;
-use crate::core::Handle;
+use crate::core::{Handle, Slot, Slots};
 use crate::error::{retry_unapplied, Failure, BACKEND};
 use crate::keys::{self, HolderRecord};
 use crate::lease::EtcdLease;
@@ -38,8 +38,10 @@ pub(crate) struct Inner {
     owner: OwnerId,
     /// One session per granted TTL, in whole seconds.
     sessions: tokio::sync::Mutex<HashMap<i64, Arc<Session>>>,
-    /// Numbers each acquisition attempt, so that every attempt has its own key.
+    /// Numbers each acquisition attempt, so that every attempt has its own abandonment marker.
     attempts: AtomicU64,
+    /// The slots of holders' and waiters' own key names ([`Slots`]).
+    slots: Arc<Slots>,
     /// Admits grants: in range, above the floor and above every token granted for the lock in
     /// this process on this cluster and key prefix.
     tokens: TokenAdmission,
@@ -80,6 +82,8 @@ fn capabilities() -> Capabilities {
 struct PendingKey {
     cleaner: Cleaner,
     key: String,
+    /// The slot of `key`'s name, held until no key by that name can exist or still be written.
+    slot: Slot,
     marker: String,
     revision: Option<i64>,
     session: Arc<Session>,
@@ -90,15 +94,18 @@ impl Drop for PendingKey {
     fn drop(&mut self) {
         if self.armed {
             let state = self.session.watch_state();
-            self.cleaner.delete(match self.revision {
-                Some(rev) => Cleanup::created(self.key.clone(), rev, state),
-                None => Cleanup::abandoned(
-                    self.key.clone(),
-                    self.marker.clone(),
-                    self.session.id(),
-                    state,
-                ),
-            });
+            self.cleaner.delete(
+                match self.revision {
+                    Some(rev) => Cleanup::created(self.key.clone(), rev, state),
+                    None => Cleanup::abandoned(
+                        self.key.clone(),
+                        self.marker.clone(),
+                        self.session.id(),
+                        state,
+                    ),
+                }
+                .holding(self.slot.clone()),
+            );
         }
     }
 }
@@ -158,6 +165,7 @@ impl EtcdCoordinator {
                 owner,
                 sessions: tokio::sync::Mutex::new(HashMap::new()),
                 attempts: AtomicU64::new(rand::random::<u32>() as u64),
+                slots: Default::default(),
                 tokens,
             }),
         }
@@ -296,9 +304,11 @@ impl Inner {
     /// A new attempt on `lock` in `session`: its own key under `prefix`, and its marker.
     fn pending(&self, lock: &LockKey, prefix: &str, session: &Arc<Session>) -> PendingKey {
         let attempt = self.attempts.fetch_add(1, Ordering::Relaxed);
+        let slot = self.slots.take(keys::own_key(prefix, session.id(), 0));
         PendingKey {
             cleaner: self.handle.cleaner.clone(),
-            key: keys::own_key(prefix, session.id(), attempt),
+            key: keys::own_key(prefix, session.id(), slot.number()),
+            slot,
             marker: keys::abandoned_key(
                 self.handle.config.key_prefix(),
                 lock,
@@ -333,7 +343,7 @@ impl Inner {
     fn grant(
         self: &Arc<Self>,
         session: Arc<Session>,
-        own: String,
+        pending: &PendingKey,
         revision: i64,
         tracker: LeaseTracker,
         watch_from: i64,
@@ -341,7 +351,8 @@ impl Inner {
         EtcdLease::start(
             self.handle.clone(),
             session,
-            own,
+            pending.key.clone(),
+            pending.slot.clone(),
             revision,
             tracker,
             watch_from,
@@ -361,7 +372,6 @@ impl Inner {
         for _ in 0..3 {
             let session = self.session(secs).await?;
             let mut pending = self.pending(key, &prefix, &session);
-            let own = pending.key.clone();
             let txn = try_txn(&prefix, &pending, &record);
             let sent = Instant::now();
             let client = &self.handle.client;
@@ -409,7 +419,7 @@ impl Inner {
                 });
             }
             pending.armed = false;
-            return Ok(self.grant(session, own, revision, tracker, revision + 1));
+            return Ok(self.grant(session, &pending, revision, tracker, revision + 1));
         }
         Err(Error::Unavailable {
             backend: BACKEND,
@@ -436,6 +446,8 @@ impl Inner {
             waited: start.elapsed(),
         };
         let mut lease_gone = 0;
+        // Slots whose name was found taken (see below).
+        let mut stuck: Vec<Slot> = Vec::new();
         // Backoff between attempts that failed on a transient error (see `retry_within`).
         let mut retry = Backoff::new(Duration::from_millis(50), Duration::from_millis(500));
         'enqueue: loop {
@@ -482,8 +494,11 @@ impl Inner {
                 }
             };
             if !resp.succeeded() {
-                // Our attempt's key already exists: impossible unless attempt numbers wrapped.
+                // Our attempt's key already exists: impossible while its slot is held for as
+                // long as a key by its name may exist. Should it happen, that slot stays taken
+                // for this call, so the next attempt gets another name.
                 pending.armed = false;
+                stuck.push(pending.slot.clone());
                 continue;
             }
             let kvs = range_of(&resp, 1);
@@ -575,7 +590,7 @@ impl Inner {
                 let tracker = self.tracker(&session, key, token, options, confirmed_sent);
                 if tracker.status() == LeaseStatus::Held {
                     pending.armed = false;
-                    return Ok(self.grant(session, own, revision, tracker, read_revision + 1));
+                    return Ok(self.grant(session, &pending, revision, tracker, read_revision + 1));
                 }
                 if Instant::now() >= deadline {
                     self.delete_now(&mut pending).await;
@@ -923,7 +938,10 @@ mod tests {
             let name = marker.key_str().unwrap().rsplit('/').next().unwrap();
             let late = PendingKey {
                 cleaner: coord.inner.handle.cleaner.clone(),
+                // The marker names the attempt; the key is named like it for the test (its
+                // name does not matter: the marker alone makes the transaction write nothing).
                 key: format!("{prefix}{name}"),
+                slot: coord.inner.slots.take(format!("{prefix}{name}")),
                 marker: marker.key_str().unwrap().to_owned(),
                 revision: None,
                 session: session.clone(),

@@ -1,7 +1,7 @@
 //! The key layout: where each lock, waiter, fence and audit record lives.
 //!
 //! ```text
-//! <prefix>/lock/<name>/<session lease id, 16 hex>-<attempt, hex>   one key per holder or waiter
+//! <prefix>/lock/<name>/<session lease id, 16 hex>-<slot, hex>      one key per holder or waiter
 //! <prefix>/fence/<resource>/newest                                  newest accepted token, 20 digits
 //! <prefix>/fence/<resource>/value                                   last written value, with its token
 //! <prefix>/audit/<name>                                             the last forced release of a lock
@@ -52,9 +52,10 @@ pub fn audit_key(key_prefix: &str, key: &LockKey) -> String {
     format!("{key_prefix}/audit/{}", encode_name(key.as_str()))
 }
 
-/// A holder's or waiter's own key: the lock prefix, the session's lease id and a per-client
-/// attempt number (unique per acquisition attempt, so that tasks sharing a client never share a
-/// key).
+/// A holder's or waiter's own key: the lock prefix, the session's lease id and a slot number,
+/// the lowest not in use by another holder or waiter of this lock on this session (so tasks
+/// sharing a client never share a key, and one client reuses the same names: see
+/// [`crate::core::Slots`]).
 pub(crate) fn own_key(lock_prefix: &str, lease_id: i64, attempt: u64) -> String {
     format!("{lock_prefix}{:016x}-{attempt:x}", lease_id as u64)
 }

@@ -12,7 +12,7 @@ use lease_core::adapter::{Backoff, LeaseTracker, Op};
 use lease_core::{Lease, LeaseState, LeaseStatus, LostReason, Result};
 use tokio::time::Instant;
 
-use crate::core::Handle;
+use crate::core::{Handle, Slot};
 use crate::error::retry_unapplied;
 use crate::session::{Cleanup, Session, Unconfirmed};
 use crate::watch::Seen;
@@ -23,6 +23,9 @@ pub(crate) struct LeaseShared {
     session: Arc<Session>,
     /// The holder's own etcd key.
     key: String,
+    /// The slot of its name: freed once the key is known gone, or handed to the cleanup that
+    /// deletes it.
+    slot: std::sync::Mutex<Option<Slot>>,
     /// Its create revision: the fencing token.
     revision: i64,
     /// Set once the key is deleted or its deletion is queued (so it happens once).
@@ -36,17 +39,24 @@ impl LeaseShared {
     /// Deletes our key in the background (guarded by its create revision), once.
     fn retire(&self) {
         if !self.retired.swap(true, Ordering::SeqCst) {
-            self.handle.cleaner.delete(Cleanup::created(
-                self.key.clone(),
-                self.revision,
-                self.session.watch_state(),
-            ));
+            let cleanup =
+                Cleanup::created(self.key.clone(), self.revision, self.session.watch_state());
+            self.handle.cleaner.delete(match self.take_slot() {
+                Some(slot) => cleanup.holding(slot),
+                None => cleanup,
+            });
         }
     }
 
     /// Records that the key is gone (deleted by us or by someone else): nothing to clean up.
     fn gone(&self) {
         self.retired.store(true, Ordering::SeqCst);
+        // No key by this name exists any more: the next acquisition may reuse it at once.
+        drop(self.take_slot());
+    }
+
+    fn take_slot(&self) -> Option<Slot> {
+        self.slot.lock().unwrap_or_else(|p| p.into_inner()).take()
     }
 
     /// Why a key we no longer find is gone: the session ended, or someone deleted it.
@@ -86,6 +96,7 @@ impl EtcdLease {
         handle: Arc<Handle>,
         session: Arc<Session>,
         key: String,
+        slot: Slot,
         revision: i64,
         tracker: LeaseTracker,
         watch_from: i64,
@@ -94,6 +105,7 @@ impl EtcdLease {
             handle,
             session,
             key,
+            slot: std::sync::Mutex::new(Some(slot)),
             revision,
             retired: AtomicBool::new(false),
             releasing: AtomicBool::new(false),

@@ -386,6 +386,8 @@ pub(crate) struct Cleanup {
     key: String,
     how: How,
     session: watch::Receiver<SessionState>,
+    /// The slot of the key's name, held until the cleanup is done ([`crate::core::Slots`]).
+    slot: Option<crate::core::Slot>,
 }
 
 /// How a [`Cleanup`] deletes its key.
@@ -396,8 +398,9 @@ enum How {
     /// The request that writes the key got no answer, so it may still be applied later (etcd
     /// keeps applying a proposal after the client gave up). Write `marker`, attached to the
     /// session lease, and delete the key in one transaction: the request requires the marker
-    /// to be absent, so if it applies after this it writes nothing. The key is unique to the
-    /// attempt, so any key by that name is ours.
+    /// to be absent, so if it applies after this it writes nothing. No other attempt uses the
+    /// key's name until this cleanup is done (it holds the name's slot), so any key by that
+    /// name is ours.
     Abandoned { marker: String, lease: i64 },
 }
 
@@ -412,6 +415,7 @@ impl Cleanup {
             key,
             how: How::Created(revision),
             session,
+            slot: None,
         }
     }
 
@@ -428,7 +432,14 @@ impl Cleanup {
             key,
             how: How::Abandoned { marker, lease },
             session,
+            slot: None,
         }
+    }
+
+    /// Holds `slot` (of the key's name) until the cleanup is done.
+    pub(crate) fn holding(mut self, slot: crate::core::Slot) -> Self {
+        self.slot = Some(slot);
+        self
     }
 }
 

@@ -884,3 +884,70 @@ async fn a_coordinator_from_the_applications_own_client_behaves_like_one_from_a_
     assert!(second.token() > first.token());
     second.release().await.unwrap();
 }
+
+/// One client acquiring a lock again and again writes the same key name each time (the lowest
+/// slot free on its session), so the lock's range does not collect a new name per acquisition:
+/// etcd keeps every name ever written in its index until the next compaction, and the
+/// `try_acquire` check and the queue read walk all of them. Tasks sharing the client still
+/// never share a key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_reuses_its_key_names_and_concurrent_tasks_never_share_one() {
+    let Some(server) =
+        server("a_client_reuses_its_key_names_and_concurrent_tasks_never_share_one").await
+    else {
+        return;
+    };
+    let c = EtcdCoordinator::connect_url(&server.url()).await.unwrap();
+    let k = key("reused");
+    let o = LeaseOptions::new(Duration::from_secs(10));
+    let names = || async {
+        let got = c
+            .client()
+            .get(c.lock_prefix(&k), Some(GetOptions::new().with_prefix()))
+            .await
+            .unwrap();
+        let mut names: Vec<String> = got
+            .kvs()
+            .iter()
+            .map(|kv| kv.key_str().unwrap().to_owned())
+            .collect();
+        names.sort();
+        names
+    };
+    let mut seen = Vec::new();
+    for i in 0..6 {
+        let lease = if i % 2 == 0 {
+            c.try_acquire(&k, &o).await.unwrap()
+        } else {
+            c.acquire(&k, &o.clone().wait(Duration::from_secs(5)))
+                .await
+                .unwrap()
+        };
+        seen.extend(names().await);
+        lease.release().await.unwrap();
+    }
+    seen.dedup();
+    assert_eq!(seen.len(), 1, "one name for every acquisition: {seen:?}");
+
+    // A holder and a waiter on the same client: two names; afterwards the first is reused.
+    let holder = c.try_acquire(&k, &o).await.unwrap();
+    let waiter = {
+        let (c, k, o) = (c.clone(), k.clone(), o.clone());
+        tokio::spawn(async move { c.acquire(&k, &o.wait(Duration::from_secs(10))).await })
+    };
+    eventually(Duration::from_secs(5), "the waiter queues", || async {
+        names().await.len() == 2
+    })
+    .await;
+    let both = names().await;
+    assert_ne!(both[0], both[1]);
+    holder.release().await.unwrap();
+    waiter.await.unwrap().unwrap().release().await.unwrap();
+    let again = c.try_acquire(&k, &o).await.unwrap();
+    assert_eq!(
+        names().await,
+        vec![seen[0].clone()],
+        "the lowest slot again"
+    );
+    again.release().await.unwrap();
+}
