@@ -34,7 +34,7 @@ end
 /// to the server's clock in microseconds when it is below it (or does not exist: first use of
 /// the key, or lost: deleted by an operator, evicted, flushed, never persisted before a crash,
 /// or never replicated to the replica a failover promoted), so every token is
-/// `max(counter + 1, TIME + 1)`: above every token issued before, as long as the clock of the
+/// `max(counter + 1, TIME + 1)` (one write of the counter either way): above every token issued before, as long as the clock of the
 /// server issuing it is not behind the clock of the server that issued those by more than the
 /// time between the two grants. It is never below `floor`.
 const ACQUIRE_BODY: &str = r"
@@ -55,13 +55,28 @@ end
 if ARGV[4] ~= '' and ((not base) or lt(base, ARGV[4])) then
   base = ARGV[4]
 end
+local token
 if base and base ~= c then
-  redis.call('SET', KEYS[2], base)
+  token = inc(base)
+  redis.call('SET', KEYS[2], token)
+else
+  redis.call('INCR', KEYS[2])
+  token = redis.call('GET', KEYS[2])
 end
-redis.call('INCR', KEYS[2])
-local token = redis.call('GET', KEYS[2])
 redis.call('SET', KEYS[1], ARGV[1] .. token .. ARGV[2], 'PX', ARGV[3])
 return {1, token}
+";
+
+/// `inc(s)`: the decimal string `s` (digits, no sign, no leading zero) plus one, exactly (a
+/// Lua number would round above 2^53). With it a grant that raises the counter (to the clock or
+/// the floor) writes it once, instead of `SET` then `INCR` then `GET`.
+const INC: &str = r"
+local function inc(s)
+  local i = #s
+  while i > 0 and string.byte(s, i) == 57 do i = i - 1 end
+  if i == 0 then return '1' .. string.rep('0', #s) end
+  return string.sub(s, 1, i - 1) .. string.char(string.byte(s, i) + 1) .. string.rep('0', #s - i)
+end
 ";
 
 /// The common tail of renew and release: why the lock is not ours.
@@ -182,7 +197,7 @@ return {1, newest or ''}
 ";
 
 pub(crate) static ACQUIRE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(&format!("{LT}{ACQUIRE_BODY}")));
+    LazyLock::new(|| Script::new(&format!("{LT}{INC}{ACQUIRE_BODY}")));
 pub(crate) static RENEW: LazyLock<Script> =
     LazyLock::new(|| Script::new(&format!("{RENEW_BODY}{NOT_OURS}")));
 pub(crate) static RENEW_MANY: LazyLock<Script> = LazyLock::new(|| Script::new(RENEW_MANY_SRC));

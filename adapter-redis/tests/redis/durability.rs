@@ -465,3 +465,29 @@ async fn passwords_never_show_in_debug_display_or_errors() {
         }
     }
 }
+
+/// A grant that raises the counter (to the floor here, to the clock by default) writes it as the
+/// decimal string plus one, computed in the script: exact past 2^53 (where Lua's numbers round)
+/// and across a carry, and the next grant increments from there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_raised_to_a_floor_are_exact_past_two_to_the_53() {
+    let Some(srv) = server(
+        "tokens_raised_to_a_floor_are_exact_past_two_to_the_53",
+        durable(),
+    ) else {
+        return;
+    };
+    for (floor, first) in [
+        ("9007199254740993", 9_007_199_254_740_994u64),
+        ("99999999999999999", 100_000_000_000_000_000),
+        ("1099999999999999999", 1_100_000_000_000_000_000),
+    ] {
+        let c = coordinator(&srv, &format!("token_floor={floor}")).await;
+        let k = key(&format!("floor-{floor}"));
+        assert_eq!(
+            cycle(&c, &k, 2).await,
+            vec![Token::new(first).unwrap(), Token::new(first + 1).unwrap()],
+            "floor {floor}"
+        );
+    }
+}
