@@ -259,8 +259,16 @@ pub(crate) fn markdown(info: &RunInfo, rows: &[Row]) -> String {
                     breakdown(&f.pair_requests),
                 ),
                 (
+                    "64 tasks on own keys, requests per pair",
+                    breakdown(&f.own_keys_counted),
+                ),
+                (
                     "contended, round trips per grant",
                     breakdown(&f.contended_round_trips),
+                ),
+                (
+                    "contended, requests per grant",
+                    breakdown(&f.contended_requests),
                 ),
             ] {
                 if !b.is_empty() {
