@@ -391,7 +391,7 @@ pub(crate) fn svg(path: &Path, rows: &[Row]) -> Result<(), String> {
     type Values = Vec<Option<f64>>;
     let series: [(&str, Values, bool); 3] = [
         (
-            "acquire+release p50 (µs, lower is better)",
+            "acquire+release p50, µs (blue ours, grey raw client, orange peer)",
             rows.iter()
                 .map(|r| {
                     (!r.figures.pair.0.is_empty()).then(|| r.figures.pair.p50().as_secs_f64() * 1e6)
@@ -400,12 +400,14 @@ pub(crate) fn svg(path: &Path, rows: &[Row]) -> Result<(), String> {
             false,
         ),
         (
-            "64 tasks, own keys (pairs/s, higher is better)",
-            rows.iter().map(|r| median(&r.figures.own_keys)).collect(),
+            "64 tasks, own keys, thousand pairs/s (higher is better)",
+            rows.iter()
+                .map(|r| median(&r.figures.own_keys).map(|v| v / 1000.0))
+                .collect(),
             false,
         ),
         (
-            "hand-off p50 from release start (ms, log)",
+            "hand-off p50 from release start, ms (log scale)",
             rows.iter()
                 .map(|r| {
                     (!r.figures.handoff.0.is_empty())
@@ -462,6 +464,7 @@ pub(crate) fn svg(path: &Path, rows: &[Row]) -> Result<(), String> {
             c.configure_mesh()
                 .y_labels(rows.len())
                 .y_label_formatter(&label)
+                .x_label_formatter(&|v| format!("{v}"))
                 .disable_y_mesh()
                 .draw()
                 .map_err(e)?;
@@ -479,6 +482,8 @@ pub(crate) fn svg(path: &Path, rows: &[Row]) -> Result<(), String> {
             c.configure_mesh()
                 .y_labels(rows.len())
                 .y_label_formatter(&label)
+                .x_labels(5)
+                .x_label_formatter(&|v| format!("{v:.0}"))
                 .disable_y_mesh()
                 .draw()
                 .map_err(e)?;
