@@ -159,8 +159,7 @@ async fn time_in_line_counts_against_the_wait_bound() {
     let e = c
         .acquire(&key(), &opts().wait(bound))
         .await
-        .err()
-        .expect("the key stays held");
+        .expect_err("the key stays held");
     assert!(
         matches!(&e, Error::Timeout { key, .. } if key == "orders/7"),
         "{e:?}"
