@@ -51,7 +51,10 @@ impl LocalWaiters {
             lines: self.lines.clone(),
             guard: None,
         };
-        match tokio::time::timeout(wait, line.lock_owned()).await {
+        // Awaited in its own statement: the future (and its reference to the line) is dropped
+        // here, before `turn` can be dropped, so a timed-out last waiter removes the line.
+        let got = tokio::time::timeout(wait, line.lock_owned()).await;
+        match got {
             Ok(guard) => {
                 turn.guard = Some(guard);
                 Ok(turn)
