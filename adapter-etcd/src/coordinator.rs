@@ -446,8 +446,6 @@ impl Inner {
             waited: start.elapsed(),
         };
         let mut lease_gone = 0;
-        // Slots whose name was found taken (see below).
-        let mut stuck: Vec<Slot> = Vec::new();
         // Backoff between attempts that failed on a transient error (see `retry_within`).
         let mut retry = Backoff::new(Duration::from_millis(50), Duration::from_millis(500));
         'enqueue: loop {
@@ -496,9 +494,10 @@ impl Inner {
             if !resp.succeeded() {
                 // Our attempt's key already exists: impossible while its slot is held for as
                 // long as a key by its name may exist. Should it happen, that slot stays taken
-                // for this call, so the next attempt gets another name.
+                // for the life of the session (a key by its name exists), so every later attempt
+                // gets another name.
                 pending.armed = false;
-                stuck.push(pending.slot.clone());
+                std::mem::forget(pending.slot.clone());
                 continue;
             }
             let kvs = range_of(&resp, 1);
@@ -878,6 +877,55 @@ mod tests {
     /// wait is retired (its key deleted, its marker written), and each attempt's transaction
     /// applied late, as etcd does with a proposal the client gave up on, writes nothing: no
     /// orphan key in the queue.
+    /// A copy of an abandoned attempt's cleanup applied late (its first send got no answer and a
+    /// retry succeeded, freeing the name's slot) writes nothing: it cannot delete the key of a
+    /// newer lease that reuses the name.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_late_copy_of_an_abandoned_cleanup_leaves_a_newer_key_of_the_same_name() {
+        use conformance_tests::harness::{start_or_skip_async, Backend, EtcdServer};
+
+        let test = "a_late_copy_of_an_abandoned_cleanup_leaves_a_newer_key_of_the_same_name";
+        let Some(server) = start_or_skip_async(test, Backend::Etcd, EtcdServer::start).await else {
+            return;
+        };
+        let coord = EtcdCoordinator::connect_url(&server.url()).await.unwrap();
+        let mut raw = coord.client();
+        let key: LockKey = "reused-late".parse().unwrap();
+        let lease = coord
+            .try_acquire(&key, &LeaseOptions::new(Duration::from_secs(20)))
+            .await
+            .unwrap();
+        let held = raw
+            .get(
+                coord.lock_prefix(&key),
+                Some(GetOptions::new().with_prefix()),
+            )
+            .await
+            .unwrap()
+            .take_kvs();
+        assert_eq!(held.len(), 1);
+        let (name, session) = (held[0].key_str().unwrap().to_owned(), held[0].lease());
+        // An earlier attempt under the same name was abandoned and its cleanup applied once:
+        // its marker exists.
+        let marker = format!("{}/abandoned/reused-late/old", coord.config().key_prefix());
+        raw.put(
+            marker.clone(),
+            "",
+            Some(PutOptions::new().with_lease(session)),
+        )
+        .await
+        .unwrap();
+        // Another copy of that cleanup arrives now.
+        let state = coord.inner.sessions.lock().await[&20].watch_state();
+        let late = Cleanup::abandoned(name.clone(), marker, session, state);
+        raw.txn(late.txn()).await.unwrap();
+        let after = raw.get(name, None).await.unwrap().take_kvs();
+        assert_eq!(after.len(), 1, "the newer lease's key stays");
+        assert_eq!(after[0].create_revision(), held[0].create_revision());
+        assert_eq!(lease.status(), LeaseStatus::Held);
+        lease.release().await.unwrap();
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn an_unanswered_acquire_is_retired_and_a_late_apply_writes_nothing() {
         use conformance_tests::harness::{start_or_skip_async, Backend, EtcdServer};

@@ -436,6 +436,37 @@ impl Cleanup {
         }
     }
 
+    /// The transaction that does this cleanup (see [`How`]).
+    pub(crate) fn txn(&self) -> Txn {
+        match &self.how {
+            How::Created(rev) => Txn::new()
+                .when([Compare::create_revision(
+                    self.key.clone(),
+                    CompareOp::Equal,
+                    *rev,
+                )])
+                .and_then([TxnOp::delete(self.key.clone(), None)]),
+            // Only while the marker is absent: once one copy of this transaction has
+            // applied, a copy applied late (a retry's predecessor that got no answer)
+            // writes nothing, so it cannot delete a newer key that reuses the name after
+            // the slot is freed.
+            How::Abandoned { marker, lease } => Txn::new()
+                .when([Compare::create_revision(
+                    marker.clone(),
+                    CompareOp::Equal,
+                    0,
+                )])
+                .and_then([
+                    TxnOp::put(
+                        marker.clone(),
+                        "",
+                        Some(PutOptions::new().with_lease(*lease)),
+                    ),
+                    TxnOp::delete(self.key.clone(), None),
+                ]),
+        }
+    }
+
     /// Holds `slot` (of the key's name) until the cleanup is done.
     pub(crate) fn holding(mut self, slot: crate::core::Slot) -> Self {
         self.slot = Some(slot);
@@ -498,23 +529,7 @@ async fn cleaner(
                     // The server removes the session's keys with its lease.
                     return (p, true);
                 }
-                let txn = match &p.c.how {
-                    How::Created(rev) => Txn::new()
-                        .when([Compare::create_revision(
-                            p.c.key.clone(),
-                            CompareOp::Equal,
-                            *rev,
-                        )])
-                        .and_then([TxnOp::delete(p.c.key.clone(), None)]),
-                    How::Abandoned { marker, lease } => Txn::new().and_then([
-                        TxnOp::put(
-                            marker.clone(),
-                            "",
-                            Some(PutOptions::new().with_lease(*lease)),
-                        ),
-                        TxnOp::delete(p.c.key.clone(), None),
-                    ]),
-                };
+                let txn = p.c.txn();
                 let ok = match retry_unapplied(request_timeout, || {
                     let (mut c, txn) = (c.clone(), txn.clone());
                     async move { c.txn(txn).await }
