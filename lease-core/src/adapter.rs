@@ -63,12 +63,6 @@ macro_rules! coordinator_from_primitives {
                 };
                 // One waiter per key at a time asks the server (no herd, no overtaking).
                 $crate::adapter::in_turn(waiters, key, wait, |left| async move {
-                    if left.is_zero() {
-                        return Err($crate::Error::Timeout {
-                            key: key.to_string(),
-                            waited: wait,
-                        });
-                    }
                     self.acquire_for(key, &options.clone().wait(left), true)
                         .await
                 })

@@ -88,7 +88,8 @@ impl Drop for Turn {
 }
 
 /// Runs a waiting acquire of `key` in its turn: waits for the turn (its time counts against
-/// `wait`), then calls `acquire` with what is left of `wait`.
+/// `wait`), then calls `acquire` with what is left of `wait` (possibly zero: one attempt). A
+/// `Timeout` from `acquire` reports the whole call's wait.
 pub async fn in_turn<T, F, Fut>(
     waiters: &LocalWaiters,
     key: &LockKey,
@@ -101,8 +102,17 @@ where
 {
     let start = Instant::now();
     let _turn = waiters.turn(key, wait).await?;
+    // Even with nothing left the backend is asked once (as a zero wait is): a key freed just as
+    // the turn came is taken, not reported busy.
     let left = wait.saturating_sub(start.elapsed());
-    acquire(left).await
+    match acquire(left).await {
+        // The wait reported is the whole call's, the time in line included.
+        Err(Error::Timeout { key, .. }) => Err(Error::Timeout {
+            key,
+            waited: start.elapsed(),
+        }),
+        other => other,
+    }
 }
 
 #[cfg(test)]

@@ -182,3 +182,32 @@ async fn bad_input_is_refused_before_any_turn() {
         .expect("refused at once, not after the line");
     assert!(matches!(e, Err(Error::InvalidInput(_))), "{:?}", e.err());
 }
+
+#[tokio::test]
+async fn a_timeout_after_the_line_reports_the_whole_wait() {
+    let c = Arc::new(Counted::new());
+    let _holder = c.try_acquire(&key(), &opts()).await.unwrap();
+    // The first waiter gives up at the backend after 100 ms, handing the turn on.
+    let first = {
+        let c = c.clone();
+        enter(async move {
+            c.acquire(&key(), &opts().wait(Duration::from_millis(100)))
+                .await
+        })
+        .await
+    };
+    let bound = Duration::from_millis(300);
+    let start = tokio::time::Instant::now();
+    let e = c
+        .acquire(&key(), &opts().wait(bound))
+        .await
+        .expect_err("the key stays held");
+    assert!(first.await.unwrap().is_err());
+    match e {
+        Error::Timeout { waited, .. } => assert!(
+            waited >= bound && waited <= start.elapsed(),
+            "waited {waited:?}: the time in line and at the backend, {bound:?} or more"
+        ),
+        other => panic!("expected Timeout, got {other:?}"),
+    }
+}
