@@ -58,6 +58,9 @@ end
 local token
 if base and base ~= c then
   token = inc(base)
+  if lt('9223372036854775807', token) then
+    return redis.error_reply('ERR token above 9223372036854775807')
+  end
   redis.call('SET', KEYS[2], token)
 else
   redis.call('INCR', KEYS[2])
