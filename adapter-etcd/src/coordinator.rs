@@ -22,7 +22,7 @@ use crate::client::client_for;
 use crate::config::EtcdConfig;
 use crate::confirm::Confirmer;
 use crate::core::{Handle, Slot, Slots};
-use crate::error::{retry_unapplied, Failure, BACKEND};
+use crate::error::{retry_resendable, retry_unapplied, Failure, BACKEND};
 use crate::keys::{self, HolderRecord};
 use crate::lease::EtcdLease;
 use crate::session::{Cleaner, Cleanup, Session, Unconfirmed};
@@ -243,7 +243,9 @@ fn header_revision(h: Option<&etcd_client::ResponseHeader>) -> i64 {
 }
 
 /// `try_acquire`'s transaction: put our key (attached to the session) if the lock has no key
-/// at all and the attempt was not abandoned (its marker is absent).
+/// at all and the attempt was not abandoned (its marker is absent); otherwise read our own key,
+/// which exists only if an earlier send of this attempt applied (the name's slot is ours while
+/// the attempt runs), so the transaction can be sent again after a connection reset.
 fn try_txn(prefix: &str, pending: &PendingKey, record: &str) -> Txn {
     Txn::new()
         .when([
@@ -255,6 +257,7 @@ fn try_txn(prefix: &str, pending: &PendingKey, record: &str) -> Txn {
             record,
             Some(PutOptions::new().with_lease(pending.session.id())),
         )])
+        .or_else([TxnOp::get(pending.key.clone(), None)])
 }
 
 /// `acquire`'s transaction, one round trip: unless the attempt was abandoned (its marker
@@ -373,14 +376,15 @@ impl Inner {
             let session = self.session(secs).await?;
             let mut pending = self.pending(key, &prefix, &session);
             let txn = try_txn(&prefix, &pending, &record);
+            // Validity counts from the first send, which may be the one that applied.
             let sent = Instant::now();
             let client = &self.handle.client;
-            let resp = match retry_unapplied(self.timeout(), || {
+            let (resp, in_doubt) = retry_resendable(self.timeout(), || {
                 let (mut kv, txn) = (client.clone(), txn.clone());
                 async move { kv.txn(txn).await }
             })
-            .await
-            {
+            .await;
+            let resp = match resp {
                 Ok(r) => r,
                 Err(f) if f.is_lease_not_found() => {
                     pending.armed = false;
@@ -391,14 +395,26 @@ impl Inner {
                 // (its marker makes a late transaction write nothing).
                 Err(f) => return Err(f.into_error(Op::write("try_acquire", false))),
             };
-            if !resp.succeeded() {
-                pending.armed = false;
-                return Err(Error::Held {
-                    key: key.to_string(),
-                });
-            }
-            // One write in the transaction: our key's create revision is its revision.
-            let revision = header_revision(resp.header());
+            let revision = if resp.succeeded() {
+                // One write in the transaction: our key's create revision is its revision.
+                header_revision(resp.header())
+            } else {
+                // Our own key exists only if an earlier send in doubt created it.
+                match range_of(&resp, 0).first() {
+                    Some(ours) if in_doubt && ours.lease() == session.id() => {
+                        ours.create_revision()
+                    }
+                    _ => {
+                        // After a send in doubt, `pending` stays armed: a delayed copy of it
+                        // (forwarded by a member, say) could still create our key, which the
+                        // background retirement then deletes.
+                        pending.armed = in_doubt;
+                        return Err(Error::Held {
+                            key: key.to_string(),
+                        });
+                    }
+                }
+            };
             pending.revision = Some(revision);
             let token = self.tokens.admit(key, revision)?;
             let tracker = self.tracker(&session, key, token, options, sent);

@@ -307,6 +307,40 @@ where
     }
 }
 
+/// [`retry_unapplied`], also sending the request again when its connection was closed or reset
+/// under it ([`Failure::closed_after_handshake`]: a member going down, a proxy or load balancer
+/// in front of one) while `timeout` leaves time. Only for a request that is safe to apply twice
+/// and whose answer tells the caller what an earlier send did (a delete keyed on a create
+/// revision; a create whose failure branch reads our own key). Returns the outcome and whether
+/// an earlier send may have applied.
+pub(crate) async fn retry_resendable<T, F, M>(
+    timeout: Duration,
+    mut make: M,
+) -> (Result<T, Failure>, bool)
+where
+    M: FnMut() -> F,
+    F: std::future::Future<Output = Result<T, etcd_client::Error>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut pause = Backoff::new(FIRST_PAUSE, MAX_PAUSE);
+    let mut in_doubt = false;
+    loop {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        match retry_unapplied(left, &mut make).await {
+            Err(f)
+                if f.closed_after_handshake()
+                    && tokio::time::Instant::now() + pause.ceiling() < deadline =>
+            {
+                tracing::debug!(error = %f, "etcd request in doubt (connection closed); sending it again");
+                in_doubt = true;
+                pause.sleep().await;
+            }
+            Err(Failure::Timeout(_)) => return (Err(Failure::Timeout(timeout)), in_doubt),
+            r => return (r, in_doubt),
+        }
+    }
+}
+
 /// The first pause before [`retry_unapplied`] sends again.
 const FIRST_PAUSE: Duration = Duration::from_millis(10);
 /// The longest pause of [`retry_unapplied`].

@@ -13,7 +13,7 @@ use lease_core::{Lease, LeaseState, LeaseStatus, LostReason, Result};
 use tokio::time::Instant;
 
 use crate::core::{Handle, Slot};
-use crate::error::retry_unapplied;
+use crate::error::{retry_resendable, retry_unapplied};
 use crate::session::{Cleanup, Session, Unconfirmed};
 use crate::watch::Seen;
 
@@ -201,13 +201,24 @@ impl Lease for EtcdLease {
             )])
             .and_then([TxnOp::delete(key, None)]);
         let client = &self.shared.handle.client;
-        match retry_unapplied(self.shared.handle.config.request_timeout(), || {
-            let (mut kv, txn) = (client.clone(), txn.clone());
-            async move { kv.txn(txn).await }
-        })
-        .await
-        {
+        // The delete is keyed on the create revision: sent again after a reset connection, it
+        // can only delete our own key.
+        let (outcome, in_doubt) =
+            retry_resendable(self.shared.handle.config.request_timeout(), || {
+                let (mut kv, txn) = (client.clone(), txn.clone());
+                async move { kv.txn(txn).await }
+            })
+            .await;
+        match outcome {
             Ok(resp) if resp.succeeded() => {
+                self.shared.gone();
+                self.tracker.mark_lost(LostReason::Released);
+                Ok(())
+            }
+            // An earlier send in doubt deleted it, unless the session ended meanwhile (its keys
+            // go with it) or an operator deleted it within the same moment: a force-release
+            // leaves its audit record, and the lock is free either way.
+            Ok(_) if in_doubt && self.shared.session.dead_reason().is_none() => {
                 self.shared.gone();
                 self.tracker.mark_lost(LostReason::Released);
                 Ok(())

@@ -951,3 +951,107 @@ async fn a_client_reuses_its_key_names_and_concurrent_tasks_never_share_one() {
     );
     again.release().await.unwrap();
 }
+
+/// CI failure (the cluster's dead-member test): a release whose connection is reset after the
+/// delete was sent (a proxy in front of a member going down, a load balancer) was
+/// `OutcomeUnknown` although the delete is keyed on the token's create revision and can be sent
+/// again safely. Here the delete applies, its reply is lost and the connection is reset: the
+/// release sends it again on a new connection, finds the key gone and reports `Ok`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_whose_connection_is_reset_after_sending_is_sent_again() {
+    let Some(server) =
+        server("a_release_whose_connection_is_reset_after_sending_is_sent_again").await
+    else {
+        return;
+    };
+    let proxy = FaultProxy::start(server.addr()).await.unwrap();
+    let holder = coord(&format!(
+        "etcd://{}?request_timeout_ms=3000&key_prefix=reset-release",
+        proxy.addr()
+    ))
+    .await;
+    let direct = coord(&format!("{}?key_prefix=reset-release", server.url())).await;
+    let k = key("reset-release");
+    let lease = holder
+        .try_acquire(&k, &LeaseOptions::new(Duration::from_secs(10)))
+        .await
+        .unwrap();
+    proxy.drop_replies();
+    let release = tokio::spawn(async move { lease.release().await });
+    // The delete applied (its reply is being discarded): only then reset the connection.
+    eventually(Duration::from_secs(5), "the delete reaches etcd", || {
+        let (direct, k) = (direct.clone(), k.clone());
+        async move { direct.inspect(&k).await.unwrap().is_none() }
+    })
+    .await;
+    proxy.cut();
+    proxy.heal();
+    let released = tokio::time::timeout(Duration::from_secs(5), release)
+        .await
+        .expect("release returns within its request timeout")
+        .unwrap();
+    assert!(released.is_ok(), "{released:?}");
+    // The lock is free for the next holder.
+    direct
+        .try_acquire(&k, &LeaseOptions::new(TTL))
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+}
+
+/// The same for `try_acquire`: its transaction creates our key, its reply is lost and the
+/// connection reset. Sent again, it finds the lock taken by its own key (the transaction reads
+/// our key when the lock is not free) and returns that lease, with that key's token, instead of
+/// `OutcomeUnknown` (or `Held` by itself).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_try_acquire_whose_connection_is_reset_after_sending_is_sent_again() {
+    let Some(server) =
+        server("a_try_acquire_whose_connection_is_reset_after_sending_is_sent_again").await
+    else {
+        return;
+    };
+    let proxy = FaultProxy::start(server.addr()).await.unwrap();
+    let holder = coord(&format!(
+        "etcd://{}?request_timeout_ms=3000&key_prefix=reset-try",
+        proxy.addr()
+    ))
+    .await;
+    let direct = coord(&format!("{}?key_prefix=reset-try", server.url())).await;
+    let k = key("reset-try");
+    // Warm the connection and the session, so the lost reply is the acquire's.
+    holder
+        .try_acquire(&k, &LeaseOptions::new(TTL))
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    proxy.drop_replies();
+    let acquire = tokio::spawn({
+        let (holder, k) = (holder.clone(), k.clone());
+        async move { holder.try_acquire(&k, &LeaseOptions::new(TTL)).await }
+    });
+    let reached = Instant::now() + Duration::from_secs(5);
+    let seen = loop {
+        if let Some(holder) = direct.inspect(&k).await.unwrap() {
+            break holder;
+        }
+        assert!(
+            Instant::now() < reached,
+            "the acquire reaches etcd within 5 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    proxy.cut();
+    proxy.heal();
+    let lease = tokio::time::timeout(Duration::from_secs(5), acquire)
+        .await
+        .expect("try_acquire returns within its request timeout")
+        .unwrap()
+        .unwrap();
+    assert_eq!(lease.token(), seen.token);
+    lease.release().await.unwrap();
+    assert!(direct.inspect(&k).await.unwrap().is_none());
+}
