@@ -352,3 +352,36 @@ async fn invalid_renew_fraction_is_rejected() {
         assert!(keep(Box::new(lease), KeeperOptions::new().renew_fraction(f)).is_ok());
     }
 }
+
+/// On a multi-thread runtime kept leases have no task each: one timer wakes them all and each
+/// renewal is a short task of its own. 500 kept leases, right after `keep`: a handful of tasks
+/// alive (the timer, and whatever else the runtime runs), not 500; then every lease is renewed
+/// on time and still held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kept_leases_on_a_multi_thread_runtime_share_one_timer() {
+    let ttl = secs(6);
+    let began = Instant::now();
+    let mut kept = Vec::new();
+    let mut renews = Vec::new();
+    for _ in 0..500 {
+        let lease = ScriptedLease::new(ttl, RenewScript::Ok);
+        renews.push(lease.renews.clone());
+        kept.push(keep(Box::new(lease), KeeperOptions::new()).unwrap());
+    }
+    let alive = tokio::runtime::Handle::current()
+        .metrics()
+        .num_alive_tasks();
+    assert!(
+        began.elapsed() < ttl / 3,
+        "the first renewals started before the tasks were counted"
+    );
+    assert!(alive < 20, "{alive} tasks alive for 500 kept leases");
+    let deadline = Instant::now() + secs(30);
+    while renews.iter().any(|r| r.load(Ordering::SeqCst) < 1) {
+        assert!(Instant::now() < deadline, "not every lease was renewed");
+        tokio::time::sleep(ms(20)).await;
+    }
+    for k in &kept {
+        assert_eq!(k.lease().status(), LeaseStatus::Held);
+    }
+}
