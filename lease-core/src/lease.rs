@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use tokio::sync::watch;
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::error::{Error, LostReason, Result};
@@ -30,6 +30,42 @@ struct View {
     status: LeaseStatus,
 }
 
+impl View {
+    /// The status at this view, a passed validity read as `Lost(Expired)`.
+    fn status_now(&self) -> LeaseStatus {
+        match self.status {
+            LeaseStatus::Lost(_) => self.status,
+            _ if Instant::now() >= self.valid_until => LeaseStatus::Lost(LostReason::Expired),
+            s => s,
+        }
+    }
+}
+
+/// One lease's view, shared by its tracker and its [`LostSignal`]s: a small mutex-guarded value
+/// and one `Notify` (a `watch` channel costs about 0.4 KiB, paid by every held lease).
+struct Signal {
+    view: std::sync::Mutex<View>,
+    /// Woken on every change, and when the tracker is gone.
+    changed: Notify,
+    /// Set once the tracker (so the lease object) is gone.
+    closed: std::sync::atomic::AtomicBool,
+}
+
+impl Signal {
+    fn view(&self) -> View {
+        *self.view.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Applies `change`; wakes the waiters if it returns true. Returns what `change` returned.
+    fn modify(&self, change: impl FnOnce(&mut View) -> bool) -> bool {
+        let changed = change(&mut self.view.lock().unwrap_or_else(|p| p.into_inner()));
+        if changed {
+            self.changed.notify_waiters();
+        }
+        changed
+    }
+}
+
 struct TrackerInner {
     backend: &'static str,
     key: LockKey,
@@ -37,9 +73,19 @@ struct TrackerInner {
     ttl: Duration,
     margin: Duration,
     acquired_at: Instant,
-    tx: watch::Sender<View>,
+    signal: Arc<Signal>,
     /// This lease in `fenced_leases_held`, until lost or dropped.
     held: crate::metrics::HeldLease,
+}
+
+impl Drop for TrackerInner {
+    fn drop(&mut self) {
+        // The signals outlive the lease: wake them, they report it gone.
+        self.signal
+            .closed
+            .store(true, std::sync::atomic::Ordering::Release);
+        self.signal.changed.notify_waiters();
+    }
 }
 
 /// What a lease's holder can read of its client-side state ([`Lease::state`]): key, token,
@@ -100,9 +146,13 @@ impl LeaseTracker {
         sent_at: Instant,
     ) -> Self {
         let valid_until = crate::adapter::clock::valid_until(sent_at, ttl, margin);
-        let (tx, _) = watch::channel(View {
-            valid_until,
-            status: LeaseStatus::Held,
+        let signal = Arc::new(Signal {
+            view: std::sync::Mutex::new(View {
+                valid_until,
+                status: LeaseStatus::Held,
+            }),
+            changed: Notify::new(),
+            closed: std::sync::atomic::AtomicBool::new(false),
         });
         LeaseTracker {
             state: LeaseState {
@@ -113,7 +163,7 @@ impl LeaseTracker {
                     ttl,
                     margin,
                     acquired_at: sent_at,
-                    tx,
+                    signal,
                     held: crate::metrics::HeldLease::new(backend),
                 }),
             },
@@ -186,13 +236,13 @@ impl LeaseState {
 
     /// The local validity deadline.
     pub fn valid_until(&self) -> Instant {
-        self.inner.tx.borrow().valid_until
+        self.inner.signal.view().valid_until
     }
 
     /// The status now: a held or in-doubt lease whose validity has passed is reported as
     /// `Lost(Expired)` (and recorded as such).
     pub fn status(&self) -> LeaseStatus {
-        let view = *self.inner.tx.borrow();
+        let view = self.inner.signal.view();
         match view.status {
             LeaseStatus::Lost(_) => view.status,
             _ if Instant::now() >= view.valid_until => {
@@ -248,7 +298,7 @@ impl LeaseState {
     /// again. Has no effect on a lost lease (a lost lease never comes back) and returns false then.
     pub(crate) fn renewed(&self, valid_until: Instant) -> bool {
         let mut applied = false;
-        self.inner.tx.send_if_modified(|v| {
+        self.inner.signal.modify(|v| {
             if matches!(v.status, LeaseStatus::Lost(_)) {
                 return false;
             }
@@ -262,7 +312,7 @@ impl LeaseState {
 
     /// Marks the lease in doubt (connection lost inside a still-live session). No effect once lost.
     pub(crate) fn in_doubt(&self) {
-        self.inner.tx.send_if_modified(|v| {
+        self.inner.signal.modify(|v| {
             if v.status == LeaseStatus::Held {
                 v.status = LeaseStatus::InDoubt;
                 true
@@ -276,7 +326,7 @@ impl LeaseState {
     /// cause wins). The lease leaves `fenced_leases_held`; counts `fenced_leases_lost_total` and
     /// logs the loss, except for a plain release.
     pub(crate) fn mark_lost(&self, reason: LostReason) -> bool {
-        let first = self.inner.tx.send_if_modified(|v| {
+        let first = self.inner.signal.modify(|v| {
             if matches!(v.status, LeaseStatus::Lost(_)) {
                 false
             } else {
@@ -303,7 +353,7 @@ impl LeaseState {
     /// A signal that fires when this lease is lost or its validity runs out.
     pub fn signal(&self) -> LostSignal {
         LostSignal {
-            rx: self.inner.tx.subscribe(),
+            signal: self.inner.signal.clone(),
         }
     }
 }
@@ -314,7 +364,7 @@ impl LeaseState {
 /// Cheap to clone; each clone waits independently. Returned by [`Lease::lost`].
 #[derive(Clone)]
 pub struct LostSignal {
-    rx: watch::Receiver<View>,
+    signal: Arc<Signal>,
 }
 
 impl fmt::Debug for LostSignal {
@@ -328,12 +378,7 @@ impl fmt::Debug for LostSignal {
 impl LostSignal {
     /// The status now (without recording anything).
     pub fn status(&self) -> LeaseStatus {
-        let view = *self.rx.borrow();
-        match view.status {
-            LeaseStatus::Lost(_) => view.status,
-            _ if Instant::now() >= view.valid_until => LeaseStatus::Lost(LostReason::Expired),
-            s => s,
-        }
+        self.signal.view().status_now()
     }
 
     /// Whether the lease is lost now.
@@ -343,7 +388,7 @@ impl LostSignal {
 
     /// The local validity deadline now.
     pub fn valid_until(&self) -> Instant {
-        self.rx.borrow().valid_until
+        self.signal.view().valid_until
     }
 
     /// Resolves with the reason once the lease is lost or its validity passes. Cancel-safe.
@@ -370,26 +415,27 @@ impl LostSignal {
         T: From<LostReason>,
     {
         loop {
-            let view = *self.rx.borrow_and_update();
-            let status = match view.status {
-                LeaseStatus::Lost(_) => view.status,
-                _ if Instant::now() >= view.valid_until => LeaseStatus::Lost(LostReason::Expired),
-                s => s,
-            };
-            if let Some(t) = pick(status) {
+            // Registered before the view is read, so a change in between still wakes it.
+            let changed = self.signal.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            let view = self.signal.view();
+            if let Some(t) = pick(view.status_now()) {
                 return t;
             }
+            if self
+                .signal
+                .closed
+                .load(std::sync::atomic::Ordering::Acquire)
+            {
+                // The tracker is gone: the lease object was dropped.
+                return match view.status {
+                    LeaseStatus::Lost(r) => T::from(r),
+                    _ => T::from(LostReason::Released),
+                };
+            }
             tokio::select! {
-                changed = self.rx.changed() => {
-                    if changed.is_err() {
-                        // The tracker is gone: the lease object was dropped.
-                        let last = self.rx.borrow().status;
-                        return match last {
-                            LeaseStatus::Lost(r) => T::from(r),
-                            _ => T::from(LostReason::Released),
-                        };
-                    }
-                }
+                () = changed => {}
                 _ = tokio::time::sleep_until(view.valid_until) => {}
             }
         }
@@ -630,5 +676,35 @@ mod tests {
         let mut sig = t.signal();
         drop(t);
         assert_eq!(sig.wait().await, LostReason::Released);
+    }
+
+    /// Signals already waiting are woken by a loss and by the tracker going, each clone on its
+    /// own, long before the validity they were also waiting for.
+    #[tokio::test(start_paused = true)]
+    async fn waiting_signals_are_woken_by_a_loss_and_by_the_tracker_going() {
+        let start = Instant::now();
+        let lost = tracker(Duration::from_secs(100));
+        let waiters: Vec<_> = (0..3)
+            .map(|_| {
+                let mut sig = lost.signal();
+                tokio::spawn(async move { sig.wait().await })
+            })
+            .collect();
+        let mut uncertain = lost.signal();
+        let in_doubt = tokio::spawn(async move { uncertain.uncertain().await });
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        lost.in_doubt();
+        assert_eq!(in_doubt.await.unwrap(), LeaseStatus::InDoubt);
+        lost.mark_lost(LostReason::Revoked);
+        for w in waiters {
+            assert_eq!(w.await.unwrap(), LostReason::Revoked);
+        }
+        let gone = tracker(Duration::from_secs(100));
+        let mut sig = gone.signal();
+        let waiter = tokio::spawn(async move { sig.wait().await });
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        drop(gone);
+        assert_eq!(waiter.await.unwrap(), LostReason::Released);
+        assert!(Instant::now() - start < Duration::from_secs(3));
     }
 }
