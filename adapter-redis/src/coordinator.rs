@@ -48,7 +48,7 @@ impl Drop for CallGuard {
             spawn_cleanup(
                 self.inner.clone(),
                 self.keys.clone(),
-                std::mem::take(&mut self.head),
+                Arc::from(std::mem::take(&mut self.head)),
                 self.ttl,
                 Cleanup::UntilExpiry,
             );
@@ -277,7 +277,7 @@ impl RedisCoordinator {
             let Some(sub) = subscription.as_mut() else {
                 // Subscribe, then run the script again at once: a release between the failed
                 // attempt and the subscription would otherwise go unnoticed until the next poll.
-                subscription = Some(self.inner.wakeups.subscribe(&keys.channel).await);
+                subscription = Some(self.inner.wakeups.subscribe(keys.channel()).await);
                 continue;
             };
             let mut nap = self.inner.config.poll_interval();
@@ -323,7 +323,7 @@ impl RedisCoordinator {
         let was_pending = guard.pending;
         guard.pending = true;
         let acks = self.inner.replica_acks();
-        let script_keys = [keys.lock.as_str(), keys.counter.as_str()];
+        let script_keys = [keys.lock(), keys.counter()];
         let script_args = [
             parts.head.as_bytes(),
             parts.tail.as_bytes(),
@@ -479,18 +479,18 @@ impl RedisCoordinator {
         }
         let nonce = parts.nonce;
         let tracker = LeaseTracker::new(BACKEND, key.clone(), token, ttl, margin, sent_at);
+        let head: Arc<str> = Arc::from(parts.head.as_str());
         lock(&self.inner.live).insert(LiveLease {
             nonce,
             tracker: tracker.clone(),
-            lock_key: keys.lock.clone(),
-            revoked_key: keys.revoked.clone(),
-            head: parts.head.clone(),
+            keys: keys.clone(),
+            head: head.clone(),
         });
-        self.inner.monitor.watch(&keys.lock);
+        self.inner.monitor.watch(keys.lock());
         Ok(Attempt::Granted(RedisLease::new(
             self.inner.clone(),
             keys.clone(),
-            parts.head.clone(),
+            head,
             nonce,
             tracker,
         )))
@@ -506,7 +506,7 @@ impl RedisCoordinator {
         keys: &LockKeys,
         pttl: i64,
     ) -> Result<HolderInfo> {
-        let counter = keys.counter.as_str();
+        let counter = keys.counter();
         let newest: Option<String> = self
             .inner
             .conn
@@ -534,9 +534,9 @@ impl RedisCoordinator {
                 redis::pipe()
                     .atomic()
                     .cmd("GET")
-                    .arg(&keys.lock)
+                    .arg(keys.lock())
                     .cmd("PTTL")
-                    .arg(&keys.lock)
+                    .arg(keys.lock())
                     .query_async(&mut c)
                     .await
             })

@@ -48,11 +48,36 @@ pub(crate) struct Inner {
 pub(crate) struct LiveLease {
     pub(crate) nonce: u128,
     pub(crate) tracker: LeaseTracker,
-    pub(crate) lock_key: String,
-    /// Where a force-release keeps the removed holder's value (`<base>:revoked`).
-    pub(crate) revoked_key: String,
-    /// `v1|<nonce>|`: the prefix of this lease's lock value.
-    pub(crate) head: String,
+    /// The lock's names (shared with the lease).
+    pub(crate) keys: Arc<LockKeys>,
+    /// `v1|<nonce>|`: the prefix of this lease's lock value (shared with the lease).
+    pub(crate) head: Arc<str>,
+}
+
+/// A map key that is a lock's name, borrowed from the lease's [`LockKeys`] (no copy of the
+/// name per held lease); looked up by `&str`.
+#[derive(Clone)]
+struct ByLock(Arc<LockKeys>);
+
+impl PartialEq for ByLock {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.lock() == other.0.lock()
+    }
+}
+
+impl Eq for ByLock {}
+
+impl std::hash::Hash for ByLock {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        // As `str` hashes, so that lookups by `&str` find it (`Borrow` contract).
+        self.0.lock().hash(state);
+    }
+}
+
+impl std::borrow::Borrow<str> for ByLock {
+    fn borrow(&self) -> &str {
+        self.0.lock()
+    }
 }
 
 /// The live leases, by nonce and by lock key (the holder monitor looks them up by the keys an
@@ -60,14 +85,15 @@ pub(crate) struct LiveLease {
 #[derive(Default)]
 pub(crate) struct LiveSet {
     pub(crate) by_nonce: HashMap<u128, LiveLease>,
-    by_key: HashMap<String, Vec<u128>>,
+    by_key: HashMap<ByLock, Vec<u128>>,
 }
 
 impl LiveSet {
     pub(crate) fn insert(&mut self, lease: LiveLease) {
         self.by_key
-            .entry(lease.lock_key.clone())
-            .or_default()
+            .entry(ByLock(lease.keys.clone()))
+            // Almost always one lease per lock: no room for four.
+            .or_insert_with(|| Vec::with_capacity(1))
             .push(lease.nonce);
         self.by_nonce.insert(lease.nonce, lease);
     }
@@ -76,17 +102,18 @@ impl LiveSet {
         let Some(lease) = self.by_nonce.remove(&nonce) else {
             return;
         };
-        if let Some(nonces) = self.by_key.get_mut(&lease.lock_key) {
+        let name = lease.keys.lock();
+        if let Some(nonces) = self.by_key.get_mut(name) {
             nonces.retain(|n| *n != nonce);
             if nonces.is_empty() {
-                self.by_key.remove(&lease.lock_key);
+                self.by_key.remove(name);
             }
         }
     }
 
     fn on_keys(&self, keys: &[String]) -> Vec<LiveLease> {
         keys.iter()
-            .filter_map(|k| self.by_key.get(k))
+            .filter_map(|k| self.by_key.get(k.as_str()))
             .flatten()
             .filter_map(|n| self.by_nonce.get(n).cloned())
             .collect()
@@ -114,8 +141,8 @@ impl Inner {
             .eval(
                 ops::RELEASE,
                 &scripts::RELEASE,
-                &[&keys.lock, &keys.revoked],
-                &[head.as_bytes(), keys.channel.as_bytes()],
+                &[keys.lock(), keys.revoked()],
+                &[head.as_bytes(), keys.channel().as_bytes()],
             )
             .await?;
         reply::int(&v).ok_or_else(|| bad_reply(ops::RELEASE, "not an integer"))
@@ -190,7 +217,7 @@ pub(crate) enum Cleanup {
 pub(crate) fn spawn_cleanup(
     inner: Arc<Inner>,
     keys: Arc<LockKeys>,
-    head: String,
+    head: Arc<str>,
     ttl: Duration,
     mode: Cleanup,
 ) {
@@ -209,7 +236,7 @@ pub(crate) fn spawn_cleanup(
             }
             if Instant::now() + nap.ceiling() >= give_up {
                 if let Err(e) = outcome {
-                    tracing::debug!(backend = BACKEND, key = %keys.lock, error = %e, "cleanup gave up; the lock expires at its TTL");
+                    tracing::debug!(backend = BACKEND, key = %keys.lock(), error = %e, "cleanup gave up; the lock expires at its TTL");
                 }
                 return;
             }

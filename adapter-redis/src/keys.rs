@@ -34,26 +34,59 @@ fn encode_tag(name: &str) -> String {
     out
 }
 
-/// The Redis names of one lock.
+/// The Redis names of one lock, in one string (a held lease keeps them for its life: one
+/// allocation instead of five).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct LockKeys {
-    pub(crate) lock: String,
-    pub(crate) counter: String,
-    pub(crate) revoked: String,
-    pub(crate) audit: String,
-    pub(crate) channel: String,
+    /// The five names, one after the other.
+    names: String,
+    /// Where each name ends in `names`: lock, counter, revoked, audit, channel.
+    ends: [u32; 5],
 }
 
 impl LockKeys {
     pub(crate) fn new(prefix: &str, key: &LockKey) -> Self {
         let base = format!("{prefix}:{{{}}}", encode_tag(key.as_str()));
-        LockKeys {
-            lock: format!("{base}:lock"),
-            counter: format!("{base}:token"),
-            revoked: format!("{base}:revoked"),
-            audit: format!("{base}:audit"),
-            channel: format!("{base}:released"),
+        let suffixes = [":lock", ":token", ":revoked", ":audit", ":released"];
+        let mut names = String::with_capacity(base.len() * 5 + 32);
+        let mut ends = [0u32; 5];
+        for (end, suffix) in ends.iter_mut().zip(suffixes) {
+            names.push_str(&base);
+            names.push_str(suffix);
+            // A lock key is at most a few hundred bytes (`MAX_NAME_BYTES`) plus the prefix.
+            *end = u32::try_from(names.len()).expect("lock names fit in 4 GiB");
         }
+        LockKeys { names, ends }
+    }
+
+    fn name(&self, i: usize) -> &str {
+        let start = if i == 0 { 0 } else { self.ends[i - 1] as usize };
+        &self.names[start..self.ends[i] as usize]
+    }
+
+    /// `<prefix>:{<key>}:lock`: the lock.
+    pub(crate) fn lock(&self) -> &str {
+        self.name(0)
+    }
+
+    /// `<prefix>:{<key>}:token`: the per-key counter.
+    pub(crate) fn counter(&self) -> &str {
+        self.name(1)
+    }
+
+    /// `<prefix>:{<key>}:revoked`: the last force-released holder's value.
+    pub(crate) fn revoked(&self) -> &str {
+        self.name(2)
+    }
+
+    /// `<prefix>:{<key>}:audit`: the stream of force releases.
+    pub(crate) fn audit(&self) -> &str {
+        self.name(3)
+    }
+
+    /// `<prefix>:{<key>}:released`: the pub/sub channel announcing a release.
+    pub(crate) fn channel(&self) -> &str {
+        self.name(4)
     }
 }
 
@@ -176,17 +209,19 @@ mod tests {
     fn names_share_one_tag_and_never_collide() {
         let k = |s: &str| LockKeys::new("p", &LockKey::new(s).unwrap());
         let a = k("a");
-        assert_eq!(a.lock, "p:{a}:lock");
-        assert_eq!(a.counter, "p:{a}:token");
-        assert_eq!(a.channel, "p:{a}:released");
+        assert_eq!(a.lock(), "p:{a}:lock");
+        assert_eq!(a.counter(), "p:{a}:token");
+        assert_eq!(a.revoked(), "p:{a}:revoked");
+        assert_eq!(a.audit(), "p:{a}:audit");
+        assert_eq!(a.channel(), "p:{a}:released");
         let ab = k("a/b");
-        assert_eq!(ab.lock, "p:{a/b}:lock");
-        assert!(!ab.lock.starts_with("p:{a}"));
+        assert_eq!(ab.lock(), "p:{a/b}:lock");
+        assert!(!ab.lock().starts_with("p:{a}"));
         // Braces and percent signs cannot end the tag early or alias another key.
-        assert_eq!(k("x}y").lock, "p:{x%7Dy}:lock");
-        assert_eq!(k("x{y").lock, "p:{x%7By}:lock");
-        assert_eq!(k("x%7Dy").lock, "p:{x%257Dy}:lock");
-        assert_ne!(k("x}y").lock, k("x%7Dy").lock);
+        assert_eq!(k("x}y").lock(), "p:{x%7Dy}:lock");
+        assert_eq!(k("x{y").lock(), "p:{x%7By}:lock");
+        assert_eq!(k("x%7Dy").lock(), "p:{x%257Dy}:lock");
+        assert_ne!(k("x}y").lock(), k("x%7Dy").lock());
         let r = fence_key("p", &ResourceId::new("orders/42").unwrap());
         assert_eq!(r, "p:{orders/42}:fence");
     }

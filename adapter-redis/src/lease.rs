@@ -20,7 +20,7 @@ pub struct RedisLease {
     inner: Arc<Inner>,
     keys: Arc<LockKeys>,
     /// `v1|<nonce>|`: the prefix of our lock value, compared by every script. Never shown.
-    head: String,
+    head: Arc<str>,
     nonce: u128,
     tracker: LeaseTracker,
 }
@@ -38,7 +38,7 @@ impl RedisLease {
     pub(crate) fn new(
         inner: Arc<Inner>,
         keys: Arc<LockKeys>,
-        head: String,
+        head: Arc<str>,
         nonce: u128,
         tracker: LeaseTracker,
     ) -> Self {
@@ -135,7 +135,7 @@ impl Drop for RedisLease {
         spawn_cleanup(
             self.inner.clone(),
             self.keys.clone(),
-            std::mem::take(&mut self.head),
+            self.head.clone(),
             self.tracker.ttl(),
             Cleanup::Once,
         );

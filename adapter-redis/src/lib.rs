@@ -71,5 +71,7 @@ pub fn register(registry: &mut Registry) {
 /// not rely on for safety: see the "Semantics on Redis" section on tokens.
 pub fn storage_keys(config: &RedisConfig, key: &lease_core::LockKey) -> Vec<String> {
     let k = keys::LockKeys::new(config.key_prefix(), key);
-    vec![k.lock, k.counter, k.revoked, k.audit]
+    [k.lock(), k.counter(), k.revoked(), k.audit()]
+        .map(str::to_owned)
+        .to_vec()
 }

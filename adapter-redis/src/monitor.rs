@@ -133,7 +133,7 @@ async fn confirm(
     }
     let mut keys: Vec<(&str, &str)> = snapshot
         .iter()
-        .map(|l| (l.lock_key.as_str(), l.revoked_key.as_str()))
+        .map(|l| (l.keys.lock(), l.keys.revoked()))
         .collect();
     keys.sort_unstable();
     keys.dedup();
@@ -152,7 +152,7 @@ async fn confirm(
     let index: std::collections::HashMap<&str, usize> =
         keys.iter().enumerate().map(|(i, (k, _))| (*k, i)).collect();
     for lease in &snapshot {
-        let Some(&i) = index.get(lease.lock_key.as_str()) else {
+        let Some(&i) = index.get(lease.keys.lock()) else {
             continue;
         };
         strong.judge(

@@ -49,9 +49,9 @@ impl RedisCoordinator {
             .eval(
                 ops::FORCE_RELEASE,
                 &scripts::FORCE_RELEASE,
-                &[&keys.lock, &keys.revoked, &keys.audit, &keys.counter],
+                &[keys.lock(), keys.revoked(), keys.audit(), keys.counter()],
                 &[
-                    keys.channel.as_bytes(),
+                    keys.channel().as_bytes(),
                     request.actor().as_bytes(),
                     request.reason().as_bytes(),
                     at_ms.as_bytes(),
@@ -107,7 +107,7 @@ impl RedisCoordinator {
     ) -> Result<Vec<AuditRecord>> {
         let keys = LockKeys::new(self.inner.config.key_prefix(), key);
         let limit = AuditRecord::check_limit(limit)?;
-        let audit = keys.audit.as_str();
+        let audit = keys.audit();
         let v: redis::Value = self
             .inner
             .conn

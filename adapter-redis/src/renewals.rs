@@ -71,7 +71,7 @@ impl Renewals {
 async fn renew_chunk(conn: &Connection, chunk: Vec<Renewal>) -> Result<Vec<Result<i64>>> {
     let keys: Vec<&str> = chunk
         .iter()
-        .flat_map(|(k, _, _)| [k.lock.as_str(), k.revoked.as_str()])
+        .flat_map(|(k, _, _)| [k.lock(), k.revoked()])
         .collect();
     let args: Vec<&[u8]> = chunk
         .iter()
