@@ -20,6 +20,7 @@ use crate::token::Token;
 #[derive(Debug, Clone, PartialEq)]
 pub struct KeeperOptions {
     renew_fraction: f64,
+    jitter: f64,
     max_hold: Option<Duration>,
     require_progress: bool,
 }
@@ -28,6 +29,7 @@ impl Default for KeeperOptions {
     fn default() -> Self {
         KeeperOptions {
             renew_fraction: 1.0 / 3.0,
+            jitter: 0.1,
             max_hold: None,
             require_progress: false,
         }
@@ -35,7 +37,8 @@ impl Default for KeeperOptions {
 }
 
 impl KeeperOptions {
-    /// Renew every third of the TTL, forever, without requiring progress.
+    /// Renew every third of the TTL (up to a tenth of that early, at random), forever, without
+    /// requiring progress.
     pub fn new() -> Self {
         Self::default()
     }
@@ -44,6 +47,15 @@ impl KeeperOptions {
     /// Must be in `(0, 0.9]`; checked by [`keep`].
     pub fn renew_fraction(mut self, fraction: f64) -> Self {
         self.renew_fraction = fraction;
+        self
+    }
+
+    /// Renew up to this fraction of the renewal interval early, at random (default 0.1), so that
+    /// leases whose validity starts together (acquired within one session keepalive, say) do
+    /// not all renew at the same instant ever after. Must be in `[0, 0.5]`; checked by
+    /// [`keep`]. Renewing early never shortens a lease.
+    pub fn jitter(mut self, fraction: f64) -> Self {
+        self.jitter = fraction;
         self
     }
 
@@ -94,8 +106,8 @@ pub enum KeeperStop {
 ///
 /// # Contract
 ///
-/// - The keeper renews when `renew_fraction` of the TTL has passed since the last confirmed
-///   renewal was *sent*, and retries failed renewals (with backoff) until local validity ends;
+/// - The keeper renews when `renew_fraction` of the TTL (less up to `jitter` of that, at random)
+///   has passed since the last confirmed renewal was *sent*, and retries failed renewals (with backoff) until local validity ends;
 ///   if no renewal is confirmed by then, the lease reports `Lost(Expired)` and the keeper exits.
 /// - It stops when the lease is lost or released, when [`Kept`] is dropped (a renewal under way
 ///   is aborted and the lease dropped with it), on [`Kept::stop`], when the maximum hold passes,
@@ -106,17 +118,19 @@ pub enum KeeperStop {
 /// # Cost
 ///
 /// On a multi-thread runtime a kept lease has no task of its own while it waits for its next
-/// renewal: every such lease shares one timer task, which starts each renewal as a short task
-/// on the runtime `keep` was called on, so holding many kept leases costs a few hundred bytes
-/// each (decision 0024). On a current-thread runtime each kept lease has its own timer task.
+/// renewal: one timer thread per process wakes every such lease and spawns each renewal as a
+/// short task on the runtime `keep` was called on, so holding many kept leases costs a few
+/// hundred bytes each (decision 0024). On a current-thread runtime each kept lease has a small
+/// timer task of its own on that runtime.
 pub struct Kept {
-    keeping: Arc<Keeping>,
+    /// `None` only while dropping.
+    keeping: Option<Arc<Keeping>>,
 }
 
 impl fmt::Debug for Kept {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Kept")
-            .field("lease", &self.keeping.lease)
+            .field("lease", &self.keeping().lease)
             .field("stopped", &self.stopped())
             .finish()
     }
@@ -138,12 +152,21 @@ pub fn keep(lease: Box<dyn Lease>, options: KeeperOptions) -> Result<Kept> {
         }
         .into());
     }
+    if !(0.0..=0.5).contains(&options.jitter) {
+        return Err(InvalidInput::OutOfRange {
+            field: "jitter",
+            value: options.jitter.to_string(),
+            expected: "in [0, 0.5]",
+        }
+        .into());
+    }
     let lease: Arc<dyn Lease> = Arc::from(lease);
     let runtime = tokio::runtime::Handle::current();
-    let timer = timer_for(&runtime);
+    let timer = Timer::for_runtime(&runtime);
     let interval = lease.ttl().mul_f64(options.renew_fraction);
     let progress = Progress::default();
     let last_sent = lease.state().acquired_at();
+    let next_due = last_sent + jittered(interval, options.jitter);
     let keeping = Arc::new(Keeping {
         seen_progress: AtomicU64::new(progress.count()),
         lease,
@@ -153,48 +176,54 @@ pub fn keep(lease: Box<dyn Lease>, options: KeeperOptions) -> Result<Kept> {
         runtime,
         state: Mutex::new(KeepState {
             stop: None,
-            last_sent,
+            next_due,
             renewing: None,
             timer,
             done: false,
         }),
     });
-    keeping.schedule(&mut keeping.lock(), last_sent + interval);
-    Ok(Kept { keeping })
+    keeping.schedule(&mut keeping.lock(), next_due);
+    Ok(Kept {
+        keeping: Some(keeping),
+    })
 }
 
 impl Kept {
+    fn keeping(&self) -> &Arc<Keeping> {
+        self.keeping.as_ref().expect("present until dropped")
+    }
+
     /// The lease being kept.
     pub fn lease(&self) -> &dyn Lease {
-        &*self.keeping.lease
+        &*self.keeping().lease
     }
 
     /// The lease's token.
     pub fn token(&self) -> Token {
-        self.keeping.lease.token()
+        self.keeping().lease.token()
     }
 
     /// The lease's lost signal.
     pub fn lost(&self) -> LostSignal {
-        self.keeping.lease.lost()
+        self.keeping().lease.lost()
     }
 
     /// The progress handle to give to the protected work.
     pub fn progress(&self) -> Progress {
-        self.keeping.progress.clone()
+        self.keeping().progress.clone()
     }
 
     /// Why the keeper stopped renewing, if it stopped on purpose.
     pub fn stopped(&self) -> Option<KeeperStop> {
-        self.keeping.lock().stop
+        self.keeping().lock().stop
     }
 
     /// Stops renewing; the lease runs out at its current validity (a renewal under way may
     /// still move it once).
     pub fn stop(&self) {
-        let state = self.keeping.lock();
+        let state = self.keeping().lock();
         if state.stop.is_none() && !state.done {
-            self.keeping.stop_renewing(state, KeeperStop::Requested);
+            self.keeping().stop_renewing(state, KeeperStop::Requested);
         }
     }
 
@@ -204,14 +233,20 @@ impl Kept {
     /// the lease mid-release, as for a dropped [`Lease::release`] followed by dropping the lease
     /// (released best-effort, and in any case it expires at its TTL).
     pub async fn release(self) -> Result<()> {
-        self.keeping.end();
-        self.keeping.lease.release().await
+        self.keeping().end();
+        self.keeping().lease.release().await
     }
 }
 
 impl Drop for Kept {
     fn drop(&mut self) {
-        self.keeping.end();
+        if let Some(keeping) = self.keeping.take() {
+            keeping.end();
+            // The lease may be dropped here: inside its runtime, where adapters start their
+            // background delete.
+            let _entered = keeping.runtime.enter();
+            drop(keeping);
+        }
     }
 }
 
@@ -233,12 +268,13 @@ struct Keeping {
 struct KeepState {
     /// Why it stopped renewing on purpose (the first reason stays).
     stop: Option<KeeperStop>,
-    /// Send time of the last confirmed renewal (the acquisition at first).
-    last_sent: Instant,
+    /// When the next renewal is due: `renew_fraction` of the TTL (less the jitter) after the
+    /// send time of the last confirmed renewal (the acquisition at first).
+    next_due: Instant,
     /// The renewal under way.
     renewing: Option<AbortHandle>,
     /// The timer that wakes this lease.
-    timer: mpsc::UnboundedSender<Due>,
+    timer: Timer,
     /// Nothing more to do: lost, ended, or run out after a stop.
     done: bool,
 }
@@ -250,16 +286,10 @@ impl Keeping {
 
     /// Asks the timer to wake this lease at `at`.
     fn schedule(self: &Arc<Self>, state: &mut KeepState, at: Instant) {
-        let due = Due {
+        state.timer.send(Due {
             at,
             keeping: Arc::downgrade(self),
-            moves: 0,
-        };
-        if let Err(mpsc::error::SendError(due)) = state.timer.send(due) {
-            // The timer's runtime shut down.
-            state.timer = timer_for(&self.runtime);
-            let _ = state.timer.send(due);
-        }
+        });
     }
 
     /// The `Kept` went (dropped or releasing): abort a renewal under way, do nothing more.
@@ -310,7 +340,7 @@ impl Keeping {
         if state.renewing.is_some() {
             return;
         }
-        let due = state.last_sent + self.interval;
+        let due = state.next_due;
         if now < due {
             self.schedule(&mut state, due);
             return;
@@ -345,9 +375,10 @@ impl Keeping {
         state.renewing = None;
         match sent {
             Some(sent) if !state.done => {
-                state.last_sent = sent;
+                state.next_due = sent + jittered(self.interval, self.options.jitter);
                 if state.stop.is_none() {
-                    self.schedule(&mut state, sent + self.interval);
+                    let due = state.next_due;
+                    self.schedule(&mut state, due);
                 }
             }
             _ => state.done = true,
@@ -355,12 +386,18 @@ impl Keeping {
     }
 }
 
+/// `interval`, up to `jitter` of it shorter at random.
+fn jittered(interval: Duration, jitter: f64) -> Duration {
+    if jitter == 0.0 {
+        return interval;
+    }
+    interval.mul_f64(1.0 - jitter * rand::random::<f64>())
+}
+
 /// A kept lease to wake at `at`.
 struct Due {
     at: Instant,
     keeping: Weak<Keeping>,
-    /// How many timers this wake-up moved through ([`rehome`]).
-    moves: u8,
 }
 
 impl PartialEq for Due {
@@ -384,112 +421,136 @@ impl Ord for Due {
     }
 }
 
-/// The timer shared by the leases kept on multi-thread runtimes.
-static SHARED_TIMER: Mutex<Option<mpsc::UnboundedSender<Due>>> = Mutex::new(None);
+/// Which timer wakes a kept lease.
+enum Timer {
+    /// The process's timer thread ([`SharedTimer`]), for leases kept on multi-thread runtimes.
+    Shared,
+    /// A timer task of the lease's own on its current-thread runtime.
+    Own(mpsc::UnboundedSender<Due>),
+}
 
-/// The timer for a lease kept on `runtime`.
-///
-/// On a multi-thread runtime: the process's shared timer, started on `runtime` if there is
-/// none or its runtime shut down (a multi-thread runtime's tasks run whenever it is alive, and
-/// each renewal is spawned on the lease's own runtime, so any live one can time every lease).
-/// On a current-thread runtime (which runs only inside its `block_on`, with its own clock,
-/// paused in tests): a timer of the lease's own on that runtime.
-fn timer_for(runtime: &tokio::runtime::Handle) -> mpsc::UnboundedSender<Due> {
-    if runtime.runtime_flavor() != tokio::runtime::RuntimeFlavor::MultiThread {
-        return start_timer(runtime);
+impl Timer {
+    /// The timer for a lease kept on `runtime`.
+    ///
+    /// On a multi-thread runtime: the process's timer thread (it spawns each renewal on the
+    /// lease's own runtime, so the lease depends on no other runtime's being responsive or
+    /// alive). On a current-thread runtime (which runs only inside its `block_on`, with its own
+    /// clock, paused in tests): a timer task of the lease's own on that runtime, which ends with
+    /// the lease or the runtime.
+    fn for_runtime(runtime: &tokio::runtime::Handle) -> Timer {
+        if runtime.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread {
+            return Timer::Shared;
+        }
+        let (tx, rx) = mpsc::unbounded_channel();
+        drop(runtime.spawn(run_own_timer(rx)));
+        Timer::Own(tx)
     }
-    let mut shared = SHARED_TIMER.lock().unwrap_or_else(|p| p.into_inner());
-    match &*shared {
-        Some(timer) if !timer.is_closed() => timer.clone(),
-        _ => {
-            let timer = start_timer(runtime);
-            *shared = Some(timer.clone());
+
+    /// Asks for `due`. A lease whose own runtime shut down is not woken again (its renewals
+    /// could not run anyway).
+    fn send(&self, due: Due) {
+        match self {
+            Timer::Shared => SharedTimer::get().push(due),
+            Timer::Own(tx) => {
+                let _ = tx.send(due);
+            }
+        }
+    }
+}
+
+/// The process's timer thread for leases kept on multi-thread runtimes: a heap of wake-ups
+/// under a mutex, and a thread that sleeps until the earliest (`Condvar::wait_timeout`).
+/// (A multi-thread runtime's clock cannot be paused, so the monotonic clock is the runtime's.)
+struct SharedTimer {
+    heap: Mutex<BinaryHeap<Due>>,
+    changed: std::sync::Condvar,
+}
+
+impl SharedTimer {
+    fn get() -> &'static SharedTimer {
+        static TIMER: std::sync::OnceLock<&'static SharedTimer> = std::sync::OnceLock::new();
+        TIMER.get_or_init(|| {
+            let timer: &'static SharedTimer = Box::leak(Box::new(SharedTimer {
+                heap: Mutex::new(BinaryHeap::new()),
+                changed: std::sync::Condvar::new(),
+            }));
+            std::thread::Builder::new()
+                .name("fenced-keeper".into())
+                .spawn(move || timer.run())
+                .expect("the keeper's timer thread starts");
             timer
+        })
+    }
+
+    fn push(&self, due: Due) {
+        let mut heap = self.heap.lock().unwrap_or_else(|p| p.into_inner());
+        let earliest = heap.peek().is_none_or(|first| due.at < first.at);
+        heap.push(due);
+        drop(heap);
+        if earliest {
+            self.changed.notify_one();
         }
     }
-}
 
-/// Starts a timer task on `runtime`.
-fn start_timer(runtime: &tokio::runtime::Handle) -> mpsc::UnboundedSender<Due> {
-    let (tx, rx) = mpsc::unbounded_channel();
-    let queue = Queue {
-        heap: BinaryHeap::new(),
-        rx,
-    };
-    drop(runtime.spawn(run_timer(queue)));
-    tx
-}
-
-/// A timer's state. Dropped with its task when the runtime shuts down: the leases it still
-/// wakes that are kept on another, running runtime move to a timer there.
-struct Queue {
-    heap: BinaryHeap<Due>,
-    rx: mpsc::UnboundedReceiver<Due>,
-}
-
-impl Drop for Queue {
-    fn drop(&mut self) {
-        self.rx.close();
-        let mut left: Vec<Due> = std::mem::take(&mut self.heap).into_vec();
-        while let Ok(due) = self.rx.try_recv() {
-            left.push(due);
-        }
-        for due in left {
-            rehome(due);
-        }
-    }
-}
-
-/// Moves a lease whose timer is gone to a timer for its own runtime (it is dropped if that
-/// runtime shut down too: its renewals could not run anyway).
-fn rehome(mut due: Due) {
-    let Some(keeping) = due.keeping.upgrade() else {
-        return;
-    };
-    // Bounded, in case a runtime that is shutting down still accepted the new timer's task.
-    due.moves += 1;
-    let mut state = keeping.lock();
-    if !state.done && due.moves <= MAX_MOVES {
-        state.timer = timer_for(&keeping.runtime);
-        let _ = state.timer.send(due);
-    }
-}
-
-/// How many times a lease moves to another timer before it is left to run out.
-const MAX_MOVES: u8 = 4;
-
-async fn run_timer(mut queue: Queue) {
-    let far = || Instant::now() + Duration::from_secs(86_400 * 365);
-    let sleep = tokio::time::sleep_until(far());
-    tokio::pin!(sleep);
-    let mut open = true;
-    loop {
-        if !open && queue.heap.is_empty() {
-            return;
-        }
-        let next = queue.heap.peek().map_or_else(far, |d| d.at);
-        if sleep.deadline() != next {
-            sleep.as_mut().reset(next);
-        }
-        tokio::select! {
-            got = queue.rx.recv(), if open => match got {
-                Some(due) => {
-                    queue.heap.push(due);
-                    while let Ok(due) = queue.rx.try_recv() {
-                        queue.heap.push(due);
-                    }
+    fn run(&self) {
+        let mut heap = self.heap.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            let now = Instant::now();
+            let mut woken = Vec::new();
+            while heap.peek().is_some_and(|d| d.at <= now) {
+                woken.push(heap.pop().expect("peeked"));
+            }
+            if !woken.is_empty() {
+                drop(heap);
+                for due in woken {
+                    wake(due, now);
                 }
-                // No sender left: no thread keeps through this timer and no lease can be
-                // added; it ends with its last lease.
-                None => open = false,
+                heap = self.heap.lock().unwrap_or_else(|p| p.into_inner());
+                continue;
+            }
+            heap = match heap.peek().map(|d| d.at) {
+                None => self.changed.wait(heap).unwrap_or_else(|p| p.into_inner()),
+                Some(at) => {
+                    self.changed
+                        .wait_timeout(heap, at.saturating_duration_since(now))
+                        .unwrap_or_else(|p| p.into_inner())
+                        .0
+                }
+            };
+        }
+    }
+}
+
+/// Wakes the lease of `due`, if it is still kept, inside its own runtime's context (the lease
+/// may be dropped here, and adapters start their background delete on the current runtime).
+fn wake(due: Due, now: Instant) {
+    if let Some(keeping) = due.keeping.upgrade() {
+        let _entered = keeping.runtime.enter();
+        keeping.wake(now);
+        drop(keeping);
+    }
+}
+
+/// A lease's own timer task (current-thread runtimes): ends when the lease goes (its sender is
+/// dropped) or with the runtime.
+async fn run_own_timer(mut rx: mpsc::UnboundedReceiver<Due>) {
+    let mut heap = BinaryHeap::new();
+    loop {
+        let next = heap.peek().map(|d: &Due| d.at);
+        tokio::select! {
+            got = rx.recv() => match got {
+                Some(due) => heap.push(due),
+                None => return,
             },
-            () = &mut sleep => {
+            () = async {
+                match next {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            } => {
                 let now = Instant::now();
-                while queue.heap.peek().is_some_and(|d| d.at <= now) {
-                    let due = queue.heap.pop().expect("peeked");
-                    if let Some(keeping) = due.keeping.upgrade() {
-                        keeping.wake(now);
-                    }
+                while heap.peek().is_some_and(|d| d.at <= now) {
+                    wake(heap.pop().expect("peeked"), now);
                 }
             }
         }

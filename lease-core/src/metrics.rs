@@ -550,7 +550,7 @@ mod tests {
                 .try_acquire(&key("validity"), &exact(secs(3)))
                 .await
                 .unwrap();
-            let kept = keep(lease, KeeperOptions::new()).unwrap();
+            let kept = keep(lease, KeeperOptions::new().jitter(0.0)).unwrap();
             // Renewals at 1 s, 2 s and 3 s, each confirmed with 2 s of validity left.
             tokio::time::sleep(Duration::from_millis(3500)).await;
             kept.release().await.unwrap();

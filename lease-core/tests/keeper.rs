@@ -26,7 +26,7 @@ async fn keeps_a_lease_alive_past_several_ttls() {
         .try_acquire(&k, &LeaseOptions::new(secs(3)))
         .await
         .unwrap();
-    let kept = keep(lease, KeeperOptions::new()).unwrap();
+    let kept = keep(lease, KeeperOptions::new().jitter(0.0)).unwrap();
     let t0 = Instant::now();
     while Instant::now() - t0 < secs(15) {
         tokio::time::sleep(ms(250)).await;
@@ -45,7 +45,11 @@ async fn keeps_a_lease_alive_past_several_ttls() {
 async fn renews_at_the_configured_fraction_of_the_ttl() {
     let lease = ScriptedLease::new(secs(4), RenewScript::Ok);
     let renews = lease.renews.clone();
-    let kept = keep(Box::new(lease), KeeperOptions::new().renew_fraction(0.5)).unwrap();
+    let kept = keep(
+        Box::new(lease),
+        KeeperOptions::new().jitter(0.0).renew_fraction(0.5),
+    )
+    .unwrap();
     tokio::time::sleep(ms(1999)).await;
     assert_eq!(renews.load(Ordering::SeqCst), 0);
     tokio::time::sleep(ms(2)).await;
@@ -62,7 +66,7 @@ async fn renews_at_the_configured_fraction_of_the_ttl() {
 async fn dropping_kept_stops_renewal_and_drops_the_lease() {
     let lease = ScriptedLease::new(secs(3), RenewScript::Ok);
     let renews = lease.renews.clone();
-    let kept = keep(Box::new(lease), KeeperOptions::new()).unwrap();
+    let kept = keep(Box::new(lease), KeeperOptions::new().jitter(0.0)).unwrap();
     let mut sig = kept.lost();
     tokio::time::sleep(ms(3500)).await;
     assert_eq!(renews.load(Ordering::SeqCst), 3);
@@ -83,7 +87,7 @@ async fn dropping_kept_frees_the_memory_lock_by_the_ttl() {
     let c = MemoryCoordinator::new();
     let k = key("k");
     let lease = c.try_acquire(&k, &exact(secs(3))).await.unwrap();
-    let kept = keep(lease, KeeperOptions::new()).unwrap();
+    let kept = keep(lease, KeeperOptions::new().jitter(0.0)).unwrap();
     tokio::time::sleep(secs(5)).await;
     assert_held_by_other(&c, &k).await;
     let dropped_at = Instant::now();
@@ -100,7 +104,7 @@ async fn kept_release_frees_at_once() {
     let c = MemoryCoordinator::new();
     let k = key("k");
     let lease = c.try_acquire(&k, &exact(secs(3))).await.unwrap();
-    let kept = keep(lease, KeeperOptions::new()).unwrap();
+    let kept = keep(lease, KeeperOptions::new().jitter(0.0)).unwrap();
     let mut sig = kept.lost();
     tokio::time::sleep(secs(7)).await;
     assert_held_by_other(&c, &k).await;
@@ -123,7 +127,11 @@ async fn without_progress_the_keeper_stops_and_the_lease_ends_keeper_stopped() {
         let opts = LeaseOptions::new(secs(3));
         let lease = c.try_acquire(&k, &opts).await.unwrap();
         let valid_until = lease.valid_until();
-        let kept = keep(lease, KeeperOptions::new().require_progress(true)).unwrap();
+        let kept = keep(
+            lease,
+            KeeperOptions::new().jitter(0.0).require_progress(true),
+        )
+        .unwrap();
         let t0 = Instant::now();
 
         tokio::time::sleep(secs(2)).await;
@@ -162,7 +170,11 @@ async fn with_progress_the_keeper_keeps_renewing_until_progress_stops() {
         .try_acquire(&k, &LeaseOptions::new(secs(3)))
         .await
         .unwrap();
-    let kept = keep(lease, KeeperOptions::new().require_progress(true)).unwrap();
+    let kept = keep(
+        lease,
+        KeeperOptions::new().jitter(0.0).require_progress(true),
+    )
+    .unwrap();
     let progress = kept.progress();
     let ticker = tokio::spawn(async move {
         loop {
@@ -205,7 +217,7 @@ async fn max_hold_stops_renewing_after_the_maximum() {
         .unwrap();
     let margin = lease.ttl() - (lease.valid_until() - Instant::now());
     let t0 = Instant::now();
-    let kept = keep(lease, KeeperOptions::new().max_hold(secs(7))).unwrap();
+    let kept = keep(lease, KeeperOptions::new().jitter(0.0).max_hold(secs(7))).unwrap();
 
     tokio::time::sleep(ms(4500)).await;
     assert_eq!(kept.stopped(), None);
@@ -232,7 +244,7 @@ async fn max_hold_stops_renewing_after_the_maximum() {
 async fn stop_lets_the_lease_run_out() {
     let lease = ScriptedLease::new(secs(3), RenewScript::Ok);
     let renews = lease.renews.clone();
-    let kept = keep(Box::new(lease), KeeperOptions::new()).unwrap();
+    let kept = keep(Box::new(lease), KeeperOptions::new().jitter(0.0)).unwrap();
     tokio::time::sleep(ms(1500)).await;
     assert_eq!(renews.load(Ordering::SeqCst), 1);
     kept.stop();
@@ -252,7 +264,7 @@ async fn failing_renewals_fire_lost_when_validity_ends_and_not_before() {
     let lease = ScriptedLease::new(secs(3), RenewScript::Unavailable);
     let renews = lease.renews.clone();
     let t0 = Instant::now();
-    let kept = keep(Box::new(lease), KeeperOptions::new()).unwrap();
+    let kept = keep(Box::new(lease), KeeperOptions::new().jitter(0.0)).unwrap();
     let mut sig = kept.lost();
     let watcher = tokio::spawn(async move {
         let r = within(secs(600), "lost signal", sig.wait()).await;
@@ -282,7 +294,7 @@ async fn failing_renewals_fire_lost_when_validity_ends_and_not_before() {
 async fn transient_renewal_failures_are_retried() {
     let lease = ScriptedLease::new(secs(3), RenewScript::FailFirst(3));
     let renews = lease.renews.clone();
-    let kept = keep(Box::new(lease), KeeperOptions::new()).unwrap();
+    let kept = keep(Box::new(lease), KeeperOptions::new().jitter(0.0)).unwrap();
     tokio::time::sleep(secs(12)).await;
     assert_eq!(kept.lease().status(), LeaseStatus::Held);
     assert!(renews.load(Ordering::SeqCst) > 3);
@@ -294,7 +306,7 @@ async fn refused_renewal_marks_the_lease_lost_at_once() {
     let lease = ScriptedLease::new(secs(3), RenewScript::Lost);
     let renews = lease.renews.clone();
     let t0 = Instant::now();
-    let kept = keep(Box::new(lease), KeeperOptions::new()).unwrap();
+    let kept = keep(Box::new(lease), KeeperOptions::new().jitter(0.0)).unwrap();
     let mut sig = kept.lost();
     assert_eq!(
         within(secs(600), "lost signal", sig.wait()).await,
@@ -310,7 +322,7 @@ async fn force_release_stops_the_keeper() {
     let c = MemoryCoordinator::new();
     let k = key("k");
     let lease = c.try_acquire(&k, &exact(secs(3))).await.unwrap();
-    let kept = keep(lease, KeeperOptions::new()).unwrap();
+    let kept = keep(lease, KeeperOptions::new().jitter(0.0)).unwrap();
     tokio::time::sleep(secs(4)).await;
     c.force_release(&k, &ForceRelease::new("alice", "drill").unwrap())
         .await
@@ -334,7 +346,10 @@ async fn invalid_renew_fraction_is_rejected() {
     for f in [0.0, -0.5, 0.95, 1.0, f64::NAN, f64::INFINITY] {
         let lease = ScriptedLease::new(secs(3), RenewScript::Ok);
         let renews = lease.renews.clone();
-        match keep(Box::new(lease), KeeperOptions::new().renew_fraction(f)) {
+        match keep(
+            Box::new(lease),
+            KeeperOptions::new().jitter(0.0).renew_fraction(f),
+        ) {
             Err(Error::InvalidInput(InvalidInput::OutOfRange { field, .. })) => {
                 assert_eq!(field, "renew_fraction", "{f}")
             }
@@ -349,7 +364,11 @@ async fn invalid_renew_fraction_is_rejected() {
     }
     for f in [0.01, 0.5, 0.9] {
         let lease = ScriptedLease::new(secs(3), RenewScript::Ok);
-        assert!(keep(Box::new(lease), KeeperOptions::new().renew_fraction(f)).is_ok());
+        assert!(keep(
+            Box::new(lease),
+            KeeperOptions::new().jitter(0.0).renew_fraction(f)
+        )
+        .is_ok());
     }
 }
 
@@ -383,5 +402,51 @@ async fn kept_leases_on_a_multi_thread_runtime_share_one_timer() {
     }
     for k in &kept {
         assert_eq!(k.lease().status(), LeaseStatus::Held);
+    }
+}
+
+/// Leases whose validity starts at the same instant (as on a session backend, where it is
+/// counted from the session's keepalive) renew within the jitter before their due time, and not
+/// all at once: each at most a tenth of the interval early, spread over that tenth.
+#[tokio::test(start_paused = true)]
+async fn jitter_spreads_renewals_that_would_fall_together() {
+    let t0 = Instant::now();
+    let mut kept = Vec::new();
+    let mut renews = Vec::new();
+    for _ in 0..50 {
+        let lease = ScriptedLease::new(secs(3), RenewScript::Ok);
+        renews.push(lease.renews.clone());
+        kept.push(keep(Box::new(lease), KeeperOptions::new()).unwrap());
+    }
+    // Due at 1 s; none renews before 0.9 s, all have by 1 s, and they did not all renew in the
+    // same millisecond.
+    tokio::time::sleep_until(t0 + ms(899)).await;
+    assert!(renews.iter().all(|r| r.load(Ordering::SeqCst) == 0));
+    let mut first_round = Vec::new();
+    while Instant::now() < t0 + ms(1001) {
+        tokio::time::sleep(ms(1)).await;
+        let done = renews
+            .iter()
+            .filter(|r| r.load(Ordering::SeqCst) >= 1)
+            .count();
+        first_round.push(done);
+    }
+    assert!(renews.iter().all(|r| r.load(Ordering::SeqCst) == 1));
+    let distinct_steps = first_round.windows(2).filter(|w| w[1] > w[0]).count();
+    assert!(
+        distinct_steps > 5,
+        "renewals fell together: {first_round:?}"
+    );
+    for k in &kept {
+        assert_eq!(k.lease().status(), LeaseStatus::Held);
+    }
+    for jitter in [-0.1, 0.51, f64::NAN] {
+        let lease = ScriptedLease::new(secs(3), RenewScript::Ok);
+        match keep(Box::new(lease), KeeperOptions::new().jitter(jitter)) {
+            Err(Error::InvalidInput(InvalidInput::OutOfRange { field, .. })) => {
+                assert_eq!(field, "jitter")
+            }
+            other => panic!("jitter {jitter}: {other:?}"),
+        }
     }
 }

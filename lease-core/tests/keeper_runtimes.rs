@@ -1,6 +1,6 @@
-//! The keeper's shared timer runs on the multi-thread runtime that needed it first. When that
-//! runtime shuts down while another runtime's leases are kept through it, they move to a timer
-//! on their own runtime and keep being renewed. (Its own test binary: the timer is per process.)
+//! Leases kept on one multi-thread runtime depend on no other: the keeper's timer is a thread of
+//! its own and each renewal runs on the lease's runtime, so a runtime that kept leases first and
+//! then shut down takes nothing with it. (Its own test binary: the timer is per process.)
 
 mod common;
 
@@ -18,10 +18,10 @@ fn runtime() -> tokio::runtime::Runtime {
 }
 
 #[test]
-fn leases_kept_through_a_runtime_that_shuts_down_move_to_their_own() {
+fn leases_kept_on_a_runtime_outlive_another_runtime_that_kept_leases_first() {
     let first = runtime();
     let second = runtime();
-    // The timer starts on `first`.
+    // The timer starts for `first`'s lease.
     let on_first = first.block_on(async {
         keep(
             Box::new(ScriptedLease::new(secs(3), RenewScript::Ok)),
