@@ -246,17 +246,22 @@ fn header_revision(h: Option<&etcd_client::ResponseHeader>) -> i64 {
 /// at all and the attempt was not abandoned (its marker is absent); otherwise read our own key,
 /// which exists only if an earlier send of this attempt applied (the name's slot is ours while
 /// the attempt runs), so the transaction can be sent again after a connection reset.
-fn try_txn(prefix: &str, pending: &PendingKey, record: &str) -> Txn {
+///
+/// A resend (`in_doubt`) that creates our key also writes the attempt's marker: a delayed copy
+/// of the earlier send (forwarded by a member, say) then writes nothing, even after our lease
+/// is released. (A send that finds our key needs none: the copy that made it has applied.)
+fn try_txn(prefix: &str, pending: &PendingKey, record: &str, in_doubt: bool) -> Txn {
+    let attached = || Some(PutOptions::new().with_lease(pending.session.id()));
+    let mut writes = vec![TxnOp::put(pending.key.clone(), record, attached())];
+    if in_doubt {
+        writes.push(TxnOp::put(pending.marker.clone(), "", attached()));
+    }
     Txn::new()
         .when([
             Compare::version(prefix, CompareOp::Equal, 0).with_prefix(),
             Compare::create_revision(pending.marker.clone(), CompareOp::Equal, 0),
         ])
-        .and_then([TxnOp::put(
-            pending.key.clone(),
-            record,
-            Some(PutOptions::new().with_lease(pending.session.id())),
-        )])
+        .and_then(writes)
         .or_else([TxnOp::get(pending.key.clone(), None)])
 }
 
@@ -375,12 +380,14 @@ impl Inner {
         for _ in 0..3 {
             let session = self.session(secs).await?;
             let mut pending = self.pending(key, &prefix, &session);
-            let txn = try_txn(&prefix, &pending, &record);
             // Validity counts from the first send, which may be the one that applied.
             let sent = Instant::now();
             let client = &self.handle.client;
-            let (resp, in_doubt) = retry_resendable(self.timeout(), || {
-                let (mut kv, txn) = (client.clone(), txn.clone());
+            let (resp, in_doubt) = retry_resendable(self.timeout(), |in_doubt| {
+                let (mut kv, txn) = (
+                    client.clone(),
+                    try_txn(&prefix, &pending, &record, in_doubt),
+                );
                 async move { kv.txn(txn).await }
             })
             .await;
@@ -396,7 +403,7 @@ impl Inner {
                 Err(f) => return Err(f.into_error(Op::write("try_acquire", false))),
             };
             let revision = if resp.succeeded() {
-                // One write in the transaction: our key's create revision is its revision.
+                // Our key's create revision is the transaction's revision.
                 header_revision(resp.header())
             } else {
                 // Our own key exists only if an earlier send in doubt created it.
@@ -1013,7 +1020,7 @@ mod tests {
             };
             for txn in [
                 enqueue_txn(&prefix, &late, "{}"),
-                try_txn(&prefix, &late, "{}"),
+                try_txn(&prefix, &late, "{}", false),
             ] {
                 assert!(!raw.txn(txn).await.unwrap().succeeded());
             }

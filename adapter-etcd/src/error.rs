@@ -311,14 +311,14 @@ where
 /// under it ([`Failure::closed_after_handshake`]: a member going down, a proxy or load balancer
 /// in front of one) while `timeout` leaves time. Only for a request that is safe to apply twice
 /// and whose answer tells the caller what an earlier send did (a delete keyed on a create
-/// revision; a create whose failure branch reads our own key). Returns the outcome and whether
-/// an earlier send may have applied.
+/// revision; a create whose failure branch reads our own key). `make` is told whether an
+/// earlier send may have applied (so a resend can differ). Returns the outcome and that flag.
 pub(crate) async fn retry_resendable<T, F, M>(
     timeout: Duration,
     mut make: M,
 ) -> (Result<T, Failure>, bool)
 where
-    M: FnMut() -> F,
+    M: FnMut(bool) -> F,
     F: std::future::Future<Output = Result<T, etcd_client::Error>>,
 {
     let deadline = tokio::time::Instant::now() + timeout;
@@ -326,7 +326,7 @@ where
     let mut in_doubt = false;
     loop {
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-        match retry_unapplied(left, &mut make).await {
+        match retry_unapplied(left, || make(in_doubt)).await {
             Err(f)
                 if f.closed_after_handshake()
                     && tokio::time::Instant::now() + pause.ceiling() < deadline =>

@@ -204,7 +204,7 @@ impl Lease for EtcdLease {
         // The delete is keyed on the create revision: sent again after a reset connection, it
         // can only delete our own key.
         let (outcome, in_doubt) =
-            retry_resendable(self.shared.handle.config.request_timeout(), || {
+            retry_resendable(self.shared.handle.config.request_timeout(), |_| {
                 let (mut kv, txn) = (client.clone(), txn.clone());
                 async move { kv.txn(txn).await }
             })
@@ -216,9 +216,14 @@ impl Lease for EtcdLease {
                 Ok(())
             }
             // An earlier send in doubt deleted it, unless the session ended meanwhile (its keys
-            // go with it) or an operator deleted it within the same moment: a force-release
-            // leaves its audit record, and the lock is free either way.
-            Ok(_) if in_doubt && self.shared.session.dead_reason().is_none() => {
+            // go with it: not known to have ended, and our validity, which the session bounds,
+            // has not passed) or an operator deleted it within the same moment (a
+            // force-release leaves its audit record, and the lock is free either way).
+            Ok(_)
+                if in_doubt
+                    && self.shared.session.dead_reason().is_none()
+                    && Instant::now() < self.tracker.valid_until() =>
+            {
                 self.shared.gone();
                 self.tracker.mark_lost(LostReason::Released);
                 Ok(())

@@ -48,7 +48,8 @@ impl LockKeys {
     pub(crate) fn new(prefix: &str, key: &LockKey) -> Self {
         let base = format!("{prefix}:{{{}}}", encode_tag(key.as_str()));
         let suffixes = [":lock", ":token", ":revoked", ":audit", ":released"];
-        let mut names = String::with_capacity(base.len() * 5 + 32);
+        let mut names =
+            String::with_capacity(base.len() * 5 + suffixes.iter().map(|s| s.len()).sum::<usize>());
         let mut ends = [0u32; 5];
         for (end, suffix) in ends.iter_mut().zip(suffixes) {
             names.push_str(&base);
