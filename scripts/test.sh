@@ -39,6 +39,8 @@ cargo test --workspace --locked
 
 step "benchmarks build and run once (criterion test mode; asserts nothing, measures nothing)"
 cargo test --workspace --locked --bench hot_paths
+# lease-bench's heap scenario needs its counting allocator (a feature, off for the other scenarios).
+cargo test --locked -p lease-bench --features count-allocations --test smoke
 
 step "facade without backends (no protoc needed): its tests, then the stale-holder demo"
 PROTOC=/bin/false cargo test --locked -p fenced

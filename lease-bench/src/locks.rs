@@ -58,6 +58,10 @@ pub(crate) trait BenchLock: Send + Sync {
     /// The same lock on a second, independent client (as a second process would have), for the
     /// hand-off waiter.
     async fn another(&self) -> BenchResult<Arc<dyn BenchLock>>;
+    /// Ours: the coordinator behind it (for the heap scenario, which keeps leases).
+    fn coordinator(&self) -> Option<Arc<dyn Coordinator>> {
+        None
+    }
 }
 
 fn held<T: Send + 'static>(t: T) -> Held {
@@ -131,6 +135,9 @@ impl BenchLock for Ours {
     async fn release(&self, h: Held) -> BenchResult<()> {
         unwrap::<Box<dyn fenced::Lease>>(h)?.release().await?;
         Ok(())
+    }
+    fn coordinator(&self) -> Option<Arc<dyn Coordinator>> {
+        Some(self.coordinator.clone())
     }
     async fn another(&self) -> BenchResult<Arc<dyn BenchLock>> {
         if self.url.starts_with("memory") {

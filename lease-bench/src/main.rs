@@ -17,12 +17,21 @@
 //! 2. hand-off: a waiter on a second client blocked in acquire, from the START of the holder's
 //!    release to the waiter holding (the peers' definition);
 //! 3. throughput: `--tasks` tasks on one client, each on its own key, and on `--shared-keys` keys;
-//! 4. the server's own request counters around 1 and 3, per pair and per contended grant.
+//! 4. the server's own request counters around 1 and 3, per pair and per contended grant;
+//! 5. heap per kept lease (ours only, once per backend): `--heap-leases` leases held and kept,
+//!    the live heap counted by the global allocator after their first renewal, at its peak, and
+//!    after their release.
 //!
 //! Every scenario runs each lock in a seeded random order within each of `--rounds` rounds, each
 //! after a warm-up. `--out DIR` writes `side-by-side.md` and `side-by-side.svg` there. Timing
 //! uses the monotonic clock only. This is a benchmark, not a test: it asserts nothing.
 
+#[cfg(feature = "count-allocations")]
+mod heap;
+#[cfg(not(feature = "count-allocations"))]
+mod heap_off;
+#[cfg(not(feature = "count-allocations"))]
+use heap_off as heap;
 mod locks;
 mod measure;
 mod report;
@@ -90,9 +99,13 @@ struct Args {
     /// all when not given. For profiling one lock.
     #[arg(long, value_delimiter = ',')]
     locks: Vec<String>,
-    /// Only these scenarios (comma-separated: pairs, hand-offs, throughput); all when not given.
+    /// Only these scenarios (comma-separated: pairs, hand-offs, throughput, heap); all when
+    /// not given.
     #[arg(long, value_delimiter = ',')]
     scenarios: Vec<String>,
+    /// Kept leases held at once in the heap scenario (ours only, once per backend).
+    #[arg(long, default_value_t = 5000)]
+    heap_leases: usize,
 }
 
 /// The locks measured against one server.
@@ -153,6 +166,7 @@ async fn run(mut args: Args) -> BenchResult<String> {
         args.handoffs = args.handoffs.min(3);
         args.tasks = args.tasks.min(8);
         args.seconds = args.seconds.min(0.3);
+        args.heap_leases = args.heap_leases.min(50);
     }
     if args.start.is_empty() && args.coordinators.is_empty() {
         args.start = vec!["redis".into(), "etcd".into(), "zookeeper".into()];
@@ -258,6 +272,39 @@ async fn run(mut args: Args) -> BenchResult<String> {
             }
         }
     }
+    let mut heap_rows = Vec::new();
+    let heap_asked = args.scenarios.is_empty() || args.scenarios.iter().any(|s| s == "heap");
+    if heap_asked && heap::COUNTING {
+        for e in entries
+            .iter_mut()
+            .filter(|e| e.lock.kind() == locks::Kind::Ours)
+        {
+            let server = &servers[e.server];
+            eprintln!(
+                "heap: {} kept leases on {}",
+                args.heap_leases,
+                server.backend.name()
+            );
+            let Some(coordinator) = e.lock.coordinator() else {
+                continue;
+            };
+            match heap::per_kept_lease(
+                coordinator,
+                &format!("bench/{run_id:08x}/heap"),
+                args.heap_leases.max(1),
+                ttl,
+                args.smoke,
+            )
+            .await
+            {
+                Ok(f) => heap_rows.push((server.backend.name().to_owned(), f)),
+                Err(err) => {
+                    eprintln!("  failed: {err}");
+                    e.figures.errors.push(format!("heap: {err}"));
+                }
+            }
+        }
+    }
     let rows: Vec<report::Row> = entries
         .into_iter()
         .map(|e| report::Row {
@@ -289,7 +336,10 @@ async fn run(mut args: Args) -> BenchResult<String> {
             args.ttl_ms
         ),
     };
-    let md = report::markdown(&info, &rows);
+    let mut md = report::markdown(&info, &rows);
+    if heap_asked {
+        md.push_str(&heap::markdown(&heap_rows));
+    }
     if let Some(dir) = &args.out {
         std::fs::create_dir_all(dir)?;
         std::fs::write(dir.join("side-by-side.md"), &md)?;

@@ -45,9 +45,15 @@ fn a_smoke_run_reports_every_lock_on_every_backend_and_writes_the_plot() {
         "| raw create + getChildren + delete |",
         "| zookeeper-client recipe (peer) |",
         "## The targets of issue 16",
+        "## Heap per kept lease",
         "- seed: 7",
     ] {
         assert!(stdout.contains(row), "no {row:?} in the report:\n{stdout}");
+    }
+    if cfg!(feature = "count-allocations") {
+        for row in ["| heap bytes / lease |", "| Redis | 50 |", "| etcd | 50 |"] {
+            assert!(stdout.contains(row), "no {row:?} in the report:\n{stdout}");
+        }
     }
     let md = std::fs::read_to_string(dir.join("side-by-side.md")).expect("the table is written");
     assert_eq!(
