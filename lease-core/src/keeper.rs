@@ -182,7 +182,7 @@ pub fn keep(lease: Box<dyn Lease>, options: KeeperOptions) -> Result<Kept> {
             done: false,
         }),
     });
-    keeping.schedule(&mut keeping.lock(), next_due);
+    keeping.schedule(&mut keeping.lock(), next_due, Wake::Renew);
     Ok(Kept {
         keeping: Some(keeping),
     })
@@ -285,10 +285,11 @@ impl Keeping {
     }
 
     /// Asks the timer to wake this lease at `at`.
-    fn schedule(self: &Arc<Self>, state: &mut KeepState, at: Instant) {
+    fn schedule(self: &Arc<Self>, state: &mut KeepState, at: Instant, what: Wake) {
         state.timer.send(Due {
             at,
             keeping: Arc::downgrade(self),
+            what,
         });
     }
 
@@ -310,7 +311,7 @@ impl Keeping {
             reason = ?why,
             "keeper stopped renewing; the lease runs out at its validity"
         );
-        self.schedule(&mut state, self.lease.valid_until());
+        self.schedule(&mut state, self.lease.valid_until(), Wake::RunOut);
     }
 
     /// The timer woke this lease at `now`.
@@ -329,7 +330,7 @@ impl Keeping {
                 drop(state);
                 self.lease.state().mark_lost(LostReason::KeeperStopped);
             } else {
-                self.schedule(&mut state, self.lease.valid_until());
+                self.schedule(&mut state, self.lease.valid_until(), Wake::RunOut);
             }
             return;
         }
@@ -342,7 +343,7 @@ impl Keeping {
         }
         let due = state.next_due;
         if now < due {
-            self.schedule(&mut state, due);
+            self.schedule(&mut state, due, Wake::Renew);
             return;
         }
         let ttl = self.lease.ttl();
@@ -378,7 +379,7 @@ impl Keeping {
                 state.next_due = sent + jittered(self.interval, self.options.jitter);
                 if state.stop.is_none() {
                     let due = state.next_due;
-                    self.schedule(&mut state, due);
+                    self.schedule(&mut state, due, Wake::Renew);
                 }
             }
             _ => state.done = true,
@@ -398,6 +399,16 @@ fn jittered(interval: Duration, jitter: f64) -> Duration {
 struct Due {
     at: Instant,
     keeping: Weak<Keeping>,
+    what: Wake,
+}
+
+/// What a wake-up is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Wake {
+    /// A renewal is due: a few milliseconds early is fine ([`COALESCE`]).
+    Renew,
+    /// Validity ends (after a stop): not before.
+    RunOut,
 }
 
 impl PartialEq for Due {
@@ -497,7 +508,13 @@ impl SharedTimer {
         loop {
             let now = Instant::now();
             let mut woken = Vec::new();
-            while heap.peek().is_some_and(|d| d.at <= now) {
+            // Wake-ups due within the next few milliseconds go together: a renewal a moment
+            // early costs nothing, and one wake-up (and one batch at the backend) for several
+            // leases is cheaper than one each.
+            while heap
+                .peek()
+                .is_some_and(|d| d.at <= now || (d.what == Wake::Renew && d.at <= now + COALESCE))
+            {
                 woken.push(heap.pop().expect("peeked"));
             }
             if !woken.is_empty() {
@@ -521,11 +538,19 @@ impl SharedTimer {
     }
 }
 
+/// How early the timer thread wakes a lease to wake it together with others.
+const COALESCE: Duration = Duration::from_millis(5);
+
 /// Wakes the lease of `due`, if it is still kept, inside its own runtime's context (the lease
 /// may be dropped here, and adapters start their background delete on the current runtime).
 fn wake(due: Due, now: Instant) {
     if let Some(keeping) = due.keeping.upgrade() {
         let _entered = keeping.runtime.enter();
+        // A renewal woken early by the timer thread counts as due.
+        let now = match due.what {
+            Wake::Renew => now.max(due.at),
+            Wake::RunOut => now,
+        };
         keeping.wake(now);
         drop(keeping);
     }
