@@ -1,5 +1,5 @@
-//! The keeper: auto-renewal written once over the [`Lease`] trait, timed by one task for every
-//! lease kept on a multi-thread runtime.
+//! The keeper: auto-renewal written once over the [`Lease`] trait, timed by one thread for every
+//! lease kept on a multi-thread runtime (decision 0024).
 
 use std::collections::BinaryHeap;
 use std::fmt;
@@ -107,8 +107,9 @@ pub enum KeeperStop {
 /// # Contract
 ///
 /// - The keeper renews when `renew_fraction` of the TTL (less up to `jitter` of that, at random)
-///   has passed since the last confirmed renewal was *sent*, and retries failed renewals (with backoff) until local validity ends;
-///   if no renewal is confirmed by then, the lease reports `Lost(Expired)` and the keeper exits.
+///   has passed since the last confirmed renewal was *sent*, and retries failed renewals (with
+///   backoff) until local validity ends; if no renewal is confirmed by then, the lease reports
+///   `Lost(Expired)` and the keeper exits.
 /// - It stops when the lease is lost or released, when [`Kept`] is dropped (a renewal under way
 ///   is aborted and the lease dropped with it), on [`Kept::stop`], when the maximum hold passes,
 ///   or when progress is required and none was reported. It never outlives its `Kept`.
