@@ -952,6 +952,22 @@ async fn a_client_reuses_its_key_names_and_concurrent_tasks_never_share_one() {
     again.release().await.unwrap();
 }
 
+/// A fault proxy in front of `server`, a coordinator through it (3 s request timeout) and one
+/// straight to the server, both under `prefix`.
+async fn behind_a_proxy(
+    server: &EtcdServer,
+    prefix: &str,
+) -> (FaultProxy, Arc<dyn Coordinator>, Arc<dyn Coordinator>) {
+    let proxy = FaultProxy::start(server.addr()).await.unwrap();
+    let through = coord(&format!(
+        "etcd://{}?request_timeout_ms=3000&key_prefix={prefix}",
+        proxy.addr()
+    ))
+    .await;
+    let direct = coord(&format!("{}?key_prefix={prefix}", server.url())).await;
+    (proxy, through, direct)
+}
+
 /// CI failure (the cluster's dead-member test): a release whose connection is reset after the
 /// delete was sent (a proxy in front of a member going down, a load balancer) was
 /// `OutcomeUnknown` although the delete is keyed on the token's create revision and can be sent
@@ -964,13 +980,7 @@ async fn a_release_whose_connection_is_reset_after_sending_is_sent_again() {
     else {
         return;
     };
-    let proxy = FaultProxy::start(server.addr()).await.unwrap();
-    let holder = coord(&format!(
-        "etcd://{}?request_timeout_ms=3000&key_prefix=reset-release",
-        proxy.addr()
-    ))
-    .await;
-    let direct = coord(&format!("{}?key_prefix=reset-release", server.url())).await;
+    let (proxy, holder, direct) = behind_a_proxy(&server, "reset-release").await;
     let k = key("reset-release");
     let lease = holder
         .try_acquire(&k, &LeaseOptions::new(Duration::from_secs(10)))
@@ -1012,13 +1022,7 @@ async fn a_try_acquire_whose_connection_is_reset_after_sending_is_sent_again() {
     else {
         return;
     };
-    let proxy = FaultProxy::start(server.addr()).await.unwrap();
-    let holder = coord(&format!(
-        "etcd://{}?request_timeout_ms=3000&key_prefix=reset-try",
-        proxy.addr()
-    ))
-    .await;
-    let direct = coord(&format!("{}?key_prefix=reset-try", server.url())).await;
+    let (proxy, holder, direct) = behind_a_proxy(&server, "reset-try").await;
     let k = key("reset-try");
     // Warm the connection and the session, so the lost reply is the acquire's.
     holder
