@@ -18,8 +18,7 @@
 
 use std::time::Duration;
 
-use lease_core::adapter::Backoff;
-use lease_core::adapter::{Delivery, Op};
+use lease_core::adapter::{resend, Backoff, Delivery, Op, SendAgain};
 use lease_core::Error;
 
 pub(crate) const BACKEND: &str = "etcd";
@@ -289,22 +288,7 @@ where
     M: FnMut() -> F,
     F: std::future::Future<Output = Result<T, etcd_client::Error>>,
 {
-    let deadline = tokio::time::Instant::now() + timeout;
-    let mut pause = Backoff::new(FIRST_PAUSE, MAX_PAUSE);
-    loop {
-        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-        match bounded(left, make()).await {
-            Err(f) if f.certainly_not_applied() && !f.is_tls_problem() => {
-                if tokio::time::Instant::now() + pause.ceiling() >= deadline {
-                    return Err(f);
-                }
-                tracing::trace!(error = %f, "etcd request not applied; sending it again");
-                pause.sleep().await;
-            }
-            Err(Failure::Timeout(_)) => return Err(Failure::Timeout(timeout)),
-            r => return r,
-        }
-    }
+    retry(timeout, false, |_| make()).await.0
 }
 
 /// [`retry_unapplied`], also sending the request again when its connection was closed or reset
@@ -315,29 +299,44 @@ where
 /// earlier send may have applied (so a resend can differ). Returns the outcome and that flag.
 pub(crate) async fn retry_resendable<T, F, M>(
     timeout: Duration,
+    make: M,
+) -> (Result<T, Failure>, bool)
+where
+    M: FnMut(bool) -> F,
+    F: std::future::Future<Output = Result<T, etcd_client::Error>>,
+{
+    retry(timeout, true, make).await
+}
+
+/// The loop of both (`lease_core::adapter::resend`): `resendable` also sends again after a
+/// connection closed under the request. A send that gets no answer within what is left of
+/// `timeout` is `Failure::Timeout(timeout)`.
+async fn retry<T, F, M>(
+    timeout: Duration,
+    resendable: bool,
     mut make: M,
 ) -> (Result<T, Failure>, bool)
 where
     M: FnMut(bool) -> F,
     F: std::future::Future<Output = Result<T, etcd_client::Error>>,
 {
-    let deadline = tokio::time::Instant::now() + timeout;
-    let mut pause = Backoff::new(FIRST_PAUSE, MAX_PAUSE);
-    let mut in_doubt = false;
-    loop {
-        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-        match retry_unapplied(left, || make(in_doubt)).await {
-            Err(f)
-                if f.closed_after_handshake()
-                    && tokio::time::Instant::now() + pause.ceiling() < deadline =>
-            {
-                tracing::debug!(error = %f, "etcd request in doubt (connection closed); sending it again");
-                in_doubt = true;
-                pause.sleep().await;
-            }
-            Err(Failure::Timeout(_)) => return (Err(Failure::Timeout(timeout)), in_doubt),
-            r => return (r, in_doubt),
+    let again = |f: &Failure| {
+        if f.certainly_not_applied() && !f.is_tls_problem() {
+            Some(SendAgain::Unapplied)
+        } else if resendable && f.closed_after_handshake() {
+            Some(SendAgain::InDoubt)
+        } else {
+            None
         }
+    };
+    let pause = Backoff::new(FIRST_PAUSE, MAX_PAUSE);
+    let (outcome, in_doubt) = resend(timeout, pause, again, |left, in_doubt| {
+        bounded(left, make(in_doubt))
+    })
+    .await;
+    match outcome {
+        Err(Failure::Timeout(_)) => (Err(Failure::Timeout(timeout)), in_doubt),
+        r => (r, in_doubt),
     }
 }
 

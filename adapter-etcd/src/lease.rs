@@ -216,16 +216,16 @@ impl Lease for EtcdLease {
                 Ok(())
             }
             // An earlier send in doubt deleted it, unless the session ended meanwhile (its keys
-            // go with it: not known to have ended, and our validity, which the session bounds,
-            // has not passed) or an operator deleted it within the same moment (a
-            // force-release leaves its audit record, and the lock is free either way).
+            // go with it; our validity, which the session bounds, has not passed) or an
+            // operator deleted it within the same moment (a force-release leaves its audit
+            // record, and the lock is free either way).
             Ok(_)
                 if in_doubt
-                    && self.shared.session.dead_reason().is_none()
-                    && Instant::now() < self.tracker.valid_until() =>
+                    && self
+                        .tracker
+                        .released_by_earlier_send(self.shared.session.dead_reason().is_some()) =>
             {
                 self.shared.gone();
-                self.tracker.mark_lost(LostReason::Released);
                 Ok(())
             }
             Ok(_) => {
@@ -236,7 +236,7 @@ impl Lease for EtcdLease {
                 // Not seen: delete it in the background; the lease is given up either way.
                 self.shared.retire();
                 self.tracker.mark_lost(LostReason::Released);
-                Err(f.into_error(Op::write("release", false)))
+                Err(f.into_error(Op::write("release", true)))
             }
         }
     }

@@ -4,7 +4,17 @@
 //! Each adapter's `error.rs` only says what its client library's error means for delivery (never
 //! sent, refused by the server, or sent without an answer); whether that is `Unavailable` (retry
 //! later) or `OutcomeUnknown` (re-read before acting) is decided here, the same way everywhere.
+//!
+//! [`resend`] is the one loop that sends a request again after a failure that allows it: one
+//! that certainly did not apply, or (for a request safe to apply twice whose answer says what an
+//! earlier send did) one whose connection was closed after it was written.
 
+use std::future::Future;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::backoff::Backoff;
 use crate::error::{BoxError, Error};
 
 /// One kind of request an adapter sends.
@@ -78,9 +88,120 @@ impl Op {
     }
 }
 
+/// Why a failed send may be sent again ([`resend`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SendAgain {
+    /// It certainly did not apply: it never reached the server, or the server refused it before
+    /// applying it. Safe for any request.
+    Unapplied,
+    /// It may have applied: the connection was closed or reset after it was written (a server
+    /// going down, a proxy or load balancer in front of one). Only for a request that is safe to
+    /// apply twice and whose answer tells what an earlier send did: a delete keyed on the
+    /// lease's own value, a create whose failure branch reads our own key.
+    InDoubt,
+}
+
+/// Sends the request `send` makes, and sends it again while it fails in a way `again` allows
+/// ([`SendAgain`]) and `timeout` (from the first send) leaves time for the next pause of
+/// `pause` and another send. `send` is given the time left for this send and whether an
+/// earlier send is in doubt (so that a resend can differ, for example to also write what the
+/// first send would have written). Returns the last outcome, and whether an earlier send is in
+/// doubt: then an answer of "not there" or "not ours" may be the earlier send's own doing, and
+/// the caller judges it (for a release, [`LeaseTracker::released_by_earlier_send`]).
+///
+/// `send` bounds each send itself (with the time it is given); a send that gets no answer in
+/// time is returned as it failed, never sent again.
+///
+/// [`LeaseTracker::released_by_earlier_send`]: crate::adapter::LeaseTracker::released_by_earlier_send
+pub async fn resend<T, E, M, F>(
+    timeout: Duration,
+    mut pause: Backoff,
+    again: impl Fn(&E) -> Option<SendAgain>,
+    mut send: M,
+) -> (Result<T, E>, bool)
+where
+    M: FnMut(Duration, bool) -> F,
+    F: Future<Output = Result<T, E>>,
+{
+    let deadline = Instant::now() + timeout;
+    let mut in_doubt = false;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let e = match send(left, in_doubt).await {
+            Ok(v) => return (Ok(v), in_doubt),
+            Err(e) => e,
+        };
+        let Some(why) = again(&e) else {
+            return (Err(e), in_doubt);
+        };
+        if Instant::now() + pause.ceiling() >= deadline {
+            return (Err(e), in_doubt);
+        }
+        if why == SendAgain::InDoubt {
+            in_doubt = true;
+        }
+        tracing::debug!(?why, "request failed; sending it again");
+        pause.sleep().await;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn resend_sends_again_while_allowed_and_remembers_doubt() {
+        let ms = Duration::from_millis;
+        // Fails unapplied, then in doubt, then succeeds: three sends, the last told of the doubt.
+        let mut script = vec![Err(SendAgain::Unapplied), Err(SendAgain::InDoubt), Ok(7)];
+        script.reverse();
+        let mut told = Vec::new();
+        let (r, in_doubt) = resend(
+            ms(1000),
+            Backoff::new(ms(10), ms(80)),
+            |e: &SendAgain| Some(*e),
+            |left, doubt| {
+                told.push((left <= ms(1000), doubt));
+                let next = script.pop().unwrap();
+                async move { next }
+            },
+        )
+        .await;
+        assert_eq!(r, Ok(7));
+        assert!(in_doubt);
+        assert_eq!(told, [(true, false), (true, false), (true, true)]);
+
+        // A failure `again` does not allow is returned at once.
+        let mut sends = 0;
+        let (r, in_doubt) = resend(
+            ms(1000),
+            Backoff::new(ms(10), ms(80)),
+            |_: &&str| None,
+            |_, _| {
+                sends += 1;
+                async { Err::<(), _>("refused") }
+            },
+        )
+        .await;
+        assert_eq!((r, in_doubt, sends), (Err("refused"), false, 1));
+
+        // Allowed failures stop once the timeout leaves no room for another pause.
+        let started = Instant::now();
+        let mut sends = 0;
+        let (r, _) = resend(
+            ms(100),
+            Backoff::new(ms(10), ms(20)),
+            |_: &&str| Some(SendAgain::Unapplied),
+            |_, _| {
+                sends += 1;
+                async { Err::<(), _>("down") }
+            },
+        )
+        .await;
+        assert_eq!(r, Err("down"));
+        assert!(started.elapsed() <= ms(100), "{:?}", started.elapsed());
+        assert!(sends >= 4, "{sends} sends within 100 ms of 10-20 ms pauses");
+    }
 
     #[test]
     fn only_an_unanswered_write_has_an_unknown_outcome() {
