@@ -18,7 +18,7 @@ use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
-use lease_core::adapter::Op;
+use lease_core::adapter::{resend, Backoff, Op, SendAgain};
 use lease_core::{Error, Result};
 use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 use serde::{Deserialize, Serialize};
@@ -576,51 +576,61 @@ impl Http {
 
     /// `PUT /v1/txn` of `op` (a write: an answer lost after sending is `OutcomeUnknown`).
     pub(crate) async fn txn(&self, ops: &[TxnOp], op: Op) -> Result<TxnOutcome> {
-        let operation = op.name;
-        let body =
-            serde_json::to_vec(ops).map_err(|e| error::protocol(operation, e.to_string()))?;
+        let body = txn_body(ops, op)?;
         let a = self
-            .send(
-                Lane::Ordinary,
-                Method::PUT,
-                "/v1/txn",
-                &[],
-                Some(body),
-                self.request_timeout,
-                MAX_ANSWER,
-            )
+            .send_txn(body, self.request_timeout)
             .await
             .map_err(|t| error::transport(op, t))?;
-        match a.status {
-            200 | 409 => {
-                let ans: TxnAnswer = serde_json::from_slice(&a.body).map_err(|e| {
-                    if a.status == 200 && op.writes {
-                        // Committed, but what it did cannot be read: the caller must resolve it.
-                        error::unreadable_commit(operation, e.to_string())
-                    } else {
-                        error::protocol(operation, e.to_string())
-                    }
-                })?;
-                if a.status == 200 {
-                    Ok(TxnOutcome::Committed(
-                        ans.results
-                            .unwrap_or_default()
-                            .into_iter()
-                            .filter_map(|r| r.kv)
-                            .collect(),
-                    ))
-                } else {
-                    Ok(TxnOutcome::RolledBack(
-                        ans.errors
-                            .unwrap_or_default()
-                            .into_iter()
-                            .map(|e| e.what)
-                            .collect(),
-                    ))
-                }
-            }
-            code => Err(error::status(op, code, &a.body)),
-        }
+        txn_answer(a, op)
+    }
+
+    /// [`Self::txn`] for a write that is safe to apply twice and whose answer tells what an
+    /// earlier send did (a compare-and-delete on our own session): sent again, within the
+    /// request timeout, after it certainly was not sent or after its connection failed once it
+    /// was sent (`lease_core::adapter::resend`). Also says whether an earlier send is in doubt.
+    pub(crate) async fn txn_resending(&self, ops: &[TxnOp], op: Op) -> (Result<TxnOutcome>, bool) {
+        let body = match txn_body(ops, op) {
+            Ok(b) => b,
+            Err(e) => return (Err(e), false),
+        };
+        let again = |t: &Transport| match t {
+            _ if t.is_tls_problem() => None,
+            Transport::NotSent(_) => Some(SendAgain::Unapplied),
+            Transport::Failed(_) => Some(SendAgain::InDoubt),
+            Transport::TimedOut(_) => None,
+        };
+        let pause = Backoff::new(Duration::from_millis(10), Duration::from_millis(80));
+        let (a, in_doubt) = resend(self.request_timeout, pause, again, |left, _| {
+            self.send_txn(body.clone(), left)
+        })
+        .await;
+        let outcome = match a {
+            Ok(a) => txn_answer(a, op),
+            Err(Transport::TimedOut(_)) => Err(error::transport(
+                op,
+                Transport::TimedOut(self.request_timeout),
+            )),
+            Err(t) => Err(error::transport(op, t)),
+        };
+        (outcome, in_doubt)
+    }
+
+    /// One `PUT /v1/txn` of `body`, bounded by `timeout`.
+    async fn send_txn(
+        &self,
+        body: Vec<u8>,
+        timeout: Duration,
+    ) -> std::result::Result<Answer, Transport> {
+        self.send(
+            Lane::Ordinary,
+            Method::PUT,
+            "/v1/txn",
+            &[],
+            Some(body),
+            timeout,
+            MAX_ANSWER,
+        )
+        .await
     }
 
     /// `PUT /v1/txn?consistent` of read operations only (`get`, `check-session`, ...), which
@@ -743,6 +753,47 @@ impl Http {
             200 => Ok(()),
             code => Err(error::status(Op::read(OP), code, &a.body)),
         }
+    }
+}
+
+/// The JSON body of a transaction of `op`.
+fn txn_body(ops: &[TxnOp], op: Op) -> Result<Vec<u8>> {
+    serde_json::to_vec(ops).map_err(|e| error::protocol(op.name, e.to_string()))
+}
+
+/// Decodes the answer to a transaction of `op`: committed (with the keys it returned) or rolled
+/// back (with Consul's reasons).
+fn txn_answer(a: Answer, op: Op) -> Result<TxnOutcome> {
+    let operation = op.name;
+    match a.status {
+        200 | 409 => {
+            let ans: TxnAnswer = serde_json::from_slice(&a.body).map_err(|e| {
+                if a.status == 200 && op.writes {
+                    // Committed, but what it did cannot be read: the caller must resolve it.
+                    error::unreadable_commit(operation, e.to_string())
+                } else {
+                    error::protocol(operation, e.to_string())
+                }
+            })?;
+            if a.status == 200 {
+                Ok(TxnOutcome::Committed(
+                    ans.results
+                        .unwrap_or_default()
+                        .into_iter()
+                        .filter_map(|r| r.kv)
+                        .collect(),
+                ))
+            } else {
+                Ok(TxnOutcome::RolledBack(
+                    ans.errors
+                        .unwrap_or_default()
+                        .into_iter()
+                        .map(|e| e.what)
+                        .collect(),
+                ))
+            }
+        }
+        code => Err(error::status(op, code, &a.body)),
     }
 }
 

@@ -342,7 +342,14 @@ impl ConsulCoordinator {
                 }),
             };
             let sent_at = Instant::now();
-            let refusal = match inner.http.txn(&ops, Op::write("acquire", false)).await {
+            // Safe to send again after its connection failed: a lock by our own session on a
+            // key it already locks succeeds (and raises the key's `ModifyIndex`, so the grant
+            // below takes the rewritten-key path and its token is a fresh `CreateIndex`).
+            let (outcome, _) = inner
+                .http
+                .txn_resending(&ops, Op::write("acquire", true))
+                .await;
+            let refusal = match outcome {
                 Ok(TxnOutcome::Committed(results)) => {
                     let Some(entry) = results
                         .into_iter()

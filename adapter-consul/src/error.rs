@@ -45,6 +45,16 @@ impl Transport {
             Transport::Failed(Box::new(e))
         }
     }
+
+    /// Whether the failure is a TLS problem (sending again cannot fix it).
+    pub(crate) fn is_tls_problem(&self) -> bool {
+        match self {
+            Transport::NotSent(source) | Transport::Failed(source) => {
+                find_tls_error(source.as_ref()).is_some()
+            }
+            Transport::TimedOut(_) => false,
+        }
+    }
 }
 
 /// The TLS error in `e`'s source chain, if any (tokio-rustls wraps it in an `io::Error`, whose

@@ -152,8 +152,26 @@ impl LeaseShared {
             TxnOp::check_session(&self.kv_key, &self.session.id),
             TxnOp::delete(&self.kv_key),
         ];
-        match self.http.txn(&ops, Op::write(operation, false)).await? {
+        // Keyed on our session, which no other lease of ours holds the key with while this one
+        // is not settled (the local slot): sent again after its connection failed, it can only
+        // delete our own lock.
+        let (outcome, in_doubt) = self
+            .http
+            .txn_resending(&ops, Op::write(operation, true))
+            .await;
+        match outcome? {
             TxnOutcome::Committed(_) => {
+                self.resolved.store(true, Ordering::SeqCst);
+                Ok(Released::Deleted)
+            }
+            // The earlier send deleted it, unless the session ended meanwhile (its locks go with
+            // it) or the lease was already lost.
+            TxnOutcome::RolledBack(_)
+                if in_doubt
+                    && self
+                        .tracker
+                        .released_by_earlier_send(self.session.is_ended()) =>
+            {
                 self.resolved.store(true, Ordering::SeqCst);
                 Ok(Released::Deleted)
             }

@@ -273,9 +273,23 @@ impl Connection {
         F: Fn(MultiplexedConnection) -> Fut,
         Fut: Future<Output = RedisResult<T>>,
     {
-        let (generation, conn) = self.get().await?;
+        self.run_noting_resend(op, f).await.0
+    }
+
+    /// [`Self::run`], also saying whether the outcome is that of a write sent again after its
+    /// first send's connection dropped (the first send may have applied: an answer of "not
+    /// ours" may be its own doing).
+    pub(crate) async fn run_noting_resend<T, F, Fut>(&self, op: Op, f: F) -> (Result<T>, bool)
+    where
+        F: Fn(MultiplexedConnection) -> Fut,
+        Fut: Future<Output = RedisResult<T>>,
+    {
+        let (generation, conn) = match self.get().await {
+            Ok(c) => c,
+            Err(e) => return (Err(e), false),
+        };
         let first = match f(conn).await {
-            Ok(v) => return Ok(v),
+            Ok(v) => return (Ok(v), false),
             Err(e) => e,
         };
         self.broke(&first);
@@ -284,16 +298,16 @@ impl Connection {
         }
         let dropped = first.is_connection_dropped() && !first.is_timeout();
         if !(dropped && op.idempotent) {
-            return Err(error::from_redis(op, first));
+            return (Err(error::from_redis(op, first)), false);
         }
         let first = error::from_redis(op, first);
         let (generation, conn) = match self.get().await {
             Ok(c) => c,
             // Cannot reconnect: for a write the first request's fate stays unknown.
-            Err(e) => return Err(if op.writes { first } else { e }),
+            Err(e) => return (Err(if op.writes { first } else { e }), false),
         };
         match f(conn).await {
-            Ok(v) => Ok(v),
+            Ok(v) => (Ok(v), op.writes),
             Err(e) => {
                 self.broke(&e);
                 if e.is_unrecoverable_error() || e.is_timeout() {
@@ -303,9 +317,9 @@ impl Connection {
                 // about the first request: a write's outcome stays unknown, so the caller keeps
                 // its cleanup armed.
                 if op.writes {
-                    Err(first)
+                    (Err(first), false)
                 } else {
-                    Err(error::from_redis(op, e))
+                    (Err(error::from_redis(op, e)), false)
                 }
             }
         }
@@ -321,7 +335,19 @@ impl Connection {
         keys: &[&str],
         args: &[&[u8]],
     ) -> Result<redis::Value> {
-        self.run(op, |mut c| async move {
+        self.eval_noting_resend(op, script, keys, args).await.0
+    }
+
+    /// [`Self::eval`], also saying whether the reply is that of a resend after the first send's
+    /// connection dropped ([`Self::run_noting_resend`]).
+    pub(crate) async fn eval_noting_resend(
+        &self,
+        op: Op,
+        script: &redis::Script,
+        keys: &[&str],
+        args: &[&[u8]],
+    ) -> (Result<redis::Value>, bool) {
+        self.run_noting_resend(op, |mut c| async move {
             let mut inv = script.prepare_invoke();
             for k in keys {
                 inv.key(*k);

@@ -134,18 +134,22 @@ impl Inner {
         }
     }
 
-    /// Compare-and-delete by nonce (`head`), then wake waiters. `Ok(true)` when deleted.
-    pub(crate) async fn release_by_head(&self, keys: &LockKeys, head: &str) -> Result<i64> {
-        let v = self
+    /// Compare-and-delete by nonce (`head`), then wake waiters: the script's code (`1` when
+    /// deleted, else see `scripts::NOT_OURS`), and whether it is the code of a resend after the
+    /// first send's connection dropped (that send may have deleted it).
+    pub(crate) async fn release_by_head(&self, keys: &LockKeys, head: &str) -> (Result<i64>, bool) {
+        let (v, resent) = self
             .conn
-            .eval(
+            .eval_noting_resend(
                 ops::RELEASE,
                 &scripts::RELEASE,
                 &[keys.lock(), keys.revoked()],
                 &[head.as_bytes(), keys.channel().as_bytes()],
             )
-            .await?;
-        reply::int(&v).ok_or_else(|| bad_reply(ops::RELEASE, "not an integer"))
+            .await;
+        let code =
+            v.and_then(|v| reply::int(&v).ok_or_else(|| bad_reply(ops::RELEASE, "not an integer")));
+        (code, resent)
     }
 
     /// Stops tracking a lease (dropped, or about to be released: from then on the monitor does
@@ -229,7 +233,7 @@ pub(crate) fn spawn_cleanup(
     rt.spawn(async move {
         let mut nap = Backoff::new(Duration::from_millis(50), cap);
         loop {
-            let outcome = inner.release_by_head(&keys, &head).await;
+            let (outcome, _) = inner.release_by_head(&keys, &head).await;
             match (&outcome, mode) {
                 (Ok(1), _) | (Ok(_), Cleanup::Once) => return,
                 _ => {}

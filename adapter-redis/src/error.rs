@@ -23,14 +23,14 @@ pub(crate) const BACKEND: &str = "redis";
 
 /// The requests this adapter sends ([`Op`]: the operation's name, whether it writes, whether it
 /// may be sent twice). A script's writes are ordered so that a failure leaves nothing behind, and
-/// the acquire script is idempotent per nonce; a fence write is not idempotent: re-sent, it can
+/// the acquire and release scripts are idempotent per nonce; a fence write is not idempotent: re-sent, it can
 /// apply after a later write of the same token and replace its value.
 pub(crate) mod ops {
     use lease_core::adapter::Op;
 
     pub(crate) const ACQUIRE: Op = Op::write("acquire", true);
     pub(crate) const RENEW: Op = Op::write("renew", true);
-    pub(crate) const RELEASE: Op = Op::write("release", false);
+    pub(crate) const RELEASE: Op = Op::write("release", true);
     pub(crate) const FORCE_RELEASE: Op = Op::write("force_release", false);
     pub(crate) const FENCE_WRITE: Op = Op::write("write", false);
     pub(crate) const FENCE_CLAIM: Op = Op::write("claim", true);

@@ -92,7 +92,8 @@ impl Lease for RedisLease {
         // The lease ends with this request whatever its outcome: the holder monitor stops
         // judging it, so our own delete is never taken for an outside one.
         self.inner.forget(self.nonce);
-        let code = match self.inner.release_by_head(&self.keys, &self.head).await {
+        let (code, resent) = self.inner.release_by_head(&self.keys, &self.head).await;
+        let code = match code {
             Ok(code) => code,
             Err(e) => {
                 // Whether the delete applied is not known; the holder asked to stop, so the lease
@@ -114,7 +115,9 @@ impl Lease for RedisLease {
             // was still ours, but the lease was already gone for its holder.
             return Err(self.tracker.lost_error(reason));
         }
-        if code == 1 {
+        // Sent again after its connection dropped, and the lock is not ours: the first send
+        // deleted it, unless a force-release record names this lease (`-2`).
+        if code == 1 || (resent && self.tracker.released_by_earlier_send(code == -2)) {
             self.tracker.mark_lost(LostReason::Released);
             Ok(())
         } else {

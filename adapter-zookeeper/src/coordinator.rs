@@ -43,7 +43,9 @@ use tokio::time::Instant;
 use zookeeper_client::{CreateMode, Error as ZkError, MultiReadResult, Stat};
 
 use crate::config::ZkConfig;
-use crate::error::{disconnected, from_zk, ops, session_ended, timed_out, BACKEND};
+use crate::error::{
+    connection_lost, disconnected, from_zk, ops, session_ended, timed_out, BACKEND,
+};
 use crate::keys::{
     contender_prefix, holder_data, parse_contender, parse_holder_data, sequence_orders,
     sort_by_creation, Contender, AUDIT_PREFIX,
@@ -333,6 +335,12 @@ impl ZkCoordinator {
                 s.client().create(&path_prefix, data, &options),
             )
             .await;
+            // No answer: the create may have applied.
+            let lost = match &answer {
+                Ok(Err(e)) => connection_lost(e),
+                Ok(Ok(_)) => false,
+                Err(_) => true,
+            };
             match answer {
                 Ok(Ok((stat, sequence))) => {
                     s.confirm(sent);
@@ -348,7 +356,7 @@ impl ZkCoordinator {
                     s.confirm(sent);
                     self.ensure_lock_dir(s, dir).await?;
                 }
-                Ok(Err(ZkError::ConnectionLoss)) | Err(_) if tries <= MAX_RESTARTS => {
+                _ if lost && tries <= MAX_RESTARTS => {
                     // The create may have applied: look for our node before creating another.
                     // A server that does not show it yet lets the next create make a second
                     // node for this attempt; `wait_turn`, `withdraw` and the cleanup remove it.
@@ -358,7 +366,10 @@ impl ZkCoordinator {
                         return Ok(node);
                     }
                 }
-                Ok(Err(e)) => return Err(from_zk(ops::ACQUIRE, e)),
+                Ok(Err(e)) => {
+                    guard.unsure |= lost;
+                    return Err(from_zk(ops::ACQUIRE, e));
+                }
                 Err(_) => {
                     guard.unsure = true;
                     return Err(timed_out(ops::ACQUIRE, s.request_timeout()));
@@ -468,7 +479,8 @@ impl ZkCoordinator {
                 Ok(Ok((children, _))) => children,
                 Ok(Err(ZkError::NoNode)) => return Ok(Turn::Vanished),
                 Ok(Err(e)) if session_ended(&e) => return Err(from_zk(ops::WAIT, e)),
-                Ok(Err(ZkError::ConnectionLoss)) | Err(_) if !past => continue,
+                Ok(Err(ref e)) if connection_lost(e) && !past => continue,
+                Err(_) if !past => continue,
                 Ok(Err(e)) => return Err(from_zk(ops::WAIT, e)),
                 Err(_) => return Err(timed_out(ops::WAIT, s.request_timeout())),
             };

@@ -7,7 +7,7 @@
 //! | what happened | read | write |
 //! |---|---|---|
 //! | not connected when the call was made (nothing sent) | `Unavailable` | `Unavailable` |
-//! | `ConnectionLoss` or no answer within the request timeout | `Unavailable` | `OutcomeUnknown` |
+//! | the connection lost with the request pending (`ConnectionLoss`, or the I/O error or ping timeout that ended the connection, which the client hands every pending request as `Custom`), or no answer within the request timeout | `Unavailable` | `OutcomeUnknown` |
 //! | session expired or closed, no hosts, connect timeout | `Unavailable` (a new session is opened on the next call) | same |
 //! | `Throttled`, `NotReadOnly` | `Unavailable` | `Unavailable` (refused before applying) |
 //! | `NoAuth`, `InvalidAcl`, `AuthFailed` | `Misconfigured` | `Misconfigured` |
@@ -32,7 +32,7 @@ pub(crate) mod ops {
     pub(crate) const ACQUIRE: Op = Op::write("acquire", false);
     pub(crate) const WAIT: Op = Op::read("acquire (queue read)");
     pub(crate) const RENEW: Op = Op::read("renew");
-    pub(crate) const RELEASE: Op = Op::write("release", false);
+    pub(crate) const RELEASE: Op = Op::write("release", true);
     pub(crate) const INSPECT: Op = Op::read("inspect");
     pub(crate) const FORCE_RELEASE: Op = Op::write("force_release", false);
     pub(crate) const AUDIT: Op = Op::write("force_release audit record", false);
@@ -53,14 +53,22 @@ pub(crate) fn session_ended(err: &ZkError) -> bool {
     )
 }
 
+/// Whether a request's error says the connection was lost while it was pending (it may have
+/// been applied). zookeeper-client hands every pending request the error that ended the
+/// connection: `ConnectionLoss` for a closed connection, `Custom` for an I/O error such as a
+/// reset, or for a connection that stopped answering pings.
+pub(crate) fn connection_lost(err: &ZkError) -> bool {
+    matches!(err, ZkError::ConnectionLoss | ZkError::Custom(_))
+}
+
 /// Maps an error of a request handed to the client library.
 pub(crate) fn from_zk(op: Op, err: ZkError) -> Error {
     match err {
-        ZkError::ConnectionLoss if op.writes => op.failed(
+        e if connection_lost(&e) && op.writes => op.failed(
             BACKEND,
             Delivery::Unanswered,
-            "the connection was lost after the request was sent",
-            Some(Box::new(err)),
+            format!("the connection was lost after the request was sent ({e})"),
+            Some(Box::new(e)),
         ),
         ZkError::NoAuth | ZkError::InvalidAcl | ZkError::AuthFailed => Error::Misconfigured {
             backend: BACKEND,
@@ -140,6 +148,8 @@ mod tests {
             from_zk(ops::RENEW, ZkError::ConnectionLoss),
             Error::Unavailable { .. }
         ));
+        // (A reset reaches pending requests as `Custom`, which only the client library can
+        // build: the suite's `release_connection_reset_after_applied` case covers it.)
         assert!(matches!(
             timed_out(ops::RELEASE, Duration::from_secs(1)),
             Error::OutcomeUnknown { .. }

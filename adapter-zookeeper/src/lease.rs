@@ -8,13 +8,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lease_core::adapter::{Backoff, LeaseTracker};
+use lease_core::adapter::{resend, Backoff, LeaseTracker, SendAgain};
 use lease_core::{Error, Lease, LeaseStatus, LostReason, Result};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 use zookeeper_client::{Error as ZkError, EventType, WatchedEvent};
 
-use crate::error::{disconnected, from_zk, ops, session_ended, timed_out};
+use crate::error::{connection_lost, disconnected, from_zk, ops, session_ended, timed_out};
 use crate::session::Session;
 
 /// The shared state of one held lock node.
@@ -445,42 +445,84 @@ impl Lease for ZkLease {
             st.tracker.mark_lost(LostReason::Released);
             return Err(disconnected(ops::RELEASE));
         }
+        // The delete is keyed on our node's path (unique to this acquisition): sent again after
+        // the connection was lost under it, it can only delete our own node.
+        let again = |e: &Option<ZkError>| {
+            e.as_ref()
+                .is_some_and(connection_lost)
+                .then_some(SendAgain::InDoubt)
+        };
+        let pause = Backoff::new(Duration::from_millis(10), Duration::from_millis(80));
+        let (outcome, in_doubt) = resend(s.request_timeout(), pause, again, |left, resend| {
+            self.delete_node(left, resend)
+        })
+        .await;
+        match outcome {
+            Ok(()) => {
+                st.node_gone.store(true, Ordering::SeqCst);
+                st.tracker.mark_lost(LostReason::Released);
+                Ok(())
+            }
+            Err(Some(ZkError::NoNode)) => {
+                st.node_gone.store(true, Ordering::SeqCst);
+                // Deleted by an earlier send whose answer was lost, or else not by us: revoked
+                // (or expired by our own monitor, whose reason was recorded first).
+                if in_doubt && st.tracker.released_by_earlier_send(false) {
+                    return Ok(());
+                }
+                Err(st.tracker.lose(LostReason::Revoked))
+            }
+            Err(Some(e)) if session_ended(&e) => {
+                st.on_session_ended();
+                Err(st.lost_error(LostReason::SessionEnded))
+            }
+            Err(Some(e)) => {
+                st.tracker.mark_lost(LostReason::Released);
+                Err(from_zk(ops::RELEASE, e))
+            }
+            Err(None) => {
+                st.tracker.mark_lost(LostReason::Released);
+                Err(timed_out(ops::RELEASE, s.request_timeout()))
+            }
+        }
+    }
+}
+
+impl ZkLease {
+    /// One send of the release's delete, within `left`: `Ok` when it deleted our node, else the
+    /// client's error (`None`: no answer in time). A resend first waits for the session's
+    /// connection to be back. A `BadVersion` (someone changed our node's data) is sent again
+    /// without the version: the path is unique to this acquisition.
+    async fn delete_node(
+        &self,
+        left: Duration,
+        resend: bool,
+    ) -> std::result::Result<(), Option<ZkError>> {
+        let (st, s) = (&self.state, &self.state.session);
+        let deadline = Instant::now() + left;
+        if resend {
+            s.wait_connected(left).await;
+        }
         let mut version = Some(st.version);
         loop {
             let sent = Instant::now();
-            match tokio::time::timeout(s.request_timeout(), s.client().delete(&st.path, version))
-                .await
-            {
+            let left = deadline.saturating_duration_since(sent);
+            match tokio::time::timeout(left, s.client().delete(&st.path, version)).await {
                 Ok(Ok(())) => {
                     s.confirm(sent);
-                    st.node_gone.store(true, Ordering::SeqCst);
-                    st.tracker.mark_lost(LostReason::Released);
                     return Ok(());
                 }
-                Ok(Err(ZkError::NoNode)) => {
-                    s.confirm(sent);
-                    st.node_gone.store(true, Ordering::SeqCst);
-                    // Not deleted by us: revoked (or expired by our own monitor, whose reason
-                    // was recorded first).
-                    return Err(st.tracker.lose(LostReason::Revoked));
-                }
                 Ok(Err(ZkError::BadVersion)) if version.is_some() => {
-                    // Someone changed our node's data; the path is unique to this acquisition.
                     s.confirm(sent);
                     version = None;
                 }
-                Ok(Err(e)) if session_ended(&e) => {
-                    st.on_session_ended();
-                    return Err(st.lost_error(LostReason::SessionEnded));
-                }
                 Ok(Err(e)) => {
-                    st.tracker.mark_lost(LostReason::Released);
-                    return Err(from_zk(ops::RELEASE, e));
+                    if e == ZkError::NoNode {
+                        s.confirm(sent);
+                    }
+                    return Err(Some(e));
                 }
-                Err(_) => {
-                    st.tracker.mark_lost(LostReason::Released);
-                    return Err(timed_out(ops::RELEASE, s.request_timeout()));
-                }
+                Err(_) => return Err(None),
             }
         }
     }

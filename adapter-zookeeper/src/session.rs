@@ -261,10 +261,20 @@ impl Session {
         bound.checked_sub(self.margin).unwrap_or(confirmed)
     }
 
-    /// Waits (at most `max`) until the connection is up or the session is over.
+    /// Waits (at most `max`) until the connection is up or the session is over, as the client
+    /// library's state says. A request can fail with the connection lost before the state
+    /// watcher has seen the disconnection (the link still says up), so every change of the link
+    /// is checked against the client's state, not taken for it.
     pub(crate) async fn wait_connected(&self, max: Duration) {
         let mut rx = self.link.subscribe();
-        let _ = tokio::time::timeout(max, rx.wait_for(|&(up, ended)| up || ended)).await;
+        let _ = tokio::time::timeout(max, async {
+            while !(self.is_connected() || self.is_terminated()) {
+                if rx.changed().await.is_err() {
+                    return;
+                }
+            }
+        })
+        .await;
     }
 
     /// A fresh lease id.

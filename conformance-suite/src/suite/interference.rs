@@ -23,6 +23,18 @@ pub(super) fn cases() -> Vec<Case> {
         Case::new("release_reply_lost", &[Need::Proxy], 40, |c| {
             boxed(release_reply_lost(c))
         }),
+        Case::new(
+            "release_connection_reset_after_applied",
+            &[Need::Proxy],
+            40,
+            |c| boxed(release_connection_reset(c)),
+        ),
+        Case::new(
+            "try_acquire_connection_reset_after_applied",
+            &[Need::Proxy],
+            40,
+            |c| boxed(try_acquire_connection_reset(c)),
+        ),
         Case::new("acquire_reply_lost_while_held", &[Need::Proxy], 40, |c| {
             boxed(acquire_reply_lost_while_held(c))
         }),
@@ -243,6 +255,138 @@ async fn release_reply_lost(ctx: Arc<Ctx>) -> CaseResult {
     );
     next.release().await?;
     drop(lease);
+    Ok(Verdict::Passed)
+}
+
+/// The release applies at the server, its reply is lost and the connection is reset (a server
+/// going down behind a proxy, a load balancer). Every adapter's release deletes only its own
+/// lease's lock, so it is sent again on a new connection, and the resend's "not ours" is the
+/// first send's doing while the lease was valid: release reports `Ok`, not `OutcomeUnknown`,
+/// and the key is free at once.
+async fn release_connection_reset(ctx: Arc<Ctx>) -> CaseResult {
+    let (upstream, connect_via) = ctx
+        .subject
+        .proxy
+        .clone()
+        .ok_or_else(|| Failure("no proxy".into()))?;
+    let proxy = FaultProxy::start(upstream).await?;
+    let a = connect_via(proxy.addr()).await?;
+    // Warm A up (connections, scripts, sessions) so the release below is one request.
+    a.acquire(&ctx.key("warm-up"), &LeaseOptions::new(ctx.ttl()))
+        .await?
+        .release()
+        .await?;
+    let key = ctx.key("release-reset");
+    let lease = a.acquire(&key, &LeaseOptions::new(ctx.ttl() * 20)).await?;
+    let token = lease.token();
+    let observer = ctx.client().await?;
+    proxy.drop_replies();
+    let releasing = tokio::spawn(async move { lease.release().await });
+    // Once the release has applied (seen by another client), reset the connection under it.
+    let applied = Instant::now() + ctx.ttl() * 10;
+    while observer.inspect(&key).await?.is_some() {
+        check!(
+            Instant::now() < applied,
+            "the release never applied at the server"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    proxy.cut();
+    proxy.heal();
+    let outcome = tokio::time::timeout(ctx.ttl() * 20, releasing)
+        .await
+        .map_err(|_| Failure("release after a connection reset did not return".into()))?
+        .map_err(|e| Failure(format!("release panicked: {e}")))?;
+    check!(
+        outcome.is_ok(),
+        "a release that applied, whose connection was then reset, returned {outcome:?} (sent \
+         again, it finds the lock gone: released)"
+    );
+    // Free at once: one try, no wait.
+    let next = observer
+        .try_acquire(&key, &LeaseOptions::new(ctx.ttl() * 20))
+        .await
+        .map_err(|e| Failure(format!("the released key: {e}")))?;
+    check!(
+        next.token() > token,
+        "next holder's token {} not above {token}",
+        next.token()
+    );
+    next.release().await?;
+    Ok(Verdict::Passed)
+}
+
+/// A `try_acquire` of a free key applies at the server, its reply is lost and the connection
+/// is reset. Sent again, the attempt recognises its own grant: it returns a lease with the token
+/// `inspect` shows, not `OutcomeUnknown` nor `Held` by itself; releasing it frees the key.
+async fn try_acquire_connection_reset(ctx: Arc<Ctx>) -> CaseResult {
+    let (upstream, connect_via) = ctx
+        .subject
+        .proxy
+        .clone()
+        .ok_or_else(|| Failure("no proxy".into()))?;
+    let proxy = FaultProxy::start(upstream).await?;
+    let a = connect_via(proxy.addr()).await?;
+    let key = ctx.key("try-acquire-reset");
+    let ttl = ctx.ttl() * 20;
+    // Warm A up on the same key with the same TTL (a backend may keep a session per TTL), so
+    // the lost reply is the attempt's.
+    let first = a.try_acquire(&key, &LeaseOptions::new(ttl)).await?;
+    let before = first.token();
+    first.release().await?;
+    let observer = ctx.client().await?;
+    proxy.drop_replies();
+    let acquiring = {
+        let (a, key) = (a.clone(), key.clone());
+        tokio::spawn(async move { a.try_acquire(&key, &LeaseOptions::new(ttl)).await })
+    };
+    let applied = Instant::now() + ctx.ttl() * 10;
+    let seen = loop {
+        if let Some(h) = observer.inspect(&key).await? {
+            break h;
+        }
+        check!(
+            Instant::now() < applied,
+            "the try_acquire never applied at the server"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    };
+    proxy.cut();
+    proxy.heal();
+    let outcome = tokio::time::timeout(ctx.ttl() * 20, acquiring)
+        .await
+        .map_err(|_| Failure("try_acquire after a connection reset did not return".into()))?
+        .map_err(|e| Failure(format!("try_acquire panicked: {e}")))?;
+    let lease = match outcome {
+        Ok(l) => l,
+        Err(e) => {
+            return Err(Failure(format!(
+                "a try_acquire that applied, whose connection was then reset, returned {e} \
+                 (sent again, it finds its own grant)"
+            )))
+        }
+    };
+    // The token is the grant's, or (a backend whose resend rewrites the lock) a later one of
+    // the same holder's; either way the one `inspect` shows now.
+    let shown = observer.inspect(&key).await?.map(|h| h.token);
+    check!(
+        lease.token() >= seen.token && lease.token() > before && shown == Some(lease.token()),
+        "the lease's token {} is not the one granted ({} seen, above {before}; inspect shows \
+         {shown:?})",
+        lease.token(),
+        seen.token
+    );
+    check!(
+        lease.status() == LeaseStatus::Held,
+        "the lease is {:?}",
+        lease.status()
+    );
+    lease.release().await?;
+    let next = observer
+        .try_acquire(&key, &LeaseOptions::new(ctx.ttl()))
+        .await
+        .map_err(|e| Failure(format!("the released key: {e}")))?;
+    next.release().await?;
     Ok(Verdict::Passed)
 }
 
