@@ -4,13 +4,12 @@
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
-use lease_core::adapter::{Backoff, LeaseTracker, Op, TokenAdmission};
+use lease_core::adapter::{Backoff, HolderRecord, LeaseTracker, Op, TokenAdmission};
 use lease_core::{
     Capabilities, Error, HolderInfo, Lease, LeaseOptions, LockKey, LostReason, OwnerId, Result,
 };
-use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
 use crate::client::{Http, KvEntry, TxnOp, TxnOutcome};
@@ -21,43 +20,6 @@ use crate::lease::{spawn_reaper, ConsulLease, LeaseShared};
 use crate::monitor::Monitor;
 use crate::session::{Session, SessionManager};
 use crate::BACKEND;
-
-/// The holder record stored as the lock key's value (shown by `inspect`; never a credential).
-#[derive(Debug, Serialize, Deserialize)]
-struct HolderRecord {
-    owner: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    operation: Option<String>,
-    /// Wall-clock milliseconds since the Unix epoch, for display only.
-    #[serde(default)]
-    acquired_at_ms: u64,
-}
-
-/// One forced release as the audit key stores it: the key holds a JSON array of the newest
-/// [`AuditRecord::MAX_LIMIT`], oldest first (an earlier version wrote one JSON object).
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub(crate) struct StoredAudit {
-    pub(crate) actor: String,
-    pub(crate) reason: String,
-    pub(crate) removed_token: u64,
-    #[serde(default)]
-    pub(crate) removed_owner: Option<String>,
-    #[serde(default)]
-    pub(crate) at_ms: u64,
-}
-
-/// The records an audit key's value holds, oldest first (none if it is unreadable).
-pub(crate) fn audit_records(value: &[u8]) -> Vec<StoredAudit> {
-    serde_json::from_slice::<Vec<StoredAudit>>(value)
-        .or_else(|_| serde_json::from_slice::<StoredAudit>(value).map(|r| vec![r]))
-        .unwrap_or_default()
-}
-
-pub(crate) fn unix_ms(t: SystemTime) -> u64 {
-    t.duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
 
 // ---------------------------------------------------------------------------- the coordinator
 
@@ -276,15 +238,7 @@ impl ConsulCoordinator {
     }
 
     fn holder_value(&self, options: &LeaseOptions) -> Vec<u8> {
-        let record = HolderRecord {
-            owner: options
-                .owner_value()
-                .unwrap_or(&self.inner.default_owner)
-                .to_string(),
-            operation: options.operation_value().map(str::to_owned),
-            acquired_at_ms: unix_ms(SystemTime::now()),
-        };
-        serde_json::to_vec(&record).unwrap_or_default()
+        HolderRecord::new(options, &self.inner.default_owner).to_json()
     }
 
     async fn acquire_impl(
@@ -643,25 +597,16 @@ impl ConsulCoordinator {
     /// holder's token, and a plain write by another tool (which raises `ModifyIndex`) does not
     /// change it. When that write replaced the holder record, the owner is shown as the session.
     pub(crate) fn holder_info(&self, key: &LockKey, entry: &KvEntry) -> Result<HolderInfo> {
-        let record: Option<HolderRecord> = serde_json::from_slice(&entry.value_bytes()).ok();
-        let owner = record
-            .as_ref()
-            .and_then(|r| OwnerId::new(r.owner.clone()).ok())
-            .or_else(|| {
-                entry
-                    .holder()
-                    .and_then(|s| OwnerId::new(format!("unknown (consul session {s})")).ok())
-            })
-            .unwrap_or_else(|| OwnerId::new("unknown").expect("valid label"));
         let token = self.inner.tokens.convert(key, entry.create_index)?;
-        Ok(HolderInfo::new(key.clone(), owner, token)
-            .with_operation(record.as_ref().and_then(|r| r.operation.clone()))
-            .with_acquired_at(
-                record
-                    .as_ref()
-                    .filter(|r| r.acquired_at_ms > 0)
-                    .map(|r| UNIX_EPOCH + Duration::from_millis(r.acquired_at_ms)),
-            ))
+        Ok(HolderRecord::holder_info(
+            &entry.value_bytes(),
+            key,
+            token,
+            || match entry.holder() {
+                Some(s) => format!("unknown (consul session {s})"),
+                None => "unknown".into(),
+            },
+        ))
     }
 }
 
@@ -690,25 +635,5 @@ impl ConsulCoordinator {
     ) -> Result<Box<dyn Lease>> {
         self.acquire_impl(key, options, wait.then(|| options.wait_value()))
             .await
-    }
-}
-
-#[cfg(test)]
-mod audit_tests {
-    use super::*;
-
-    #[test]
-    fn audit_values_hold_an_array_or_an_earlier_single_record() {
-        let one = r#"{"actor":"a","reason":"r","removed_token":7,"removed_owner":"w","at_ms":1}"#;
-        let recs = audit_records(one.as_bytes());
-        assert_eq!(recs.len(), 1);
-        assert_eq!((recs[0].actor.as_str(), recs[0].removed_token), ("a", 7));
-        let two = format!("[{one},{}]", one.replace(r#""a""#, r#""b""#));
-        let recs = audit_records(two.as_bytes());
-        assert_eq!(
-            recs.iter().map(|r| r.actor.as_str()).collect::<Vec<_>>(),
-            ["a", "b"]
-        );
-        assert!(audit_records(b"{}").is_empty());
     }
 }

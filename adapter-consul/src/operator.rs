@@ -2,11 +2,10 @@
 //! when a token is expected), read the audit trail. The [`Coordinator`](lease_core::Coordinator)
 //! methods of the same names delegate here.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use lease_core::adapter::Op;
+use lease_core::adapter::{Op, StoredAudit};
 use lease_core::{
-    AuditRecord, Error, ForceRelease, HolderInfo, LockKey, LostReason, Result, Token,
+    AuditRecord, Error, ForceRelease, HolderInfo, LockKey, LostReason, Result,
 };
 
 use crate::client::{TxnOp, TxnOutcome};
@@ -77,20 +76,11 @@ impl ConsulCoordinator {
                 .http
                 .kv_get(&audit_key, true, None, "force_release")
                 .await?;
-            let mut trail = audit_entry
+            let trail = audit_entry
                 .as_ref()
-                .map(|e| audit_records(&e.value_bytes()))
+                .map(|e| StoredAudit::parse_trail(&e.value_bytes()))
                 .unwrap_or_default();
-            trail.push(StoredAudit {
-                actor: request.actor().to_owned(),
-                reason: request.reason().to_owned(),
-                removed_token: entry.create_index,
-                removed_owner: Some(info.owner.as_str().to_owned()),
-                at_ms: unix_ms(SystemTime::now()),
-            });
-            let excess = trail.len().saturating_sub(AuditRecord::MAX_LIMIT);
-            trail.drain(..excess);
-            let trail = serde_json::to_vec(&trail).expect("plain records serialise");
+            let trail = StoredAudit::new(request, Some(&info)).appended_to(trail);
             // The audit key is compared too, so that concurrent releases never drop a record.
             let audit_check = match &audit_entry {
                 Some(e) => TxnOp::check_index(&audit_key, e.modify_index),
@@ -158,17 +148,13 @@ impl ConsulCoordinator {
             .kv_get(&inner.config.audit_key(key), true, None, "audit_trail")
             .await?;
         let trail = entry
-            .map(|e| audit_records(&e.value_bytes()))
+            .map(|e| StoredAudit::parse_trail(&e.value_bytes()))
             .unwrap_or_default();
         Ok(trail
             .iter()
             .rev()
             .take(limit)
-            .map(|r| {
-                AuditRecord::new(key.clone(), r.actor.clone(), r.reason.clone())
-                    .with_at(UNIX_EPOCH.checked_add(Duration::from_millis(r.at_ms)))
-                    .with_removed(Token::new(r.removed_token).ok(), r.removed_owner.clone())
-            })
+            .map(|r| r.to_record(key, None))
             .collect())
     }
 }

@@ -4,13 +4,13 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use etcd_client::{
     Client, Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn,
     TxnOp, TxnOpResponse,
 };
-use lease_core::adapter::{Backoff, LeaseTracker, Op, TokenAdmission};
+use lease_core::adapter::{Backoff, HolderRecord, LeaseTracker, Op, StoredAudit, TokenAdmission};
 use lease_core::{
     Capabilities, Error, HolderInfo, Lease, LeaseOptions, LeaseStatus, LockKey, LostReason,
     OwnerId, Result, Token,
@@ -23,7 +23,7 @@ use crate::config::EtcdConfig;
 use crate::confirm::Confirmer;
 use crate::core::{Handle, Slot, Slots};
 use crate::error::{retry_resendable, retry_unapplied, Failure, BACKEND};
-use crate::keys::{self, HolderRecord};
+use crate::keys;
 use crate::lease::EtcdLease;
 use crate::session::{Cleaner, Cleanup, Session, Unconfirmed};
 use crate::watch::Watcher;
@@ -186,7 +186,7 @@ impl EtcdCoordinator {
         &self,
         audit_key: &str,
         operation: &'static str,
-    ) -> Result<(i64, Vec<keys::AuditRecord>)> {
+    ) -> Result<(i64, Vec<StoredAudit>)> {
         let client = &self.inner.handle.client;
         let mut got = retry_unapplied(self.inner.timeout(), || {
             let mut c = client.clone();
@@ -195,7 +195,7 @@ impl EtcdCoordinator {
         .await
         .map_err(|f| f.into_error(Op::read(operation)))?;
         Ok(match got.take_kvs().into_iter().next() {
-            Some(kv) => (kv.mod_revision(), keys::audit_records(kv.value())),
+            Some(kv) => (kv.mod_revision(), StoredAudit::parse_trail(kv.value())),
             None => (0, Vec::new()),
         })
     }
@@ -217,18 +217,8 @@ fn ttl_secs(ttl: Duration) -> i64 {
     secs.max(1) as i64
 }
 
-fn holder_record(inner: &Inner, options: &LeaseOptions) -> String {
-    let record = HolderRecord {
-        owner: options
-            .owner_value()
-            .unwrap_or(&inner.owner)
-            .as_str()
-            .to_owned(),
-        operation: options.operation_value().map(str::to_owned),
-        at_ms: keys::wall_ms(),
-        ttl_ms: options.ttl_value().as_millis() as u64,
-    };
-    serde_json::to_string(&record).expect("a plain record serialises")
+fn holder_record(inner: &Inner, options: &LeaseOptions) -> Vec<u8> {
+    HolderRecord::new(options, &inner.owner).to_json()
 }
 
 fn range_of(resp: &etcd_client::TxnResponse, index: usize) -> Vec<KeyValue> {
@@ -250,7 +240,7 @@ fn header_revision(h: Option<&etcd_client::ResponseHeader>) -> i64 {
 /// A resend (`in_doubt`) that creates our key also writes the attempt's marker: a delayed copy
 /// of the earlier send (forwarded by a member, say) then writes nothing, even after our lease
 /// is released. (A send that finds our key needs none: the copy that made it has applied.)
-fn try_txn(prefix: &str, pending: &PendingKey, record: &str, in_doubt: bool) -> Txn {
+fn try_txn(prefix: &str, pending: &PendingKey, record: &[u8], in_doubt: bool) -> Txn {
     let attached = || Some(PutOptions::new().with_lease(pending.session.id()));
     let mut writes = vec![TxnOp::put(pending.key.clone(), record, attached())];
     if in_doubt {
@@ -268,7 +258,7 @@ fn try_txn(prefix: &str, pending: &PendingKey, record: &str, in_doubt: bool) -> 
 /// `acquire`'s transaction, one round trip: unless the attempt was abandoned (its marker
 /// exists), create our key (attached to the session) and read the two newest keys of the queue:
 /// ours, and the one just before it (our predecessor), if any.
-fn enqueue_txn(prefix: &str, pending: &PendingKey, record: &str) -> Txn {
+fn enqueue_txn(prefix: &str, pending: &PendingKey, record: &[u8]) -> Txn {
     let queue = GetOptions::new()
         .with_prefix()
         .with_sort(SortTarget::Create, SortOrder::Descend)
@@ -743,22 +733,10 @@ impl Inner {
     }
 
     pub(crate) fn holder_info(&self, key: &LockKey, kv: &KeyValue) -> Result<HolderInfo> {
-        let record: Option<HolderRecord> = serde_json::from_slice(kv.value()).ok();
-        let owner = record
-            .as_ref()
-            .and_then(|r| OwnerId::new(r.owner.clone()).ok())
-            .unwrap_or_else(|| OwnerId::new("unknown").expect("valid label"));
-        Ok(HolderInfo::new(
-            key.clone(),
-            owner,
-            self.tokens.convert(key, kv.create_revision())?,
-        )
-        .with_operation(record.as_ref().and_then(|r| r.operation.clone()))
-        .with_acquired_at(
-            record
-                .as_ref()
-                .map(|r| SystemTime::UNIX_EPOCH + Duration::from_millis(r.at_ms)),
-        ))
+        let token = self.tokens.convert(key, kv.create_revision())?;
+        Ok(HolderRecord::holder_info(kv.value(), key, token, || {
+            "unknown".into()
+        }))
     }
 }
 
@@ -1019,8 +997,8 @@ mod tests {
                 armed: false,
             };
             for txn in [
-                enqueue_txn(&prefix, &late, "{}"),
-                try_txn(&prefix, &late, "{}", false),
+                enqueue_txn(&prefix, &late, b"{}"),
+                try_txn(&prefix, &late, b"{}", false),
             ] {
                 assert!(!raw.txn(txn).await.unwrap().succeeded());
             }

@@ -18,7 +18,6 @@
 //! mistake of etcd's own Lock RPC (a lock on `pfx` waits while `pfx/b` is held).
 
 use lease_core::{LockKey, ResourceId};
-use serde::{Deserialize, Serialize};
 
 /// Percent-encodes `name` so that it contains no `/` (see the module docs).
 pub fn encode_name(name: &str) -> String {
@@ -73,53 +72,6 @@ pub(crate) fn abandoned_key(
         encode_name(key.as_str()),
         lease_id as u64
     )
-}
-
-/// What a holder's key stores: the labels `inspect` shows. Never a credential.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub(crate) struct HolderRecord {
-    /// The owner label.
-    pub(crate) owner: String,
-    /// The operation name.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) operation: Option<String>,
-    /// Wall-clock milliseconds since the Unix epoch when the attempt was made (display only).
-    pub(crate) at_ms: u64,
-    /// The TTL granted, in milliseconds.
-    pub(crate) ttl_ms: u64,
-}
-
-/// What the audit key stores for one forced release.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub(crate) struct AuditRecord {
-    pub(crate) actor: String,
-    pub(crate) reason: String,
-    pub(crate) token: u64,
-    pub(crate) owner: Option<String>,
-    pub(crate) at_ms: u64,
-}
-
-/// The records an audit key's value holds, oldest first: a JSON array, or one object as an
-/// earlier version wrote it. An unreadable value holds none.
-pub(crate) fn audit_records(value: &[u8]) -> Vec<AuditRecord> {
-    serde_json::from_slice::<Vec<AuditRecord>>(value)
-        .or_else(|_| serde_json::from_slice::<AuditRecord>(value).map(|r| vec![r]))
-        .unwrap_or_default()
-}
-
-/// The record in the workspace's format.
-pub(crate) fn to_audit_record(key: &LockKey, r: &AuditRecord) -> lease_core::AuditRecord {
-    lease_core::AuditRecord::new(key.clone(), r.actor.clone(), r.reason.clone())
-        .with_at(std::time::UNIX_EPOCH.checked_add(std::time::Duration::from_millis(r.at_ms)))
-        .with_removed(lease_core::Token::new(r.token).ok(), r.owner.clone())
-}
-
-/// Wall-clock milliseconds since the epoch (for display records only).
-pub(crate) fn wall_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }
 
 /// A fence token as stored: 20 decimal digits, so that etcd's byte-wise value comparison in a
@@ -181,24 +133,5 @@ mod tests {
         assert!(token_bytes(t(9)) < token_bytes(t(10)));
         assert!(token_bytes(t(99)) < token_bytes(lease_core::Token::MAX));
         assert_eq!(token_bytes(lease_core::Token::MAX).len(), 20);
-    }
-
-    #[test]
-    fn audit_values_hold_an_array_or_an_earlier_single_record() {
-        let one = r#"{"actor":"a","reason":"r","token":7,"owner":"w","at_ms":1000}"#;
-        let recs = audit_records(one.as_bytes());
-        assert_eq!(recs.len(), 1);
-        let key = LockKey::new("k").unwrap();
-        let r = to_audit_record(&key, &recs[0]);
-        assert_eq!((r.actor.as_str(), r.reason.as_str()), ("a", "r"));
-        assert_eq!(r.removed_token.map(|t| t.get()), Some(7));
-        assert_eq!(r.removed_owner.as_deref(), Some("w"));
-        let two = format!("[{one},{}]", one.replace(r#""a""#, r#""b""#));
-        let recs = audit_records(two.as_bytes());
-        assert_eq!(
-            recs.iter().map(|r| r.actor.as_str()).collect::<Vec<_>>(),
-            ["a", "b"]
-        );
-        assert!(audit_records(b"not json").is_empty());
     }
 }

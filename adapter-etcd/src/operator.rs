@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use etcd_client::{Compare, CompareOp, Txn, TxnOp};
-use lease_core::adapter::Op;
+use lease_core::adapter::{Op, StoredAudit};
 use lease_core::{AuditRecord, Error, ForceRelease, HolderInfo, LockKey, Result};
 
 use crate::coordinator::*;
@@ -80,20 +80,9 @@ impl EtcdCoordinator {
                 return Ok(None);
             };
             let info = self.inner.holder_info(key, &kv)?;
-            let audit = keys::AuditRecord {
-                actor: request.actor().to_owned(),
-                reason: request.reason().to_owned(),
-                token: info.token.get(),
-                owner: Some(info.owner.as_str().to_owned()),
-                at_ms: keys::wall_ms(),
-            };
             let audit_key = keys::audit_key(&prefix, key);
-            let (audit_rev, mut trail) = self.read_audit(&audit_key, "force_release").await?;
-            trail.push(audit);
-            let excess = trail
-                .len()
-                .saturating_sub(lease_core::AuditRecord::MAX_LIMIT);
-            trail.drain(..excess);
+            let (audit_rev, trail) = self.read_audit(&audit_key, "force_release").await?;
+            let trail = StoredAudit::new(request, Some(&info)).appended_to(trail);
             let txn = Txn::new()
                 .when([
                     Compare::create_revision(kv.key(), CompareOp::Equal, kv.create_revision()),
@@ -101,11 +90,7 @@ impl EtcdCoordinator {
                 ])
                 .and_then([
                     TxnOp::delete(kv.key(), None),
-                    TxnOp::put(
-                        audit_key.as_str(),
-                        serde_json::to_string(&trail).expect("plain records serialise"),
-                        None,
-                    ),
+                    TxnOp::put(audit_key.as_str(), trail, None),
                 ]);
             let client = &self.inner.handle.client;
             let resp = retry_unapplied(self.inner.timeout(), || {
@@ -151,7 +136,7 @@ impl EtcdCoordinator {
             .iter()
             .rev()
             .take(limit)
-            .map(|r| keys::to_audit_record(key, r))
+            .map(|r| r.to_record(key, None))
             .collect())
     }
 }

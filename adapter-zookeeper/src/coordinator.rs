@@ -34,7 +34,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
-use lease_core::adapter::{LeaseTracker, Op, TokenAdmission};
+use lease_core::adapter::{HolderRecord, LeaseTracker, Op, StoredAudit, TokenAdmission};
 use lease_core::{
     AuditRecord, Capabilities, Error, ForceRelease, HolderInfo, Lease, LeaseOptions, LockKey,
     OwnerId, Result, Token,
@@ -47,8 +47,8 @@ use crate::error::{
     connection_lost, disconnected, from_zk, ops, session_ended, timed_out, BACKEND,
 };
 use crate::keys::{
-    contender_prefix, holder_data, parse_contender, parse_holder_data, sequence_orders,
-    sort_by_creation, Contender, AUDIT_PREFIX,
+    contender_prefix, parse_contender, sequence_orders, sort_by_creation, Contender,
+    AUDIT_PREFIX,
 };
 use crate::lease::{cleanup, LeaseState, ZkLease};
 use crate::session::Session;
@@ -232,11 +232,7 @@ impl ZkCoordinator {
         } else {
             Mode::Wait(start + options.wait_value())
         };
-        let owner = options
-            .owner_value()
-            .cloned()
-            .unwrap_or_else(|| self.inner.owner.clone());
-        let data = holder_data(owner.as_str(), options.operation_value());
+        let data = HolderRecord::new(options, &self.inner.owner).to_json();
         let mut restarts = 0;
         loop {
             let s = self.session().await?;
@@ -694,21 +690,14 @@ impl ZkCoordinator {
         target: Option<&HolderInfo>,
     ) -> Result<()> {
         let dir = s.paths().audit();
-        let mut data = format!(
-            "key={key}\nactor={}\nreason={}\n",
-            request.actor(),
-            request.reason()
-        );
-        if let Some(h) = target {
-            data.push_str(&format!("owner={}\ntoken={}\n", h.owner, h.token));
-        }
+        let data = StoredAudit::new(request, target).for_key(key).to_json();
         let options = CreateMode::PersistentSequential.with_acls(s.acls());
         let path = format!("{dir}/{AUDIT_PREFIX}");
         for _ in 0..2 {
             let sent = Instant::now();
             match tokio::time::timeout(
                 s.request_timeout(),
-                s.client().create(&path, data.as_bytes(), &options),
+                s.client().create(&path, &data, &options),
             )
             .await
             {
@@ -744,50 +733,34 @@ fn busy(key: &LockKey, mode: &Mode, start: Instant) -> Error {
     }
 }
 
+/// What `inspect` shows of a contender node: its record's labels, and the server's creation
+/// time of the node.
 pub(crate) fn holder_info(
     tokens: &TokenAdmission,
     key: &LockKey,
     data: &[u8],
     stat: &Stat,
 ) -> Result<HolderInfo> {
-    let (owner, operation) = parse_holder_data(data);
-    let owner = owner
-        .and_then(|o| OwnerId::new(o).ok())
-        .unwrap_or_else(|| OwnerId::new("unknown").expect("valid label"));
-    let at = u64::try_from(stat.ctime)
-        .ok()
-        .map(|ms| UNIX_EPOCH + Duration::from_millis(ms));
+    let token = tokens.convert(key, stat.czxid)?;
     Ok(
-        HolderInfo::new(key.clone(), owner, tokens.convert(key, stat.czxid)?)
-            .with_operation(operation)
-            .with_acquired_at(at),
+        HolderRecord::holder_info(data, key, token, || "unknown".into())
+            .with_acquired_at(server_ms(stat.ctime)),
     )
 }
 
-/// The audit node's record if it is about `key` (every key's nodes share one directory).
+/// The audit node's record if it is about `key` (every key's nodes share one directory), at
+/// the server's creation time of the node.
 pub(crate) fn parse_audit(key: &LockKey, data: &[u8], stat: &Stat) -> Option<AuditRecord> {
-    let text = String::from_utf8_lossy(data);
-    let field = |name: &str| {
-        text.lines()
-            .find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix('=')))
-            .map(str::to_owned)
-    };
-    if field("key").as_deref() != Some(key.as_str()) {
-        return None;
-    }
-    Some(
-        AuditRecord::new(
-            key.clone(),
-            field("actor").unwrap_or_default(),
-            field("reason").unwrap_or_default(),
-        )
-        .with_at(
-            u64::try_from(stat.ctime)
-                .ok()
-                .map(|ms| UNIX_EPOCH + Duration::from_millis(ms)),
-        )
-        .with_removed(field("token").and_then(|t| t.parse().ok()), field("owner")),
-    )
+    StoredAudit::parse(data)
+        .filter(|r| r.key.as_deref() == Some(key.as_str()))
+        .map(|r| r.to_record(key, server_ms(stat.ctime)))
+}
+
+/// A ZooKeeper server time (milliseconds since the epoch) as a wall-clock time, for display.
+fn server_ms(ms: i64) -> Option<std::time::SystemTime> {
+    u64::try_from(ms)
+        .ok()
+        .map(|ms| UNIX_EPOCH + Duration::from_millis(ms))
 }
 
 /// Removes an acquisition attempt's node(s) when the attempt ends without a lease, however it

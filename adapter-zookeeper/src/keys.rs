@@ -122,30 +122,6 @@ pub(crate) fn sort_by_creation(contenders: &mut [Contender]) {
     });
 }
 
-/// Node data of a contender: who it is, shown by `inspect`.
-pub(crate) fn holder_data(owner: &str, operation: Option<&str>) -> Vec<u8> {
-    let mut s = format!("fenced-lease v1\nowner={owner}\n");
-    if let Some(op) = operation {
-        s.push_str(&format!("operation={op}\n"));
-    }
-    s.into_bytes()
-}
-
-/// Parses [`holder_data`]: `(owner, operation)`; unknown data gives no owner.
-pub(crate) fn parse_holder_data(data: &[u8]) -> (Option<String>, Option<String>) {
-    let text = String::from_utf8_lossy(data);
-    let mut owner = None;
-    let mut operation = None;
-    for line in text.lines() {
-        if let Some(v) = line.strip_prefix("owner=") {
-            owner = Some(v.to_owned());
-        } else if let Some(v) = line.strip_prefix("operation=") {
-            operation = Some(v.to_owned());
-        }
-    }
-    (owner, operation)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -203,15 +179,5 @@ mod tests {
             v[0].sequence, 2147483647,
             "creation order, not numeric order"
         );
-    }
-
-    #[test]
-    fn holder_data_round_trips() {
-        let d = holder_data("host/1", Some("nightly"));
-        assert_eq!(
-            parse_holder_data(&d),
-            (Some("host/1".into()), Some("nightly".into()))
-        );
-        assert_eq!(parse_holder_data(b"junk"), (None, None));
     }
 }

@@ -1,7 +1,8 @@
 //! What only adapter authors need: URL option parsing ([`UrlOptions`]), grant and renewal
 //! bookkeeping ([`LeaseTracker`]), token admission against the floor and the process watermark
 //! ([`TokenAdmission`], [`Watermarks`]), the one rule for a failed request's error ([`Op`]), the
-//! retry backoff ([`Backoff`]), the round scheduler ([`batch`]), clock helpers ([`clock`]), the
+//! retry backoff ([`Backoff`]), the stored holder and audit records ([`HolderRecord`],
+//! [`StoredAudit`]), the round scheduler ([`batch`]), clock helpers ([`clock`]), the
 //! registry's factory types, and the macro that writes an adapter's `Coordinator` impl
 //! ([`coordinator_from_primitives!`](crate::coordinator_from_primitives)).
 //!
@@ -19,6 +20,7 @@ pub use crate::lease::LeaseTracker;
 pub use crate::local_waiters::{in_turn, LocalWaiters, Turn};
 pub use crate::options::{duration_in_range, parse_millis};
 pub use crate::outcome::{resend, Delivery, Op, SendAgain};
+pub use crate::records::{unix_ms, HolderRecord, StoredAudit};
 pub use crate::tokens::{NativeToken, TokenAdmission};
 pub use crate::url_options::{
     timeout_in_range, CommonOptions, OptionSpec, UrlOptions, COMMON_OPTIONS, MAX_URL_TIMEOUT,

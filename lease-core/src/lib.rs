@@ -56,6 +56,7 @@ pub mod metrics;
 mod multi;
 mod options;
 mod outcome;
+mod records;
 mod section;
 mod token;
 mod tokens;
