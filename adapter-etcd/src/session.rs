@@ -386,8 +386,8 @@ pub(crate) struct Cleanup {
     key: String,
     how: How,
     session: watch::Receiver<SessionState>,
-    /// The slot of the key's name, held until the cleanup is done ([`crate::core::Slots`]).
-    slot: Option<crate::core::Slot>,
+    /// The slot of the key's name, held until the cleanup is done ([`crate::keys::Slots`]).
+    slot: Option<crate::keys::Slot>,
 }
 
 /// How a [`Cleanup`] deletes its key.
@@ -468,7 +468,7 @@ impl Cleanup {
     }
 
     /// Holds `slot` (of the key's name) until the cleanup is done.
-    pub(crate) fn holding(mut self, slot: crate::core::Slot) -> Self {
+    pub(crate) fn holding(mut self, slot: crate::keys::Slot) -> Self {
         self.slot = Some(slot);
         self
     }
