@@ -2,11 +2,14 @@
 //! force-release on Consul's KV store.
 
 use std::fmt;
+use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use lease_core::adapter::{Backoff, HolderRecord, LeaseTracker, Op, TokenAdmission};
+use lease_core::adapter::{
+    retry_until_settled, Backoff, HolderRecord, LeaseTracker, Op, TokenAdmission,
+};
 use lease_core::{
     Capabilities, Error, HolderInfo, Lease, LeaseOptions, LockKey, LostReason, OwnerId, Result,
 };
@@ -17,8 +20,8 @@ use crate::config::ConsulConfig;
 use crate::confirm::Confirmer;
 use crate::core::{SlotGuard, Slots};
 use crate::lease::{spawn_reaper, ConsulLease, LeaseShared};
-use crate::monitor::Monitor;
-use crate::session::{Session, SessionManager};
+use crate::monitor::{Monitor, Watched};
+use crate::session::{Session, SessionLease, SessionManager};
 use crate::BACKEND;
 
 // ---------------------------------------------------------------------------- the coordinator
@@ -131,25 +134,31 @@ async fn cancel_attempt(
     marker: String,
     slot: SlotGuard,
 ) {
-    let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(5));
+    let backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(5));
     // 1. The marker: the attempt's lock request, if it is still on its way, now fails. (If the
     //    session is gone, the request fails anyway and its keys went with it.)
-    while !session.is_ended() {
-        match http
+    retry_until_settled(backoff.clone(), None, || async {
+        if session.is_ended() {
+            return ControlFlow::Break(());
+        }
+        let marked = http
             .txn(
                 &[TxnOp::lock(&marker, &session.id, b"")],
                 Op::write("cancel acquire", false),
             )
-            .await
-        {
-            Ok(_) => break,
-            Err(_) => backoff.sleep().await,
+            .await;
+        match marked {
+            Ok(_) => ControlFlow::Break(()),
+            Err(_) => ControlFlow::Continue(()),
         }
-    }
+    })
+    .await;
     // 2. Undo the lock if the attempt took it: this client holds no other lease on the key (the
     //    claim is still ours), so a lock of our session on it is the attempt's.
-    backoff.reset();
-    while !session.is_ended() {
+    retry_until_settled(backoff, None, || async {
+        if session.is_ended() {
+            return ControlFlow::Break(());
+        }
         let ops = [
             TxnOp::check_session(&kv_key, &session.id),
             TxnOp::delete(&kv_key),
@@ -157,12 +166,13 @@ async fn cancel_attempt(
         match http.txn(&ops, Op::write("cancel acquire", false)).await {
             Ok(TxnOutcome::Committed(_)) => {
                 tracing::debug!(key = %kv_key, "removed the lock of a cancelled acquire");
-                break;
+                ControlFlow::Break(())
             }
-            Ok(TxnOutcome::RolledBack(_)) => break,
-            Err(_) => backoff.sleep().await,
+            Ok(TxnOutcome::RolledBack(_)) => ControlFlow::Break(()),
+            Err(_) => ControlFlow::Continue(()),
         }
-    }
+    })
+    .await;
     drop(slot);
 }
 
@@ -521,7 +531,7 @@ impl ConsulCoordinator {
             inner.monitor.clone(),
             slot,
         ));
-        if !session.register(&shared) {
+        if !session.register(shared.id, Arc::downgrade(&shared) as Weak<dyn SessionLease>) {
             shared.tracker.mark_lost(LostReason::SessionEnded);
             return Err(Error::Unavailable {
                 backend: BACKEND,
@@ -530,7 +540,9 @@ impl ConsulCoordinator {
             });
         }
         spawn_reaper(shared.clone());
-        inner.monitor.watch(&shared);
+        inner
+            .monitor
+            .watch(shared.id, Arc::downgrade(&shared) as Weak<dyn Watched>);
         Ok(Box::new(ConsulLease { shared }))
     }
 
@@ -587,7 +599,8 @@ impl ConsulCoordinator {
     #[cfg(test)]
     pub(crate) fn lease_shared(&self, key: &LockKey) -> Option<Arc<LeaseShared>> {
         let kv_key = self.inner.config.kv_key(key);
-        self.inner.sessions.peek()?.lease_on(&kv_key)
+        let lease = self.inner.sessions.peek()?.lease_on(&kv_key)?;
+        lease.as_any().downcast().ok()
     }
 
     /// What `inspect` shows of the key's holder.

@@ -1,20 +1,21 @@
 //! [`ConsulLease`]: a lock on one KV key held by the client's session, with its fencing token.
 
 use std::fmt;
+use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lease_core::adapter::{Backoff, LeaseTracker, Op};
+use lease_core::adapter::{retry_until_settled, spawn_guardian, Backoff, LeaseTracker, Op};
 use lease_core::{Error, Lease, LeaseState, LeaseStatus, LockKey, LostReason, Result, Token};
 use tokio::time::Instant;
 
 use crate::client::{Http, KvEntry, TxnOp, TxnOutcome};
 use crate::confirm::{Confirmer, Ownership};
 use crate::core::SlotGuard;
-use crate::monitor::Monitor;
-use crate::session::{Session, SessionManager};
+use crate::monitor::{Monitor, Watched};
+use crate::session::{Session, SessionLease, SessionManager};
 
 /// What a compare-and-delete of the lease's key found.
 pub(crate) enum Released {
@@ -184,12 +185,57 @@ impl LeaseShared {
     }
 }
 
+impl SessionLease for LeaseShared {
+    fn kv_key(&self) -> &str {
+        &self.kv_key
+    }
+
+    fn session_confirmed(&self, until: Instant) {
+        LeaseShared::session_confirmed(self, until);
+    }
+
+    fn in_doubt(&self) {
+        self.tracker.in_doubt();
+    }
+
+    fn session_ended(&self) {
+        self.tracker.mark_lost(LostReason::SessionEnded);
+    }
+
+    fn revoked(&self) {
+        let _ = self.lost(LostReason::Revoked);
+    }
+
+    #[cfg(test)]
+    fn as_any(self: Arc<Self>) -> Arc<dyn std::any::Any + Send + Sync> {
+        self
+    }
+}
+
+impl Watched for LeaseShared {
+    fn kv_key(&self) -> &str {
+        &self.kv_key
+    }
+
+    fn acquired_at_index(&self) -> u64 {
+        self.token.get()
+    }
+
+    fn is_lost(&self) -> bool {
+        matches!(self.tracker.status(), LeaseStatus::Lost(_))
+    }
+
+    fn seen(&self, entry: Option<&KvEntry>) {
+        LeaseShared::seen(self, entry);
+    }
+}
+
 /// Runs until the lease is lost (released, dropped, expired, revoked, session ended), then makes
 /// sure its key is not left locked: a compare-and-delete, retried with backoff until it is
 /// settled or the session is gone (whose keys Consul deletes with it).
 pub(crate) fn spawn_reaper(shared: Arc<LeaseShared>) {
-    tokio::spawn(async move {
-        let reason = shared.tracker.signal().wait().await;
+    let tracker = shared.tracker.clone();
+    spawn_guardian(&tracker, move |reason| async move {
         reap(&shared, reason).await;
     });
 }
@@ -199,16 +245,20 @@ pub(crate) fn spawn_reaper(shared: Arc<LeaseShared>) {
 /// wait and this point cannot leave its holder believing it holds a deleted lock.
 pub(crate) async fn reap(shared: &LeaseShared, reason: LostReason) {
     shared.tracker.mark_lost(reason);
-    let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(5));
-    while !shared.resolved.load(Ordering::SeqCst) && !shared.session.is_ended() {
+    let backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(5));
+    retry_until_settled(backoff, None, || async {
+        if shared.resolved.load(Ordering::SeqCst) || shared.session.is_ended() {
+            return ControlFlow::Break(());
+        }
         match shared.release_on_server("release").await {
-            Ok(_) => break,
+            Ok(_) => ControlFlow::Break(()),
             Err(e) => {
                 tracing::debug!(key = %shared.tracker.key(), error = %e, "releasing an ended lease failed; retrying");
-                backoff.sleep().await;
+                ControlFlow::Continue(())
             }
         }
-    }
+    })
+    .await;
     shared.free_slot();
     shared.session.unregister(shared.id);
     shared.monitor.unwatch(shared.id);

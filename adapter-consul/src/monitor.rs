@@ -30,12 +30,10 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use lease_core::adapter::Backoff;
-use lease_core::LeaseStatus;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::client::{Http, KvEntry};
-use crate::lease::LeaseShared;
 
 /// The least time between the starts of two monitor queries.
 pub(crate) const MIN_SPACING: Duration = Duration::from_millis(100);
@@ -51,9 +49,22 @@ pub(crate) fn spacing(entries: usize) -> Duration {
         .min(MAX_SPACING)
 }
 
+/// What the monitor judges (implemented by the lease's shared state in `lease.rs`; the monitor
+/// knows leases only through this, so it does not depend on them).
+pub(crate) trait Watched: Send + Sync {
+    /// The lease's Consul key.
+    fn kv_key(&self) -> &str;
+    /// The index of the write that acquired it: an answer older than that says nothing of it.
+    fn acquired_at_index(&self) -> u64;
+    /// Whether it is lost already (no longer watched).
+    fn is_lost(&self) -> bool;
+    /// What an answer showed of its key (`None`: gone).
+    fn seen(&self, entry: Option<&KvEntry>);
+}
+
 #[derive(Default)]
 struct Held {
-    leases: HashMap<u64, Weak<LeaseShared>>,
+    leases: HashMap<u64, Weak<dyn Watched>>,
     /// Whether the monitor task runs (it stops when nothing is held).
     running: bool,
 }
@@ -102,10 +113,11 @@ impl Monitor {
         }
     }
 
-    /// Watches `lease`'s key until it is lost or unwatched; starts the task if it is not running.
-    pub(crate) fn watch(&self, lease: &Arc<LeaseShared>) {
+    /// Watches the key of the lease `id` until it is lost or unwatched; starts the task if it
+    /// is not running.
+    pub(crate) fn watch(&self, id: u64, lease: Weak<dyn Watched>) {
         let mut held = self.state.lock();
-        held.leases.insert(lease.id, Arc::downgrade(lease));
+        held.leases.insert(id, lease);
         if !held.running {
             held.running = true;
             tokio::spawn(run(
@@ -128,11 +140,11 @@ impl Monitor {
 }
 
 /// The live, unsettled leases watched; `None` (and the task marked stopped) if there are none.
-fn live(state: &State) -> Option<Vec<Arc<LeaseShared>>> {
+fn live(state: &State) -> Option<Vec<Arc<dyn Watched>>> {
     let mut held = state.lock();
     let mut live = Vec::with_capacity(held.leases.len());
     held.leases.retain(|_, w| match w.upgrade() {
-        Some(l) if !matches!(l.tracker.status(), LeaseStatus::Lost(_)) => {
+        Some(l) if !l.is_lost() => {
             live.push(l);
             true
         }
@@ -179,14 +191,14 @@ async fn run(http: Arc<Http>, prefix: String, max_block: Duration, state: Arc<St
 }
 
 /// Judges every lease the answer (at index `seen`) speaks for.
-fn dispatch(leases: &[Arc<LeaseShared>], seen: u64, entries: &[KvEntry]) {
+fn dispatch(leases: &[Arc<dyn Watched>], seen: u64, entries: &[KvEntry]) {
     let by_key: HashMap<&str, &KvEntry> = entries.iter().map(|e| (e.key.as_str(), e)).collect();
     for lease in leases {
         // An answer older than the lease's acquire says nothing about it.
-        if lease.token.get() > seen {
+        if lease.acquired_at_index() > seen {
             continue;
         }
-        lease.seen(by_key.get(lease.kv_key.as_str()).copied());
+        lease.seen(by_key.get(lease.kv_key()).copied());
     }
 }
 

@@ -2,11 +2,8 @@
 //! when a token is expected), read the audit trail. The [`Coordinator`](lease_core::Coordinator)
 //! methods of the same names delegate here.
 
-
 use lease_core::adapter::{Op, StoredAudit};
-use lease_core::{
-    AuditRecord, Error, ForceRelease, HolderInfo, LockKey, LostReason, Result,
-};
+use lease_core::{AuditRecord, Error, ForceRelease, HolderInfo, LockKey, Result};
 
 use crate::client::{TxnOp, TxnOutcome};
 use crate::coordinator::*;
@@ -116,7 +113,7 @@ impl ConsulCoordinator {
                         .filter(|s| entry.holder() == Some(s.id.as_str()))
                         .and_then(|s| s.lease_on(&kv_key))
                     {
-                        let _ = lease.lost(LostReason::Revoked);
+                        lease.revoked();
                     }
                     return Ok(Some(info));
                 }

@@ -12,19 +12,36 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use lease_core::adapter::Backoff;
-use lease_core::{Error, LostReason, Result};
+use lease_core::{Error, Result};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::client::Http;
-use crate::lease::LeaseShared;
+
+/// What a session tells the leases it holds (implemented by the lease's shared state in
+/// `lease.rs`; the session knows leases only through this, so it does not depend on them).
+pub(crate) trait SessionLease: Send + Sync {
+    /// The lease's Consul key.
+    fn kv_key(&self) -> &str;
+    /// A renewal confirmed the session until `until`.
+    fn session_confirmed(&self, until: Instant);
+    /// A renewal failed for a transient reason: in doubt until one is confirmed.
+    fn in_doubt(&self);
+    /// The session is gone, and the lease's lock with it.
+    fn session_ended(&self);
+    /// This client force-released the lease's lock.
+    fn revoked(&self);
+    /// The concrete state (for the crate's tests).
+    #[cfg(test)]
+    fn as_any(self: Arc<Self>) -> Arc<dyn std::any::Any + Send + Sync>;
+}
 
 struct SessionState {
     valid_until: Instant,
     /// The validity last pushed to the leases ([`Session::confirm`]).
     pushed_until: Instant,
     ended: bool,
-    leases: HashMap<u64, Weak<LeaseShared>>,
+    leases: HashMap<u64, Weak<dyn SessionLease>>,
 }
 
 /// The outcome of one session renewal, as every caller that shares it sees it: `Ok(true)`
@@ -128,7 +145,7 @@ impl Session {
     fn in_doubt(&self) {
         let leases = live(&mut self.lock());
         for l in leases {
-            l.tracker.in_doubt();
+            l.in_doubt();
         }
     }
 
@@ -145,17 +162,17 @@ impl Session {
         };
         self.ended_tx.send_replace(true);
         for l in leases {
-            l.tracker.mark_lost(LostReason::SessionEnded);
+            l.session_ended();
         }
     }
 
-    /// Registers a lease; `false` if the session has ended meanwhile.
-    pub(crate) fn register(&self, lease: &Arc<LeaseShared>) -> bool {
+    /// Registers the lease `id`; `false` if the session has ended meanwhile.
+    pub(crate) fn register(&self, id: u64, lease: Weak<dyn SessionLease>) -> bool {
         let mut st = self.lock();
         if st.ended {
             return false;
         }
-        st.leases.insert(lease.id, Arc::downgrade(lease));
+        st.leases.insert(id, lease);
         true
     }
 
@@ -165,10 +182,10 @@ impl Session {
     }
 
     /// The live lease of this session on `kv_key`, if any.
-    pub(crate) fn lease_on(&self, kv_key: &str) -> Option<Arc<LeaseShared>> {
+    pub(crate) fn lease_on(&self, kv_key: &str) -> Option<Arc<dyn SessionLease>> {
         live(&mut self.lock())
             .into_iter()
-            .find(|l| l.kv_key == kv_key)
+            .find(|l| l.kv_key() == kv_key)
     }
 
     fn ended_signal(&self) -> watch::Receiver<bool> {
@@ -176,7 +193,7 @@ impl Session {
     }
 }
 
-fn live(st: &mut SessionState) -> Vec<Arc<LeaseShared>> {
+fn live(st: &mut SessionState) -> Vec<Arc<dyn SessionLease>> {
     st.leases.retain(|_, w| w.strong_count() > 0);
     st.leases.values().filter_map(Weak::upgrade).collect()
 }

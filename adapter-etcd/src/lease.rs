@@ -13,8 +13,8 @@ use lease_core::{Lease, LeaseState, LeaseStatus, LostReason, Result};
 use tokio::time::Instant;
 
 use crate::core::Handle;
-use crate::keys::Slot;
 use crate::error::{retry_resendable, retry_unapplied};
+use crate::keys::Slot;
 use crate::session::{Cleanup, Session, Unconfirmed};
 use crate::watch::Seen;
 

@@ -497,7 +497,8 @@ impl Cleaner {
 struct Pending {
     c: Cleanup,
     due: Instant,
-    attempts: u32,
+    /// The pause before its next try (100 ms doubling to 1.6 s, with jitter).
+    backoff: Backoff,
 }
 
 async fn cleaner(
@@ -514,7 +515,11 @@ async fn cleaner(
         let next_due = pending.iter().map(|p| p.due).min();
         tokio::select! {
             m = rx.recv(), if open => match m {
-                Some(c) => pending.push(Pending { c, due: Instant::now(), attempts: 0 }),
+                Some(c) => pending.push(Pending {
+                    c,
+                    due: Instant::now(),
+                    backoff: Backoff::new(Duration::from_millis(100), Duration::from_millis(1600)),
+                }),
                 None => open = false,
             },
             _ = tokio::time::sleep_until(next_due.unwrap_or_else(Instant::now)), if next_due.is_some() => {}
@@ -548,10 +553,8 @@ async fn cleaner(
         let now = Instant::now();
         for (mut p, ok) in results {
             if !ok {
-                p.attempts += 1;
-                let wait = Duration::from_millis(50 * 2u64.pow(p.attempts.min(5)));
-                p.due = now + wait;
-                tracing::debug!(key = %p.c.key, attempts = p.attempts, "etcd cleanup failed; retrying");
+                p.due = now + p.backoff.next_delay();
+                tracing::debug!(key = %p.c.key, "etcd cleanup failed; retrying");
                 pending.push(p);
             }
         }

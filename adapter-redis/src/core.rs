@@ -2,10 +2,11 @@
 //! `lease.rs` and the tasks import it from here, not from `coordinator.rs`).
 
 use std::collections::HashMap;
+use std::ops::ControlFlow;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use lease_core::adapter::{Backoff, LeaseTracker, TokenAdmission};
+use lease_core::adapter::{retry_until_settled, Backoff, LeaseTracker, TokenAdmission};
 use lease_core::{Capabilities, LeaseStatus, LostReason, OwnerId, Result};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -231,20 +232,16 @@ pub(crate) fn spawn_cleanup(
     let give_up = Instant::now() + ttl + Duration::from_secs(1);
     let cap = (ttl / 20).clamp(Duration::from_secs(1), Duration::from_secs(30));
     rt.spawn(async move {
-        let mut nap = Backoff::new(Duration::from_millis(50), cap);
-        loop {
-            let (outcome, _) = inner.release_by_head(&keys, &head).await;
-            match (&outcome, mode) {
-                (Ok(1), _) | (Ok(_), Cleanup::Once) => return,
-                _ => {}
+        let backoff = Backoff::new(Duration::from_millis(50), cap);
+        let settled = retry_until_settled(backoff, Some(give_up), || async {
+            match (inner.release_by_head(&keys, &head).await.0, mode) {
+                (Ok(1), _) | (Ok(_), Cleanup::Once) => ControlFlow::Break(()),
+                _ => ControlFlow::Continue(()),
             }
-            if Instant::now() + nap.ceiling() >= give_up {
-                if let Err(e) = outcome {
-                    tracing::debug!(backend = BACKEND, key = %keys.lock(), error = %e, "cleanup gave up; the lock expires at its TTL");
-                }
-                return;
-            }
-            nap.sleep().await;
+        })
+        .await;
+        if settled.is_none() {
+            tracing::debug!(backend = BACKEND, key = %keys.lock(), "cleanup gave up; the lock expires at its TTL");
         }
     });
 }

@@ -47,8 +47,7 @@ use crate::error::{
     connection_lost, disconnected, from_zk, ops, session_ended, timed_out, BACKEND,
 };
 use crate::keys::{
-    contender_prefix, parse_contender, sequence_orders, sort_by_creation, Contender,
-    AUDIT_PREFIX,
+    contender_prefix, parse_contender, sequence_orders, sort_by_creation, Contender, AUDIT_PREFIX,
 };
 use crate::lease::{cleanup, LeaseState, ZkLease};
 use crate::session::Session;

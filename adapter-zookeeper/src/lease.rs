@@ -2,20 +2,21 @@
 
 use std::fmt;
 use std::future::Future;
+use std::ops::ControlFlow;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lease_core::adapter::{resend, Backoff, LeaseTracker, SendAgain};
+use lease_core::adapter::{resend, retry_until_settled, Backoff, LeaseTracker, SendAgain};
 use lease_core::{Error, Lease, LeaseStatus, LostReason, Result};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 use zookeeper_client::{Error as ZkError, EventType, WatchedEvent};
 
 use crate::error::{connection_lost, disconnected, from_zk, ops, session_ended, timed_out};
-use crate::session::Session;
+use crate::session::{Session, SessionLease};
 
 /// The shared state of one held lock node.
 pub(crate) struct LeaseState {
@@ -318,6 +319,24 @@ pub(crate) async fn monitor(state: Arc<LeaseState>, mut dropped: oneshot::Receiv
     }
 }
 
+impl SessionLease for LeaseState {
+    fn disconnected(&self) {
+        self.tracker.in_doubt();
+    }
+
+    fn reconnected(self: Arc<Self>, epoch: u64) -> futures::future::BoxFuture<'static, ()> {
+        Box::pin(self.verify(epoch))
+    }
+
+    fn refresh(&self, bound: Instant) {
+        self.apply(bound, false);
+    }
+
+    fn session_ended(&self) {
+        self.on_session_ended();
+    }
+}
+
 /// A lease on a ZooKeeper lock: our ephemeral sequential node was first among the lock's
 /// contenders.
 ///
@@ -349,7 +368,8 @@ impl fmt::Debug for ZkLease {
 impl ZkLease {
     /// Wraps a confirmed holding and starts its monitor.
     pub(crate) fn start(state: Arc<LeaseState>, bound_epoch: u64) -> ZkLease {
-        state.session.register(&state);
+        let weak: std::sync::Weak<LeaseState> = Arc::downgrade(&state);
+        state.session.register(state.id, weak);
         // Cap the initial validity by the session bound (the tracker started from the TTL).
         let applied = state
             .session
@@ -531,39 +551,34 @@ impl ZkLease {
 /// Deletes every node of the lock with the attempt's prefix. Requests of one session are
 /// processed in order, so this listing sees the attempt's create whatever happened to its answer.
 pub(crate) async fn cleanup(s: Arc<Session>, dir: String, prefix: String) {
-    let mut backoff = Backoff::new(Duration::from_millis(10), s.timeout() / 4);
-    loop {
-        if s.is_terminated() {
-            return;
-        }
-        if !s.is_connected() {
+    let backoff = Backoff::new(Duration::from_millis(10), s.timeout() / 4);
+    retry_until_settled(backoff, None, || async {
+        // Waiting for the connection is not a failed try: no backoff after it.
+        while !s.is_connected() {
+            if s.is_terminated() {
+                return ControlFlow::Break(());
+            }
             s.wait_connected(s.timeout()).await;
-            continue;
         }
         let children =
             match tokio::time::timeout(s.request_timeout(), s.client().list_children(&dir)).await {
                 Ok(Ok(c)) => c,
-                Ok(Err(ZkError::NoNode)) => return,
-                Ok(Err(e)) if session_ended(&e) => return,
-                _ => {
-                    backoff.sleep().await;
-                    continue;
-                }
+                Ok(Err(ZkError::NoNode)) => return ControlFlow::Break(()),
+                Ok(Err(e)) if session_ended(&e) => return ControlFlow::Break(()),
+                _ => return ControlFlow::Continue(()),
             };
-        let mut done = true;
+        let mut done = ControlFlow::Break(());
         for name in children.into_iter().filter(|c| c.starts_with(&prefix)) {
             let path = format!("{dir}/{name}");
             match tokio::time::timeout(s.request_timeout(), s.client().delete(&path, None)).await {
                 Ok(Ok(())) | Ok(Err(ZkError::NoNode)) => {
                     tracing::debug!(%path, "removed an abandoned contender node");
                 }
-                Ok(Err(e)) if session_ended(&e) => return,
-                _ => done = false,
+                Ok(Err(e)) if session_ended(&e) => return ControlFlow::Break(()),
+                _ => done = ControlFlow::Continue(()),
             }
         }
-        if done {
-            return;
-        }
-        backoff.sleep().await;
-    }
+        done
+    })
+    .await;
 }

@@ -45,7 +45,6 @@ use zookeeper_client::{Acl, Acls, Client, CreateMode, Permission, SessionState, 
 use crate::config::ZkConfig;
 use crate::error::{connect_failed, from_zk, ops, timed_out};
 use crate::keys::Paths;
-use crate::lease::LeaseState;
 
 /// The ACL of every node the adapter creates when digest credentials are configured: the
 /// creator's identity (every session authenticated as the same digest user) may do anything,
@@ -77,7 +76,7 @@ pub(crate) struct Session {
     conn: Mutex<ConnState>,
     /// `(connected, terminated)`, for tasks that wait for the connection to come back.
     link: watch::Sender<(bool, bool)>,
-    leases: Mutex<HashMap<u64, Weak<LeaseState>>>,
+    leases: Mutex<HashMap<u64, Weak<dyn SessionLease>>>,
     next_lease: AtomicU64,
 }
 
@@ -282,12 +281,12 @@ impl Session {
         self.next_lease.fetch_add(1, Ordering::Relaxed)
     }
 
-    /// Registers a live lease for connection events.
-    pub(crate) fn register(&self, lease: &Arc<LeaseState>) {
+    /// Registers the live lease `id` for connection events.
+    pub(crate) fn register(&self, id: u64, lease: Weak<dyn SessionLease>) {
         self.leases
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(lease.id, Arc::downgrade(lease));
+            .insert(id, lease);
     }
 
     /// Forgets a lease (its monitor ended).
@@ -298,7 +297,7 @@ impl Session {
             .remove(&id);
     }
 
-    fn live_leases(&self) -> Vec<Arc<LeaseState>> {
+    fn live_leases(&self) -> Vec<Arc<dyn SessionLease>> {
         self.leases
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -327,7 +326,7 @@ impl Session {
         c.connected = false;
         c.epoch += 1;
         for l in &leases {
-            l.tracker.in_doubt();
+            l.disconnected();
         }
         drop(c);
         self.link.send_replace((false, false));
@@ -354,7 +353,7 @@ impl Session {
         let leases = self.live_leases();
         if !leases.is_empty() {
             tokio::spawn(async move {
-                futures::future::join_all(leases.into_iter().map(|l| l.verify(epoch))).await;
+                futures::future::join_all(leases.into_iter().map(|l| l.reconnected(epoch))).await;
             });
         }
     }
@@ -369,7 +368,7 @@ impl Session {
         }
         self.link.send_replace((false, true));
         for l in &leases {
-            l.on_session_ended();
+            l.session_ended();
         }
         tracing::warn!(
             session = %self.client.session_id(),
@@ -384,10 +383,24 @@ impl Session {
         let leases = self.live_leases();
         self.with_epoch(epoch, |bound| {
             for l in &leases {
-                l.apply(bound, false);
+                l.refresh(bound);
             }
         });
     }
+}
+
+/// What a session tells each lease it holds about its connection (implemented by the lease's
+/// state in `lease.rs`; the session knows leases only through this, so it does not depend on
+/// them).
+pub(crate) trait SessionLease: Send + Sync {
+    /// The connection was lost: the lease is in doubt until it is back.
+    fn disconnected(&self);
+    /// The connection is back in `epoch`: confirm the lease's node, and hold it again.
+    fn reconnected(self: Arc<Self>, epoch: u64) -> futures::future::BoxFuture<'static, ()>;
+    /// A heartbeat was answered: the session is alive until `bound`.
+    fn refresh(&self, bound: Instant);
+    /// The session is over: its ephemeral nodes are gone and the lease is lost.
+    fn session_ended(&self);
 }
 
 /// Follows the client library's session state.

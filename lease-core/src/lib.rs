@@ -45,6 +45,7 @@ mod connect;
 mod coordinator;
 mod error;
 mod fence;
+mod guardian;
 mod helpers;
 mod instrument;
 mod keeper;

@@ -1,0 +1,130 @@
+//! [`spawn_guardian`] and [`retry_until_settled`]: the one way an adapter makes sure that an
+//! ended lease's key is not left locked.
+//!
+//! A lease ends in many ways (released, dropped, expired locally, revoked, its session ended),
+//! and in several of them the key may still be locked on the server: a release whose answer was
+//! lost, a lease dropped without a release, a lease whose validity passed while its server-side
+//! TTL (or session) lives on. The guardian waits for the end, records why, and runs the
+//! adapter's compare-and-delete until it settles.
+
+use std::future::Future;
+use std::ops::ControlFlow;
+
+use tokio::time::Instant;
+
+use crate::backoff::Backoff;
+use crate::error::LostReason;
+use crate::lease::LeaseTracker;
+
+/// Starts, on the current tokio runtime, the guardian of the lease `tracker`: it waits until the
+/// lease is lost, for any reason, records that reason, then runs `cleanup(reason)`.
+///
+/// Recording first matters: the loss signal fires when validity passes, and a renewal
+/// completing in between would otherwise leave a lease that reports `Held` while its key is
+/// being deleted (the first recorded reason wins, so the lease reads `Lost` from then on).
+///
+/// Returns false, and starts nothing, outside a runtime: the lock then lasts until its TTL or
+/// session ends on the server.
+pub fn spawn_guardian<F, Fut>(tracker: &LeaseTracker, cleanup: F) -> bool
+where
+    F: FnOnce(LostReason) -> Fut + Send + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return false;
+    };
+    let tracker = tracker.clone();
+    runtime.spawn(async move {
+        let reason = tracker.signal().wait().await;
+        tracker.mark_lost(reason);
+        cleanup(reason).await;
+    });
+    true
+}
+
+/// Runs `attempt` until it answers [`ControlFlow::Break`] (settled: the key deleted, found not
+/// ours, or nothing left to do), sleeping `backoff`'s next delay after each
+/// [`ControlFlow::Continue`] (the server could not be reached, the outcome is not known).
+///
+/// With `give_up`, stops once the next delay would end after it (the caller passes the instant
+/// after which the server has removed the key anyway) and returns `None`; otherwise returns the
+/// settled value.
+pub async fn retry_until_settled<T, F, Fut>(
+    mut backoff: Backoff,
+    give_up: Option<Instant>,
+    mut attempt: F,
+) -> Option<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = ControlFlow<T>>,
+{
+    loop {
+        if let ControlFlow::Break(v) = attempt().await {
+            return Some(v);
+        }
+        if give_up.is_some_and(|at| Instant::now() + backoff.ceiling() >= at) {
+            return None;
+        }
+        backoff.sleep().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::key::LockKey;
+    use crate::token::Token;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    #[tokio::test(start_paused = true)]
+    async fn the_guardian_records_the_reason_before_it_cleans_up() {
+        let tracker = LeaseTracker::new(
+            "test",
+            LockKey::new("k").unwrap(),
+            Token::new(1).unwrap(),
+            Duration::from_secs(5),
+            Duration::ZERO,
+            Instant::now(),
+        );
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let seen = tracker.clone();
+        assert!(spawn_guardian(&tracker, move |reason| async move {
+            // Recorded before the cleanup runs: a late renewal cannot bring it back.
+            let _ = tx.send((reason, seen.status(), seen.renewed(Instant::now())));
+        }));
+        let (reason, status, renewed) = rx.await.unwrap();
+        assert_eq!(reason, LostReason::Expired);
+        assert_eq!(status, crate::LeaseStatus::Lost(LostReason::Expired));
+        assert!(!renewed);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn retries_until_settled_or_the_bound() {
+        let ms = Duration::from_millis;
+        let tries = Arc::new(AtomicUsize::new(0));
+        let t = tries.clone();
+        let settled = retry_until_settled(Backoff::new(ms(10), ms(40)), None, move || {
+            let n = t.fetch_add(1, Ordering::SeqCst);
+            async move {
+                if n < 3 {
+                    ControlFlow::Continue(())
+                } else {
+                    ControlFlow::Break(n)
+                }
+            }
+        })
+        .await;
+        assert_eq!(settled, Some(3));
+        let start = Instant::now();
+        let never = retry_until_settled(
+            Backoff::new(ms(10), ms(40)),
+            Some(start + ms(200)),
+            || async { ControlFlow::<()>::Continue(()) },
+        )
+        .await;
+        assert_eq!(never, None);
+        assert!(start.elapsed() <= ms(200), "{:?}", start.elapsed());
+    }
+}
