@@ -81,6 +81,18 @@ async fn inspect_shows(
     Ok(())
 }
 
+/// A fault proxy in front of the subject's server, and a client connected through it.
+async fn client_behind_proxy(ctx: &Ctx) -> Result<(FaultProxy, Arc<dyn Coordinator>), Failure> {
+    let (upstream, connect_via) = ctx
+        .subject
+        .proxy
+        .clone()
+        .ok_or_else(|| Failure("no proxy".into()))?;
+    let proxy = FaultProxy::start(upstream).await?;
+    let client = connect_via(proxy.addr()).await?;
+    Ok((proxy, client))
+}
+
 /// Waits until the proxy has carried more request bytes than `sent` (a request reached the
 /// server), polling, for at most `within`.
 async fn wait_for_request(proxy: &FaultProxy, sent: u64, within: Duration) -> Result<(), Failure> {
@@ -189,13 +201,7 @@ async fn outside_write(ctx: Arc<Ctx>) -> CaseResult {
 /// The release commits, its reply is lost. The lease is never `Held` again (a release that was
 /// sent ends the lease whatever its outcome), and another client acquires.
 async fn release_reply_lost(ctx: Arc<Ctx>) -> CaseResult {
-    let (upstream, connect_via) = ctx
-        .subject
-        .proxy
-        .clone()
-        .ok_or_else(|| Failure("no proxy".into()))?;
-    let proxy = FaultProxy::start(upstream).await?;
-    let a = connect_via(proxy.addr()).await?;
+    let (proxy, a) = client_behind_proxy(&ctx).await?;
     // Warm A up: one whole acquire/release, so the release below is one request (scripts
     // loaded, connections open), as in a long-running client.
     a.acquire(&ctx.key("warm-up"), &LeaseOptions::new(ctx.ttl()))
@@ -264,13 +270,7 @@ async fn release_reply_lost(ctx: Arc<Ctx>) -> CaseResult {
 /// first send's doing while the lease was valid: release reports `Ok`, not `OutcomeUnknown`,
 /// and the key is free at once.
 async fn release_connection_reset(ctx: Arc<Ctx>) -> CaseResult {
-    let (upstream, connect_via) = ctx
-        .subject
-        .proxy
-        .clone()
-        .ok_or_else(|| Failure("no proxy".into()))?;
-    let proxy = FaultProxy::start(upstream).await?;
-    let a = connect_via(proxy.addr()).await?;
+    let (proxy, a) = client_behind_proxy(&ctx).await?;
     // Warm A up (connections, scripts, sessions) so the release below is one request.
     a.acquire(&ctx.key("warm-up"), &LeaseOptions::new(ctx.ttl()))
         .await?
@@ -320,13 +320,7 @@ async fn release_connection_reset(ctx: Arc<Ctx>) -> CaseResult {
 /// is reset. Sent again, the attempt recognises its own grant: it returns a lease with the token
 /// `inspect` shows, not `OutcomeUnknown` nor `Held` by itself; releasing it frees the key.
 async fn try_acquire_connection_reset(ctx: Arc<Ctx>) -> CaseResult {
-    let (upstream, connect_via) = ctx
-        .subject
-        .proxy
-        .clone()
-        .ok_or_else(|| Failure("no proxy".into()))?;
-    let proxy = FaultProxy::start(upstream).await?;
-    let a = connect_via(proxy.addr()).await?;
+    let (proxy, a) = client_behind_proxy(&ctx).await?;
     let key = ctx.key("try-acquire-reset");
     let ttl = ctx.ttl() * 20;
     // Warm A up on the same key with the same TTL (a backend may keep a session per TTL), so
