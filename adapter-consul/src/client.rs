@@ -585,10 +585,18 @@ impl Http {
     }
 
     /// [`Self::txn`] for a write that is safe to apply twice and whose answer tells what an
-    /// earlier send did (a compare-and-delete on our own session): sent again, within the
-    /// request timeout, after it certainly was not sent or after its connection failed once it
-    /// was sent (`lease_core::adapter::resend`). Also says whether an earlier send is in doubt.
-    pub(crate) async fn txn_resending(&self, ops: &[TxnOp], op: Op) -> (Result<TxnOutcome>, bool) {
+    /// earlier send did (a compare-and-delete on our own session; a lock by our own session):
+    /// sent again, within the request timeout, after it certainly was not sent or after its
+    /// connection failed once it was sent (`lease_core::adapter::resend`). A resend after a
+    /// send in doubt also carries `on_resend` (the acquire's marker, so that a delayed copy of
+    /// the first send cannot lock the key later). Also says whether an earlier send is in doubt;
+    /// a failure after one is `OutcomeUnknown` ([`Op::after_doubt`]).
+    pub(crate) async fn txn_resending(
+        &self,
+        ops: &[TxnOp],
+        on_resend: &[TxnOp],
+        op: Op,
+    ) -> (Result<TxnOutcome>, bool) {
         let body = match txn_body(ops, op) {
             Ok(b) => b,
             Err(e) => return (Err(e), false),
@@ -600,8 +608,14 @@ impl Http {
             Transport::TimedOut(_) => None,
         };
         let pause = Backoff::new(Duration::from_millis(10), Duration::from_millis(80));
-        let (a, in_doubt) = resend(self.request_timeout, pause, again, |left, _| {
-            self.send_txn(body.clone(), left)
+        let (a, in_doubt) = resend(self.request_timeout, pause, again, |left, in_doubt| {
+            let body = if in_doubt && !on_resend.is_empty() {
+                let all: Vec<&TxnOp> = ops.iter().chain(on_resend).collect();
+                serde_json::to_vec(&all).unwrap_or_else(|_| body.clone())
+            } else {
+                body.clone()
+            };
+            self.send_txn(body, left)
         })
         .await;
         let outcome = match a {
@@ -611,6 +625,10 @@ impl Http {
                 Transport::TimedOut(self.request_timeout),
             )),
             Err(t) => Err(error::transport(op, t)),
+        };
+        let outcome = match outcome {
+            Err(e) if in_doubt => Err(op.after_doubt(e)),
+            o => o,
         };
         (outcome, in_doubt)
     }

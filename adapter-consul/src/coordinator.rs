@@ -296,6 +296,10 @@ impl ConsulCoordinator {
                 TxnOp::lock(&kv_key, &session.id, &value),
                 TxnOp::get(&kv_key),
             ];
+            // A resend after a send in doubt also writes the attempt's marker: a delayed copy
+            // of the first send then fails its check and cannot lock the key after the lease
+            // is released.
+            let on_resend = [TxnOp::lock(&marker, &session.id, b"")];
             let attempt = Attempt {
                 armed: Some(Armed {
                     http: inner.http.clone(),
@@ -308,10 +312,11 @@ impl ConsulCoordinator {
             let sent_at = Instant::now();
             // Safe to send again after its connection failed: a lock by our own session on a
             // key it already locks succeeds (and raises the key's `ModifyIndex`, so the grant
-            // below takes the rewritten-key path and its token is a fresh `CreateIndex`).
+            // below takes the rewritten-key path and its token is a fresh `CreateIndex`). A
+            // failure after a send in doubt is `OutcomeUnknown`, which cancels the attempt.
             let (outcome, _) = inner
                 .http
-                .txn_resending(&ops, Op::write("acquire", true))
+                .txn_resending(&ops, &on_resend, Op::write("acquire", true))
                 .await;
             let refusal = match outcome {
                 Ok(TxnOutcome::Committed(results)) => {
@@ -386,7 +391,8 @@ impl ConsulCoordinator {
                     return Err(e);
                 }
                 Err(e) => {
-                    // Every other error certainly applied nothing (`error.rs`): no lock to undo.
+                    // Every other error certainly applied nothing (`error.rs`; after a send in
+                    // doubt every error is `OutcomeUnknown`): no lock to undo.
                     slot = Some(attempt.disarm());
                     if e.is_retryable() && deadline.is_some_and(|d| Instant::now() < d) {
                         nap(retry.next_delay(), deadline).await;

@@ -45,6 +45,9 @@ pub(crate) struct LeaseShared {
     resolved: AtomicBool,
     /// `release` was called: the key's disappearance is ours, not news for the monitor.
     releasing: AtomicBool,
+    /// Held by whoever deletes the key (`release`, the reaper), so that neither frees the slot
+    /// while the other's delete, keyed only on our session, may still be sent again.
+    deleting: tokio::sync::Mutex<()>,
     /// This client's claim on the key (no second lease of the same session on it).
     slot: Mutex<Option<SlotGuard>>,
 }
@@ -76,6 +79,7 @@ impl LeaseShared {
             monitor,
             resolved: AtomicBool::new(false),
             releasing: AtomicBool::new(false),
+            deleting: tokio::sync::Mutex::new(()),
             slot: Mutex::new(Some(slot)),
         }
     }
@@ -148,7 +152,14 @@ impl LeaseShared {
 
     /// Compare-and-delete in one transaction: the key must still be locked by this lease's
     /// session (see [`Self::owns`]: an outside write does not make it someone else's).
+    ///
+    /// One at a time: a second caller waits for the first, and finds it settled.
     pub(crate) async fn release_on_server(&self, operation: &'static str) -> Result<Released> {
+        let _deleting = self.deleting.lock().await;
+        if self.resolved.load(Ordering::SeqCst) {
+            // Settled by the other caller (the reaper, for a lease that expired meanwhile).
+            return Ok(Released::NotOurs(LostReason::Released));
+        }
         let ops = [
             TxnOp::check_session(&self.kv_key, &self.session.id),
             TxnOp::delete(&self.kv_key),
@@ -158,7 +169,7 @@ impl LeaseShared {
         // delete our own lock.
         let (outcome, in_doubt) = self
             .http
-            .txn_resending(&ops, Op::write(operation, true))
+            .txn_resending(&ops, &[], Op::write(operation, true))
             .await;
         match outcome? {
             TxnOutcome::Committed(_) => {

@@ -390,7 +390,11 @@ impl Inner {
                 }
                 // The request may still apply: `pending` retires the attempt in the background
                 // (its marker makes a late transaction write nothing).
-                Err(f) => return Err(f.into_error(Op::write("try_acquire", false))),
+                Err(f) => {
+                    let op = Op::write("try_acquire", true);
+                    let e = f.into_error(op);
+                    return Err(if in_doubt { op.after_doubt(e) } else { e });
+                }
             };
             let revision = if resp.succeeded() {
                 // Our key's create revision is the transaction's revision.

@@ -237,7 +237,9 @@ impl Lease for EtcdLease {
                 // Not seen: delete it in the background; the lease is given up either way.
                 self.shared.retire();
                 self.tracker.mark_lost(LostReason::Released);
-                Err(f.into_error(Op::write("release", true)))
+                let op = Op::write("release", true);
+                let e = f.into_error(op);
+                Err(if in_doubt { op.after_doubt(e) } else { e })
             }
         }
     }

@@ -233,15 +233,21 @@ pub(crate) fn spawn_cleanup(
     let cap = (ttl / 20).clamp(Duration::from_secs(1), Duration::from_secs(30));
     rt.spawn(async move {
         let backoff = Backoff::new(Duration::from_millis(50), cap);
+        let last_error = Mutex::new(None);
         let settled = retry_until_settled(backoff, Some(give_up), || async {
             match (inner.release_by_head(&keys, &head).await.0, mode) {
                 (Ok(1), _) | (Ok(_), Cleanup::Once) => ControlFlow::Break(()),
-                _ => ControlFlow::Continue(()),
+                (outcome, _) => {
+                    *lock(&last_error) = outcome.err().map(|e| e.to_string());
+                    ControlFlow::Continue(())
+                }
             }
         })
         .await;
         if settled.is_none() {
-            tracing::debug!(backend = BACKEND, key = %keys.lock(), "cleanup gave up; the lock expires at its TTL");
+            if let Some(error) = lock(&last_error).take() {
+                tracing::debug!(backend = BACKEND, key = %keys.lock(), %error, "cleanup gave up; the lock expires at its TTL");
+            }
         }
     });
 }

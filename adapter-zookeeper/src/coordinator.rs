@@ -474,7 +474,12 @@ impl ZkCoordinator {
                 Ok(Ok((children, _))) => children,
                 Ok(Err(ZkError::NoNode)) => return Ok(Turn::Vanished),
                 Ok(Err(e)) if session_ended(&e) => return Err(from_zk(ops::WAIT, e)),
-                Ok(Err(ref e)) if connection_lost(e) && !past => continue,
+                Ok(Err(ref e)) if connection_lost(e) && !past => {
+                    // The state watcher may not have seen the disconnection yet: a short pause,
+                    // not a spin, before looking again.
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    continue;
+                }
                 Err(_) if !past => continue,
                 Ok(Err(e)) => return Err(from_zk(ops::WAIT, e)),
                 Err(_) => return Err(timed_out(ops::WAIT, s.request_timeout())),

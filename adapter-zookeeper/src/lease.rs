@@ -348,7 +348,10 @@ impl SessionLease for LeaseState {
 ///   nothing.
 /// - [`release`](Lease::release) deletes the node with the version it was created with; a lease
 ///   whose node is gone returns `Lost` and deletes nothing (the path is unique to this
-///   acquisition, so it can never name another holder's node).
+///   acquisition, so it can never name another holder's node). A delete whose connection was
+///   lost is sent again once the session is connected again, and a resend that finds the node
+///   gone while the lease was valid and the session alive reports `Ok` (the first send deleted
+///   it).
 /// - Dropping it releases best-effort: a background task deletes the node (and in any case the
 ///   session's end removes it).
 pub struct ZkLease {
@@ -487,7 +490,7 @@ impl Lease for ZkLease {
                 st.node_gone.store(true, Ordering::SeqCst);
                 // Deleted by an earlier send whose answer was lost, or else not by us: revoked
                 // (or expired by our own monitor, whose reason was recorded first).
-                if in_doubt && st.tracker.released_by_earlier_send(false) {
+                if in_doubt && st.tracker.released_by_earlier_send(s.is_terminated()) {
                     return Ok(());
                 }
                 Err(st.tracker.lose(LostReason::Revoked))

@@ -22,7 +22,7 @@ pub use crate::lease::LeaseTracker;
 pub use crate::local_waiters::{in_turn, LocalWaiters, Turn};
 pub use crate::options::{duration_in_range, parse_millis};
 pub use crate::outcome::{resend, Delivery, Op, SendAgain};
-pub use crate::records::{unix_ms, HolderRecord, StoredAudit};
+pub use crate::records::{HolderRecord, StoredAudit};
 pub use crate::tokens::{NativeToken, TokenAdmission};
 pub use crate::url_options::{
     timeout_in_range, CommonOptions, OptionSpec, UrlOptions, COMMON_OPTIONS, MAX_URL_TIMEOUT,

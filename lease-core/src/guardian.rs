@@ -1,5 +1,6 @@
-//! [`spawn_guardian`] and [`retry_until_settled`]: the one way an adapter makes sure that an
-//! ended lease's key is not left locked.
+//! [`spawn_guardian`] and [`retry_until_settled`]: how an adapter makes sure that an ended
+//! lease's key is not left locked, written once (an adapter whose guardian also watches the key,
+//! like etcd's and ZooKeeper's, keeps its own task and uses the retry loop where it fits).
 //!
 //! A lease ends in many ways (released, dropped, expired locally, revoked, its session ended),
 //! and in several of them the key may still be locked on the server: a release whose answer was

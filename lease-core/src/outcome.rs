@@ -88,6 +88,31 @@ impl Op {
     }
 }
 
+impl Op {
+    /// `error`, the last failure of a request of which an earlier send is in doubt
+    /// ([`resend`]): for a write, what reads "nothing applied" (`Unavailable`: the resend was
+    /// refused, or never reached the server) is `OutcomeUnknown`, since the earlier send may
+    /// have applied. Any other error is returned as it is.
+    pub fn after_doubt(self, error: Error) -> Error {
+        match error {
+            Error::Unavailable {
+                backend,
+                message,
+                source,
+            } if self.writes => Error::OutcomeUnknown {
+                backend,
+                operation: self.name,
+                message: format!(
+                    "{message} (sent again after an earlier send's connection failed, which \
+                     may have applied)"
+                ),
+                source,
+            },
+            e => e,
+        }
+    }
+}
+
 /// Why a failed send may be sent again ([`resend`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SendAgain {
@@ -110,7 +135,8 @@ pub enum SendAgain {
 /// the caller judges it (for a release, [`LeaseTracker::released_by_earlier_send`]).
 ///
 /// `send` bounds each send itself (with the time it is given); a send that gets no answer in
-/// time is returned as it failed, never sent again.
+/// time is returned as it failed, never sent again. When an earlier send is in doubt, a failure
+/// the caller maps to "nothing applied" is not that: see [`Op::after_doubt`].
 ///
 /// [`LeaseTracker::released_by_earlier_send`]: crate::adapter::LeaseTracker::released_by_earlier_send
 pub async fn resend<T, E, M, F>(
@@ -120,6 +146,7 @@ pub async fn resend<T, E, M, F>(
     mut send: M,
 ) -> (Result<T, E>, bool)
 where
+    E: std::fmt::Debug,
     M: FnMut(Duration, bool) -> F,
     F: Future<Output = Result<T, E>>,
 {
@@ -140,7 +167,7 @@ where
         if why == SendAgain::InDoubt {
             in_doubt = true;
         }
-        tracing::debug!(?why, "request failed; sending it again");
+        tracing::debug!(?why, error = ?e, "request failed; sending it again");
         pause.sleep().await;
     }
 }
@@ -148,6 +175,26 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn after_doubt_nothing_applied_is_unknown_for_a_write() {
+        let refused =
+            || Op::write("release", true).failed("x", Delivery::Refused, "no leader", None);
+        let e = Op::write("release", true).after_doubt(refused());
+        assert!(
+            matches!(
+                e,
+                Error::OutcomeUnknown {
+                    operation: "release",
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert!(e.to_string().contains("no leader"), "{e}");
+        let e = Op::read("inspect").after_doubt(refused());
+        assert!(matches!(e, Error::Unavailable { .. }), "{e}");
+    }
 
     #[tokio::test(start_paused = true)]
     async fn resend_sends_again_while_allowed_and_remembers_doubt() {

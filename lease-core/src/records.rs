@@ -17,7 +17,7 @@ use crate::options::{ForceRelease, LeaseOptions, OwnerId};
 use crate::token::Token;
 
 /// Wall-clock milliseconds since the Unix epoch (0 for a clock before it). For display only.
-pub fn unix_ms(t: SystemTime) -> u64 {
+fn unix_ms(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0)
