@@ -1,27 +1,21 @@
-//! [`ConsulCoordinator`]: acquire (one transaction), wait (blocking queries), inspect and
-//! force-release on Consul's KV store.
+//! [`ConsulCoordinator`]: construction, the state it shares with the acquire recipe
+//! (`acquire.rs`) and the operator actions (`operator.rs`), and the hooks the `Coordinator`
+//! impl is generated from.
 
 use std::fmt;
-use std::ops::ControlFlow;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
 use std::time::Duration;
 
-use lease_core::adapter::{
-    retry_until_settled, Backoff, HolderRecord, LeaseTracker, Op, TokenAdmission,
-};
-use lease_core::{
-    Capabilities, Error, HolderInfo, Lease, LeaseOptions, LockKey, LostReason, OwnerId, Result,
-};
-use tokio::time::Instant;
+use lease_core::adapter::TokenAdmission;
+use lease_core::{Capabilities, LeaseOptions, OwnerId, Result};
 
-use crate::client::{Http, KvEntry, TxnOp, TxnOutcome};
+use crate::client::Http;
 use crate::config::ConsulConfig;
 use crate::confirm::Confirmer;
-use crate::core::{SlotGuard, Slots};
-use crate::lease::{spawn_reaper, ConsulLease, LeaseShared};
-use crate::monitor::{Monitor, Watched};
-use crate::session::{Session, SessionLease, SessionManager};
+use crate::core::Slots;
+use crate::monitor::Monitor;
+use crate::session::SessionManager;
 use crate::BACKEND;
 
 // ---------------------------------------------------------------------------- the coordinator
@@ -38,22 +32,22 @@ pub(crate) const BUSY_WAIT: Duration = Duration::from_secs(2);
 
 pub(crate) struct Inner {
     pub(crate) config: ConsulConfig,
-    caps: Capabilities,
+    pub(crate) caps: Capabilities,
     /// The turns of this coordinator's waiting acquires.
-    local_waiters: lease_core::adapter::LocalWaiters,
+    pub(crate) local_waiters: lease_core::adapter::LocalWaiters,
     pub(crate) http: Arc<Http>,
-    confirmer: Arc<Confirmer>,
+    pub(crate) confirmer: Arc<Confirmer>,
     /// The one blocking query that watches every held key (loss detection).
-    monitor: Arc<Monitor>,
+    pub(crate) monitor: Arc<Monitor>,
     /// Slots for waiting acquires' blocking queries (see [`MAX_WAITING_QUERIES`]).
-    waits: Arc<tokio::sync::Semaphore>,
+    pub(crate) waits: Arc<tokio::sync::Semaphore>,
     pub(crate) sessions: Arc<SessionManager>,
-    slots: Arc<Slots>,
-    default_owner: OwnerId,
+    pub(crate) slots: Arc<Slots>,
+    pub(crate) default_owner: OwnerId,
     /// Admits grants; the watermark's scope is agent, datacenter and key prefix (each
     /// datacenter has its own Raft index; two prefixes are two lock namespaces).
-    tokens: TokenAdmission,
-    next_lease: AtomicU64,
+    pub(crate) tokens: TokenAdmission,
+    pub(crate) next_lease: AtomicU64,
 }
 
 /// A Consul coordinator: one session per client, locks on KV keys, tokens from the Raft index.
@@ -72,115 +66,6 @@ impl fmt::Debug for ConsulCoordinator {
             .field("session", &self.inner.sessions.peek().map(|s| s.id.clone()))
             .finish()
     }
-}
-
-/// Sleeps `d`, but not past `deadline`.
-async fn nap(d: Duration, deadline: Option<Instant>) {
-    let until = Instant::now() + d;
-    tokio::time::sleep_until(deadline.map_or(until, |dl| until.min(dl))).await;
-}
-
-/// An acquire transaction in flight. If it is dropped armed (the caller's future was cancelled,
-/// or the answer was lost), the attempt is cancelled in the background: a marker key makes a
-/// late-arriving lock request fail its `check-not-exists`, then the lock is deleted if the
-/// attempt did take it. The client's claim on the key is held until that is done.
-struct Attempt {
-    armed: Option<Armed>,
-}
-
-/// What cancelling an attempt needs.
-struct Armed {
-    http: Arc<Http>,
-    session: Arc<Session>,
-    kv_key: String,
-    marker: String,
-    slot: SlotGuard,
-}
-
-impl Attempt {
-    fn disarm(mut self) -> SlotGuard {
-        self.armed.take().expect("armed until disarmed").slot
-    }
-}
-
-impl Drop for Attempt {
-    fn drop(&mut self) {
-        let Some(Armed {
-            http,
-            session,
-            kv_key,
-            marker,
-            slot,
-        }) = self.armed.take()
-        else {
-            return;
-        };
-        match tokio::runtime::Handle::try_current() {
-            Ok(h) => {
-                h.spawn(cancel_attempt(http, session, kv_key, marker, slot));
-            }
-            Err(_) => tracing::warn!(
-                key = %kv_key,
-                "an acquire was abandoned outside a runtime; its lock, if taken, lasts until the client's session ends"
-            ),
-        }
-    }
-}
-
-async fn cancel_attempt(
-    http: Arc<Http>,
-    session: Arc<Session>,
-    kv_key: String,
-    marker: String,
-    slot: SlotGuard,
-) {
-    let backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(5));
-    // 1. The marker: the attempt's lock request, if it is still on its way, now fails. (If the
-    //    session is gone, the request fails anyway and its keys went with it.)
-    retry_until_settled(backoff.clone(), None, || async {
-        if session.is_ended() {
-            return ControlFlow::Break(());
-        }
-        let marked = http
-            .txn(
-                &[TxnOp::lock(&marker, &session.id, b"")],
-                Op::write("cancel acquire", false),
-            )
-            .await;
-        match marked {
-            Ok(_) => ControlFlow::Break(()),
-            Err(_) => ControlFlow::Continue(()),
-        }
-    })
-    .await;
-    // 2. Undo the lock if the attempt took it: this client holds no other lease on the key (the
-    //    claim is still ours), so a lock of our session on it is the attempt's.
-    retry_until_settled(backoff, None, || async {
-        if session.is_ended() {
-            return ControlFlow::Break(());
-        }
-        let ops = [
-            TxnOp::check_session(&kv_key, &session.id),
-            TxnOp::delete(&kv_key),
-        ];
-        match http.txn(&ops, Op::write("cancel acquire", false)).await {
-            Ok(TxnOutcome::Committed(_)) => {
-                tracing::debug!(key = %kv_key, "removed the lock of a cancelled acquire");
-                ControlFlow::Break(())
-            }
-            Ok(TxnOutcome::RolledBack(_)) => ControlFlow::Break(()),
-            Err(_) => ControlFlow::Continue(()),
-        }
-    })
-    .await;
-    drop(slot);
-}
-
-/// Why an acquire transaction was refused.
-enum Refusal {
-    Held,
-    LockDelay,
-    SessionGone,
 }
 
 impl ConsulCoordinator {
@@ -246,387 +131,6 @@ impl ConsulCoordinator {
     pub fn session_id(&self) -> Option<String> {
         self.inner.sessions.peek().map(|s| s.id.clone())
     }
-
-    fn holder_value(&self, options: &LeaseOptions) -> Vec<u8> {
-        HolderRecord::new(options, &self.inner.default_owner).to_json()
-    }
-
-    async fn acquire_impl(
-        &self,
-        key: &LockKey,
-        options: &LeaseOptions,
-        wait: Option<Duration>,
-    ) -> Result<Box<dyn Lease>> {
-        options.validate(&self.inner.caps)?;
-        let inner = &self.inner;
-        let start = Instant::now();
-        let deadline = wait.map(|w| start + w);
-        let timeout = || Error::Timeout {
-            key: key.to_string(),
-            waited: start.elapsed(),
-        };
-        let held = || Error::Held {
-            key: key.to_string(),
-        };
-        let kv_key = inner.config.kv_key(key);
-        let mut slot = match inner.slots.claim(&kv_key, deadline).await {
-            Some(s) => Some(s),
-            None if deadline.is_none() => return Err(held()),
-            None => return Err(timeout()),
-        };
-        let value = self.holder_value(options);
-        let mut index = 0u64;
-        let mut retry = Backoff::new(Duration::from_millis(20), Duration::from_millis(500));
-        let mut raced = Backoff::new(Duration::from_millis(2), Duration::from_millis(200));
-        let mut sessions_lost = 0;
-        let mut rewritten = 0;
-        loop {
-            let session = match inner.sessions.session().await {
-                Ok(s) => s,
-                Err(e) if e.is_retryable() && deadline.is_some_and(|d| Instant::now() < d) => {
-                    nap(retry.next_delay(), deadline).await;
-                    continue;
-                }
-                Err(e) => return Err(e),
-            };
-            let attempt_id = format!("{:032x}", rand::random::<u128>());
-            let marker = inner.config.attempt_key(&session.id, &attempt_id);
-            let ops = [
-                TxnOp::check_not_exists(&marker),
-                TxnOp::lock(&kv_key, &session.id, &value),
-                TxnOp::get(&kv_key),
-            ];
-            // A resend after a send in doubt also writes the attempt's marker: a delayed copy
-            // of the first send then fails its check and cannot lock the key after the lease
-            // is released.
-            let on_resend = [TxnOp::lock(&marker, &session.id, b"")];
-            let attempt = Attempt {
-                armed: Some(Armed {
-                    http: inner.http.clone(),
-                    session: session.clone(),
-                    kv_key: kv_key.clone(),
-                    marker,
-                    slot: slot.take().expect("the claim is held between attempts"),
-                }),
-            };
-            let sent_at = Instant::now();
-            // Safe to send again after its connection failed: a lock by our own session on a
-            // key it already locks succeeds (and raises the key's `ModifyIndex`, so the grant
-            // below takes the rewritten-key path and its token is a fresh `CreateIndex`). A
-            // failure after a send in doubt is `OutcomeUnknown`, which cancels the attempt.
-            let (outcome, _) = inner
-                .http
-                .txn_resending(&ops, &on_resend, Op::write("acquire", true))
-                .await;
-            let refusal = match outcome {
-                Ok(TxnOutcome::Committed(results)) => {
-                    let Some(entry) = results
-                        .into_iter()
-                        .rev()
-                        .find(|e| e.key == kv_key)
-                        .filter(|e| e.holder() == Some(session.id.as_str()) && e.lock_index > 0)
-                    else {
-                        // Committed, so the lock is ours, but the answer does not show it: the
-                        // armed attempt's cancellation deletes it (the claim is held until then).
-                        drop(attempt);
-                        return Err(crate::error::protocol(
-                            "acquire",
-                            "the transaction did not return the lock",
-                        ));
-                    };
-                    let claim = attempt.disarm();
-                    if entry.create_index != entry.modify_index {
-                        // The key existed (unlocked) before this lock: the token would not be
-                        // its `CreateIndex`, which `inspect` reports. Delete it and lock again,
-                        // so every lease's token is the `CreateIndex` of its own key.
-                        rewritten += 1;
-                        // The delete runs in its own task, which holds the claim until it is
-                        // done: a caller that drops this future meanwhile leaves no lock behind.
-                        let deleting = self.delete_leftover(&kv_key, &session, claim);
-                        let bound = deadline
-                            .unwrap_or_else(Instant::now)
-                            .max(Instant::now() + inner.http.request_timeout());
-                        let unavailable = |message: String| Error::Unavailable {
-                            backend: BACKEND,
-                            message,
-                            source: None,
-                        };
-                        match tokio::time::timeout_at(bound, deleting).await {
-                            Ok(Ok(claim)) if rewritten <= 3 => {
-                                slot = Some(claim);
-                                continue;
-                            }
-                            Ok(Ok(_)) => {
-                                return Err(unavailable(format!(
-                                    "the Consul key of {key:?} keeps being rewritten by another writer"
-                                )))
-                            }
-                            Ok(Err(_)) | Err(_) => {
-                                return Err(unavailable(format!(
-                                    "could not remove a leftover value of {key:?} in time; it is removed in the background"
-                                )))
-                            }
-                        }
-                    }
-                    return self
-                        .granted(key, &kv_key, options, session, entry, sent_at, claim)
-                        .await;
-                }
-                Ok(TxnOutcome::RolledBack(errors)) => {
-                    slot = Some(attempt.disarm());
-                    let all = errors.join("; ");
-                    if all.contains("invalid session") {
-                        Refusal::SessionGone
-                    } else if all.contains("lock delay") {
-                        Refusal::LockDelay
-                    } else if all.contains("already held") {
-                        Refusal::Held
-                    } else {
-                        return Err(crate::error::protocol("acquire", all));
-                    }
-                }
-                Err(e @ Error::OutcomeUnknown { .. }) => {
-                    // Dropping the armed attempt cancels it in the background.
-                    drop(attempt);
-                    return Err(e);
-                }
-                Err(e) => {
-                    // Every other error certainly applied nothing (`error.rs`; after a send in
-                    // doubt every error is `OutcomeUnknown`): no lock to undo.
-                    slot = Some(attempt.disarm());
-                    if e.is_retryable() && deadline.is_some_and(|d| Instant::now() < d) {
-                        nap(retry.next_delay(), deadline).await;
-                        continue;
-                    }
-                    return Err(e);
-                }
-            };
-            match refusal {
-                Refusal::SessionGone => {
-                    inner.sessions.ended(&session);
-                    sessions_lost += 1;
-                    if sessions_lost > 3 {
-                        return Err(Error::Unavailable {
-                            backend: BACKEND,
-                            message: "Consul keeps invalidating new sessions".into(),
-                            source: None,
-                        });
-                    }
-                    continue;
-                }
-                _ if deadline.is_none() => return Err(held()),
-                _ if deadline.is_some_and(|d| Instant::now() >= d) => return Err(timeout()),
-                Refusal::LockDelay => {
-                    // Consul does not say how long the delay lasts: back off, bounded.
-                    nap(retry.next_delay(), deadline).await;
-                }
-                Refusal::Held => {
-                    let free = self
-                        .wait_for_change(&kv_key, &mut index, deadline.expect("checked"))
-                        .await?;
-                    if free {
-                        // Seen free, then refused: another contender won the race.
-                        nap(raced.next_delay(), deadline).await;
-                    }
-                }
-            }
-        }
-    }
-
-    /// Blocks (Consul blocking queries on the key, from the last index seen) until the key looks
-    /// free, or the deadline passes. Returns whether it was seen free. Transient errors are
-    /// retried with backoff within the deadline.
-    async fn wait_for_change(
-        &self,
-        kv_key: &str,
-        index: &mut u64,
-        deadline: Instant,
-    ) -> Result<bool> {
-        let inner = &self.inner;
-        let mut backoff = Backoff::new(Duration::from_millis(20), Duration::from_millis(500));
-        loop {
-            let now = Instant::now();
-            if now >= deadline {
-                return Ok(false);
-            }
-            let mut wait = (deadline - now).min(inner.config.max_block());
-            // A blocking query takes one of the coordinator's waiting slots (a plain read, the
-            // first, needs none).
-            let _slot = if *index > 0 {
-                match tokio::time::timeout_at(deadline, inner.waits.clone().acquire_owned()).await {
-                    Err(_) => return Ok(false),
-                    Ok(permit) => {
-                        if inner.waits.available_permits() < MAX_WAITING_QUERIES / 4 {
-                            wait = wait.min(BUSY_WAIT);
-                        }
-                        permit.ok()
-                    }
-                }
-            } else {
-                None
-            };
-            let block = (*index > 0).then_some((*index, wait));
-            match tokio::time::timeout_at(deadline, inner.http.kv_get(kv_key, false, block, "wait"))
-                .await
-            {
-                Err(_) => return Ok(false),
-                Ok(Ok((new_index, entry))) => {
-                    // An index that went backwards (a restore) restarts the watch.
-                    *index = if new_index < *index { 0 } else { new_index };
-                    if entry.as_ref().and_then(KvEntry::holder).is_none() {
-                        return Ok(true);
-                    }
-                }
-                Ok(Err(e)) if e.is_retryable() => {
-                    *index = 0;
-                    nap(backoff.next_delay(), Some(deadline)).await;
-                }
-                Ok(Err(e)) => return Err(e),
-            }
-        }
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    async fn granted(
-        &self,
-        key: &LockKey,
-        kv_key: &str,
-        options: &LeaseOptions,
-        session: Arc<Session>,
-        entry: KvEntry,
-        sent_at: Instant,
-        slot: SlotGuard,
-    ) -> Result<Box<dyn Lease>> {
-        let inner = &self.inner;
-        let raw = entry.modify_index;
-        // Fail closed on an index that is not above the floor or above every token this process
-        // was granted for the key on this agent (a snapshot restore), and leave no lock behind.
-        let token = match inner.tokens.admit(key, raw) {
-            Ok(t) => t,
-            Err(e) => {
-                self.release_detached(kv_key, raw, &session, slot);
-                return Err(e);
-            }
-        };
-        let ttl = options.ttl_value();
-        let margin = options.drift_margin_for(ttl);
-        let tracker = LeaseTracker::new(BACKEND, key.clone(), token, ttl, margin, sent_at);
-        let session_until = session.valid_until();
-        if session_until <= Instant::now() {
-            self.release_detached(kv_key, raw, &session, slot);
-            return Err(Error::Unavailable {
-                backend: BACKEND,
-                message: "the client's Consul session has not been renewed recently".into(),
-                source: None,
-            });
-        }
-        // The lease's own deadline, before the session caps it.
-        let own_until = tracker.valid_until();
-        if session_until < own_until {
-            tracker.renewed(session_until);
-        }
-        let shared = Arc::new(LeaseShared::new(
-            inner.next_lease.fetch_add(1, Ordering::Relaxed),
-            kv_key.to_owned(),
-            tracker,
-            own_until,
-            session.clone(),
-            inner.sessions.clone(),
-            inner.http.clone(),
-            inner.confirmer.clone(),
-            inner.monitor.clone(),
-            slot,
-        ));
-        if !session.register(shared.id, Arc::downgrade(&shared) as Weak<dyn SessionLease>) {
-            shared.tracker.mark_lost(LostReason::SessionEnded);
-            return Err(Error::Unavailable {
-                backend: BACKEND,
-                message: "the client's Consul session ended during the acquire".into(),
-                source: None,
-            });
-        }
-        spawn_reaper(shared.clone());
-        inner
-            .monitor
-            .watch(shared.id, Arc::downgrade(&shared) as Weak<dyn Watched>);
-        Ok(Box::new(ConsulLease { shared }))
-    }
-
-    /// Deletes a lock this client just took but will not hand out (compare-and-delete), in the
-    /// background, keeping the claim until done.
-    fn release_detached(&self, kv_key: &str, index: u64, session: &Arc<Session>, slot: SlotGuard) {
-        let http = self.inner.http.clone();
-        let (kv_key, session) = (kv_key.to_owned(), session.clone());
-        tokio::spawn(async move {
-            let ops = [
-                TxnOp::check_index(&kv_key, index),
-                TxnOp::check_session(&kv_key, &session.id),
-                TxnOp::delete(&kv_key),
-            ];
-            let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(5));
-            while !session.is_ended() {
-                match http.txn(&ops, Op::write("release", false)).await {
-                    Ok(_) => break,
-                    Err(_) => backoff.sleep().await,
-                }
-            }
-            drop(slot);
-        });
-    }
-
-    /// Deletes a key this client has just locked but will not hand out as it is (it held a
-    /// leftover value), retrying until done or the session is gone; the task keeps the claim
-    /// and returns it.
-    fn delete_leftover(
-        &self,
-        kv_key: &str,
-        session: &Arc<Session>,
-        claim: SlotGuard,
-    ) -> tokio::task::JoinHandle<SlotGuard> {
-        let http = self.inner.http.clone();
-        let (kv_key, session) = (kv_key.to_owned(), session.clone());
-        tokio::spawn(async move {
-            let ops = [
-                TxnOp::check_session(&kv_key, &session.id),
-                TxnOp::delete(&kv_key),
-            ];
-            let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(5));
-            while !session.is_ended() {
-                match http.txn(&ops, Op::write("acquire", false)).await {
-                    Ok(_) => break,
-                    Err(_) => backoff.sleep().await,
-                }
-            }
-            claim
-        })
-    }
-
-    /// The state of this client's live lease on `key` (for the crate's tests).
-    #[cfg(test)]
-    pub(crate) fn lease_shared(&self, key: &LockKey) -> Option<Arc<LeaseShared>> {
-        let kv_key = self.inner.config.kv_key(key);
-        let lease = self.inner.sessions.peek()?.lease_on(&kv_key)?;
-        lease.as_any().downcast().ok()
-    }
-
-    /// What `inspect` shows of the key's holder.
-    ///
-    /// The token is the key's `CreateIndex`: every lease this adapter hands out locked a key it
-    /// created (a key found existing is deleted and locked again), so that index is the
-    /// holder's token, and a plain write by another tool (which raises `ModifyIndex`) does not
-    /// change it. When that write replaced the holder record, the owner is shown as the session.
-    pub(crate) fn holder_info(&self, key: &LockKey, entry: &KvEntry) -> Result<HolderInfo> {
-        let token = self.inner.tokens.convert(key, entry.create_index)?;
-        Ok(HolderRecord::holder_info(
-            &entry.value_bytes(),
-            key,
-            token,
-            || match entry.holder() {
-                Some(s) => format!("unknown (consul session {s})"),
-                None => "unknown".into(),
-            },
-        ))
-    }
 }
 
 lease_core::coordinator_from_primitives!(ConsulCoordinator);
@@ -640,19 +144,5 @@ impl ConsulCoordinator {
     /// The turns of this coordinator's waiting acquires.
     pub(crate) fn local_waiters(&self) -> Option<&lease_core::adapter::LocalWaiters> {
         Some(&self.inner.local_waiters)
-    }
-
-    /// `acquire` (`wait`) and `try_acquire` (`!wait`): one `/v1/txn` round trip when the key is
-    /// free (`check-not-exists` of the attempt marker, `lock`, `get`). Trying once, `Held` if
-    /// another session holds the key (or its lock-delay runs); waiting, blocking queries on the
-    /// key until it changes, backing off while a lock-delay holds, within `options.wait`.
-    pub(crate) async fn acquire_for(
-        &self,
-        key: &LockKey,
-        options: &LeaseOptions,
-        wait: bool,
-    ) -> Result<Box<dyn Lease>> {
-        self.acquire_impl(key, options, wait.then(|| options.wait_value()))
-            .await
     }
 }

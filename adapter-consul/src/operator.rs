@@ -2,10 +2,10 @@
 //! when a token is expected), read the audit trail. The [`Coordinator`](lease_core::Coordinator)
 //! methods of the same names delegate here.
 
-use lease_core::adapter::{Op, StoredAudit};
+use lease_core::adapter::{HolderRecord, Op, StoredAudit};
 use lease_core::{AuditRecord, Error, ForceRelease, HolderInfo, LockKey, Result};
 
-use crate::client::{TxnOp, TxnOutcome};
+use crate::client::{KvEntry, TxnOp, TxnOutcome};
 use crate::coordinator::*;
 use crate::BACKEND;
 
@@ -153,5 +153,26 @@ impl ConsulCoordinator {
             .take(limit)
             .map(|r| r.to_record(key, None))
             .collect())
+    }
+}
+
+impl ConsulCoordinator {
+    /// What `inspect` shows of the key's holder.
+    ///
+    /// The token is the key's `CreateIndex`: every lease this adapter hands out locked a key it
+    /// created (a key found existing is deleted and locked again), so that index is the
+    /// holder's token, and a plain write by another tool (which raises `ModifyIndex`) does not
+    /// change it. When that write replaced the holder record, the owner is shown as the session.
+    pub(crate) fn holder_info(&self, key: &LockKey, entry: &KvEntry) -> Result<HolderInfo> {
+        let token = self.inner.tokens.convert(key, entry.create_index)?;
+        Ok(HolderRecord::holder_info(
+            &entry.value_bytes(),
+            key,
+            token,
+            || match entry.holder() {
+                Some(s) => format!("unknown (consul session {s})"),
+                None => "unknown".into(),
+            },
+        ))
     }
 }

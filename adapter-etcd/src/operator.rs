@@ -4,12 +4,12 @@
 
 use std::time::Duration;
 
-use etcd_client::{Compare, CompareOp, Txn, TxnOp};
-use lease_core::adapter::{Op, StoredAudit};
+use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, SortOrder, SortTarget, Txn, TxnOp};
+use lease_core::adapter::{HolderRecord, Op, StoredAudit};
 use lease_core::{AuditRecord, Error, ForceRelease, HolderInfo, LockKey, Result};
 
 use crate::coordinator::*;
-use crate::error::{retry_unapplied, BACKEND};
+use crate::error::{retry_unapplied, Failure, BACKEND};
 use crate::keys::{self};
 
 impl EtcdCoordinator {
@@ -138,5 +138,43 @@ impl EtcdCoordinator {
             .take(limit)
             .map(|r| r.to_record(key, None))
             .collect())
+    }
+}
+
+impl Inner {
+    /// The first key of `key`'s queue (the holder), with its value.
+    pub(crate) async fn first_in_queue(
+        &self,
+        key: &LockKey,
+    ) -> std::result::Result<Option<KeyValue>, Failure> {
+        let prefix = keys::lock_prefix(self.handle.config.key_prefix(), key);
+        let options = GetOptions::new()
+            .with_prefix()
+            .with_sort(SortTarget::Create, SortOrder::Ascend)
+            .with_limit(1);
+        let mut last = None;
+        for attempt in 0..3u32 {
+            let client = &self.handle.client;
+            match retry_unapplied(self.timeout(), || {
+                let (mut kv, prefix, options) = (client.clone(), prefix.clone(), options.clone());
+                async move { kv.get(prefix, Some(options)).await }
+            })
+            .await
+            {
+                Ok(mut g) => return Ok(g.take_kvs().into_iter().next()),
+                Err(f) => {
+                    last = Some(f);
+                    tokio::time::sleep(Duration::from_millis(50 << attempt)).await;
+                }
+            }
+        }
+        Err(last.expect("three attempts"))
+    }
+
+    pub(crate) fn holder_info(&self, key: &LockKey, kv: &KeyValue) -> Result<HolderInfo> {
+        let token = self.tokens.convert(key, kv.create_revision())?;
+        Ok(HolderRecord::holder_info(kv.value(), key, token, || {
+            "unknown".into()
+        }))
     }
 }

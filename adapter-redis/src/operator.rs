@@ -5,7 +5,9 @@
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use lease_core::{AuditRecord, ForceRelease, HolderInfo, LockKey, LostReason, Result, Token};
+use lease_core::{
+    AuditRecord, ForceRelease, HolderInfo, LockKey, LostReason, OwnerId, Result, Token,
+};
 
 use crate::coordinator::*;
 use crate::core::*;
@@ -158,5 +160,34 @@ impl RedisCoordinator {
             );
         }
         Ok(out)
+    }
+}
+
+impl RedisCoordinator {
+    /// `inspect` of a lock key that holds another writer's value (for example `SET ... KEEPTTL`
+    /// by another tool over a held lock): the owner is `unknown (outside write)` and the token is
+    /// the newest one issued (the counter), which is the token of the holder whose value was
+    /// overwritten (no grant can happen while the key is occupied), never one no holder got.
+    pub(crate) async fn foreign_holder(
+        &self,
+        key: &LockKey,
+        keys: &LockKeys,
+        pttl: i64,
+    ) -> Result<HolderInfo> {
+        let counter = keys.counter();
+        let newest: Option<String> = self
+            .inner
+            .conn
+            .run(ops::INSPECT, |mut c| async move {
+                redis::cmd("GET").arg(counter).query_async(&mut c).await
+            })
+            .await?;
+        let token: Token = newest
+            .and_then(|t| t.parse().ok())
+            .ok_or_else(|| bad_reply(ops::INSPECT, "the lock holds a value of another writer"))?;
+        let owner = OwnerId::new("unknown (outside write)")
+            .map_err(|_| bad_reply(ops::INSPECT, "the lock holds a value of another writer"))?;
+        Ok(HolderInfo::new(key.clone(), owner, token)
+            .with_expires_in((pttl >= 0).then(|| Duration::from_millis(pttl as u64))))
     }
 }

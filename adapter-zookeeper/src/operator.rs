@@ -2,13 +2,17 @@
 //! when a token is expected), read the audit trail. The [`Coordinator`](lease_core::Coordinator)
 //! methods of the same names delegate here.
 
+use std::time::{Duration, UNIX_EPOCH};
+
+use lease_core::adapter::{HolderRecord, StoredAudit, TokenAdmission};
 use lease_core::{AuditRecord, Error, ForceRelease, HolderInfo, LockKey, Result};
 use tokio::time::Instant;
-use zookeeper_client::Error as ZkError;
+use zookeeper_client::{CreateMode, Error as ZkError, Stat};
 
 use crate::coordinator::*;
 use crate::error::{disconnected, from_zk, ops, timed_out, BACKEND};
 use crate::keys::AUDIT_PREFIX;
+use crate::session::Session;
 
 impl ZkCoordinator {
     /// [`Coordinator::inspect`](lease_core::Coordinator::inspect).
@@ -133,4 +137,112 @@ impl ZkCoordinator {
         }
         Ok(out)
     }
+}
+
+impl ZkCoordinator {
+    /// The current holder's node: `(path, data, stat)`.
+    pub(crate) async fn holder(
+        &self,
+        s: &Session,
+        key: &LockKey,
+    ) -> Result<Option<(String, Vec<u8>, Stat)>> {
+        let dir = s.paths().lock_dir(key);
+        for _ in 0..5 {
+            let children = match self
+                .read(s, ops::INSPECT, s.client().list_children(&dir))
+                .await?
+            {
+                Ok(c) => c,
+                Err(ZkError::NoNode) => return Ok(None),
+                Err(e) => return Err(from_zk(ops::INSPECT, e)),
+            };
+            let ordered = self.order(s, &dir, children).await?;
+            let Some(first) = ordered.first() else {
+                return Ok(None);
+            };
+            let path = format!("{dir}/{}", first.name);
+            match self
+                .read(s, ops::INSPECT, s.client().get_data(&path))
+                .await?
+            {
+                Ok((data, stat)) => return Ok(Some((path, data, stat))),
+                Err(ZkError::NoNode) => continue,
+                Err(e) => return Err(from_zk(ops::INSPECT, e)),
+            }
+        }
+        Err(Error::Unavailable {
+            backend: BACKEND,
+            message: format!("the holder of {key:?} kept changing while it was read"),
+            source: None,
+        })
+    }
+
+    /// Writes an audit node for a force-release before it happens.
+    pub(crate) async fn audit(
+        &self,
+        s: &Session,
+        key: &LockKey,
+        request: &ForceRelease,
+        target: Option<&HolderInfo>,
+    ) -> Result<()> {
+        let dir = s.paths().audit();
+        let data = StoredAudit::new(request, target).for_key(key).to_json();
+        let options = CreateMode::PersistentSequential.with_acls(s.acls());
+        let path = format!("{dir}/{AUDIT_PREFIX}");
+        for _ in 0..2 {
+            let sent = Instant::now();
+            match tokio::time::timeout(
+                s.request_timeout(),
+                s.client().create(&path, &data, &options),
+            )
+            .await
+            {
+                Err(_) => return Err(timed_out(ops::AUDIT, s.request_timeout())),
+                Ok(Ok(_)) => {
+                    s.confirm(sent);
+                    return Ok(());
+                }
+                Ok(Err(ZkError::NoNode)) => {
+                    s.confirm(sent);
+                    s.ensure_persistent(&dir).await?;
+                }
+                Ok(Err(e)) => return Err(from_zk(ops::AUDIT, e)),
+            }
+        }
+        Err(Error::Unavailable {
+            backend: BACKEND,
+            message: format!("could not create the audit node under {dir}"),
+            source: None,
+        })
+    }
+}
+
+/// What `inspect` shows of a contender node: its record's labels, and the server's creation
+/// time of the node.
+pub(crate) fn holder_info(
+    tokens: &TokenAdmission,
+    key: &LockKey,
+    data: &[u8],
+    stat: &Stat,
+) -> Result<HolderInfo> {
+    let token = tokens.convert(key, stat.czxid)?;
+    Ok(
+        HolderRecord::holder_info(data, key, token, || "unknown".into())
+            .with_acquired_at(server_ms(stat.ctime)),
+    )
+}
+
+/// The audit node's record if it is about `key` (every key's nodes share one directory), at
+/// the server's creation time of the node.
+pub(crate) fn parse_audit(key: &LockKey, data: &[u8], stat: &Stat) -> Option<AuditRecord> {
+    StoredAudit::parse(data)
+        .filter(|r| r.key.as_deref() == Some(key.as_str()))
+        .map(|r| r.to_record(key, server_ms(stat.ctime)))
+}
+
+/// A ZooKeeper server time (milliseconds since the epoch) as a wall-clock time, for display.
+fn server_ms(ms: i64) -> Option<std::time::SystemTime> {
+    u64::try_from(ms)
+        .ok()
+        .map(|ms| UNIX_EPOCH + Duration::from_millis(ms))
 }

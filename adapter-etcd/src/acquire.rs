@@ -1,0 +1,807 @@
+//! The acquire recipe on etcd: a session per TTL, the key the attempt writes (retired if the
+//! attempt does not hand it to a lease), `try_acquire`'s one transaction and `acquire`'s queue
+//! (FIFO by create revision, each waiter watching only its predecessor), and the grant.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use etcd_client::{
+    Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
+    TxnOpResponse,
+};
+use lease_core::adapter::{Backoff, HolderRecord, LeaseTracker, Op};
+use lease_core::{Error, Lease, LeaseOptions, LeaseStatus, LockKey, LostReason, Result, Token};
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+use crate::coordinator::{EtcdCoordinator, Inner};
+use crate::error::{retry_resendable, retry_unapplied, BACKEND};
+use crate::keys::{self, Slot};
+use crate::lease::EtcdLease;
+use crate::session::{Cleaner, Cleanup, Session, Unconfirmed};
+
+/// A waiter's or holder's key that must not outlive the attempt unless handed to a lease:
+/// dropping it armed queues its deletion. Until the request that writes it was answered
+/// (`revision` unknown), the deletion also writes the attempt's `marker`, which the request
+/// requires to be absent, so a request applied late writes nothing.
+struct PendingKey {
+    cleaner: Cleaner,
+    key: String,
+    /// The slot of `key`'s name, held until no key by that name can exist or still be written.
+    slot: Slot,
+    marker: String,
+    revision: Option<i64>,
+    session: Arc<Session>,
+    armed: bool,
+}
+
+impl Drop for PendingKey {
+    fn drop(&mut self) {
+        if self.armed {
+            let state = self.session.watch_state();
+            self.cleaner.delete(
+                match self.revision {
+                    Some(rev) => Cleanup::created(self.key.clone(), rev, state),
+                    None => Cleanup::abandoned(
+                        self.key.clone(),
+                        self.marker.clone(),
+                        self.session.id(),
+                        state,
+                    ),
+                }
+                .holding(self.slot.clone()),
+            );
+        }
+    }
+}
+
+/// How a wait for the predecessor ended.
+enum Wait {
+    /// Its deletion was seen, or the watch broke: re-read the queue.
+    Recheck,
+    /// The caller dropped the acquire future.
+    Cancelled,
+    /// The wait bound passed.
+    Deadline,
+}
+
+/// The session TTL for a requested lease TTL: whole seconds, rounded up.
+fn ttl_secs(ttl: Duration) -> i64 {
+    let secs = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
+    secs.max(1) as i64
+}
+
+fn holder_record(inner: &Inner, options: &LeaseOptions) -> Vec<u8> {
+    HolderRecord::new(options, &inner.owner).to_json()
+}
+
+fn range_of(resp: &etcd_client::TxnResponse, index: usize) -> Vec<KeyValue> {
+    match resp.op_responses().into_iter().nth(index) {
+        Some(TxnOpResponse::Get(mut g)) => g.take_kvs(),
+        _ => Vec::new(),
+    }
+}
+
+fn header_revision(h: Option<&etcd_client::ResponseHeader>) -> i64 {
+    h.map_or(0, |h| h.revision())
+}
+
+/// `try_acquire`'s transaction: put our key (attached to the session) if the lock has no key
+/// at all and the attempt was not abandoned (its marker is absent); otherwise read our own key,
+/// which exists only if an earlier send of this attempt applied (the name's slot is ours while
+/// the attempt runs), so the transaction can be sent again after a connection reset.
+///
+/// A resend (`in_doubt`) that creates our key also writes the attempt's marker: a delayed copy
+/// of the earlier send (forwarded by a member, say) then writes nothing, even after our lease
+/// is released. (A send that finds our key needs none: the copy that made it has applied.)
+fn try_txn(prefix: &str, pending: &PendingKey, record: &[u8], in_doubt: bool) -> Txn {
+    let attached = || Some(PutOptions::new().with_lease(pending.session.id()));
+    let mut writes = vec![TxnOp::put(pending.key.clone(), record, attached())];
+    if in_doubt {
+        writes.push(TxnOp::put(pending.marker.clone(), "", attached()));
+    }
+    Txn::new()
+        .when([
+            Compare::version(prefix, CompareOp::Equal, 0).with_prefix(),
+            Compare::create_revision(pending.marker.clone(), CompareOp::Equal, 0),
+        ])
+        .and_then(writes)
+        .or_else([TxnOp::get(pending.key.clone(), None)])
+}
+
+/// `acquire`'s transaction, one round trip: unless the attempt was abandoned (its marker
+/// exists), create our key (attached to the session) and read the two newest keys of the queue:
+/// ours, and the one just before it (our predecessor), if any.
+fn enqueue_txn(prefix: &str, pending: &PendingKey, record: &[u8]) -> Txn {
+    let queue = GetOptions::new()
+        .with_prefix()
+        .with_sort(SortTarget::Create, SortOrder::Descend)
+        .with_limit(2)
+        .with_keys_only();
+    Txn::new()
+        .when([
+            Compare::create_revision(pending.key.clone(), CompareOp::Equal, 0),
+            Compare::create_revision(pending.marker.clone(), CompareOp::Equal, 0),
+        ])
+        .and_then([
+            TxnOp::put(
+                pending.key.clone(),
+                record,
+                Some(PutOptions::new().with_lease(pending.session.id())),
+            ),
+            TxnOp::get(prefix, Some(queue)),
+        ])
+}
+
+impl Inner {
+    /// The live session for `secs`, granting one if there is none (or it ended).
+    async fn session(&self, secs: i64) -> Result<Arc<Session>> {
+        let mut sessions = self.sessions.lock().await;
+        if let Some(s) = sessions.get(&secs) {
+            if !s.is_dead() {
+                return Ok(s.clone());
+            }
+        }
+        let s = Session::grant(&self.handle.client, secs, self.timeout())
+            .await
+            .map_err(|f| f.into_error(Op::read("grant session lease")))?;
+        sessions.insert(secs, s.clone());
+        Ok(s)
+    }
+
+    /// A new attempt on `lock` in `session`: its own key under `prefix`, and its marker.
+    fn pending(&self, lock: &LockKey, prefix: &str, session: &Arc<Session>) -> PendingKey {
+        let attempt = self.attempts.fetch_add(1, Ordering::Relaxed);
+        let slot = self.slots.take(keys::own_key(prefix, session.id(), 0));
+        PendingKey {
+            cleaner: self.handle.cleaner.clone(),
+            key: keys::own_key(prefix, session.id(), slot.number()),
+            slot,
+            marker: keys::abandoned_key(
+                self.handle.config.key_prefix(),
+                lock,
+                session.id(),
+                attempt,
+            ),
+            revision: None,
+            session: session.clone(),
+            armed: true,
+        }
+    }
+
+    /// The state of a lease granted `token` whose ownership was confirmed by a request sent at
+    /// `confirmed_sent`: validity counts from the earlier of that send and the session's last
+    /// acknowledged keepalive. Its `status()` says whether that validity is still running.
+    fn tracker(
+        &self,
+        session: &Session,
+        key: &LockKey,
+        token: Token,
+        options: &LeaseOptions,
+        confirmed_sent: Instant,
+    ) -> LeaseTracker {
+        let ttl = session.ttl();
+        let margin = options.drift_margin_for(ttl);
+        let from = confirmed_sent.min(session.acked_sent());
+        LeaseTracker::new(BACKEND, key.clone(), token, ttl, margin, from)
+    }
+
+    /// Builds the lease for a granted key, with the tracker of [`Inner::tracker`] (checked to
+    /// be `Held` by the caller).
+    fn grant(
+        self: &Arc<Self>,
+        session: Arc<Session>,
+        pending: &PendingKey,
+        revision: i64,
+        tracker: LeaseTracker,
+        watch_from: i64,
+    ) -> EtcdLease {
+        EtcdLease::start(
+            self.handle.clone(),
+            session,
+            pending.key.clone(),
+            pending.slot.clone(),
+            revision,
+            tracker,
+            watch_from,
+        )
+    }
+
+    /// `try_acquire`: one transaction that creates our key only if the lock has no key at all
+    /// (no holder and no waiter), so nothing is written when it is busy.
+    async fn try_once(
+        self: &Arc<Self>,
+        key: &LockKey,
+        options: &LeaseOptions,
+    ) -> Result<EtcdLease> {
+        let prefix = keys::lock_prefix(self.handle.config.key_prefix(), key);
+        let secs = ttl_secs(options.ttl_value());
+        let record = holder_record(self, options);
+        for _ in 0..3 {
+            let session = self.session(secs).await?;
+            let mut pending = self.pending(key, &prefix, &session);
+            // Validity counts from the first send, which may be the one that applied.
+            let sent = Instant::now();
+            let client = &self.handle.client;
+            let (resp, in_doubt) = retry_resendable(self.timeout(), |in_doubt| {
+                let (mut kv, txn) = (
+                    client.clone(),
+                    try_txn(&prefix, &pending, &record, in_doubt),
+                );
+                async move { kv.txn(txn).await }
+            })
+            .await;
+            let resp = match resp {
+                Ok(r) => r,
+                Err(f) if f.is_lease_not_found() => {
+                    pending.armed = false;
+                    session.mark_dead(LostReason::SessionEnded);
+                    continue;
+                }
+                // The request may still apply: `pending` retires the attempt in the background
+                // (its marker makes a late transaction write nothing).
+                Err(f) => {
+                    let op = Op::write("try_acquire", true);
+                    let e = f.into_error(op);
+                    return Err(if in_doubt { op.after_doubt(e) } else { e });
+                }
+            };
+            let revision = if resp.succeeded() {
+                // Our key's create revision is the transaction's revision.
+                header_revision(resp.header())
+            } else {
+                // Our own key exists only if an earlier send in doubt created it.
+                match range_of(&resp, 0).first() {
+                    Some(ours) if in_doubt && ours.lease() == session.id() => {
+                        ours.create_revision()
+                    }
+                    _ => {
+                        // After a send in doubt, `pending` stays armed: a delayed copy of it
+                        // (forwarded by a member, say) could still create our key, which the
+                        // background retirement then deletes.
+                        pending.armed = in_doubt;
+                        return Err(Error::Held {
+                            key: key.to_string(),
+                        });
+                    }
+                }
+            };
+            pending.revision = Some(revision);
+            let token = self.tokens.admit(key, revision)?;
+            let tracker = self.tracker(&session, key, token, options, sent);
+            if tracker.status() != LeaseStatus::Held {
+                // The answer came after the validity it grants had ended (a round trip longer
+                // than the TTL minus the drift margin): never hand out such a lease. `pending`
+                // stays armed, so the key is deleted in the background.
+                return Err(Error::Unavailable {
+                    backend: BACKEND,
+                    message: format!(
+                        "try_acquire: the grant arrived {:?} after it was sent, after its local \
+                         validity had ended (TTL {:?} minus drift margin {:?})",
+                        sent.elapsed(),
+                        tracker.ttl(),
+                        tracker.drift_margin()
+                    ),
+                    source: None,
+                });
+            }
+            pending.armed = false;
+            return Ok(self.grant(session, &pending, revision, tracker, revision + 1));
+        }
+        Err(Error::Unavailable {
+            backend: BACKEND,
+            message: "try_acquire: the session lease kept disappearing".into(),
+            source: None,
+        })
+    }
+
+    /// `acquire` with a wait: queue our key, then wait for the predecessor's deletion.
+    async fn acquire_queued(
+        self: &Arc<Self>,
+        key: &LockKey,
+        options: &LeaseOptions,
+        start: Instant,
+        deadline: Instant,
+        caller: &mut oneshot::Sender<Result<EtcdLease>>,
+    ) -> Result<EtcdLease> {
+        let prefix = keys::lock_prefix(self.handle.config.key_prefix(), key);
+        let secs = ttl_secs(options.ttl_value());
+        let record = holder_record(self, options);
+        let timeout = self.timeout();
+        let timed_out = || Error::Timeout {
+            key: key.to_string(),
+            waited: start.elapsed(),
+        };
+        let mut lease_gone = 0;
+        // Backoff between attempts that failed on a transient error (see `retry_within`).
+        let mut retry = Backoff::new(Duration::from_millis(50), Duration::from_millis(500));
+        'enqueue: loop {
+            if caller.is_closed() {
+                return Err(timed_out());
+            }
+            let session = match self.session(secs).await {
+                Ok(s) => s,
+                Err(e) => {
+                    retry_within(e, &mut retry, deadline, caller).await?;
+                    continue 'enqueue;
+                }
+            };
+            let mut pending = self.pending(key, &prefix, &session);
+            let own = pending.key.clone();
+            let txn = enqueue_txn(&prefix, &pending, &record);
+            let sent = Instant::now();
+            let client = &self.handle.client;
+            let resp = match retry_unapplied(timeout, || {
+                let (mut kv, txn) = (client.clone(), txn.clone());
+                async move { kv.txn(txn).await }
+            })
+            .await
+            {
+                Ok(r) => r,
+                Err(f) if f.is_lease_not_found() && lease_gone < 3 => {
+                    lease_gone += 1;
+                    pending.armed = false;
+                    session.mark_dead(LostReason::SessionEnded);
+                    continue;
+                }
+                // As in `try_once`: `pending` retires the attempt (a late application writes
+                // nothing); a transient failure is tried again with a new attempt within the
+                // wait bound.
+                Err(f) => {
+                    retry_within(
+                        f.into_error(Op::write("acquire", false)),
+                        &mut retry,
+                        deadline,
+                        caller,
+                    )
+                    .await?;
+                    continue 'enqueue;
+                }
+            };
+            if !resp.succeeded() {
+                // Our attempt's key already exists: impossible while its slot is held for as
+                // long as a key by its name may exist. Should it happen, that slot stays taken
+                // for the life of the session (a key by its name exists), so every later attempt
+                // gets another name.
+                pending.armed = false;
+                std::mem::forget(pending.slot.clone());
+                continue;
+            }
+            let kvs = range_of(&resp, 1);
+            let Some(mine) = kvs.first().filter(|kv| kv.key() == own.as_bytes()) else {
+                return Err(Error::Unavailable {
+                    backend: BACKEND,
+                    message: "acquire: the queue read did not show our own key".into(),
+                    source: None,
+                });
+            };
+            let revision = mine.create_revision();
+            pending.revision = Some(revision);
+            // Fail fast on a revision that cannot be handed out; admitted when granted.
+            let token = self.tokens.check(key, revision)?;
+            let mut predecessor = kvs.get(1).map(|kv| kv.key().to_vec());
+            let mut read_revision = header_revision(resp.header());
+            let mut confirmed_sent = sent;
+            let mut backoff = Backoff::new(Duration::from_millis(20), Duration::from_millis(500));
+            while let Some(pred) = predecessor.take() {
+                match self
+                    .wait_deleted(&session, &pred, read_revision + 1, deadline, caller)
+                    .await
+                {
+                    Wait::Recheck => {}
+                    Wait::Cancelled => return Err(timed_out()),
+                    Wait::Deadline => {
+                        self.delete_now(&mut pending).await;
+                        return Err(timed_out());
+                    }
+                }
+                // Re-read the part of the queue up to our key: ours must still be there (a
+                // waiter whose session ended must not report acquired), and the next key below
+                // ours, if any, is the new predecessor.
+                let upto = GetOptions::new()
+                    .with_prefix()
+                    .with_max_create_revision(revision)
+                    .with_sort(SortTarget::Create, SortOrder::Descend)
+                    .with_limit(2)
+                    .with_keys_only();
+                let sent2 = Instant::now();
+                let client = &self.handle.client;
+                match retry_unapplied(timeout, || {
+                    let (mut kv, prefix, upto) = (client.clone(), prefix.clone(), upto.clone());
+                    async move { kv.get(prefix, Some(upto)).await }
+                })
+                .await
+                {
+                    Ok(mut g) => {
+                        let header = header_revision(g.header());
+                        let kvs = g.take_kvs();
+                        if kvs.first().map(|kv| kv.key()) != Some(own.as_bytes()) {
+                            tracing::debug!(key = %key, "etcd waiter's key vanished (session ended or deleted); queueing again");
+                            pending.armed = false;
+                            if Instant::now() >= deadline {
+                                return Err(timed_out());
+                            }
+                            continue 'enqueue;
+                        }
+                        read_revision = header;
+                        confirmed_sent = sent2;
+                        predecessor = kvs.get(1).map(|kv| kv.key().to_vec());
+                        backoff.reset();
+                    }
+                    Err(f) => {
+                        tracing::debug!(key = %key, error = %f, "etcd waiter could not re-read its queue; retrying");
+                        tokio::select! {
+                            _ = caller.closed() => return Err(timed_out()),
+                            _ = tokio::time::sleep_until(deadline) => {
+                                self.delete_now(&mut pending).await;
+                                return Err(timed_out());
+                            }
+                            _ = backoff.sleep() => {}
+                        }
+                        predecessor = Some(pred);
+                    }
+                }
+            }
+            if session.is_dead() {
+                // Our key went with the session (or is about to): queue again.
+                pending.armed = false;
+                continue 'enqueue;
+            }
+            self.tokens.admit(key, revision)?;
+            // Never return a lease whose validity already ended (a slow last read, a session
+            // whose last acknowledged keepalive is old): confirm again, a keepalive and a read of
+            // our key in one round trip, until the validity it gives is still running when the
+            // answer arrives, or the wait bound passes.
+            loop {
+                let tracker = self.tracker(&session, key, token, options, confirmed_sent);
+                if tracker.status() == LeaseStatus::Held {
+                    pending.armed = false;
+                    return Ok(self.grant(session, &pending, revision, tracker, read_revision + 1));
+                }
+                if Instant::now() >= deadline {
+                    self.delete_now(&mut pending).await;
+                    return Err(timed_out());
+                }
+                let sent3 = Instant::now();
+                let kv = self.handle.client.clone();
+                let (confirmed, read) = tokio::select! {
+                    _ = caller.closed() => return Err(timed_out()),
+                    _ = tokio::time::sleep_until(deadline) => {
+                        self.delete_now(&mut pending).await;
+                        return Err(timed_out());
+                    }
+                    r = async {
+                        tokio::join!(
+                            session.confirm(sent3, timeout),
+                            retry_unapplied(timeout, || {
+                                let (mut kv, own) = (kv.clone(), own.clone());
+                                async move { kv.get(own, None).await }
+                            }),
+                        )
+                    } => r,
+                };
+                let ours = match &read {
+                    Ok(g) => Some(
+                        g.kvs()
+                            .first()
+                            .is_some_and(|kv| kv.create_revision() == revision),
+                    ),
+                    Err(_) => None,
+                };
+                match (confirmed, ours) {
+                    (Err(Unconfirmed::Dead(_)), _) | (_, Some(false)) => {
+                        tracing::debug!(key = %key, "etcd grant could not be confirmed: our key or session is gone; queueing again");
+                        pending.armed = false;
+                        continue 'enqueue;
+                    }
+                    (Ok(()), Some(true)) => {
+                        confirmed_sent = sent3;
+                        if let Ok(g) = &read {
+                            read_revision = header_revision(g.header());
+                        }
+                    }
+                    _ => {
+                        tokio::select! {
+                            _ = caller.closed() => return Err(timed_out()),
+                            _ = tokio::time::sleep_until(deadline) => {}
+                            _ = backoff.sleep() => {}
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Waits for `pred`'s deletion with a watch starting at `from` (the revision after the read
+    /// that found it, so an event after the read is delivered at once, and none is missed).
+    /// The session ending also ends the wait (our key went with it): the re-read then queues
+    /// again.
+    async fn wait_deleted(
+        &self,
+        session: &Session,
+        pred: &[u8],
+        from: i64,
+        deadline: Instant,
+        caller: &mut oneshot::Sender<Result<EtcdLease>>,
+    ) -> Wait {
+        let mut deletion = self.handle.watcher.deleted(pred.to_vec(), from);
+        let mut state = session.watch_state();
+        tokio::select! {
+            _ = caller.closed() => Wait::Cancelled,
+            _ = tokio::time::sleep_until(deadline) => Wait::Deadline,
+            _ = async { state.wait_for(|s| s.dead.is_some()).await.map(|_| ()) } => Wait::Recheck,
+            // Deleted, or the watch ended (compacted, cancelled): re-read either way.
+            _seen = deletion.wait() => Wait::Recheck,
+        }
+    }
+
+    /// Deletes a waiter's key now (compare-and-delete on its create revision); if that fails,
+    /// `pending` stays armed and the deletion is retried in the background.
+    async fn delete_now(&self, pending: &mut PendingKey) {
+        let Some(rev) = pending.revision else { return };
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                pending.key.clone(),
+                CompareOp::Equal,
+                rev,
+            )])
+            .and_then([TxnOp::delete(pending.key.clone(), None)]);
+        let client = &self.handle.client;
+        let deleted = retry_unapplied(self.timeout(), || {
+            let (mut kv, txn) = (client.clone(), txn.clone());
+            async move { kv.txn(txn).await }
+        })
+        .await;
+        if deleted.is_ok() {
+            pending.armed = false;
+        }
+    }
+}
+
+/// A waiting `acquire`'s answer to a failed session grant or enqueue: `Unavailable` and
+/// `OutcomeUnknown` (no leader during an election, a member that died or was cut off, a request
+/// timeout) are transient on a cluster, so the attempt is made again after `backoff` (doubling,
+/// with jitter, up to 500 ms) as long as that leaves time before `deadline`; any other error, or a transient
+/// one too close to the deadline, is returned as it is. The retry uses a new attempt key, so an
+/// attempt whose answer was lost is still retired by the background worker.
+async fn retry_within(
+    error: Error,
+    backoff: &mut Backoff,
+    deadline: Instant,
+    caller: &mut oneshot::Sender<Result<EtcdLease>>,
+) -> Result<()> {
+    let transient = matches!(
+        error,
+        Error::Unavailable { .. } | Error::OutcomeUnknown { .. }
+    );
+    if !transient || Instant::now() + backoff.ceiling() >= deadline {
+        return Err(error);
+    }
+    tracing::debug!(error = %error, backoff = ?backoff.ceiling(), "etcd acquire failed transiently; trying again within its wait");
+    tokio::select! {
+        _ = caller.closed() => return Err(error),
+        _ = backoff.sleep() => {}
+    }
+    Ok(())
+}
+
+impl EtcdCoordinator {
+    /// `acquire` (`wait`: queued behind the holder up to `options.wait`) and `try_acquire`
+    /// (`!wait`: one transaction). The attempt runs in its own task either way.
+    pub(crate) async fn acquire_for(
+        &self,
+        key: &LockKey,
+        options: &LeaseOptions,
+        wait: bool,
+    ) -> Result<Box<dyn Lease>> {
+        if wait {
+            self.acquire_waiting(key, options).await
+        } else {
+            self.acquire_once(key, options).await
+        }
+    }
+
+    async fn acquire_waiting(
+        &self,
+        key: &LockKey,
+        options: &LeaseOptions,
+    ) -> Result<Box<dyn Lease>> {
+        options.validate(&self.inner.caps)?;
+        let start = Instant::now();
+        let inner = self.inner.clone();
+        let (key, options) = (key.clone(), options.clone());
+        // The attempt runs in its own task, so that dropping this future never cancels a
+        // request in flight: the task sees the caller gone and deletes our key itself (and a
+        // lease it could not hand over is dropped, which releases it).
+        let (mut tx, rx) = oneshot::channel();
+        tokio::spawn(async move {
+            let r = if options.wait_value().is_zero() {
+                inner.try_once(&key, &options).await.map_err(|e| match e {
+                    Error::Held { key } => Error::Timeout {
+                        key,
+                        waited: start.elapsed(),
+                    },
+                    e => e,
+                })
+            } else {
+                let deadline = start + options.wait_value();
+                inner
+                    .acquire_queued(&key, &options, start, deadline, &mut tx)
+                    .await
+            };
+            let _ = tx.send(r);
+        });
+        match rx.await {
+            Ok(r) => r.map(|l| Box::new(l) as Box<dyn Lease>),
+            Err(_) => Err(Error::Unavailable {
+                backend: BACKEND,
+                message: "acquire: the attempt's task ended without an answer".into(),
+                source: None,
+            }),
+        }
+    }
+
+    async fn acquire_once(&self, key: &LockKey, options: &LeaseOptions) -> Result<Box<dyn Lease>> {
+        options.validate(&self.inner.caps)?;
+        let inner = self.inner.clone();
+        let (key, options) = (key.clone(), options.clone());
+        let task = tokio::spawn(async move { inner.try_once(&key, &options).await });
+        match task.await {
+            Ok(r) => r.map(|l| Box::new(l) as Box<dyn Lease>),
+            Err(e) => Err(Error::Unavailable {
+                backend: BACKEND,
+                message: format!("try_acquire: the attempt's task failed: {e}"),
+                source: None,
+            }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use etcd_client::Client;
+    use lease_core::Coordinator;
+
+    #[test]
+    fn ttl_rounds_up_to_whole_seconds() {
+        assert_eq!(ttl_secs(Duration::from_secs(2)), 2);
+        assert_eq!(ttl_secs(Duration::from_millis(2001)), 3);
+        assert_eq!(ttl_secs(Duration::from_millis(10)), 1);
+    }
+
+    /// A copy of an abandoned attempt's cleanup applied late (its first send got no answer and a
+    /// retry succeeded, freeing the name's slot) writes nothing: it cannot delete the key of a
+    /// newer lease that reuses the name.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_late_copy_of_an_abandoned_cleanup_leaves_a_newer_key_of_the_same_name() {
+        use conformance_tests::harness::{start_or_skip_async, Backend, EtcdServer};
+
+        let test = "a_late_copy_of_an_abandoned_cleanup_leaves_a_newer_key_of_the_same_name";
+        let Some(server) = start_or_skip_async(test, Backend::Etcd, EtcdServer::start).await else {
+            return;
+        };
+        let coord = EtcdCoordinator::connect_url(&server.url()).await.unwrap();
+        let mut raw = coord.client();
+        let key: LockKey = "reused-late".parse().unwrap();
+        let lease = coord
+            .try_acquire(&key, &LeaseOptions::new(Duration::from_secs(20)))
+            .await
+            .unwrap();
+        let held = raw
+            .get(
+                coord.lock_prefix(&key),
+                Some(GetOptions::new().with_prefix()),
+            )
+            .await
+            .unwrap()
+            .take_kvs();
+        assert_eq!(held.len(), 1);
+        let (name, session) = (held[0].key_str().unwrap().to_owned(), held[0].lease());
+        // An earlier attempt under the same name was abandoned and its cleanup applied once:
+        // its marker exists.
+        let marker = format!("{}/abandoned/reused-late/old", coord.config().key_prefix());
+        raw.put(
+            marker.clone(),
+            "",
+            Some(PutOptions::new().with_lease(session)),
+        )
+        .await
+        .unwrap();
+        // Another copy of that cleanup arrives now.
+        let state = coord.inner.sessions.lock().await[&20].watch_state();
+        let late = Cleanup::abandoned(name.clone(), marker, session, state);
+        raw.txn(late.txn()).await.unwrap();
+        let after = raw.get(name, None).await.unwrap().take_kvs();
+        assert_eq!(after.len(), 1, "the newer lease's key stays");
+        assert_eq!(after[0].create_revision(), held[0].create_revision());
+        assert_eq!(lease.status(), LeaseStatus::Held);
+        lease.release().await.unwrap();
+    }
+
+    /// An acquire whose answers are lost is `OutcomeUnknown`, every attempt it made within its
+    /// wait is retired (its key deleted, its marker written), and each attempt's transaction
+    /// applied late, as etcd does with a proposal the client gave up on, writes nothing: no
+    /// orphan key in the queue.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_unanswered_acquire_is_retired_and_a_late_apply_writes_nothing() {
+        use conformance_tests::harness::{start_or_skip_async, Backend, EtcdServer};
+        use conformance_tests::proxy::FaultProxy;
+
+        let test = "an_unanswered_acquire_is_retired_and_a_late_apply_writes_nothing";
+        let Some(server) = start_or_skip_async(test, Backend::Etcd, EtcdServer::start).await else {
+            return;
+        };
+        let proxy = FaultProxy::start(server.addr()).await.unwrap();
+        let url = format!("etcd://{}?request_timeout_ms=300", proxy.addr());
+        let coord = EtcdCoordinator::connect_url(&url).await.unwrap();
+        let mut raw = EtcdCoordinator::connect_url(&server.url())
+            .await
+            .unwrap()
+            .client();
+        let key: LockKey = "late".parse().unwrap();
+        let prefix = coord.lock_prefix(&key);
+        let markers = format!("{}/abandoned/late/", coord.config().key_prefix());
+        let options = LeaseOptions::new(Duration::from_secs(20)).wait(Duration::from_secs(5));
+        // Open the session before cutting the link, so only the acquire's txn is lost.
+        let warm = coord.acquire(&key, &options).await.unwrap();
+        warm.release().await.unwrap();
+
+        proxy.blackhole();
+        let err = coord.acquire(&key, &options).await.map(|_| ()).unwrap_err();
+        assert!(matches!(err, Error::OutcomeUnknown { .. }), "{err:?}");
+        proxy.heal();
+
+        // The cleaner retires the attempts (the waiting acquire made several within its wait,
+        // each lost): markers written, no key left in the queue.
+        async fn kvs(raw: &Client, prefix: &str) -> Vec<KeyValue> {
+            let mut raw = raw.clone();
+            let options = GetOptions::new().with_prefix();
+            raw.get(prefix, Some(options)).await.unwrap().take_kvs()
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let retired = loop {
+            let m = kvs(&raw, &markers).await;
+            if !m.is_empty() && kvs(&raw, &prefix).await.is_empty() {
+                break m;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the attempts were not retired: {} markers",
+                m.len()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        let session = coord.inner.sessions.lock().await.get(&20).cloned().unwrap();
+        for marker in &retired {
+            assert_eq!(
+                marker.lease(),
+                session.id(),
+                "the marker goes with the session"
+            );
+            // etcd applies the lost request now: it writes nothing.
+            let name = marker.key_str().unwrap().rsplit('/').next().unwrap();
+            let late = PendingKey {
+                cleaner: coord.inner.handle.cleaner.clone(),
+                // The marker names the attempt; the key is named like it for the test (its
+                // name does not matter: the marker alone makes the transaction write nothing).
+                key: format!("{prefix}{name}"),
+                slot: coord.inner.slots.take(format!("{prefix}{name}")),
+                marker: marker.key_str().unwrap().to_owned(),
+                revision: None,
+                session: session.clone(),
+                armed: false,
+            };
+            for txn in [
+                enqueue_txn(&prefix, &late, b"{}"),
+                try_txn(&prefix, &late, b"{}", false),
+            ] {
+                assert!(!raw.txn(txn).await.unwrap().succeeded());
+            }
+        }
+        assert!(kvs(&raw, &prefix).await.is_empty());
+        let next = coord.try_acquire(&key, &options).await.unwrap();
+        next.release().await.unwrap();
+    }
+}

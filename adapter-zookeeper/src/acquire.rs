@@ -1,0 +1,572 @@
+//! The lock recipe on ZooKeeper: contender nodes, turns, the grant.
+//!
+//! # Acquire (round trips)
+//!
+//! 1. `create` an ephemeral sequential node `<lock>/c-<client>-<attempt>-` (1 RTT; 2 more the
+//!    first time a lock is used or after its container node was removed: create the lock node,
+//!    create again). Its `Stat` carries the czxid: the token.
+//! 2. `getChildren` of the lock (1 RTT). Contenders are ordered by their sequence numbers parsed
+//!    as integers, or by czxid (one more multi-read) once a sequence has wrapped negative. First
+//!    means held.
+//! 3. Otherwise watch only the predecessor (`exists` with a watch, 1 RTT) and go back to 2 when it
+//!    changes or the wait bound passes.
+//!
+//! So an uncontended acquire is 2 round trips, a release 1, a renew 2 requests pipelined (`sync`,
+//! `exists`); a waiter is woken by the predecessor's deletion event and needs 1 round trip to
+//! confirm.
+//!
+//! Only writes and syncs (answered through the leader) confirm the session; reads do not (see
+//! [`crate::session`]).
+//!
+//! # Cancellation and outcomes not seen
+//!
+//! The node name's prefix is unique to one client and one attempt. If a create's answer is lost
+//! (connection loss, request timeout), the adapter lists the lock's children and adopts its own
+//! node instead of creating a second one. If the acquire ends in any other way than a lease
+//! (error, timeout, the future dropped at any await point), a guard spawns a cleanup task that
+//! lists the lock's children and deletes every node with the attempt's prefix; requests of one
+//! session are processed in order, so the listing sees the create whatever happened to its
+//! answer. Without a runtime to spawn on, or if the process dies, the session's end removes the
+//! node (at most one session timeout later).
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use lease_core::adapter::{HolderRecord, LeaseTracker};
+use lease_core::{Error, Lease, LeaseOptions, LockKey, Result, Token};
+use tokio::time::Instant;
+use zookeeper_client::{CreateMode, Error as ZkError, MultiReadResult};
+
+use crate::coordinator::ZkCoordinator;
+use crate::error::{
+    connection_lost, disconnected, from_zk, ops, session_ended, timed_out, BACKEND,
+};
+use crate::keys::{
+    contender_prefix, parse_contender, sequence_orders, sort_by_creation, Contender,
+};
+use crate::lease::{cleanup, LeaseState, ZkLease};
+use crate::session::Session;
+
+/// How many times one acquire call starts over when its node vanished under it, or retries a
+/// create whose answer was lost.
+const MAX_RESTARTS: usize = 3;
+
+/// A contender node we created.
+#[derive(Debug, Clone)]
+struct Node {
+    name: String,
+    path: String,
+    czxid: i64,
+    version: i32,
+}
+
+enum Mode {
+    Try,
+    Wait(Instant),
+}
+
+enum Turn {
+    /// First among the contenders, as a `getChildren` sent at `sent` in connection `epoch` saw.
+    Holder { sent: Instant, epoch: u64 },
+    /// Not first, and not waiting (any more).
+    Busy,
+    /// Our node is gone (deleted by someone, or the lock node was removed).
+    Vanished,
+}
+
+impl ZkCoordinator {
+    async fn grant(
+        &self,
+        key: &LockKey,
+        options: &LeaseOptions,
+        try_only: bool,
+    ) -> Result<Box<dyn Lease>> {
+        options.validate(&self.inner.caps)?;
+        let start = Instant::now();
+        let mode = if try_only {
+            Mode::Try
+        } else {
+            Mode::Wait(start + options.wait_value())
+        };
+        let data = HolderRecord::new(options, &self.inner.owner).to_json();
+        let mut restarts = 0;
+        loop {
+            let s = self.session().await?;
+            if !s.is_connected() {
+                return Err(disconnected(ops::ACQUIRE));
+            }
+            let dir = s.paths().lock_dir(key);
+            let attempt = self.inner.attempts.fetch_add(1, Ordering::Relaxed);
+            let prefix = contender_prefix(self.inner.client_id, attempt);
+            let mut guard = ContenderGuard {
+                session: Some(s.clone()),
+                dir: dir.clone(),
+                prefix: prefix.clone(),
+                issued: false,
+                unsure: false,
+            };
+            let node = self
+                .create_contender(&s, &dir, &prefix, &data, &mut guard)
+                .await?;
+            let turn = self.wait_turn(&s, &dir, &prefix, &node, &mode).await?;
+            let (sent, epoch) = match turn {
+                Turn::Holder { sent, epoch } => (sent, epoch),
+                Turn::Busy => {
+                    self.withdraw(&s, &node, &mut guard).await;
+                    return Err(busy(key, &mode, start));
+                }
+                Turn::Vanished => {
+                    restarts += 1;
+                    let expired = match mode {
+                        Mode::Try => false,
+                        Mode::Wait(d) => Instant::now() >= d,
+                    };
+                    if restarts > MAX_RESTARTS || expired {
+                        return Err(busy(key, &mode, start));
+                    }
+                    tracing::debug!(key = %key, node = %node.path, "contender node vanished; starting over");
+                    continue;
+                }
+            };
+            match self.check_token(&s, key, &node).await {
+                Ok(token) => {
+                    let ttl = options.ttl_value();
+                    let margin = options.drift_margin_for(ttl);
+                    let tracker = LeaseTracker::new(BACKEND, key.clone(), token, ttl, margin, sent);
+                    // A create whose answer was lost may still leave a second node of this
+                    // attempt behind (applied late, shown late): the lease's end sweeps the prefix.
+                    let sweep = guard.unsure.then(|| (dir.clone(), prefix.clone()));
+                    let state = LeaseState::new(
+                        s.clone(),
+                        tracker,
+                        node.path,
+                        node.czxid,
+                        node.version,
+                        sent,
+                        sweep,
+                    );
+                    guard.session = None;
+                    return Ok(Box::new(ZkLease::start(state, epoch)));
+                }
+                Err(None) => {
+                    restarts += 1;
+                    if restarts > MAX_RESTARTS {
+                        return Err(busy(key, &mode, start));
+                    }
+                    continue;
+                }
+                Err(Some(e)) => {
+                    self.withdraw(&s, &node, &mut guard).await;
+                    return Err(e);
+                }
+            }
+        }
+    }
+
+    /// Creates our contender node, adopting it if a lost answer hid that it was created.
+    async fn create_contender(
+        &self,
+        s: &Arc<Session>,
+        dir: &str,
+        prefix: &str,
+        data: &[u8],
+        guard: &mut ContenderGuard,
+    ) -> Result<Node> {
+        let options = CreateMode::EphemeralSequential.with_acls(s.acls());
+        let path_prefix = format!("{dir}/{prefix}");
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            if !s.is_connected() {
+                return Err(disconnected(ops::ACQUIRE));
+            }
+            guard.issued = true;
+            let sent = Instant::now();
+            let answer = tokio::time::timeout(
+                s.request_timeout(),
+                s.client().create(&path_prefix, data, &options),
+            )
+            .await;
+            // No answer: the create may have applied.
+            let lost = match &answer {
+                Ok(Err(e)) => connection_lost(e),
+                Ok(Ok(_)) => false,
+                Err(_) => true,
+            };
+            match answer {
+                Ok(Ok((stat, sequence))) => {
+                    s.confirm(sent);
+                    let name = format!("{prefix}{sequence}");
+                    return Ok(Node {
+                        path: format!("{dir}/{name}"),
+                        name,
+                        czxid: stat.czxid,
+                        version: stat.version,
+                    });
+                }
+                Ok(Err(ZkError::NoNode)) if tries <= MAX_RESTARTS => {
+                    s.confirm(sent);
+                    self.ensure_lock_dir(s, dir).await?;
+                }
+                _ if lost && tries <= MAX_RESTARTS => {
+                    // The create may have applied: look for our node before creating another.
+                    // A server that does not show it yet lets the next create make a second
+                    // node for this attempt; `wait_turn`, `withdraw` and the cleanup remove it.
+                    guard.unsure = true;
+                    if let Some(node) = self.find_own(s, dir, prefix).await? {
+                        tracing::debug!(node = %node.path, "adopted a contender node whose create answer was lost");
+                        return Ok(node);
+                    }
+                }
+                Ok(Err(e)) => {
+                    guard.unsure |= lost;
+                    return Err(from_zk(ops::ACQUIRE, e));
+                }
+                Err(_) => {
+                    guard.unsure = true;
+                    return Err(timed_out(ops::ACQUIRE, s.request_timeout()));
+                }
+            }
+        }
+    }
+
+    /// After a create whose answer was lost: our node, if the create applied.
+    async fn find_own(&self, s: &Session, dir: &str, prefix: &str) -> Result<Option<Node>> {
+        s.wait_connected(s.request_timeout()).await;
+        if !s.is_connected() {
+            return Err(Error::OutcomeUnknown {
+                backend: BACKEND,
+                operation: ops::ACQUIRE.name,
+                message: "the connection was lost while creating the contender node; it is \
+                          removed in the background if it was created"
+                    .into(),
+                source: None,
+            });
+        }
+        let children = match self
+            .read(s, ops::ACQUIRE, s.client().list_children(dir))
+            .await?
+        {
+            Ok(c) => c,
+            Err(ZkError::NoNode) => return Ok(None),
+            Err(e) => return Err(from_zk(ops::ACQUIRE, e)),
+        };
+        let Some(name) = children.into_iter().find(|c| c.starts_with(prefix)) else {
+            return Ok(None);
+        };
+        let path = format!("{dir}/{name}");
+        match self
+            .read(s, ops::ACQUIRE, s.client().check_stat(&path))
+            .await?
+        {
+            Ok(Some(stat)) => Ok(Some(Node {
+                name,
+                path,
+                czxid: stat.czxid,
+                version: stat.version,
+            })),
+            Ok(None) | Err(ZkError::NoNode) => Ok(None),
+            Err(e) => Err(from_zk(ops::ACQUIRE, e)),
+        }
+    }
+
+    /// Creates the lock's container node (and `<base>/locks` if it is missing).
+    async fn ensure_lock_dir(&self, s: &Session, dir: &str) -> Result<()> {
+        let options = CreateMode::Container.with_acls(s.acls());
+        for _ in 0..2 {
+            let sent = Instant::now();
+            match tokio::time::timeout(s.request_timeout(), s.client().create(dir, &[], &options))
+                .await
+            {
+                Err(_) => return Err(timed_out(ops::SETUP, s.request_timeout())),
+                Ok(Ok(_)) | Ok(Err(ZkError::NodeExists)) => {
+                    s.confirm(sent);
+                    return Ok(());
+                }
+                Ok(Err(ZkError::NoNode)) => {
+                    s.confirm(sent);
+                    s.ensure_persistent(&s.paths().locks()).await?;
+                }
+                Ok(Err(e)) => return Err(from_zk(ops::SETUP, e)),
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits until our node is first (or the mode says stop). Another node with the attempt's
+    /// `prefix` (a second create after a lost answer) is deleted when a listing shows it, so the
+    /// attempt never queues behind itself.
+    async fn wait_turn(
+        &self,
+        s: &Session,
+        dir: &str,
+        prefix: &str,
+        node: &Node,
+        mode: &Mode,
+    ) -> Result<Turn> {
+        loop {
+            let deadline = match mode {
+                Mode::Try => None,
+                Mode::Wait(d) => Some(*d),
+            };
+            let past = deadline.is_none_or(|d| Instant::now() >= d);
+            if !s.is_connected() {
+                if s.is_terminated() {
+                    return Err(from_zk(ops::WAIT, ZkError::SessionExpired));
+                }
+                if past {
+                    return Err(disconnected(ops::WAIT));
+                }
+                let left = deadline
+                    .map(|d| d.saturating_duration_since(Instant::now()))
+                    .unwrap_or_default();
+                s.wait_connected(left).await;
+                continue;
+            }
+            let epoch = s.epoch();
+            // Reads: they do not confirm the session (our create did).
+            let sent = Instant::now();
+            let list = s.client().get_children(dir);
+            let children = match tokio::time::timeout(s.request_timeout(), list).await {
+                Ok(Ok((children, _))) => children,
+                Ok(Err(ZkError::NoNode)) => return Ok(Turn::Vanished),
+                Ok(Err(e)) if session_ended(&e) => return Err(from_zk(ops::WAIT, e)),
+                Ok(Err(ref e)) if connection_lost(e) && !past => {
+                    // The state watcher may not have seen the disconnection yet: a short pause,
+                    // not a spin, before looking again.
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    continue;
+                }
+                Err(_) if !past => continue,
+                Ok(Err(e)) => return Err(from_zk(ops::WAIT, e)),
+                Err(_) => return Err(timed_out(ops::WAIT, s.request_timeout())),
+            };
+            let ordered = self.order(s, dir, children).await?;
+            let Some(index) = ordered.iter().position(|c| c.name == node.name) else {
+                return Ok(Turn::Vanished);
+            };
+            let duplicates: Vec<String> = ordered
+                .iter()
+                .filter(|c| c.name != node.name && c.name.starts_with(prefix))
+                .map(|c| format!("{dir}/{}", c.name))
+                .collect();
+            if !duplicates.is_empty() {
+                for path in duplicates {
+                    self.delete_duplicate(s, &path).await?;
+                }
+                // Look again: the queue without them.
+                continue;
+            }
+            if index == 0 {
+                return Ok(Turn::Holder { sent, epoch });
+            }
+            let Some(deadline) = deadline.filter(|d| Instant::now() < *d) else {
+                return Ok(Turn::Busy);
+            };
+            // Watch only the predecessor: one waiter is woken per release.
+            let predecessor = format!("{dir}/{}", ordered[index - 1].name);
+            match tokio::time::timeout(
+                s.request_timeout(),
+                s.client().check_and_watch_stat(&predecessor),
+            )
+            .await
+            {
+                Ok(Ok((None, _))) => {}
+                Ok(Ok((Some(_), watcher))) => {
+                    tokio::select! {
+                        _ = watcher.changed() => {}
+                        _ = tokio::time::sleep_until(deadline) => {}
+                    }
+                }
+                Ok(Err(e)) if session_ended(&e) => return Err(from_zk(ops::WAIT, e)),
+                // Connection trouble: the next round waits for the connection.
+                _ => tokio::time::sleep(Duration::from_millis(5)).await,
+            }
+        }
+    }
+
+    /// Orders the lock's contenders by creation.
+    pub(crate) async fn order(
+        &self,
+        s: &Session,
+        dir: &str,
+        children: Vec<String>,
+    ) -> Result<Vec<Contender>> {
+        let mut contenders: Vec<Contender> =
+            children.iter().filter_map(|n| parse_contender(n)).collect();
+        if !sequence_orders(&contenders) {
+            // The parent's counter wrapped: order by creation zxid instead (one multi-read).
+            let paths: Vec<String> = contenders
+                .iter()
+                .map(|c| format!("{dir}/{}", c.name))
+                .collect();
+            let results = {
+                let mut reader = s.client().new_multi_reader();
+                for p in &paths {
+                    reader.add_get_data(p).map_err(|e| from_zk(ops::WAIT, e))?;
+                }
+                match self.read(s, ops::WAIT, reader.commit()).await? {
+                    Ok(r) => r,
+                    Err(e) => return Err(from_zk(ops::WAIT, e)),
+                }
+            };
+            for (c, r) in contenders.iter_mut().zip(results) {
+                if let MultiReadResult::Data { stat, .. } = r {
+                    c.czxid = Some(stat.czxid);
+                }
+            }
+            contenders.retain(|c| c.czxid.is_some());
+        }
+        sort_by_creation(&mut contenders);
+        Ok(contenders)
+    }
+
+    /// Deletes a second node of this attempt (see [`Self::wait_turn`]). A failure fails the
+    /// acquire; the guard's cleanup removes what is left.
+    async fn delete_duplicate(&self, s: &Session, path: &str) -> Result<()> {
+        let sent = Instant::now();
+        match tokio::time::timeout(s.request_timeout(), s.client().delete(path, None)).await {
+            Ok(Ok(()) | Err(ZkError::NoNode)) => {
+                s.confirm(sent);
+                tracing::debug!(%path, "removed a second contender node of the same attempt");
+                Ok(())
+            }
+            Ok(Err(e)) => Err(from_zk(ops::ACQUIRE, e)),
+            Err(_) => Err(timed_out(ops::ACQUIRE, s.request_timeout())),
+        }
+    }
+
+    /// Deletes every node of the attempt when we give up (busy, failed token check): our node
+    /// and, in the same round trip (pipelined, answered after the delete), a listing of the
+    /// lock's children; any other node with the attempt's prefix (a second create after a lost
+    /// answer, shown late) is deleted too. Only when all of them are confirmed gone is the
+    /// guard disarmed; otherwise its cleanup task finishes the job.
+    async fn withdraw(&self, s: &Session, node: &Node, guard: &mut ContenderGuard) {
+        if !s.is_connected() {
+            return;
+        }
+        let sent = Instant::now();
+        let delete = s.client().delete(&node.path, None);
+        let list = s.client().list_children(&guard.dir);
+        let Ok((deleted, listed)) =
+            tokio::time::timeout(s.request_timeout(), futures::future::join(delete, list)).await
+        else {
+            return;
+        };
+        if !matches!(deleted, Ok(()) | Err(ZkError::NoNode)) {
+            return;
+        }
+        s.confirm(sent);
+        let others: Vec<String> = match listed {
+            Ok(children) => children
+                .into_iter()
+                .filter(|c| c.starts_with(&guard.prefix) && *c != node.name)
+                .collect(),
+            Err(ZkError::NoNode) => Vec::new(),
+            Err(_) => return,
+        };
+        for name in others {
+            let path = format!("{}/{name}", guard.dir);
+            if self.delete_duplicate(s, &path).await.is_err() {
+                return;
+            }
+        }
+        if guard.unsure {
+            // A create of this attempt may still be applied after this listing: the cleanup
+            // task (which runs after the acquire returns) looks once more.
+            return;
+        }
+        guard.session = None;
+    }
+
+    /// The token of the node we hold, checked against the floor and this process's high-water
+    /// mark. `Err(None)`: our node vanished meanwhile, start over.
+    async fn check_token(
+        &self,
+        s: &Session,
+        key: &LockKey,
+        node: &Node,
+    ) -> std::result::Result<Token, Option<Error>> {
+        let tokens = &self.inner.tokens;
+        match tokens.check(key, node.czxid) {
+            Ok(_) => {}
+            // A later token was granted in this process. Either our node was deleted after we saw
+            // it first (and someone else got the lock), or the ensemble's state went backwards.
+            Err(regression @ Error::TokenRegression { floor: bound, .. })
+                if Some(bound) != tokens.floor() =>
+            {
+                return match self
+                    .read(s, ops::WAIT, s.client().check_stat(&node.path))
+                    .await
+                {
+                    Ok(Ok(Some(stat))) if stat.czxid == node.czxid => Err(Some(regression)),
+                    Ok(Ok(_)) => Err(None),
+                    Ok(Err(e)) => Err(Some(from_zk(ops::WAIT, e))),
+                    Err(e) => Err(Some(e)),
+                };
+            }
+            Err(e) => return Err(Some(e)),
+        }
+        tokens.admit(key, node.czxid).map_err(Some)
+    }
+}
+
+fn busy(key: &LockKey, mode: &Mode, start: Instant) -> Error {
+    match mode {
+        Mode::Try => Error::Held {
+            key: key.to_string(),
+        },
+        Mode::Wait(_) => Error::Timeout {
+            key: key.to_string(),
+            waited: start.elapsed(),
+        },
+    }
+}
+
+/// Removes an acquisition attempt's node(s) when the attempt ends without a lease, however it
+/// ends (error, timeout, the future dropped).
+struct ContenderGuard {
+    /// `None` once disarmed (the node became a lease, or is confirmed deleted).
+    session: Option<Arc<Session>>,
+    dir: String,
+    prefix: String,
+    /// Whether a create was sent.
+    issued: bool,
+    /// Whether a create's answer was lost (so a second node of the attempt may exist).
+    unsure: bool,
+}
+
+impl Drop for ContenderGuard {
+    fn drop(&mut self) {
+        let Some(s) = self.session.take() else { return };
+        if !self.issued {
+            return;
+        }
+        let (dir, prefix) = (
+            std::mem::take(&mut self.dir),
+            std::mem::take(&mut self.prefix),
+        );
+        match tokio::runtime::Handle::try_current() {
+            Ok(h) => {
+                h.spawn(cleanup(s, dir, prefix));
+            }
+            Err(_) => tracing::debug!(
+                %dir, %prefix,
+                "no runtime to clean up an abandoned contender node; the session's end removes it"
+            ),
+        }
+    }
+}
+
+impl ZkCoordinator {
+    /// `acquire` (`wait`: up to `options.wait`) and `try_acquire` (`!wait`).
+    pub(crate) async fn acquire_for(
+        &self,
+        key: &LockKey,
+        options: &LeaseOptions,
+        wait: bool,
+    ) -> Result<Box<dyn Lease>> {
+        self.grant(key, options, !wait).await
+    }
+}
