@@ -7,6 +7,8 @@ use std::time::Duration;
 use lease_core::adapter::{BackendUrl, OptionSpec, UrlOptions};
 use lease_core::{InvalidInput, LockKey, OwnerId, Result, Token};
 
+use crate::keys;
+
 /// The default first segment of every KV key the adapter writes.
 pub const DEFAULT_KEY_PREFIX: &str = "fenced";
 /// Consul's default smallest session TTL (`session_ttl_min`), and the adapter's default session
@@ -718,50 +720,26 @@ impl ConsulConfig {
     }
 
     /// The Consul KV key holding the lock on `key`: `<prefix>/locks/<escaped key>` (see
-    /// [`escape_key`]). Operators delete this key to remove a lock by hand.
+    /// [`escape_key`](crate::escape_key)). Operators delete this key to remove a lock by hand.
     pub fn kv_key(&self, key: &LockKey) -> String {
-        format!("{}/locks/{}", self.key_prefix, escape_key(key))
+        keys::lock_key(&self.key_prefix, key)
     }
 
     /// Where the forced releases of `key` are recorded: `<prefix>/forced/<escaped key>`, a JSON
     /// array of the newest 100 (read them with `Coordinator::audit_trail`).
     pub fn audit_key(&self, key: &LockKey) -> String {
-        format!("{}/forced/{}", self.key_prefix, escape_key(key))
+        keys::audit_key(&self.key_prefix, key)
     }
 
     /// The prefix every lock key ([`Self::kv_key`]) starts with: what the lock monitor watches.
     pub(crate) fn locks_prefix(&self) -> String {
-        format!("{}/locks/", self.key_prefix)
+        keys::locks_prefix(&self.key_prefix)
     }
 
     /// The marker that cancels an acquire attempt whose outcome was not seen (see the crate docs).
     pub(crate) fn attempt_key(&self, session: &str, attempt: &str) -> String {
-        format!("{}/attempts/{session}/{attempt}", self.key_prefix)
+        keys::attempt_key(&self.key_prefix, session, attempt)
     }
-}
-
-/// Maps a lock key onto Consul's KV key alphabet.
-///
-/// Current Consul releases accept only `A-Z a-z 0-9 , - _ . /` in KV keys and refuse keys ending
-/// in a file extension such as `.json`; older ones accept anything. Every `/`-separated segment
-/// keeps `A-Z a-z 0-9 - _` and writes every other byte of its UTF-8 form as `,XX` (upper-case
-/// hex), so no key contains `.` and distinct lock keys never collide: `orders/42` stays
-/// `orders/42`, `with space` becomes `with,20space`, `q.r` becomes `q,2Er`.
-pub fn escape_key(key: &LockKey) -> String {
-    let mut out = String::with_capacity(key.as_str().len());
-    for (i, segment) in key.segments().enumerate() {
-        if i > 0 {
-            out.push('/');
-        }
-        for b in segment.bytes() {
-            if b.is_ascii_alphanumeric() || b == b'-' || b == b'_' {
-                out.push(b as char);
-            } else {
-                out.push_str(&format!(",{b:02X}"));
-            }
-        }
-    }
-    out
 }
 
 fn validate_prefix(p: &str) -> std::result::Result<(), &'static str> {
@@ -844,19 +822,6 @@ mod tests {
         }
         let e = parse("consul://h?token=%00secret").unwrap_err().to_string();
         assert!(!e.contains("secret"), "{e}");
-    }
-
-    #[test]
-    fn keys_escape_into_consuls_alphabet_without_collisions() {
-        let k = |s: &str| LockKey::new(s).unwrap();
-        assert_eq!(escape_key(&k("orders/42")), "orders/42");
-        assert_eq!(escape_key(&k("with space")), "with,20space");
-        assert_eq!(escape_key(&k("q.r")), "q,2Er");
-        assert_eq!(escape_key(&k("a,b")), "a,2Cb");
-        assert_eq!(escape_key(&k("é")), ",C3,A9");
-        assert_ne!(escape_key(&k("a,2Eb")), escape_key(&k("a.b")));
-        let c = parse("consul://h").unwrap();
-        assert_eq!(c.kv_key(&k("report.json")), "fenced/locks/report,2Ejson");
     }
 }
 

@@ -8,6 +8,7 @@ mod confirm;
 mod coordinator;
 mod core;
 mod error;
+mod keys;
 mod lease;
 mod monitor;
 mod operator;
@@ -19,11 +20,12 @@ use lease_core::adapter::BackendUrl;
 use lease_core::{Coordinator, Registry};
 
 pub use config::{
-    escape_key, ConsulConfig, CONSUL_MAX_LOCK_DELAY, CONSUL_SESSION_TTL_MAX,
-    CONSUL_SESSION_TTL_MIN, DEFAULT_CONNECT_TIMEOUT, DEFAULT_KEY_PREFIX, DEFAULT_LOCK_DELAY,
-    DEFAULT_MAX_BLOCK, DEFAULT_REQUEST_TIMEOUT, ENV_VARS, MAX_KEY_PREFIX_BYTES,
+    ConsulConfig, CONSUL_MAX_LOCK_DELAY, CONSUL_SESSION_TTL_MAX, CONSUL_SESSION_TTL_MIN,
+    DEFAULT_CONNECT_TIMEOUT, DEFAULT_KEY_PREFIX, DEFAULT_LOCK_DELAY, DEFAULT_MAX_BLOCK,
+    DEFAULT_REQUEST_TIMEOUT, ENV_VARS, MAX_KEY_PREFIX_BYTES,
 };
 pub use coordinator::ConsulCoordinator;
+pub use keys::escape_key;
 pub use lease::ConsulLease;
 
 /// The backend name in capabilities, errors and metrics.
