@@ -20,6 +20,7 @@ use crate::error::{retry_resendable, retry_unapplied, BACKEND};
 use crate::keys::{self, Slot};
 use crate::lease::EtcdLease;
 use crate::session::{Cleaner, Cleanup, Session, Unconfirmed};
+use crate::watch::Seen;
 
 /// A waiter's or holder's key that must not outlive the attempt unless handed to a lease:
 /// dropping it armed queues its deletion. Until the request that writes it was answered
@@ -60,6 +61,9 @@ impl Drop for PendingKey {
 enum Wait {
     /// Its deletion was seen, or the watch broke: re-read the queue.
     Recheck,
+    /// It was the only key ahead of ours, and it was deleted at this revision while our key
+    /// still existed: ours is first, no re-read needed.
+    First(i64),
     /// The caller dropped the acquire future.
     Cancelled,
     /// The wait bound passed.
@@ -110,14 +114,19 @@ fn try_txn(prefix: &str, pending: &PendingKey, record: &[u8], in_doubt: bool) ->
         .or_else([TxnOp::get(pending.key.clone(), None)])
 }
 
+/// How many of the queue's newest keys, up to ours, a waiter reads: its own, its predecessor, and
+/// one more, which tells whether the predecessor is the only key ahead (then its deletion alone
+/// makes us first: [`Watcher::turn`](crate::watch::Watcher::turn)).
+const QUEUE_READ: i64 = 3;
+
 /// `acquire`'s transaction, one round trip: unless the attempt was abandoned (its marker
-/// exists), create our key (attached to the session) and read the two newest keys of the queue:
-/// ours, and the one just before it (our predecessor), if any.
+/// exists), create our key (attached to the session) and read the newest keys of the queue
+/// ([`QUEUE_READ`]): ours, the one just before it (our predecessor), if any, and one more.
 fn enqueue_txn(prefix: &str, pending: &PendingKey, record: &[u8]) -> Txn {
     let queue = GetOptions::new()
         .with_prefix()
         .with_sort(SortTarget::Create, SortOrder::Descend)
-        .with_limit(2)
+        .with_limit(QUEUE_READ)
         .with_keys_only();
     Txn::new()
         .when([
@@ -381,14 +390,25 @@ impl Inner {
             // Fail fast on a revision that cannot be handed out; admitted when granted.
             let token = self.tokens.check(key, revision)?;
             let mut predecessor = kvs.get(1).map(|kv| kv.key().to_vec());
+            let mut alone_ahead = kvs.len() == 2;
+            // Our turn was proven by the range watch, not by a read of ours (see below).
+            let mut by_turn = false;
             let mut read_revision = header_revision(resp.header());
             let mut confirmed_sent = sent;
             let mut backoff = Backoff::new(Duration::from_millis(20), Duration::from_millis(500));
             while let Some(pred) = predecessor.take() {
+                let only = alone_ahead.then_some((prefix.as_str(), own.as_str()));
                 match self
-                    .wait_deleted(&session, &pred, read_revision + 1, deadline, caller)
+                    .wait_deleted(&session, &pred, only, read_revision + 1, deadline, caller)
                     .await
                 {
+                    Wait::First(revision) => {
+                        // Every deletion in the range up to `revision` was seen: ours is not
+                        // among them, so our key exists and nothing is ahead of it.
+                        read_revision = revision;
+                        by_turn = true;
+                        break;
+                    }
                     Wait::Recheck => {}
                     Wait::Cancelled => return Err(timed_out()),
                     Wait::Deadline => {
@@ -403,7 +423,7 @@ impl Inner {
                     .with_prefix()
                     .with_max_create_revision(revision)
                     .with_sort(SortTarget::Create, SortOrder::Descend)
-                    .with_limit(2)
+                    .with_limit(QUEUE_READ)
                     .with_keys_only();
                 let sent2 = Instant::now();
                 let client = &self.handle.client;
@@ -427,6 +447,7 @@ impl Inner {
                         read_revision = header;
                         confirmed_sent = sent2;
                         predecessor = kvs.get(1).map(|kv| kv.key().to_vec());
+                        alone_ahead = kvs.len() == 2;
                         backoff.reset();
                     }
                     Err(f) => {
@@ -453,9 +474,17 @@ impl Inner {
             // whose last acknowledged keepalive is old): confirm again, a keepalive and a read of
             // our key in one round trip, until the validity it gives is still running when the
             // answer arrives, or the wait bound passes.
+            //
+            // A turn proven by the range watch counts the validity from the last read (the
+            // enqueue, typically): after a long wait that leaves little of it, so unless at least
+            // half the TTL is left, it is confirmed first, like an expired one.
             loop {
                 let tracker = self.tracker(&session, key, token, options, confirmed_sent);
-                if tracker.status() == LeaseStatus::Held {
+                let left = tracker
+                    .valid_until()
+                    .saturating_duration_since(Instant::now());
+                let fresh = !by_turn || left * 2 >= session.ttl() || Instant::now() >= deadline;
+                if tracker.status() == LeaseStatus::Held && fresh {
                     pending.armed = false;
                     return Ok(self.grant(session, &pending, revision, tracker, read_revision + 1));
                 }
@@ -497,6 +526,7 @@ impl Inner {
                     }
                     (Ok(()), Some(true)) => {
                         confirmed_sent = sent3;
+                        by_turn = false;
                         if let Ok(g) = &read {
                             read_revision = header_revision(g.header());
                         }
@@ -517,22 +547,35 @@ impl Inner {
     /// that found it, so an event after the read is delivered at once, and none is missed).
     /// The session ending also ends the wait (our key went with it): the re-read then queues
     /// again.
+    ///
+    /// `only`: `pred` is the only key ahead of ours (the lock's range prefix and our key): the
+    /// wait watches the whole range, and `pred`'s deletion before any of ours is
+    /// [`Wait::First`], which needs no re-read (one round trip less in every hand-off).
     async fn wait_deleted(
         &self,
         session: &Session,
         pred: &[u8],
+        only: Option<(&str, &str)>,
         from: i64,
         deadline: Instant,
         caller: &mut oneshot::Sender<Result<EtcdLease>>,
     ) -> Wait {
-        let mut deletion = self.handle.watcher.deleted(pred.to_vec(), from);
+        let watcher = &self.handle.watcher;
+        let mut deletion = match only {
+            Some((prefix, own)) => watcher.turn(prefix.into(), pred.to_vec(), own.into(), from),
+            None => watcher.deleted(pred.to_vec(), from),
+        };
         let mut state = session.watch_state();
         tokio::select! {
             _ = caller.closed() => Wait::Cancelled,
             _ = tokio::time::sleep_until(deadline) => Wait::Deadline,
             _ = async { state.wait_for(|s| s.dead.is_some()).await.map(|_| ()) } => Wait::Recheck,
-            // Deleted, or the watch ended (compacted, cancelled): re-read either way.
-            _seen = deletion.wait() => Wait::Recheck,
+            // Deleted, or the watch ended (compacted, cancelled): re-read, unless the range watch
+            // proved our turn.
+            seen = deletion.wait() => match seen {
+                Seen::Turn(revision) => Wait::First(revision),
+                Seen::Deleted | Seen::Recheck => Wait::Recheck,
+            },
         }
     }
 

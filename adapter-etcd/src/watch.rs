@@ -11,7 +11,10 @@
 //! A watch here waits for the **deletion** of one key from a start revision ([`Watcher::deleted`])
 //! and resolves once: [`Seen::Deleted`], or [`Seen::Recheck`] when the server cancelled it
 //! (compaction past the start revision, no leader) or the watcher is gone; the caller then
-//! re-reads the key and watches again from after that read. When the stream breaks, the task
+//! re-reads the key and watches again from after that read. A waiter whose predecessor is the
+//! only key ahead of its own watches the lock's whole range instead ([`Watcher::turn`]): the
+//! deletions of the range come in revision order, so the predecessor's deletion with no deletion
+//! of the waiter's own key at or before it proves, without a read, that the waiter is first. When the stream breaks, the task
 //! opens a new one and creates every pending watch again from its own start revision, so an event
 //! that happened while the stream was down is still delivered (or the compaction says to re-read).
 //!
@@ -33,6 +36,9 @@ use crate::error::retry_unapplied;
 pub(crate) enum Seen {
     /// The key was deleted at or after the start revision.
     Deleted,
+    /// ([`Watcher::turn`]) The predecessor was deleted at this revision, and the waiter's own key
+    /// was not deleted at or before it.
+    Turn(i64),
     /// The watch ended without an answer (compacted, cancelled by the server, watcher gone):
     /// read the key again.
     Recheck,
@@ -43,6 +49,7 @@ enum Command {
         id: i64,
         key: Vec<u8>,
         from: i64,
+        turn: Option<Turn>,
         tx: oneshot::Sender<Seen>,
     },
     Remove(i64),
@@ -90,9 +97,35 @@ impl Watcher {
 
     /// Watches for the deletion of `key` at revision `from` or later.
     pub(crate) fn deleted(&self, key: Vec<u8>, from: i64) -> Deletion {
+        self.add(key, from, None)
+    }
+
+    /// Watches the deletions in the lock range `prefix` at revision `from` or later, for the
+    /// deletion of `predecessor` (the only key ahead of `own` as of revision `from - 1`):
+    /// [`Seen::Turn`] once it is deleted and `own` was not deleted at or before that revision;
+    /// [`Seen::Recheck`] once `own` is deleted first (or together, as by a prefix delete), or the
+    /// watch ends without an answer.
+    pub(crate) fn turn(
+        &self,
+        prefix: Vec<u8>,
+        predecessor: Vec<u8>,
+        own: Vec<u8>,
+        from: i64,
+    ) -> Deletion {
+        self.add(prefix, from, Some(Turn { predecessor, own }))
+    }
+
+    fn add(&self, key: Vec<u8>, from: i64, turn: Option<Turn>) -> Deletion {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
-        if self.tx.send(Command::Add { id, key, from, tx }).is_err() {
+        let add = Command::Add {
+            id,
+            key,
+            from,
+            turn,
+            tx,
+        };
+        if self.tx.send(add).is_err() {
             // The task is gone (the coordinator is being dropped): `wait` says Recheck.
         }
         Deletion {
@@ -103,22 +136,37 @@ impl Watcher {
     }
 }
 
+/// What a range watch of [`Watcher::turn`] waits for.
+#[derive(Debug, Clone)]
+struct Turn {
+    predecessor: Vec<u8>,
+    own: Vec<u8>,
+}
+
 struct Entry {
+    /// The key, or the range's prefix for a [`Turn`].
     key: Vec<u8>,
     from: i64,
+    turn: Option<Turn>,
     tx: oneshot::Sender<Seen>,
 }
 
-fn options(id: i64, from: i64) -> WatchOptions {
-    WatchOptions::new()
+fn options(id: i64, from: i64, prefix: bool) -> WatchOptions {
+    let o = WatchOptions::new()
         .with_start_revision(from)
         .with_filters([WatchFilterType::NoPut])
-        .with_watch_id(id)
+        .with_watch_id(id);
+    if prefix {
+        o.with_prefix()
+    } else {
+        o
+    }
 }
 
-/// A request for the sending task of the current stream.
+/// A request for the sending task of the current stream: a watch (id, key, start revision, whether
+/// the key is a prefix), or a cancel.
 enum Out {
-    Watch(i64, Vec<u8>, i64),
+    Watch(i64, Vec<u8>, i64, bool),
     Cancel(i64),
 }
 
@@ -139,7 +187,12 @@ async fn run(client: Client, timeout: Duration, mut rx: mpsc::UnboundedReceiver<
                     Some(s) => {
                         for (&other, e) in &entries {
                             if other != id {
-                                let _ = s.out.send(Out::Watch(other, e.key.clone(), e.from));
+                                let _ = s.out.send(Out::Watch(
+                                    other,
+                                    e.key.clone(),
+                                    e.from,
+                                    e.turn.is_some(),
+                                ));
                             }
                         }
                         backoff.reset();
@@ -189,7 +242,10 @@ async fn run(client: Client, timeout: Duration, mut rx: mpsc::UnboundedReceiver<
 async fn open(client: &Client, timeout: Duration, id: i64, first: &Entry) -> Option<Stream> {
     let opened = retry_unapplied(timeout, || {
         let mut watch_client = client.watch_client();
-        let (key, opts) = (first.key.clone(), options(id, first.from));
+        let (key, opts) = (
+            first.key.clone(),
+            options(id, first.from, first.turn.is_some()),
+        );
         async move { watch_client.watch(key, Some(opts)).await }
     })
     .await
@@ -199,7 +255,9 @@ async fn open(client: &Client, timeout: Duration, id: i64, first: &Entry) -> Opt
     tokio::spawn(async move {
         while let Some(o) = out_rx.recv().await {
             let sent = match o {
-                Out::Watch(id, key, from) => sender.watch(key, Some(options(id, from))).await,
+                Out::Watch(id, key, from, prefix) => {
+                    sender.watch(key, Some(options(id, from, prefix))).await
+                }
                 Out::Cancel(id) => sender.cancel(id).await,
             };
             if sent.is_err() {
@@ -212,11 +270,27 @@ async fn open(client: &Client, timeout: Duration, id: i64, first: &Entry) -> Opt
 
 fn apply(entries: &mut HashMap<i64, Entry>, stream: Option<&Stream>, c: Command) {
     match c {
-        Command::Add { id, key, from, tx } => {
+        Command::Add {
+            id,
+            key,
+            from,
+            turn,
+            tx,
+        } => {
             if let Some(s) = stream {
-                let _ = s.out.send(Out::Watch(id, key.clone(), from));
+                let _ = s
+                    .out
+                    .send(Out::Watch(id, key.clone(), from, turn.is_some()));
             }
-            entries.insert(id, Entry { key, from, tx });
+            entries.insert(
+                id,
+                Entry {
+                    key,
+                    from,
+                    turn,
+                    tx,
+                },
+            );
         }
         Command::Remove(id) => {
             if entries.remove(&id).is_some() {
@@ -233,21 +307,74 @@ fn dispatch(entries: &mut HashMap<i64, Entry>, stream: Option<&Stream>, resp: Wa
     let seen = if resp.canceled() || resp.compact_revision() > 0 {
         // Cancelled by the server (compacted past the start, no leader): the watch is over.
         Seen::Recheck
-    } else if resp
-        .events()
-        .iter()
-        .any(|e| e.event_type() == EventType::Delete)
-    {
-        Seen::Deleted
     } else {
-        return;
+        let Some(entry) = entries.get(&id) else {
+            return;
+        };
+        let mut deletions = resp
+            .events()
+            .iter()
+            .filter(|e| e.event_type() == EventType::Delete)
+            .filter_map(|e| e.kv())
+            .map(|kv| (kv.key(), kv.mod_revision()));
+        let seen = match &entry.turn {
+            None => deletions.next().map(|_| Seen::Deleted),
+            Some(turn) => turn_seen(turn, deletions),
+        };
+        match seen {
+            Some(seen) => seen,
+            None => return,
+        }
     };
     if let Some(e) = entries.remove(&id) {
         let _ = e.tx.send(seen);
-        if seen == Seen::Deleted {
+        // A watch the server ended needs no cancel.
+        if !resp.canceled() && resp.compact_revision() == 0 {
             if let Some(s) = stream {
                 let _ = s.out.send(Out::Cancel(id));
             }
         }
+    }
+}
+
+/// What a [`Turn`] watch learns from one response's deletions (key, revision), in revision
+/// order: `Recheck` if the own key is deleted (the server never splits a revision's events
+/// across responses, so a prefix delete that removes both keys is seen whole), `Turn` if only the
+/// predecessor is, nothing yet otherwise.
+fn turn_seen<'a>(
+    turn: &Turn,
+    mut deletions: impl Iterator<Item = (&'a [u8], i64)>,
+) -> Option<Seen> {
+    let mut pred_at = None;
+    for (key, rev) in deletions.by_ref() {
+        if key == turn.own.as_slice() {
+            return Some(Seen::Recheck);
+        }
+        if key == turn.predecessor.as_slice() {
+            pred_at = Some(rev);
+        }
+    }
+    pred_at.map(Seen::Turn)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_turn_is_the_predecessors_deletion_without_ours() {
+        let turn = Turn {
+            predecessor: b"l/p".to_vec(),
+            own: b"l/o".to_vec(),
+        };
+        let seen = |d: &[(&'static [u8], i64)]| turn_seen(&turn, d.iter().copied());
+        assert_eq!(seen(&[]), None);
+        // A key behind ours leaving changes nothing.
+        assert_eq!(seen(&[(b"l/z", 5)]), None);
+        assert_eq!(seen(&[(b"l/z", 5), (b"l/p", 6)]), Some(Seen::Turn(6)));
+        // Ours gone first, or in the same response (a prefix delete): read again.
+        assert_eq!(seen(&[(b"l/o", 5), (b"l/p", 6)]), Some(Seen::Recheck));
+        assert_eq!(seen(&[(b"l/p", 7), (b"l/o", 7)]), Some(Seen::Recheck));
+        assert_eq!(seen(&[(b"l/o", 7)]), Some(Seen::Recheck));
     }
 }

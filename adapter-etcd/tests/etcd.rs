@@ -222,6 +222,73 @@ async fn waiter_whose_session_ended_requeues_and_never_reports_acquired() {
     b_lease.release().await.unwrap();
 }
 
+/// A waiter second in line waits on the lock's whole range, and its predecessor's deletion alone
+/// makes it first (no re-read). When an operator deletes the whole queue at once (`etcdctl del
+/// --prefix`), the waiter's own key goes in the same revision: it must not be granted on that
+/// deleted key, but queue again and hold a key that exists.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_whose_queue_is_deleted_at_once_queues_again() {
+    let Some(server) = server("a_waiter_whose_queue_is_deleted_at_once_queues_again").await else {
+        return;
+    };
+    let (a, b) = (coord(&server.url()).await, coord(&server.url()).await);
+    let etcd = EtcdCoordinator::connect_url(&server.url()).await.unwrap();
+    let k = key("deleted-queue");
+    let long = LeaseOptions::new(Duration::from_secs(20)).wait(Duration::from_secs(15));
+    for round in 0..3 {
+        let held = a.acquire(&k, &long).await.unwrap();
+        let b_wait = {
+            let (b, k, o) = (b.clone(), k.clone(), long.clone());
+            tokio::spawn(async move { b.acquire(&k, &o).await })
+        };
+        let prefix = etcd.lock_prefix(&k);
+        let client = etcd.client();
+        eventually(
+            Duration::from_secs(5),
+            "the waiter's key in the queue",
+            || {
+                let (mut c, prefix) = (client.clone(), prefix.clone());
+                async move {
+                    let q = c.get(prefix, Some(GetOptions::new().with_prefix())).await;
+                    q.is_ok_and(|q| q.kvs().len() == 2)
+                }
+            },
+        )
+        .await;
+        if round == 0 {
+            // The plain hand-off first: the holder's release alone makes the waiter first.
+            held.release().await.unwrap();
+            let lease = b_wait.await.unwrap().expect("the waiter is next");
+            assert_eq!(
+                etcd.inspect(&k).await.unwrap().map(|h| h.token),
+                Some(lease.token())
+            );
+            lease.release().await.unwrap();
+            continue;
+        }
+        // Holder and waiter deleted in one revision.
+        etcd.client()
+            .delete(
+                prefix,
+                Some(etcd_client::DeleteOptions::new().with_prefix()),
+            )
+            .await
+            .unwrap();
+        let lease = b_wait
+            .await
+            .unwrap()
+            .expect("the waiter queued again and got the lock");
+        assert!(lease.token() > held.token());
+        assert_eq!(
+            etcd.inspect(&k).await.unwrap().map(|h| h.token),
+            Some(lease.token()),
+            "round {round}: the waiter's lease names a key that exists"
+        );
+        lease.release().await.unwrap();
+        let _ = held.release().await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn compaction_during_a_wait() {
     let Some(server) = server("compaction_during_a_wait").await else {
