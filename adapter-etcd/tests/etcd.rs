@@ -161,6 +161,10 @@ async fn lease_revoked_from_outside_fires_lost() {
     next.release().await.unwrap();
 }
 
+/// A waiter whose session ends while it waits (its key goes with the session) never reports
+/// acquired on that key: it queues again on a new session. C queues at about the same time, and
+/// which of the two is next after the holder depends on which enqueued first (both orders
+/// happen), but each is granted only while the server shows its key first, one at a time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiter_whose_session_ended_requeues_and_never_reports_acquired() {
     let Some(server) = server("waiter_whose_session_ended").await else {
@@ -173,53 +177,75 @@ async fn waiter_whose_session_ended_requeues_and_never_reports_acquired() {
     );
     let etcd = EtcdCoordinator::connect_url(&server.url()).await.unwrap();
     let k = key("requeue");
+    let prefix = etcd.lock_prefix(&k);
+    let queue = || {
+        let (mut client, prefix) = (etcd.client(), prefix.clone());
+        async move {
+            let q = client.get(prefix, Some(GetOptions::new().with_prefix()));
+            q.await.unwrap().take_kvs()
+        }
+    };
     let long = LeaseOptions::new(Duration::from_secs(20)).wait(Duration::from_secs(15));
     let held = a.acquire(&k, &long).await.unwrap();
-    let b_wait = {
+    let mut b_wait = {
         let (b, k, o) = (b.clone(), k.clone(), long.clone());
         tokio::spawn(async move { b.acquire(&k, &o).await })
     };
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    eventually(Duration::from_secs(5), "B's key in the queue", || async {
+        queue().await.len() == 2
+    })
+    .await;
     // B's session lease is revoked while B waits: its key goes with it.
-    let queue = etcd
-        .client()
-        .get(etcd.lock_prefix(&k), Some(GetOptions::new().with_prefix()))
-        .await
-        .unwrap();
-    assert_eq!(queue.kvs().len(), 2, "holder and one waiter");
-    let b_session = queue.kvs().iter().map(|kv| kv.lease()).find(|l| {
-        *l != queue
-            .kvs()
-            .iter()
-            .min_by_key(|kv| kv.create_revision())
-            .unwrap()
-            .lease()
-    });
-    etcd.client()
-        .lease_revoke(b_session.expect("waiter's session"))
-        .await
-        .unwrap();
-    // C queues now, behind A only.
-    let c_wait = {
+    let kvs = queue().await;
+    let a_session = kvs.iter().min_by_key(|kv| kv.create_revision()).unwrap();
+    let b_session = kvs
+        .iter()
+        .map(|kv| kv.lease())
+        .find(|l| *l != a_session.lease());
+    let b_session = b_session.expect("waiter's session");
+    etcd.client().lease_revoke(b_session).await.unwrap();
+    // C queues now, behind A, and behind B if B queued again first.
+    let mut c_wait = {
         let (c, k, o) = (c.clone(), k.clone(), long.clone());
         tokio::spawn(async move { c.acquire(&k, &o).await })
     };
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    eventually(
+        Duration::from_secs(5),
+        "B queued again on a new session, and C queued",
+        || async {
+            let kvs = queue().await;
+            kvs.len() == 3 && kvs.iter().all(|kv| kv.lease() != b_session)
+        },
+    )
+    .await;
+    assert!(!b_wait.is_finished() && !c_wait.is_finished());
     held.release().await.unwrap();
-    let c_lease = c_wait.await.unwrap().expect("C is next: B's key is gone");
-    assert!(!b_wait.is_finished(), "B reported acquired without its key");
-    assert!(c_lease.token() > held.token());
-    c_lease.release().await.unwrap();
-    let b_lease = b_wait
-        .await
-        .unwrap()
-        .expect("B queued again and got the lock");
-    assert!(b_lease.token() > c_lease.token());
+    let ((first, first_lease), (second, second_wait)) = tokio::select! {
+        r = &mut b_wait => (("B", r.unwrap().expect("B queued again and got the lock")), ("C", c_wait)),
+        r = &mut c_wait => (("C", r.unwrap().expect("C got the lock")), ("B", b_wait)),
+    };
+    eprintln!("{first} was next");
+    assert!(first_lease.token() > held.token());
     assert_eq!(
         etcd.inspect(&k).await.unwrap().map(|h| h.token),
-        Some(b_lease.token())
+        Some(first_lease.token()),
+        "{first} holds the key the server shows first"
     );
-    b_lease.release().await.unwrap();
+    assert!(
+        !second_wait.is_finished(),
+        "{second} holds at the same time"
+    );
+    first_lease.release().await.unwrap();
+    let second_lease = second_wait
+        .await
+        .unwrap()
+        .unwrap_or_else(|e| panic!("{second} got the lock in turn: {e:?}"));
+    assert!(second_lease.token() > first_lease.token());
+    assert_eq!(
+        etcd.inspect(&k).await.unwrap().map(|h| h.token),
+        Some(second_lease.token())
+    );
+    second_lease.release().await.unwrap();
 }
 
 /// A waiter second in line waits on the lock's whole range, and its predecessor's deletion alone
