@@ -16,7 +16,7 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use crate::coordinator::{EtcdCoordinator, Inner};
-use crate::error::{retry_resendable, retry_unapplied, BACKEND};
+use crate::error::{retry_resendable, retry_unapplied, Failure, BACKEND};
 use crate::keys::{self, Slot};
 use crate::lease::EtcdLease;
 use crate::session::{Cleaner, Cleanup, Session, Unconfirmed};
@@ -57,10 +57,71 @@ impl Drop for PendingKey {
     }
 }
 
+/// A waiter's place in the queue: the lock's range, our key, and its create revision.
+struct Queue<'a> {
+    prefix: &'a str,
+    own: &'a str,
+    revision: i64,
+}
+
+/// The key just ahead of ours.
+#[derive(Debug, Clone)]
+struct Pred {
+    key: Vec<u8>,
+    create_revision: i64,
+    /// It is the only key ahead of ours.
+    only: bool,
+}
+
+impl Pred {
+    /// The same key (a name is reused, so by create revision as well).
+    fn same_key(&self, other: &Pred) -> bool {
+        self.key == other.key && self.create_revision == other.create_revision
+    }
+}
+
+/// What a read of the queue up to our key showed.
+#[derive(Debug, Clone)]
+enum Ahead {
+    /// Our key is gone (the session ended, or someone deleted it).
+    Gone,
+    /// Nothing is ahead of ours.
+    First,
+    /// This key is ahead of ours.
+    Behind(Pred),
+}
+
+impl Ahead {
+    /// From the newest keys up to ours ([`QUEUE_READ`] of them, newest first).
+    fn of(own: &str, kvs: &[KeyValue]) -> Ahead {
+        match kvs.first() {
+            Some(kv) if kv.key() == own.as_bytes() => match kvs.get(1) {
+                None => Ahead::First,
+                Some(p) => Ahead::Behind(Pred {
+                    key: p.key().to_vec(),
+                    create_revision: p.create_revision(),
+                    only: kvs.len() == 2,
+                }),
+            },
+            _ => Ahead::Gone,
+        }
+    }
+}
+
+/// The last read of the queue: at which revision, when it was sent (our key existed then), and
+/// what it showed.
+struct Read {
+    revision: i64,
+    sent: Instant,
+    ahead: Ahead,
+}
+
 /// How a wait for the predecessor ended.
 enum Wait {
     /// Its deletion was seen, or the watch broke: re-read the queue.
     Recheck,
+    /// The read that closed the watch's gap found the queue changed: act on it.
+    Reread,
     /// It was the only key ahead of ours, and it was deleted at this revision while our key
     /// still existed: ours is first, no re-read needed.
     First(i64),
@@ -378,7 +439,12 @@ impl Inner {
                 continue;
             }
             let kvs = range_of(&resp, 1);
-            let Some(mine) = kvs.first().filter(|kv| kv.key() == own.as_bytes()) else {
+            let mut last = Read {
+                revision: header_revision(resp.header()),
+                sent,
+                ahead: Ahead::of(&own, &kvs),
+            };
+            let (Some(mine), false) = (kvs.first(), matches!(last.ahead, Ahead::Gone)) else {
                 return Err(Error::Unavailable {
                     backend: BACKEND,
                     message: "acquire: the queue read did not show our own key".into(),
@@ -389,81 +455,64 @@ impl Inner {
             pending.revision = Some(revision);
             // Fail fast on a revision that cannot be handed out; admitted when granted.
             let token = self.tokens.check(key, revision)?;
-            let mut predecessor = kvs.get(1).map(|kv| kv.key().to_vec());
-            let mut alone_ahead = kvs.len() == 2;
+            let queue = Queue {
+                prefix: &prefix,
+                own: &own,
+                revision,
+            };
             // Our turn was proven by the range watch, not by a read of ours (see below).
             let mut by_turn = false;
-            let mut read_revision = header_revision(resp.header());
-            let mut confirmed_sent = sent;
             let mut backoff = Backoff::new(Duration::from_millis(20), Duration::from_millis(500));
-            while let Some(pred) = predecessor.take() {
-                let only = alone_ahead.then_some((prefix.as_str(), own.as_str()));
+            while let Ahead::Behind(pred) = last.ahead.clone() {
                 match self
-                    .wait_deleted(&session, &pred, only, read_revision + 1, deadline, caller)
+                    .wait_deleted(&session, &queue, &pred, &mut last, deadline, caller)
                     .await
                 {
                     Wait::First(revision) => {
                         // Every deletion in the range up to `revision` was seen: ours is not
                         // among them, so our key exists and nothing is ahead of it.
-                        read_revision = revision;
+                        last.revision = revision;
+                        last.ahead = Ahead::First;
                         by_turn = true;
                         break;
                     }
-                    Wait::Recheck => {}
+                    // The read that closed the watch's gap found the queue changed.
+                    Wait::Reread => {}
+                    // Re-read the part of the queue up to our key: ours must still be there (a
+                    // waiter whose session ended must not report acquired), and the next key
+                    // below ours, if any, is the new predecessor.
+                    Wait::Recheck => match self.read_queue(&queue).await {
+                        Ok(read) => last = read,
+                        Err(f) => {
+                            tracing::debug!(key = %key, error = %f, "etcd waiter could not re-read its queue; retrying");
+                            tokio::select! {
+                                _ = caller.closed() => return Err(timed_out()),
+                                _ = tokio::time::sleep_until(deadline) => {
+                                    self.delete_now(&mut pending).await;
+                                    return Err(timed_out());
+                                }
+                                _ = backoff.sleep() => {}
+                            }
+                            continue;
+                        }
+                    },
                     Wait::Cancelled => return Err(timed_out()),
                     Wait::Deadline => {
                         self.delete_now(&mut pending).await;
                         return Err(timed_out());
                     }
                 }
-                // Re-read the part of the queue up to our key: ours must still be there (a
-                // waiter whose session ended must not report acquired), and the next key below
-                // ours, if any, is the new predecessor.
-                let upto = GetOptions::new()
-                    .with_prefix()
-                    .with_max_create_revision(revision)
-                    .with_sort(SortTarget::Create, SortOrder::Descend)
-                    .with_limit(QUEUE_READ)
-                    .with_keys_only();
-                let sent2 = Instant::now();
-                let client = &self.handle.client;
-                match retry_unapplied(timeout, || {
-                    let (mut kv, prefix, upto) = (client.clone(), prefix.clone(), upto.clone());
-                    async move { kv.get(prefix, Some(upto)).await }
-                })
-                .await
-                {
-                    Ok(mut g) => {
-                        let header = header_revision(g.header());
-                        let kvs = g.take_kvs();
-                        if kvs.first().map(|kv| kv.key()) != Some(own.as_bytes()) {
-                            tracing::debug!(key = %key, "etcd waiter's key vanished (session ended or deleted); queueing again");
-                            pending.armed = false;
-                            if Instant::now() >= deadline {
-                                return Err(timed_out());
-                            }
-                            continue 'enqueue;
-                        }
-                        read_revision = header;
-                        confirmed_sent = sent2;
-                        predecessor = kvs.get(1).map(|kv| kv.key().to_vec());
-                        alone_ahead = kvs.len() == 2;
-                        backoff.reset();
+                if let Ahead::Gone = last.ahead {
+                    tracing::debug!(key = %key, "etcd waiter's key vanished (session ended or deleted); queueing again");
+                    pending.armed = false;
+                    if Instant::now() >= deadline {
+                        return Err(timed_out());
                     }
-                    Err(f) => {
-                        tracing::debug!(key = %key, error = %f, "etcd waiter could not re-read its queue; retrying");
-                        tokio::select! {
-                            _ = caller.closed() => return Err(timed_out()),
-                            _ = tokio::time::sleep_until(deadline) => {
-                                self.delete_now(&mut pending).await;
-                                return Err(timed_out());
-                            }
-                            _ = backoff.sleep() => {}
-                        }
-                        predecessor = Some(pred);
-                    }
+                    continue 'enqueue;
                 }
+                backoff.reset();
             }
+            let (mut read_revision, mut confirmed_sent) = (last.revision, last.sent);
             if session.is_dead() {
                 // Our key went with the session (or is about to): queue again.
                 pending.armed = false;
@@ -543,33 +592,67 @@ impl Inner {
         }
     }
 
-    /// Waits for `pred`'s deletion with a watch starting at `from` (the revision after the read
-    /// that found it, so an event after the read is delivered at once, and none is missed).
-    /// The session ending also ends the wait (our key went with it): the re-read then queues
-    /// again.
+    /// Waits for `pred`'s deletion. The watch starts at the server's current revision, so etcd
+    /// serves it from its creation (a watch whose start the store has passed waits for etcd's
+    /// 100 ms sync tick, which under contention is most of a hand-off). When the creation's
+    /// revision is after `last`'s read, the deletions in between are not delivered: one more read
+    /// of the queue closes that gap, and [`Wait::Reread`] says it found the queue changed (`last`
+    /// holds it). The session ending also ends the wait (our key went with it): the re-read then
+    /// queues again.
     ///
-    /// `only`: `pred` is the only key ahead of ours (the lock's range prefix and our key): the
-    /// wait watches the whole range, and `pred`'s deletion before any of ours is
-    /// [`Wait::First`], which needs no re-read (one round trip less in every hand-off).
+    /// `pred.only` (`pred` is the only key ahead of ours): the wait watches the lock's whole
+    /// range, and `pred`'s deletion before any of ours is [`Wait::First`], which needs no
+    /// re-read (one round trip less in every hand-off).
     async fn wait_deleted(
         &self,
         session: &Session,
-        pred: &[u8],
-        only: Option<(&str, &str)>,
-        from: i64,
+        queue: &Queue<'_>,
+        pred: &Pred,
+        last: &mut Read,
         deadline: Instant,
         caller: &mut oneshot::Sender<Result<EtcdLease>>,
     ) -> Wait {
         let watcher = &self.handle.watcher;
-        let mut deletion = match only {
-            Some((prefix, own)) => watcher.turn(prefix.into(), pred.to_vec(), own.into(), from),
-            None => watcher.deleted(pred.to_vec(), from),
+        let mut deletion = if pred.only {
+            watcher.turn(queue.prefix.into(), pred.key.clone(), queue.own.into())
+        } else {
+            watcher.deleted_from_now(pred.key.clone())
         };
         let mut state = session.watch_state();
+        let dead = state.wait_for(|s| s.dead.is_some());
+        tokio::pin!(dead);
+        let created = tokio::select! {
+            _ = caller.closed() => return Wait::Cancelled,
+            _ = tokio::time::sleep_until(deadline) => return Wait::Deadline,
+            _ = &mut dead => return Wait::Recheck,
+            created = deletion.created() => created,
+        };
+        match created {
+            // The watch ended before it was created (cancelled, the task gone), or its start is
+            // unknown.
+            None => return Wait::Recheck,
+            Some(at) if at > last.revision => {
+                let read = tokio::select! {
+                    _ = caller.closed() => return Wait::Cancelled,
+                    _ = tokio::time::sleep_until(deadline) => return Wait::Deadline,
+                    _ = &mut dead => return Wait::Recheck,
+                    read = self.read_queue(queue) => match read {
+                        Ok(read) => read,
+                        Err(_) => return Wait::Recheck,
+                    },
+                };
+                let unchanged = matches!(&read.ahead, Ahead::Behind(p) if p.same_key(pred));
+                *last = read;
+                if !unchanged {
+                    return Wait::Reread;
+                }
+            }
+            Some(_) => {}
+        }
         tokio::select! {
             _ = caller.closed() => Wait::Cancelled,
             _ = tokio::time::sleep_until(deadline) => Wait::Deadline,
-            _ = async { state.wait_for(|s| s.dead.is_some()).await.map(|_| ()) } => Wait::Recheck,
+            _ = &mut dead => Wait::Recheck,
             // Deleted, or the watch ended (compacted, cancelled): re-read, unless the range watch
             // proved our turn.
             seen = deletion.wait() => match seen {
@@ -577,6 +660,28 @@ impl Inner {
                 Seen::Deleted | Seen::Recheck => Wait::Recheck,
             },
         }
+    }
+
+    /// Reads the queue up to our key: whether ours is still there, and what is ahead of it.
+    async fn read_queue(&self, queue: &Queue<'_>) -> Result<Read, Failure> {
+        let upto = GetOptions::new()
+            .with_prefix()
+            .with_max_create_revision(queue.revision)
+            .with_sort(SortTarget::Create, SortOrder::Descend)
+            .with_limit(QUEUE_READ)
+            .with_keys_only();
+        let sent = Instant::now();
+        let client = &self.handle.client;
+        let mut got = retry_unapplied(self.timeout(), || {
+            let (mut kv, prefix, upto) = (client.clone(), queue.prefix.to_owned(), upto.clone());
+            async move { kv.get(prefix, Some(upto)).await }
+        })
+        .await?;
+        Ok(Read {
+            revision: header_revision(got.header()),
+            sent,
+            ahead: Ahead::of(queue.own, &got.take_kvs()),
+        })
     }
 
     /// Deletes a waiter's key now (compare-and-delete on its create revision); if that fails,
@@ -712,6 +817,87 @@ mod tests {
         assert_eq!(ttl_secs(Duration::from_secs(2)), 2);
         assert_eq!(ttl_secs(Duration::from_millis(2001)), 3);
         assert_eq!(ttl_secs(Duration::from_millis(10)), 1);
+    }
+
+    /// A waiter's watch starts at the server's current revision, so a predecessor deleted after
+    /// the waiter's read and before the watch exists is not delivered by the watch: the read
+    /// that closes that gap sees it at once (without it the waiter would sleep to its wait
+    /// bound). A gap with no change to the queue (another key written) leaves the wait on.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_predecessor_deleted_before_the_watch_exists_is_seen_by_the_gap_read() {
+        use conformance_tests::harness::{start_or_skip_async, Backend, EtcdServer};
+
+        let test = "a_predecessor_deleted_before_the_watch_exists_is_seen_by_the_gap_read";
+        let Some(server) = start_or_skip_async(test, Backend::Etcd, EtcdServer::start).await else {
+            return;
+        };
+        let coord = EtcdCoordinator::connect_url(&server.url()).await.unwrap();
+        let raw = coord.client();
+        let key: LockKey = "gap".parse().unwrap();
+        let prefix = coord.lock_prefix(&key);
+        let session = coord.inner.session(20).await.unwrap();
+        let put = |name: &str| {
+            let (mut raw, name) = (raw.clone(), format!("{prefix}{name}"));
+            async move {
+                let put = raw.put(name, "", None).await.unwrap();
+                header_revision(put.header())
+            }
+        };
+        for only in [true, false] {
+            if !only {
+                put("first").await;
+            }
+            let pred_rev = put("pred").await;
+            let own_rev = put("own").await;
+            let own = format!("{prefix}own");
+            let queue = Queue {
+                prefix: &prefix,
+                own: &own,
+                revision: own_rev,
+            };
+            let pred = Pred {
+                key: format!("{prefix}pred").into_bytes(),
+                create_revision: pred_rev,
+                only,
+            };
+            let read = || Read {
+                revision: own_rev,
+                sent: Instant::now(),
+                ahead: Ahead::Behind(pred.clone()),
+            };
+            let (mut caller, _rx) = oneshot::channel();
+
+            // Another key written after the read: a gap, but the queue is as it was.
+            raw.clone().put("elsewhere", "", None).await.unwrap();
+            let mut last = read();
+            let deadline = Instant::now() + Duration::from_millis(300);
+            let wait = coord
+                .inner
+                .wait_deleted(&session, &queue, &pred, &mut last, deadline, &mut caller)
+                .await;
+            assert!(matches!(wait, Wait::Deadline), "only {only}");
+            assert!(last.revision > own_rev, "the gap was read");
+            assert!(matches!(&last.ahead, Ahead::Behind(p) if p.same_key(&pred)));
+
+            // The predecessor deleted after the read, before the watch exists.
+            raw.clone().delete(pred.key.clone(), None).await.unwrap();
+            let mut last = read();
+            let deadline = Instant::now() + Duration::from_secs(10);
+            let started = Instant::now();
+            let wait = coord
+                .inner
+                .wait_deleted(&session, &queue, &pred, &mut last, deadline, &mut caller)
+                .await;
+            assert!(matches!(wait, Wait::Reread), "only {only}");
+            assert!(started.elapsed() < Duration::from_secs(5));
+            match (&last.ahead, only) {
+                (Ahead::First, true) => {}
+                (Ahead::Behind(p), false) => assert_eq!(p.key, format!("{prefix}first").as_bytes()),
+                _ => panic!("only {only}: {:?}", last.ahead),
+            }
+            let all = etcd_client::DeleteOptions::new().with_prefix();
+            raw.clone().delete(prefix.clone(), Some(all)).await.unwrap();
+        }
     }
 
     /// A copy of an abandoned attempt's cleanup applied late (its first send got no answer and a

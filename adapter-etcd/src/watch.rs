@@ -5,7 +5,7 @@
 //! open a stream of its own: 10,000 held leases meant 10,000 HTTP/2 streams, each reset when its
 //! lease ended (h2 closes a connection after 1,024 local resets), and 10,000 streams to re-open
 //! after a reconnect. Here a coordinator has **one** stream, owned by one task; a watch is one
-//! create request on it (client-chosen id, so no bookkeeping of create responses) and one cancel
+//! create request on it (client-chosen id, so its answers are matched by id) and one cancel
 //! request when it is no longer needed.
 //!
 //! A watch here waits for the **deletion** of one key from a start revision ([`Watcher::deleted`])
@@ -14,7 +14,13 @@
 //! re-reads the key and watches again from after that read. A waiter whose predecessor is the
 //! only key ahead of its own watches the lock's whole range instead ([`Watcher::turn`]): the
 //! deletions of the range come in revision order, so the predecessor's deletion with no deletion
-//! of the waiter's own key at or before it proves, without a read, that the waiter is first. When the stream breaks, the task
+//! of the waiter's own key at or before it proves, without a read, that the waiter is first.
+//!
+//! A waiter's watch starts at the server's current revision ([`Watcher::deleted_from_now`],
+//! [`Watcher::turn`]), which the creation answer tells ([`Deletion::created`]): etcd serves a
+//! watch whose start it has already passed from its unsynced group, every 100 ms, and under
+//! contention the revision has nearly always moved on between a waiter's read and its watch. The
+//! waiter reads once more when the creation came after its read. When the stream breaks, the task
 //! opens a new one and creates every pending watch again from its own start revision, so an event
 //! that happened while the stream was down is still delivered (or the compaction says to re-read).
 //!
@@ -51,6 +57,7 @@ enum Command {
         from: i64,
         turn: Option<Turn>,
         tx: oneshot::Sender<Seen>,
+        created: Option<oneshot::Sender<i64>>,
     },
     Remove(i64),
 }
@@ -67,13 +74,39 @@ pub(crate) struct Watcher {
 pub(crate) struct Deletion {
     id: i64,
     rx: oneshot::Receiver<Seen>,
+    /// For a watch from the current revision: the server's answer to its creation.
+    created: Option<oneshot::Receiver<i64>>,
+    /// The outcome, when it came while waiting for the creation.
+    ended: Option<Seen>,
     tx: mpsc::UnboundedSender<Command>,
 }
 
 impl Deletion {
     /// Waits for the outcome (cancel-safe: may be polled again after a `select!` dropped it).
     pub(crate) async fn wait(&mut self) -> Seen {
+        if let Some(seen) = self.ended.take() {
+            return seen;
+        }
         (&mut self.rx).await.unwrap_or(Seen::Recheck)
+    }
+
+    /// For a watch from the current revision ([`Watcher::deleted_from_now`],
+    /// [`Watcher::turn`]): the revision the server was at when it created the watch, whose
+    /// events start at the next one. `None` if the watch ended first (its outcome is then
+    /// [`Deletion::wait`]'s), if the server's answer had no revision, or if the watch was given
+    /// its start (or this was asked before). Cancel-safe.
+    pub(crate) async fn created(&mut self) -> Option<i64> {
+        let created = self.created.as_mut()?;
+        let answer = tokio::select! {
+            biased;
+            r = created => r.ok(),
+            seen = &mut self.rx => {
+                self.ended = Some(seen.unwrap_or(Seen::Recheck));
+                None
+            }
+        };
+        self.created = None;
+        answer
     }
 }
 
@@ -97,33 +130,47 @@ impl Watcher {
 
     /// Watches for the deletion of `key` at revision `from` or later.
     pub(crate) fn deleted(&self, key: Vec<u8>, from: i64) -> Deletion {
-        self.add(key, from, None)
+        self.add(key, Some(from), None)
     }
 
-    /// Watches the deletions in the lock range `prefix` at revision `from` or later, for the
-    /// deletion of `predecessor` (the only key ahead of `own` as of revision `from - 1`):
+    /// Watches for the deletion of `key` from the server's current revision, which
+    /// [`Deletion::created`] tells. A watch whose start the server has already passed waits in
+    /// etcd's unsynced group, served every 100 ms; this one is synced from its creation, so a
+    /// caller that read the key at an earlier revision reads it once more if the creation came
+    /// later (the deletions in between are not delivered).
+    pub(crate) fn deleted_from_now(&self, key: Vec<u8>) -> Deletion {
+        self.add(key, None, None)
+    }
+
+    /// Watches the deletions in the lock range `prefix` from the current revision (as
+    /// [`Watcher::deleted_from_now`]), for the deletion of `predecessor` (the only key ahead of
+    /// `own` as of the caller's last read, at or after the revision [`Deletion::created`] tells):
     /// [`Seen::Turn`] once it is deleted and `own` was not deleted at or before that revision;
     /// [`Seen::Recheck`] once `own` is deleted first (or together, as by a prefix delete), or the
     /// watch ends without an answer.
-    pub(crate) fn turn(
-        &self,
-        prefix: Vec<u8>,
-        predecessor: Vec<u8>,
-        own: Vec<u8>,
-        from: i64,
-    ) -> Deletion {
-        self.add(prefix, from, Some(Turn { predecessor, own }))
+    pub(crate) fn turn(&self, prefix: Vec<u8>, predecessor: Vec<u8>, own: Vec<u8>) -> Deletion {
+        self.add(prefix, None, Some(Turn { predecessor, own }))
     }
 
-    fn add(&self, key: Vec<u8>, from: i64, turn: Option<Turn>) -> Deletion {
+    /// `from`: the start revision, or `None` for the server's current one.
+    fn add(&self, key: Vec<u8>, from: Option<i64>, turn: Option<Turn>) -> Deletion {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
+        let (created_tx, created) = match from {
+            Some(_) => (None, None),
+            None => {
+                let (tx, rx) = oneshot::channel();
+                (Some(tx), Some(rx))
+            }
+        };
         let add = Command::Add {
             id,
             key,
-            from,
+            // 0 asks the server for its current revision.
+            from: from.unwrap_or(0),
             turn,
             tx,
+            created: created_tx,
         };
         if self.tx.send(add).is_err() {
             // The task is gone (the coordinator is being dropped): `wait` says Recheck.
@@ -131,6 +178,8 @@ impl Watcher {
         Deletion {
             id,
             rx,
+            created,
+            ended: None,
             tx: self.tx.clone(),
         }
     }
@@ -146,9 +195,13 @@ struct Turn {
 struct Entry {
     /// The key, or the range's prefix for a [`Turn`].
     key: Vec<u8>,
+    /// The start revision; 0 (the current one) until the server's creation answer sets it, so
+    /// a watch created again on a new stream resumes where the first one started.
     from: i64,
     turn: Option<Turn>,
     tx: oneshot::Sender<Seen>,
+    /// Told the revision of the creation answer, for a watch from the current revision.
+    created: Option<oneshot::Sender<i64>>,
 }
 
 fn options(id: i64, from: i64, prefix: bool) -> WatchOptions {
@@ -276,6 +329,7 @@ fn apply(entries: &mut HashMap<i64, Entry>, stream: Option<&Stream>, c: Command)
             from,
             turn,
             tx,
+            created,
         } => {
             if let Some(s) = stream {
                 let _ = s
@@ -289,6 +343,7 @@ fn apply(entries: &mut HashMap<i64, Entry>, stream: Option<&Stream>, c: Command)
                     from,
                     turn,
                     tx,
+                    created,
                 },
             );
         }
@@ -304,6 +359,21 @@ fn apply(entries: &mut HashMap<i64, Entry>, stream: Option<&Stream>, c: Command)
 
 fn dispatch(entries: &mut HashMap<i64, Entry>, stream: Option<&Stream>, resp: WatchResponse) {
     let id = resp.watch_id();
+    if resp.created() && !resp.canceled() {
+        // A creation answer carries no events; for a watch from the current revision its header
+        // is that revision, and its events start at the next one.
+        if let Some(entry) = entries.get_mut(&id) {
+            if let Some(created) = entry.created.take() {
+                // Without a header the start is unknown: dropping `created` tells the caller
+                // (its `created()` says `None`), which reads again.
+                if let Some(revision) = resp.header().map(|h| h.revision()).filter(|r| *r > 0) {
+                    entry.from = revision + 1;
+                    let _ = created.send(revision);
+                }
+            }
+        }
+        return;
+    }
     let seen = if resp.canceled() || resp.compact_revision() > 0 {
         // Cancelled by the server (compacted past the start, no leader): the watch is over.
         Seen::Recheck
