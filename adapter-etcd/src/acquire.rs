@@ -1,6 +1,7 @@
 //! The acquire recipe on etcd: a session per TTL, the key the attempt writes (retired if the
 //! attempt does not hand it to a lease), `try_acquire`'s one transaction and `acquire`'s queue
-//! (FIFO by create revision, each waiter watching only its predecessor), and the grant.
+//! (FIFO by create revision, each waiter seeing the keys ahead of its own deleted on the lock's
+//! shared range watch), and the grant.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -20,7 +21,7 @@ use crate::error::{retry_resendable, retry_unapplied, Failure, BACKEND};
 use crate::keys::{self, Slot};
 use crate::lease::EtcdLease;
 use crate::session::{Cleaner, Cleanup, Session, Unconfirmed};
-use crate::watch::Seen;
+use crate::watch::{Lock, Range};
 
 /// A waiter's or holder's key that must not outlive the attempt unless handed to a lease:
 /// dropping it armed queues its deletion. Until the request that writes it was answered
@@ -64,44 +65,23 @@ struct Queue<'a> {
     revision: i64,
 }
 
-/// The key just ahead of ours.
-#[derive(Debug, Clone)]
-struct Pred {
-    key: Vec<u8>,
-    create_revision: i64,
-    /// It is the only key ahead of ours.
-    only: bool,
-}
-
-impl Pred {
-    /// The same key (a name is reused, so by create revision as well).
-    fn same_key(&self, other: &Pred) -> bool {
-        self.key == other.key && self.create_revision == other.create_revision
-    }
-}
-
 /// What a read of the queue up to our key showed.
 #[derive(Debug, Clone)]
 enum Ahead {
     /// Our key is gone (the session ended, or someone deleted it).
     Gone,
-    /// Nothing is ahead of ours.
-    First,
-    /// This key is ahead of ours.
-    Behind(Pred),
+    /// These keys are ahead of ours, nearest first; `all`: no other key is (the read was not cut
+    /// off at [`QUEUE_READ`]).
+    Keys { keys: Vec<Vec<u8>>, all: bool },
 }
 
 impl Ahead {
-    /// From the newest keys up to ours ([`QUEUE_READ`] of them, newest first).
+    /// From the newest keys up to ours ([`QUEUE_READ`] at most, newest first).
     fn of(own: &str, kvs: &[KeyValue]) -> Ahead {
         match kvs.first() {
-            Some(kv) if kv.key() == own.as_bytes() => match kvs.get(1) {
-                None => Ahead::First,
-                Some(p) => Ahead::Behind(Pred {
-                    key: p.key().to_vec(),
-                    create_revision: p.create_revision(),
-                    only: kvs.len() == 2,
-                }),
+            Some(kv) if kv.key() == own.as_bytes() => Ahead::Keys {
+                keys: kvs[1..].iter().map(|kv| kv.key().to_vec()).collect(),
+                all: (kvs.len() as i64) < QUEUE_READ,
             },
             _ => Ahead::Gone,
         }
@@ -116,15 +96,20 @@ struct Read {
     ahead: Ahead,
 }
 
-/// How a wait for the predecessor ended.
+/// How a wait for our turn ended.
 enum Wait {
-    /// Its deletion was seen, or the watch broke: re-read the queue.
-    Recheck,
-    /// The read that closed the watch's gap found the queue changed: act on it.
-    Reread,
-    /// It was the only key ahead of ours, and it was deleted at this revision while our key
-    /// still existed: ours is first, no re-read needed.
+    /// Every key ahead of ours at the last read is gone, none is left: ours is first.
+    Ready,
+    /// The lock's range watch showed every key ahead of ours at the last read deleted, the last
+    /// at this revision, and ours not: ours is first, no re-read needed.
     First(i64),
+    /// The watch showed our key deleted.
+    Gone,
+    /// Read the queue again: the watch's coverage starts after the last read, the keys we knew
+    /// are gone but the read was cut off, or the session ended.
+    Recheck,
+    /// The lock's watch ended (compaction, the server cancelled it): join a new one and read.
+    Ended,
     /// The caller dropped the acquire future.
     Cancelled,
     /// The wait bound passed.
@@ -175,14 +160,15 @@ fn try_txn(prefix: &str, pending: &PendingKey, record: &[u8], in_doubt: bool) ->
         .or_else([TxnOp::get(pending.key.clone(), None)])
 }
 
-/// How many of the queue's newest keys, up to ours, a waiter reads: its own, its predecessor, and
-/// one more, which tells whether the predecessor is the only key ahead (then its deletion alone
-/// makes us first: [`Watcher::turn`](crate::watch::Watcher::turn)).
-const QUEUE_READ: i64 = 3;
+/// How many of the queue's newest keys, up to ours, a waiter reads: its own and up to 31 ahead of
+/// it (keys only). A waiter that read every key ahead of its own knows it is first once the lock's
+/// range watch has shown each of them deleted, without a read; one further back reads again when
+/// the keys it read are gone.
+const QUEUE_READ: i64 = 32;
 
 /// `acquire`'s transaction, one round trip: unless the attempt was abandoned (its marker
 /// exists), create our key (attached to the session) and read the newest keys of the queue
-/// ([`QUEUE_READ`]): ours, the one just before it (our predecessor), if any, and one more.
+/// ([`QUEUE_READ`]): ours and those just before it, if any.
 fn enqueue_txn(prefix: &str, pending: &PendingKey, record: &[u8]) -> Txn {
     let queue = GetOptions::new()
         .with_prefix()
@@ -366,7 +352,7 @@ impl Inner {
         })
     }
 
-    /// `acquire` with a wait: queue our key, then wait for the predecessor's deletion.
+    /// `acquire` with a wait: queue our key, then wait for the deletion of every key ahead.
     async fn acquire_queued(
         self: &Arc<Self>,
         key: &LockKey,
@@ -463,39 +449,55 @@ impl Inner {
             // Our turn was proven by the range watch, not by a read of ours (see below).
             let mut by_turn = false;
             let mut backoff = Backoff::new(Duration::from_millis(20), Duration::from_millis(500));
-            while let Ahead::Behind(pred) = last.ahead.clone() {
-                match self
-                    .wait_deleted(&session, &queue, &pred, &mut last, deadline, caller)
-                    .await
-                {
+            // Joined once a key is ahead of ours (an uncontended acquire sends no watch).
+            let mut watch: Option<(Lock, Option<i64>)> = None;
+            loop {
+                let wait = match &last.ahead {
+                    Ahead::Keys { keys, all: true } if keys.is_empty() => Wait::Ready,
+                    _ => {
+                        let (lock, from) = watch.get_or_insert_with(|| {
+                            (self.handle.watcher.lock(prefix.as_bytes().to_vec()), None)
+                        });
+                        self.wait_turn(&session, &queue, lock, from, &mut last, deadline, caller)
+                            .await
+                    }
+                };
+                match wait {
+                    Wait::Ready => break,
                     Wait::First(revision) => {
                         // Every deletion in the range up to `revision` was seen: ours is not
                         // among them, so our key exists and nothing is ahead of it.
                         last.revision = revision;
-                        last.ahead = Ahead::First;
                         by_turn = true;
                         break;
                     }
-                    // The read that closed the watch's gap found the queue changed.
-                    Wait::Reread => {}
-                    // Re-read the part of the queue up to our key: ours must still be there (a
-                    // waiter whose session ended must not report acquired), and the next key
-                    // below ours, if any, is the new predecessor.
-                    Wait::Recheck => match self.read_queue(&queue).await {
-                        Ok(read) => last = read,
-                        Err(f) => {
-                            tracing::debug!(key = %key, error = %f, "etcd waiter could not re-read its queue; retrying");
-                            tokio::select! {
-                                _ = caller.closed() => return Err(timed_out()),
-                                _ = tokio::time::sleep_until(deadline) => {
-                                    self.delete_now(&mut pending).await;
-                                    return Err(timed_out());
-                                }
-                                _ = backoff.sleep() => {}
-                            }
-                            continue;
+                    Wait::Gone => last.ahead = Ahead::Gone,
+                    Wait::Recheck | Wait::Ended => {
+                        if let Wait::Ended = wait {
+                            // Join a new watch before the read, so its start is likely before it.
+                            watch =
+                                Some((self.handle.watcher.lock(prefix.as_bytes().to_vec()), None));
                         }
-                    },
+                        // Re-read the part of the queue up to our key: ours must still be there
+                        // (a waiter whose session ended must not report acquired), and the keys
+                        // below ours are the ones to see go.
+                        match self.read_queue(&queue).await {
+                            Ok(read) => last = read,
+                            Err(f) => {
+                                tracing::debug!(key = %key, error = %f, "etcd waiter could not re-read its queue; retrying");
+                                tokio::select! {
+                                    _ = caller.closed() => return Err(timed_out()),
+                                    _ = tokio::time::sleep_until(deadline) => {
+                                        self.delete_now(&mut pending).await;
+                                        return Err(timed_out());
+                                    }
+                                    _ = backoff.sleep() => {}
+                                }
+                                continue;
+                            }
+                        }
+                        backoff.reset();
+                    }
                     Wait::Cancelled => return Err(timed_out()),
                     Wait::Deadline => {
                         self.delete_now(&mut pending).await;
@@ -510,8 +512,8 @@ impl Inner {
                     }
                     continue 'enqueue;
                 }
-                backoff.reset();
             }
+            drop(watch);
             let (mut read_revision, mut confirmed_sent) = (last.revision, last.sent);
             if session.is_dead() {
                 // Our key went with the session (or is about to): queue again.
@@ -592,73 +594,74 @@ impl Inner {
         }
     }
 
-    /// Waits for `pred`'s deletion. The watch starts at the server's current revision, so etcd
-    /// serves it from its creation (a watch whose start the store has passed waits for etcd's
-    /// 100 ms sync tick, which under contention is most of a hand-off). When the creation's
-    /// revision is after `last`'s read, the deletions in between are not delivered: one more read
-    /// of the queue closes that gap, and [`Wait::Reread`] says it found the queue changed (`last`
-    /// holds it). The session ending also ends the wait (our key went with it): the re-read then
-    /// queues again.
-    ///
-    /// `pred.only` (`pred` is the only key ahead of ours): the wait watches the lock's whole
-    /// range, and `pred`'s deletion before any of ours is [`Wait::First`], which needs no
-    /// re-read (one round trip less in every hand-off).
-    async fn wait_deleted(
+    /// Waits, on the lock's range watch `lock` (every deletion in the range, shared by this
+    /// coordinator's waiters of the lock), until every key ahead of ours at `last`'s read is
+    /// deleted. `from` is the revision after which the watch delivers every deletion, once it
+    /// has told it: when that is after `last`'s read, the deletions in between are not
+    /// delivered, and the wait asks for one more read ([`Wait::Recheck`]). Deletions at or
+    /// before `last`'s read are already in it. The session ending also ends the wait (our key
+    /// went with it): the re-read then queues again.
+    #[allow(clippy::too_many_arguments)]
+    async fn wait_turn(
         &self,
         session: &Session,
         queue: &Queue<'_>,
-        pred: &Pred,
+        lock: &mut Lock,
+        from: &mut Option<i64>,
         last: &mut Read,
         deadline: Instant,
         caller: &mut oneshot::Sender<Result<EtcdLease>>,
     ) -> Wait {
-        let watcher = &self.handle.watcher;
-        let mut deletion = if pred.only {
-            watcher.turn(queue.prefix.into(), pred.key.clone(), queue.own.into())
-        } else {
-            watcher.deleted_from_now(pred.key.clone())
-        };
+        if from.is_some_and(|f| f > last.revision) {
+            return Wait::Recheck;
+        }
         let mut state = session.watch_state();
         let dead = state.wait_for(|s| s.dead.is_some());
         tokio::pin!(dead);
-        let created = tokio::select! {
-            _ = caller.closed() => return Wait::Cancelled,
-            _ = tokio::time::sleep_until(deadline) => return Wait::Deadline,
-            _ = &mut dead => return Wait::Recheck,
-            created = deletion.created() => created,
-        };
-        match created {
-            // The watch ended before it was created (cancelled, the task gone), or its start is
-            // unknown.
-            None => return Wait::Recheck,
-            Some(at) if at > last.revision => {
-                let read = tokio::select! {
-                    _ = caller.closed() => return Wait::Cancelled,
-                    _ = tokio::time::sleep_until(deadline) => return Wait::Deadline,
-                    _ = &mut dead => return Wait::Recheck,
-                    read = self.read_queue(queue) => match read {
-                        Ok(read) => read,
-                        Err(_) => return Wait::Recheck,
-                    },
-                };
-                let unchanged = matches!(&read.ahead, Ahead::Behind(p) if p.same_key(pred));
-                *last = read;
-                if !unchanged {
-                    return Wait::Reread;
+        loop {
+            match &last.ahead {
+                Ahead::Gone => return Wait::Gone,
+                Ahead::Keys { keys, all } if keys.is_empty() => {
+                    return if *all { Wait::Ready } else { Wait::Recheck };
                 }
+                Ahead::Keys { .. } => {}
             }
-            Some(_) => {}
-        }
-        tokio::select! {
-            _ = caller.closed() => Wait::Cancelled,
-            _ = tokio::time::sleep_until(deadline) => Wait::Deadline,
-            _ = &mut dead => Wait::Recheck,
-            // Deleted, or the watch ended (compacted, cancelled): re-read, unless the range watch
-            // proved our turn.
-            seen = deletion.wait() => match seen {
-                Seen::Turn(revision) => Wait::First(revision),
-                Seen::Deleted | Seen::Recheck => Wait::Recheck,
-            },
+            let event = tokio::select! {
+                _ = caller.closed() => return Wait::Cancelled,
+                _ = tokio::time::sleep_until(deadline) => return Wait::Deadline,
+                _ = &mut dead => return Wait::Recheck,
+                event = lock.next() => event,
+            };
+            match event {
+                Range::From(start) => {
+                    *from = Some(start);
+                    if start > last.revision {
+                        return Wait::Recheck;
+                    }
+                }
+                Range::Deleted(deleted) => {
+                    let Ahead::Keys { keys, all } = &mut last.ahead else {
+                        return Wait::Gone;
+                    };
+                    let mut emptied_at = None;
+                    for (key, revision) in deleted.iter().filter(|(_, r)| *r > last.revision) {
+                        // Ours deleted (also in the same revision as the last key ahead, as by a
+                        // prefix delete): never granted on a key that is gone.
+                        if key.as_slice() == queue.own.as_bytes() {
+                            return Wait::Gone;
+                        }
+                        let before = keys.len();
+                        keys.retain(|k| k != key);
+                        if keys.is_empty() && before > 0 {
+                            emptied_at = Some(*revision);
+                        }
+                    }
+                    if let (Some(revision), true) = (emptied_at, *all) {
+                        return Wait::First(revision);
+                    }
+                }
+                Range::Ended => return Wait::Ended,
+            }
         }
     }
 
@@ -819,35 +822,37 @@ mod tests {
         assert_eq!(ttl_secs(Duration::from_millis(10)), 1);
     }
 
-    /// A waiter's watch starts at the server's current revision, so a predecessor deleted after
-    /// the waiter's read and before the watch exists is not delivered by the watch: the read
-    /// that closes that gap sees it at once (without it the waiter would sleep to its wait
-    /// bound). A gap with no change to the queue (another key written) leaves the wait on.
+    /// A waiter's lock watch starts at the server's current revision, so a predecessor deleted
+    /// after the waiter's read and before the watch exists is not delivered: the watch's start,
+    /// after the read, makes the waiter read again. Once the watch covers the read, the
+    /// deletions of the keys ahead alone make the waiter first, and nothing else ends the wait.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_predecessor_deleted_before_the_watch_exists_is_seen_by_the_gap_read() {
+    async fn a_predecessor_deleted_before_the_watch_exists_is_seen_by_a_read() {
         use conformance_tests::harness::{start_or_skip_async, Backend, EtcdServer};
 
-        let test = "a_predecessor_deleted_before_the_watch_exists_is_seen_by_the_gap_read";
+        let test = "a_predecessor_deleted_before_the_watch_exists_is_seen_by_a_read";
         let Some(server) = start_or_skip_async(test, Backend::Etcd, EtcdServer::start).await else {
             return;
         };
         let coord = EtcdCoordinator::connect_url(&server.url()).await.unwrap();
         let raw = coord.client();
+        let inner = &coord.inner;
         let key: LockKey = "gap".parse().unwrap();
         let prefix = coord.lock_prefix(&key);
-        let session = coord.inner.session(20).await.unwrap();
+        let session = inner.session(20).await.unwrap();
         let put = |name: &str| {
             let (mut raw, name) = (raw.clone(), format!("{prefix}{name}"));
-            async move {
-                let put = raw.put(name, "", None).await.unwrap();
-                header_revision(put.header())
-            }
+            async move { header_revision(raw.put(name, "", None).await.unwrap().header()) }
+        };
+        let delete = |name: &str| {
+            let (mut raw, name) = (raw.clone(), format!("{prefix}{name}"));
+            async move { raw.delete(name, None).await.unwrap() }
         };
         for only in [true, false] {
             if !only {
                 put("first").await;
             }
-            let pred_rev = put("pred").await;
+            put("pred").await;
             let own_rev = put("own").await;
             let own = format!("{prefix}own");
             let queue = Queue {
@@ -855,51 +860,78 @@ mod tests {
                 own: &own,
                 revision: own_rev,
             };
-            let pred = Pred {
-                key: format!("{prefix}pred").into_bytes(),
-                create_revision: pred_rev,
-                only,
-            };
-            let read = || Read {
-                revision: own_rev,
-                sent: Instant::now(),
-                ahead: Ahead::Behind(pred.clone()),
-            };
             let (mut caller, _rx) = oneshot::channel();
+            let mut last = inner.read_queue(&queue).await.unwrap();
+            let stale = last.revision;
+            let ahead = |last: &Read| match &last.ahead {
+                Ahead::Keys { keys, all: true } => keys.len(),
+                other => panic!("{other:?}"),
+            };
+            assert_eq!(ahead(&last), if only { 1 } else { 2 });
 
-            // Another key written after the read: a gap, but the queue is as it was.
-            raw.clone().put("elsewhere", "", None).await.unwrap();
-            let mut last = read();
+            // Nothing written since the read: the wait goes on to its bound.
+            let mut lock = inner.handle.watcher.lock(prefix.as_bytes().to_vec());
+            let mut from = None;
             let deadline = Instant::now() + Duration::from_millis(300);
-            let wait = coord
-                .inner
-                .wait_deleted(&session, &queue, &pred, &mut last, deadline, &mut caller)
+            let wait = inner
+                .wait_turn(
+                    &session,
+                    &queue,
+                    &mut lock,
+                    &mut from,
+                    &mut last,
+                    deadline,
+                    &mut caller,
+                )
                 .await;
             assert!(matches!(wait, Wait::Deadline), "only {only}");
-            assert!(last.revision > own_rev, "the gap was read");
-            assert!(matches!(&last.ahead, Ahead::Behind(p) if p.same_key(&pred)));
+            assert!(from.is_some_and(|f| f <= stale));
+            drop(lock);
 
             // The predecessor deleted after the read, before the watch exists.
-            raw.clone().delete(pred.key.clone(), None).await.unwrap();
-            let mut last = read();
+            delete("pred").await;
+            let mut lock = inner.handle.watcher.lock(prefix.as_bytes().to_vec());
+            let mut from = None;
             let deadline = Instant::now() + Duration::from_secs(10);
-            let started = Instant::now();
-            let wait = coord
-                .inner
-                .wait_deleted(&session, &queue, &pred, &mut last, deadline, &mut caller)
+            let wait = inner
+                .wait_turn(
+                    &session,
+                    &queue,
+                    &mut lock,
+                    &mut from,
+                    &mut last,
+                    deadline,
+                    &mut caller,
+                )
                 .await;
-            assert!(matches!(wait, Wait::Reread), "only {only}");
-            assert!(started.elapsed() < Duration::from_secs(5));
-            match (&last.ahead, only) {
-                (Ahead::First, true) => {}
-                (Ahead::Behind(p), false) => assert_eq!(p.key, format!("{prefix}first").as_bytes()),
-                _ => panic!("only {only}: {:?}", last.ahead),
+            assert!(matches!(wait, Wait::Recheck), "only {only}");
+            assert!(from.is_some_and(|f| f > stale));
+            let mut last = inner.read_queue(&queue).await.unwrap();
+            assert_eq!(ahead(&last), if only { 0 } else { 1 });
+            if !only {
+                // The watch covers the read: the last key ahead going makes ours first.
+                delete("first").await;
+            }
+            let wait = inner
+                .wait_turn(
+                    &session,
+                    &queue,
+                    &mut lock,
+                    &mut from,
+                    &mut last,
+                    deadline,
+                    &mut caller,
+                )
+                .await;
+            match wait {
+                Wait::Ready if only => {}
+                Wait::First(revision) if !only => assert!(revision > last.revision),
+                _ => panic!("only {only}: not first"),
             }
             let all = etcd_client::DeleteOptions::new().with_prefix();
             raw.clone().delete(prefix.clone(), Some(all)).await.unwrap();
         }
     }
-
     /// A copy of an abandoned attempt's cleanup applied late (its first send got no answer and a
     /// retry succeeded, freeing the name's slot) writes nothing: it cannot delete the key of a
     /// newer lease that reuses the name.

@@ -311,7 +311,7 @@ async fn guard(shared: Arc<LeaseShared>, tracker: LeaseTracker, mut from: i64) {
         };
         match seen {
             // (`Turn` answers only a waiter's range watch.)
-            Seen::Deleted | Seen::Turn(_) => break 'outer Watched::Deleted,
+            Seen::Deleted => break 'outer Watched::Deleted,
             // Compacted past `from`, or cancelled by the server: re-read, then watch again from
             // just after the read.
             // Boxed: a client request future is several KB, and every held lease's guardian

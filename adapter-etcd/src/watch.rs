@@ -8,27 +8,32 @@
 //! create request on it (client-chosen id, so its answers are matched by id) and one cancel
 //! request when it is no longer needed.
 //!
-//! A watch here waits for the **deletion** of one key from a start revision ([`Watcher::deleted`])
-//! and resolves once: [`Seen::Deleted`], or [`Seen::Recheck`] when the server cancelled it
-//! (compaction past the start revision, no leader) or the watcher is gone; the caller then
-//! re-reads the key and watches again from after that read. A waiter whose predecessor is the
-//! only key ahead of its own watches the lock's whole range instead ([`Watcher::turn`]): the
-//! deletions of the range come in revision order, so the predecessor's deletion with no deletion
-//! of the waiter's own key at or before it proves, without a read, that the waiter is first.
+//! Two kinds of watch run on it:
 //!
-//! A waiter's watch starts at the server's current revision ([`Watcher::deleted_from_now`],
-//! [`Watcher::turn`]), which the creation answer tells ([`Deletion::created`]): etcd serves a
-//! watch whose start it has already passed from its unsynced group, every 100 ms, and under
-//! contention the revision has nearly always moved on between a waiter's read and its watch. The
-//! waiter reads once more when the creation came after its read. When the stream breaks, the task
-//! opens a new one and creates every pending watch again from its own start revision, so an event
-//! that happened while the stream was down is still delivered (or the compaction says to re-read).
+//! - A guardian waits for the **deletion** of one key from a start revision
+//!   ([`Watcher::deleted`]), which resolves once: [`Seen::Deleted`], or [`Seen::Recheck`] when
+//!   the server cancelled it (compaction past the start revision, no leader) or the watcher is
+//!   gone; the caller then re-reads the key and watches again from after that read.
+//! - The waiters of one lock share **one** watch of the lock's range ([`Watcher::lock`]): every
+//!   deletion in the range, in revision order, goes to each of them ([`Lock::next`]), so a waiter
+//!   that read the keys ahead of its own sees each of them go and knows it is first without a
+//!   read, and a hand-off under contention costs no watch request at all (the watch stays while
+//!   the lock has a local waiter). The watch starts at the server's current revision (etcd
+//!   serves a watch whose start it has passed from its unsynced group, every 100 ms, and under
+//!   contention the revision has nearly always moved on between a read and a watch), and each
+//!   waiter is told the revision after which it sees every deletion ([`Range::From`]): one more
+//!   read closes the gap when that is after the waiter's own read.
+//!
+//! When the stream breaks, the task opens a new one and creates every watch again from where it
+//! had got to, so an event that happened while the stream was down is still delivered (or the
+//! compaction says to re-read).
 //!
 //! Requests go out through a separate sending task per stream, so the task reading responses
 //! never waits on a full request channel while the server waits for us to read its responses.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{Client, EventType, WatchFilterType, WatchOptions, WatchResponse};
@@ -42,12 +47,23 @@ use crate::error::retry_unapplied;
 pub(crate) enum Seen {
     /// The key was deleted at or after the start revision.
     Deleted,
-    /// ([`Watcher::turn`]) The predecessor was deleted at this revision, and the waiter's own key
-    /// was not deleted at or before it.
-    Turn(i64),
     /// The watch ended without an answer (compacted, cancelled by the server, watcher gone):
     /// read the key again.
     Recheck,
+}
+
+/// What a waiter's share of a lock's range watch ([`Lock`]) receives, in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Range {
+    /// Every deletion in the range at a revision after this one is delivered from here on
+    /// (once, first).
+    From(i64),
+    /// Deletions in the range: each key with the revision it was deleted at, in revision order
+    /// (a revision's deletions, such as a prefix delete's, all in one batch).
+    Deleted(Arc<[(Vec<u8>, i64)]>),
+    /// The watch ended (compacted, cancelled by the server, the watcher gone): nothing more
+    /// comes; read the queue again and take a new share.
+    Ended,
 }
 
 enum Command {
@@ -55,18 +71,27 @@ enum Command {
         id: i64,
         key: Vec<u8>,
         from: i64,
-        turn: Option<Turn>,
         tx: oneshot::Sender<Seen>,
-        created: Option<oneshot::Sender<i64>>,
     },
     Remove(i64),
+    /// `member` is unique among the watcher's ids, and is the watch's id if this is the lock's
+    /// first waiter.
+    Join {
+        prefix: Vec<u8>,
+        member: i64,
+        tx: mpsc::UnboundedSender<Range>,
+    },
+    Leave {
+        prefix: Vec<u8>,
+        member: i64,
+    },
 }
 
 /// The handle to a coordinator's watch task. Cheap to clone.
 #[derive(Debug, Clone)]
 pub(crate) struct Watcher {
     tx: mpsc::UnboundedSender<Command>,
-    next_id: std::sync::Arc<AtomicI64>,
+    next_id: Arc<AtomicI64>,
 }
 
 /// One pending deletion watch; dropping it cancels the watch on the server.
@@ -74,45 +99,46 @@ pub(crate) struct Watcher {
 pub(crate) struct Deletion {
     id: i64,
     rx: oneshot::Receiver<Seen>,
-    /// For a watch from the current revision: the server's answer to its creation.
-    created: Option<oneshot::Receiver<i64>>,
-    /// The outcome, when it came while waiting for the creation.
-    ended: Option<Seen>,
     tx: mpsc::UnboundedSender<Command>,
 }
 
 impl Deletion {
     /// Waits for the outcome (cancel-safe: may be polled again after a `select!` dropped it).
     pub(crate) async fn wait(&mut self) -> Seen {
-        if let Some(seen) = self.ended.take() {
-            return seen;
-        }
         (&mut self.rx).await.unwrap_or(Seen::Recheck)
-    }
-
-    /// For a watch from the current revision ([`Watcher::deleted_from_now`],
-    /// [`Watcher::turn`]): the revision the server was at when it created the watch, whose
-    /// events start at the next one. `None` if the watch ended first (its outcome is then
-    /// [`Deletion::wait`]'s), if the server's answer had no revision, or if the watch was given
-    /// its start (or this was asked before). Cancel-safe.
-    pub(crate) async fn created(&mut self) -> Option<i64> {
-        let created = self.created.as_mut()?;
-        let answer = tokio::select! {
-            biased;
-            r = created => r.ok(),
-            seen = &mut self.rx => {
-                self.ended = Some(seen.unwrap_or(Seen::Recheck));
-                None
-            }
-        };
-        self.created = None;
-        answer
     }
 }
 
 impl Drop for Deletion {
     fn drop(&mut self) {
         let _ = self.tx.send(Command::Remove(self.id));
+    }
+}
+
+/// A waiter's share of its lock's range watch; dropping it leaves the watch, which is cancelled
+/// on the server when its last waiter leaves.
+#[derive(Debug)]
+pub(crate) struct Lock {
+    prefix: Vec<u8>,
+    member: i64,
+    rx: mpsc::UnboundedReceiver<Range>,
+    tx: mpsc::UnboundedSender<Command>,
+}
+
+impl Lock {
+    /// The next thing the watch has for this waiter ([`Range::Ended`] once it is over).
+    /// Cancel-safe.
+    pub(crate) async fn next(&mut self) -> Range {
+        self.rx.recv().await.unwrap_or(Range::Ended)
+    }
+}
+
+impl Drop for Lock {
+    fn drop(&mut self) {
+        let _ = self.tx.send(Command::Leave {
+            prefix: std::mem::take(&mut self.prefix),
+            member: self.member,
+        });
     }
 }
 
@@ -124,84 +150,98 @@ impl Watcher {
         Watcher {
             tx,
             // 0 asks the server to choose the id: ours start at 1.
-            next_id: std::sync::Arc::new(AtomicI64::new(1)),
+            next_id: Arc::new(AtomicI64::new(1)),
         }
+    }
+
+    fn next_id(&self) -> i64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
     }
 
     /// Watches for the deletion of `key` at revision `from` or later.
     pub(crate) fn deleted(&self, key: Vec<u8>, from: i64) -> Deletion {
-        self.add(key, Some(from), None)
-    }
-
-    /// Watches for the deletion of `key` from the server's current revision, which
-    /// [`Deletion::created`] tells. A watch whose start the server has already passed waits in
-    /// etcd's unsynced group, served every 100 ms; this one is synced from its creation, so a
-    /// caller that read the key at an earlier revision reads it once more if the creation came
-    /// later (the deletions in between are not delivered).
-    pub(crate) fn deleted_from_now(&self, key: Vec<u8>) -> Deletion {
-        self.add(key, None, None)
-    }
-
-    /// Watches the deletions in the lock range `prefix` from the current revision (as
-    /// [`Watcher::deleted_from_now`]), for the deletion of `predecessor` (the only key ahead of
-    /// `own` as of the caller's last read, at or after the revision [`Deletion::created`] tells):
-    /// [`Seen::Turn`] once it is deleted and `own` was not deleted at or before that revision;
-    /// [`Seen::Recheck`] once `own` is deleted first (or together, as by a prefix delete), or the
-    /// watch ends without an answer.
-    pub(crate) fn turn(&self, prefix: Vec<u8>, predecessor: Vec<u8>, own: Vec<u8>) -> Deletion {
-        self.add(prefix, None, Some(Turn { predecessor, own }))
-    }
-
-    /// `from`: the start revision, or `None` for the server's current one.
-    fn add(&self, key: Vec<u8>, from: Option<i64>, turn: Option<Turn>) -> Deletion {
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let id = self.next_id();
         let (tx, rx) = oneshot::channel();
-        let (created_tx, created) = match from {
-            Some(_) => (None, None),
-            None => {
-                let (tx, rx) = oneshot::channel();
-                (Some(tx), Some(rx))
-            }
-        };
-        let add = Command::Add {
-            id,
-            key,
-            // 0 asks the server for its current revision.
-            from: from.unwrap_or(0),
-            turn,
-            tx,
-            created: created_tx,
-        };
-        if self.tx.send(add).is_err() {
-            // The task is gone (the coordinator is being dropped): `wait` says Recheck.
-        }
+        // If the task is gone (the coordinator is being dropped), `wait` says Recheck.
+        let _ = self.tx.send(Command::Add { id, key, from, tx });
         Deletion {
             id,
             rx,
-            created,
-            ended: None,
+            tx: self.tx.clone(),
+        }
+    }
+
+    /// Joins the range watch of the lock whose keys start with `prefix` (creating it, from the
+    /// server's current revision, if this is its first waiter). The first thing received is
+    /// [`Range::From`].
+    pub(crate) fn lock(&self, prefix: Vec<u8>) -> Lock {
+        let member = self.next_id();
+        let (tx, rx) = mpsc::unbounded_channel();
+        // If the task is gone, `next` says Ended.
+        let _ = self.tx.send(Command::Join {
+            prefix: prefix.clone(),
+            member,
+            tx,
+        });
+        Lock {
+            prefix,
+            member,
+            rx,
             tx: self.tx.clone(),
         }
     }
 }
 
-/// What a range watch of [`Watcher::turn`] waits for.
-#[derive(Debug, Clone)]
-struct Turn {
-    predecessor: Vec<u8>,
-    own: Vec<u8>,
+/// A guardian's watch of one key.
+struct Entry {
+    key: Vec<u8>,
+    from: i64,
+    tx: oneshot::Sender<Seen>,
 }
 
-struct Entry {
-    /// The key, or the range's prefix for a [`Turn`].
-    key: Vec<u8>,
-    /// The start revision; 0 (the current one) until the server's creation answer sets it, so
-    /// a watch created again on a new stream resumes where the first one started.
-    from: i64,
-    turn: Option<Turn>,
-    tx: oneshot::Sender<Seen>,
-    /// Told the revision of the creation answer, for a watch from the current revision.
-    created: Option<oneshot::Sender<i64>>,
+/// A lock's range watch and the waiters sharing it.
+struct Shared {
+    prefix: Vec<u8>,
+    /// The revision after which every deletion has been or will be delivered: the creation
+    /// answer's, then the last delivered deletion's; `None` until the server created it.
+    seen: Option<i64>,
+    members: HashMap<i64, mpsc::UnboundedSender<Range>>,
+}
+
+impl Shared {
+    /// Where a watch created again on a new stream starts: after what was delivered, or at the
+    /// current revision (0) if the first creation was never answered.
+    fn from(&self) -> i64 {
+        self.seen.map_or(0, |s| s + 1)
+    }
+}
+
+/// Every watch of the task: guardians' and locks' (each by its watch id).
+#[derive(Default)]
+struct Watches {
+    keys: HashMap<i64, Entry>,
+    locks: HashMap<i64, Shared>,
+    /// A lock's watch id, by the lock's prefix.
+    lock_ids: HashMap<Vec<u8>, i64>,
+}
+
+impl Watches {
+    fn is_empty(&self) -> bool {
+        self.keys.is_empty() && self.locks.is_empty()
+    }
+
+    /// Every watch as the request that creates it.
+    fn requests(&self) -> Vec<Out> {
+        let keys = self
+            .keys
+            .iter()
+            .map(|(&id, e)| Out::Watch(id, e.key.clone(), e.from, false));
+        let locks = self
+            .locks
+            .iter()
+            .map(|(&id, s)| Out::Watch(id, s.prefix.clone(), s.from(), true));
+        keys.chain(locks).collect()
+    }
 }
 
 fn options(id: i64, from: i64, prefix: bool) -> WatchOptions {
@@ -216,8 +256,8 @@ fn options(id: i64, from: i64, prefix: bool) -> WatchOptions {
     }
 }
 
-/// A request for the sending task of the current stream: a watch (id, key, start revision, whether
-/// the key is a prefix), or a cancel.
+/// A request for the sending task of the current stream: a watch (id, key, start revision (0:
+/// the current one), whether the key is a prefix), or a cancel.
 enum Out {
     Watch(i64, Vec<u8>, i64, bool),
     Cancel(i64),
@@ -229,50 +269,47 @@ struct Stream {
     out: mpsc::UnboundedSender<Out>,
 }
 
+impl Stream {
+    fn send(&self, out: Out) {
+        let _ = self.out.send(out);
+    }
+}
+
 async fn run(client: Client, timeout: Duration, mut rx: mpsc::UnboundedReceiver<Command>) {
-    let mut entries: HashMap<i64, Entry> = HashMap::new();
+    let mut watches = Watches::default();
     let mut stream: Option<Stream> = None;
     let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
     loop {
-        if stream.is_none() {
-            if let Some((&id, first)) = entries.iter().next() {
-                match open(&client, timeout, id, first).await {
-                    Some(s) => {
-                        for (&other, e) in &entries {
-                            if other != id {
-                                let _ = s.out.send(Out::Watch(
-                                    other,
-                                    e.key.clone(),
-                                    e.from,
-                                    e.turn.is_some(),
-                                ));
-                            }
+        if stream.is_none() && !watches.is_empty() {
+            match open(&client, timeout, watches.requests()).await {
+                Some(s) => {
+                    backoff.reset();
+                    tracing::debug!(
+                        watches = watches.keys.len() + watches.locks.len(),
+                        "etcd watch stream open"
+                    );
+                    stream = Some(s);
+                }
+                None => {
+                    // Keep taking commands while waiting to retry.
+                    let wake = tokio::time::Instant::now() + backoff.next_delay();
+                    loop {
+                        tokio::select! {
+                            _ = tokio::time::sleep_until(wake) => break,
+                            c = rx.recv() => match c {
+                                Some(c) => apply(&mut watches, None, c),
+                                None => return,
+                            },
                         }
-                        backoff.reset();
-                        tracing::debug!(watches = entries.len(), "etcd watch stream open");
-                        stream = Some(s);
                     }
-                    None => {
-                        // Keep taking commands while waiting to retry.
-                        let wake = tokio::time::Instant::now() + backoff.next_delay();
-                        loop {
-                            tokio::select! {
-                                _ = tokio::time::sleep_until(wake) => break,
-                                c = rx.recv() => match c {
-                                    Some(c) => apply(&mut entries, None, c),
-                                    None => return,
-                                },
-                            }
-                        }
-                        continue;
-                    }
+                    continue;
                 }
             }
         }
         tokio::select! {
             biased;
             c = rx.recv() => match c {
-                Some(c) => apply(&mut entries, stream.as_ref(), c),
+                Some(c) => apply(&mut watches, stream.as_ref(), c),
                 None => return,
             },
             m = async {
@@ -281,9 +318,9 @@ async fn run(client: Client, timeout: Duration, mut rx: mpsc::UnboundedReceiver<
                     None => std::future::pending().await,
                 }
             } => match m {
-                Ok(Some(resp)) => dispatch(&mut entries, stream.as_ref(), resp),
+                Ok(Some(resp)) => dispatch(&mut watches, stream.as_ref(), resp),
                 Ok(None) | Err(_) => {
-                    tracing::debug!(watches = entries.len(), "etcd watch stream broken; reopening");
+                    tracing::debug!("etcd watch stream broken; reopening");
                     stream = None;
                 }
             },
@@ -291,14 +328,16 @@ async fn run(client: Client, timeout: Duration, mut rx: mpsc::UnboundedReceiver<
     }
 }
 
-/// Opens a stream with `first`'s watch and starts its sending task.
-async fn open(client: &Client, timeout: Duration, id: i64, first: &Entry) -> Option<Stream> {
+/// Opens a stream with the first of `watches`, sends the others on it, and starts its sending
+/// task.
+async fn open(client: &Client, timeout: Duration, watches: Vec<Out>) -> Option<Stream> {
+    let mut watches = watches.into_iter();
+    let Some(Out::Watch(id, key, from, prefix)) = watches.next() else {
+        return None;
+    };
     let opened = retry_unapplied(timeout, || {
         let mut watch_client = client.watch_client();
-        let (key, opts) = (
-            first.key.clone(),
-            options(id, first.from, first.turn.is_some()),
-        );
+        let (key, opts) = (key.clone(), options(id, from, prefix));
         async move { watch_client.watch(key, Some(opts)).await }
     })
     .await
@@ -318,133 +357,155 @@ async fn open(client: &Client, timeout: Duration, id: i64, first: &Entry) -> Opt
             }
         }
     });
-    Some(Stream { responses, out })
+    let stream = Stream { responses, out };
+    for other in watches {
+        stream.send(other);
+    }
+    Some(stream)
 }
 
-fn apply(entries: &mut HashMap<i64, Entry>, stream: Option<&Stream>, c: Command) {
+fn apply(watches: &mut Watches, stream: Option<&Stream>, c: Command) {
     match c {
-        Command::Add {
-            id,
-            key,
-            from,
-            turn,
-            tx,
-            created,
-        } => {
+        Command::Add { id, key, from, tx } => {
             if let Some(s) = stream {
-                let _ = s
-                    .out
-                    .send(Out::Watch(id, key.clone(), from, turn.is_some()));
+                s.send(Out::Watch(id, key.clone(), from, false));
             }
-            entries.insert(
-                id,
-                Entry {
-                    key,
-                    from,
-                    turn,
-                    tx,
-                    created,
-                },
-            );
+            watches.keys.insert(id, Entry { key, from, tx });
         }
         Command::Remove(id) => {
-            if entries.remove(&id).is_some() {
+            if watches.keys.remove(&id).is_some() {
                 if let Some(s) = stream {
-                    let _ = s.out.send(Out::Cancel(id));
+                    s.send(Out::Cancel(id));
+                }
+            }
+        }
+        Command::Join { prefix, member, tx } => {
+            let id = match watches.lock_ids.get(&prefix) {
+                Some(&id) => id,
+                None => {
+                    let id = member;
+                    if let Some(s) = stream {
+                        s.send(Out::Watch(id, prefix.clone(), 0, true));
+                    }
+                    watches.lock_ids.insert(prefix.clone(), id);
+                    let members = HashMap::new();
+                    let seen = None;
+                    watches.locks.insert(
+                        id,
+                        Shared {
+                            prefix,
+                            seen,
+                            members,
+                        },
+                    );
+                    id
+                }
+            };
+            let shared = watches
+                .locks
+                .get_mut(&id)
+                .expect("a lock id names its watch");
+            if let Some(seen) = shared.seen {
+                let _ = tx.send(Range::From(seen));
+            }
+            shared.members.insert(member, tx);
+        }
+        Command::Leave { prefix, member } => {
+            let Some(&id) = watches.lock_ids.get(&prefix) else {
+                return;
+            };
+            let Some(shared) = watches.locks.get_mut(&id) else {
+                return;
+            };
+            shared.members.remove(&member);
+            if shared.members.is_empty() {
+                watches.locks.remove(&id);
+                watches.lock_ids.remove(&prefix);
+                if let Some(s) = stream {
+                    s.send(Out::Cancel(id));
                 }
             }
         }
     }
 }
 
-fn dispatch(entries: &mut HashMap<i64, Entry>, stream: Option<&Stream>, resp: WatchResponse) {
+fn dispatch(watches: &mut Watches, stream: Option<&Stream>, resp: WatchResponse) {
     let id = resp.watch_id();
-    if resp.created() && !resp.canceled() {
-        // A creation answer carries no events; for a watch from the current revision its header
-        // is that revision, and its events start at the next one.
-        if let Some(entry) = entries.get_mut(&id) {
-            if let Some(created) = entry.created.take() {
-                // Without a header the start is unknown: dropping `created` tells the caller
-                // (its `created()` says `None`), which reads again.
-                if let Some(revision) = resp.header().map(|h| h.revision()).filter(|r| *r > 0) {
-                    entry.from = revision + 1;
-                    let _ = created.send(revision);
+    let ended = resp.canceled() || resp.compact_revision() > 0;
+    if let Some(shared) = watches.locks.get_mut(&id) {
+        if ended {
+            // Cancelled by the server (compacted, no leader): every waiter reads again and joins
+            // a new watch.
+            for tx in shared.members.values() {
+                let _ = tx.send(Range::Ended);
+            }
+            let prefix = shared.prefix.clone();
+            watches.locks.remove(&id);
+            watches.lock_ids.remove(&prefix);
+            return;
+        }
+        if resp.created() {
+            // Its start: the header of the first creation answer (a creation again on a new
+            // stream resumes where the first left off, and says nothing new).
+            if shared.seen.is_none() {
+                let Some(revision) = resp.header().map(|h| h.revision()).filter(|r| *r > 0) else {
+                    // Without the revision nobody knows what it covers: end it.
+                    for tx in shared.members.values() {
+                        let _ = tx.send(Range::Ended);
+                    }
+                    let prefix = shared.prefix.clone();
+                    watches.locks.remove(&id);
+                    watches.lock_ids.remove(&prefix);
+                    if let Some(s) = stream {
+                        s.send(Out::Cancel(id));
+                    }
+                    return;
+                };
+                shared.seen = Some(revision);
+                for tx in shared.members.values() {
+                    let _ = tx.send(Range::From(revision));
                 }
             }
-        }
-        return;
-    }
-    let seen = if resp.canceled() || resp.compact_revision() > 0 {
-        // Cancelled by the server (compacted past the start, no leader): the watch is over.
-        Seen::Recheck
-    } else {
-        let Some(entry) = entries.get(&id) else {
             return;
-        };
-        let mut deletions = resp
+        }
+        let deleted: Arc<[(Vec<u8>, i64)]> = resp
             .events()
             .iter()
             .filter(|e| e.event_type() == EventType::Delete)
             .filter_map(|e| e.kv())
-            .map(|kv| (kv.key(), kv.mod_revision()));
-        let seen = match &entry.turn {
-            None => deletions.next().map(|_| Seen::Deleted),
-            Some(turn) => turn_seen(turn, deletions),
-        };
-        match seen {
-            Some(seen) => seen,
-            None => return,
-        }
-    };
-    if let Some(e) = entries.remove(&id) {
-        let _ = e.tx.send(seen);
-        // A watch the server ended needs no cancel.
-        if !resp.canceled() && resp.compact_revision() == 0 {
-            if let Some(s) = stream {
-                let _ = s.out.send(Out::Cancel(id));
+            .map(|kv| (kv.key().to_vec(), kv.mod_revision()))
+            .collect();
+        if let Some(&(_, last)) = deleted.last() {
+            shared.seen = Some(shared.seen.map_or(last, |s| s.max(last)));
+            for tx in shared.members.values() {
+                let _ = tx.send(Range::Deleted(deleted.clone()));
             }
         }
+        return;
     }
-}
-
-/// What a [`Turn`] watch learns from one response's deletions (key, revision), in revision
-/// order: `Recheck` if the own key is deleted (the server never splits a revision's events
-/// across responses, so a prefix delete that removes both keys is seen whole), `Turn` if only the
-/// predecessor is, nothing yet otherwise.
-fn turn_seen<'a>(
-    turn: &Turn,
-    mut deletions: impl Iterator<Item = (&'a [u8], i64)>,
-) -> Option<Seen> {
-    let mut pred_at = None;
-    for (key, rev) in deletions.by_ref() {
-        if key == turn.own.as_slice() {
-            return Some(Seen::Recheck);
-        }
-        if key == turn.predecessor.as_slice() {
-            pred_at = Some(rev);
-        }
-    }
-    pred_at.map(Seen::Turn)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_turn_is_the_predecessors_deletion_without_ours() {
-        let turn = Turn {
-            predecessor: b"l/p".to_vec(),
-            own: b"l/o".to_vec(),
+    let seen = if ended {
+        // Cancelled by the server (compacted past the start, no leader): the watch is over.
+        Seen::Recheck
+    } else {
+        let Some(_) = watches.keys.get(&id) else {
+            return;
         };
-        let seen = |d: &[(&'static [u8], i64)]| turn_seen(&turn, d.iter().copied());
-        assert_eq!(seen(&[]), None);
-        // A key behind ours leaving changes nothing.
-        assert_eq!(seen(&[(b"l/z", 5)]), None);
-        assert_eq!(seen(&[(b"l/z", 5), (b"l/p", 6)]), Some(Seen::Turn(6)));
-        // Ours gone first, or in the same response (a prefix delete): read again.
-        assert_eq!(seen(&[(b"l/o", 5), (b"l/p", 6)]), Some(Seen::Recheck));
-        assert_eq!(seen(&[(b"l/p", 7), (b"l/o", 7)]), Some(Seen::Recheck));
-        assert_eq!(seen(&[(b"l/o", 7)]), Some(Seen::Recheck));
+        let deleted = resp
+            .events()
+            .iter()
+            .any(|e| e.event_type() == EventType::Delete);
+        if !deleted {
+            return;
+        }
+        Seen::Deleted
+    };
+    if let Some(e) = watches.keys.remove(&id) {
+        let _ = e.tx.send(seen);
+        // A watch the server ended needs no cancel.
+        if !ended {
+            if let Some(s) = stream {
+                s.send(Out::Cancel(id));
+            }
+        }
     }
 }
