@@ -450,15 +450,15 @@ impl Inner {
             let mut by_turn = false;
             let mut backoff = Backoff::new(Duration::from_millis(20), Duration::from_millis(500));
             // Joined once a key is ahead of ours (an uncontended acquire sends no watch).
-            let mut watch: Option<(Lock, Option<i64>)> = None;
+            let mut watch: Option<Lock> = None;
             loop {
                 let wait = match &last.ahead {
                     Ahead::Keys { keys, all: true } if keys.is_empty() => Wait::Ready,
                     _ => {
-                        let (lock, from) = watch.get_or_insert_with(|| {
-                            (self.handle.watcher.lock(prefix.as_bytes().to_vec()), None)
+                        let lock = watch.get_or_insert_with(|| {
+                            self.handle.watcher.lock(prefix.as_bytes().to_vec())
                         });
-                        self.wait_turn(&session, &queue, lock, from, &mut last, deadline, caller)
+                        self.wait_turn(&session, &queue, lock, &mut last, deadline, caller)
                             .await
                     }
                 };
@@ -475,8 +475,7 @@ impl Inner {
                     Wait::Recheck | Wait::Ended => {
                         if let Wait::Ended = wait {
                             // Join a new watch before the read, so its start is likely before it.
-                            watch =
-                                Some((self.handle.watcher.lock(prefix.as_bytes().to_vec()), None));
+                            watch = Some(self.handle.watcher.lock(prefix.as_bytes().to_vec()));
                         }
                         // Re-read the part of the queue up to our key: ours must still be there
                         // (a waiter whose session ended must not report acquired), and the keys
@@ -596,23 +595,21 @@ impl Inner {
 
     /// Waits, on the lock's range watch `lock` (every deletion in the range, shared by this
     /// coordinator's waiters of the lock), until every key ahead of ours at `last`'s read is
-    /// deleted. `from` is the revision after which the watch delivers every deletion, once it
-    /// has told it: when that is after `last`'s read, the deletions in between are not
+    /// deleted. [`Lock::from`] is the revision after which the watch delivers every deletion,
+    /// once it has told it: when that is after `last`'s read, the deletions in between are not
     /// delivered, and the wait asks for one more read ([`Wait::Recheck`]). Deletions at or
     /// before `last`'s read are already in it. The session ending also ends the wait (our key
     /// went with it): the re-read then queues again.
-    #[allow(clippy::too_many_arguments)]
     async fn wait_turn(
         &self,
         session: &Session,
         queue: &Queue<'_>,
         lock: &mut Lock,
-        from: &mut Option<i64>,
         last: &mut Read,
         deadline: Instant,
         caller: &mut oneshot::Sender<Result<EtcdLease>>,
     ) -> Wait {
-        if from.is_some_and(|f| f > last.revision) {
+        if lock.from().is_some_and(|f| f > last.revision) {
             return Wait::Recheck;
         }
         let mut state = session.watch_state();
@@ -634,7 +631,6 @@ impl Inner {
             };
             match event {
                 Range::From(start) => {
-                    *from = Some(start);
                     if start > last.revision {
                         return Wait::Recheck;
                     }
@@ -868,61 +864,43 @@ mod tests {
                 other => panic!("{other:?}"),
             };
             assert_eq!(ahead(&last), if only { 1 } else { 2 });
+            macro_rules! wait_turn {
+                ($lock:ident, $last:ident, $deadline:ident) => {
+                    inner
+                        .wait_turn(
+                            &session,
+                            &queue,
+                            &mut $lock,
+                            &mut $last,
+                            $deadline,
+                            &mut caller,
+                        )
+                        .await
+                };
+            }
 
             // Nothing written since the read: the wait goes on to its bound.
             let mut lock = inner.handle.watcher.lock(prefix.as_bytes().to_vec());
-            let mut from = None;
             let deadline = Instant::now() + Duration::from_millis(300);
-            let wait = inner
-                .wait_turn(
-                    &session,
-                    &queue,
-                    &mut lock,
-                    &mut from,
-                    &mut last,
-                    deadline,
-                    &mut caller,
-                )
-                .await;
+            let wait = wait_turn!(lock, last, deadline);
             assert!(matches!(wait, Wait::Deadline), "only {only}");
-            assert!(from.is_some_and(|f| f <= stale));
+            assert!(lock.from().is_some_and(|f| f <= stale));
             drop(lock);
 
             // The predecessor deleted after the read, before the watch exists.
             delete("pred").await;
             let mut lock = inner.handle.watcher.lock(prefix.as_bytes().to_vec());
-            let mut from = None;
             let deadline = Instant::now() + Duration::from_secs(10);
-            let wait = inner
-                .wait_turn(
-                    &session,
-                    &queue,
-                    &mut lock,
-                    &mut from,
-                    &mut last,
-                    deadline,
-                    &mut caller,
-                )
-                .await;
+            let wait = wait_turn!(lock, last, deadline);
             assert!(matches!(wait, Wait::Recheck), "only {only}");
-            assert!(from.is_some_and(|f| f > stale));
+            assert!(lock.from().is_some_and(|f| f > stale));
             let mut last = inner.read_queue(&queue).await.unwrap();
             assert_eq!(ahead(&last), if only { 0 } else { 1 });
             if !only {
                 // The watch covers the read: the last key ahead going makes ours first.
                 delete("first").await;
             }
-            let wait = inner
-                .wait_turn(
-                    &session,
-                    &queue,
-                    &mut lock,
-                    &mut from,
-                    &mut last,
-                    deadline,
-                    &mut caller,
-                )
-                .await;
+            let wait = wait_turn!(lock, last, deadline);
             match wait {
                 Wait::Ready if only => {}
                 Wait::First(revision) if !only => assert!(revision > last.revision),

@@ -121,6 +121,8 @@ impl Drop for Deletion {
 pub(crate) struct Lock {
     prefix: Vec<u8>,
     member: i64,
+    /// The revision of the [`Range::From`] received, once it was.
+    from: Option<i64>,
     rx: mpsc::UnboundedReceiver<Range>,
     tx: mpsc::UnboundedSender<Command>,
 }
@@ -129,7 +131,16 @@ impl Lock {
     /// The next thing the watch has for this waiter ([`Range::Ended`] once it is over).
     /// Cancel-safe.
     pub(crate) async fn next(&mut self) -> Range {
-        self.rx.recv().await.unwrap_or(Range::Ended)
+        let next = self.rx.recv().await.unwrap_or(Range::Ended);
+        if let Range::From(from) = next {
+            self.from = Some(from);
+        }
+        next
+    }
+
+    /// The revision after which this waiter sees every deletion, once [`Range::From`] told it.
+    pub(crate) fn from(&self) -> Option<i64> {
+        self.from
     }
 }
 
@@ -186,6 +197,7 @@ impl Watcher {
         Lock {
             prefix,
             member,
+            from: None,
             rx,
             tx: self.tx.clone(),
         }
