@@ -1,12 +1,20 @@
-//! Group commit for adapter authors: many callers' requests go to the server in **rounds**.
+//! Group commit for adapter authors: many callers' requests go to the server together.
 //!
-//! Thousands of held leases renew every third of their TTL; one request per renewal is
-//! thousands of requests a second. [`Rounds`] hands every request to one task, which sends a
-//! round at once when the previous round started at least [`RoundsConfig::spacing`] ago,
-//! otherwise at that point, and takes every request asked for until then: a lone request costs one
-//! server call and waits for nothing; under load the server sees at most one round per spacing.
-//! A round is cut into chunks of at most [`RoundsConfig::chunk`] requests (a backend's limit on
-//! operations per call), at most [`RoundsConfig::parallel`] chunks in flight.
+//! Two schedulers, for two kinds of traffic:
+//!
+//! - [`Rounds`], for background work that may wait a little (renewals): thousands of held leases
+//!   renew every third of their TTL; one request per renewal is thousands of requests a second.
+//!   [`Rounds`] hands every request to one task, which sends a round at once when the previous
+//!   round started at least [`RoundsConfig::spacing`] ago, otherwise at that point, and takes
+//!   every request asked for until then: a lone request costs one server call and waits for
+//!   nothing; under load the server sees at most one round per spacing. A round is cut into
+//!   chunks of at most [`RoundsConfig::chunk`] requests (a backend's limit on operations per
+//!   call), at most [`RoundsConfig::parallel`] chunks in flight.
+//! - [`Coalesce`], for requests a caller is waiting on (acquires, releases): a request is sent at
+//!   once, from the caller's own task, while fewer than [`CoalesceConfig::in_flight`] sends are
+//!   in flight; otherwise it waits for the next send to finish and goes with every request that
+//!   queued meanwhile, in one call. An idle coordinator sends each request alone, as a
+//!   hand-written client would (no timer, no task hop); a busy one sends fewer, larger calls.
 //!
 //! The adapter supplies what one chunk does on the server: one answer per request, in order, or
 //! one error for the whole chunk (each caller then gets a copy, [`Error::replicate`]).
@@ -28,9 +36,10 @@
 //! # }
 //! ```
 
+use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
@@ -113,11 +122,7 @@ impl<Req: Send + 'static, Resp: Send + 'static> Rounds<Req, Resp> {
     /// Sends `req` in the next round and waits for its answer.
     pub async fn ask(&self, req: Req) -> Result<Resp> {
         let backend = self.backend;
-        let gone = || Error::Unavailable {
-            backend,
-            message: "the coordinator is shutting down".into(),
-            source: None,
-        };
+        let gone = || shutting_down(backend);
         let tx = self.tx.get_or_init(|| {
             let (tx, rx) = mpsc::unbounded_channel();
             tokio::spawn(run(backend, self.config, self.run.clone(), rx));
@@ -155,6 +160,174 @@ async fn run<Req: Send + 'static, Resp: Send + 'static>(
             chunks.spawn(answer(backend, f.clone(), chunk));
         }
         while chunks.join_next().await.is_some() {}
+    }
+}
+
+/// How a [`Coalesce`] sends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CoalesceConfig {
+    /// The most sends in flight at once. At least 1.
+    pub in_flight: usize,
+    /// The most requests in one send (one server call). At least 1.
+    pub chunk: usize,
+}
+
+impl CoalesceConfig {
+    /// At most `in_flight` sends in flight, each of at most `chunk` requests.
+    pub fn new(in_flight: usize, chunk: usize) -> Self {
+        CoalesceConfig {
+            in_flight: in_flight.max(1),
+            chunk: chunk.max(1),
+        }
+    }
+}
+
+/// Sends its callers' requests at once while it can, and together when it cannot (see the
+/// [module docs](self)).
+///
+/// [`ask`](Coalesce::ask) sends its request from the caller's task when fewer than
+/// [`CoalesceConfig::in_flight`] sends are in flight: a chunk of one, the adapter's plain
+/// request. Otherwise the request waits in a queue; each send that finishes takes up to
+/// [`CoalesceConfig::chunk`] queued requests (oldest first) and sends them as one chunk, on a
+/// task of its own, so the waiting callers share one server call.
+///
+/// # Cancel safety
+///
+/// A caller that stops waiting before its queued request was taken is left out of the chunk
+/// (nothing is sent for it); once taken, or when sent from the caller's task, the request may
+/// reach the server whether or not its answer is awaited, as with any request sent and then
+/// abandoned.
+pub struct Coalesce<Req, Resp> {
+    shared: Arc<CoalesceShared<Req, Resp>>,
+}
+
+struct CoalesceShared<Req, Resp> {
+    backend: &'static str,
+    config: CoalesceConfig,
+    run: Arc<ChunkFn<Req, Resp>>,
+    queue: Mutex<Queue<Req, Resp>>,
+}
+
+struct Queue<Req, Resp> {
+    /// Sends in flight (each holds a slot until it finishes).
+    in_flight: usize,
+    /// Requests waiting for a slot, oldest first. Never empty while a slot is free.
+    waiting: VecDeque<Ask<Req, Resp>>,
+}
+
+impl<Req, Resp> std::fmt::Debug for Coalesce<Req, Resp> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Coalesce")
+            .field("backend", &self.shared.backend)
+            .field("config", &self.shared.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<Req: Send + 'static, Resp: Send + 'static> Coalesce<Req, Resp> {
+    /// A coalescer whose chunks `run` sends. `run` answers a chunk with one result per request,
+    /// in order, or with one error for all of them; a wrong number of answers is an
+    /// `Unavailable` for the whole chunk (naming `backend`). A chunk of one is a request sent
+    /// alone: the adapter sends its plain request for it.
+    pub fn new<F, Fut>(backend: &'static str, config: CoalesceConfig, run: F) -> Self
+    where
+        F: Fn(Vec<Req>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Vec<Result<Resp>>>> + Send + 'static,
+    {
+        Coalesce {
+            shared: Arc::new(CoalesceShared {
+                backend,
+                config: CoalesceConfig::new(config.in_flight, config.chunk),
+                run: Arc::new(move |chunk| Box::pin(run(chunk)) as ChunkFuture<Resp>),
+                queue: Mutex::new(Queue {
+                    in_flight: 0,
+                    waiting: VecDeque::new(),
+                }),
+            }),
+        }
+    }
+
+    /// Sends `req` (alone now, or with the others queued at the next free slot) and waits for
+    /// its answer.
+    pub async fn ask(&self, req: Req) -> Result<Resp> {
+        let shared = &self.shared;
+        let queued = {
+            let mut queue = shared.lock();
+            if queue.in_flight < shared.config.in_flight {
+                queue.in_flight += 1;
+                Err(req)
+            } else {
+                let (reply, rx) = oneshot::channel();
+                queue.waiting.push_back(Ask { req, reply });
+                Ok(rx)
+            }
+        };
+        match queued {
+            Ok(rx) => rx.await.map_err(|_| shutting_down(shared.backend))?,
+            Err(req) => {
+                // Released when the send ends, however it ends (a cancelled caller included).
+                let _slot = Slot(shared.clone());
+                let answers = (shared.run)(vec![req]).await?;
+                match <[_; 1]>::try_from(answers) {
+                    Ok([answer]) => answer,
+                    Err(answers) => Err(Error::Unavailable {
+                        backend: shared.backend,
+                        message: format!("a request alone got {} answers", answers.len()),
+                        source: None,
+                    }),
+                }
+            }
+        }
+    }
+}
+
+impl<Req, Resp> CoalesceShared<Req, Resp> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Queue<Req, Resp>> {
+        self.queue.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// One send's slot: on drop, hands the slot to the queued requests (as one chunk on a task of
+/// its own) or frees it.
+struct Slot<Req: Send + 'static, Resp: Send + 'static>(Arc<CoalesceShared<Req, Resp>>);
+
+impl<Req: Send + 'static, Resp: Send + 'static> Drop for Slot<Req, Resp> {
+    fn drop(&mut self) {
+        let shared = &self.0;
+        let mut queue = shared.lock();
+        let mut chunk = Vec::new();
+        while chunk.len() < shared.config.chunk {
+            match queue.waiting.pop_front() {
+                // The caller stopped waiting: nothing to send for it.
+                Some(ask) if ask.reply.is_closed() => {}
+                Some(ask) => chunk.push(ask),
+                None => break,
+            }
+        }
+        if chunk.is_empty() {
+            queue.in_flight -= 1;
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            // No runtime to send on (it is shutting down): every waiting caller fails.
+            queue.waiting.clear();
+            queue.in_flight -= 1;
+            return;
+        };
+        drop(queue);
+        let (backend, run, slot) = (shared.backend, shared.run.clone(), Slot(shared.clone()));
+        runtime.spawn(async move {
+            answer(backend, run, chunk).await;
+            drop(slot);
+        });
+    }
+}
+
+fn shutting_down(backend: &'static str) -> Error {
+    Error::Unavailable {
+        backend,
+        message: "the coordinator is shutting down".into(),
+        source: None,
     }
 }
 
@@ -266,5 +439,160 @@ mod tests {
                 Err(e) => assert!(e.to_string().contains("got 1 answers"), "{e}"),
             }
         }
+    }
+
+    /// A chunk function that records the size of every chunk and holds each send until `gate`
+    /// lets it go.
+    fn gated(
+        sizes: Arc<Mutex<Vec<usize>>>,
+        gate: Arc<tokio::sync::Semaphore>,
+    ) -> impl Fn(Vec<u32>) -> ChunkFuture<u32> + Send + Sync + 'static {
+        move |chunk: Vec<u32>| {
+            let (sizes, gate) = (sizes.clone(), gate.clone());
+            Box::pin(async move {
+                sizes.lock().unwrap().push(chunk.len());
+                gate.acquire().await.unwrap().forget();
+                Ok(chunk.into_iter().map(|n| Ok(n * 10)).collect())
+            })
+        }
+    }
+
+    #[tokio::test]
+    async fn an_idle_coalescer_sends_each_request_alone_from_the_callers_task() {
+        let sizes = Arc::new(Mutex::new(Vec::new()));
+        let gate = Arc::new(tokio::sync::Semaphore::new(usize::MAX >> 4));
+        let c = Coalesce::new(
+            "test",
+            CoalesceConfig::new(1, 8),
+            gated(sizes.clone(), gate),
+        );
+        for n in 0..5 {
+            assert_eq!(c.ask(n).await.unwrap(), n * 10);
+        }
+        assert_eq!(*sizes.lock().unwrap(), vec![1; 5]);
+    }
+
+    #[tokio::test]
+    async fn requests_queued_behind_a_send_go_together_in_chunks() {
+        let sizes = Arc::new(Mutex::new(Vec::new()));
+        let gate = Arc::new(tokio::sync::Semaphore::new(0));
+        let c = Arc::new(Coalesce::new(
+            "test",
+            CoalesceConfig::new(1, 4),
+            gated(sizes.clone(), gate.clone()),
+        ));
+        let first = tokio::spawn({
+            let c = c.clone();
+            async move { c.ask(0).await }
+        });
+        // The first send is in flight (held by the gate); ten more queue behind it.
+        while sizes.lock().unwrap().is_empty() {
+            tokio::task::yield_now().await;
+        }
+        let rest: Vec<_> = (1..=10u32)
+            .map(|n| {
+                let c = c.clone();
+                tokio::spawn(async move { c.ask(n).await })
+            })
+            .collect();
+        while c.shared.lock().waiting.len() < 10 {
+            tokio::task::yield_now().await;
+        }
+        gate.add_permits(100);
+        assert_eq!(first.await.unwrap().unwrap(), 0);
+        for (n, r) in (1..=10u32).zip(rest) {
+            assert_eq!(r.await.unwrap().unwrap(), n * 10);
+        }
+        // One alone, then the queue in chunks of at most four, one after the other.
+        assert_eq!(*sizes.lock().unwrap(), vec![1, 4, 4, 2]);
+        assert_eq!(c.shared.lock().in_flight, 0);
+    }
+
+    #[tokio::test]
+    async fn a_caller_that_stops_waiting_is_left_out_and_a_cancelled_send_frees_its_slot() {
+        let sizes = Arc::new(Mutex::new(Vec::new()));
+        let gate = Arc::new(tokio::sync::Semaphore::new(0));
+        let c = Arc::new(Coalesce::new(
+            "test",
+            CoalesceConfig::new(1, 8),
+            gated(sizes.clone(), gate.clone()),
+        ));
+        // A send in flight, cancelled before it ends: its slot is handed on.
+        let cancelled = tokio::spawn({
+            let c = c.clone();
+            async move { c.ask(0).await }
+        });
+        while sizes.lock().unwrap().is_empty() {
+            tokio::task::yield_now().await;
+        }
+        let gave_up = tokio::spawn({
+            let c = c.clone();
+            async move { c.ask(1).await }
+        });
+        let kept = tokio::spawn({
+            let c = c.clone();
+            async move { c.ask(2).await }
+        });
+        while c.shared.lock().waiting.len() < 2 {
+            tokio::task::yield_now().await;
+        }
+        gave_up.abort();
+        assert!(gave_up.await.unwrap_err().is_cancelled());
+        cancelled.abort();
+        assert!(cancelled.await.unwrap_err().is_cancelled());
+        gate.add_permits(100);
+        assert_eq!(kept.await.unwrap().unwrap(), 20);
+        // The abandoned request 1 was never sent.
+        assert_eq!(*sizes.lock().unwrap(), vec![1, 1]);
+        assert_eq!(c.shared.lock().in_flight, 0);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn many_concurrent_callers_each_get_their_answer_and_no_slot_is_lost() {
+        let sends = Arc::new(AtomicUsize::new(0));
+        let counted = sends.clone();
+        let c = Arc::new(Coalesce::new(
+            "test",
+            CoalesceConfig::new(2, 16),
+            move |chunk: Vec<u32>| {
+                counted.fetch_add(1, Ordering::SeqCst);
+                async move {
+                    tokio::task::yield_now().await;
+                    Ok(chunk
+                        .into_iter()
+                        .map(|n| {
+                            if n % 97 == 0 {
+                                Err(Error::NotFound {
+                                    what: n.to_string(),
+                                })
+                            } else {
+                                Ok(n + 1)
+                            }
+                        })
+                        .collect())
+                }
+            },
+        ));
+        let tasks: Vec<_> = (0..64u32)
+            .map(|t| {
+                let c = c.clone();
+                tokio::spawn(async move {
+                    for i in 0..200u32 {
+                        let n = t * 1000 + i;
+                        match c.ask(n).await {
+                            Ok(v) => assert_eq!(v, n + 1),
+                            Err(e) => assert!(n % 97 == 0, "{n}: {e}"),
+                        }
+                    }
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await.unwrap();
+        }
+        assert_eq!(c.shared.lock().in_flight, 0);
+        assert!(c.shared.lock().waiting.is_empty());
+        // Sent together: far fewer sends than the 12,800 requests.
+        assert!(sends.load(Ordering::SeqCst) < 12_800, "{sends:?}");
     }
 }
