@@ -51,7 +51,7 @@ pub(crate) async fn client_for(config: &EtcdConfig) -> Result<Client> {
                     .into())
             }
             Ok(Err(e)) => {
-                let f = Failure::Etcd(e);
+                let f = Failure::from(e);
                 if !config.tls() || f.is_tls_problem() || !f.closed_after_handshake() {
                     return Err(f.into_error(Op::read("connect")));
                 }
@@ -77,7 +77,7 @@ pub(crate) async fn client_for(config: &EtcdConfig) -> Result<Client> {
         ),
         source: match failure {
             Failure::Etcd(e) => Some(Box::new(e)),
-            Failure::Timeout(_) => None,
+            Failure::Timeout(_) | Failure::NoAnswer(_) => None,
         },
     })
 }

@@ -23,18 +23,22 @@ use lease_core::Error;
 
 pub(crate) const BACKEND: &str = "etcd";
 
-/// A failed request: etcd-client's error, or no answer within the request timeout.
-#[derive(Debug)]
+/// A failed request: etcd-client's error, or no answer within the request timeout. Cheap to
+/// clone: the failure of a request sent for several callers ([`crate::coalesce`]) is each
+/// caller's failure.
+#[derive(Debug, Clone)]
 pub(crate) enum Failure {
     /// The client library's error.
-    Etcd(etcd_client::Error),
+    Etcd(std::sync::Arc<etcd_client::Error>),
     /// No answer within this bound; the request may or may not have applied.
     Timeout(Duration),
+    /// No answer for another reason (said here); the request may or may not have applied.
+    NoAnswer(String),
 }
 
 impl From<etcd_client::Error> for Failure {
     fn from(e: etcd_client::Error) -> Self {
-        Failure::Etcd(e)
+        Failure::Etcd(std::sync::Arc::new(e))
     }
 }
 
@@ -43,20 +47,27 @@ impl std::fmt::Display for Failure {
         match self {
             Failure::Etcd(e) => std::fmt::Display::fmt(e, f),
             Failure::Timeout(d) => write!(f, "no answer within {d:?}"),
+            Failure::NoAnswer(why) => write!(f, "no answer: {why}"),
         }
     }
 }
 
 impl Failure {
+    /// The client library's error, if this is one.
+    fn etcd(&self) -> Option<&etcd_client::Error> {
+        match self {
+            Failure::Etcd(e) => Some(e),
+            Failure::Timeout(_) | Failure::NoAnswer(_) => None,
+        }
+    }
+
     /// Whether the server said our session lease does not exist (expired or revoked).
     pub(crate) fn is_lease_not_found(&self) -> bool {
-        match self {
-            Failure::Etcd(etcd_client::Error::GRpcStatus(s)) => {
+        match self.etcd() {
+            Some(etcd_client::Error::GRpcStatus(s)) => {
                 s.message().contains("requested lease not found")
             }
-            Failure::Etcd(etcd_client::Error::LeaseKeepAliveError(m)) => {
-                m.contains("lease not found")
-            }
+            Some(etcd_client::Error::LeaseKeepAliveError(m)) => m.contains("lease not found"),
             _ => false,
         }
     }
@@ -67,9 +78,9 @@ impl Failure {
         if self.tls_problem().is_some() {
             return true;
         }
-        match self {
-            Failure::Etcd(etcd_client::Error::TransportError(_)) => true,
-            Failure::Etcd(etcd_client::Error::GRpcStatus(s)) => {
+        match self.etcd() {
+            Some(etcd_client::Error::TransportError(_)) => true,
+            Some(etcd_client::Error::GRpcStatus(s)) => {
                 status_not_sent(s.code() as i32, s.message())
             }
             _ => false,
@@ -79,10 +90,8 @@ impl Failure {
     /// Whether etcd refused the request before proposing it to Raft, so that it certainly was
     /// not applied and never will be (see [`REFUSED_BEFORE_PROPOSING`]).
     pub(crate) fn refused_before_proposing(&self) -> bool {
-        match self {
-            Failure::Etcd(etcd_client::Error::GRpcStatus(s)) => {
-                is_refused_before_proposing(s.message())
-            }
+        match self.etcd() {
+            Some(etcd_client::Error::GRpcStatus(s)) => is_refused_before_proposing(s.message()),
             _ => false,
         }
     }
@@ -100,9 +109,7 @@ impl Failure {
     /// transport errors; a refusal by the server may only surface with the first request, as
     /// `Unknown: transport error`).
     fn tls_problem(&self) -> Option<String> {
-        let Failure::Etcd(e) = self else {
-            return None;
-        };
+        let e = self.etcd()?;
         let mut detail = None;
         let mut next: Option<&(dyn std::error::Error + 'static)> = Some(e);
         while let Some(err) = next {
@@ -142,7 +149,7 @@ impl Failure {
     /// member refusing a client certificate does right after the TLS handshake, and as a
     /// member that is going down does).
     pub(crate) fn closed_after_handshake(&self) -> bool {
-        let Failure::Etcd(e) = self else {
+        let Some(e) = self.etcd() else {
             return false;
         };
         let shown = format!("{e:?}");
@@ -154,7 +161,7 @@ impl Failure {
     }
 
     fn auth_problem(&self) -> Option<String> {
-        let Failure::Etcd(etcd_client::Error::GRpcStatus(s)) = self else {
+        let Some(etcd_client::Error::GRpcStatus(s)) = self.etcd() else {
             return None;
         };
         let m = s.message();
@@ -186,7 +193,7 @@ impl Failure {
         let message = self.to_string();
         let source: Option<lease_core::BoxError> = match self {
             Failure::Etcd(e) => Some(Box::new(e)),
-            Failure::Timeout(_) => None,
+            Failure::Timeout(_) | Failure::NoAnswer(_) => None,
         };
         op.failed(BACKEND, delivery, message, source)
     }
@@ -283,10 +290,14 @@ mod tonic_code {
 /// included: nothing was applied. A request that finally gets no answer within the bound is
 /// `Failure::Timeout` (its outcome unknown); one still refused returns that refusal.
 /// TLS problems are returned at once (sending again cannot help).
-pub(crate) async fn retry_unapplied<T, F, M>(timeout: Duration, mut make: M) -> Result<T, Failure>
+pub(crate) async fn retry_unapplied<T, E, F, M>(
+    timeout: Duration,
+    mut make: M,
+) -> Result<T, Failure>
 where
+    E: Into<Failure>,
     M: FnMut() -> F,
-    F: std::future::Future<Output = Result<T, etcd_client::Error>>,
+    F: std::future::Future<Output = Result<T, E>>,
 {
     retry(timeout, false, |_| make()).await.0
 }
@@ -297,13 +308,14 @@ where
 /// and whose answer tells the caller what an earlier send did (a delete keyed on a create
 /// revision; a create whose failure branch reads our own key). `make` is told whether an
 /// earlier send may have applied (so a resend can differ). Returns the outcome and that flag.
-pub(crate) async fn retry_resendable<T, F, M>(
+pub(crate) async fn retry_resendable<T, E, F, M>(
     timeout: Duration,
     make: M,
 ) -> (Result<T, Failure>, bool)
 where
+    E: Into<Failure>,
     M: FnMut(bool) -> F,
-    F: std::future::Future<Output = Result<T, etcd_client::Error>>,
+    F: std::future::Future<Output = Result<T, E>>,
 {
     retry(timeout, true, make).await
 }
@@ -311,14 +323,15 @@ where
 /// The loop of both (`lease_core::adapter::resend`): `resendable` also sends again after a
 /// connection closed under the request. A send that gets no answer within what is left of
 /// `timeout` is `Failure::Timeout(timeout)`.
-async fn retry<T, F, M>(
+async fn retry<T, E, F, M>(
     timeout: Duration,
     resendable: bool,
     mut make: M,
 ) -> (Result<T, Failure>, bool)
 where
+    E: Into<Failure>,
     M: FnMut(bool) -> F,
-    F: std::future::Future<Output = Result<T, etcd_client::Error>>,
+    F: std::future::Future<Output = Result<T, E>>,
 {
     let again = |f: &Failure| {
         if f.certainly_not_applied() && !f.is_tls_problem() {
@@ -346,12 +359,13 @@ const FIRST_PAUSE: Duration = Duration::from_millis(10);
 const MAX_PAUSE: Duration = Duration::from_millis(80);
 
 /// Runs `fut` with a bound; a request still unanswered at the bound is dropped (cancelled).
-pub(crate) async fn bounded<T, F>(timeout: Duration, fut: F) -> Result<T, Failure>
+pub(crate) async fn bounded<T, E, F>(timeout: Duration, fut: F) -> Result<T, Failure>
 where
-    F: std::future::Future<Output = Result<T, etcd_client::Error>>,
+    E: Into<Failure>,
+    F: std::future::Future<Output = Result<T, E>>,
 {
     match tokio::time::timeout(timeout, fut).await {
-        Ok(r) => r.map_err(Failure::Etcd),
+        Ok(r) => r.map_err(Into::into),
         Err(_) => Err(Failure::Timeout(timeout)),
     }
 }
