@@ -9,7 +9,6 @@ use std::time::Duration;
 
 use etcd_client::{
     Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
-    TxnOpResponse,
 };
 use lease_core::adapter::{Backoff, HolderRecord, LeaseTracker, Op};
 use lease_core::{Error, Lease, LeaseOptions, LeaseStatus, LockKey, LostReason, Result, Token};
@@ -124,13 +123,6 @@ fn ttl_secs(ttl: Duration) -> i64 {
 
 fn holder_record(inner: &Inner, options: &LeaseOptions) -> Vec<u8> {
     HolderRecord::new(options, &inner.owner).to_json()
-}
-
-fn range_of(resp: &etcd_client::TxnResponse, index: usize) -> Vec<KeyValue> {
-    match resp.op_responses().into_iter().nth(index) {
-        Some(TxnOpResponse::Get(mut g)) => g.take_kvs(),
-        _ => Vec::new(),
-    }
 }
 
 fn header_revision(h: Option<&etcd_client::ResponseHeader>) -> i64 {
@@ -279,13 +271,10 @@ impl Inner {
             let mut pending = self.pending(key, &prefix, &session);
             // Validity counts from the first send, which may be the one that applied.
             let sent = Instant::now();
-            let client = &self.handle.client;
+            let txns = &self.handle.txns;
             let (resp, in_doubt) = retry_resendable(self.timeout(), |in_doubt| {
-                let (mut kv, txn) = (
-                    client.clone(),
-                    try_txn(&prefix, &pending, &record, in_doubt),
-                );
-                async move { kv.txn(txn).await }
+                let txn = try_txn(&prefix, &pending, &record, in_doubt);
+                txns.send(&prefix, txn)
             })
             .await;
             let resp = match resp {
@@ -303,12 +292,12 @@ impl Inner {
                     return Err(if in_doubt { op.after_doubt(e) } else { e });
                 }
             };
-            let revision = if resp.succeeded() {
+            let revision = if resp.succeeded {
                 // Our key's create revision is the transaction's revision.
-                header_revision(resp.header())
+                resp.revision
             } else {
                 // Our own key exists only if an earlier send in doubt created it.
-                match range_of(&resp, 0).first() {
+                match resp.range(0).first() {
                     Some(ours) if in_doubt && ours.lease() == session.id() => {
                         ours.create_revision()
                     }
@@ -387,13 +376,8 @@ impl Inner {
             let own = pending.key.clone();
             let txn = enqueue_txn(&prefix, &pending, &record);
             let sent = Instant::now();
-            let client = &self.handle.client;
-            let resp = match retry_unapplied(timeout, || {
-                let (mut kv, txn) = (client.clone(), txn.clone());
-                async move { kv.txn(txn).await }
-            })
-            .await
-            {
+            let txns = &self.handle.txns;
+            let resp = match retry_unapplied(timeout, || txns.send(&prefix, txn.clone())).await {
                 Ok(r) => r,
                 Err(f) if f.is_lease_not_found() && lease_gone < 3 => {
                     lease_gone += 1;
@@ -415,7 +399,7 @@ impl Inner {
                     continue 'enqueue;
                 }
             };
-            if !resp.succeeded() {
+            if !resp.succeeded {
                 // Our attempt's key already exists: impossible while its slot is held for as
                 // long as a key by its name may exist. Should it happen, that slot stays taken
                 // for the life of the session (a key by its name exists), so every later attempt
@@ -424,11 +408,11 @@ impl Inner {
                 std::mem::forget(pending.slot.clone());
                 continue;
             }
-            let kvs = range_of(&resp, 1);
+            let kvs = resp.range(1);
             let mut last = Read {
-                revision: header_revision(resp.header()),
+                revision: resp.revision,
                 sent,
-                ahead: Ahead::of(&own, &kvs),
+                ahead: Ahead::of(&own, kvs),
             };
             let (Some(mine), false) = (kvs.first(), matches!(last.ahead, Ahead::Gone)) else {
                 return Err(Error::Unavailable {

@@ -13,6 +13,7 @@ use lease_core::adapter::{Op, StoredAudit, TokenAdmission};
 use lease_core::{Capabilities, LockKey, OwnerId, Result};
 
 use crate::client::client_for;
+use crate::coalesce::Txns;
 use crate::config::EtcdConfig;
 use crate::confirm::Confirmer;
 use crate::core::Handle;
@@ -103,6 +104,7 @@ impl EtcdCoordinator {
         EtcdCoordinator {
             inner: Arc::new(Inner {
                 handle: Arc::new(Handle {
+                    txns: Txns::new(client.clone(), config.request_timeout()),
                     client,
                     config,
                     cleaner,

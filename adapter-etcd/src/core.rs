@@ -3,6 +3,7 @@
 
 use etcd_client::Client;
 
+use crate::coalesce::Txns;
 use crate::config::EtcdConfig;
 use crate::confirm::Confirmer;
 use crate::session::Cleaner;
@@ -17,4 +18,6 @@ pub(crate) struct Handle {
     pub(crate) watcher: Watcher,
     /// Batched reads of held keys (renewals).
     pub(crate) confirmer: Confirmer,
+    /// The lock transactions (acquire, enqueue, release), sent together under load.
+    pub(crate) txns: Txns,
 }

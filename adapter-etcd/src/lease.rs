@@ -56,6 +56,11 @@ impl LeaseShared {
         drop(self.take_slot());
     }
 
+    /// The key range of the lock our key is in (our key up to its last `/`).
+    fn lock_range(&self) -> &str {
+        self.key.rfind('/').map_or(&self.key, |i| &self.key[..=i])
+    }
+
     fn take_slot(&self) -> Option<Slot> {
         self.slot.lock().unwrap_or_else(|p| p.into_inner()).take()
     }
@@ -201,17 +206,17 @@ impl Lease for EtcdLease {
                 self.shared.revision,
             )])
             .and_then([TxnOp::delete(key, None)]);
-        let client = &self.shared.handle.client;
+        let txns = &self.shared.handle.txns;
+        let lock = self.shared.lock_range();
         // The delete is keyed on the create revision: sent again after a reset connection, it
         // can only delete our own key.
         let (outcome, in_doubt) =
             retry_resendable(self.shared.handle.config.request_timeout(), |_| {
-                let (mut kv, txn) = (client.clone(), txn.clone());
-                async move { kv.txn(txn).await }
+                txns.send(lock, txn.clone())
             })
             .await;
         match outcome {
-            Ok(resp) if resp.succeeded() => {
+            Ok(resp) if resp.succeeded => {
                 self.shared.gone();
                 self.tracker.mark_lost(LostReason::Released);
                 Ok(())

@@ -3,6 +3,7 @@
 
 mod acquire;
 mod client;
+mod coalesce;
 mod config;
 mod confirm;
 mod coordinator;

@@ -1152,3 +1152,98 @@ async fn a_try_acquire_whose_connection_is_reset_after_sending_is_sent_again() {
     lease.release().await.unwrap();
     assert!(direct.inspect(&k).await.unwrap().is_none());
 }
+
+/// The number of `Txn` requests etcd has answered (its `/metrics` on the client port).
+async fn txn_requests(addr: std::net::SocketAddr) -> u64 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: etcd\r\n\r\n")
+        .await
+        .unwrap();
+    let mut body = String::new();
+    s.read_to_string(&mut body).await.unwrap();
+    body.lines()
+        .filter(|l| {
+            l.starts_with("grpc_server_handled_total{")
+                && l.contains("grpc_method=\"Txn\"")
+                && l.contains("grpc_service=\"etcdserverpb.KV\"")
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+/// Many tasks of one coordinator taking and releasing a few locks at once: their transactions
+/// go to etcd together (fewer `Txn` requests than acquisitions and releases), yet each lock has
+/// at most one holder at a time and its tokens increase in the order of its holders, through
+/// `try_acquire` and the waiting `acquire` alike: two transactions on one lock never share a
+/// request, where etcd would evaluate both compares before applying either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_lock_transactions_share_requests_yet_each_lock_keeps_one_holder() {
+    use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+    let Some(server) =
+        server("concurrent_lock_transactions_share_requests_yet_each_lock_keeps_one_holder").await
+    else {
+        return;
+    };
+    const KEYS: usize = 6;
+    const TASKS: usize = 48;
+    const ROUNDS: usize = 25;
+    let c = coord(&server.url()).await;
+    let holders: Arc<Vec<AtomicUsize>> = Arc::new((0..KEYS).map(|_| AtomicUsize::new(0)).collect());
+    let last_token: Arc<Vec<AtomicU64>> = Arc::new((0..KEYS).map(|_| AtomicU64::new(0)).collect());
+    let done = Arc::new(AtomicUsize::new(0));
+    let before = txn_requests(server.addr()).await;
+    let tasks: Vec<_> = (0..TASKS)
+        .map(|t| {
+            let (c, holders, last_token, done) =
+                (c.clone(), holders.clone(), last_token.clone(), done.clone());
+            tokio::spawn(async move {
+                for r in 0..ROUNDS {
+                    let i = (t + r) % KEYS;
+                    let k = key(&format!("shared-{i}"));
+                    let o = LeaseOptions::new(Duration::from_secs(10));
+                    let lease = if t % 3 == 0 {
+                        c.acquire(&k, &o.wait(Duration::from_secs(30))).await
+                    } else {
+                        c.try_acquire(&k, &o).await
+                    };
+                    let lease = match lease {
+                        Ok(l) => l,
+                        Err(Error::Held { .. }) => continue,
+                        Err(e) => panic!("task {t} round {r}: {e}"),
+                    };
+                    assert_eq!(
+                        holders[i].fetch_add(1, Ordering::SeqCst),
+                        0,
+                        "two holders of shared-{i}"
+                    );
+                    let token = lease.token().get();
+                    let before = last_token[i].swap(token, Ordering::SeqCst);
+                    assert!(token > before, "shared-{i}: token {token} after {before}");
+                    tokio::task::yield_now().await;
+                    holders[i].fetch_sub(1, Ordering::SeqCst);
+                    lease.release().await.unwrap();
+                    done.fetch_add(2, Ordering::SeqCst);
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let sent = txn_requests(server.addr()).await - before;
+    let done = done.load(Ordering::SeqCst) as u64;
+    assert!(done > 0);
+    assert!(
+        sent < done,
+        "{sent} Txn requests for {done} acquisitions and releases: none went together"
+    );
+    eprintln!("{done} acquisitions and releases in {sent} Txn requests");
+    for i in 0..KEYS {
+        assert!(c
+            .inspect(&key(&format!("shared-{i}")))
+            .await
+            .unwrap()
+            .is_none());
+    }
+}
