@@ -13,7 +13,7 @@
 //!
 //! So an uncontended acquire is 2 round trips, a release 1, a renew 2 requests pipelined (`sync`,
 //! `exists`); a waiter is woken by the predecessor's deletion event and needs 1 round trip to
-//! confirm.
+//! confirm. Under load, listings (2.) and releases share requests ([`crate::coalesce`]).
 //!
 //! Only writes and syncs (answered through the leader) confirm the session; reads do not (see
 //! [`crate::session`]).
@@ -327,9 +327,9 @@ impl ZkCoordinator {
             let epoch = s.epoch();
             // Reads: they do not confirm the session (our create did).
             let sent = Instant::now();
-            let list = s.client().get_children(dir);
+            let list = s.coalesced().children(dir);
             let children = match tokio::time::timeout(s.request_timeout(), list).await {
-                Ok(Ok((children, _))) => children,
+                Ok(Ok(children)) => children,
                 Ok(Err(ZkError::NoNode)) => return Ok(Turn::Vanished),
                 Ok(Err(e)) if session_ended(&e) => return Err(from_zk(ops::WAIT, e)),
                 Ok(Err(ref e)) if connection_lost(e) && !past => {

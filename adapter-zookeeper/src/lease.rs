@@ -530,7 +530,7 @@ impl ZkLease {
         loop {
             let sent = Instant::now();
             let left = deadline.saturating_duration_since(sent);
-            match tokio::time::timeout(left, s.client().delete(&st.path, version)).await {
+            match tokio::time::timeout(left, s.coalesced().delete(&st.path, version)).await {
                 Ok(Ok(())) => {
                     s.confirm(sent);
                     return Ok(());

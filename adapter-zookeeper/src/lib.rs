@@ -2,6 +2,7 @@
 #![forbid(unsafe_code)]
 
 mod acquire;
+mod coalesce;
 mod config;
 mod coordinator;
 mod error;

@@ -42,6 +42,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use zookeeper_client::{Acl, Acls, Client, CreateMode, Permission, SessionState, StateWatcher};
 
+use crate::coalesce::Coalesced;
 use crate::config::ZkConfig;
 use crate::error::{connect_failed, from_zk, ops, timed_out};
 use crate::keys::Paths;
@@ -78,6 +79,8 @@ pub(crate) struct Session {
     link: watch::Sender<(bool, bool)>,
     leases: Mutex<HashMap<u64, Weak<dyn SessionLease>>>,
     next_lease: AtomicU64,
+    /// Lock listings and releases, sent together under load ([`crate::coalesce`]).
+    coalesced: Coalesced,
 }
 
 impl std::fmt::Debug for Session {
@@ -113,6 +116,7 @@ impl Session {
         let session = Arc::new(Session {
             timeout,
             margin,
+            coalesced: Coalesced::new(&client, config.request_timeout()),
             client,
             request_timeout: config.request_timeout(),
             secured: config.digest_auth().is_some(),
@@ -153,6 +157,11 @@ impl Session {
     /// The client library's handle.
     pub(crate) fn client(&self) -> &Client {
         &self.client
+    }
+
+    /// The session's coalesced lock listings and releases ([`crate::coalesce`]).
+    pub(crate) fn coalesced(&self) -> &Coalesced {
+        &self.coalesced
     }
 
     /// The negotiated session timeout.

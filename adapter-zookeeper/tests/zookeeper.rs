@@ -1065,3 +1065,117 @@ async fn an_outside_write_to_the_holders_node_changes_nothing_for_the_holder() {
     assert!(next.token() > token);
     next.release().await.unwrap();
 }
+
+/// The number of packets ZooKeeper has received from clients (`mntr`).
+async fn packets_received(addr: std::net::SocketAddr) -> u64 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(b"mntr").await.unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.unwrap();
+    out.lines()
+        .find_map(|l| l.strip_prefix("zk_packets_received"))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("mntr shows zk_packets_received")
+}
+
+/// Many tasks of one coordinator taking and releasing locks at once. On their own locks, their
+/// listings and deletes go to ZooKeeper together: fewer packets than the three requests (create,
+/// getChildren, delete) each pair needs alone. On a few shared locks, through `try_acquire` and
+/// the waiting `acquire` alike, each lock has at most one holder at a time and its tokens
+/// increase in the order of its holders.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_listings_and_releases_share_requests_yet_each_lock_keeps_one_holder() {
+    use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
+    let Some(server) = server("concurrent_listings_and_releases_share_requests").await else {
+        return;
+    };
+    const TASKS: usize = 48;
+    const ROUNDS: usize = 25;
+    let c: Arc<dyn Coordinator> = Arc::new(
+        ZkCoordinator::connect(config(server.addr(), 6000))
+            .await
+            .unwrap(),
+    );
+    let o = LeaseOptions::new(Duration::from_secs(6));
+    // Every lock once, so that its lock node exists before the count.
+    for t in 0..TASKS {
+        let k: LockKey = format!("own-{t}").parse().unwrap();
+        c.acquire(&k, &o).await.unwrap().release().await.unwrap();
+    }
+    let before = packets_received(server.addr()).await;
+    let tasks: Vec<_> = (0..TASKS)
+        .map(|t| {
+            let (c, o) = (c.clone(), o.clone());
+            tokio::spawn(async move {
+                let k: LockKey = format!("own-{t}").parse().unwrap();
+                for _ in 0..ROUNDS {
+                    c.acquire(&k, &o).await.unwrap().release().await.unwrap();
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let packets = packets_received(server.addr()).await - before;
+    let pairs = (TASKS * ROUNDS) as u64;
+    eprintln!("{pairs} acquire+release pairs on own locks in {packets} packets");
+    assert!(
+        packets < 3 * pairs,
+        "{packets} packets for {pairs} pairs (3 each when sent alone): none went together"
+    );
+
+    const KEYS: usize = 6;
+    let holders: Arc<Vec<AtomicUsize>> = Arc::new((0..KEYS).map(|_| AtomicUsize::new(0)).collect());
+    let last_token: Arc<Vec<AtomicI64>> = Arc::new((0..KEYS).map(|_| AtomicI64::new(0)).collect());
+    let granted = Arc::new(AtomicU64::new(0));
+    let tasks: Vec<_> = (0..TASKS)
+        .map(|t| {
+            let (c, o, holders, last_token, granted) = (
+                c.clone(),
+                o.clone(),
+                holders.clone(),
+                last_token.clone(),
+                granted.clone(),
+            );
+            tokio::spawn(async move {
+                for r in 0..ROUNDS {
+                    let i = (t + r) % KEYS;
+                    let k: LockKey = format!("shared-{i}").parse().unwrap();
+                    let lease = if t % 3 == 0 {
+                        c.acquire(&k, &o.clone().wait(Duration::from_secs(30)))
+                            .await
+                    } else {
+                        c.try_acquire(&k, &o).await
+                    };
+                    let lease = match lease {
+                        Ok(l) => l,
+                        Err(Error::Held { .. }) => continue,
+                        Err(e) => panic!("task {t} round {r}: {e}"),
+                    };
+                    assert_eq!(
+                        holders[i].fetch_add(1, Ordering::SeqCst),
+                        0,
+                        "two holders of shared-{i}"
+                    );
+                    let token = lease.token().get() as i64;
+                    let before = last_token[i].swap(token, Ordering::SeqCst);
+                    assert!(token > before, "shared-{i}: token {token} after {before}");
+                    tokio::task::yield_now().await;
+                    holders[i].fetch_sub(1, Ordering::SeqCst);
+                    lease.release().await.unwrap();
+                    granted.fetch_add(1, Ordering::SeqCst);
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert!(granted.load(Ordering::SeqCst) > 0);
+    for i in 0..KEYS {
+        let k: LockKey = format!("shared-{i}").parse().unwrap();
+        assert!(c.inspect(&k).await.unwrap().is_none());
+    }
+}

@@ -1,0 +1,188 @@
+//! A session's lock listings and releases, sent together under load
+//! ([`lease_core::adapter::batch::Coalesce`]): the `getChildren` by which an acquire finds its
+//! turn, and the release's `delete`.
+//!
+//! A request is sent at once, as it is, while fewer than [`IN_FLIGHT`] of its kind are in flight:
+//! an uncontended acquire or release costs what it did. Otherwise it waits for one of them to
+//! finish and goes with every request of its kind that queued meanwhile, up to [`MAX_PER_MULTI`],
+//! in one ZooKeeper multi: listings in one read-only multi (ZooKeeper 3.6 and later), where each
+//! listing gets its own answer; deletes in one multi-op, which ZooKeeper applies all or nothing:
+//! when one delete fails (its node is gone, its version changed), nothing was applied, that
+//! delete gets its own error and the others are sent again without it. Each caller gets the
+//! answer its request alone would have had.
+//!
+//! The contender's `create` is not coalesced: the cleanup of an abandoned attempt lists the lock
+//! after it and relies on the session processing requests in order, which a create waiting in a
+//! queue would not keep.
+
+use std::time::Duration;
+
+use lease_core::adapter::batch::{Coalesce, CoalesceConfig};
+use zookeeper_client::{Client, Error as ZkError, MultiReadResult, MultiWriteError};
+
+use crate::error::BACKEND;
+
+/// Requests per multi.
+pub(crate) const MAX_PER_MULTI: usize = 64;
+
+/// Requests of one kind in flight at once before the next ones queue.
+pub(crate) const IN_FLIGHT: usize = 2;
+
+type ZkResult<T> = std::result::Result<T, ZkError>;
+
+/// A delete of one node, with the version it must have (`None`: any).
+type Delete = (String, Option<i32>);
+
+/// A session's coalesced listings and deletes.
+pub(crate) struct Coalesced {
+    lists: Coalesce<String, ZkResult<Vec<String>>>,
+    deletes: Coalesce<Delete, ZkResult<()>>,
+}
+
+impl std::fmt::Debug for Coalesced {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Coalesced").finish_non_exhaustive()
+    }
+}
+
+impl Coalesced {
+    /// Sends on `client`; a send without an answer after `bound` (the request timeout) is a
+    /// `ConnectionLoss` for each of its requests (its callers, bounded by the same timeout from
+    /// before they queued, have stopped waiting by then).
+    pub(crate) fn new(client: &Client, bound: Duration) -> Coalesced {
+        let config = CoalesceConfig::new(IN_FLIGHT, MAX_PER_MULTI);
+        let on = client.clone();
+        let lists = Coalesce::new(BACKEND, config, move |dirs| {
+            let client = on.clone();
+            async move { Ok(list_chunk(&client, bound, dirs).await) }
+        });
+        let on = client.clone();
+        let deletes = Coalesce::new(BACKEND, config, move |nodes| {
+            let client = on.clone();
+            async move { Ok(delete_chunk(&client, bound, nodes).await) }
+        });
+        Coalesced { lists, deletes }
+    }
+
+    /// The children of `dir` (`getChildren`, alone or in a read-only multi).
+    pub(crate) async fn children(&self, dir: &str) -> ZkResult<Vec<String>> {
+        self.lists
+            .ask(dir.to_owned())
+            .await
+            .unwrap_or(Err(ZkError::ConnectionLoss))
+    }
+
+    /// Deletes `path` if its version is `version` (any for `None`), alone or in a multi.
+    pub(crate) async fn delete(&self, path: &str, version: Option<i32>) -> ZkResult<()> {
+        self.deletes
+            .ask((path.to_owned(), version))
+            .await
+            .unwrap_or(Err(ZkError::ConnectionLoss))
+    }
+}
+
+/// Answers for a chunk, none of which can fail as a whole (each caller gets its own result).
+type Answers<T> = Vec<lease_core::Result<ZkResult<T>>>;
+
+async fn list_chunk(client: &Client, bound: Duration, dirs: Vec<String>) -> Answers<Vec<String>> {
+    if let [dir] = dirs.as_slice() {
+        let listed = match tokio::time::timeout(bound, client.list_children(dir)).await {
+            Ok(r) => r,
+            Err(_) => Err(ZkError::ConnectionLoss),
+        };
+        return vec![Ok(listed)];
+    }
+    let mut reader = client.new_multi_reader();
+    let mut refused: Vec<Option<ZkError>> = Vec::with_capacity(dirs.len());
+    for dir in &dirs {
+        refused.push(reader.add_get_children(dir).err());
+    }
+    let results = match tokio::time::timeout(bound, reader.commit()).await {
+        Ok(Ok(results)) => results,
+        Ok(Err(e)) => return dirs.iter().map(|_| Ok(Err(e.clone()))).collect(),
+        Err(_) => {
+            return dirs
+                .iter()
+                .map(|_| Ok(Err(ZkError::ConnectionLoss)))
+                .collect()
+        }
+    };
+    let mut results = results.into_iter();
+    refused
+        .into_iter()
+        .map(|refused| {
+            Ok(match refused {
+                Some(e) => Err(e),
+                None => match results.next() {
+                    Some(MultiReadResult::Children { children }) => Ok(children),
+                    Some(MultiReadResult::Error { err }) => Err(err),
+                    _ => Err(ZkError::UnexpectedError(
+                        "a multi-read answered a listing with something else".into(),
+                    )),
+                },
+            })
+        })
+        .collect()
+}
+
+async fn delete_chunk(client: &Client, bound: Duration, nodes: Vec<Delete>) -> Answers<()> {
+    if let [(path, version)] = nodes.as_slice() {
+        let deleted = match tokio::time::timeout(bound, client.delete(path, *version)).await {
+            Ok(r) => r,
+            Err(_) => Err(ZkError::ConnectionLoss),
+        };
+        return vec![Ok(deleted)];
+    }
+    let mut answers: Vec<Option<ZkResult<()>>> = nodes.iter().map(|_| None).collect();
+    // The deletes not answered yet, by their index in `nodes`.
+    let mut pending: Vec<usize> = (0..nodes.len()).collect();
+    while !pending.is_empty() {
+        let mut writer = client.new_multi_writer();
+        let mut sent = Vec::with_capacity(pending.len());
+        for &i in &pending {
+            let (path, version) = &nodes[i];
+            match writer.add_delete(path, *version) {
+                Ok(()) => sent.push(i),
+                Err(e) => answers[i] = Some(Err(e)),
+            }
+        }
+        if sent.is_empty() {
+            break;
+        }
+        pending = match tokio::time::timeout(bound, writer.commit()).await {
+            Ok(Ok(_)) => {
+                for &i in &sent {
+                    answers[i] = Some(Ok(()));
+                }
+                Vec::new()
+            }
+            // All or nothing: only this delete failed; the others were not applied, so they go
+            // again without it.
+            Ok(Err(MultiWriteError::OperationFailed { index, source })) if index < sent.len() => {
+                answers[sent[index]] = Some(Err(source));
+                sent.into_iter()
+                    .enumerate()
+                    .filter(|(at, _)| *at != index)
+                    .map(|(_, i)| i)
+                    .collect()
+            }
+            Ok(Err(e)) => {
+                let e = ZkError::from(e);
+                for &i in &sent {
+                    answers[i] = Some(Err(e.clone()));
+                }
+                Vec::new()
+            }
+            Err(_) => {
+                for &i in &sent {
+                    answers[i] = Some(Err(ZkError::ConnectionLoss));
+                }
+                Vec::new()
+            }
+        };
+    }
+    answers
+        .into_iter()
+        .map(|a| Ok(a.unwrap_or(Err(ZkError::ConnectionLoss))))
+        .collect()
+}
