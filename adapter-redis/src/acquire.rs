@@ -350,7 +350,7 @@ impl RedisCoordinator {
             keys: keys.clone(),
             head: head.clone(),
         });
-        self.inner.monitor.watch(keys.lock());
+        self.inner.monitor.watch(keys);
         Ok(Attempt::Granted(RedisLease::new(
             self.inner.clone(),
             keys.clone(),

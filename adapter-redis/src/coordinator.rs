@@ -97,7 +97,7 @@ impl RedisCoordinator {
         );
         let conn = Arc::new(conn);
         let wakeups = Wakeups::start(&conn, config.request_timeout()).await?;
-        let (monitor, watch) = Monitor::channel();
+        let (monitor, watch) = Monitor::new();
         let caps = Capabilities::new(BACKEND)
             .min_ttl(MIN_TTL)
             .per_lease_ttl(true)

@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use lease_core::adapter::{retry_until_settled, Backoff, LeaseTracker, TokenAdmission};
 use lease_core::{Capabilities, LeaseStatus, LostReason, OwnerId, Result};
-use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use crate::client::Connection;
@@ -268,20 +267,89 @@ pub(crate) fn px_millis(ttl: Duration) -> u128 {
     ttl.as_nanos().div_ceil(1_000_000)
 }
 
-/// The coordinator's handle on its monitor task ([`crate::monitor`]). Dropping it ends the task.
+/// The coordinator's handle on its monitor task ([`crate::monitor`]): the lock keys of new
+/// leases, each with its grant time, for the task to read once they are old enough. Dropping it
+/// ends the task.
+///
+/// A grant only appends to the queue; the task is woken when the queue stops being empty, not
+/// once per grant (under load thousands of grants a second would otherwise each wake it), and
+/// otherwise sleeps until the oldest entry is due.
 pub(crate) struct Monitor {
-    tx: mpsc::UnboundedSender<String>,
+    queue: Arc<WatchQueue>,
+}
+
+/// The queue shared by a [`Monitor`] and its task.
+#[derive(Default)]
+pub(crate) struct WatchQueue {
+    granted: Mutex<std::collections::VecDeque<(Instant, Arc<LockKeys>)>>,
+    /// Woken when the queue stops being empty, and when the monitor is dropped.
+    wake: tokio::sync::Notify,
+    closed: std::sync::atomic::AtomicBool,
+}
+
+impl WatchQueue {
+    /// Whether the coordinator is gone.
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Resolves when a key is queued into an empty queue, or the coordinator is gone (a wake-up
+    /// that came while nobody waited is kept for the next call).
+    pub(crate) async fn changed(&self) {
+        self.wake.notified().await
+    }
+
+    /// When the oldest queued key was granted.
+    pub(crate) fn oldest(&self) -> Option<Instant> {
+        lock(&self.granted).front().map(|(at, _)| *at)
+    }
+
+    /// Takes the lock keys granted at or before `until`, oldest first.
+    pub(crate) fn take_granted_by(&self, until: Instant) -> Vec<String> {
+        let mut granted = lock(&self.granted);
+        let mut keys = Vec::new();
+        while granted.front().is_some_and(|(at, _)| *at <= until) {
+            keys.extend(granted.pop_front().map(|(_, k)| k.lock().to_owned()));
+        }
+        keys
+    }
+
+    /// Forgets every queued key (the task reads every held key anyway).
+    pub(crate) fn clear(&self) {
+        lock(&self.granted).clear();
+    }
 }
 
 impl Monitor {
-    /// A handle and the receiving end for [`crate::monitor::spawn`].
-    pub(crate) fn channel() -> (Self, mpsc::UnboundedReceiver<String>) {
-        let (tx, rx) = mpsc::unbounded_channel();
-        (Monitor { tx }, rx)
+    /// A handle and the queue for [`crate::monitor::spawn`].
+    pub(crate) fn new() -> (Self, Arc<WatchQueue>) {
+        let queue = Arc::new(WatchQueue::default());
+        (
+            Monitor {
+                queue: queue.clone(),
+            },
+            queue,
+        )
     }
 
-    /// Starts watching `lock_key` (a lease on it was just granted and registered as live).
-    pub(crate) fn watch(&self, lock_key: &str) {
-        let _ = self.tx.send(lock_key.to_owned());
+    /// Starts watching the lock of `keys` (a lease on it was just granted and registered as
+    /// live).
+    pub(crate) fn watch(&self, keys: &Arc<LockKeys>) {
+        let mut granted = lock(&self.queue.granted);
+        let was_empty = granted.is_empty();
+        granted.push_back((Instant::now(), keys.clone()));
+        drop(granted);
+        if was_empty {
+            self.queue.wake.notify_one();
+        }
+    }
+}
+
+impl Drop for Monitor {
+    fn drop(&mut self) {
+        self.queue
+            .closed
+            .store(true, std::sync::atomic::Ordering::Release);
+        self.queue.wake.notify_one();
     }
 }

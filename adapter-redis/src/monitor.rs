@@ -6,7 +6,7 @@
 //! `CLIENT TRACKING ON` (Redis client-side caching, default mode, since Redis 6). Every key this
 //! connection reads is remembered by the server, which pushes an `invalidate` message on the same
 //! connection the next time anyone changes it (a write, a delete, an expiry, a flush). The task
-//! reads the lock key of each lease it is told about ([`Monitor::watch`]), [`WATCH_DELAY`] after
+//! reads the lock key of each lease it is told about ([`Monitor::watch`](crate::core::Monitor::watch)), [`WATCH_DELAY`] after
 //! its grant (a lease released before then is never read), and nothing else, so
 //! the server's tracking table and the messages grow with the number of held leases only. On an
 //! invalidation of a held key it reads the key once more (which also re-arms the tracking):
@@ -24,17 +24,16 @@
 //! the coordinator in doubt ([`lease_core::adapter::LeaseTracker::in_doubt`]) until its next confirmed
 //! renew, and the task reconnects (and re-reads every held key) with a capped backoff.
 
-use std::collections::VecDeque;
-use std::sync::Weak;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
+use tokio::sync::mpsc;
 
 use lease_core::adapter::Backoff;
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, ProtocolVersion, PushInfo, PushKind, Value};
-use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use crate::core::Inner;
+use crate::core::{Inner, WatchQueue};
 use crate::error::BACKEND;
 
 /// Starts the monitor task for `inner` (needs a tokio runtime, as `connect` does). The returned
@@ -42,10 +41,10 @@ use crate::error::BACKEND;
 /// that `connect` can return with the monitor in place.
 pub(crate) fn spawn(
     inner: Weak<Inner>,
-    rx: mpsc::UnboundedReceiver<String>,
+    queue: Arc<WatchQueue>,
 ) -> tokio::sync::oneshot::Receiver<()> {
     let (ready, started) = tokio::sync::oneshot::channel();
-    tokio::spawn(run(inner, rx, ready));
+    tokio::spawn(run(inner, queue, ready));
     started
 }
 
@@ -180,11 +179,7 @@ fn invalidated(push: &PushInfo) -> Option<Vec<String>> {
     }
 }
 
-async fn run(
-    inner: Weak<Inner>,
-    mut watch: mpsc::UnboundedReceiver<String>,
-    ready: tokio::sync::oneshot::Sender<()>,
-) {
+async fn run(inner: Weak<Inner>, watch: Arc<WatchQueue>, ready: tokio::sync::oneshot::Sender<()>) {
     let mut ready = Some(ready);
     let (poll, request_timeout) = match inner.upgrade() {
         Some(i) => (i.config.poll_interval(), i.config.request_timeout()),
@@ -204,7 +199,7 @@ async fn run(
         match opened {
             Some(Ok(tracking)) => {
                 backoff.reset();
-                if track(&inner, &mut watch, tracking, poll).await.is_none() {
+                if track(&inner, &watch, tracking, poll).await.is_none() {
                     return;
                 }
             }
@@ -222,7 +217,7 @@ async fn run(
                 tracing::debug!(backend = BACKEND, reason = %why, "holder monitor cannot connect");
             }
             None => {
-                if poll_held(&inner, &mut watch, poll, request_timeout)
+                if poll_held(&inner, &watch, poll, request_timeout)
                     .await
                     .is_none()
                 {
@@ -234,12 +229,18 @@ async fn run(
         if let Some(i) = inner.upgrade() {
             all_in_doubt(&i);
         }
+        // Reconnected, the task reads every held key: the queued ones are not needed.
         let sleep = tokio::time::sleep(backoff.next_delay());
         tokio::pin!(sleep);
         loop {
             tokio::select! {
                 _ = &mut sleep => break,
-                key = watch.recv() => if key.is_none() { return },
+                () = watch.changed() => {
+                    if watch.is_closed() {
+                        return;
+                    }
+                    watch.clear();
+                }
             }
         }
     }
@@ -249,23 +250,25 @@ async fn run(
 /// (`None`).
 async fn track(
     inner: &Weak<Inner>,
-    watch: &mut mpsc::UnboundedReceiver<String>,
+    watch: &WatchQueue,
     mut t: Tracking,
     poll: Duration,
 ) -> Option<()> {
     // (Re)connected: read (and so track) every held key, judging each lease.
+    watch.clear();
     if confirm(inner, &mut t.conn, None).await.is_err() {
         return Some(());
     }
     let mut heartbeat = tokio::time::interval(poll);
     heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    // Keys of new leases, each with the time its first read is due (see `WATCH_DELAY`).
-    let mut due: VecDeque<(Instant, String)> = VecDeque::new();
     loop {
-        let next_due = due.front().map(|(at, _)| *at);
+        // The keys of new leases are read `WATCH_DELAY` after their grant.
+        let next_due = watch.oldest().map(|at| at + WATCH_DELAY);
         tokio::select! {
-            key = watch.recv() => {
-                due.push_back((Instant::now() + WATCH_DELAY, key?));
+            () = watch.changed() => {
+                if watch.is_closed() {
+                    return None;
+                }
             }
             _ = async {
                 match next_due {
@@ -275,10 +278,7 @@ async fn track(
             } => {
                 // Every key due now in one pipeline; `confirm` skips the leases that ended.
                 let now = Instant::now();
-                let mut keys = Vec::new();
-                while due.front().is_some_and(|(at, _)| *at <= now) {
-                    keys.extend(due.pop_front().map(|(_, key)| key));
-                }
+                let keys = watch.take_granted_by(now.checked_sub(WATCH_DELAY).unwrap_or(now));
                 if confirm(inner, &mut t.conn, Some(&keys)).await.is_err() {
                     return Some(());
                 }
@@ -332,7 +332,7 @@ async fn track(
 /// is gone.
 async fn poll_held(
     inner: &Weak<Inner>,
-    watch: &mut mpsc::UnboundedReceiver<String>,
+    watch: &WatchQueue,
     poll: Duration,
     request_timeout: Duration,
 ) -> Option<()> {
@@ -340,7 +340,13 @@ async fn poll_held(
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
-            key = watch.recv() => { key?; }
+            () = watch.changed() => {
+                if watch.is_closed() {
+                    return None;
+                }
+                // Every held key is read at the next tick: the queued ones are not needed.
+                watch.clear();
+            }
             _ = tick.tick() => {
                 let strong = inner.upgrade()?;
                 if !strong.has_live_leases() {
