@@ -1,6 +1,5 @@
-//! [`ZkCoordinator`]: construction, the session, the state it shares with the lock recipe
-//! (`acquire.rs`) and the operator actions (`operator.rs`), and the hooks the `Coordinator` impl
-//! is generated from.
+//! [`ZkCoordinator`]: construction, the session, and the hooks the `Coordinator` impl is
+//! generated from.
 
 use std::fmt;
 use std::sync::atomic::AtomicU64;
@@ -12,22 +11,9 @@ use lease_core::{Capabilities, LockKey, OwnerId, Result};
 use zookeeper_client::Error as ZkError;
 
 use crate::config::ZkConfig;
+use crate::core::Inner;
 use crate::error::{timed_out, BACKEND};
 use crate::session::Session;
-
-pub(crate) struct Inner {
-    pub(crate) config: ZkConfig,
-    pub(crate) caps: Capabilities,
-    /// The turns of this coordinator's waiting acquires.
-    pub(crate) local_waiters: lease_core::adapter::LocalWaiters,
-    pub(crate) session: tokio::sync::Mutex<Option<Arc<Session>>>,
-    pub(crate) client_id: u64,
-    pub(crate) attempts: AtomicU64,
-    pub(crate) owner: OwnerId,
-    /// Admits grants: in range, above the floor and above every token this process was granted
-    /// for the lock on this ensemble and base path.
-    pub(crate) tokens: TokenAdmission,
-}
 
 /// A [`Coordinator`] on ZooKeeper: one session per coordinator, one ephemeral sequential node per
 /// contender, the holder's czxid as the token. See the crate docs for the semantics.

@@ -2,9 +2,11 @@
 #![forbid(unsafe_code)]
 
 mod acquire;
+mod client;
 mod coalesce;
 mod config;
 mod coordinator;
+mod core;
 mod error;
 mod keys;
 mod lease;

@@ -42,9 +42,10 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use zookeeper_client::{Acl, Acls, Client, CreateMode, Permission, SessionState, StateWatcher};
 
+use crate::client::open;
 use crate::coalesce::Coalesced;
 use crate::config::ZkConfig;
-use crate::error::{connect_failed, from_zk, ops, timed_out};
+use crate::error::{from_zk, ops, timed_out};
 use crate::keys::Paths;
 
 /// The ACL of every node the adapter creates when digest credentials are configured: the
@@ -494,41 +495,4 @@ pub(crate) fn session_margin(
         ));
     }
     Ok(tick + heartbeat_period(timeout))
-}
-
-/// Opens the client library's session, retrying (while the error is not final) until the
-/// connect timeout: the library gives up after one session timeout, which an election or a
-/// restarting server can outlast.
-async fn open(config: &ZkConfig, hosts: &str) -> Result<Client> {
-    let limit = config.connect_timeout();
-    let deadline = Instant::now() + limit;
-    loop {
-        let mut connector = Client::connector().with_session_timeout(config.session_timeout());
-        if let Some(auth) = config.digest_auth() {
-            connector = connector.with_auth("digest", &auth);
-        }
-        let left = deadline.saturating_duration_since(Instant::now());
-        let error = match tokio::time::timeout(left, connector.connect(hosts)).await {
-            Err(_) => {
-                return Err(connect_failed(
-                    hosts,
-                    format!("no session within {limit:?}"),
-                    None,
-                ))
-            }
-            Ok(Ok(c)) => return Ok(c),
-            Ok(Err(e)) => e,
-        };
-        let retryable = matches!(
-            error,
-            zookeeper_client::Error::Timeout
-                | zookeeper_client::Error::ConnectionLoss
-                | zookeeper_client::Error::NoHosts
-        );
-        if !retryable || Instant::now() + Duration::from_millis(50) >= deadline {
-            return Err(connect_failed(hosts, error.to_string(), Some(error)));
-        }
-        tracing::debug!(hosts = %hosts, error = %error, "no zookeeper session yet; retrying");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }

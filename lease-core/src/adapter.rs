@@ -10,6 +10,29 @@
 //! Code that uses leases needs none of this; it lives at the crate root. An adapter crate
 //! imports from here (`use lease_core::adapter::{UrlOptions, OptionSpec, ...}`), so a reader can
 //! tell at the `use` line which parts of the core an adapter builds on.
+//!
+//! # An adapter crate's files
+//!
+//! Every adapter of this workspace has the same files for the same roles, so that a reader who
+//! knows one finds their way in another:
+//!
+//! | file | holds |
+//! |---|---|
+//! | `lib.rs` | the public re-exports, `SCHEME` and `register(&mut Registry)` |
+//! | `config.rs` | the config type, its builder and `from_url` / `from_backend_url` (through [`UrlOptions`]) |
+//! | `client.rs` | connection plumbing: the backend's own client from the config |
+//! | `keys.rs` | the key layout on the server and its escaping |
+//! | `core.rs` | the state the coordinator shares with its leases and tasks (imported from here, never from `coordinator.rs`) |
+//! | `coordinator.rs` | construction (`connect`, `connect_url`, `from_client` where the client can be reused) and the primitives [`coordinator_from_primitives!`](crate::coordinator_from_primitives) turns into the trait impl |
+//! | `acquire.rs` | the acquire recipe and the grant |
+//! | `lease.rs` | the lease type: renew, release, loss |
+//! | `operator.rs` | inspect, force-release and the audit trail |
+//! | `error.rs` | the classification of the client's errors into [`Op`]'s outcomes |
+//! | `fence.rs` | the fence, where the backend has one |
+//!
+//! What is the backend's own has a file named for its role: `session.rs` (etcd, ZooKeeper,
+//! Consul), `watch.rs`, `wakeups.rs`, `monitor.rs`, `coalesce.rs` (requests sent together under
+//! load, through [`batch::Coalesce`]) and the like.
 
 pub use crate::backoff::Backoff;
 #[path = "batch.rs"]

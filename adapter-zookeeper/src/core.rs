@@ -1,0 +1,26 @@
+//! The state a ZooKeeper coordinator shares with the lock recipe (`acquire.rs`) and the operator
+//! actions (`operator.rs`), so that they import it from here, not from `coordinator.rs`.
+
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+
+use lease_core::adapter::{LocalWaiters, TokenAdmission};
+use lease_core::{Capabilities, OwnerId};
+
+use crate::config::ZkConfig;
+use crate::session::Session;
+
+/// What a coordinator shares with its recipe and operator actions.
+pub(crate) struct Inner {
+    pub(crate) config: ZkConfig,
+    pub(crate) caps: Capabilities,
+    /// The turns of this coordinator's waiting acquires.
+    pub(crate) local_waiters: LocalWaiters,
+    pub(crate) session: tokio::sync::Mutex<Option<Arc<Session>>>,
+    pub(crate) client_id: u64,
+    pub(crate) attempts: AtomicU64,
+    pub(crate) owner: OwnerId,
+    /// Admits grants: in range, above the floor and above every token this process was granted
+    /// for the lock on this ensemble and base path.
+    pub(crate) tokens: TokenAdmission,
+}
