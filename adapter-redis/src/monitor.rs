@@ -6,8 +6,8 @@
 //! `CLIENT TRACKING ON` (Redis client-side caching, default mode, since Redis 6). Every key this
 //! connection reads is remembered by the server, which pushes an `invalidate` message on the same
 //! connection the next time anyone changes it (a write, a delete, an expiry, a flush). The task
-//! reads the lock key of each lease it is told about ([`Monitor::watch`](crate::core::Monitor::watch)), [`WATCH_DELAY`] after
-//! its grant (a lease released before then is never read), and nothing else, so
+//! reads the lock key of each lease it is told about ([`Monitor::watch`](crate::core::Monitor::watch)), at most [`WATCH_DELAY`]
+//! after its grant (a lease released before then is never read), and nothing else, so
 //! the server's tracking table and the messages grow with the number of held leases only. On an
 //! invalidation of a held key it reads the key once more (which also re-arms the tracking):
 //! still this lease's nonce, nothing happens (our own renew's `PEXPIRE` causes exactly that);
@@ -54,6 +54,12 @@ pub(crate) fn spawn(
 /// on their own keys). A write by someone else in between is still seen by that first read:
 /// detection of an outside write to a new lease is at most this much later.
 pub(crate) const WATCH_DELAY: Duration = Duration::from_millis(50);
+
+/// When the monitor wakes to read the keys of new leases, it also reads those granted up to this
+/// much later than the one due, so that it wakes once per this period under a steady stream of
+/// grants rather than once per grant (each key is read between `WATCH_DELAY - WATCH_BATCH` and
+/// `WATCH_DELAY` after its grant).
+const WATCH_BATCH: Duration = Duration::from_millis(25);
 
 /// Why the tracking connection could not be set up.
 enum Setup {
@@ -278,7 +284,9 @@ async fn track(
             } => {
                 // Every key due now in one pipeline; `confirm` skips the leases that ended.
                 let now = Instant::now();
-                let keys = watch.take_granted_by(now.checked_sub(WATCH_DELAY).unwrap_or(now));
+                let keys = watch.take_granted_by(
+                    now.checked_sub(WATCH_DELAY - WATCH_BATCH).unwrap_or(now),
+                );
                 if confirm(inner, &mut t.conn, Some(&keys)).await.is_err() {
                     return Some(());
                 }
