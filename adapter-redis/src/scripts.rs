@@ -1,5 +1,6 @@
-//! The Lua scripts: each operation is one script, run with `EVALSHA` (redis-rs loads it with
-//! `SCRIPT LOAD` and retries once when the server answers `NOSCRIPT`, for example after a restart).
+//! The Lua scripts: each operation is one script, run with `EVALSHA` (`client.rs` loads it with
+//! `SCRIPT LOAD` and sends it once more when the server answers `NOSCRIPT`, for example after a
+//! restart or a `SCRIPT FLUSH`).
 //!
 //! Every script but [`RENEW_MANY`] touches only keys of one lock (or one fenced resource), which
 //! share a hash tag, so they run on a Redis Cluster node too. Tokens are handled as decimal strings (compared by

@@ -662,3 +662,40 @@ async fn a_coordinator_from_the_applications_own_client_behaves_like_one_from_a_
     assert!(second.token() > first.token());
     second.release().await.unwrap();
 }
+
+/// `SCRIPT FLUSH` (or a restart) empties the server's script cache: every operation's `EVALSHA`
+/// is then answered `NOSCRIPT`, and the adapter loads the script and runs it again, once.
+#[tokio::test]
+async fn scripts_flushed_from_the_server_are_loaded_again() {
+    let Some(srv) = server(
+        "scripts_flushed_from_the_server_are_loaded_again",
+        durable(),
+    ) else {
+        return;
+    };
+    let c = coordinator(&srv, "").await;
+    let conn = raw(&srv).await;
+    let k = key("flushed");
+    let flush = |mut conn: redis::aio::MultiplexedConnection| async move {
+        let () = redis::cmd("SCRIPT")
+            .arg("FLUSH")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    };
+    let first = c.try_acquire(&k, &opts(10 * SEC)).await.unwrap();
+    flush(conn.clone()).await;
+    first.renew().await.unwrap();
+    assert_eq!(first.status(), LeaseStatus::Held);
+    flush(conn.clone()).await;
+    let first_token = first.token();
+    first.release().await.unwrap();
+    assert!(
+        c.inspect(&k).await.unwrap().is_none(),
+        "the release after a flush deleted the lock"
+    );
+    flush(conn).await;
+    let second = c.try_acquire(&k, &opts(10 * SEC)).await.unwrap();
+    assert!(second.token() > first_token);
+    second.release().await.unwrap();
+}
