@@ -41,6 +41,27 @@ impl ZkCoordinator {
     /// credentials may not create or use the base path.
     pub async fn connect(config: ZkConfig) -> Result<Self> {
         let session = Session::connect(&config).await?;
+        Ok(Self::start(config, session))
+    }
+
+    /// A coordinator on a ZooKeeper session the application already has (its own client, with
+    /// its own credentials and chroot); `config` gives the adapter's own settings (base path,
+    /// token floor, timeouts, owner), names the ensemble in the token watermark (its hosts
+    /// should be the client's), and is what a new session is opened from once this one ends
+    /// (an expiry or a close ends every lease on it, as for a session of the coordinator's own).
+    ///
+    /// The session is confirmed with one `sync` first (when it was last confirmed is not known),
+    /// then `<base>/locks` is made sure of, as [`ZkCoordinator::connect`] does. Give `config` the
+    /// digest credentials the client authenticated with: they decide the ACL of the nodes the
+    /// coordinator creates. Errors: `Unavailable` or `OutcomeUnknown` when the sync gets no
+    /// answer, `Misconfigured` as for `connect`.
+    pub async fn from_client(client: zookeeper_client::Client, config: ZkConfig) -> Result<Self> {
+        let session = Session::adopt(&config, client).await?;
+        Ok(Self::start(config, session))
+    }
+
+    /// The coordinator on its first session.
+    fn start(config: ZkConfig, session: Arc<Session>) -> Self {
         let caps = Capabilities::new(BACKEND)
             .min_ttl(session.timeout())
             .per_lease_ttl(false)
@@ -55,7 +76,7 @@ impl ZkCoordinator {
             .owner()
             .cloned()
             .unwrap_or_else(OwnerId::for_this_process);
-        Ok(ZkCoordinator {
+        ZkCoordinator {
             inner: Arc::new(Inner {
                 config,
                 caps,
@@ -66,7 +87,7 @@ impl ZkCoordinator {
                 owner,
                 tokens,
             }),
-        })
+        }
     }
 
     /// Parses `url` ([`ZkConfig::from_url`]) and connects.

@@ -38,6 +38,7 @@ pub(crate) mod ops {
     pub(crate) const AUDIT: Op = Op::write("force_release audit record", false);
     pub(crate) const AUDIT_READ: Op = Op::read("audit trail read");
     pub(crate) const SETUP: Op = Op::write("creating the lock's parent nodes", true);
+    pub(crate) const ADOPT: Op = Op::read("confirming the application's session (sync)");
 }
 
 /// Whether `err` says the session is over (expired, closed, failed): its ephemeral nodes are gone

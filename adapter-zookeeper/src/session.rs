@@ -98,9 +98,28 @@ impl Session {
     /// Opens a session (bounded by the connect timeout), makes sure `<base>/locks` exists, and
     /// starts the state and heartbeat tasks.
     pub(crate) async fn connect(config: &ZkConfig) -> Result<Arc<Session>> {
-        let hosts = config.connect_string();
         let sent = Instant::now();
-        let client = open(config, &hosts).await?;
+        let client = open(config, &config.connect_string()).await?;
+        Self::start(config, client, sent).await
+    }
+
+    /// A session on a client the application opened. When its session was last confirmed is
+    /// not known, so a `sync` (which passes through the leader) confirms it first; then as
+    /// [`Session::connect`].
+    pub(crate) async fn adopt(config: &ZkConfig, client: Client) -> Result<Arc<Session>> {
+        let sent = Instant::now();
+        match tokio::time::timeout(config.request_timeout(), client.sync(config.base_path())).await
+        {
+            Ok(Ok(())) => Self::start(config, client, sent).await,
+            Ok(Err(e)) => Err(from_zk(ops::ADOPT, e)),
+            Err(_) => Err(timed_out(ops::ADOPT, config.request_timeout())),
+        }
+    }
+
+    /// Checks the negotiated timeout, makes sure `<base>/locks` exists and starts the state and
+    /// heartbeat tasks, on a client whose session was confirmed at `sent`.
+    async fn start(config: &ZkConfig, client: Client, sent: Instant) -> Result<Arc<Session>> {
+        let hosts = config.connect_string();
         let timeout = client.session_timeout();
         let margin = match session_margin(timeout, config.tick()) {
             Ok(m) => m,

@@ -1179,3 +1179,37 @@ async fn concurrent_listings_and_releases_share_requests_yet_each_lock_keeps_one
         assert!(c.inspect(&k).await.unwrap().is_none());
     }
 }
+
+/// `from_client` builds a coordinator on the application's own ZooKeeper session: its leases
+/// live on that session, and the guarantees are those of a coordinator from a URL (the key is
+/// exclusive across the two, tokens increase).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_coordinator_from_the_applications_own_client_behaves_like_one_from_a_url() {
+    let Some(server) = server("a_coordinator_from_the_applications_own_client").await else {
+        return;
+    };
+    let cfg = config(server.addr(), 4000);
+    let own = raw_client(server.addr(), Some(&format!("alice:{PASSWORD}"))).await;
+    let own_session = own.session_id();
+    let from_client = ZkCoordinator::from_client(own, cfg.clone()).await.unwrap();
+    let session = from_client.current_session().await.expect("a session");
+    assert_eq!(
+        session.id(),
+        own_session,
+        "the application's session is used"
+    );
+    assert_eq!(from_client.session_timeout(), Duration::from_secs(5));
+    let from_url = ZkCoordinator::connect(cfg).await.unwrap();
+    let key: LockKey = "from-client/1".parse().unwrap();
+    let o = LeaseOptions::new(Duration::from_secs(5));
+    let first = from_client.try_acquire(&key, &o).await.unwrap();
+    assert!(matches!(
+        from_url.try_acquire(&key, &o).await,
+        Err(Error::Held { .. })
+    ));
+    let first_token = first.token();
+    first.release().await.unwrap();
+    let second = from_url.try_acquire(&key, &o).await.unwrap();
+    assert!(second.token() > first_token);
+    second.release().await.unwrap();
+}
