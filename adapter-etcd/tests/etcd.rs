@@ -1179,7 +1179,7 @@ async fn txn_requests(addr: std::net::SocketAddr) -> u64 {
 /// request, where etcd would evaluate both compares before applying either.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_lock_transactions_share_requests_yet_each_lock_keeps_one_holder() {
-    use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+    use conformance_tests::contend::contend_on_shared_keys;
     let Some(server) =
         server("concurrent_lock_transactions_share_requests_yet_each_lock_keeps_one_holder").await
     else {
@@ -1189,61 +1189,16 @@ async fn concurrent_lock_transactions_share_requests_yet_each_lock_keeps_one_hol
     const TASKS: usize = 48;
     const ROUNDS: usize = 25;
     let c = coord(&server.url()).await;
-    let holders: Arc<Vec<AtomicUsize>> = Arc::new((0..KEYS).map(|_| AtomicUsize::new(0)).collect());
-    let last_token: Arc<Vec<AtomicU64>> = Arc::new((0..KEYS).map(|_| AtomicU64::new(0)).collect());
-    let done = Arc::new(AtomicUsize::new(0));
+    let keys: Vec<LockKey> = (0..KEYS).map(|i| key(&format!("shared-{i}"))).collect();
     let before = txn_requests(server.addr()).await;
-    let tasks: Vec<_> = (0..TASKS)
-        .map(|t| {
-            let (c, holders, last_token, done) =
-                (c.clone(), holders.clone(), last_token.clone(), done.clone());
-            tokio::spawn(async move {
-                for r in 0..ROUNDS {
-                    let i = (t + r) % KEYS;
-                    let k = key(&format!("shared-{i}"));
-                    let o = LeaseOptions::new(Duration::from_secs(10));
-                    let lease = if t % 3 == 0 {
-                        c.acquire(&k, &o.wait(Duration::from_secs(30))).await
-                    } else {
-                        c.try_acquire(&k, &o).await
-                    };
-                    let lease = match lease {
-                        Ok(l) => l,
-                        Err(Error::Held { .. }) => continue,
-                        Err(e) => panic!("task {t} round {r}: {e}"),
-                    };
-                    assert_eq!(
-                        holders[i].fetch_add(1, Ordering::SeqCst),
-                        0,
-                        "two holders of shared-{i}"
-                    );
-                    let token = lease.token().get();
-                    let before = last_token[i].swap(token, Ordering::SeqCst);
-                    assert!(token > before, "shared-{i}: token {token} after {before}");
-                    tokio::task::yield_now().await;
-                    holders[i].fetch_sub(1, Ordering::SeqCst);
-                    lease.release().await.unwrap();
-                    done.fetch_add(2, Ordering::SeqCst);
-                }
-            })
-        })
-        .collect();
-    for t in tasks {
-        t.await.unwrap();
-    }
+    let granted = contend_on_shared_keys(c, &keys, TASKS, ROUNDS, Duration::from_secs(10)).await;
     let sent = txn_requests(server.addr()).await - before;
-    let done = done.load(Ordering::SeqCst) as u64;
+    // Each grant is one acquisition and one release.
+    let done = 2 * granted;
     assert!(done > 0);
     assert!(
         sent < done,
         "{sent} Txn requests for {done} acquisitions and releases: none went together"
     );
     eprintln!("{done} acquisitions and releases in {sent} Txn requests");
-    for i in 0..KEYS {
-        assert!(c
-            .inspect(&key(&format!("shared-{i}")))
-            .await
-            .unwrap()
-            .is_none());
-    }
 }

@@ -1086,7 +1086,7 @@ async fn packets_received(addr: std::net::SocketAddr) -> u64 {
 /// increase in the order of its holders.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_listings_and_releases_share_requests_yet_each_lock_keeps_one_holder() {
-    use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
+    use conformance_tests::contend::contend_on_shared_keys;
     let Some(server) = server("concurrent_listings_and_releases_share_requests").await else {
         return;
     };
@@ -1127,57 +1127,11 @@ async fn concurrent_listings_and_releases_share_requests_yet_each_lock_keeps_one
     );
 
     const KEYS: usize = 6;
-    let holders: Arc<Vec<AtomicUsize>> = Arc::new((0..KEYS).map(|_| AtomicUsize::new(0)).collect());
-    let last_token: Arc<Vec<AtomicI64>> = Arc::new((0..KEYS).map(|_| AtomicI64::new(0)).collect());
-    let granted = Arc::new(AtomicU64::new(0));
-    let tasks: Vec<_> = (0..TASKS)
-        .map(|t| {
-            let (c, o, holders, last_token, granted) = (
-                c.clone(),
-                o.clone(),
-                holders.clone(),
-                last_token.clone(),
-                granted.clone(),
-            );
-            tokio::spawn(async move {
-                for r in 0..ROUNDS {
-                    let i = (t + r) % KEYS;
-                    let k: LockKey = format!("shared-{i}").parse().unwrap();
-                    let lease = if t % 3 == 0 {
-                        c.acquire(&k, &o.clone().wait(Duration::from_secs(30)))
-                            .await
-                    } else {
-                        c.try_acquire(&k, &o).await
-                    };
-                    let lease = match lease {
-                        Ok(l) => l,
-                        Err(Error::Held { .. }) => continue,
-                        Err(e) => panic!("task {t} round {r}: {e}"),
-                    };
-                    assert_eq!(
-                        holders[i].fetch_add(1, Ordering::SeqCst),
-                        0,
-                        "two holders of shared-{i}"
-                    );
-                    let token = lease.token().get() as i64;
-                    let before = last_token[i].swap(token, Ordering::SeqCst);
-                    assert!(token > before, "shared-{i}: token {token} after {before}");
-                    tokio::task::yield_now().await;
-                    holders[i].fetch_sub(1, Ordering::SeqCst);
-                    lease.release().await.unwrap();
-                    granted.fetch_add(1, Ordering::SeqCst);
-                }
-            })
-        })
+    let keys: Vec<LockKey> = (0..KEYS)
+        .map(|i| format!("shared-{i}").parse().unwrap())
         .collect();
-    for t in tasks {
-        t.await.unwrap();
-    }
-    assert!(granted.load(Ordering::SeqCst) > 0);
-    for i in 0..KEYS {
-        let k: LockKey = format!("shared-{i}").parse().unwrap();
-        assert!(c.inspect(&k).await.unwrap().is_none());
-    }
+    let granted = contend_on_shared_keys(c, &keys, TASKS, ROUNDS, Duration::from_secs(6)).await;
+    assert!(granted > 0);
 }
 
 /// `from_client` builds a coordinator on the application's own ZooKeeper session: its leases

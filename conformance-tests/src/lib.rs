@@ -3,6 +3,8 @@
 
 pub mod subjects;
 
+/// Many tasks contending on a few shared keys (from [`lease_testkit`]).
+pub use lease_testkit::contend;
 /// The fence server and remote fence (from [`lease_testkit`]).
 pub use lease_testkit::fence_server;
 /// The real-server harness (from [`lease_testkit`]).

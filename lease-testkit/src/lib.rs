@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 #![forbid(unsafe_code)]
 
+pub mod contend;
 pub mod fence_server;
 pub mod harness;
 pub mod pki;

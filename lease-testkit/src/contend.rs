@@ -1,0 +1,88 @@
+//! Many tasks of one coordinator taking and releasing a few shared locks at once, checking the
+//! two promises a lock makes under that load: at most one holder of a key at a time, and each
+//! holder's token above the one before it.
+//!
+//! Adapters that send requests together under load (etcd's nested transactions, ZooKeeper's
+//! multis) use it to show that going together never lets two holders in.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use lease_core::{Coordinator, Error, LeaseOptions, LockKey};
+
+/// How long a waiting task of [`contend_on_shared_keys`] waits for its turn.
+pub const CONTEND_WAIT: Duration = Duration::from_secs(30);
+
+/// Runs `tasks` tasks for `rounds` rounds each on `coordinator`: in round `r` task `t` takes key
+/// `(t + r) % keys.len()` (every third task with a waiting `acquire` of up to [`CONTEND_WAIT`],
+/// the others with `try_acquire`, which may find it held and skip the round), yields while
+/// holding, and releases.
+///
+/// Panics when a key has two holders at once, a granted token is not above the previous
+/// holder's, a call fails otherwise than `Held`, or a key is still held at the end. Returns the
+/// number of leases granted (and released).
+pub async fn contend_on_shared_keys(
+    coordinator: Arc<dyn Coordinator>,
+    keys: &[LockKey],
+    tasks: usize,
+    rounds: usize,
+    ttl: Duration,
+) -> u64 {
+    let n = keys.len();
+    assert!(n > 0, "no keys to contend on");
+    let keys: Arc<Vec<LockKey>> = Arc::new(keys.to_vec());
+    let holders: Arc<Vec<AtomicUsize>> = Arc::new((0..n).map(|_| AtomicUsize::new(0)).collect());
+    let last_token: Arc<Vec<AtomicU64>> = Arc::new((0..n).map(|_| AtomicU64::new(0)).collect());
+    let granted = Arc::new(AtomicU64::new(0));
+    let handles: Vec<_> = (0..tasks)
+        .map(|t| {
+            let (c, keys, holders, last_token, granted) = (
+                coordinator.clone(),
+                keys.clone(),
+                holders.clone(),
+                last_token.clone(),
+                granted.clone(),
+            );
+            tokio::spawn(async move {
+                let o = LeaseOptions::new(ttl);
+                for r in 0..rounds {
+                    let i = (t + r) % keys.len();
+                    let k = &keys[i];
+                    let lease = if t % 3 == 0 {
+                        c.acquire(k, &o.clone().wait(CONTEND_WAIT)).await
+                    } else {
+                        c.try_acquire(k, &o).await
+                    };
+                    let lease = match lease {
+                        Ok(l) => l,
+                        Err(Error::Held { .. }) => continue,
+                        Err(e) => panic!("task {t} round {r} on {k}: {e}"),
+                    };
+                    assert_eq!(
+                        holders[i].fetch_add(1, Ordering::SeqCst),
+                        0,
+                        "two holders of {k}"
+                    );
+                    let token = lease.token().get();
+                    let before = last_token[i].swap(token, Ordering::SeqCst);
+                    assert!(token > before, "{k}: token {token} after {before}");
+                    tokio::task::yield_now().await;
+                    holders[i].fetch_sub(1, Ordering::SeqCst);
+                    lease.release().await.unwrap();
+                    granted.fetch_add(1, Ordering::SeqCst);
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.await.unwrap();
+    }
+    for k in keys.iter() {
+        assert!(
+            coordinator.inspect(k).await.unwrap().is_none(),
+            "{k} is still held after every task released it"
+        );
+    }
+    granted.load(Ordering::SeqCst)
+}
