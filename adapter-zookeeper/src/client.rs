@@ -11,10 +11,11 @@ use zookeeper_client::Client;
 use crate::config::ZkConfig;
 use crate::error::connect_failed;
 
-/// Opens the client library's session, retrying (while the error is not final) until the
+/// Opens the client library's session with the config's hosts, retrying (while the error is not final) until the
 /// connect timeout: the library gives up after one session timeout, which an election or a
 /// restarting server can outlast.
-pub(crate) async fn open(config: &ZkConfig, hosts: &str) -> Result<Client> {
+pub(crate) async fn open(config: &ZkConfig) -> Result<Client> {
+    let hosts = &config.connect_string();
     let limit = config.connect_timeout();
     let deadline = Instant::now() + limit;
     loop {

@@ -99,7 +99,7 @@ impl Session {
     /// starts the state and heartbeat tasks.
     pub(crate) async fn connect(config: &ZkConfig) -> Result<Arc<Session>> {
         let sent = Instant::now();
-        let client = open(config, &config.connect_string()).await?;
+        let client = open(config).await?;
         Self::start(config, client, sent).await
     }
 
