@@ -14,9 +14,8 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::header::HeaderValue;
 use hyper::{Method, Request};
-use hyper_rustls::HttpsConnector;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::{Connect, HttpConnector};
+use hyper_util::client::legacy::{Client, ResponseFuture};
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use lease_core::adapter::{resend, Backoff, Op, SendAgain};
 use lease_core::{Error, Result};
@@ -222,10 +221,23 @@ struct Answer {
     body: Bytes,
 }
 
+/// One pooled HTTP client, whatever its connector: the adapter's own (hyper-rustls over
+/// hyper-util's TCP connector) or the application's ([`crate::ConsulCoordinator::from_client`]).
+trait Pool: Send + Sync {
+    fn request(&self, req: Request<Full<Bytes>>) -> ResponseFuture;
+}
+
+impl<C: Connect + Clone + Send + Sync + 'static> Pool for Client<C, Full<Bytes>> {
+    fn request(&self, req: Request<Full<Bytes>>) -> ResponseFuture {
+        Client::request(self, req)
+    }
+}
+
 /// The pooled HTTP(S) client of one coordinator.
 pub(crate) struct Http {
-    /// One pool per [`Lane`], in its order.
-    clients: [Client<HttpsConnector<HttpConnector>, Full<Bytes>>; 3],
+    /// The pool of each [`Lane`], in its order (one pool for all three when the application's
+    /// client is used).
+    clients: [Arc<dyn Pool>; 3],
     base: String,
     token: Option<HeaderValue>,
     datacenter: Option<String>,
@@ -390,13 +402,32 @@ impl Http {
             None => builder,
         };
         let https = builder.enable_http1().wrap_connector(http);
-        let client = || {
-            Client::builder(TokioExecutor::new())
-                .pool_timer(TokioTimer::new())
-                .pool_idle_timeout(Duration::from_secs(30))
-                .build(https.clone())
+        let client = || -> Arc<dyn Pool> {
+            Arc::new(
+                Client::builder(TokioExecutor::new())
+                    .pool_timer(TokioTimer::new())
+                    .pool_idle_timeout(Duration::from_secs(30))
+                    .build(https.clone()),
+            )
         };
-        let clients = [client(), client(), client()];
+        Self::with_pools([client(), client(), client()], config)
+    }
+
+    /// A client that sends every request with the application's `client` (one pool for every
+    /// lane) to `config`'s agent. Sends nothing; the config's TLS files are not read (the
+    /// client's connector decides how to connect).
+    pub(crate) fn with_client<C>(
+        client: Client<C, Full<Bytes>>,
+        config: &ConsulConfig,
+    ) -> Result<Self>
+    where
+        C: Connect + Clone + Send + Sync + 'static,
+    {
+        let pool: Arc<dyn Pool> = Arc::new(client);
+        Self::with_pools([pool.clone(), pool.clone(), pool], config)
+    }
+
+    fn with_pools(clients: [Arc<dyn Pool>; 3], config: &ConsulConfig) -> Result<Self> {
         let token = match config.token() {
             Some(t) => {
                 let mut v =

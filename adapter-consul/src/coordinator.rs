@@ -77,7 +77,37 @@ impl ConsulCoordinator {
     /// file or directory, client certificate or key; an invalid `tls_server_name`);
     /// `InvalidInput` for a token that cannot be sent as a header.
     pub async fn connect(config: ConsulConfig) -> Result<Self> {
-        let http = Arc::new(Http::new(&config)?);
+        let http = Http::new(&config)?;
+        Ok(Self::start(config, http))
+    }
+
+    /// A coordinator that sends its requests with an HTTP client the application already has:
+    /// hyper-util's pooled client (the stack this adapter is built on, re-exported as
+    /// [`crate::hyper_util`]) with the application's own connector (its TLS setup, proxy,
+    /// resolver). `config` gives the agent's address and scheme (`consuls://` for HTTPS; the
+    /// connector must speak it), the ACL token, the datacenter and the adapter's own settings
+    /// (key prefix, session TTL, token floor, timeouts, owner); its TLS files are not read.
+    ///
+    /// Every request goes through the client's one pool. [`ConsulCoordinator::connect`] keeps
+    /// one pool each for session requests, blocking queries and the rest (decision 0015); with
+    /// HTTP/1.1 the pool opens a connection for a request that finds none idle, so a session
+    /// renewal does not wait behind a blocking query either way. Sends nothing.
+    ///
+    /// # Errors
+    /// `InvalidInput` for a token that cannot be sent as a header.
+    pub async fn from_client<C>(
+        client: hyper_util::client::legacy::Client<C, http_body_util::Full<bytes::Bytes>>,
+        config: ConsulConfig,
+    ) -> Result<Self>
+    where
+        C: hyper_util::client::legacy::connect::Connect + Clone + Send + Sync + 'static,
+    {
+        let http = Http::with_client(client, &config)?;
+        Ok(Self::start(config, http))
+    }
+
+    fn start(config: ConsulConfig, http: Http) -> Self {
+        let http = Arc::new(http);
         let default_owner = config
             .owner()
             .cloned()
@@ -95,7 +125,7 @@ impl ConsulCoordinator {
             config.lock_delay(),
             format!("fenced {default_owner}"),
         ));
-        Ok(ConsulCoordinator {
+        ConsulCoordinator {
             inner: Arc::new(Inner {
                 tokens: TokenAdmission::new(BACKEND, config.token_scope(), config.token_floor()),
                 monitor: Arc::new(Monitor::new(
@@ -114,7 +144,7 @@ impl ConsulCoordinator {
                 default_owner,
                 next_lease: AtomicU64::new(1),
             }),
-        })
+        }
     }
 
     /// Parses `url` ([`ConsulConfig::from_url`]) and makes a coordinator. Sends nothing.

@@ -27,6 +27,10 @@ pub use config::{
 pub use coordinator::ConsulCoordinator;
 pub use keys::escape_key;
 pub use lease::ConsulLease;
+/// The HTTP crates this adapter's client is built on, so that
+/// [`ConsulCoordinator::from_client`] is given a client of the same versions: hyper-util's
+/// pooled client, and the request body type it sends (`http_body_util::Full<bytes::Bytes>`).
+pub use {bytes, http_body_util, hyper_util};
 
 /// The backend name in capabilities, errors and metrics.
 pub const BACKEND: &str = "consul";

@@ -1,12 +1,14 @@
 //! Adapter behaviour the shared suite does not single out, against the Consul stand-in
 //! (`conformance_tests::consul_standin`): tokens across LockIndex resets, sessions without health
 //! checks, token floor, ACL errors, lock-delay back-off without polling, blocking-query hand-off,
-//! cancellation mid-request, committed acquires whose answer is lost, and one client's leases on
-//! one key.
+//! cancellation mid-request, committed acquires whose answer is lost, one client's leases on one
+//! key, and a coordinator on the application's own HTTP client.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use adapter_consul::hyper_util::client::legacy::connect::HttpConnector;
 use adapter_consul::{ConsulConfig, ConsulCoordinator};
 use conformance_tests::consul_standin::{ConsulStandIn, StandInOptions};
 use conformance_tests::subjects::consul::consul_http;
@@ -638,4 +640,72 @@ async fn held_leases_share_one_blocking_query_and_each_loss_reaches_its_lease() 
         assert!(Instant::now() < deadline, "the monitor outlived the leases");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+}
+
+/// A connector that counts the connections it opens: proves the requests went through the
+/// application's client.
+#[derive(Clone)]
+struct CountingConnector {
+    inner: HttpConnector,
+    connects: Arc<AtomicUsize>,
+}
+
+impl tower_service::Service<hyper::Uri> for CountingConnector {
+    type Response = <HttpConnector as tower_service::Service<hyper::Uri>>::Response;
+    type Error = <HttpConnector as tower_service::Service<hyper::Uri>>::Error;
+    type Future = <HttpConnector as tower_service::Service<hyper::Uri>>::Future;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, uri: hyper::Uri) -> Self::Future {
+        self.connects.fetch_add(1, Ordering::SeqCst);
+        self.inner.call(uri)
+    }
+}
+
+/// `from_client` builds a coordinator on the application's own HTTP client: its requests go
+/// through that client's connector, and its leases exclude (and are fenced against) those of a
+/// coordinator made from the URL.
+#[tokio::test]
+async fn a_coordinator_from_the_applications_own_http_client_sends_through_it() {
+    use adapter_consul::hyper_util::client::legacy::Client;
+    use adapter_consul::hyper_util::rt::TokioExecutor;
+
+    let s = standin();
+    let u = url(&s, "");
+    let connects = Arc::new(AtomicUsize::new(0));
+    let own = Client::builder(TokioExecutor::new()).build(CountingConnector {
+        inner: HttpConnector::new(),
+        connects: connects.clone(),
+    });
+    let from_client = ConsulCoordinator::from_client(own, ConsulConfig::from_url(&u).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(connects.load(Ordering::SeqCst), 0, "made without sending");
+    let from_url = client(&u).await;
+    let k = key("from-client");
+    let first = from_client
+        .try_acquire(&k, &LeaseOptions::new(TTL * 5))
+        .await
+        .unwrap();
+    assert!(
+        connects.load(Ordering::SeqCst) >= 1,
+        "sent through the client"
+    );
+    assert!(matches!(
+        from_url.try_acquire(&k, &LeaseOptions::new(TTL)).await,
+        Err(Error::Held { .. })
+    ));
+    first.release().await.unwrap();
+    let second = from_url
+        .try_acquire(&k, &LeaseOptions::new(TTL))
+        .await
+        .unwrap();
+    assert!(second.token() > first.token());
+    second.release().await.unwrap();
 }

@@ -23,7 +23,7 @@
 //! | `client.rs` | connection plumbing: the backend's own client from the config |
 //! | `keys.rs` | the key layout on the server and its escaping |
 //! | `core.rs` | the state the coordinator shares with its leases and tasks (imported from here, never from `coordinator.rs`) |
-//! | `coordinator.rs` | construction (`connect`, `connect_url`, `from_client` where the client can be reused) and the primitives [`coordinator_from_primitives!`](crate::coordinator_from_primitives) turns into the trait impl |
+//! | `coordinator.rs` | construction (`connect(config)`, `connect_url(&str)`, `from_client(client, config)` on the application's own client of the backend) and the primitives [`coordinator_from_primitives!`](crate::coordinator_from_primitives) turns into the trait impl |
 //! | `acquire.rs` | the acquire recipe and the grant |
 //! | `lease.rs` | the lease type: renew, release, loss |
 //! | `operator.rs` | inspect, force-release and the audit trail |
