@@ -9,11 +9,15 @@
 //!    as integers, or by czxid (one more multi-read) once a sequence has wrapped negative. First
 //!    means held.
 //! 3. Otherwise watch only the predecessor (`exists` with a watch, 1 RTT) and go back to 2 when it
-//!    changes or the wait bound passes.
+//!    changes or the wait bound passes. A waiter right behind the holder also watches its own
+//!    node (the two `exists` pipelined) and takes its turn from the holder's deletion event
+//!    without going back to 2 (see `wait_turn`; decision 0028); its own node's watch becomes the
+//!    lease's.
 //!
 //! So an uncontended acquire is 2 round trips, a release 1, a renew 2 requests pipelined (`sync`,
-//! `exists`); a waiter is woken by the predecessor's deletion event and needs 1 round trip to
-//! confirm. Under load, listings (2.) and releases share requests ([`crate::coalesce`]).
+//! `exists`); the waiter right behind the holder holds as soon as the holder's deletion event
+//! arrives, one further back needs 1 round trip to confirm. Under load, listings (2.) and
+//! releases share requests ([`crate::coalesce`]).
 //!
 //! Only writes and syncs (answered through the leader) confirm the session; reads do not (see
 //! [`crate::session`]).
@@ -36,7 +40,7 @@ use std::time::Duration;
 use lease_core::adapter::{HolderRecord, LeaseTracker};
 use lease_core::{Error, Lease, LeaseOptions, LockKey, Result, Token};
 use tokio::time::Instant;
-use zookeeper_client::{CreateMode, Error as ZkError, MultiReadResult};
+use zookeeper_client::{CreateMode, Error as ZkError, EventType, MultiReadResult, WatchedEvent};
 
 use crate::coordinator::ZkCoordinator;
 use crate::error::{
@@ -45,12 +49,22 @@ use crate::error::{
 use crate::keys::{
     contender_prefix, parse_contender, sequence_orders, sort_by_creation, Contender,
 };
-use crate::lease::{cleanup, LeaseState, ZkLease};
+use crate::lease::{cleanup, LeaseState, NodeWatch, ZkLease};
 use crate::session::Session;
 
 /// How many times one acquire call starts over when its node vanished under it, or retries a
 /// create whose answer was lost.
 const MAX_RESTARTS: usize = 3;
+
+/// What ended a waiter's wait on the watches.
+enum Woke {
+    /// An event on our own node.
+    Own(WatchedEvent),
+    /// An event on the predecessor.
+    Predecessor(WatchedEvent),
+    /// The wait bound passed.
+    Deadline,
+}
 
 /// A contender node we created.
 #[derive(Debug, Clone)]
@@ -67,8 +81,14 @@ enum Mode {
 }
 
 enum Turn {
-    /// First among the contenders, as a `getChildren` sent at `sent` in connection `epoch` saw.
-    Holder { sent: Instant, epoch: u64 },
+    /// First among the contenders: as a `getChildren` sent at `sent` in connection `epoch` saw,
+    /// or (`watch` given) as the deletion of the holder we waited behind showed, our node
+    /// having been seen, with `watch` set on it, by an `exists` sent at `sent`.
+    Holder {
+        sent: Instant,
+        epoch: u64,
+        watch: Option<NodeWatch>,
+    },
     /// Not first, and not waiting (any more).
     Busy,
     /// Our node is gone (deleted by someone, or the lock node was removed).
@@ -109,9 +129,11 @@ impl ZkCoordinator {
             let node = self
                 .create_contender(&s, &dir, &prefix, &data, &mut guard)
                 .await?;
-            let turn = self.wait_turn(&s, &dir, &prefix, &node, &mode).await?;
-            let (sent, epoch) = match turn {
-                Turn::Holder { sent, epoch } => (sent, epoch),
+            let turn = self
+                .wait_turn(&s, &dir, &prefix, &node, &mode, options.ttl_value())
+                .await?;
+            let (sent, epoch, watch) = match turn {
+                Turn::Holder { sent, epoch, watch } => (sent, epoch, watch),
                 Turn::Busy => {
                     self.withdraw(&s, &node, &mut guard).await;
                     return Err(busy(key, &mode, start));
@@ -147,7 +169,7 @@ impl ZkCoordinator {
                         sweep,
                     );
                     guard.session = None;
-                    return Ok(Box::new(ZkLease::start(state, epoch)));
+                    return Ok(Box::new(ZkLease::start(state, epoch, watch)));
                 }
                 Err(None) => {
                     restarts += 1;
@@ -297,6 +319,15 @@ impl ZkCoordinator {
     /// Waits until our node is first (or the mode says stop). Another node with the attempt's
     /// `prefix` (a second create after a lost answer) is deleted when a listing shows it, so the
     /// attempt never queues behind itself.
+    ///
+    /// A waiter watches only its predecessor, so one waiter is woken per release. A waiter right
+    /// behind the holder watches its own node too (both `exists` pipelined): no node can come
+    /// before ours later (sequence numbers and creation order only grow), so the holder's
+    /// deletion makes us first unless ours was deleted before it, and ZooKeeper delivers a
+    /// session's watch events in the order of their transactions, ours first if it came first.
+    /// That turn is taken without listing again (one round trip less on every hand-off) while
+    /// the connection is the one the watches were set on and at least half of `ttl` is left
+    /// since they were sent; otherwise the waiter lists again.
     async fn wait_turn(
         &self,
         s: &Session,
@@ -304,6 +335,7 @@ impl ZkCoordinator {
         prefix: &str,
         node: &Node,
         mode: &Mode,
+        ttl: Duration,
     ) -> Result<Turn> {
         loop {
             let deadline = match mode {
@@ -359,29 +391,81 @@ impl ZkCoordinator {
                 continue;
             }
             if index == 0 {
-                return Ok(Turn::Holder { sent, epoch });
+                return Ok(Turn::Holder {
+                    sent,
+                    epoch,
+                    watch: None,
+                });
             }
             let Some(deadline) = deadline.filter(|d| Instant::now() < *d) else {
                 return Ok(Turn::Busy);
             };
-            // Watch only the predecessor: one waiter is woken per release.
             let predecessor = format!("{dir}/{}", ordered[index - 1].name);
-            match tokio::time::timeout(
-                s.request_timeout(),
-                s.client().check_and_watch_stat(&predecessor),
-            )
-            .await
-            {
-                Ok(Ok((None, _))) => {}
-                Ok(Ok((Some(_), watcher))) => {
-                    tokio::select! {
-                        _ = watcher.changed() => {}
-                        _ = tokio::time::sleep_until(deadline) => {}
-                    }
+            let sent = Instant::now();
+            let own = async {
+                if index == 1 {
+                    Some(s.client().check_and_watch_stat(&node.path).await)
+                } else {
+                    None
                 }
-                Ok(Err(e)) if session_ended(&e) => return Err(from_zk(ops::WAIT, e)),
+            };
+            let watched = tokio::time::timeout(
+                s.request_timeout(),
+                futures::future::join(own, s.client().check_and_watch_stat(&predecessor)),
+            )
+            .await;
+            let Ok((own, predecessor)) = watched else {
+                // No answer: the next round waits for the connection.
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                continue;
+            };
+            let mut own: Option<NodeWatch> = match own {
+                Some(Ok((Some(_), watcher))) => Some(Box::pin(watcher.changed())),
+                Some(Ok((None, _))) => return Ok(Turn::Vanished),
+                Some(Err(e)) if session_ended(&e) => return Err(from_zk(ops::WAIT, e)),
+                // Not right behind the holder, or the watch could not be set: list again on
+                // the predecessor's event.
+                Some(Err(_)) | None => None,
+            };
+            let predecessor = match predecessor {
+                Ok((Some(_), watcher)) => watcher,
+                // Gone already: look again.
+                Ok((None, _)) => continue,
+                Err(e) if session_ended(&e) => return Err(from_zk(ops::WAIT, e)),
                 // Connection trouble: the next round waits for the connection.
-                _ => tokio::time::sleep(Duration::from_millis(5)).await,
+                Err(_) => {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    continue;
+                }
+            };
+            let woke = tokio::select! {
+                // Our node's event first: it is delivered before a later one of the holder's.
+                biased;
+                e = async { own.as_mut().expect("guarded").await }, if own.is_some() => {
+                    Woke::Own(e)
+                }
+                e = predecessor.changed() => Woke::Predecessor(e),
+                _ = tokio::time::sleep_until(deadline) => Woke::Deadline,
+            };
+            match woke {
+                Woke::Own(e) if e.event_type == EventType::NodeDeleted => {
+                    return Ok(Turn::Vanished)
+                }
+                Woke::Predecessor(e)
+                    if e.event_type == EventType::NodeDeleted
+                        && own.is_some()
+                        && s.epoch() == epoch
+                        && s.is_connected()
+                        && Instant::now() < sent + ttl / 2 =>
+                {
+                    return Ok(Turn::Holder {
+                        sent,
+                        epoch,
+                        watch: own,
+                    });
+                }
+                // Anything else (a data change, a session event, the wait bound): look again.
+                Woke::Own(_) | Woke::Predecessor(_) | Woke::Deadline => {}
             }
         }
     }

@@ -151,9 +151,7 @@ impl LeaseState {
 
     /// Sets a watch on our node: `Ok(Some(event future))` if it exists, `Ok(None)` if it is gone,
     /// `Err(())` to retry later.
-    async fn arm_watch(
-        &self,
-    ) -> Result<Option<Pin<Box<dyn Future<Output = WatchedEvent> + Send>>>, bool> {
+    async fn arm_watch(&self) -> Result<Option<NodeWatch>, bool> {
         let s = &self.session;
         if !s.is_connected() {
             return Err(s.is_terminated());
@@ -215,6 +213,9 @@ impl LeaseState {
 /// How long after an acquisition the monitor sets the watch on the lease's node.
 const ARM_DELAY: Duration = Duration::from_millis(20);
 
+/// A watch set on a node (`exists` with a watch): its first event.
+pub(crate) type NodeWatch = Pin<Box<dyn Future<Output = WatchedEvent> + Send>>;
+
 enum End {
     /// The node is gone (deleted, or with the session).
     Gone,
@@ -231,15 +232,21 @@ enum Wake {
     Retry,
 }
 
-/// Watches our node, and deletes it when the lease ends without a release (validity passed,
-/// lease dropped, release not confirmed). Ends when the node is gone.
-pub(crate) async fn monitor(state: Arc<LeaseState>, mut dropped: oneshot::Receiver<()>) {
+/// Watches our node (from `watch`, the waiter's watch on it, when given), and deletes it when
+/// the lease ends without a release (validity passed, lease dropped, release not confirmed).
+/// Ends when the node is gone.
+pub(crate) async fn monitor(
+    state: Arc<LeaseState>,
+    mut dropped: oneshot::Receiver<()>,
+    mut watch: Option<NodeWatch>,
+) {
     let mut signal = state.tracker.signal();
-    let mut watch: Option<Pin<Box<dyn Future<Output = WatchedEvent> + Send>>> = None;
-    // The watch is set a moment after the acquisition: a lease released within it never pays
-    // for it (the client library does not disable Nagle, so a request sent right behind
-    // another costs a second round trip). `renew` checks the node in any case.
-    let mut retry_at = Some(Instant::now() + ARM_DELAY.min(state.session.timeout() / 10));
+    // Without a watch, one is set a moment after the acquisition: a lease released within it
+    // never pays for it (the client library does not disable Nagle, so a request sent right
+    // behind another costs a second round trip). `renew` checks the node in any case.
+    let mut retry_at = watch
+        .is_none()
+        .then(|| Instant::now() + ARM_DELAY.min(state.session.timeout() / 10));
     let mut backoff = Backoff::new(Duration::from_millis(10), state.session.timeout() / 4);
     let end = loop {
         if watch.is_none() && retry_at.is_none_or(|t| Instant::now() >= t) {
@@ -369,8 +376,13 @@ impl fmt::Debug for ZkLease {
 }
 
 impl ZkLease {
-    /// Wraps a confirmed holding and starts its monitor.
-    pub(crate) fn start(state: Arc<LeaseState>, bound_epoch: u64) -> ZkLease {
+    /// Wraps a confirmed holding and starts its monitor (on `watch`, a watch already set on the
+    /// node, when there is one).
+    pub(crate) fn start(
+        state: Arc<LeaseState>,
+        bound_epoch: u64,
+        watch: Option<NodeWatch>,
+    ) -> ZkLease {
         let weak: std::sync::Weak<LeaseState> = Arc::downgrade(&state);
         state.session.register(state.id, weak);
         // Cap the initial validity by the session bound (the tracker started from the TTL).
@@ -384,7 +396,7 @@ impl ZkLease {
             state.tracker.in_doubt();
         }
         let (tx, rx) = oneshot::channel();
-        tokio::spawn(monitor(state.clone(), rx));
+        tokio::spawn(monitor(state.clone(), rx, watch));
         ZkLease {
             state,
             dropped: Mutex::new(Some(tx)),

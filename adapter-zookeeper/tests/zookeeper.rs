@@ -1167,3 +1167,93 @@ async fn a_coordinator_from_the_applications_own_client_behaves_like_one_from_a_
     assert!(second.token() > first_token);
     second.release().await.unwrap();
 }
+
+/// The sessions watching `path`, as ZooKeeper's `wchp` lists them (`0x…`).
+async fn watchers_of(addr: std::net::SocketAddr, path: &str) -> Vec<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(b"wchp").await.unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.unwrap();
+    assert!(!out.contains("not executed"), "wchp refused: {out}");
+    out.lines()
+        .skip_while(|l| *l != path)
+        .skip(1)
+        .take_while(|l| l.starts_with(char::is_whitespace))
+        .map(|l| l.trim().to_owned())
+        .collect()
+}
+
+/// A waiter right behind the holder takes its turn from the holder's deletion event without
+/// listing the lock again, because it watches its own node too and ZooKeeper delivers its
+/// events in order. An operator who deletes the waiter's node and then the holder's must not
+/// leave the waiter holding a node that no longer exists: it queues again, and the lease it
+/// returns stands on a node the server has, with that node's token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_whose_node_was_deleted_before_the_holders_does_not_take_the_turn() {
+    let Some(server) = server("a_waiter_whose_node_was_deleted_before_the_holders").await else {
+        return;
+    };
+    let cfg = config(server.addr(), 4000);
+    let holder = ZkCoordinator::connect(cfg.clone()).await.unwrap();
+    let waiter = Arc::new(ZkCoordinator::connect(cfg.clone()).await.unwrap());
+    let operator = raw_client(server.addr(), Some(&format!("alice:{PASSWORD}"))).await;
+    let key: LockKey = "deleted-waiter".parse().unwrap();
+    let lock = cfg.lock_path(&key);
+    let o = LeaseOptions::new(Duration::from_secs(4));
+    let held = holder.acquire(&key, &o).await.unwrap();
+    let (holder_node, _) = single_node(&operator, &lock).await;
+    let waiting = {
+        let (waiter, key, o) = (waiter.clone(), key.clone(), o.clone());
+        tokio::spawn(async move { waiter.acquire(&key, &o.wait(Duration::from_secs(10))).await })
+    };
+    let children = wait_children(&operator, &lock, 2).await;
+    let waiter_node = children
+        .iter()
+        .map(|c| format!("{lock}/{c}"))
+        .find(|p| *p != holder_node)
+        .unwrap();
+    // Both watches of the waiter's session are set: on its own node and on the holder's.
+    let session = waiter.current_session().await.unwrap().id().to_string();
+    let until = Instant::now() + Duration::from_secs(5);
+    while !(watchers_of(server.addr(), &waiter_node)
+        .await
+        .contains(&session)
+        && watchers_of(server.addr(), &holder_node)
+            .await
+            .contains(&session))
+    {
+        assert!(
+            Instant::now() < until,
+            "the waiter's watches were never set"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    operator.delete(&waiter_node, None).await.unwrap();
+    operator.delete(&holder_node, None).await.unwrap();
+    let lease = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("the waiter queues again and holds")
+        .unwrap()
+        .unwrap();
+    assert_eq!(lease.status(), LeaseStatus::Held);
+    let (node, _) = single_node(&operator, &lock).await;
+    assert_ne!(node, waiter_node, "a new node, not the deleted one");
+    let (_, stat) = operator.get_data(&node).await.unwrap();
+    assert_eq!(
+        lease.token().get(),
+        stat.czxid as u64,
+        "the token is the node's"
+    );
+    assert!(
+        wait_status(
+            held.as_ref(),
+            LeaseStatus::Lost(LostReason::Revoked),
+            Duration::from_secs(5)
+        )
+        .await,
+        "the holder whose node was deleted: {:?}",
+        held.status()
+    );
+    lease.release().await.unwrap();
+}

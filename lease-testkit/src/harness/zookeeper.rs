@@ -25,7 +25,7 @@
 //! clientPort=P
 //! clientPortAddress=127.0.0.1
 //! admin.enableServer=false      (else Jetty takes port 8080)
-//! 4lw.commands.whitelist=srvr,ruok,stat,mntr,cons,dump
+//! 4lw.commands.whitelist=srvr,ruok,stat,mntr,cons,dump,wchp
 //! maxClientCnxns=0
 //! ```
 //!
@@ -111,7 +111,7 @@ impl Launcher for ZooKeeperLauncher {
              clientPort={port}\n\
              clientPortAddress=127.0.0.1\n\
              admin.enableServer=false\n\
-             4lw.commands.whitelist=srvr,ruok,stat,mntr,cons,dump\n\
+             4lw.commands.whitelist=srvr,ruok,stat,mntr,cons,dump,wchp\n\
              maxClientCnxns=0\n",
             min = 2 * tick,
             max = c.max_session_timeout.as_millis().max(2 * tick),
