@@ -420,8 +420,10 @@ impl ZkCoordinator {
                 continue;
             };
             let mut own: Option<NodeWatch> = match own {
-                Some(Ok((Some(_), watcher))) => Some(Box::pin(watcher.changed())),
-                Some(Ok((None, _))) => return Ok(Turn::Vanished),
+                Some(Ok((Some(stat), watcher))) if stat.czxid == node.czxid => {
+                    Some(Box::pin(watcher.changed()))
+                }
+                Some(Ok(_)) => return Ok(Turn::Vanished),
                 Some(Err(e)) if session_ended(&e) => return Err(from_zk(ops::WAIT, e)),
                 // Not right behind the holder, or the watch could not be set: list again on
                 // the predecessor's event.
