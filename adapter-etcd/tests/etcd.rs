@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use adapter_etcd::etcd_client::{self, Client, GetOptions};
 use adapter_etcd::{EtcdConfig, EtcdCoordinator, EtcdFence};
+use conformance_tests::contend::one_holder_across;
 use conformance_tests::harness::{start_or_skip_async, Backend, EtcdServer};
 use conformance_tests::proxy::FaultProxy;
 use lease_core::{
@@ -960,22 +961,13 @@ async fn a_coordinator_from_the_applications_own_client_behaves_like_one_from_a_
     let config = EtcdConfig::from_url(&server.url()).unwrap();
     let from_client = EtcdCoordinator::from_client(own, config);
     let from_url = coord(&server.url()).await;
-    let k = key("from-client");
-    let first = from_client
-        .try_acquire(&k, &LeaseOptions::new(TTL))
-        .await
-        .unwrap();
-    assert!(matches!(
-        from_url.try_acquire(&k, &LeaseOptions::new(TTL)).await,
-        Err(Error::Held { .. })
-    ));
-    first.release().await.unwrap();
-    let second = from_url
-        .try_acquire(&k, &LeaseOptions::new(TTL))
-        .await
-        .unwrap();
-    assert!(second.token() > first.token());
-    second.release().await.unwrap();
+    one_holder_across(
+        &from_client,
+        &from_url,
+        &key("from-client"),
+        &LeaseOptions::new(TTL),
+    )
+    .await;
 }
 
 /// One client acquiring a lock again and again writes the same key name each time (the lowest

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use adapter_zookeeper::zookeeper_client as zk;
 use adapter_zookeeper::{ZkConfig, ZkCoordinator};
+use conformance_tests::contend::one_holder_across;
 use conformance_tests::harness::{start_or_skip_async, Backend, ZooKeeperServer};
 use conformance_tests::proxy::FaultProxy;
 use lease_core::{
@@ -1156,16 +1157,7 @@ async fn a_coordinator_from_the_applications_own_client_behaves_like_one_from_a_
     let from_url = ZkCoordinator::connect(cfg).await.unwrap();
     let key: LockKey = "from-client/1".parse().unwrap();
     let o = LeaseOptions::new(Duration::from_secs(5));
-    let first = from_client.try_acquire(&key, &o).await.unwrap();
-    assert!(matches!(
-        from_url.try_acquire(&key, &o).await,
-        Err(Error::Held { .. })
-    ));
-    let first_token = first.token();
-    first.release().await.unwrap();
-    let second = from_url.try_acquire(&key, &o).await.unwrap();
-    assert!(second.token() > first_token);
-    second.release().await.unwrap();
+    one_holder_across(&from_client, &from_url, &key, &o).await;
 }
 
 /// The sessions watching `path`, as ZooKeeper's `wchp` lists them (`0x…`).

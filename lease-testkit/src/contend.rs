@@ -86,3 +86,37 @@ pub async fn contend_on_shared_keys(
     }
     granted.load(Ordering::SeqCst)
 }
+
+/// Checks that two coordinators on the same backend and key prefix (for example one made with
+/// `from_client` on the application's own client and one from the URL) share their locks: a
+/// lease `first` holds on `key` keeps `second`'s `try_acquire` out (`Held`), and once released,
+/// `second` takes the key with a higher token. Leaves the key free.
+///
+/// Panics otherwise.
+pub async fn one_holder_across(
+    first: &dyn Coordinator,
+    second: &dyn Coordinator,
+    key: &LockKey,
+    options: &LeaseOptions,
+) {
+    let held = first
+        .try_acquire(key, options)
+        .await
+        .expect("first acquire");
+    match second.try_acquire(key, options).await {
+        Err(Error::Held { .. }) => {}
+        other => panic!("{key} held through the first coordinator, the second got {other:?}"),
+    }
+    held.release().await.expect("first release");
+    let next = second
+        .try_acquire(key, options)
+        .await
+        .expect("second acquire after the release");
+    assert!(
+        next.token() > held.token(),
+        "token {} after {}",
+        next.token(),
+        held.token()
+    );
+    next.release().await.expect("second release");
+}

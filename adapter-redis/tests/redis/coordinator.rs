@@ -4,6 +4,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use conformance_tests::contend::one_holder_across;
 use lease_core::{
     Coordinator, Error, ForceRelease, Lease, LeaseOptions, LeaseStatus, LostReason, OwnerId,
     Registry, Token,
@@ -651,16 +652,13 @@ async fn a_coordinator_from_the_applications_own_client_behaves_like_one_from_a_
         .await
         .unwrap();
     let from_url = coordinator(&srv, "").await;
-    let k = key("from-client");
-    let first = from_client.try_acquire(&k, &opts(10 * SEC)).await.unwrap();
-    assert!(matches!(
-        from_url.try_acquire(&k, &opts(10 * SEC)).await,
-        Err(Error::Held { .. })
-    ));
-    first.release().await.unwrap();
-    let second = from_url.try_acquire(&k, &opts(10 * SEC)).await.unwrap();
-    assert!(second.token() > first.token());
-    second.release().await.unwrap();
+    one_holder_across(
+        &from_client,
+        &from_url,
+        &key("from-client"),
+        &opts(10 * SEC),
+    )
+    .await;
 }
 
 /// `SCRIPT FLUSH` (or a restart) empties the server's script cache: every operation's `EVALSHA`
