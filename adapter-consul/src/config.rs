@@ -4,8 +4,8 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use lease_core::adapter::{BackendUrl, OptionSpec, UrlOptions};
-use lease_core::{InvalidInput, LockKey, OwnerId, Result, Token};
+use lease_core::adapter::{BackendUrl, CommonOptions, OptionSpec, UrlOptions};
+use lease_core::{InvalidInput, LockKey, Result};
 
 use crate::keys;
 
@@ -136,12 +136,9 @@ pub struct ConsulConfig {
     tls: bool,
     token: Option<String>,
     token_file: Option<PathBuf>,
-    key_prefix: String,
+    common: CommonOptions,
     session_ttl: Duration,
     lock_delay: Duration,
-    token_floor: Option<Token>,
-    request_timeout: Duration,
-    connect_timeout: Duration,
     max_block: Duration,
     tls_ca_file: Option<PathBuf>,
     tls_ca_path: Option<PathBuf>,
@@ -149,10 +146,16 @@ pub struct ConsulConfig {
     tls_key_file: Option<PathBuf>,
     tls_server_name: Option<String>,
     datacenter: Option<String>,
-    owner: Option<OwnerId>,
     /// The environment variables that supplied a setting (names only).
     from_env: Vec<&'static str>,
 }
+
+lease_core::common_config!(ConsulConfig {
+    common: common,
+    key_prefix: (OPTIONS.key_prefix, DEFAULT_KEY_PREFIX),
+    request_timeout: |_| DEFAULT_REQUEST_TIMEOUT,
+    connect_timeout: |_| DEFAULT_CONNECT_TIMEOUT,
+});
 
 impl fmt::Debug for ConsulConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -161,12 +164,9 @@ impl fmt::Debug for ConsulConfig {
             .field("base_url", &self.base_url())
             .field("token", &self.token.as_ref().map(|_| "***"))
             .field("token_file", &self.token_file)
-            .field("key_prefix", &self.key_prefix)
+            .field("common", &self.common)
             .field("session_ttl", &self.session_ttl)
             .field("lock_delay", &self.lock_delay)
-            .field("token_floor", &self.token_floor)
-            .field("request_timeout", &self.request_timeout)
-            .field("connect_timeout", &self.connect_timeout)
             .field("max_block", &self.max_block)
             .field("tls_ca_file", &self.tls_ca_file)
             .field("tls_ca_path", &self.tls_ca_path)
@@ -174,7 +174,6 @@ impl fmt::Debug for ConsulConfig {
             .field("tls_key_file", &self.tls_key_file)
             .field("tls_server_name", &self.tls_server_name)
             .field("datacenter", &self.datacenter)
-            .field("owner", &self.owner)
             .field("from_env", &self.from_env)
             .finish()
     }
@@ -452,14 +451,9 @@ impl ConsulConfig {
             tls,
             token,
             token_file,
-            key_prefix: common
-                .key_prefix
-                .unwrap_or_else(|| DEFAULT_KEY_PREFIX.to_owned()),
+            common,
             session_ttl: session_ttl.unwrap_or(CONSUL_SESSION_TTL_MIN),
             lock_delay: lock_delay.unwrap_or(DEFAULT_LOCK_DELAY),
-            token_floor: common.token_floor,
-            request_timeout: common.request_timeout.unwrap_or(DEFAULT_REQUEST_TIMEOUT),
-            connect_timeout: common.connect_timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT),
             max_block: max_block.unwrap_or(DEFAULT_MAX_BLOCK),
             tls_ca_file,
             tls_ca_path,
@@ -467,7 +461,6 @@ impl ConsulConfig {
             tls_key_file,
             tls_server_name,
             datacenter,
-            owner: common.owner,
             from_env: Vec::new(),
         };
         if c.token.is_some() && c.token_file.is_some() {
@@ -585,12 +578,6 @@ impl ConsulConfig {
         Ok(self)
     }
 
-    /// Sets the owner label leases carry unless their options name one (default: `host/pid`).
-    pub fn with_owner(mut self, owner: OwnerId) -> Self {
-        self.owner = Some(owner);
-        self
-    }
-
     /// The URL as given, token redacted.
     pub fn url(&self) -> &BackendUrl {
         &self.url
@@ -648,11 +635,6 @@ impl ConsulConfig {
         self.token.as_deref()
     }
 
-    /// The key prefix.
-    pub fn key_prefix(&self) -> &str {
-        &self.key_prefix
-    }
-
     /// The session TTL, which is also the smallest lease TTL accepted.
     pub fn session_ttl(&self) -> Duration {
         self.session_ttl
@@ -661,21 +643,6 @@ impl ConsulConfig {
     /// The session's lock-delay.
     pub fn lock_delay(&self) -> Duration {
         self.lock_delay
-    }
-
-    /// The token floor, if set.
-    pub fn token_floor(&self) -> Option<Token> {
-        self.token_floor
-    }
-
-    /// The bound on each request.
-    pub fn request_timeout(&self) -> Duration {
-        self.request_timeout
-    }
-
-    /// The bound on opening a connection.
-    pub fn connect_timeout(&self) -> Duration {
-        self.connect_timeout
     }
 
     /// The longest single blocking query.
@@ -714,31 +681,26 @@ impl ConsulConfig {
         self.datacenter.as_deref()
     }
 
-    /// The configured owner label, if any.
-    pub fn owner(&self) -> Option<&OwnerId> {
-        self.owner.as_ref()
-    }
-
     /// The Consul KV key holding the lock on `key`: `<prefix>/locks/<escaped key>` (see
     /// [`escape_key`](crate::escape_key)). Operators delete this key to remove a lock by hand.
     pub fn kv_key(&self, key: &LockKey) -> String {
-        keys::lock_key(&self.key_prefix, key)
+        keys::lock_key(self.key_prefix(), key)
     }
 
     /// Where the forced releases of `key` are recorded: `<prefix>/forced/<escaped key>`, a JSON
     /// array of the newest 100 (read them with `Coordinator::audit_trail`).
     pub fn audit_key(&self, key: &LockKey) -> String {
-        keys::audit_key(&self.key_prefix, key)
+        keys::audit_key(self.key_prefix(), key)
     }
 
     /// The prefix every lock key ([`Self::kv_key`]) starts with: what the lock monitor watches.
     pub(crate) fn locks_prefix(&self) -> String {
-        keys::locks_prefix(&self.key_prefix)
+        keys::locks_prefix(self.key_prefix())
     }
 
     /// The marker that cancels an acquire attempt whose outcome was not seen (see the crate docs).
     pub(crate) fn attempt_key(&self, session: &str, attempt: &str) -> String {
-        keys::attempt_key(&self.key_prefix, session, attempt)
+        keys::attempt_key(self.key_prefix(), session, attempt)
     }
 }
 
@@ -760,6 +722,7 @@ fn validate_prefix(p: &str) -> std::result::Result<(), &'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use lease_core::Token;
 
     /// Parses without any environment.
     fn parse(url: &str) -> Result<ConsulConfig> {

@@ -4,8 +4,8 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use lease_core::adapter::{timeout_in_range, BackendUrl, OptionSpec, UrlOptions};
-use lease_core::{Error, InvalidInput, OwnerId, Result, Token};
+use lease_core::adapter::{BackendUrl, CommonOptions, OptionSpec, UrlOptions};
+use lease_core::{Error, InvalidInput, Result};
 
 /// The default key prefix.
 pub const DEFAULT_KEY_PREFIX: &str = "fenced";
@@ -70,16 +70,19 @@ pub struct EtcdConfig {
     url: BackendUrl,
     endpoints: Vec<String>,
     user: Option<(String, String)>,
-    key_prefix: String,
-    token_floor: Option<Token>,
-    request_timeout: Duration,
-    connect_timeout: Duration,
+    common: CommonOptions,
     tls: bool,
     tls_ca_file: Option<PathBuf>,
     tls_domain: Option<String>,
     tls_client: Option<(PathBuf, PathBuf)>,
-    owner: Option<OwnerId>,
 }
+
+lease_core::common_config!(EtcdConfig {
+    common: common,
+    key_prefix: (OPTIONS.key_prefix, DEFAULT_KEY_PREFIX),
+    request_timeout: |_| DEFAULT_REQUEST_TIMEOUT,
+    connect_timeout: |_| DEFAULT_CONNECT_TIMEOUT,
+});
 
 impl fmt::Debug for EtcdConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -87,15 +90,11 @@ impl fmt::Debug for EtcdConfig {
             .field("url", &self.url)
             .field("endpoints", &self.endpoints)
             .field("user", &self.user.as_ref().map(|(u, _)| u))
-            .field("key_prefix", &self.key_prefix)
-            .field("token_floor", &self.token_floor)
-            .field("request_timeout", &self.request_timeout)
-            .field("connect_timeout", &self.connect_timeout)
+            .field("common", &self.common)
             .field("tls", &self.tls)
             .field("tls_ca_file", &self.tls_ca_file)
             .field("tls_domain", &self.tls_domain)
             .field("tls_client", &self.tls_client)
-            .field("owner", &self.owner)
             .finish()
     }
 }
@@ -213,17 +212,11 @@ impl EtcdConfig {
             url: url.clone(),
             endpoints,
             user,
-            key_prefix: common
-                .key_prefix
-                .unwrap_or_else(|| DEFAULT_KEY_PREFIX.to_owned()),
-            token_floor: common.token_floor,
-            request_timeout: common.request_timeout.unwrap_or(DEFAULT_REQUEST_TIMEOUT),
-            connect_timeout: common.connect_timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT),
+            common,
             tls,
             tls_ca_file,
             tls_domain,
             tls_client: None,
-            owner: common.owner,
         };
         config.tls_client = match (cert_file, key_file) {
             (None, None) => None,
@@ -240,39 +233,6 @@ impl EtcdConfig {
             }
         };
         Ok(config)
-    }
-
-    /// Sets the key prefix (1 to [`MAX_KEY_PREFIX_BYTES`] bytes, printable, no leading or
-    /// trailing `/`).
-    pub fn with_key_prefix(mut self, prefix: impl Into<String>) -> Result<Self> {
-        let prefix = prefix.into();
-        validate_prefix(&prefix).map_err(|problem| {
-            Error::from(InvalidInput::OutOfRange {
-                field: "key_prefix",
-                value: format!("{prefix:?}"),
-                expected: problem,
-            })
-        })?;
-        self.key_prefix = prefix;
-        Ok(self)
-    }
-
-    /// Every token issued is above `floor` (after a snapshot restore or a move to a new cluster).
-    pub fn with_token_floor(mut self, floor: Token) -> Self {
-        self.token_floor = Some(floor);
-        self
-    }
-
-    /// Sets the bound on each request's response (1 ms to 600 s).
-    pub fn with_request_timeout(mut self, d: Duration) -> Result<Self> {
-        self.request_timeout = timeout_in_range("request_timeout", d)?;
-        Ok(self)
-    }
-
-    /// Sets the bound on opening a connection (1 ms to 600 s).
-    pub fn with_connect_timeout(mut self, d: Duration) -> Result<Self> {
-        self.connect_timeout = timeout_in_range("connect_timeout", d)?;
-        Ok(self)
     }
 
     /// Trusts only the CA certificate(s) in the PEM file `path` for the members' certificates
@@ -325,12 +285,6 @@ impl EtcdConfig {
         }
     }
 
-    /// The owner label for leases whose options name none (default: `host/pid`).
-    pub fn with_owner(mut self, owner: OwnerId) -> Self {
-        self.owner = Some(owner);
-        self
-    }
-
     /// The URL (its `Display` and `Debug` redact the password).
     pub fn url(&self) -> &BackendUrl {
         &self.url
@@ -344,26 +298,6 @@ impl EtcdConfig {
     /// The user name, if the URL carries credentials.
     pub fn user(&self) -> Option<&str> {
         self.user.as_ref().map(|(u, _)| u.as_str())
-    }
-
-    /// The key prefix.
-    pub fn key_prefix(&self) -> &str {
-        &self.key_prefix
-    }
-
-    /// The token floor, if any.
-    pub fn token_floor(&self) -> Option<Token> {
-        self.token_floor
-    }
-
-    /// The bound on each request's response.
-    pub fn request_timeout(&self) -> Duration {
-        self.request_timeout
-    }
-
-    /// The bound on opening a connection.
-    pub fn connect_timeout(&self) -> Duration {
-        self.connect_timeout
     }
 
     /// Whether the members are reached over TLS (`etcds://`).
@@ -388,15 +322,10 @@ impl EtcdConfig {
             .map(|(c, k)| (c.as_path(), k.as_path()))
     }
 
-    /// The default owner label, if set.
-    pub fn owner(&self) -> Option<&OwnerId> {
-        self.owner.as_ref()
-    }
-
     /// The etcd-client connect options: credentials, TLS, timeouts, HTTP/2 keepalive.
     pub(crate) fn connect_options(&self) -> Result<etcd_client::ConnectOptions> {
         let mut o = etcd_client::ConnectOptions::new()
-            .with_connect_timeout(self.connect_timeout)
+            .with_connect_timeout(self.connect_timeout())
             // etcd refuses pings more often than every 5 s (`--grpc-keepalive-min-time`); the
             // adapter's own request timeouts and session deadline bound everything else.
             .with_keep_alive(Duration::from_secs(10), Duration::from_secs(3))
@@ -412,7 +341,7 @@ impl EtcdConfig {
         }
         if self.tls {
             // Bounds the TLS handshake too (tonic's default has none).
-            let mut tls = etcd_client::TlsOptions::new().timeout(self.connect_timeout);
+            let mut tls = etcd_client::TlsOptions::new().timeout(self.connect_timeout());
             match &self.tls_ca_file {
                 Some(path) => {
                     let pem = self.read_pem("tls_ca_file", path, PemKind::Certificate)?;
@@ -500,6 +429,7 @@ fn validate_prefix(prefix: &str) -> std::result::Result<(), &'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use lease_core::Token;
 
     fn invalid(url: &str) -> String {
         match EtcdConfig::from_url(url) {

@@ -4,8 +4,8 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use lease_core::adapter::{timeout_in_range, BackendUrl, OptionSpec, UrlOptions};
-use lease_core::{Error, InvalidInput, OwnerId, Result, Token};
+use lease_core::adapter::{BackendUrl, CommonOptions, OptionSpec, UrlOptions};
+use lease_core::{Error, InvalidInput, Result};
 
 /// The default key prefix.
 pub const DEFAULT_KEY_PREFIX: &str = "fenced";
@@ -93,36 +93,35 @@ pub struct SentinelConfig {
 #[derive(Clone)]
 pub struct RedisConfig {
     url: BackendUrl,
-    key_prefix: String,
+    common: CommonOptions,
     volatile_tokens: bool,
-    token_floor: Option<Token>,
     clock_tokens: bool,
     replica_acks: ReplicaAcks,
     unguarded_replicas: bool,
     sentinel: Option<SentinelConfig>,
-    request_timeout: Duration,
-    connect_timeout: Duration,
     poll_interval: Duration,
     tls_ca_file: Option<PathBuf>,
-    owner: Option<OwnerId>,
 }
+
+lease_core::common_config!(RedisConfig {
+    common: common,
+    key_prefix: (OPTIONS.key_prefix, DEFAULT_KEY_PREFIX),
+    request_timeout: |_| DEFAULT_REQUEST_TIMEOUT,
+    connect_timeout: |_| DEFAULT_CONNECT_TIMEOUT,
+});
 
 impl fmt::Debug for RedisConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisConfig")
             .field("url", &self.url)
-            .field("key_prefix", &self.key_prefix)
+            .field("common", &self.common)
             .field("volatile_tokens", &self.volatile_tokens)
-            .field("token_floor", &self.token_floor)
             .field("clock_tokens", &self.clock_tokens)
             .field("replica_acks", &self.replica_acks)
             .field("unguarded_replicas", &self.unguarded_replicas)
             .field("sentinel", &self.sentinel)
-            .field("request_timeout", &self.request_timeout)
-            .field("connect_timeout", &self.connect_timeout)
             .field("poll_interval", &self.poll_interval)
             .field("tls_ca_file", &self.tls_ca_file)
-            .field("owner", &self.owner)
             .finish()
     }
 }
@@ -242,50 +241,23 @@ impl RedisConfig {
             options.millis(name, Duration::from_millis(1), MAX_INTERVAL)
         };
         let config = RedisConfig {
-            key_prefix: common
-                .key_prefix
-                .unwrap_or_else(|| DEFAULT_KEY_PREFIX.to_owned()),
+            common,
             volatile_tokens: options.flag("volatile_tokens")?.unwrap_or(false),
-            token_floor: common.token_floor,
             clock_tokens: options.flag("clock_tokens")?.unwrap_or(true),
             replica_acks: replica_acks.unwrap_or(ReplicaAcks::Auto),
             unguarded_replicas: options.flag("unguarded_replicas")?.unwrap_or(false),
             sentinel,
-            request_timeout: common.request_timeout.unwrap_or(DEFAULT_REQUEST_TIMEOUT),
-            connect_timeout: common.connect_timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT),
             poll_interval: interval(&mut options, "poll_interval_ms")?
                 .unwrap_or(DEFAULT_POLL_INTERVAL),
             tls_ca_file,
-            owner: common.owner,
             url: url.clone(),
         };
         Ok(config)
     }
 
-    /// Sets the key prefix (1 to [`MAX_KEY_PREFIX_BYTES`] bytes; no `{`, `}`, whitespace or control
-    /// characters, so that it never interferes with the Cluster hash tag).
-    pub fn with_key_prefix(mut self, prefix: impl Into<String>) -> Result<Self> {
-        let prefix = prefix.into();
-        validate_prefix(&prefix).map_err(|problem| {
-            Error::from(InvalidInput::OutOfRange {
-                field: "key_prefix",
-                value: format!("{prefix:?}"),
-                expected: problem,
-            })
-        })?;
-        self.key_prefix = prefix;
-        Ok(self)
-    }
-
     /// Accepts (`true`) a server whose token counter may not survive a crash; see the crate docs.
     pub fn with_volatile_tokens(mut self, yes: bool) -> Self {
         self.volatile_tokens = yes;
-        self
-    }
-
-    /// Every token issued is above `floor` (for example after a restore or failover).
-    pub fn with_token_floor(mut self, floor: Token) -> Self {
-        self.token_floor = Some(floor);
         self
     }
 
@@ -318,18 +290,6 @@ impl RedisConfig {
         self
     }
 
-    /// Sets the bound on each command's response (1 ms to 600 s).
-    pub fn with_request_timeout(mut self, d: Duration) -> Result<Self> {
-        self.request_timeout = timeout_in_range("request_timeout", d)?;
-        Ok(self)
-    }
-
-    /// Sets the bound on opening a connection (1 ms to 600 s).
-    pub fn with_connect_timeout(mut self, d: Duration) -> Result<Self> {
-        self.connect_timeout = timeout_in_range("connect_timeout", d)?;
-        Ok(self)
-    }
-
     /// Sets the longest sleep of a waiter between attempts without a notification (1 ms to
     /// [`MAX_INTERVAL`]).
     pub fn with_poll_interval(mut self, d: Duration) -> Result<Self> {
@@ -337,30 +297,14 @@ impl RedisConfig {
         Ok(self)
     }
 
-    /// The owner label for leases whose options name none (default: `host/pid`).
-    pub fn with_owner(mut self, owner: OwnerId) -> Self {
-        self.owner = Some(owner);
-        self
-    }
-
     /// The URL (its `Display` and `Debug` redact the password).
     pub fn url(&self) -> &BackendUrl {
         &self.url
     }
 
-    /// The key prefix.
-    pub fn key_prefix(&self) -> &str {
-        &self.key_prefix
-    }
-
     /// Whether the user accepted tokens that may not survive a crash.
     pub fn volatile_tokens(&self) -> bool {
         self.volatile_tokens
-    }
-
-    /// The token floor, if any.
-    pub fn token_floor(&self) -> Option<Token> {
-        self.token_floor
     }
 
     /// Whether every token is at least the server's clock in microseconds.
@@ -383,16 +327,6 @@ impl RedisConfig {
         self.sentinel.as_ref()
     }
 
-    /// The bound on each command's response.
-    pub fn request_timeout(&self) -> Duration {
-        self.request_timeout
-    }
-
-    /// The bound on opening a connection.
-    pub fn connect_timeout(&self) -> Duration {
-        self.connect_timeout
-    }
-
     /// The waiters' fallback poll interval.
     pub fn poll_interval(&self) -> Duration {
         self.poll_interval
@@ -401,11 +335,6 @@ impl RedisConfig {
     /// The CA file for `rediss://`, if any.
     pub fn tls_ca_file(&self) -> Option<&std::path::Path> {
         self.tls_ca_file.as_deref()
-    }
-
-    /// The default owner label, if set.
-    pub fn owner(&self) -> Option<&OwnerId> {
-        self.owner.as_ref()
     }
 
     /// Builds the redis-rs client: the URL without the adapter's own options. For
@@ -541,6 +470,7 @@ fn checked_interval(field: &'static str, d: Duration) -> Result<Duration> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use lease_core::Token;
 
     fn invalid(url: &str) -> String {
         match RedisConfig::from_url(url) {

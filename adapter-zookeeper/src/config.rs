@@ -3,11 +3,13 @@
 use std::fmt;
 use std::time::Duration;
 
-use lease_core::adapter::{BackendUrl, OptionSpec, UrlOptions};
-use lease_core::{InvalidInput, LockKey, OwnerId, Result, Token};
+use lease_core::adapter::{BackendUrl, CommonOptions, OptionSpec, UrlOptions};
+use lease_core::{InvalidInput, LockKey, Result};
 
 /// The base znode when the URL names no path.
 pub const DEFAULT_BASE_PATH: &str = "/fenced";
+/// The key prefix when the URL names no path: the default base znode without its leading `/`.
+pub const DEFAULT_KEY_PREFIX: &str = "fenced";
 /// The session timeout asked for when the URL does not say (the server negotiates it into its
 /// `[minSessionTimeout, maxSessionTimeout]` range; the adapter uses the negotiated value).
 pub const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(10);
@@ -64,31 +66,31 @@ struct Digest {
 #[derive(Clone)]
 pub struct ZkConfig {
     hosts: Vec<String>,
-    base_path: String,
+    /// The common options; `key_prefix` is the base path without its leading `/`.
+    common: CommonOptions,
     session_timeout: Duration,
-    request_timeout: Option<Duration>,
-    connect_timeout: Option<Duration>,
     digest: Option<Digest>,
-    token_floor: Option<Token>,
     tick: Option<Duration>,
-    owner: Option<OwnerId>,
 }
+
+lease_core::common_config!(ZkConfig {
+    common: common,
+    key_prefix: (OPTIONS.key_prefix, DEFAULT_KEY_PREFIX),
+    request_timeout: |c: &ZkConfig| c.session_timeout,
+    connect_timeout: |c: &ZkConfig| c.session_timeout + Duration::from_secs(1),
+});
 
 impl fmt::Debug for ZkConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ZkConfig")
             .field("hosts", &self.hosts)
-            .field("base_path", &self.base_path)
+            .field("common", &self.common)
             .field("session_timeout", &self.session_timeout)
-            .field("request_timeout", &self.request_timeout())
-            .field("connect_timeout", &self.connect_timeout())
             .field(
                 "digest",
                 &self.digest.as_ref().map(|d| format!("{}:***", d.user)),
             )
-            .field("token_floor", &self.token_floor)
             .field("tick", &self.tick)
-            .field("owner", &self.owner)
             .finish()
     }
 }
@@ -147,15 +149,16 @@ impl ZkConfig {
         // The path as written: the parsed URL would already have resolved `.` and `..`.
         let path = raw_path(url.expose_str());
         let (common, mut options) = UrlOptions::parse(&url, OPTIONS)?;
-        let base_path = match common.key_prefix {
-            Some(_) if !matches!(path, "" | "/") => {
-                return Err(options
-                    .invalid("the base path is given both as the URL's path and as key_prefix")
-                    .into())
-            }
-            Some(prefix) => format!("/{prefix}"),
-            None => parse_base_path(path).map_err(|p| options.invalid(p))?,
-        };
+        let mut common = common;
+        if common.key_prefix.is_some() && !matches!(path, "" | "/") {
+            return Err(options
+                .invalid("the base path is given both as the URL's path and as key_prefix")
+                .into());
+        }
+        if common.key_prefix.is_none() {
+            let base = parse_base_path(path).map_err(|p| options.invalid(p))?;
+            common.key_prefix = Some(base[1..].to_owned());
+        }
         if let Some(d) = options.value("digest", "user:password", |v| {
             parse_digest(v).map_err(|_| "user:password (both non-empty, no control characters)")
         })? {
@@ -172,14 +175,10 @@ impl ZkConfig {
         let tick = options.millis("tick_ms", Duration::from_millis(1), MAX_TIMEOUT)?;
         Ok(ZkConfig {
             hosts,
-            base_path,
+            common,
             session_timeout,
-            request_timeout: common.request_timeout,
-            connect_timeout: common.connect_timeout,
             digest,
-            token_floor: common.token_floor,
             tick,
-            owner: common.owner,
         })
     }
 
@@ -221,19 +220,6 @@ impl ZkConfig {
         Ok(self)
     }
 
-    /// Sets the owner label leases carry unless their options name another (default: this
-    /// process's `host/pid`).
-    pub fn with_owner(mut self, owner: OwnerId) -> Self {
-        self.owner = Some(owner);
-        self
-    }
-
-    /// Sets the token floor: every token issued must be above it.
-    pub fn with_token_floor(mut self, floor: Token) -> Self {
-        self.token_floor = Some(floor);
-        self
-    }
-
     /// Sets the ensemble's `tickTime` (the `tick_ms` option; see [`ZkConfig::tick`]).
     pub fn with_tick(mut self, tick: Duration) -> Result<Self> {
         if tick.is_zero() || tick > MAX_TIMEOUT {
@@ -270,25 +256,14 @@ impl ZkConfig {
         self.hosts.join(",")
     }
 
-    /// The base znode path (no trailing `/`).
-    pub fn base_path(&self) -> &str {
-        &self.base_path
+    /// The base znode path: `/` and the key prefix (no trailing `/`).
+    pub fn base_path(&self) -> String {
+        format!("/{}", self.key_prefix())
     }
 
     /// The session timeout asked for.
     pub fn session_timeout(&self) -> Duration {
         self.session_timeout
-    }
-
-    /// The bound on each request's response.
-    pub fn request_timeout(&self) -> Duration {
-        self.request_timeout.unwrap_or(self.session_timeout)
-    }
-
-    /// The bound on establishing a session.
-    pub fn connect_timeout(&self) -> Duration {
-        self.connect_timeout
-            .unwrap_or(self.session_timeout + Duration::from_secs(1))
     }
 
     /// The digest user, if credentials are configured (never the password).
@@ -306,36 +281,26 @@ impl ZkConfig {
     /// The znode of `key`'s lock (the parent of its contender nodes), for operators' tools:
     /// `<base>/locks/<key, percent-encoded into one node name>`.
     pub fn lock_path(&self, key: &LockKey) -> String {
-        crate::keys::Paths::new(&self.base_path).lock_dir(key)
-    }
-
-    /// The token floor, if set.
-    pub fn token_floor(&self) -> Option<Token> {
-        self.token_floor
-    }
-
-    /// The owner label, if set.
-    pub fn owner(&self) -> Option<&OwnerId> {
-        self.owner.as_ref()
+        crate::keys::Paths::new(&self.base_path()).lock_dir(key)
     }
 
     /// The URL with the password replaced by `***`.
     pub fn redacted(&self) -> String {
-        let mut s = format!("zk://{}{}", self.hosts.join(","), self.base_path);
+        let mut s = format!("zk://{}{}", self.hosts.join(","), self.base_path());
         let mut params = vec![format!(
             "session_timeout_ms={}",
             self.session_timeout.as_millis()
         )];
-        if let Some(d) = self.request_timeout {
+        if let Some(d) = self.common.request_timeout {
             params.push(format!("request_timeout_ms={}", d.as_millis()));
         }
-        if let Some(d) = self.connect_timeout {
+        if let Some(d) = self.common.connect_timeout {
             params.push(format!("connect_timeout_ms={}", d.as_millis()));
         }
         if let Some(d) = &self.digest {
             params.push(format!("digest={}:***", d.user));
         }
-        if let Some(t) = self.token_floor {
+        if let Some(t) = self.common.token_floor {
             params.push(format!("token_floor={t}"));
         }
         if let Some(t) = self.tick {
@@ -457,6 +422,10 @@ fn raw_path(url: &str) -> &str {
 
 /// The rule for `key_prefix` (the base path without its leading `/`).
 fn validate_prefix(prefix: &str) -> std::result::Result<(), &'static str> {
+    if prefix.is_empty() {
+        // `parse_base_path("/")` is the default base path: an empty prefix is not.
+        return Err("a non-empty base path without its leading '/'");
+    }
     parse_base_path(&format!("/{prefix}"))
         .map(|_| ())
         .map_err(|_| {
@@ -468,6 +437,7 @@ fn validate_prefix(prefix: &str) -> std::result::Result<(), &'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use lease_core::Token;
 
     #[test]
     fn passwords_with_delimiters_never_show_in_errors() {
@@ -591,6 +561,7 @@ mod tests {
         assert!(invalid("zk://h:1/x?key_prefix=y").contains("both"));
         assert!(invalid("zk://h:1?key_prefix=zookeeper/y").contains("key_prefix"));
         assert!(invalid("zk://h:1?key_prefix=a//b").contains("key_prefix"));
+        assert!(invalid("zk://h:1?key_prefix=").contains("key_prefix"));
     }
 
     #[test]

@@ -20,8 +20,8 @@ use lease_core::adapter::BackendUrl;
 use lease_core::{Coordinator, Registry};
 
 pub use config::{
-    ZkConfig, DEFAULT_BASE_PATH, DEFAULT_PORT, DEFAULT_SESSION_TIMEOUT, MAX_TIMEOUT,
-    MIN_SESSION_TIMEOUT,
+    ZkConfig, DEFAULT_BASE_PATH, DEFAULT_KEY_PREFIX, DEFAULT_PORT, DEFAULT_SESSION_TIMEOUT,
+    MAX_TIMEOUT, MIN_SESSION_TIMEOUT,
 };
 pub use coordinator::ZkCoordinator;
 pub use lease::ZkLease;

@@ -108,7 +108,7 @@ impl Session {
     /// [`Session::connect`].
     pub(crate) async fn adopt(config: &ZkConfig, client: Client) -> Result<Arc<Session>> {
         let sent = Instant::now();
-        match tokio::time::timeout(config.request_timeout(), client.sync(config.base_path())).await
+        match tokio::time::timeout(config.request_timeout(), client.sync(&config.base_path())).await
         {
             Ok(Ok(())) => Self::start(config, client, sent).await,
             Ok(Err(e)) => Err(from_zk(ops::ADOPT, e)),
@@ -140,7 +140,7 @@ impl Session {
             client,
             request_timeout: config.request_timeout(),
             secured: config.digest_auth().is_some(),
-            paths: Paths::new(config.base_path()),
+            paths: Paths::new(&config.base_path()),
             conn: Mutex::new(ConnState {
                 connected: true,
                 terminated: false,

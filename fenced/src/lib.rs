@@ -136,6 +136,67 @@ mod tests {
         );
     }
 
+    /// Every backend's config takes the common options through the same builder methods, with
+    /// the same contracts, as through its URL.
+    #[cfg(feature = "full")]
+    #[test]
+    fn every_backend_config_has_the_common_builder_under_the_same_names() {
+        use std::time::Duration;
+        macro_rules! same_builder {
+            ($config:ty, $url:expr) => {{
+                let floor = Token::new(41).unwrap();
+                let owner = OwnerId::new("worker-7").unwrap();
+                let built = <$config>::from_url($url)
+                    .unwrap()
+                    .with_key_prefix("app")
+                    .unwrap()
+                    .with_token_floor(floor)
+                    .with_request_timeout(Duration::from_millis(1500))
+                    .unwrap()
+                    .with_connect_timeout(Duration::from_millis(2500))
+                    .unwrap()
+                    .with_owner(owner.clone());
+                let parsed = <$config>::from_url(&format!(
+                    "{}?key_prefix=app&token_floor=41&request_timeout_ms=1500\
+                     &connect_timeout_ms=2500&owner=worker-7",
+                    $url
+                ))
+                .unwrap();
+                for c in [&built, &parsed] {
+                    assert_eq!(c.key_prefix(), "app", "{}", $url);
+                    assert_eq!(c.token_floor(), Some(floor), "{}", $url);
+                    assert_eq!(c.request_timeout(), Duration::from_millis(1500), "{}", $url);
+                    assert_eq!(c.connect_timeout(), Duration::from_millis(2500), "{}", $url);
+                    assert_eq!(c.owner(), Some(&owner), "{}", $url);
+                }
+                let fresh = || <$config>::from_url($url).unwrap();
+                for (e, field) in [
+                    (fresh().with_key_prefix("").unwrap_err(), "key_prefix"),
+                    (
+                        fresh().with_request_timeout(Duration::ZERO).unwrap_err(),
+                        "request_timeout",
+                    ),
+                    (
+                        fresh()
+                            .with_connect_timeout(Duration::from_secs(601))
+                            .unwrap_err(),
+                        "connect_timeout",
+                    ),
+                ] {
+                    assert!(
+                        matches!(e, Error::InvalidInput(InvalidInput::OutOfRange { field: f, .. }) if f == field),
+                        "{}: {e:?}",
+                        $url
+                    );
+                }
+            }};
+        }
+        same_builder!(adapter_redis::RedisConfig, "redis://127.0.0.1:6379");
+        same_builder!(adapter_etcd::EtcdConfig, "etcd://127.0.0.1:2379");
+        same_builder!(adapter_zookeeper::ZkConfig, "zk://127.0.0.1:2181");
+        same_builder!(adapter_consul::ConsulConfig, "consul://127.0.0.1:8500");
+    }
+
     #[cfg(feature = "full")]
     #[tokio::test]
     async fn every_listed_scheme_is_registered_with_every_feature() {

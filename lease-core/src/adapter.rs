@@ -4,8 +4,9 @@
 //! retry backoff ([`Backoff`]), the guardian that cleans up after an ended lease
 //! ([`spawn_guardian`], [`retry_until_settled`]), the stored holder and audit records ([`HolderRecord`],
 //! [`StoredAudit`]), the round scheduler ([`batch`]), clock helpers ([`clock`]), the
-//! registry's factory types, and the macro that writes an adapter's `Coordinator` impl
-//! ([`coordinator_from_primitives!`](crate::coordinator_from_primitives)).
+//! registry's factory types, the macro that writes an adapter's `Coordinator` impl
+//! ([`coordinator_from_primitives!`](crate::coordinator_from_primitives)) and the one that
+//! writes its config's common builder methods ([`common_config!`](crate::common_config)).
 //!
 //! Code that uses leases needs none of this; it lives at the crate root. An adapter crate
 //! imports from here (`use lease_core::adapter::{UrlOptions, OptionSpec, ...}`), so a reader can
@@ -19,7 +20,7 @@
 //! | file | holds |
 //! |---|---|
 //! | `lib.rs` | the public re-exports, `SCHEME` and `register(&mut Registry)` |
-//! | `config.rs` | the config type, its builder and `from_url` / `from_backend_url` (through [`UrlOptions`]) |
+//! | `config.rs` | the config type, its builder (the common options' methods written by [`common_config!`](crate::common_config)) and `from_url` / `from_backend_url` (through [`UrlOptions`]) |
 //! | `client.rs` | connection plumbing: the backend's own client from the config |
 //! | `keys.rs` | the key layout on the server and its escaping |
 //! | `core.rs` | the state the coordinator shares with its leases and tasks (imported from here, never from `coordinator.rs`) |

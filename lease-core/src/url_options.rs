@@ -74,6 +74,167 @@ pub struct CommonOptions {
     pub owner: Option<OwnerId>,
 }
 
+impl CommonOptions {
+    /// Sets `key_prefix` when `rule` (an [`OptionSpec::key_prefix`]) accepts it; otherwise
+    /// `InvalidInput::OutOfRange` naming the prefix and what the rule expects, and nothing
+    /// changes.
+    pub fn set_key_prefix(
+        &mut self,
+        prefix: String,
+        rule: fn(&str) -> Result<(), &'static str>,
+    ) -> Result<(), InvalidInput> {
+        rule(&prefix).map_err(|expected| InvalidInput::OutOfRange {
+            field: "key_prefix",
+            value: format!("{prefix:?}"),
+            expected,
+        })?;
+        self.key_prefix = Some(prefix);
+        Ok(())
+    }
+}
+
+/// Writes the builder methods and getters of the common options ([`COMMON_OPTIONS`]) on an
+/// adapter's config type, so that every backend's config has them under the same names with
+/// the same contracts: `with_key_prefix`, `with_token_floor`, `with_request_timeout`,
+/// `with_connect_timeout`, `with_owner`, and `key_prefix`, `token_floor`, `request_timeout`,
+/// `connect_timeout`, `owner`.
+///
+/// The config keeps the options in a [`CommonOptions`] field (as [`UrlOptions::parse`] returns
+/// them); what the URL and the builder leave unset takes the defaults given here. The timeout
+/// defaults are functions of the config, so that one may follow another setting (ZooKeeper's
+/// follows the session timeout).
+///
+/// ```
+/// use std::time::Duration;
+/// use lease_core::adapter::{CommonOptions, OptionSpec};
+///
+/// const OPTIONS: OptionSpec = OptionSpec {
+///     backend: &[],
+///     secret: &[],
+///     key_prefix: |p| if p.is_empty() { Err("a non-empty prefix") } else { Ok(()) },
+/// };
+///
+/// /// A backend's config.
+/// #[derive(Debug, Default)]
+/// pub struct MyConfig {
+///     common: CommonOptions,
+/// }
+///
+/// lease_core::common_config!(MyConfig {
+///     common: common,
+///     key_prefix: (OPTIONS.key_prefix, "fenced"),
+///     request_timeout: |_| Duration::from_secs(2),
+///     connect_timeout: |c: &MyConfig| c.request_timeout() * 2,
+/// });
+///
+/// let c = MyConfig::default().with_request_timeout(Duration::from_millis(300))?;
+/// assert_eq!(c.key_prefix(), "fenced");
+/// assert_eq!(c.connect_timeout(), Duration::from_millis(600));
+/// assert!(c.with_key_prefix("").is_err());
+/// # Ok::<(), lease_core::Error>(())
+/// ```
+#[macro_export]
+macro_rules! common_config {
+    ($ty:ty {
+        common: $field:ident,
+        key_prefix: ($rule:expr, $default_prefix:expr),
+        request_timeout: $request:expr,
+        connect_timeout: $connect:expr $(,)?
+    }) => {
+        impl $ty {
+            /// Sets the key prefix, where every key of this adapter lives (the `key_prefix`
+            /// option; its rule is in the type docs).
+            ///
+            /// # Errors
+            /// `InvalidInput::OutOfRange` naming the prefix when this backend's rule refuses
+            /// it.
+            pub fn with_key_prefix(
+                mut self,
+                prefix: impl ::core::convert::Into<::std::string::String>,
+            ) -> $crate::Result<Self> {
+                self.$field.set_key_prefix(prefix.into(), $rule)?;
+                Ok(self)
+            }
+
+            /// Every token issued is above `floor` (the `token_floor` option: raise it after a
+            /// restore from a backup or a move to new servers).
+            pub fn with_token_floor(mut self, floor: $crate::Token) -> Self {
+                self.$field.token_floor = Some(floor);
+                self
+            }
+
+            /// Sets the bound on each request's response (the `request_timeout_ms` option).
+            ///
+            /// # Errors
+            /// `InvalidInput::OutOfRange` outside 1 ms to 600 s.
+            pub fn with_request_timeout(
+                mut self,
+                timeout: ::std::time::Duration,
+            ) -> $crate::Result<Self> {
+                self.$field.request_timeout = Some($crate::adapter::timeout_in_range(
+                    "request_timeout",
+                    timeout,
+                )?);
+                Ok(self)
+            }
+
+            /// Sets the bound on opening a connection or session (the `connect_timeout_ms`
+            /// option).
+            ///
+            /// # Errors
+            /// `InvalidInput::OutOfRange` outside 1 ms to 600 s.
+            pub fn with_connect_timeout(
+                mut self,
+                timeout: ::std::time::Duration,
+            ) -> $crate::Result<Self> {
+                self.$field.connect_timeout = Some($crate::adapter::timeout_in_range(
+                    "connect_timeout",
+                    timeout,
+                )?);
+                Ok(self)
+            }
+
+            /// Sets the owner label leases carry unless their options name another (the
+            /// `owner` option; default: this process's `host/pid`).
+            pub fn with_owner(mut self, owner: $crate::OwnerId) -> Self {
+                self.$field.owner = Some(owner);
+                self
+            }
+
+            /// The key prefix.
+            pub fn key_prefix(&self) -> &str {
+                self.$field.key_prefix.as_deref().unwrap_or($default_prefix)
+            }
+
+            /// The token floor, if set.
+            pub fn token_floor(&self) -> ::core::option::Option<$crate::Token> {
+                self.$field.token_floor
+            }
+
+            /// The bound on each request's response.
+            pub fn request_timeout(&self) -> ::std::time::Duration {
+                match self.$field.request_timeout {
+                    Some(timeout) => timeout,
+                    None => ($request)(self),
+                }
+            }
+
+            /// The bound on opening a connection or session.
+            pub fn connect_timeout(&self) -> ::std::time::Duration {
+                match self.$field.connect_timeout {
+                    Some(timeout) => timeout,
+                    None => ($connect)(self),
+                }
+            }
+
+            /// The owner label set for this coordinator's leases, if any.
+            pub fn owner(&self) -> ::core::option::Option<&$crate::OwnerId> {
+                self.$field.owner.as_ref()
+            }
+        }
+    };
+}
+
 /// The backend-specific options of a URL, left after the common ones were read.
 ///
 /// Each accessor takes an option out (so it is read once) and returns `Ok(None)` when the URL
