@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs every test of the workspace on a fresh Debian 12 machine:
 #   1. installs the servers the harness starts (scripts/setup.sh; root or sudo; nothing is started),
-#   2. checks formatting and lints,
+#   2. checks formatting, lints and the API docs (broken links fail),
 #   3. runs all tests: unit, property, harness, and the conformance suite against every backend
 #      (the harness starts each real server on a free loopback port with a temporary data
 #      directory and stops it afterwards), and the cluster cases against a Redis primary with
@@ -25,6 +25,9 @@ cargo fmt --all -- --check
 
 step "cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
+
+step "cargo doc (every public item's docs build, links resolve)"
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
 
 step "the test kit and the suite build without any adapter or backend client (decision 0020)"
 if cargo tree --locked -e normal --prefix none -p lease-testkit -p consul-standin -p conformance-suite \

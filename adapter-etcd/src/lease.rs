@@ -142,7 +142,7 @@ impl Lease for EtcdLease {
     }
 
     /// Confirms ownership and extends local validity: our key must still exist, read after the
-    /// call started (batched with other renewals, see [`crate::confirm`]), and validity counts
+    /// call started (batched with other renewals, see the crate's `confirm` module), and validity counts
     /// from the earlier of the call's start and the session's last acknowledged keepalive, as
     /// at the grant. The session sends its keepalives every third of its TTL on its own; a
     /// renewal asks for one only when the last acknowledged one is older than half the TTL (the

@@ -15,7 +15,7 @@ use crate::core::Inner;
 use crate::error::{timed_out, BACKEND};
 use crate::session::Session;
 
-/// A [`Coordinator`] on ZooKeeper: one session per coordinator, one ephemeral sequential node per
+/// A [`Coordinator`](lease_core::Coordinator) on ZooKeeper: one session per coordinator, one ephemeral sequential node per
 /// contender, the holder's czxid as the token. See the crate docs for the semantics.
 ///
 /// Cloning is cheap and shares the session.

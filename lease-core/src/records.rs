@@ -102,7 +102,7 @@ impl HolderRecord {
 /// One forced release as an audit trail stores it:
 /// `{"key":"…","actor":"…","reason":"…","removed_token":…,"removed_owner":"…","at_ms":…}`.
 ///
-/// A trail kept in one value ([`StoredAudit::parse_trail`], [`StoredAudit::trail_json`]) is a
+/// A trail kept in one value ([`StoredAudit::parse_trail`], [`StoredAudit::appended_to`]) is a
 /// JSON array of the newest [`AuditRecord::MAX_LIMIT`] records, oldest first. Readers accept
 /// earlier versions' records (one object instead of an array; etcd's `token` and `owner`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

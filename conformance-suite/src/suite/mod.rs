@@ -440,7 +440,7 @@ impl Case {
     }
 }
 
-/// Boxes an async case function into a [`CaseFn`]-compatible future.
+/// Boxes an async case function into the future a case runs.
 pub fn boxed<F>(f: F) -> BoxFuture<'static, CaseResult>
 where
     F: Future<Output = CaseResult> + Send + 'static,

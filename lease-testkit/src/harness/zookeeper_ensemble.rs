@@ -36,7 +36,7 @@
 //! The JVMs are kept cheap for a 2-core machine: `-Xmx128m -Xss512k -XX:+UseSerialGC
 //! -XX:TieredStopAtLevel=1 -XX:CICompilerCount=1 -XX:-UsePerfData -XX:ActiveProcessorCount=1`.
 //!
-//! The process plumbing is [`super::server::ServerProcess`]: the launcher asks it for one
+//! The process plumbing is the harness's `ServerProcess`: the launcher asks it for one
 //! (unused) port and uses the ports the ensemble chose before starting, because every server's
 //! file must name its peers' proxies, which need the peers' real ports first; the readiness probe
 //! waits only for the JVM to answer `srvr` at all (a server without a quorum answers "not
