@@ -622,7 +622,7 @@ mod tests {
             .clone()
             .with_connect_timeout(Duration::from_secs(601))
             .is_err());
-        let c = c.with_token_floor(Token::new(5).unwrap());
+        let c = c.with_token_floor(Token::new(5).unwrap()).unwrap();
         assert_eq!(c.token_floor(), Some(Token::new(5).unwrap()));
     }
 }

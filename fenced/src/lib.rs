@@ -151,6 +151,7 @@ mod tests {
                     .with_key_prefix("app")
                     .unwrap()
                     .with_token_floor(floor)
+                    .unwrap()
                     .with_request_timeout(Duration::from_millis(1500))
                     .unwrap()
                     .with_connect_timeout(Duration::from_millis(2500))
@@ -172,6 +173,10 @@ mod tests {
                 let fresh = || <$config>::from_url($url).unwrap();
                 for (e, field) in [
                     (fresh().with_key_prefix("").unwrap_err(), "key_prefix"),
+                    (
+                        fresh().with_token_floor(Token::MAX).unwrap_err(),
+                        "token_floor",
+                    ),
                     (
                         fresh().with_request_timeout(Duration::ZERO).unwrap_err(),
                         "request_timeout",

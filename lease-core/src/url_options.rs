@@ -32,6 +32,9 @@ pub const COMMON_OPTIONS: &[&str] = &[
     "owner",
 ];
 
+/// What a token floor may be: any token but the largest, which no token can be above.
+const TOKEN_FLOOR_RANGE: &str = "an integer in 0..=9223372036854775806";
+
 /// The largest `request_timeout_ms` or `connect_timeout_ms` accepted (10 minutes).
 pub const MAX_URL_TIMEOUT: Duration = Duration::from_secs(600);
 
@@ -91,6 +94,20 @@ impl CommonOptions {
         self.key_prefix = Some(prefix);
         Ok(())
     }
+
+    /// Sets `token_floor` unless it is `Token::MAX` (no token can be above it; the URL option
+    /// refuses it too): then `InvalidInput::OutOfRange` naming the value, and nothing changes.
+    pub fn set_token_floor(&mut self, floor: Token) -> Result<(), InvalidInput> {
+        if floor >= Token::MAX {
+            return Err(InvalidInput::OutOfRange {
+                field: "token_floor",
+                value: floor.to_string(),
+                expected: TOKEN_FLOOR_RANGE,
+            });
+        }
+        self.token_floor = Some(floor);
+        Ok(())
+    }
 }
 
 /// Writes the builder methods and getters of the common options ([`COMMON_OPTIONS`]) on an
@@ -128,6 +145,7 @@ impl CommonOptions {
 /// });
 ///
 /// let c = MyConfig::default().with_request_timeout(Duration::from_millis(300))?;
+/// assert!(MyConfig::default().with_token_floor(lease_core::Token::MAX).is_err());
 /// assert_eq!(c.key_prefix(), "fenced");
 /// assert_eq!(c.connect_timeout(), Duration::from_millis(600));
 /// assert!(c.with_key_prefix("").is_err());
@@ -158,9 +176,12 @@ macro_rules! common_config {
 
             /// Every token issued is above `floor` (the `token_floor` option: raise it after a
             /// restore from a backup or a move to new servers).
-            pub fn with_token_floor(mut self, floor: $crate::Token) -> Self {
-                self.$field.token_floor = Some(floor);
-                self
+            ///
+            /// # Errors
+            /// `InvalidInput::OutOfRange` for `Token::MAX`, which no token can be above.
+            pub fn with_token_floor(mut self, floor: $crate::Token) -> $crate::Result<Self> {
+                self.$field.set_token_floor(floor)?;
+                Ok(self)
             }
 
             /// Sets the bound on each request's response (the `request_timeout_ms` option).
@@ -280,16 +301,12 @@ impl<'u> UrlOptions<'u> {
             key_prefix: options.value("key_prefix", "a valid key prefix", |p| {
                 (spec.key_prefix)(p).map(|()| p.to_owned())
             })?,
-            token_floor: options.value(
-                "token_floor",
-                "an integer in 0..=9223372036854775806",
-                |v| {
-                    v.parse::<Token>()
-                        .ok()
-                        .filter(|t| *t < Token::MAX)
-                        .ok_or("an integer in 0..=9223372036854775806")
-                },
-            )?,
+            token_floor: options.value("token_floor", TOKEN_FLOOR_RANGE, |v| {
+                v.parse::<Token>()
+                    .ok()
+                    .filter(|t| *t < Token::MAX)
+                    .ok_or(TOKEN_FLOOR_RANGE)
+            })?,
             request_timeout: options.millis(
                 "request_timeout_ms",
                 Duration::from_millis(1),
