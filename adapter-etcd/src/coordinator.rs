@@ -77,14 +77,19 @@ impl EtcdCoordinator {
     /// `Unavailable` on the first call.
     pub async fn connect(config: EtcdConfig) -> Result<Self> {
         let client = client_for(&config).await?;
-        Ok(Self::from_client(client, config))
+        Self::from_client(client, config).await
     }
 
     /// A coordinator on a client the application already has (its own connection, balancer
     /// and credentials); `config` gives the adapter's own settings (key prefix, token floor,
     /// timeouts, owner) and names the cluster in the token watermark, so its endpoints should
-    /// be the client's. Sends nothing.
-    pub fn from_client(client: etcd_client::Client, config: EtcdConfig) -> Self {
+    /// be the client's. Sends nothing: it starts the coordinator's background tasks on the
+    /// current tokio runtime (async and fallible so that every adapter's `from_client` reads
+    /// the same: `X::from_client(client, config).await?`).
+    ///
+    /// # Errors
+    /// Never fails today; the `Result` is the signature every adapter's `from_client` has.
+    pub async fn from_client(client: etcd_client::Client, config: EtcdConfig) -> Result<Self> {
         let owner = config
             .owner()
             .cloned()
@@ -101,7 +106,7 @@ impl EtcdCoordinator {
             ),
             config.token_floor(),
         );
-        EtcdCoordinator {
+        Ok(EtcdCoordinator {
             inner: Arc::new(Inner {
                 handle: Arc::new(Handle {
                     txns: Txns::new(client.clone(), config.request_timeout()),
@@ -118,7 +123,7 @@ impl EtcdCoordinator {
                 slots: Default::default(),
                 tokens,
             }),
-        }
+        })
     }
 
     /// Parses `url` ([`EtcdConfig::from_url`]) and connects.

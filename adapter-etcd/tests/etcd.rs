@@ -959,7 +959,7 @@ async fn a_coordinator_from_the_applications_own_client_behaves_like_one_from_a_
         .await
         .unwrap();
     let config = EtcdConfig::from_url(&server.url()).unwrap();
-    let from_client = EtcdCoordinator::from_client(own, config);
+    let from_client = EtcdCoordinator::from_client(own, config).await.unwrap();
     let from_url = coord(&server.url()).await;
     one_holder_across(
         &from_client,
