@@ -38,7 +38,7 @@ pub(crate) enum Waiting {
 }
 
 /// A held lock of any of the measured kinds.
-pub(crate) struct Held(Box<dyn Any + Send>);
+pub(crate) struct Held(Box<dyn Any + Send + Sync>);
 
 /// One lock implementation under measurement.
 #[async_trait]
@@ -55,6 +55,11 @@ pub(crate) trait BenchLock: Send + Sync {
     async fn acquire_waiting(&self, key: &str) -> BenchResult<Held>;
     /// Releases a lock this value took.
     async fn release(&self, held: Held) -> BenchResult<()>;
+    /// Extends a lock this value holds with its own renewal call, once; `None` when the lock has
+    /// no such call (a session's keepalive keeps it: etcd's Lock RPC, the ZooKeeper locks).
+    async fn renew(&self, _held: &Held) -> Option<BenchResult<()>> {
+        None
+    }
     /// The same lock on a second, independent client (as a second process would have), for the
     /// hand-off waiter.
     async fn another(&self) -> BenchResult<Arc<dyn BenchLock>>;
@@ -64,8 +69,13 @@ pub(crate) trait BenchLock: Send + Sync {
     }
 }
 
-fn held<T: Send + 'static>(t: T) -> Held {
+fn held<T: Send + Sync + 'static>(t: T) -> Held {
     Held(Box::new(t))
+}
+
+fn peek<T: 'static>(h: &Held) -> BenchResult<&T> {
+    h.0.downcast_ref::<T>()
+        .ok_or_else(|| "renewed a lock another implementation took".into())
 }
 
 fn unwrap<T: 'static>(h: Held) -> BenchResult<T> {
@@ -136,6 +146,12 @@ impl BenchLock for Ours {
         unwrap::<Box<dyn fenced::Lease>>(h)?.release().await?;
         Ok(())
     }
+    async fn renew(&self, h: &Held) -> Option<BenchResult<()>> {
+        Some(match peek::<Box<dyn fenced::Lease>>(h) {
+            Ok(lease) => lease.renew().await.map(|_| ()).map_err(Into::into),
+            Err(e) => Err(e),
+        })
+    }
     fn coordinator(&self) -> Option<Arc<dyn Coordinator>> {
         Some(self.coordinator.clone())
     }
@@ -162,13 +178,18 @@ const RAW_ACQUIRE: &str = "if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', AR
 const RAW_RELEASE: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then \
     return redis.call('DEL', KEYS[1]) end return 0";
 
-/// The hand-written Redis lock: one Lua script to take the key and mint a token, one to release;
-/// waiting polls every millisecond.
+/// Extends the key's TTL if it is still ours; 1 round trip.
+const RAW_RENEW: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then \
+    return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end return 0";
+
+/// The hand-written Redis lock: one Lua script to take the key and mint a token, one to release,
+/// one to renew; waiting polls every millisecond.
 pub(crate) struct RawRedis {
     client: redis::Client,
     conn: redis::aio::MultiplexedConnection,
     acquire: redis::Script,
     release: redis::Script,
+    renew: redis::Script,
     ttl: Duration,
 }
 
@@ -182,6 +203,7 @@ impl RawRedis {
             conn,
             acquire: redis::Script::new(RAW_ACQUIRE),
             release: redis::Script::new(RAW_RELEASE),
+            renew: redis::Script::new(RAW_RENEW),
             ttl,
         })
     }
@@ -235,6 +257,24 @@ impl BenchLock for RawRedis {
             .await?;
         Ok(())
     }
+    async fn renew(&self, h: &Held) -> Option<BenchResult<()>> {
+        let (k, owner, _token) = match peek::<(String, String, u64)>(h) {
+            Ok(t) => t,
+            Err(e) => return Some(Err(e)),
+        };
+        let renewed: Result<i64, _> = self
+            .renew
+            .key(k)
+            .arg(owner)
+            .arg(self.ttl.as_millis() as u64)
+            .invoke_async(&mut self.conn.clone())
+            .await;
+        Some(match renewed {
+            Ok(1) => Ok(()),
+            Ok(_) => Err(format!("{k} is no longer held").into()),
+            Err(e) => Err(e.into()),
+        })
+    }
     async fn another(&self) -> BenchResult<Arc<dyn BenchLock>> {
         let conn = self.client.get_multiplexed_async_connection().await?;
         Ok(Arc::new(Self {
@@ -242,6 +282,7 @@ impl BenchLock for RawRedis {
             conn,
             acquire: self.acquire.clone(),
             release: self.release.clone(),
+            renew: self.renew.clone(),
             ttl: self.ttl,
         }))
     }
@@ -300,6 +341,17 @@ impl BenchLock for Rslock {
         self.manager.unlock(&unwrap::<rslock::Lock>(h)?).await;
         Ok(())
     }
+    async fn renew(&self, h: &Held) -> Option<BenchResult<()>> {
+        Some(match peek::<rslock::Lock>(h) {
+            Ok(lock) => self
+                .manager
+                .extend(lock, self.ttl)
+                .await
+                .map(|_| ())
+                .map_err(rslock_error),
+            Err(e) => Err(e),
+        })
+    }
     async fn another(&self) -> BenchResult<Arc<dyn BenchLock>> {
         Ok(Arc::new(Self::new(&self.url, self.ttl)))
     }
@@ -341,17 +393,26 @@ impl EtcdSession {
 }
 
 /// The hand-written etcd lock: one txn (create the key if absent, with the session's lease; the
-/// token is its create revision), one delete. Does not wait.
+/// token is its create revision), one delete; renewed by one keepalive of the session's lease on
+/// a stream kept open. Does not wait.
 pub(crate) struct RawEtcd {
     session: EtcdSession,
+    keepalive: tokio::sync::Mutex<(etcd_client::LeaseKeeper, etcd_client::LeaseKeepAliveStream)>,
     ttl: Duration,
 }
 
 impl RawEtcd {
     /// Over its own session.
     pub(crate) async fn connect(endpoint: &str, ttl: Duration) -> BenchResult<Self> {
+        let session = EtcdSession::connect(endpoint, ttl).await?;
+        let keepalive = session
+            .client
+            .clone()
+            .lease_keep_alive(session.lease)
+            .await?;
         Ok(Self {
-            session: EtcdSession::connect(endpoint, ttl).await?,
+            session,
+            keepalive: tokio::sync::Mutex::new(keepalive),
             ttl,
         })
     }
@@ -392,6 +453,18 @@ impl BenchLock for RawEtcd {
         let (k, _token) = unwrap::<(String, i64)>(h)?;
         self.session.client.kv_client().delete(k, None).await?;
         Ok(())
+    }
+    async fn renew(&self, _h: &Held) -> Option<BenchResult<()>> {
+        let mut stream = self.keepalive.lock().await;
+        let (keeper, answers) = &mut *stream;
+        let renewed = async {
+            keeper.keep_alive().await?;
+            match answers.message().await? {
+                Some(answer) if answer.ttl() > 0 => Ok(()),
+                _ => Err("the session's lease is gone".into()),
+            }
+        };
+        Some(renewed.await)
     }
     async fn another(&self) -> BenchResult<Arc<dyn BenchLock>> {
         Ok(Arc::new(

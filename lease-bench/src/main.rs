@@ -14,11 +14,15 @@
 //! delete; ZooKeeper: create + delete, and create + getChildren + delete) and the peers
 //! (rslock, etcd's Lock RPC, zookeeper-client's lock recipe):
 //! 1. uncontended acquire+release, sequential, one client: p50 / p99, and the release alone;
-//! 2. hand-off: a waiter on a second client blocked in acquire, from the START of the holder's
+//! 2. renewal: one held lock renewed a tenth of `--iterations` times, each alone (25 ms apart,
+//!    as a keeper's renewals are), p50 / p99, with the
+//!    server's request counters around it (ours, the raw Redis and etcd locks, rslock; the
+//!    ZooKeeper locks and etcd's Lock RPC have no renewal call: their session keeps them);
+//! 3. hand-off: a waiter on a second client blocked in acquire, from the START of the holder's
 //!    release to the waiter holding (the peers' definition);
-//! 3. throughput: `--tasks` tasks on one client, each on its own key, and on `--shared-keys` keys;
-//! 4. the server's own request counters around 1 and 3, per pair and per contended grant;
-//! 5. heap per kept lease (ours only, once per backend): `--heap-leases` leases held and kept,
+//! 4. throughput: `--tasks` tasks on one client, each on its own key, and on `--shared-keys` keys;
+//! 5. the server's own request counters around 1 and 4, per pair and per contended grant;
+//! 6. heap per kept lease (ours only, once per backend): `--heap-leases` leases held and kept,
 //!    the live heap counted by the global allocator after their first renewal, at its peak, and
 //!    after their release.
 //!
@@ -99,8 +103,8 @@ struct Args {
     /// all when not given. For profiling one lock.
     #[arg(long, value_delimiter = ',')]
     locks: Vec<String>,
-    /// Only these scenarios (comma-separated: pairs, hand-offs, throughput, heap); all when
-    /// not given.
+    /// Only these scenarios (comma-separated: pairs, renewals, hand-offs, throughput, heap);
+    /// all when not given.
     #[arg(long, value_delimiter = ',')]
     scenarios: Vec<String>,
     /// Kept leases held at once in the heap scenario (ours only, once per backend).
@@ -216,7 +220,7 @@ async fn run(mut args: Args) -> BenchResult<String> {
     let run_id: u32 = rand::random();
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     for round in 0..args.rounds {
-        for phase in ["pairs", "hand-offs", "throughput"] {
+        for phase in ["pairs", "renewals", "hand-offs", "throughput"] {
             if !args.scenarios.is_empty() && !args.scenarios.iter().any(|s| s == phase) {
                 continue;
             }
@@ -239,6 +243,16 @@ async fn run(mut args: Args) -> BenchResult<String> {
                             &*e.lock,
                             &server.counters,
                             &format!("{prefix}/pair"),
+                            &sizes,
+                            &mut e.figures,
+                        )
+                        .await
+                    }
+                    "renewals" => {
+                        measure::renewals(
+                            &*e.lock,
+                            &server.counters,
+                            &format!("{prefix}/renew"),
                             &sizes,
                             &mut e.figures,
                         )

@@ -1,5 +1,5 @@
 //! The scenarios, each run the same way for every lock: uncontended acquire+release (and the
-//! release call alone), hand-off from the START of the holder's release to the waiter holding,
+//! release call alone), one held lock's renewal (locks with a renewal call), hand-off from the START of the holder's release to the waiter holding,
 //! throughput on own keys and on a few shared keys, with the server's request counters read
 //! around each. Monotonic clock only.
 
@@ -66,6 +66,12 @@ pub(crate) struct Figures {
     pub(crate) pair_round_trips: Option<(Reading, u64)>,
     /// Hand-off: the holder's release starting to the waiter holding.
     pub(crate) handoff: Samples,
+    /// One renewal of a held lock, sequential (locks with a renewal call of their own).
+    pub(crate) renew: Samples,
+    /// Server requests per renewal (total, renewals counted).
+    pub(crate) renew_requests: Option<(Reading, u64)>,
+    /// Round trips per renewal where requests count more (Redis), as `pair_round_trips`.
+    pub(crate) renew_round_trips: Option<(Reading, u64)>,
     /// Pairs per second with tasks on their own keys, one figure per round.
     pub(crate) own_keys: Vec<f64>,
     /// What the server counted during the own-keys runs (and this process's and the server's
@@ -144,6 +150,70 @@ pub(crate) async fn pairs(
         );
     }
     Ok(())
+}
+
+/// How far apart the renewal scenario's renewals are: more than the spacing of ours' renewal
+/// rounds (5 ms on Redis, 20 ms on etcd), so that each goes alone, as a keeper's renewal every
+/// third of the TTL does. (Renewals closer together than that share a round: under load the
+/// server sees one request per round, and a renewal waits for the next round.)
+pub(crate) const RENEW_PACE: Duration = Duration::from_millis(25);
+
+/// Renewal: one lock held, renewed `iterations / 10` times (at least 5), [`RENEW_PACE`] apart,
+/// after a warm-up, then released. Nothing to do for a lock without a renewal call of its own.
+pub(crate) async fn renewals(
+    lock: &dyn BenchLock,
+    counters: &Counters,
+    key: &str,
+    sizes: &Sizes,
+    into: &mut Figures,
+) -> BenchResult<()> {
+    let held = lock.acquire(key).await?;
+    let outcome = async {
+        match lock.renew(&held).await {
+            None => return Ok(()),
+            Some(first) => first?,
+        }
+        let n = (sizes.iterations / 10).max(5);
+        for _ in 0..3 {
+            tokio::time::sleep(RENEW_PACE).await;
+            renew(lock, &held).await?;
+        }
+        let before = counters.read().await?;
+        for _ in 0..n {
+            tokio::time::sleep(RENEW_PACE).await;
+            let start = Instant::now();
+            renew(lock, &held).await?;
+            into.renew.0.push(start.elapsed());
+        }
+        // Let what a renewal sets off in the background (a monitor's re-read) reach the server
+        // before the counters are read.
+        tokio::time::sleep(RENEW_PACE).await;
+        let after = counters.read().await?;
+        add(&mut into.renew_requests, before.delta(&after), n as u64);
+        if let Some(monitor) = counters.monitor().await? {
+            let n = n.min(50);
+            for _ in 0..n {
+                tokio::time::sleep(RENEW_PACE).await;
+                renew(lock, &held).await?;
+            }
+            tokio::time::sleep(RENEW_PACE).await;
+            add(
+                &mut into.renew_round_trips,
+                monitor.finish().await?,
+                n as u64,
+            );
+        }
+        Ok(())
+    }
+    .await;
+    lock.release(held).await?;
+    outcome
+}
+
+async fn renew(lock: &dyn BenchLock, held: &crate::locks::Held) -> BenchResult<()> {
+    lock.renew(held)
+        .await
+        .unwrap_or_else(|| Err(format!("{} has no renewal call", lock.name()).into()))
 }
 
 /// Hand-off: a holder on one client, a waiter blocked in acquire on another; from the holder's

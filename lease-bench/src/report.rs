@@ -234,6 +234,53 @@ pub(crate) fn markdown(info: &RunInfo, rows: &[Row]) -> String {
                     .unwrap_or_else(|| "–".into()),
             );
         }
+        let renewing: Vec<&&Row> = these
+            .iter()
+            .filter(|r| !r.figures.renew.0.is_empty())
+            .collect();
+        if !renewing.is_empty() {
+            let _ = writeln!(
+                out,
+                "\nRenewal of one held lock, renewed every {} ms so that each renewal goes alone, as \
+                 a keeper's every third of the TTL does (the locks with a renewal call of their \
+                 own; the others are kept by their session's keepalive):\n\n\
+                 | lock | renew p50 | p99 | round trips / renew | what the server counted per renewal |\n\
+                 |---|---|---|---|---|",
+                crate::measure::RENEW_PACE.as_millis()
+            );
+            for r in renewing {
+                let f = &r.figures;
+                let suffix = match (r.kind, o.filter(|o| !o.renew.0.is_empty())) {
+                    (Kind::Ours, _) | (_, None) => String::new(),
+                    (_, Some(o)) => {
+                        ratio_cell(f.renew.p50().as_secs_f64(), o.renew.p50().as_secs_f64())
+                    }
+                };
+                let counted = if f.renew_round_trips.is_some() {
+                    format!(
+                        "round trips: {}; commands, a script's included: {}",
+                        breakdown(&f.renew_round_trips),
+                        breakdown(&f.renew_requests)
+                    )
+                } else {
+                    breakdown(&f.renew_requests)
+                };
+                let name = match r.kind {
+                    Kind::Ours => format!("**{}**", r.name),
+                    Kind::Raw => r.name.clone(),
+                    Kind::Peer => format!("{} (peer)", r.name),
+                };
+                let _ = writeln!(
+                    out,
+                    "| {name} | {}{suffix} | {} | {} | {counted} |",
+                    ms(f.renew.p50()),
+                    ms(f.renew.p99()),
+                    trips(&f.renew_round_trips, &f.renew_requests)
+                        .map(|p| format!("{p:.2}"))
+                        .unwrap_or_else(|| "–".into()),
+                );
+            }
+        }
         for r in &these {
             if !r.figures.errors.is_empty() {
                 let _ = writeln!(

@@ -44,12 +44,17 @@ fn a_smoke_run_reports_every_lock_on_every_backend_and_writes_the_plot() {
         "| raw create + delete |",
         "| raw create + getChildren + delete |",
         "| zookeeper-client recipe (peer) |",
+        "| lock | renew p50 | p99 | round trips / renew |",
         "## The targets of issue 16",
         "## Heap per kept lease",
         "- seed: 7",
     ] {
         assert!(stdout.contains(row), "no {row:?} in the report:\n{stdout}");
     }
+    assert!(
+        !stdout.contains(" failed in: "),
+        "a scenario failed:\n{stdout}"
+    );
     if cfg!(feature = "count-allocations") {
         for row in ["| heap bytes / lease |", "| Redis | 50 |", "| etcd | 50 |"] {
             assert!(stdout.contains(row), "no {row:?} in the report:\n{stdout}");
