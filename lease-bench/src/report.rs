@@ -265,6 +265,12 @@ pub(crate) fn markdown(info: &RunInfo, rows: &[Row]) -> String {
                 } else {
                     breakdown(&f.renew_requests)
                 };
+                // ZooKeeper's counters give a total only.
+                let counted = if counted.is_empty() {
+                    "–".to_owned()
+                } else {
+                    counted
+                };
                 let name = match r.kind {
                     Kind::Ours => format!("**{}**", r.name),
                     Kind::Raw => r.name.clone(),
