@@ -112,6 +112,14 @@ impl LeaseState {
         self.tracker.renewed(until)
     }
 
+    /// Whether the lease has ended with its node known gone and nothing to sweep: what its
+    /// monitor would do from here is forget it.
+    fn ended_cleanly(&self) -> bool {
+        self.node_gone.load(Ordering::SeqCst)
+            && self.sweep.is_none()
+            && matches!(self.tracker.status(), LeaseStatus::Lost(_))
+    }
+
     /// The session ended: the node is gone with it.
     pub(crate) fn on_session_ended(&self) {
         self.node_gone.store(true, Ordering::SeqCst);
@@ -210,9 +218,6 @@ impl LeaseState {
     }
 }
 
-/// How long after an acquisition the monitor sets the watch on the lease's node.
-const ARM_DELAY: Duration = Duration::from_millis(20);
-
 /// A watch set on a node (`exists` with a watch): its first event.
 pub(crate) type NodeWatch = Pin<Box<dyn Future<Output = WatchedEvent> + Send>>;
 
@@ -241,12 +246,9 @@ pub(crate) async fn monitor(
     mut watch: Option<NodeWatch>,
 ) {
     let mut signal = state.tracker.signal();
-    // Without a watch, one is set a moment after the acquisition: a lease released within it
-    // never pays for it (the client library does not disable Nagle, so a request sent right
-    // behind another costs a second round trip). `renew` checks the node in any case.
-    let mut retry_at = watch
-        .is_none()
-        .then(|| Instant::now() + ARM_DELAY.min(state.session.timeout() / 10));
+    // Without a watch, set one at once: the monitor starts a moment after the acquisition
+    // (`session::MONITOR_DELAY`).
+    let mut retry_at = watch.is_none().then(Instant::now);
     let mut backoff = Backoff::new(Duration::from_millis(10), state.session.timeout() / 4);
     let end = loop {
         if watch.is_none() && retry_at.is_none_or(|t| Instant::now() >= t) {
@@ -396,7 +398,23 @@ impl ZkLease {
             state.tracker.in_doubt();
         }
         let (tx, rx) = oneshot::channel();
-        tokio::spawn(monitor(state.clone(), rx, watch));
+        match watch {
+            // A waiter's watch on its own node: the monitor takes it over now.
+            Some(watch) => {
+                tokio::spawn(monitor(state.clone(), rx, Some(watch)));
+            }
+            None => {
+                let st = state.clone();
+                state.session.monitors().push(move || {
+                    if st.ended_cleanly() {
+                        // Released within the delay: nothing left to watch or delete.
+                        st.session.unregister(st.id);
+                    } else {
+                        tokio::spawn(monitor(st, rx, None));
+                    }
+                });
+            }
+        }
         ZkLease {
             state,
             dropped: Mutex::new(Some(tx)),

@@ -37,6 +37,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
+use lease_core::adapter::DelayedStarts;
 use lease_core::Result;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -65,6 +66,14 @@ struct ConnState {
     confirmed: Instant,
 }
 
+/// How long after its grant a lease without a watch on its node gets its monitor (which then
+/// sets the watch): a lease released before then costs no task, no watch and no wake-up of
+/// another thread at its release (the client library does not disable Nagle either, so a watch
+/// request sent right behind the release would cost a second round trip). A tenth of the
+/// session timeout when that is shorter. An outside deletion of a newer lease's node is seen up
+/// to this much later; `renew` checks the node in any case.
+pub(crate) const MONITOR_DELAY: Duration = Duration::from_millis(20);
+
 /// A live ZooKeeper session and what depends on it.
 pub(crate) struct Session {
     client: Client,
@@ -82,6 +91,8 @@ pub(crate) struct Session {
     next_lease: AtomicU64,
     /// Lock listings and releases, sent together under load ([`crate::coalesce`]).
     coalesced: Coalesced,
+    /// The monitors of leases still held [`MONITOR_DELAY`] after their grant.
+    monitors: DelayedStarts,
 }
 
 impl std::fmt::Debug for Session {
@@ -150,6 +161,10 @@ impl Session {
             link,
             leases: Mutex::new(HashMap::new()),
             next_lease: AtomicU64::new(1),
+            monitors: {
+                let delay = MONITOR_DELAY.min(timeout / 10);
+                DelayedStarts::new(delay, delay / 2)
+            },
         });
         tracing::debug!(
             session = %session.client.session_id(),
@@ -177,6 +192,11 @@ impl Session {
     /// The client library's handle.
     pub(crate) fn client(&self) -> &Client {
         &self.client
+    }
+
+    /// Where a lease granted without a watch on its node queues its monitor's start.
+    pub(crate) fn monitors(&self) -> &DelayedStarts {
+        &self.monitors
     }
 
     /// The session's coalesced lock listings and releases ([`crate::coalesce`]).

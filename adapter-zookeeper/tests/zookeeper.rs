@@ -1249,3 +1249,51 @@ async fn a_waiter_whose_node_was_deleted_before_the_holders_does_not_take_the_tu
     );
     lease.release().await.unwrap();
 }
+
+/// A lease gets its monitor only a moment after its grant, so a lease released sooner costs no
+/// task: one dropped at once still has its node deleted (by the monitor that starts after that
+/// moment and finds it dropped), long before its 10 s session would end, and one held past it
+/// has its node watched, so an outside deletion reaches it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_gets_its_monitor_a_moment_after_the_grant() {
+    let Some(server) = server("a_lease_gets_its_monitor_a_moment_after_the_grant").await else {
+        return;
+    };
+    let cfg = config(server.addr(), 10_000);
+    let coord = ZkCoordinator::connect(cfg.clone()).await.unwrap();
+    let operator = raw_client(server.addr(), Some(&format!("alice:{PASSWORD}"))).await;
+    let o = LeaseOptions::new(Duration::from_secs(10));
+
+    let dropped: LockKey = "monitor/dropped".parse().unwrap();
+    let dropped_at = Instant::now();
+    drop(coord.acquire(&dropped, &o).await.unwrap());
+    wait_children(&operator, &cfg.lock_path(&dropped), 0).await;
+    assert!(
+        dropped_at.elapsed() < Duration::from_secs(5),
+        "the dropped lease's node outlived half its session"
+    );
+
+    let key: LockKey = "monitor/held".parse().unwrap();
+    let lease = coord.acquire(&key, &o).await.unwrap();
+    let (node, _) = single_node(&operator, &cfg.lock_path(&key)).await;
+    let session = coord.current_session().await.unwrap().id().to_string();
+    let until = Instant::now() + Duration::from_secs(5);
+    while !watchers_of(server.addr(), &node).await.contains(&session) {
+        assert!(
+            Instant::now() < until,
+            "the held lease's node was never watched"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    operator.delete(&node, None).await.unwrap();
+    assert!(
+        wait_status(
+            lease.as_ref(),
+            LeaseStatus::Lost(LostReason::Revoked),
+            Duration::from_secs(5)
+        )
+        .await,
+        "the lease whose node was deleted: {:?}",
+        lease.status()
+    );
+}

@@ -2,7 +2,8 @@
 //! bookkeeping ([`LeaseTracker`]), token admission against the floor and the process watermark
 //! ([`TokenAdmission`], [`Watermarks`]), the one rule for a failed request's error ([`Op`]), the
 //! retry backoff ([`Backoff`]), the guardian that cleans up after an ended lease
-//! ([`spawn_guardian`], [`retry_until_settled`]), the stored holder and audit records ([`HolderRecord`],
+//! ([`spawn_guardian`], [`retry_until_settled`]) and the queue that starts a lease's task only if
+//! the lease outlives its first moment ([`DelayedStarts`]), the stored holder and audit records ([`HolderRecord`],
 //! [`StoredAudit`]), the round scheduler ([`batch`]), clock helpers ([`clock`]), the
 //! registry's factory types, the macro that writes an adapter's `Coordinator` impl
 //! ([`coordinator_from_primitives!`](crate::coordinator_from_primitives)) and the one that
@@ -41,6 +42,7 @@ pub mod batch;
 #[path = "clock.rs"]
 pub mod clock;
 pub use crate::connect::{percent_decode, BackendUrl, CoordinatorFactory, FenceFactory};
+pub use crate::delayed::DelayedStarts;
 pub use crate::guardian::{retry_until_settled, spawn_guardian};
 pub use crate::lease::LeaseTracker;
 pub use crate::local_waiters::{in_turn, LocalWaiters, Turn};

@@ -43,6 +43,7 @@ mod backoff;
 mod cancel;
 mod connect;
 mod coordinator;
+mod delayed;
 mod error;
 mod fence;
 mod guardian;
