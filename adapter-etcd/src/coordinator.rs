@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::Client;
-use lease_core::adapter::{Op, StoredAudit, TokenAdmission};
+use lease_core::adapter::{DelayedStarts, Op, StoredAudit, TokenAdmission};
 use lease_core::{Capabilities, LockKey, OwnerId, Result};
 
 use crate::client::client_for;
@@ -19,6 +19,7 @@ use crate::confirm::Confirmer;
 use crate::core::Handle;
 use crate::error::{retry_unapplied, BACKEND};
 use crate::keys::{self, Slots};
+use crate::lease::GUARD_DELAY;
 use crate::session::{Cleaner, Session};
 use crate::watch::Watcher;
 
@@ -115,6 +116,7 @@ impl EtcdCoordinator {
                     cleaner,
                     watcher,
                     confirmer,
+                    guardians: DelayedStarts::new(GUARD_DELAY, GUARD_DELAY / 2),
                 }),
                 caps: capabilities(),
                 owner,

@@ -2,6 +2,7 @@
 //! `lease.rs` and the tasks import it from here, not from `coordinator.rs`).
 
 use etcd_client::Client;
+use lease_core::adapter::DelayedStarts;
 
 use crate::coalesce::Txns;
 use crate::config::EtcdConfig;
@@ -20,4 +21,6 @@ pub(crate) struct Handle {
     pub(crate) confirmer: Confirmer,
     /// The lock transactions (acquire, enqueue, release), sent together under load.
     pub(crate) txns: Txns,
+    /// The guardians of leases still held a moment after their grant (`lease.rs`).
+    pub(crate) guardians: DelayedStarts,
 }

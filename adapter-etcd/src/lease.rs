@@ -116,7 +116,19 @@ impl EtcdLease {
             retired: AtomicBool::new(false),
             releasing: AtomicBool::new(false),
         });
-        tokio::spawn(guard(shared.clone(), tracker.clone(), watch_from));
+        // Registered now, so that the session's end reaches the lease from the start; the
+        // guardian starts a moment later, unless the lease is over and its key gone by then.
+        let slot = shared.session.register(tracker.clone());
+        let (guarded, lease) = (shared.clone(), tracker.clone());
+        shared.handle.guardians.push(move || {
+            if guarded.retired.load(Ordering::SeqCst)
+                && matches!(lease.status(), LeaseStatus::Lost(_))
+            {
+                guarded.session.unregister(slot);
+            } else {
+                tokio::spawn(guard(guarded, lease, watch_from, slot));
+            }
+        });
         EtcdLease { tracker, shared }
     }
 
@@ -269,8 +281,11 @@ fn session_lost(reason: LostReason) -> LostReason {
     }
 }
 
-/// How long after the grant the guardian opens its watch on our key.
-const WATCH_DELAY: Duration = Duration::from_millis(50);
+/// How long after the grant a lease's guardian starts (and opens its watch on our key): a lease
+/// released by then costs no task, no watch and no wake-up of another thread at its release. The
+/// watch starts from the revision of the read that granted the lease, so a deletion in between
+/// is still delivered (on etcd's sync tick, at most ~100 ms later).
+pub(crate) const GUARD_DELAY: Duration = Duration::from_millis(50);
 
 /// How the guardian's watch ended.
 enum Watched {
@@ -291,24 +306,12 @@ enum Watched {
 ///
 /// The watch is one of the coordinator's multiplexed watches ([`crate::watch`]); one cancelled
 /// by the server (compaction, no leader) is re-established after re-reading the key.
-async fn guard(shared: Arc<LeaseShared>, tracker: LeaseTracker, mut from: i64) {
-    let slot = shared.session.register(tracker.clone());
+async fn guard(shared: Arc<LeaseShared>, tracker: LeaseTracker, mut from: i64, slot: u64) {
     let mut signal = tracker.signal();
     let timeout = shared.handle.config.request_timeout();
     let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
-    let mut first = true;
     let key = shared.key.as_bytes().to_vec();
     let outcome = 'outer: loop {
-        if first {
-            // Short holdings never add a watch: it starts a moment later,
-            // from the revision of the read that granted the lease, so a deletion in between is
-            // still delivered (on etcd's sync tick, at most ~100 ms later).
-            first = false;
-            tokio::select! {
-                r = signal.wait() => break 'outer Watched::Lost(r),
-                _ = tokio::time::sleep(WATCH_DELAY) => {}
-            }
-        }
         let mut deletion = shared.handle.watcher.deleted(key.clone(), from);
         let seen = tokio::select! {
             r = signal.wait() => break 'outer Watched::Lost(r),

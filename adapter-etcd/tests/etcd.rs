@@ -1194,3 +1194,37 @@ async fn concurrent_lock_transactions_share_requests_yet_each_lock_keeps_one_hol
     );
     eprintln!("{done} acquisitions and releases in {sent} Txn requests");
 }
+
+/// A lease's guardian starts a moment after the grant (a lease released sooner costs no task),
+/// and watches from the revision that granted the lease: a key deleted by someone else before
+/// the guardian started still makes the lease lost (`Revoked`), without a renewal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_deleted_before_the_guardian_starts_still_loses_the_lease() {
+    let Some(server) = server("a_key_deleted_before_the_guardian_starts").await else {
+        return;
+    };
+    let c = coord(&server.url()).await;
+    let etcd = EtcdCoordinator::connect_url(&server.url()).await.unwrap();
+    let k = key("deleted-at-once");
+    let o = LeaseOptions::new(Duration::from_secs(20));
+    // Warm up the session, so the acquire below is one transaction.
+    c.acquire(&k, &o).await.unwrap().release().await.unwrap();
+    let lease = c.acquire(&k, &o).await.unwrap();
+    let mut lost = lease.lost();
+    let deleted = etcd
+        .client()
+        .delete(
+            etcd.lock_prefix(&k),
+            Some(etcd_client::DeleteOptions::new().with_prefix()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(deleted.deleted(), 1, "the holder's key");
+    let reason = tokio::time::timeout(Duration::from_secs(3), lost.wait())
+        .await
+        .expect("lost() fires for a key deleted before the guardian started");
+    assert_eq!(reason, LostReason::Revoked);
+    let next = c.try_acquire(&k, &LeaseOptions::new(TTL)).await.unwrap();
+    assert!(next.token() > lease.token());
+    next.release().await.unwrap();
+}
