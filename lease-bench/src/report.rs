@@ -119,6 +119,15 @@ fn same_round_trips<'a>(rows: &[&'a Row], ours: &Row) -> Option<&'a Row> {
         .or_else(|| raws.last().copied())
 }
 
+/// A lock's name in a table: ours in bold, a peer marked as one.
+fn shown_name(r: &Row) -> String {
+    match r.kind {
+        Kind::Ours => format!("**{}**", r.name),
+        Kind::Raw => r.name.clone(),
+        Kind::Peer => format!("{} (peer)", r.name),
+    }
+}
+
 fn ratio_cell(value: f64, reference: f64) -> String {
     if reference > 0.0 && value > 0.0 {
         format!(" ({:.2}x)", value / reference)
@@ -210,14 +219,10 @@ pub(crate) fn markdown(info: &RunInfo, rows: &[Row]) -> String {
                     ms(f.handoff.p99()),
                 )
             };
-            let name = match r.kind {
-                Kind::Ours => format!("**{}**", r.name),
-                Kind::Raw => r.name.clone(),
-                Kind::Peer => format!("{} (peer)", r.name),
-            };
             let _ = writeln!(
                 out,
-                "| {name} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                shown_name(r),
                 lat(p50, op50),
                 ms(f.pair.p99()),
                 ms(f.release.p50()),
@@ -271,14 +276,10 @@ pub(crate) fn markdown(info: &RunInfo, rows: &[Row]) -> String {
                 } else {
                     counted
                 };
-                let name = match r.kind {
-                    Kind::Ours => format!("**{}**", r.name),
-                    Kind::Raw => r.name.clone(),
-                    Kind::Peer => format!("{} (peer)", r.name),
-                };
                 let _ = writeln!(
                     out,
-                    "| {name} | {}{suffix} | {} | {} | {counted} |",
+                    "| {} | {}{suffix} | {} | {} | {counted} |",
+                    shown_name(r),
                     ms(f.renew.p50()),
                     ms(f.renew.p99()),
                     trips(&f.renew_round_trips, &f.renew_requests)
