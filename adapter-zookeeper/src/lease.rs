@@ -246,9 +246,9 @@ pub(crate) async fn monitor(
     mut watch: Option<NodeWatch>,
 ) {
     let mut signal = state.tracker.signal();
-    // Without a watch, set one at once: the monitor starts a moment after the acquisition
-    // (`session::MONITOR_DELAY`).
-    let mut retry_at = watch.is_none().then(Instant::now);
+    // Without a watch, one is set at once (the monitor starts a moment after the acquisition,
+    // `session::MONITOR_DELAY`); after a failed try, at `retry_at`.
+    let mut retry_at: Option<Instant> = None;
     let mut backoff = Backoff::new(Duration::from_millis(10), state.session.timeout() / 4);
     let end = loop {
         if watch.is_none() && retry_at.is_none_or(|t| Instant::now() >= t) {
