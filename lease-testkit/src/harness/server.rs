@@ -364,18 +364,67 @@ impl std::fmt::Debug for ServerProcess {
     }
 }
 
-/// Picks `n` distinct free loopback ports by binding `127.0.0.1:0` `n` times at once.
+/// Picks `n` distinct free loopback ports, each bound once to check it is free, all below the
+/// kernel's ephemeral range (`ip_local_port_range`) and never handed out twice by this process.
 ///
-/// The ports are free when returned but not reserved: a server start can still lose a race for
-/// them, which a server's first start handles by retrying on fresh ports.
+/// The ports are free when returned but not reserved. Below the ephemeral range, no outgoing
+/// connection and no `bind(0)` (a fault proxy's listener) of any process can take one before
+/// the server binds it: a client connection's local port once took a ZooKeeper ensemble
+/// member's client port, and every retry of that member reused the port. Where the ephemeral
+/// range leaves too little room below it, ports come from `bind(0)` as before.
 pub fn free_ports(n: usize) -> io::Result<Vec<u16>> {
-    let listeners = (0..n)
-        .map(|_| TcpListener::bind((Ipv4Addr::LOCALHOST, 0)))
-        .collect::<io::Result<Vec<_>>>()?;
-    listeners
-        .iter()
-        .map(|l| l.local_addr().map(|a| a.port()))
-        .collect()
+    use std::collections::HashSet;
+    use std::sync::{Mutex, OnceLock};
+    static HANDED_OUT: OnceLock<Mutex<HashSet<u16>>> = OnceLock::new();
+    let range = below_ephemeral();
+    if range.len() < 1000 {
+        let listeners = (0..n)
+            .map(|_| TcpListener::bind((Ipv4Addr::LOCALHOST, 0)))
+            .collect::<io::Result<Vec<_>>>()?;
+        return listeners
+            .iter()
+            .map(|l| l.local_addr().map(|a| a.port()))
+            .collect();
+    }
+    let mut handed = HANDED_OUT
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    let mut held = Vec::with_capacity(n);
+    for _ in 0..range.len() {
+        if held.len() == n {
+            break;
+        }
+        let port = rand::Rng::gen_range(&mut rand::thread_rng(), range.clone());
+        if handed.contains(&port) || held.iter().any(|(p, _)| *p == port) {
+            continue;
+        }
+        if let Ok(l) = TcpListener::bind((Ipv4Addr::LOCALHOST, port)) {
+            held.push((port, l));
+        }
+    }
+    if held.len() < n {
+        return Err(io::Error::new(
+            io::ErrorKind::AddrNotAvailable,
+            format!("no {n} free loopback ports in {range:?}"),
+        ));
+    }
+    Ok(held
+        .into_iter()
+        .map(|(port, _)| {
+            handed.insert(port);
+            port
+        })
+        .collect())
+}
+
+/// The ports from 10000 up to the start of the kernel's ephemeral range (Linux default 32768).
+fn below_ephemeral() -> std::ops::Range<u16> {
+    let low = fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    10000..low.max(10000)
 }
 
 /// Polls until every loopback port in `ports` can be bound (as the server will, with
