@@ -719,27 +719,37 @@ async fn retry_within(
 
 impl EtcdCoordinator {
     /// `acquire` (`wait`: queued behind the holder up to `options.wait`) and `try_acquire`
-    /// (`!wait`: one transaction). The attempt runs in its own task either way.
+    /// (`!wait`: one transaction). A queued attempt runs in its own task; a single transaction
+    /// (`try_acquire`, or `acquire` with no wait) runs in the caller's.
     pub(crate) async fn acquire_for(
         &self,
         key: &LockKey,
         options: &LeaseOptions,
         wait: bool,
     ) -> Result<Box<dyn Lease>> {
-        if wait {
-            self.acquire_waiting(key, options).await
-        } else {
-            self.acquire_once(key, options).await
+        options.validate(&self.inner.caps)?;
+        let start = Instant::now();
+        if !wait {
+            return self.acquire_once(key, options).await;
         }
+        if options.wait_value().is_zero() {
+            return self.acquire_once(key, options).await.map_err(|e| match e {
+                Error::Held { key } => Error::Timeout {
+                    key,
+                    waited: start.elapsed(),
+                },
+                e => e,
+            });
+        }
+        self.acquire_waiting(key, options, start).await
     }
 
     async fn acquire_waiting(
         &self,
         key: &LockKey,
         options: &LeaseOptions,
+        start: Instant,
     ) -> Result<Box<dyn Lease>> {
-        options.validate(&self.inner.caps)?;
-        let start = Instant::now();
         let inner = self.inner.clone();
         let (key, options) = (key.clone(), options.clone());
         // The attempt runs in its own task, so that dropping this future never cancels a
@@ -747,20 +757,10 @@ impl EtcdCoordinator {
         // lease it could not hand over is dropped, which releases it).
         let (mut tx, rx) = oneshot::channel();
         tokio::spawn(async move {
-            let r = if options.wait_value().is_zero() {
-                inner.try_once(&key, &options).await.map_err(|e| match e {
-                    Error::Held { key } => Error::Timeout {
-                        key,
-                        waited: start.elapsed(),
-                    },
-                    e => e,
-                })
-            } else {
-                let deadline = start + options.wait_value();
-                inner
-                    .acquire_queued(&key, &options, start, deadline, &mut tx)
-                    .await
-            };
+            let deadline = start + options.wait_value();
+            let r = inner
+                .acquire_queued(&key, &options, start, deadline, &mut tx)
+                .await;
             let _ = tx.send(r);
         });
         match rx.await {
@@ -773,19 +773,12 @@ impl EtcdCoordinator {
         }
     }
 
+    /// One transaction, from the caller's task: a caller that stops waiting drops the attempt's
+    /// [`PendingKey`], which retires the attempt in the background (its key deleted, or its
+    /// marker written so that a late copy of the transaction writes nothing), as a failed send
+    /// does. No task of its own, so no hand-over to another thread and back.
     async fn acquire_once(&self, key: &LockKey, options: &LeaseOptions) -> Result<Box<dyn Lease>> {
-        options.validate(&self.inner.caps)?;
-        let inner = self.inner.clone();
-        let (key, options) = (key.clone(), options.clone());
-        let task = tokio::spawn(async move { inner.try_once(&key, &options).await });
-        match task.await {
-            Ok(r) => r.map(|l| Box::new(l) as Box<dyn Lease>),
-            Err(e) => Err(Error::Unavailable {
-                backend: BACKEND,
-                message: format!("try_acquire: the attempt's task failed: {e}"),
-                source: None,
-            }),
-        }
+        Ok(Box::new(self.inner.try_once(key, options).await?))
     }
 }
 

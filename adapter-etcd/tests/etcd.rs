@@ -1145,6 +1145,63 @@ async fn a_try_acquire_whose_connection_is_reset_after_sending_is_sent_again() {
     assert!(direct.inspect(&k).await.unwrap().is_none());
 }
 
+/// `try_acquire`, and `acquire` with no wait, send their one transaction from the caller's task
+/// (no task of their own): a caller that stops waiting after the transaction reached etcd, its
+/// reply lost, still leaves no key behind. The attempt's guard deletes the key in the background,
+/// long before the session (kept alive) or the lease's TTL would free the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_single_transaction_attempt_dropped_after_it_applied_leaves_no_key() {
+    let Some(server) =
+        server("a_single_transaction_attempt_dropped_after_it_applied_leaves_no_key").await
+    else {
+        return;
+    };
+    let (proxy, holder, direct) = behind_a_proxy(&server, "drop-once").await;
+    let k = key("drop-once");
+    let long = LeaseOptions::new(Duration::from_secs(60));
+    // Warm the connection and the session, so the lost reply is the attempt's.
+    holder
+        .try_acquire(&k, &long)
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    for try_only in [true, false] {
+        proxy.drop_replies();
+        let attempt = tokio::spawn({
+            let (holder, k, long) = (holder.clone(), k.clone(), long.clone());
+            async move {
+                if try_only {
+                    holder.try_acquire(&k, &long).await
+                } else {
+                    holder.acquire(&k, &long).await
+                }
+            }
+        });
+        let reached = Instant::now() + Duration::from_secs(5);
+        while direct.inspect(&k).await.unwrap().is_none() {
+            assert!(
+                Instant::now() < reached,
+                "the attempt reaches etcd within 5 s"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        attempt.abort();
+        assert!(attempt.await.unwrap_err().is_cancelled());
+        // A new connection for the holder's client, whose guard then deletes the key.
+        proxy.cut();
+        proxy.heal();
+        let next = direct
+            .acquire(&k, &long.clone().wait(Duration::from_secs(10)))
+            .await
+            .unwrap_or_else(|e| {
+                panic!("the dropped attempt (try_acquire: {try_only}) left its key: {e}")
+            });
+        next.release().await.unwrap();
+    }
+}
+
 /// The number of `Txn` requests etcd has answered (its `/metrics` on the client port).
 async fn txn_requests(addr: std::net::SocketAddr) -> u64 {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
