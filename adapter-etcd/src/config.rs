@@ -4,7 +4,7 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use lease_core::adapter::{BackendUrl, CommonOptions, OptionSpec, UrlOptions};
+use lease_core::adapter::{BackendUrl, CommonOptions, HostPort, OptionSpec, UrlOptions};
 use lease_core::{Error, InvalidInput, Result};
 
 /// The default key prefix.
@@ -140,27 +140,13 @@ impl EtcdConfig {
                 ))
                 .into());
         }
-        let hosts = url.hosts();
-        if hosts.is_empty() {
-            return Err(url.invalid("the URL names no host").into());
-        }
         let scheme = if tls { "https" } else { "http" };
-        let mut endpoints = Vec::new();
-        for h in hosts {
-            if h.is_empty() || h.contains(['/', '@', ' ']) {
-                return Err(url.invalid(format!("host {h:?} in the host list")).into());
-            }
-            // Each host keeps its own port; a host without one gets etcd's default.
-            let has_port = h
-                .rsplit_once(':')
-                .is_some_and(|(_, p)| p.parse::<u16>().is_ok())
-                && !h.ends_with(']');
-            if has_port {
-                endpoints.push(format!("{scheme}://{h}"));
-            } else {
-                endpoints.push(format!("{scheme}://{h}:{DEFAULT_PORT}"));
-            }
-        }
+        // Each host keeps its own port; a host without one gets etcd's default.
+        let mut endpoints: Vec<String> = url
+            .host_ports(DEFAULT_PORT)?
+            .iter()
+            .map(|h| format!("{scheme}://{h}"))
+            .collect();
         let user = match (raw.username(), raw.password()) {
             ("", None) => None,
             ("", Some(_)) => return Err(url.invalid("a password needs a user name").into()),
@@ -174,18 +160,12 @@ impl EtcdConfig {
 
         let (common, mut options) = UrlOptions::parse(&url, OPTIONS)?;
         if let Some(list) = options.value("endpoints", "comma-separated host:port pairs", |v| {
-            let ok = v.split(',').all(|ep| {
-                ep.rsplit_once(':')
-                    .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok())
-                    && !ep.contains(['/', '@', ' '])
-            });
-            if ok {
-                Ok(v.to_owned())
-            } else {
-                Err("comma-separated host:port pairs")
-            }
+            v.split(',')
+                .map(|ep| HostPort::parse(ep, None))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|_| "comma-separated host:port pairs")
         })? {
-            endpoints.extend(list.split(',').map(|ep| format!("{scheme}://{ep}")));
+            endpoints.extend(list.iter().map(|ep| format!("{scheme}://{ep}")));
         }
         let mut tls_option = |name: &str| -> Result<Option<String>> {
             let value = options.value(name, "a non-empty value", |v| {

@@ -197,12 +197,11 @@ impl RedisConfig {
                     )
                     .into());
             }
-            let mut sentinels = Vec::new();
-            for h in &hosts {
-                sentinels.push(parse_host_port(h, DEFAULT_SENTINEL_PORT).ok_or_else(|| {
-                    Error::from(url.invalid(format!("sentinel {h:?} is not host[:port]")))
-                })?);
-            }
+            let sentinels = url
+                .host_ports(DEFAULT_SENTINEL_PORT)?
+                .into_iter()
+                .map(|h| (h.host, h.port))
+                .collect();
             (
                 Some(SentinelConfig {
                     sentinels,
@@ -418,27 +417,6 @@ impl RedisConfig {
 fn install_crypto_provider() {
     // An error means a provider is installed already, which is all we need.
     let _ = rustls::crypto::ring::default_provider().install_default();
-}
-
-/// `host[:port]` (IPv6 in brackets) with `default` when no port is given.
-fn parse_host_port(h: &str, default: u16) -> Option<(String, u16)> {
-    if h.is_empty() || h.contains(['/', '@', ' ']) {
-        return None;
-    }
-    if let Some(rest) = h.strip_prefix('[') {
-        let (host, after) = rest.split_once(']')?;
-        let port = match after.strip_prefix(':') {
-            Some(p) => p.parse().ok()?,
-            None if after.is_empty() => default,
-            None => return None,
-        };
-        return Some((host.to_owned(), port));
-    }
-    match h.rsplit_once(':') {
-        Some((host, p)) if !host.is_empty() => Some((host.to_owned(), p.parse().ok()?)),
-        Some(_) => None,
-        None => Some((h.to_owned(), default)),
-    }
 }
 
 fn validate_prefix(prefix: &str) -> std::result::Result<(), &'static str> {

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use lease_core::adapter::{BackendUrl, CommonOptions, OptionSpec, UrlOptions};
+use lease_core::adapter::{BackendUrl, CommonOptions, HostPort, OptionSpec, UrlOptions};
 use lease_core::{InvalidInput, LockKey, Result};
 
 /// The base znode when the URL names no path.
@@ -123,14 +123,11 @@ impl ZkConfig {
         if raw.fragment().is_some() {
             return Err(url.invalid("URL fragments are not supported").into());
         }
-        let hosts = url.hosts();
-        if hosts.is_empty() {
-            return Err(url.invalid("the URL names no host").into());
-        }
-        let hosts = hosts
+        let hosts = url
+            .host_ports(DEFAULT_PORT)?
             .iter()
-            .map(|h| parse_host(h).map_err(|p| url.invalid(p)))
-            .collect::<Result<Vec<_>, _>>()?;
+            .map(ToString::to_string)
+            .collect();
         let mut digest = match (url.username()?, url.password()?) {
             (None, None) => None,
             (user, password) => Some(
@@ -190,10 +187,13 @@ impl ZkConfig {
     {
         let mut parsed = Vec::new();
         for h in hosts {
-            parsed.push(parse_host(h.as_ref()).map_err(|problem| InvalidInput::Url {
-                url: self.redacted(),
-                problem,
-            })?);
+            let host = HostPort::parse(h.as_ref(), Some(DEFAULT_PORT)).map_err(|problem| {
+                InvalidInput::Url {
+                    url: self.redacted(),
+                    problem,
+                }
+            })?;
+            parsed.push(host.to_string());
         }
         if parsed.is_empty() {
             return Err(InvalidInput::Url {
@@ -326,50 +326,6 @@ fn parse_digest(s: &str) -> Result<Digest, String> {
         user: user.to_owned(),
         password: password.to_owned(),
     })
-}
-
-fn parse_host(h: &str) -> Result<String, String> {
-    let h = h.trim();
-    if h.is_empty() {
-        return Err("an empty host in the host list".into());
-    }
-    let (host, port) = if let Some(rest) = h.strip_prefix('[') {
-        let Some(end) = rest.find(']') else {
-            return Err(format!("host {h:?} has no closing ']'"));
-        };
-        let host = &rest[..end];
-        let after = &rest[end + 1..];
-        let port = match after.strip_prefix(':') {
-            Some(p) => Some(p),
-            None if after.is_empty() => None,
-            None => return Err(format!("host {h:?} has junk after ']'")),
-        };
-        if host.parse::<std::net::Ipv6Addr>().is_err() {
-            return Err(format!("{host:?} is not an IPv6 address"));
-        }
-        (format!("[{host}]"), port)
-    } else {
-        let (host, port) = match h.split_once(':') {
-            Some((host, port)) => (host, Some(port)),
-            None => (h, None),
-        };
-        if host.is_empty()
-            || !host
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '.' || c == '-' || c == '_')
-        {
-            return Err(format!("{host:?} is not a host name or address"));
-        }
-        (host.to_owned(), port)
-    };
-    let port = match port {
-        None => DEFAULT_PORT,
-        Some(p) => match p.parse::<u16>() {
-            Ok(n) if n > 0 => n,
-            _ => return Err(format!("port {p:?} of host {host} is not a port number")),
-        },
-    };
-    Ok(format!("{host}:{port}"))
 }
 
 fn parse_base_path(path: &str) -> Result<String, String> {

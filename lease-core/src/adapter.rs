@@ -41,7 +41,7 @@ pub use crate::backoff::Backoff;
 pub mod batch;
 #[path = "clock.rs"]
 pub mod clock;
-pub use crate::connect::{percent_decode, BackendUrl, CoordinatorFactory, FenceFactory};
+pub use crate::connect::{percent_decode, BackendUrl, CoordinatorFactory, FenceFactory, HostPort};
 pub use crate::delayed::DelayedStarts;
 pub use crate::guardian::{retry_until_settled, spawn_guardian};
 pub use crate::lease::LeaseTracker;

@@ -57,6 +57,20 @@ impl BackendUrl {
             .collect()
     }
 
+    /// Every host of the URL ([`hosts`](Self::hosts)) checked as a [`HostPort`], with
+    /// `default_port` where a host has none. `InvalidInput` naming the URL (password redacted)
+    /// when it names no host or one is not `host[:port]`.
+    pub fn host_ports(&self, default_port: u16) -> Result<Vec<HostPort>, InvalidInput> {
+        let hosts = self.hosts();
+        if hosts.is_empty() {
+            return Err(self.invalid("the URL names no host"));
+        }
+        hosts
+            .iter()
+            .map(|h| HostPort::parse(h, Some(default_port)).map_err(|p| self.invalid(p)))
+            .collect()
+    }
+
     /// The user name, percent-decoded (`None` when the URL has none). A malformed escape is
     /// `InvalidInput` naming the redacted URL.
     pub fn username(&self) -> Result<Option<String>, InvalidInput> {
@@ -142,6 +156,79 @@ impl BackendUrl {
         InvalidInput::Url {
             url: self.redacted(),
             problem: problem.into(),
+        }
+    }
+}
+
+/// One server of a URL's host list (or of a list option): a host name or IPv4 address (ASCII
+/// letters, digits, `.`, `-`, `_`) or an IPv6 address, and a port.
+///
+/// `Display` gives `host:port`, the IPv6 address in brackets (`[::1]:2181`), as connect strings
+/// and URLs want it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct HostPort {
+    /// The host name or address; an IPv6 address without its brackets.
+    pub host: String,
+    /// The port, 1 to 65535.
+    pub port: u16,
+}
+
+impl HostPort {
+    /// Parses `host[:port]` or `[ipv6][:port]` (surrounding blanks ignored). Without a port the
+    /// host gets `default_port`; with `None` a port is required. The error says what is wrong
+    /// with `s`, for the caller to put in its `InvalidInput`.
+    pub fn parse(s: &str, default_port: Option<u16>) -> Result<Self, String> {
+        let h = s.trim();
+        if h.is_empty() {
+            return Err("an empty host in the host list".into());
+        }
+        let (host, port) = if let Some(rest) = h.strip_prefix('[') {
+            let Some((host, after)) = rest.split_once(']') else {
+                return Err(format!("host {h:?} has no closing ']'"));
+            };
+            if host.parse::<std::net::Ipv6Addr>().is_err() {
+                return Err(format!("{host:?} is not an IPv6 address"));
+            }
+            match after.strip_prefix(':') {
+                Some(p) => (host, Some(p)),
+                None if after.is_empty() => (host, None),
+                None => return Err(format!("host {h:?} has junk after ']'")),
+            }
+        } else {
+            let (host, port) = match h.split_once(':') {
+                Some((host, port)) => (host, Some(port)),
+                None => (h, None),
+            };
+            if host.is_empty()
+                || !host
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'))
+            {
+                return Err(format!("{host:?} is not a host name or address"));
+            }
+            (host, port)
+        };
+        let port = match (port, default_port) {
+            (None, Some(default)) => default,
+            (None, None) => return Err(format!("host {h:?} has no port (host:port)")),
+            (Some(p), _) => match p.parse::<u16>() {
+                Ok(n) if n > 0 => n,
+                _ => return Err(format!("port {p:?} of host {host} is not a port number")),
+            },
+        };
+        Ok(HostPort {
+            host: host.to_owned(),
+            port,
+        })
+    }
+}
+
+impl fmt::Display for HostPort {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.host.contains(':') {
+            write!(f, "[{}]:{}", self.host, self.port)
+        } else {
+            write!(f, "{}:{}", self.host, self.port)
         }
     }
 }
@@ -376,6 +463,47 @@ mod tests {
             assert!(shown.contains("alice") && shown.contains("db=1"), "{shown}");
         }
         assert_eq!(u.expose().password(), Some("s3cret"));
+    }
+
+    #[test]
+    fn host_ports_take_names_addresses_and_default_ports() {
+        let hp = |s: &str, d| HostPort::parse(s, d).map(|h| h.to_string());
+        assert_eq!(hp("h1", Some(2181)).unwrap(), "h1:2181");
+        assert_eq!(hp(" db-2.svc_x:7 ", None).unwrap(), "db-2.svc_x:7");
+        assert_eq!(hp("10.0.0.1:65535", None).unwrap(), "10.0.0.1:65535");
+        assert_eq!(hp("[::1]", Some(1)).unwrap(), "[::1]:1");
+        let v6 = HostPort::parse("[fe80::2]:2379", None).unwrap();
+        assert_eq!((v6.host.as_str(), v6.port), ("fe80::2", 2379));
+        for (bad, why) in [
+            ("", "empty"),
+            ("h1", "no port"),
+            ("h:0", "not a port"),
+            ("h:70000", "not a port"),
+            ("h:x", "not a port"),
+            (":80", "not a host"),
+            ("a/b:1", "not a host"),
+            ("u@h:1", "not a host"),
+            ("[::1", "closing"),
+            ("[nope]:1", "IPv6"),
+            ("[::1]x", "junk"),
+        ] {
+            let e = hp(bad, None).unwrap_err();
+            assert!(e.contains(why), "{bad:?}: {e}");
+        }
+        let u = BackendUrl::parse("zk://u:pw@h1:2181,[::1],h3:7/base").unwrap();
+        let all: Vec<String> = u
+            .host_ports(2181)
+            .unwrap()
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(all, ["h1:2181", "[::1]:2181", "h3:7"]);
+        let e = BackendUrl::parse("zk://u:secret@h1:0/x")
+            .unwrap()
+            .host_ports(2181)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("not a port") && !e.contains("secret"), "{e}");
     }
 
     #[test]
