@@ -19,18 +19,8 @@
 
 use lease_core::{LockKey, ResourceId};
 
-/// Percent-encodes `name` so that it contains no `/` (see the module docs).
-pub fn encode_name(name: &str) -> String {
-    let mut out = String::with_capacity(name.len());
-    for b in name.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}
+/// Percent-encodes a lock or resource name so that it contains no `/` (see the module docs).
+pub use lease_core::adapter::percent_encode as encode_name;
 
 /// The key range holding `key`'s holder and waiters under `key_prefix`:
 /// `<key_prefix>/lock/<encoded key>/`. An operator deleting every key with this prefix

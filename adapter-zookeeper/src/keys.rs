@@ -53,17 +53,9 @@ impl Paths {
     }
 }
 
-/// Encodes a key into one znode name.
+/// Encodes a key into one znode name (see the module docs).
 pub(crate) fn encode_key(key: &LockKey) -> String {
-    let mut out = String::with_capacity(key.as_str().len());
-    for b in key.as_str().bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'~' | b'-') {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
+    lease_core::adapter::percent_encode(key.as_str())
 }
 
 /// The name prefix of one acquisition attempt: unique per client and attempt, so that a create

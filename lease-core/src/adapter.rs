@@ -41,7 +41,9 @@ pub use crate::backoff::Backoff;
 pub mod batch;
 #[path = "clock.rs"]
 pub mod clock;
-pub use crate::connect::{percent_decode, BackendUrl, CoordinatorFactory, FenceFactory, HostPort};
+pub use crate::connect::{
+    percent_decode, percent_encode, BackendUrl, CoordinatorFactory, FenceFactory, HostPort,
+};
 pub use crate::delayed::DelayedStarts;
 pub use crate::guardian::{retry_until_settled, spawn_guardian};
 pub use crate::lease::LeaseTracker;
