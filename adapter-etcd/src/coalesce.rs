@@ -61,6 +61,8 @@ type LockTxn = (String, Txn);
 /// The coordinator's coalesced lock transactions.
 pub(crate) struct Txns {
     coalesce: Coalesce<LockTxn, Result<TxnAnswer, Failure>>,
+    client: Client,
+    bound: Duration,
 }
 
 impl std::fmt::Debug for Txns {
@@ -74,17 +76,24 @@ impl Txns {
     /// `Failure::Timeout` for each of its transactions.
     pub(crate) fn new(client: Client, bound: Duration) -> Txns {
         let config = CoalesceConfig::new(IN_FLIGHT, MAX_PER_TXN);
+        let chunks = client.clone();
         let coalesce = Coalesce::new(BACKEND, config, move |chunk| {
-            let client = client.clone();
+            let client = chunks.clone();
             async move { Ok(send_chunk(client, bound, chunk).await) }
         });
-        Txns { coalesce }
+        Txns {
+            coalesce,
+            client,
+            bound,
+        }
     }
 
     /// Sends `txn`, a transaction on the lock whose key range is `lock` (alone, or nested with
     /// others queued meanwhile), and returns its answer.
     pub(crate) async fn send(&self, lock: &str, txn: Txn) -> Result<TxnAnswer, Failure> {
-        match self.coalesce.ask((lock.to_owned(), txn)).await {
+        let alone =
+            |(_, txn): LockTxn| async move { Ok(send_one(&self.client, self.bound, txn).await) };
+        match self.coalesce.ask_with((lock.to_owned(), txn), alone).await {
             Ok(answer) => answer,
             // The sending task went away without an answer (the runtime is shutting down): the
             // transaction may or may not have been sent.
@@ -121,18 +130,24 @@ async fn send_chunk(
         .collect()
 }
 
+/// Sends one transaction as it is.
+async fn send_one(client: &Client, bound: Duration, txn: Txn) -> Result<TxnAnswer, Failure> {
+    let r = bounded(bound, client.kv_client().txn(txn)).await?;
+    Ok(TxnAnswer {
+        succeeded: r.succeeded(),
+        revision: r.header().map_or(0, |h| h.revision()),
+        responses: r.op_responses(),
+    })
+}
+
 /// Sends `txns` (on distinct locks): alone when there is one, else nested in one transaction.
 async fn send(client: &Client, bound: Duration, txns: Vec<Txn>) -> Vec<Result<TxnAnswer, Failure>> {
     let n = txns.len();
-    let mut kv = client.kv_client();
     if n == 1 {
         let txn = txns.into_iter().next().expect("one transaction");
-        return vec![bounded(bound, kv.txn(txn)).await.map(|r| TxnAnswer {
-            succeeded: r.succeeded(),
-            revision: r.header().map_or(0, |h| h.revision()),
-            responses: r.op_responses(),
-        })];
+        return vec![send_one(client, bound, txn).await];
     }
+    let mut kv = client.kv_client();
     let outer = Txn::new().and_then(txns.into_iter().map(TxnOp::txn).collect::<Vec<_>>());
     let resp = match bounded(bound, kv.txn(outer)).await {
         Ok(resp) => resp,

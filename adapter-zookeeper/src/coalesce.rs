@@ -37,6 +37,8 @@ type Delete = (String, Option<i32>);
 pub(crate) struct Coalesced {
     lists: Coalesce<String, ZkResult<Vec<String>>>,
     deletes: Coalesce<Delete, ZkResult<()>>,
+    client: Client,
+    bound: Duration,
 }
 
 impl std::fmt::Debug for Coalesced {
@@ -61,21 +63,30 @@ impl Coalesced {
             let client = on.clone();
             async move { Ok(delete_chunk(&client, bound, nodes).await) }
         });
-        Coalesced { lists, deletes }
+        Coalesced {
+            lists,
+            deletes,
+            client: client.clone(),
+            bound,
+        }
     }
 
     /// The children of `dir` (`getChildren`, alone or in a read-only multi).
     pub(crate) async fn children(&self, dir: &str) -> ZkResult<Vec<String>> {
+        let alone = |dir: String| async move { Ok(list_one(&self.client, self.bound, &dir).await) };
         self.lists
-            .ask(dir.to_owned())
+            .ask_with(dir.to_owned(), alone)
             .await
             .unwrap_or(Err(ZkError::ConnectionLoss))
     }
 
     /// Deletes `path` if its version is `version` (any for `None`), alone or in a multi.
     pub(crate) async fn delete(&self, path: &str, version: Option<i32>) -> ZkResult<()> {
+        let alone = |(path, version): Delete| async move {
+            Ok(delete_one(&self.client, self.bound, &path, version).await)
+        };
         self.deletes
-            .ask((path.to_owned(), version))
+            .ask_with((path.to_owned(), version), alone)
             .await
             .unwrap_or(Err(ZkError::ConnectionLoss))
     }
@@ -84,13 +95,30 @@ impl Coalesced {
 /// Answers for a chunk, none of which can fail as a whole (each caller gets its own result).
 type Answers<T> = Vec<lease_core::Result<ZkResult<T>>>;
 
+/// One `getChildren`, as it is.
+async fn list_one(client: &Client, bound: Duration, dir: &str) -> ZkResult<Vec<String>> {
+    match tokio::time::timeout(bound, client.list_children(dir)).await {
+        Ok(r) => r,
+        Err(_) => Err(ZkError::ConnectionLoss),
+    }
+}
+
+/// One `delete`, as it is.
+async fn delete_one(
+    client: &Client,
+    bound: Duration,
+    path: &str,
+    version: Option<i32>,
+) -> ZkResult<()> {
+    match tokio::time::timeout(bound, client.delete(path, version)).await {
+        Ok(r) => r,
+        Err(_) => Err(ZkError::ConnectionLoss),
+    }
+}
+
 async fn list_chunk(client: &Client, bound: Duration, dirs: Vec<String>) -> Answers<Vec<String>> {
     if let [dir] = dirs.as_slice() {
-        let listed = match tokio::time::timeout(bound, client.list_children(dir)).await {
-            Ok(r) => r,
-            Err(_) => Err(ZkError::ConnectionLoss),
-        };
-        return vec![Ok(listed)];
+        return vec![Ok(list_one(client, bound, dir).await)];
     }
     let mut reader = client.new_multi_reader();
     let mut refused: Vec<Option<ZkError>> = Vec::with_capacity(dirs.len());
@@ -127,11 +155,7 @@ async fn list_chunk(client: &Client, bound: Duration, dirs: Vec<String>) -> Answ
 
 async fn delete_chunk(client: &Client, bound: Duration, nodes: Vec<Delete>) -> Answers<()> {
     if let [(path, version)] = nodes.as_slice() {
-        let deleted = match tokio::time::timeout(bound, client.delete(path, *version)).await {
-            Ok(r) => r,
-            Err(_) => Err(ZkError::ConnectionLoss),
-        };
-        return vec![Ok(deleted)];
+        return vec![Ok(delete_one(client, bound, path, *version).await)];
     }
     let mut answers: Vec<Option<ZkResult<()>>> = nodes.iter().map(|_| None).collect();
     // The deletes not answered yet, by their index in `nodes`.

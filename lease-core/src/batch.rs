@@ -250,6 +250,30 @@ impl<Req: Send + 'static, Resp: Send + 'static> Coalesce<Req, Resp> {
     /// Sends `req` (alone now, or with the others queued at the next free slot) and waits for
     /// its answer.
     pub async fn ask(&self, req: Req) -> Result<Resp> {
+        let shared = self.shared.clone();
+        self.ask_with(req, |req| async move {
+            let answers = (shared.run)(vec![req]).await?;
+            match <[_; 1]>::try_from(answers) {
+                Ok([answer]) => answer,
+                Err(answers) => Err(Error::Unavailable {
+                    backend: shared.backend,
+                    message: format!("a request alone got {} answers", answers.len()),
+                    source: None,
+                }),
+            }
+        })
+        .await
+    }
+
+    /// [`ask`](Coalesce::ask), with `alone` sending the request when it goes alone (a slot is
+    /// free): the adapter's plain request, awaited in the caller's task as it is, without the
+    /// boxed chunk future and the chunk's vectors. `alone` must send what a chunk of one would;
+    /// under load the request still goes with others, through the chunk function.
+    pub async fn ask_with<F, Fut>(&self, req: Req, alone: F) -> Result<Resp>
+    where
+        F: FnOnce(Req) -> Fut,
+        Fut: Future<Output = Result<Resp>>,
+    {
         let shared = &self.shared;
         let queued = {
             let mut queue = shared.lock();
@@ -267,15 +291,7 @@ impl<Req: Send + 'static, Resp: Send + 'static> Coalesce<Req, Resp> {
             Err(req) => {
                 // Released when the send ends, however it ends (a cancelled caller included).
                 let _slot = Slot(shared.clone());
-                let answers = (shared.run)(vec![req]).await?;
-                match <[_; 1]>::try_from(answers) {
-                    Ok([answer]) => answer,
-                    Err(answers) => Err(Error::Unavailable {
-                        backend: shared.backend,
-                        message: format!("a request alone got {} answers", answers.len()),
-                        source: None,
-                    }),
-                }
+                alone(req).await
             }
         }
     }
@@ -470,6 +486,55 @@ mod tests {
             assert_eq!(c.ask(n).await.unwrap(), n * 10);
         }
         assert_eq!(*sizes.lock().unwrap(), vec![1; 5]);
+    }
+
+    #[tokio::test]
+    async fn ask_with_sends_alone_with_its_own_function_and_queues_through_the_chunks() {
+        let sizes = Arc::new(Mutex::new(Vec::new()));
+        let gate = Arc::new(tokio::sync::Semaphore::new(0));
+        let c = Arc::new(Coalesce::new(
+            "test",
+            CoalesceConfig::new(1, 8),
+            gated(sizes.clone(), gate.clone()),
+        ));
+        // Alone: the caller's function answers, the chunk function is not called.
+        assert_eq!(
+            c.ask_with(3, |n| async move { Ok(n + 1) }).await.unwrap(),
+            4
+        );
+        assert!(sizes.lock().unwrap().is_empty());
+        // Alone and held open: the slot is taken, so the next two queue and go as one chunk.
+        let (release, held) = tokio::sync::oneshot::channel::<()>();
+        let first = tokio::spawn({
+            let c = c.clone();
+            async move {
+                c.ask_with(0, |n| async move {
+                    let _ = held.await;
+                    Ok(n + 1)
+                })
+                .await
+            }
+        });
+        while c.shared.lock().in_flight == 0 {
+            tokio::task::yield_now().await;
+        }
+        let queued: Vec<_> = (1..=2u32)
+            .map(|n| {
+                let c = c.clone();
+                tokio::spawn(async move { c.ask_with(n, |_| async { unreachable!() }).await })
+            })
+            .collect();
+        while c.shared.lock().waiting.len() < 2 {
+            tokio::task::yield_now().await;
+        }
+        gate.add_permits(100);
+        release.send(()).unwrap();
+        assert_eq!(first.await.unwrap().unwrap(), 1);
+        for (n, r) in (1..=2u32).zip(queued) {
+            assert_eq!(r.await.unwrap().unwrap(), n * 10);
+        }
+        assert_eq!(*sizes.lock().unwrap(), vec![2]);
+        assert_eq!(c.shared.lock().in_flight, 0);
     }
 
     #[tokio::test]
