@@ -473,6 +473,27 @@ mod tests {
         }
     }
 
+    /// A coalescer of `in_flight` sends of up to `chunk` requests whose chunks wait for permits
+    /// of the returned gate (none yet), and the sizes of the chunks sent.
+    #[allow(clippy::type_complexity)]
+    fn held_coalescer(
+        in_flight: usize,
+        chunk: usize,
+    ) -> (
+        Arc<Coalesce<u32, u32>>,
+        Arc<Mutex<Vec<usize>>>,
+        Arc<tokio::sync::Semaphore>,
+    ) {
+        let sizes = Arc::new(Mutex::new(Vec::new()));
+        let gate = Arc::new(tokio::sync::Semaphore::new(0));
+        let c = Arc::new(Coalesce::new(
+            "test",
+            CoalesceConfig::new(in_flight, chunk),
+            gated(sizes.clone(), gate.clone()),
+        ));
+        (c, sizes, gate)
+    }
+
     #[tokio::test]
     async fn an_idle_coalescer_sends_each_request_alone_from_the_callers_task() {
         let sizes = Arc::new(Mutex::new(Vec::new()));
@@ -490,13 +511,7 @@ mod tests {
 
     #[tokio::test]
     async fn ask_with_sends_alone_with_its_own_function_and_queues_through_the_chunks() {
-        let sizes = Arc::new(Mutex::new(Vec::new()));
-        let gate = Arc::new(tokio::sync::Semaphore::new(0));
-        let c = Arc::new(Coalesce::new(
-            "test",
-            CoalesceConfig::new(1, 8),
-            gated(sizes.clone(), gate.clone()),
-        ));
+        let (c, sizes, gate) = held_coalescer(1, 8);
         // Alone: the caller's function answers, the chunk function is not called.
         assert_eq!(
             c.ask_with(3, |n| async move { Ok(n + 1) }).await.unwrap(),
@@ -539,13 +554,7 @@ mod tests {
 
     #[tokio::test]
     async fn requests_queued_behind_a_send_go_together_in_chunks() {
-        let sizes = Arc::new(Mutex::new(Vec::new()));
-        let gate = Arc::new(tokio::sync::Semaphore::new(0));
-        let c = Arc::new(Coalesce::new(
-            "test",
-            CoalesceConfig::new(1, 4),
-            gated(sizes.clone(), gate.clone()),
-        ));
+        let (c, sizes, gate) = held_coalescer(1, 4);
         let first = tokio::spawn({
             let c = c.clone();
             async move { c.ask(0).await }
@@ -575,13 +584,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_caller_that_stops_waiting_is_left_out_and_a_cancelled_send_frees_its_slot() {
-        let sizes = Arc::new(Mutex::new(Vec::new()));
-        let gate = Arc::new(tokio::sync::Semaphore::new(0));
-        let c = Arc::new(Coalesce::new(
-            "test",
-            CoalesceConfig::new(1, 8),
-            gated(sizes.clone(), gate.clone()),
-        ));
+        let (c, sizes, gate) = held_coalescer(1, 8);
         // A send in flight, cancelled before it ends: its slot is handed on.
         let cancelled = tokio::spawn({
             let c = c.clone();
