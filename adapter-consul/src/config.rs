@@ -359,6 +359,14 @@ impl ConsulConfig {
         if raw.fragment().is_some() {
             return Err(url.invalid("URL fragments are not supported").into());
         }
+        if url.hosts().len() > 1 {
+            return Err(url
+                .invalid(
+                    "a host list is not supported: a Consul client talks to one agent (its \
+                     local agent, or a load balancer in front of the servers)",
+                )
+                .into());
+        }
         let mut from_env: Vec<&'static str> = Vec::new();
         let (host, port, tls) = match raw.host_str().filter(|h| !h.is_empty()) {
             Some(h) => {
@@ -775,6 +783,7 @@ mod tests {
             ("consul://h?key_prefix=a.b", "key_prefix"),
             ("consul://h?key_prefix=/a", "key_prefix"),
             ("consul://h/path", "path"),
+            ("consul://h1:8500,h2:8500", "host list"),
             ("consul://h?tls_ca_file=/x", "consuls://"),
             ("consul://u:pw@h", "user information"),
             ("consul://h?token=a&token=b", "twice"),
