@@ -33,6 +33,23 @@ pub use lease::RedisLease;
 /// given a client of the same version.
 pub use redis;
 
+/// The Lua source of the script this adapter runs for `operation`, exactly as it sends it with
+/// `EVALSHA`: `"acquire"`, `"renew"`, `"renew_many"`, `"release"`, `"force_release"` or
+/// `"fence"`; `None` for any other name.
+///
+/// For review (teams that approve the scripts run on their servers) and for benchmarks that send
+/// the same requests from a raw client. The `KEYS` and `ARGV` each script takes are documented
+/// next to it in this crate's `src/scripts.rs`; they are internal and may change in any release.
+///
+/// ```
+/// let acquire = adapter_redis::script_source("acquire").unwrap();
+/// assert!(acquire.contains("redis.call('SET', KEYS[1]"));
+/// assert!(adapter_redis::script_source("unlock").is_none());
+/// ```
+pub fn script_source(operation: &str) -> Option<&'static str> {
+    scripts::source(operation)
+}
+
 /// The URL schemes this adapter serves: `redis` (plain TCP), `rediss` (TLS) and
 /// `redis+sentinel` (the primary found through Sentinel, followed across failovers).
 pub const SCHEMES: [&str; 3] = ["redis", "rediss", "redis+sentinel"];

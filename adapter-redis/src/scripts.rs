@@ -200,17 +200,36 @@ end
 return {1, newest or ''}
 ";
 
-pub(crate) static ACQUIRE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(&format!("{LT}{INC}{ACQUIRE_BODY}")));
-pub(crate) static RENEW: LazyLock<Script> =
-    LazyLock::new(|| Script::new(&format!("{RENEW_BODY}{NOT_OURS}")));
-pub(crate) static RENEW_MANY: LazyLock<Script> = LazyLock::new(|| Script::new(RENEW_MANY_SRC));
-pub(crate) static RELEASE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(&format!("{RELEASE_BODY}{NOT_OURS}")));
-pub(crate) static FORCE_RELEASE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(FORCE_RELEASE_SRC));
-pub(crate) static FENCE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(&format!("{LT}{FENCE_BODY}")));
+/// Each script's source by operation name, exactly as sent (see [`crate::script_source`]).
+static SOURCES: LazyLock<[(&str, String); 6]> = LazyLock::new(|| {
+    [
+        ("acquire", format!("{LT}{INC}{ACQUIRE_BODY}")),
+        ("renew", format!("{RENEW_BODY}{NOT_OURS}")),
+        ("renew_many", RENEW_MANY_SRC.to_owned()),
+        ("release", format!("{RELEASE_BODY}{NOT_OURS}")),
+        ("force_release", FORCE_RELEASE_SRC.to_owned()),
+        ("fence", format!("{LT}{FENCE_BODY}")),
+    ]
+});
+
+/// The source of the script run for `operation`, one of the names in [`SOURCES`].
+pub(crate) fn source(operation: &str) -> Option<&'static str> {
+    SOURCES
+        .iter()
+        .find(|(name, _)| *name == operation)
+        .map(|(_, src)| src.as_str())
+}
+
+fn script(operation: &str) -> Script {
+    Script::new(source(operation).expect("a script of this module"))
+}
+
+pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| script("acquire"));
+pub(crate) static RENEW: LazyLock<Script> = LazyLock::new(|| script("renew"));
+pub(crate) static RENEW_MANY: LazyLock<Script> = LazyLock::new(|| script("renew_many"));
+pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| script("release"));
+pub(crate) static FORCE_RELEASE: LazyLock<Script> = LazyLock::new(|| script("force_release"));
+pub(crate) static FENCE: LazyLock<Script> = LazyLock::new(|| script("fence"));
 
 /// How many entries each lock's audit stream keeps.
 pub(crate) const AUDIT_MAXLEN: usize = lease_core::AuditRecord::MAX_LIMIT;
