@@ -22,6 +22,10 @@ pub(crate) enum Kind {
     Ours,
     /// The backend's raw client doing the same round trips by hand.
     Raw,
+    /// The backend's raw client sending exactly our requests (our scripts, our transactions):
+    /// what is left between it and ours is our client's cost; between it and the hand-written
+    /// lock, the server's cost of those requests.
+    SameRequests,
     /// A peer library.
     Peer,
 }
@@ -288,6 +292,104 @@ impl BenchLock for RawRedis {
     }
 }
 
+/// The raw client running our own acquire and release scripts
+/// ([`adapter_redis::script_source`]) with the arguments ours sends, over one multiplexed
+/// connection. Does not wait.
+pub(crate) struct SameRedis {
+    client: redis::Client,
+    conn: redis::aio::MultiplexedConnection,
+    acquire: redis::Script,
+    release: redis::Script,
+    ttl: Duration,
+}
+
+impl SameRedis {
+    /// Connects one multiplexed connection to `url`.
+    pub(crate) async fn connect(url: &str, ttl: Duration) -> BenchResult<Self> {
+        let client = redis::Client::open(url)?;
+        let conn = client.get_multiplexed_async_connection().await?;
+        let script = |op| {
+            adapter_redis::script_source(op)
+                .map(redis::Script::new)
+                .ok_or_else(|| format!("adapter-redis has no {op} script"))
+        };
+        Ok(Self {
+            client,
+            conn,
+            acquire: script("acquire")?,
+            release: script("release")?,
+            ttl,
+        })
+    }
+}
+
+#[async_trait]
+impl BenchLock for SameRedis {
+    fn name(&self) -> &str {
+        "raw client, our scripts"
+    }
+    fn kind(&self) -> Kind {
+        Kind::SameRequests
+    }
+    fn waiting(&self) -> Waiting {
+        Waiting::No
+    }
+    async fn acquire(&self, key: &str) -> BenchResult<Held> {
+        // The lock value as ours writes it: `v1|<nonce>|<token>|<acquired ms>|<owner>|`.
+        let head = format!("v1|{:032x}|", rand::random::<u128>());
+        let acquired_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis())
+            .unwrap_or(0);
+        let tail = format!("|{acquired_ms}|{}|", owner());
+        let reply: redis::Value = self
+            .acquire
+            .key(format!("same:{{{key}}}:lock"))
+            .key(format!("same:{{{key}}}:counter"))
+            .arg(&head)
+            .arg(tail)
+            .arg(self.ttl.as_millis() as u64)
+            .arg("")
+            .arg("1")
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        match reply {
+            redis::Value::Array(items) if items.first() == Some(&redis::Value::Int(1)) => {
+                Ok(held((key.to_owned(), head)))
+            }
+            other => Err(format!("{key} is held ({other:?})").into()),
+        }
+    }
+    async fn acquire_waiting(&self, key: &str) -> BenchResult<Held> {
+        Err(format!("the raw client with our scripts does not wait ({key})").into())
+    }
+    async fn release(&self, h: Held) -> BenchResult<()> {
+        let (key, head) = unwrap::<(String, String)>(h)?;
+        let released: i64 = self
+            .release
+            .key(format!("same:{{{key}}}:lock"))
+            .key(format!("same:{{{key}}}:revoked"))
+            .arg(head)
+            .arg(format!("same:{{{key}}}:released"))
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        match released {
+            1 => Ok(()),
+            n => Err(format!("{key} was not ours at release ({n})").into()),
+        }
+    }
+    async fn another(&self) -> BenchResult<Arc<dyn BenchLock>> {
+        let conn = self.client.get_multiplexed_async_connection().await?;
+        Ok(Arc::new(Self {
+            client: self.client.clone(),
+            conn,
+            acquire: self.acquire.clone(),
+            release: self.release.clone(),
+            ttl: self.ttl,
+        }))
+    }
+}
+
 /// rslock 0.10 with its defaults (3 tries, random 0–200 ms apart; no token).
 pub(crate) struct Rslock {
     url: String,
@@ -465,6 +567,95 @@ impl BenchLock for RawEtcd {
             }
         };
         Some(renewed.await)
+    }
+    async fn another(&self) -> BenchResult<Arc<dyn BenchLock>> {
+        Ok(Arc::new(
+            Self::connect(&self.session.endpoint, self.ttl).await?,
+        ))
+    }
+}
+
+/// The raw client sending adapter-etcd's own transactions with the session's lease: the
+/// acquire creates the holder's key only if the lock's range is empty and the attempt's marker
+/// (a key outside the range) is absent, else reads the key; the release deletes the key only if
+/// its create revision is the one granted. Same key layout and holder record as ours. Does not
+/// wait.
+pub(crate) struct SameEtcd {
+    session: EtcdSession,
+    attempts: AtomicU64,
+    owner: fenced::OwnerId,
+    ttl: Duration,
+}
+
+impl SameEtcd {
+    /// Over its own session.
+    pub(crate) async fn connect(endpoint: &str, ttl: Duration) -> BenchResult<Self> {
+        Ok(Self {
+            session: EtcdSession::connect(endpoint, ttl).await?,
+            attempts: AtomicU64::new(0),
+            owner: fenced::OwnerId::for_this_process(),
+            ttl,
+        })
+    }
+}
+
+#[async_trait]
+impl BenchLock for SameEtcd {
+    fn name(&self) -> &str {
+        "raw client, our transactions"
+    }
+    fn kind(&self) -> Kind {
+        Kind::SameRequests
+    }
+    fn waiting(&self) -> Waiting {
+        Waiting::No
+    }
+    async fn acquire(&self, key: &str) -> BenchResult<Held> {
+        use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
+        let lock = LockKey::new(key)?;
+        let name = adapter_etcd::keys::encode_name(key);
+        let lease = self.session.lease;
+        let prefix = adapter_etcd::keys::lock_prefix("same", &lock);
+        let own = format!("{prefix}{:016x}-0", lease as u64);
+        let attempt = self.attempts.fetch_add(1, Ordering::Relaxed);
+        let marker = format!("same/abandoned/{name}/{:016x}-{attempt:x}", lease as u64);
+        let record = fenced::adapter::HolderRecord::new(&LeaseOptions::new(self.ttl), &self.owner);
+        let txn = Txn::new()
+            .when([
+                Compare::version(prefix.as_str(), CompareOp::Equal, 0).with_prefix(),
+                Compare::create_revision(marker, CompareOp::Equal, 0),
+            ])
+            .and_then([TxnOp::put(
+                own.as_str(),
+                record.to_json(),
+                Some(PutOptions::new().with_lease(lease)),
+            )])
+            .or_else([TxnOp::get(own.as_str(), None)]);
+        let answer = self.session.client.kv_client().txn(txn).await?;
+        if !answer.succeeded() {
+            return Err(format!("{key} is held").into());
+        }
+        let revision = answer.header().map(|h| h.revision()).unwrap_or_default();
+        Ok(held((own, revision)))
+    }
+    async fn acquire_waiting(&self, key: &str) -> BenchResult<Held> {
+        Err(format!("the raw client with our transactions does not wait ({key})").into())
+    }
+    async fn release(&self, h: Held) -> BenchResult<()> {
+        use etcd_client::{Compare, CompareOp, Txn, TxnOp};
+        let (own, revision) = unwrap::<(String, i64)>(h)?;
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                own.as_str(),
+                CompareOp::Equal,
+                revision,
+            )])
+            .and_then([TxnOp::delete(own.as_str(), None)]);
+        let answer = self.session.client.kv_client().txn(txn).await?;
+        if !answer.succeeded() {
+            return Err(format!("{own} was not ours at release").into());
+        }
+        Ok(())
     }
     async fn another(&self) -> BenchResult<Arc<dyn BenchLock>> {
         Ok(Arc::new(

@@ -11,8 +11,10 @@
 //! (Debian's packages; Redis with AOF and `appendfsync always`) on a free loopback port for the
 //! run and stops it afterwards. Per backend it measures ours (built by `fenced::connect`), the
 //! raw client doing the same round trips (Redis: a 1+1 Lua lock that mints a token; etcd: txn +
-//! delete; ZooKeeper: create + delete, and create + getChildren + delete) and the peers
-//! (rslock, etcd's Lock RPC, zookeeper-client's lock recipe):
+//! delete; ZooKeeper: create + delete, and create + getChildren + delete), the raw client sending
+//! exactly our requests (Redis: our acquire and release scripts; etcd: our two transactions), so
+//! that each gap splits into our client's part and the server's, and the peers (rslock, etcd's
+//! Lock RPC, zookeeper-client's lock recipe):
 //! 1. uncontended acquire+release, sequential, one client: p50 / p99, and the release alone;
 //! 2. renewal: one held lock renewed a tenth of `--iterations` times, each alone (25 ms apart,
 //!    as a keeper's renewals are), p50 / p99, with the
@@ -121,11 +123,13 @@ async fn locks_for(server: &Server, ttl: Duration) -> BenchResult<Vec<Arc<dyn Be
         Backend::Redis => vec![
             ours,
             Arc::new(RawRedis::connect(e, ttl).await?),
+            Arc::new(SameRedis::connect(e, ttl).await?),
             Arc::new(Rslock::new(e, ttl)),
         ],
         Backend::Etcd => vec![
             ours,
             Arc::new(RawEtcd::connect(e, ttl).await?),
+            Arc::new(SameEtcd::connect(e, ttl).await?),
             Arc::new(EtcdLock::connect(e, ttl).await?),
         ],
         Backend::ZooKeeper => vec![

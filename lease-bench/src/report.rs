@@ -123,7 +123,7 @@ fn same_round_trips<'a>(rows: &[&'a Row], ours: &Row) -> Option<&'a Row> {
 fn shown_name(r: &Row) -> String {
     match r.kind {
         Kind::Ours => format!("**{}**", r.name),
-        Kind::Raw => r.name.clone(),
+        Kind::Raw | Kind::SameRequests => r.name.clone(),
         Kind::Peer => format!("{} (peer)", r.name),
     }
 }
@@ -169,6 +169,7 @@ pub(crate) fn markdown(info: &RunInfo, rows: &[Row]) -> String {
     let mut backends: Vec<Backend> = rows.iter().map(|r| r.backend).collect();
     backends.dedup();
     let mut targets = Vec::new();
+    let mut gaps = Vec::new();
     for backend in backends {
         let these: Vec<&Row> = rows.iter().filter(|r| r.backend == backend).collect();
         let ours = these.iter().copied().find(|r| r.kind == Kind::Ours);
@@ -341,6 +342,7 @@ pub(crate) fn markdown(info: &RunInfo, rows: &[Row]) -> String {
         }
         if let Some(ours) = ours {
             targets.extend(backend_targets(backend, &these, ours));
+            gaps.extend(backend_gaps(backend, &these, ours));
         }
     }
     if !targets.is_empty() {
@@ -352,7 +354,75 @@ pub(crate) fn markdown(info: &RunInfo, rows: &[Row]) -> String {
             let _ = writeln!(out, "{t}");
         }
     }
+    if !gaps.is_empty() {
+        let _ = writeln!(
+            out,
+            "\n## Where each gap is: our client, or the server's work on our requests\n\n\
+             The raw client sending exactly our requests (the same scripts or transactions, the \
+             same arguments) splits each ratio in two: ours against it is what our client adds; \
+             it against the hand-written lock or the peer is what the server spends on the \
+             requests the token guarantees need. Not targets: a reading of the ones above.\n\n\
+             | backend | measure | ours / raw client with our requests | raw client with our \
+             requests / reference | ours / reference |\n|---|---|---|---|---|"
+        );
+        for g in gaps {
+            let _ = writeln!(out, "{g}");
+        }
+    }
     out
+}
+
+/// The two halves of each ratio of [`backend_targets`] that has a raw client sending our
+/// requests to split it: ours against that client, and that client against the reference.
+fn backend_gaps(backend: Backend, rows: &[&Row], ours: &Row) -> Vec<String> {
+    let mut g = Vec::new();
+    let Some(same) = rows.iter().find(|r| r.kind == Kind::SameRequests) else {
+        return g;
+    };
+    let (o, s) = (&ours.figures, &same.figures);
+    let n = backend.name();
+    let split = |mine: f64, theirs: f64, reference: f64| {
+        format!(
+            "{:.2}x | {:.2}x | {:.2}x",
+            mine / theirs.max(1e-9),
+            theirs / reference.max(1e-9),
+            mine / reference.max(1e-9)
+        )
+    };
+    if let Some(raw) = same_round_trips(rows, ours).filter(|raw| {
+        !o.pair.0.is_empty() && !s.pair.0.is_empty() && !raw.figures.pair.0.is_empty()
+    }) {
+        let p50 = |f: &Figures| f.pair.p50().as_secs_f64();
+        g.push(format!(
+            "| {n} | acquire+release p50, reference {} ({} / {} / {}) | {} |",
+            raw.name,
+            ms(o.pair.p50()),
+            ms(s.pair.p50()),
+            ms(raw.figures.pair.p50()),
+            split(p50(o), p50(s), p50(&raw.figures))
+        ));
+    }
+    // Throughput: the reciprocal, so that above 1x means slower here too.
+    if let (Some(mine), Some(theirs)) = (median(&o.own_keys), median(&s.own_keys)) {
+        for peer in rows.iter().filter(|r| r.kind == Kind::Peer) {
+            if let Some(p) = median(&peer.figures.own_keys) {
+                g.push(format!(
+                    "| {n} | time per pair with 64 tasks on own keys, reference {} ({} / {} / {}) \
+                     | {} |",
+                    peer.name,
+                    rate(mine),
+                    rate(theirs),
+                    rate(p),
+                    split(
+                        1.0 / mine.max(1e-9),
+                        1.0 / theirs.max(1e-9),
+                        1.0 / p.max(1e-9)
+                    )
+                ));
+            }
+        }
+    }
+    g
 }
 
 fn backend_targets(backend: Backend, rows: &[&Row], ours: &Row) -> Vec<String> {
@@ -440,12 +510,14 @@ pub(crate) fn svg(path: &Path, rows: &[Row]) -> Result<(), String> {
     let colour = |k: Kind| match k {
         Kind::Ours => RGBColor(0x1f, 0x77, 0xb4),
         Kind::Raw => RGBColor(0x99, 0x99, 0x99),
+        Kind::SameRequests => RGBColor(0xc7, 0xc7, 0xc7),
         Kind::Peer => RGBColor(0xff, 0x7f, 0x0e),
     };
     type Values = Vec<Option<f64>>;
     let series: [(&str, Values, bool); 3] = [
         (
-            "acquire+release p50, µs (blue ours, grey raw client, orange peer)",
+            "acquire+release p50, µs (blue ours, grey raw client, light grey raw client sending \
+             our requests, orange peer)",
             rows.iter()
                 .map(|r| {
                     (!r.figures.pair.0.is_empty()).then(|| r.figures.pair.p50().as_secs_f64() * 1e6)
