@@ -186,56 +186,111 @@ const RAW_RELEASE: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then \
 const RAW_RENEW: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then \
     return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end return 0";
 
-/// The hand-written Redis lock: one Lua script to take the key and mint a token, one to release,
-/// one to renew; waiting polls every millisecond.
+/// The raw Redis client over one multiplexed connection, sending either the hand-written lock's
+/// scripts (one to take the key and mint a token, one to release, one to renew; waiting polls
+/// every millisecond) or exactly ours ([`adapter_redis::script_source`], with the arguments ours
+/// sends; it does not wait).
 pub(crate) struct RawRedis {
     client: redis::Client,
     conn: redis::aio::MultiplexedConnection,
     acquire: redis::Script,
     release: redis::Script,
     renew: redis::Script,
+    ours: bool,
     ttl: Duration,
 }
 
+/// A lock the raw Redis client took: its keys' common part, the value's part it compares with
+/// (the owner, or our value's head), and the token.
+type RawRedisHeld = (String, String, u64);
+
 impl RawRedis {
-    /// Connects one multiplexed connection to `url`.
-    pub(crate) async fn connect(url: &str, ttl: Duration) -> BenchResult<Self> {
+    /// Connects one multiplexed connection to `url`; `ours`: send our scripts.
+    pub(crate) async fn connect(url: &str, ttl: Duration, ours: bool) -> BenchResult<Self> {
         let client = redis::Client::open(url)?;
         let conn = client.get_multiplexed_async_connection().await?;
+        let script = |op: &str, hand_written: &str| {
+            if !ours {
+                return Ok::<_, BenchError>(redis::Script::new(hand_written));
+            }
+            let source = adapter_redis::script_source(op)
+                .ok_or_else(|| format!("adapter-redis has no {op} script"))?;
+            Ok(redis::Script::new(source))
+        };
         Ok(Self {
             client,
             conn,
-            acquire: redis::Script::new(RAW_ACQUIRE),
-            release: redis::Script::new(RAW_RELEASE),
-            renew: redis::Script::new(RAW_RENEW),
+            acquire: script("acquire", RAW_ACQUIRE)?,
+            release: script("release", RAW_RELEASE)?,
+            renew: script("renew", RAW_RENEW)?,
+            ours,
             ttl,
         })
     }
 
-    async fn try_take(&self, key: &str) -> BenchResult<Option<(String, String, u64)>> {
-        let (k, owner) = (format!("raw:{key}"), owner());
-        let token: Option<u64> = self
+    async fn try_take(&self, key: &str) -> BenchResult<Option<RawRedisHeld>> {
+        if !self.ours {
+            let (k, owner) = (format!("raw:{key}"), owner());
+            let token: Option<u64> = self
+                .acquire
+                .key(&k)
+                .key(format!("raw-token:{key}"))
+                .arg(&owner)
+                .arg(self.ttl.as_millis() as u64)
+                .invoke_async(&mut self.conn.clone())
+                .await?;
+            return Ok(token.map(|t| (k, owner, t)));
+        }
+        // The lock value as ours writes it: `v1|<nonce>|<token>|<acquired ms>|<owner>|`.
+        let base = format!("same:{{{key}}}");
+        let head = format!("v1|{:032x}|", rand::random::<u128>());
+        let acquired_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis())
+            .unwrap_or(0);
+        let reply: Vec<redis::Value> = self
             .acquire
-            .key(&k)
-            .key(format!("raw-token:{key}"))
-            .arg(&owner)
+            .key(format!("{base}:lock"))
+            .key(format!("{base}:counter"))
+            .arg(&head)
+            .arg(format!("|{acquired_ms}|{}|", owner()))
             .arg(self.ttl.as_millis() as u64)
+            .arg("")
+            .arg("1")
             .invoke_async(&mut self.conn.clone())
             .await?;
-        Ok(token.map(|t| (k, owner, t)))
+        match reply.as_slice() {
+            [redis::Value::Int(1), token] => {
+                let token = redis::from_redis_value::<String>(token.clone())?.parse()?;
+                Ok(Some((base, head, token)))
+            }
+            _ => Ok(None),
+        }
     }
 }
 
 #[async_trait]
 impl BenchLock for RawRedis {
     fn name(&self) -> &str {
-        "raw Lua 1+1"
+        if self.ours {
+            "raw client, our scripts"
+        } else {
+            "raw Lua 1+1"
+        }
     }
     fn kind(&self) -> Kind {
-        Kind::Raw
+        if self.ours {
+            Kind::SameRequests
+        } else {
+            Kind::Raw
+        }
     }
     fn waiting(&self) -> Waiting {
-        Waiting::Poll(Duration::from_millis(1))
+        if self.ours {
+            Waiting::No
+        } else {
+            Waiting::Poll(Duration::from_millis(1))
+        }
     }
     async fn acquire(&self, key: &str) -> BenchResult<Held> {
         match self.try_take(key).await? {
@@ -244,6 +299,9 @@ impl BenchLock for RawRedis {
         }
     }
     async fn acquire_waiting(&self, key: &str) -> BenchResult<Held> {
+        if self.ours {
+            return Err(format!("the raw client with our scripts does not wait ({key})").into());
+        }
         loop {
             if let Some(t) = self.try_take(key).await? {
                 return Ok(held(t));
@@ -252,24 +310,36 @@ impl BenchLock for RawRedis {
         }
     }
     async fn release(&self, h: Held) -> BenchResult<()> {
-        let (k, owner, _token) = unwrap::<(String, String, u64)>(h)?;
-        let _: i64 = self
-            .release
-            .key(k)
-            .arg(owner)
-            .invoke_async(&mut self.conn.clone())
-            .await?;
+        let (k, mine, _token) = unwrap::<RawRedisHeld>(h)?;
+        let mut call = self.release.prepare_invoke();
+        if self.ours {
+            call.key(format!("{k}:lock"))
+                .key(format!("{k}:revoked"))
+                .arg(mine)
+                .arg(format!("{k}:released"));
+        } else {
+            call.key(k).arg(mine);
+        }
+        let released: i64 = call.invoke_async(&mut self.conn.clone()).await?;
+        // The hand-written release answers 0 or 1 (the keys deleted), ours 1 or a reason.
+        if self.ours && released != 1 {
+            return Err(format!("released a lock no longer held ({released})").into());
+        }
         Ok(())
     }
     async fn renew(&self, h: &Held) -> Option<BenchResult<()>> {
-        let (k, owner, _token) = match peek::<(String, String, u64)>(h) {
+        let (k, mine, _token) = match peek::<RawRedisHeld>(h) {
             Ok(t) => t,
             Err(e) => return Some(Err(e)),
         };
-        let renewed: Result<i64, _> = self
-            .renew
-            .key(k)
-            .arg(owner)
+        let mut call = self.renew.prepare_invoke();
+        if self.ours {
+            call.key(format!("{k}:lock")).key(format!("{k}:revoked"));
+        } else {
+            call.key(k);
+        }
+        let renewed: Result<i64, _> = call
+            .arg(mine)
             .arg(self.ttl.as_millis() as u64)
             .invoke_async(&mut self.conn.clone())
             .await;
@@ -287,104 +357,7 @@ impl BenchLock for RawRedis {
             acquire: self.acquire.clone(),
             release: self.release.clone(),
             renew: self.renew.clone(),
-            ttl: self.ttl,
-        }))
-    }
-}
-
-/// The raw client running our own acquire and release scripts
-/// ([`adapter_redis::script_source`]) with the arguments ours sends, over one multiplexed
-/// connection. Does not wait.
-pub(crate) struct SameRedis {
-    client: redis::Client,
-    conn: redis::aio::MultiplexedConnection,
-    acquire: redis::Script,
-    release: redis::Script,
-    ttl: Duration,
-}
-
-impl SameRedis {
-    /// Connects one multiplexed connection to `url`.
-    pub(crate) async fn connect(url: &str, ttl: Duration) -> BenchResult<Self> {
-        let client = redis::Client::open(url)?;
-        let conn = client.get_multiplexed_async_connection().await?;
-        let script = |op| {
-            adapter_redis::script_source(op)
-                .map(redis::Script::new)
-                .ok_or_else(|| format!("adapter-redis has no {op} script"))
-        };
-        Ok(Self {
-            client,
-            conn,
-            acquire: script("acquire")?,
-            release: script("release")?,
-            ttl,
-        })
-    }
-}
-
-#[async_trait]
-impl BenchLock for SameRedis {
-    fn name(&self) -> &str {
-        "raw client, our scripts"
-    }
-    fn kind(&self) -> Kind {
-        Kind::SameRequests
-    }
-    fn waiting(&self) -> Waiting {
-        Waiting::No
-    }
-    async fn acquire(&self, key: &str) -> BenchResult<Held> {
-        // The lock value as ours writes it: `v1|<nonce>|<token>|<acquired ms>|<owner>|`.
-        let head = format!("v1|{:032x}|", rand::random::<u128>());
-        let acquired_ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_millis())
-            .unwrap_or(0);
-        let tail = format!("|{acquired_ms}|{}|", owner());
-        let reply: redis::Value = self
-            .acquire
-            .key(format!("same:{{{key}}}:lock"))
-            .key(format!("same:{{{key}}}:counter"))
-            .arg(&head)
-            .arg(tail)
-            .arg(self.ttl.as_millis() as u64)
-            .arg("")
-            .arg("1")
-            .invoke_async(&mut self.conn.clone())
-            .await?;
-        match reply {
-            redis::Value::Array(items) if items.first() == Some(&redis::Value::Int(1)) => {
-                Ok(held((key.to_owned(), head)))
-            }
-            other => Err(format!("{key} is held ({other:?})").into()),
-        }
-    }
-    async fn acquire_waiting(&self, key: &str) -> BenchResult<Held> {
-        Err(format!("the raw client with our scripts does not wait ({key})").into())
-    }
-    async fn release(&self, h: Held) -> BenchResult<()> {
-        let (key, head) = unwrap::<(String, String)>(h)?;
-        let released: i64 = self
-            .release
-            .key(format!("same:{{{key}}}:lock"))
-            .key(format!("same:{{{key}}}:revoked"))
-            .arg(head)
-            .arg(format!("same:{{{key}}}:released"))
-            .invoke_async(&mut self.conn.clone())
-            .await?;
-        match released {
-            1 => Ok(()),
-            n => Err(format!("{key} was not ours at release ({n})").into()),
-        }
-    }
-    async fn another(&self) -> BenchResult<Arc<dyn BenchLock>> {
-        let conn = self.client.get_multiplexed_async_connection().await?;
-        Ok(Arc::new(Self {
-            client: self.client.clone(),
-            conn,
-            acquire: self.acquire.clone(),
-            release: self.release.clone(),
+            ours: self.ours,
             ttl: self.ttl,
         }))
     }
@@ -494,18 +467,25 @@ impl EtcdSession {
     }
 }
 
-/// The hand-written etcd lock: one txn (create the key if absent, with the session's lease; the
-/// token is its create revision), one delete; renewed by one keepalive of the session's lease on
-/// a stream kept open. Does not wait.
+/// The raw etcd client over its own session, sending either the hand-written lock's requests
+/// (one txn creating the key if absent, with the session's lease; the token is its create
+/// revision; a plain delete; renewed by one keepalive of the session's lease on a stream kept
+/// open) or exactly ours (adapter-etcd's transactions, with its key layout and holder record:
+/// the acquire creates the holder's key only if the lock's range is empty and the attempt's
+/// marker, a key outside the range, is absent, else reads the key; the release deletes the key
+/// only if its create revision is the one granted). Does not wait.
 pub(crate) struct RawEtcd {
     session: EtcdSession,
     keepalive: tokio::sync::Mutex<(etcd_client::LeaseKeeper, etcd_client::LeaseKeepAliveStream)>,
+    /// Sending ours: the attempts numbered so far (for the markers) and the holder record's
+    /// owner.
+    ours: Option<(AtomicU64, fenced::OwnerId)>,
     ttl: Duration,
 }
 
 impl RawEtcd {
-    /// Over its own session.
-    pub(crate) async fn connect(endpoint: &str, ttl: Duration) -> BenchResult<Self> {
+    /// Over its own session; `ours`: send our transactions.
+    pub(crate) async fn connect(endpoint: &str, ttl: Duration, ours: bool) -> BenchResult<Self> {
         let session = EtcdSession::connect(endpoint, ttl).await?;
         let keepalive = session
             .client
@@ -515,32 +495,62 @@ impl RawEtcd {
         Ok(Self {
             session,
             keepalive: tokio::sync::Mutex::new(keepalive),
+            ours: ours.then(|| (AtomicU64::new(0), fenced::OwnerId::for_this_process())),
             ttl,
         })
+    }
+
+    /// The acquire's key and transaction.
+    fn acquire_txn(&self, key: &str) -> BenchResult<(String, etcd_client::Txn)> {
+        use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
+        let lease = self.session.lease;
+        let attached = || Some(PutOptions::new().with_lease(lease));
+        let Some((attempts, owner)) = &self.ours else {
+            let k = format!("raw/{key}");
+            let txn = Txn::new()
+                .when([Compare::create_revision(k.clone(), CompareOp::Equal, 0)])
+                .and_then([TxnOp::put(k.clone(), self::owner(), attached())]);
+            return Ok((k, txn));
+        };
+        let prefix = adapter_etcd::keys::lock_prefix("same", &LockKey::new(key)?);
+        let own = format!("{prefix}{:016x}-0", lease as u64);
+        let marker = format!(
+            "same/abandoned/{}/{:016x}-{:x}",
+            adapter_etcd::keys::encode_name(key),
+            lease as u64,
+            attempts.fetch_add(1, Ordering::Relaxed)
+        );
+        let record = fenced::adapter::HolderRecord::new(&LeaseOptions::new(self.ttl), owner);
+        let txn = Txn::new()
+            .when([
+                Compare::version(prefix, CompareOp::Equal, 0).with_prefix(),
+                Compare::create_revision(marker, CompareOp::Equal, 0),
+            ])
+            .and_then([TxnOp::put(own.as_str(), record.to_json(), attached())])
+            .or_else([TxnOp::get(own.as_str(), None)]);
+        Ok((own, txn))
     }
 }
 
 #[async_trait]
 impl BenchLock for RawEtcd {
     fn name(&self) -> &str {
-        "raw txn + delete"
+        match self.ours {
+            Some(_) => "raw client, our transactions",
+            None => "raw txn + delete",
+        }
     }
     fn kind(&self) -> Kind {
-        Kind::Raw
+        match self.ours {
+            Some(_) => Kind::SameRequests,
+            None => Kind::Raw,
+        }
     }
     fn waiting(&self) -> Waiting {
         Waiting::No
     }
     async fn acquire(&self, key: &str) -> BenchResult<Held> {
-        use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
-        let k = format!("raw/{key}");
-        let txn = Txn::new()
-            .when([Compare::create_revision(k.clone(), CompareOp::Equal, 0)])
-            .and_then([TxnOp::put(
-                k.clone(),
-                owner(),
-                Some(PutOptions::new().with_lease(self.session.lease)),
-            )]);
+        let (k, txn) = self.acquire_txn(key)?;
         let answer = self.session.client.kv_client().txn(txn).await?;
         if !answer.succeeded() {
             return Err(format!("{key} is held").into());
@@ -552,11 +562,30 @@ impl BenchLock for RawEtcd {
         Err(format!("the raw etcd lock does not wait ({key})").into())
     }
     async fn release(&self, h: Held) -> BenchResult<()> {
-        let (k, _token) = unwrap::<(String, i64)>(h)?;
-        self.session.client.kv_client().delete(k, None).await?;
+        use etcd_client::{Compare, CompareOp, Txn, TxnOp};
+        let (k, token) = unwrap::<(String, i64)>(h)?;
+        let mut kv = self.session.client.kv_client();
+        if self.ours.is_none() {
+            kv.delete(k, None).await?;
+            return Ok(());
+        }
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                k.as_str(),
+                CompareOp::Equal,
+                token,
+            )])
+            .and_then([TxnOp::delete(k.as_str(), None)]);
+        if !kv.txn(txn).await?.succeeded() {
+            return Err(format!("{k} was not ours at release").into());
+        }
         Ok(())
     }
     async fn renew(&self, _h: &Held) -> Option<BenchResult<()>> {
+        // Ours renews with a read of its key, which the raw client does not imitate.
+        if self.ours.is_some() {
+            return None;
+        }
         let mut stream = self.keepalive.lock().await;
         let (keeper, answers) = &mut *stream;
         let renewed = async {
@@ -570,96 +599,7 @@ impl BenchLock for RawEtcd {
     }
     async fn another(&self) -> BenchResult<Arc<dyn BenchLock>> {
         Ok(Arc::new(
-            Self::connect(&self.session.endpoint, self.ttl).await?,
-        ))
-    }
-}
-
-/// The raw client sending adapter-etcd's own transactions with the session's lease: the
-/// acquire creates the holder's key only if the lock's range is empty and the attempt's marker
-/// (a key outside the range) is absent, else reads the key; the release deletes the key only if
-/// its create revision is the one granted. Same key layout and holder record as ours. Does not
-/// wait.
-pub(crate) struct SameEtcd {
-    session: EtcdSession,
-    attempts: AtomicU64,
-    owner: fenced::OwnerId,
-    ttl: Duration,
-}
-
-impl SameEtcd {
-    /// Over its own session.
-    pub(crate) async fn connect(endpoint: &str, ttl: Duration) -> BenchResult<Self> {
-        Ok(Self {
-            session: EtcdSession::connect(endpoint, ttl).await?,
-            attempts: AtomicU64::new(0),
-            owner: fenced::OwnerId::for_this_process(),
-            ttl,
-        })
-    }
-}
-
-#[async_trait]
-impl BenchLock for SameEtcd {
-    fn name(&self) -> &str {
-        "raw client, our transactions"
-    }
-    fn kind(&self) -> Kind {
-        Kind::SameRequests
-    }
-    fn waiting(&self) -> Waiting {
-        Waiting::No
-    }
-    async fn acquire(&self, key: &str) -> BenchResult<Held> {
-        use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
-        let lock = LockKey::new(key)?;
-        let name = adapter_etcd::keys::encode_name(key);
-        let lease = self.session.lease;
-        let prefix = adapter_etcd::keys::lock_prefix("same", &lock);
-        let own = format!("{prefix}{:016x}-0", lease as u64);
-        let attempt = self.attempts.fetch_add(1, Ordering::Relaxed);
-        let marker = format!("same/abandoned/{name}/{:016x}-{attempt:x}", lease as u64);
-        let record = fenced::adapter::HolderRecord::new(&LeaseOptions::new(self.ttl), &self.owner);
-        let txn = Txn::new()
-            .when([
-                Compare::version(prefix.as_str(), CompareOp::Equal, 0).with_prefix(),
-                Compare::create_revision(marker, CompareOp::Equal, 0),
-            ])
-            .and_then([TxnOp::put(
-                own.as_str(),
-                record.to_json(),
-                Some(PutOptions::new().with_lease(lease)),
-            )])
-            .or_else([TxnOp::get(own.as_str(), None)]);
-        let answer = self.session.client.kv_client().txn(txn).await?;
-        if !answer.succeeded() {
-            return Err(format!("{key} is held").into());
-        }
-        let revision = answer.header().map(|h| h.revision()).unwrap_or_default();
-        Ok(held((own, revision)))
-    }
-    async fn acquire_waiting(&self, key: &str) -> BenchResult<Held> {
-        Err(format!("the raw client with our transactions does not wait ({key})").into())
-    }
-    async fn release(&self, h: Held) -> BenchResult<()> {
-        use etcd_client::{Compare, CompareOp, Txn, TxnOp};
-        let (own, revision) = unwrap::<(String, i64)>(h)?;
-        let txn = Txn::new()
-            .when([Compare::create_revision(
-                own.as_str(),
-                CompareOp::Equal,
-                revision,
-            )])
-            .and_then([TxnOp::delete(own.as_str(), None)]);
-        let answer = self.session.client.kv_client().txn(txn).await?;
-        if !answer.succeeded() {
-            return Err(format!("{own} was not ours at release").into());
-        }
-        Ok(())
-    }
-    async fn another(&self) -> BenchResult<Arc<dyn BenchLock>> {
-        Ok(Arc::new(
-            Self::connect(&self.session.endpoint, self.ttl).await?,
+            Self::connect(&self.session.endpoint, self.ttl, self.ours.is_some()).await?,
         ))
     }
 }

@@ -122,14 +122,14 @@ async fn locks_for(server: &Server, ttl: Duration) -> BenchResult<Vec<Arc<dyn Be
     Ok(match server.backend {
         Backend::Redis => vec![
             ours,
-            Arc::new(RawRedis::connect(e, ttl).await?),
-            Arc::new(SameRedis::connect(e, ttl).await?),
+            Arc::new(RawRedis::connect(e, ttl, false).await?),
+            Arc::new(RawRedis::connect(e, ttl, true).await?),
             Arc::new(Rslock::new(e, ttl)),
         ],
         Backend::Etcd => vec![
             ours,
-            Arc::new(RawEtcd::connect(e, ttl).await?),
-            Arc::new(SameEtcd::connect(e, ttl).await?),
+            Arc::new(RawEtcd::connect(e, ttl, false).await?),
+            Arc::new(RawEtcd::connect(e, ttl, true).await?),
             Arc::new(EtcdLock::connect(e, ttl).await?),
         ],
         Backend::ZooKeeper => vec![
