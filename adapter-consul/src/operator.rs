@@ -3,7 +3,7 @@
 //! methods of the same names delegate here.
 
 use lease_core::adapter::{HolderRecord, Op, StoredAudit};
-use lease_core::{AuditRecord, Error, ForceRelease, HolderInfo, LockKey, Result};
+use lease_core::{AuditRecord, ForceRelease, HolderInfo, LockKey, Result};
 
 use crate::client::{KvEntry, TxnOp, TxnOutcome};
 use crate::coordinator::*;
@@ -39,35 +39,23 @@ impl ConsulCoordinator {
     ) -> Result<Option<HolderInfo>> {
         let inner = &self.inner;
         let kv_key = inner.config.kv_key(key);
-        for _ in 0..8 {
+        for _ in 0..ForceRelease::ATTEMPTS {
             let (_, entry) = inner
                 .http
                 .kv_get(&kv_key, true, None, "force_release")
                 .await?;
             let entry = entry.filter(|e| e.holder().is_some());
-            if let Some(expected) = request.expected_token() {
-                // A different holder is refused here; the expected one is deleted by the
-                // transaction below only if its `ModifyIndex` is still the one read, so the
-                // server removes that holder or nothing (and then this loop looks again).
-                let found = entry
-                    .as_ref()
-                    .map(|e| self.holder_info(key, e).map(|h| h.token))
-                    .transpose()?;
-                if found != Some(expected) {
-                    return Err(request.refused(BACKEND, key, expected, found));
-                }
-            }
-            let Some(entry) = entry else {
-                tracing::warn!(
-                    backend = BACKEND,
-                    key = %key,
-                    actor = request.actor(),
-                    reason = request.reason(),
-                    "force_release: the key was not held"
-                );
+            let info = entry
+                .as_ref()
+                .map(|e| self.holder_info(key, e))
+                .transpose()?;
+            // A different holder is refused here; the expected one is deleted by the
+            // transaction below only if its `ModifyIndex` is still the one read, so the server
+            // removes that holder or nothing (and then this loop looks again).
+            request.check_expected(BACKEND, key, info.as_ref().map(|h| h.token))?;
+            let (Some(entry), Some(info)) = (entry, info) else {
                 return Ok(None);
             };
-            let info = self.holder_info(key, &entry)?;
             let audit_key = inner.config.audit_key(key);
             let (_, audit_entry) = inner
                 .http
@@ -95,16 +83,6 @@ impl ConsulCoordinator {
                 .await?
             {
                 TxnOutcome::Committed(_) => {
-                    tracing::warn!(
-                        backend = BACKEND,
-                        key = %key,
-                        token = %info.token,
-                        owner = %info.owner,
-                        actor = request.actor(),
-                        reason = request.reason(),
-                        "lock force-released; recorded at {}",
-                        inner.config.audit_key(key)
-                    );
                     // A lease of this very client learns of it at once (the key was locked by
                     // its session, and the local slot admits one lease per key).
                     if let Some(lease) = inner
@@ -122,11 +100,7 @@ impl ConsulCoordinator {
                 TxnOutcome::RolledBack(_) => continue,
             }
         }
-        Err(Error::Unavailable {
-            backend: BACKEND,
-            message: format!("force_release of {key:?}: the key kept changing"),
-            source: None,
-        })
+        Err(request.kept_changing(BACKEND, key))
     }
 
     /// [`Coordinator::audit_trail`](lease_core::Coordinator::audit_trail):

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, SortOrder, SortTarget, Txn, TxnOp};
 use lease_core::adapter::{HolderRecord, Op, StoredAudit};
-use lease_core::{AuditRecord, Error, ForceRelease, HolderInfo, LockKey, Result};
+use lease_core::{AuditRecord, ForceRelease, HolderInfo, LockKey, Result};
 
 use crate::coordinator::*;
 use crate::error::{retry_unapplied, Failure, BACKEND};
@@ -48,38 +48,33 @@ impl EtcdCoordinator {
     /// Deletes the holder's key (compare-and-delete on its create revision) and records the
     /// actor and reason in the lock's audit key (`<prefix>/audit/<name>`, the newest 100 forced
     /// releases; compared on its mod revision so that concurrent releases never drop a record)
-    /// in the same transaction, and in a `warn` log event. With an expected token, a
-    /// holder whose create revision differs (or a free key) is refused with `HolderChanged`
-    /// before the transaction, which then removes that holder or nothing.
+    /// in the same transaction (the `warn` log event is `lease_core::Instrumented`'s, once for
+    /// every backend). With an expected token, a holder whose create revision differs (or a free
+    /// key) is refused with `HolderChanged` before the transaction, which then removes that
+    /// holder or nothing.
     pub(crate) async fn force_release_key(
         &self,
         key: &LockKey,
         request: &ForceRelease,
     ) -> Result<Option<HolderInfo>> {
         let prefix = self.config().key_prefix().to_owned();
-        for _ in 0..5 {
+        for _ in 0..ForceRelease::ATTEMPTS {
             let first = self
                 .inner
                 .first_in_queue(key)
                 .await
                 .map_err(|f| f.into_error(Op::read("force_release")))?;
-            if let Some(expected) = request.expected_token() {
-                // A different holder is refused here; the expected one is deleted by the
-                // transaction below only if its key still has the create revision read (the
-                // token), so the server removes that holder or nothing.
-                let found = first
-                    .as_ref()
-                    .map(|kv| self.inner.holder_info(key, kv).map(|h| h.token))
-                    .transpose()?;
-                if found != Some(expected) {
-                    return Err(request.refused(BACKEND, key, expected, found));
-                }
-            }
-            let Some(kv) = first else {
-                tracing::warn!(backend = BACKEND, key = %key, actor = request.actor(), reason = request.reason(), "force_release: the lock was free");
+            let info = first
+                .as_ref()
+                .map(|kv| self.inner.holder_info(key, kv))
+                .transpose()?;
+            // A different holder is refused here; the expected one is deleted by the
+            // transaction below only if its key still has the create revision read (the
+            // token), so the server removes that holder or nothing.
+            request.check_expected(BACKEND, key, info.as_ref().map(|h| h.token))?;
+            let (Some(kv), Some(info)) = (first, info) else {
                 return Ok(None);
             };
-            let info = self.inner.holder_info(key, &kv)?;
             let audit_key = keys::audit_key(&prefix, key);
             let (audit_rev, trail) = self.read_audit(&audit_key, "force_release").await?;
             let trail = StoredAudit::new(request, Some(&info)).appended_to(trail);
@@ -100,25 +95,12 @@ impl EtcdCoordinator {
             .await
             .map_err(|f| f.into_error(Op::write("force_release", false)))?;
             if resp.succeeded() {
-                tracing::warn!(
-                    backend = BACKEND,
-                    key = %key,
-                    token = %info.token,
-                    owner = %info.owner,
-                    actor = request.actor(),
-                    reason = request.reason(),
-                    "force_release removed the holder"
-                );
                 return Ok(Some(info));
             }
             // The holder or the audit key changed between the reads and the transaction: look
             // again.
         }
-        Err(Error::Unavailable {
-            backend: BACKEND,
-            message: "force_release: the holder kept changing".into(),
-            source: None,
-        })
+        Err(request.kept_changing(BACKEND, key))
     }
 
     /// [`Coordinator::audit_trail`](lease_core::Coordinator::audit_trail):

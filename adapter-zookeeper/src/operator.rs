@@ -37,26 +37,19 @@ impl ZkCoordinator {
         if !s.is_connected() {
             return Err(disconnected(ops::FORCE_RELEASE));
         }
-        for _ in 0..3 {
+        for _ in 0..ForceRelease::ATTEMPTS {
             let holder = self.holder(&s, key).await?;
             let target = match &holder {
                 Some((_, data, stat)) => Some(holder_info(&self.inner.tokens, key, data, stat)?),
                 None => None,
             };
-            if let Some(expected) = request.expected_token() {
-                // The delete below names the holder's node (a sequential path is never reused)
-                // and its version, so the server removes exactly the node whose czxid was read
-                // here, or nothing; a different holder is refused before anything is written.
-                let found = target.as_ref().map(|h| h.token);
-                if found != Some(expected) {
-                    return Err(request.refused(BACKEND, key, expected, found));
-                }
-            }
+            // The delete below names the holder's node (a sequential path is never reused) and
+            // its version, so the server removes exactly the node whose czxid was read here, or
+            // nothing; a different holder is refused before anything is written.
+            request.check_expected(BACKEND, key, target.as_ref().map(|h| h.token))?;
             // Record first: no forced release goes unrecorded.
             self.audit(&s, key, request, target.as_ref()).await?;
             let (Some((path, _, stat)), Some(info)) = (holder, target) else {
-                tracing::info!(key = %key, actor = request.actor(), reason = request.reason(),
-                    "force_release: the lock was free");
                 return Ok(None);
             };
             let sent = Instant::now();
@@ -69,15 +62,6 @@ impl ZkCoordinator {
                 Err(_) => return Err(timed_out(ops::FORCE_RELEASE, s.request_timeout())),
                 Ok(Ok(())) => {
                     s.confirm(sent);
-                    tracing::warn!(
-                        key = %key,
-                        actor = request.actor(),
-                        reason = request.reason(),
-                        owner = %info.owner,
-                        token = %info.token,
-                        node = %path,
-                        "force_release: removed the holder's node (audit node written)"
-                    );
                     return Ok(Some(info));
                 }
                 // The holder changed meanwhile: look again.
@@ -85,11 +69,7 @@ impl ZkCoordinator {
                 Ok(Err(e)) => return Err(from_zk(ops::FORCE_RELEASE, e)),
             }
         }
-        Err(Error::Unavailable {
-            backend: BACKEND,
-            message: format!("the holder of {key:?} kept changing during force_release"),
-            source: None,
-        })
+        Err(request.kept_changing(BACKEND, key))
     }
 
     /// [`Coordinator::audit_trail`](lease_core::Coordinator::audit_trail):

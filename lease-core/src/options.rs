@@ -394,6 +394,26 @@ impl ForceRelease {
         }
     }
 
+    /// How many times a backend that reads the holder and then deletes it on condition reads
+    /// again when the holder (or its audit record) changed in between, before it gives up with
+    /// [`Self::kept_changing`].
+    pub const ATTEMPTS: usize = 8;
+
+    /// What such a backend returns after [`Self::ATTEMPTS`] reads in a row each found the
+    /// holder changed by its conditional delete: [`Error::Unavailable`] naming the key. Nothing
+    /// was removed (every conditional delete failed); the caller may try again.
+    pub fn kept_changing(&self, backend: &'static str, key: &crate::LockKey) -> Error {
+        Error::Unavailable {
+            backend,
+            message: format!(
+                "force_release of {key:?}: the holder changed between the read and the delete \
+                 {} times in a row; nothing removed",
+                Self::ATTEMPTS
+            ),
+            source: None,
+        }
+    }
+
     /// For backends that read the holder before their conditional delete: `Ok(())` when no token
     /// is expected or `found` is it, otherwise [`Self::refused`].
     pub fn check_expected(
@@ -520,5 +540,38 @@ mod tests {
             ForceRelease::new("a", ""),
             Err(InvalidInput::Empty { what: "reason" })
         ));
+    }
+
+    #[test]
+    fn a_force_release_checks_the_expected_token_and_names_the_key_when_it_gives_up() {
+        let key = crate::LockKey::new("jobs/nightly").unwrap();
+        let any = ForceRelease::new("alice", "stuck job").unwrap();
+        let t = |n| Token::new(n).unwrap();
+        assert!(any.check_expected("test", &key, None).is_ok());
+        assert!(any.check_expected("test", &key, Some(t(7))).is_ok());
+        let exact = any.clone().expect_token(t(7));
+        assert!(exact.check_expected("test", &key, Some(t(7))).is_ok());
+        for found in [None, Some(t(8))] {
+            match exact.check_expected("test", &key, found) {
+                Err(Error::HolderChanged {
+                    key: k,
+                    expected,
+                    found: f,
+                }) => {
+                    assert_eq!((k.as_str(), expected, f), ("jobs/nightly", t(7), found));
+                }
+                other => panic!("expected HolderChanged, got {other:?}"),
+            }
+        }
+        match any.kept_changing("test", &key) {
+            Error::Unavailable {
+                backend, message, ..
+            } => {
+                assert_eq!(backend, "test");
+                assert!(message.contains("\"jobs/nightly\""), "{message}");
+                assert!(message.contains("nothing removed"), "{message}");
+            }
+            other => panic!("expected Unavailable, got {other:?}"),
+        }
     }
 }
