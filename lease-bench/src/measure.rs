@@ -57,6 +57,9 @@ impl Samples {
 pub(crate) struct Figures {
     /// acquire+release, sequential, uncontended.
     pub(crate) pair: Samples,
+    /// The p50 of each round's pairs, in round order (the rounds interleave the locks, so two
+    /// locks' figures of one round were measured in the same minutes).
+    pub(crate) pair_rounds: Vec<Duration>,
     /// The release call alone (from the same pairs).
     pub(crate) release: Samples,
     /// Server requests per uncontended pair (total over the rounds, and the pairs counted).
@@ -122,15 +125,18 @@ pub(crate) async fn pairs(
         lock.release(h).await?;
     }
     let before = counters.read().await?;
+    let mut round = Samples(Vec::with_capacity(sizes.iterations));
     for _ in 0..sizes.iterations {
         let start = Instant::now();
         let h = lock.acquire(key).await?;
         let released = Instant::now();
         lock.release(h).await?;
         let end = Instant::now();
-        into.pair.0.push(end - start);
+        round.0.push(end - start);
         into.release.0.push(end - released);
     }
+    into.pair_rounds.push(round.p50());
+    into.pair.0.append(&mut round.0);
     let after = counters.read().await?;
     add(
         &mut into.pair_requests,
