@@ -356,9 +356,6 @@ impl ConsulConfig {
                 ))
                 .into());
         }
-        if raw.fragment().is_some() {
-            return Err(url.invalid("URL fragments are not supported").into());
-        }
         if url.hosts().len() > 1 {
             return Err(url
                 .invalid(

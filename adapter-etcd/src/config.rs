@@ -129,9 +129,6 @@ impl EtcdConfig {
                     .into())
             }
         };
-        if raw.fragment().is_some() {
-            return Err(url.invalid("URL fragments are not supported").into());
-        }
         if !raw.path().trim_matches('/').is_empty() {
             return Err(url
                 .invalid(format!(

@@ -120,9 +120,6 @@ impl ZkConfig {
                 ))
                 .into());
         }
-        if raw.fragment().is_some() {
-            return Err(url.invalid("URL fragments are not supported").into());
-        }
         let hosts = url
             .host_ports(DEFAULT_PORT)?
             .iter()

@@ -269,12 +269,19 @@ pub struct UrlOptions<'u> {
 }
 
 impl<'u> UrlOptions<'u> {
-    /// Reads `url`'s query: refuses unknown and repeated names, parses the common options and
-    /// keeps the backend's own for its accessors.
+    /// Reads `url`'s query: refuses a fragment (`#...`, which no backend reads) and unknown and
+    /// repeated names, parses the common options and keeps the backend's own for its accessors.
     pub fn parse(
         url: &'u BackendUrl,
         spec: OptionSpec,
     ) -> Result<(CommonOptions, UrlOptions<'u>), InvalidInput> {
+        if url.expose().fragment().is_some() {
+            return Err(invalid(
+                url,
+                &spec,
+                "URL fragments are not supported".to_owned(),
+            ));
+        }
         let mut pairs: Vec<(String, String)> = Vec::new();
         for (name, value) in url.expose().query_pairs() {
             let known =
@@ -558,5 +565,17 @@ mod tests {
             e.contains("flavour=\"maybe\": expected true or false"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn a_fragment_is_refused_naming_the_url_without_its_secret() {
+        let url = BackendUrl::parse("x://u:pw@h/?secret_thing=s3#insecure").unwrap();
+        match UrlOptions::parse(&url, SPEC) {
+            Err(InvalidInput::Url { url, problem }) => {
+                assert!(problem.contains("fragment"), "{problem}");
+                assert!(!url.contains("pw") && !url.contains("s3"), "{url}");
+            }
+            other => panic!("expected a URL error, got {other:?}"),
+        }
     }
 }
