@@ -4,7 +4,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use lease_core::adapter::{BackendUrl, CommonOptions, OptionSpec, UrlOptions};
+use lease_core::adapter::{BackendUrl, CommonOptions, OptionSpec, Secret, UrlOptions};
 use lease_core::{InvalidInput, LockKey, Result};
 
 use crate::keys;
@@ -128,13 +128,13 @@ pub const ENV_VARS: &[&str] = &[
 /// `CONSUL_HTTP_SSL_VERIFY=false` (skip certificate verification) is deliberately not honoured:
 /// give the CA instead. A `unix://` agent address is refused (`InvalidInput`), as is a
 /// `CONSUL_HTTP_SSL` that is not a boolean (the Go client would only log a warning and use HTTP).
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct ConsulConfig {
     url: BackendUrl,
     host: String,
     port: u16,
     tls: bool,
-    token: Option<String>,
+    token: Option<Secret>,
     token_file: Option<PathBuf>,
     common: CommonOptions,
     session_ttl: Duration,
@@ -156,28 +156,6 @@ lease_core::common_config!(ConsulConfig {
     request_timeout: |_| DEFAULT_REQUEST_TIMEOUT,
     connect_timeout: |_| DEFAULT_CONNECT_TIMEOUT,
 });
-
-impl fmt::Debug for ConsulConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ConsulConfig")
-            .field("url", &self.url)
-            .field("base_url", &self.base_url())
-            .field("token", &self.token.as_ref().map(|_| "***"))
-            .field("token_file", &self.token_file)
-            .field("common", &self.common)
-            .field("session_ttl", &self.session_ttl)
-            .field("lock_delay", &self.lock_delay)
-            .field("max_block", &self.max_block)
-            .field("tls_ca_file", &self.tls_ca_file)
-            .field("tls_ca_path", &self.tls_ca_path)
-            .field("tls_cert_file", &self.tls_cert_file)
-            .field("tls_key_file", &self.tls_key_file)
-            .field("tls_server_name", &self.tls_server_name)
-            .field("datacenter", &self.datacenter)
-            .field("from_env", &self.from_env)
-            .finish()
-    }
-}
 
 impl fmt::Display for ConsulConfig {
     /// The URL, token redacted; when the environment supplied settings, the agent address and
@@ -407,7 +385,7 @@ impl ConsulConfig {
                 if v.is_empty() || v.chars().any(|ch| ch.is_control()) {
                     Err("a non-empty token without control characters")
                 } else {
-                    Ok(v.to_owned())
+                    Ok(Secret::new(v))
                 }
             },
         )?;
@@ -485,11 +463,14 @@ impl ConsulConfig {
         }
         // The ACL token: the URL's, else the environment's (the token file first, as the CLI).
         if let Some(file) = c.token_file.clone() {
-            c.token = Some(read_token_file(&file, "token_file")?);
+            c.token = Some(Secret::new(read_token_file(&file, "token_file")?));
         } else if c.token.is_none() {
             if let Some(file) = env("CONSUL_HTTP_TOKEN_FILE") {
                 let file = PathBuf::from(file);
-                c.token = Some(read_token_file(&file, "CONSUL_HTTP_TOKEN_FILE")?);
+                c.token = Some(Secret::new(read_token_file(
+                    &file,
+                    "CONSUL_HTTP_TOKEN_FILE",
+                )?));
                 c.token_file = Some(file);
                 from_env.push("CONSUL_HTTP_TOKEN_FILE");
             } else if let Some(t) = env("CONSUL_HTTP_TOKEN") {
@@ -502,7 +483,7 @@ impl ConsulConfig {
                     ));
                 }
                 if !t.is_empty() {
-                    c.token = Some(t);
+                    c.token = Some(Secret::new(t));
                     from_env.push("CONSUL_HTTP_TOKEN");
                 }
             }
@@ -576,7 +557,7 @@ impl ConsulConfig {
             }
             .into());
         }
-        self.token = Some(token);
+        self.token = Some(Secret::new(token));
         self.token_file = None;
         self.from_env
             .retain(|v| !matches!(*v, "CONSUL_HTTP_TOKEN" | "CONSUL_HTTP_TOKEN_FILE"));
@@ -637,7 +618,7 @@ impl ConsulConfig {
     }
 
     pub(crate) fn token(&self) -> Option<&str> {
-        self.token.as_deref()
+        self.token.as_ref().map(Secret::expose)
     }
 
     /// The session TTL, which is also the smallest lease TTL accepted.

@@ -4,7 +4,7 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use lease_core::adapter::{BackendUrl, CommonOptions, HostPort, OptionSpec, UrlOptions};
+use lease_core::adapter::{BackendUrl, CommonOptions, HostPort, OptionSpec, Secret, UrlOptions};
 use lease_core::{Error, InvalidInput, Result};
 
 /// The default key prefix.
@@ -65,11 +65,11 @@ const OPTIONS: OptionSpec = OptionSpec {
 /// User and password come from the URL's user info and are sent with etcd's `Authenticate` RPC.
 /// `Debug` and `Display` show the URL with the password replaced by `***`; errors name values
 /// the same way, and the password is never logged.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct EtcdConfig {
     url: BackendUrl,
     endpoints: Vec<String>,
-    user: Option<(String, String)>,
+    user: Option<(String, Secret)>,
     common: CommonOptions,
     tls: bool,
     tls_ca_file: Option<PathBuf>,
@@ -83,21 +83,6 @@ lease_core::common_config!(EtcdConfig {
     request_timeout: |_| DEFAULT_REQUEST_TIMEOUT,
     connect_timeout: |_| DEFAULT_CONNECT_TIMEOUT,
 });
-
-impl fmt::Debug for EtcdConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("EtcdConfig")
-            .field("url", &self.url)
-            .field("endpoints", &self.endpoints)
-            .field("user", &self.user.as_ref().map(|(u, _)| u))
-            .field("common", &self.common)
-            .field("tls", &self.tls)
-            .field("tls_ca_file", &self.tls_ca_file)
-            .field("tls_domain", &self.tls_domain)
-            .field("tls_client", &self.tls_client)
-            .finish()
-    }
-}
 
 impl fmt::Display for EtcdConfig {
     /// The URL, password redacted.
@@ -152,7 +137,7 @@ impl EtcdConfig {
                     .invalid("etcd authentication needs a password with the user name")
                     .into())
             }
-            (u, Some(p)) => Some((decode(&url, u)?, decode(&url, p)?)),
+            (u, Some(p)) => Some((decode(&url, u)?, Secret::new(decode(&url, p)?))),
         };
 
         let (common, mut options) = UrlOptions::parse(&url, OPTIONS)?;
@@ -313,7 +298,7 @@ impl EtcdConfig {
             .with_require_leader(true);
         if let Some((user, password)) = &self.user {
             o = o
-                .with_user(user.clone(), password.clone())
+                .with_user(user.clone(), password.expose())
                 .with_auto_token_refresh(true);
         }
         if self.tls {
@@ -432,7 +417,7 @@ mod tests {
             ]
         );
         assert_eq!(c.user(), Some("alice"));
-        assert_eq!(c.user.as_ref().unwrap().1, "s@cret");
+        assert_eq!(c.user.as_ref().unwrap().1.expose(), "s@cret");
         assert_eq!(c.request_timeout(), Duration::from_millis(500));
         assert_eq!(c.connect_timeout(), Duration::from_millis(700));
         assert!(!c.tls());

@@ -90,7 +90,7 @@ pub struct SentinelConfig {
 ///
 /// `Debug` and `Display` show the URL with the password replaced by `***`; errors name values
 /// the same way.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct RedisConfig {
     url: BackendUrl,
     common: CommonOptions,
@@ -109,22 +109,6 @@ lease_core::common_config!(RedisConfig {
     request_timeout: |_| DEFAULT_REQUEST_TIMEOUT,
     connect_timeout: |_| DEFAULT_CONNECT_TIMEOUT,
 });
-
-impl fmt::Debug for RedisConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RedisConfig")
-            .field("url", &self.url)
-            .field("common", &self.common)
-            .field("volatile_tokens", &self.volatile_tokens)
-            .field("clock_tokens", &self.clock_tokens)
-            .field("replica_acks", &self.replica_acks)
-            .field("unguarded_replicas", &self.unguarded_replicas)
-            .field("sentinel", &self.sentinel)
-            .field("poll_interval", &self.poll_interval)
-            .field("tls_ca_file", &self.tls_ca_file)
-            .finish()
-    }
-}
 
 impl fmt::Display for RedisConfig {
     /// The URL, password redacted.

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use lease_core::adapter::{BackendUrl, CommonOptions, HostPort, OptionSpec, UrlOptions};
+use lease_core::adapter::{BackendUrl, CommonOptions, HostPort, OptionSpec, Secret, UrlOptions};
 use lease_core::{InvalidInput, LockKey, Result};
 
 /// The base znode when the URL names no path.
@@ -29,10 +29,10 @@ const OPTIONS: OptionSpec = OptionSpec {
     key_prefix: validate_prefix,
 };
 /// Digest credentials; the password leaves this type only towards the client library.
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 struct Digest {
     user: String,
-    password: String,
+    password: Secret,
 }
 
 /// How to reach a ZooKeeper ensemble and how the adapter uses it.
@@ -63,7 +63,7 @@ struct Digest {
 ///
 /// `Debug` and `Display` show the URL with the password replaced by `***`; errors name the URL
 /// the same way.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct ZkConfig {
     hosts: Vec<String>,
     /// The common options; `key_prefix` is the base path without its leading `/`.
@@ -79,21 +79,6 @@ lease_core::common_config!(ZkConfig {
     request_timeout: |c: &ZkConfig| c.session_timeout,
     connect_timeout: |c: &ZkConfig| c.session_timeout + Duration::from_secs(1),
 });
-
-impl fmt::Debug for ZkConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ZkConfig")
-            .field("hosts", &self.hosts)
-            .field("common", &self.common)
-            .field("session_timeout", &self.session_timeout)
-            .field(
-                "digest",
-                &self.digest.as_ref().map(|d| format!("{}:***", d.user)),
-            )
-            .field("tick", &self.tick)
-            .finish()
-    }
-}
 
 impl fmt::Display for ZkConfig {
     /// The URL, password redacted.
@@ -272,7 +257,7 @@ impl ZkConfig {
     pub(crate) fn digest_auth(&self) -> Option<Vec<u8>> {
         self.digest
             .as_ref()
-            .map(|d| format!("{}:{}", d.user, d.password).into_bytes())
+            .map(|d| format!("{}:{}", d.user, d.password.expose()).into_bytes())
     }
 
     /// The znode of `key`'s lock (the parent of its contender nodes), for operators' tools:
@@ -321,7 +306,7 @@ fn parse_digest(s: &str) -> Result<Digest, String> {
     }
     Ok(Digest {
         user: user.to_owned(),
-        password: password.to_owned(),
+        password: Secret::new(password),
     })
 }
 

@@ -59,6 +59,7 @@ mod multi;
 mod options;
 mod outcome;
 mod records;
+mod secret;
 mod section;
 mod token;
 mod tokens;
