@@ -14,10 +14,7 @@ mod monitor;
 mod operator;
 mod session;
 
-use std::sync::Arc;
-
-use lease_core::adapter::BackendUrl;
-use lease_core::{Coordinator, Registry};
+use lease_core::Registry;
 
 pub use config::{
     ConsulConfig, CONSUL_MAX_LOCK_DELAY, CONSUL_SESSION_TTL_MAX, CONSUL_SESSION_TTL_MIN,
@@ -45,15 +42,7 @@ pub const SCHEMES: [&str; 2] = ["consul", "consuls"];
 /// out) and makes a coordinator (nothing is sent until the first
 /// acquire). The adapter has no fence: protect the resource with another backend's fence.
 pub fn register(registry: &mut Registry) {
-    for scheme in SCHEMES {
-        registry.register_coordinator(
-            scheme,
-            Arc::new(|url: BackendUrl| {
-                Box::pin(async move {
-                    let config = ConsulConfig::from_backend_url(url)?;
-                    Ok(Arc::new(ConsulCoordinator::connect(config).await?) as Arc<dyn Coordinator>)
-                })
-            }),
-        );
-    }
+    registry.register_coordinator_fn(&SCHEMES, |url| async {
+        ConsulCoordinator::connect(ConsulConfig::from_backend_url(url)?).await
+    });
 }

@@ -16,8 +16,6 @@ mod operator;
 mod session;
 mod watch;
 
-use std::sync::Arc;
-
 pub use config::{
     EtcdConfig, DEFAULT_CONNECT_TIMEOUT, DEFAULT_KEY_PREFIX, DEFAULT_PORT, DEFAULT_REQUEST_TIMEOUT,
     MAX_KEY_PREFIX_BYTES,
@@ -36,24 +34,10 @@ pub const SCHEMES: [&str; 2] = ["etcd", "etcds"];
 /// Registers the [`SCHEMES`] in `registry`, for coordinators ([`EtcdCoordinator`]) and fences
 /// ([`EtcdFence`]). Each `connect` makes a new client with its own sessions.
 pub fn register(registry: &mut lease_core::Registry) {
-    for scheme in SCHEMES {
-        registry.register_coordinator(
-            scheme,
-            Arc::new(|url| {
-                Box::pin(async move {
-                    let c = EtcdCoordinator::connect(EtcdConfig::from_backend_url(url)?).await?;
-                    Ok(Arc::new(c) as Arc<dyn lease_core::Coordinator>)
-                })
-            }),
-        );
-        registry.register_fence(
-            scheme,
-            Arc::new(|url| {
-                Box::pin(async move {
-                    let f = EtcdFence::connect(EtcdConfig::from_backend_url(url)?).await?;
-                    Ok(Arc::new(f) as Arc<dyn lease_core::Fence>)
-                })
-            }),
-        );
-    }
+    registry.register_coordinator_fn(&SCHEMES, |url| async {
+        EtcdCoordinator::connect(EtcdConfig::from_backend_url(url)?).await
+    });
+    registry.register_fence_fn(&SCHEMES, |url| async {
+        EtcdFence::connect(EtcdConfig::from_backend_url(url)?).await
+    });
 }

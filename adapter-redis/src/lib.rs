@@ -16,10 +16,7 @@ mod renewals;
 mod scripts;
 mod wakeups;
 
-use std::sync::Arc;
-
-use lease_core::adapter::BackendUrl;
-use lease_core::{Coordinator, Fence, Registry};
+use lease_core::Registry;
 
 pub use config::{
     RedisConfig, ReplicaAcks, SentinelConfig, DEFAULT_CONNECT_TIMEOUT, DEFAULT_KEY_PREFIX,
@@ -59,28 +56,12 @@ pub const SCHEMES: [&str; 3] = ["redis", "rediss", "redis+sentinel"];
 /// After this, `registry.connect("redis://...")` and `registry.connect_fence("redis://...")`
 /// parse the URL with [`RedisConfig::from_backend_url`] and connect (durability check included).
 pub fn register(registry: &mut Registry) {
-    for scheme in SCHEMES {
-        registry.register_coordinator(
-            scheme,
-            Arc::new(|url: BackendUrl| {
-                Box::pin(async move {
-                    let config = RedisConfig::from_backend_url(url)?;
-                    let c = RedisCoordinator::connect(config).await?;
-                    Ok(Arc::new(c) as Arc<dyn Coordinator>)
-                })
-            }),
-        );
-        registry.register_fence(
-            scheme,
-            Arc::new(|url: BackendUrl| {
-                Box::pin(async move {
-                    let config = RedisConfig::from_backend_url(url)?;
-                    let f = RedisFence::connect(config).await?;
-                    Ok(Arc::new(f) as Arc<dyn Fence>)
-                })
-            }),
-        );
-    }
+    registry.register_coordinator_fn(&SCHEMES, |url| async {
+        RedisCoordinator::connect(RedisConfig::from_backend_url(url)?).await
+    });
+    registry.register_fence_fn(&SCHEMES, |url| async {
+        RedisFence::connect(RedisConfig::from_backend_url(url)?).await
+    });
 }
 
 /// The Redis keys that store the lock `key` under `config`'s key prefix (the lock itself, its

@@ -14,10 +14,7 @@ mod operator;
 mod out_of_band;
 mod session;
 
-use std::sync::Arc;
-
-use lease_core::adapter::BackendUrl;
-use lease_core::{Coordinator, Registry};
+use lease_core::Registry;
 
 pub use config::{
     ZkConfig, DEFAULT_BASE_PATH, DEFAULT_KEY_PREFIX, DEFAULT_PORT, DEFAULT_SESSION_TIMEOUT,
@@ -39,14 +36,7 @@ pub const SCHEME: &str = "zk";
 /// [`ZkConfig::from_backend_url`] and opens a session. ZooKeeper is a coordinator only: no fence
 /// is registered for `zk://`.
 pub fn register(registry: &mut Registry) {
-    registry.register_coordinator(
-        SCHEME,
-        Arc::new(|url: BackendUrl| {
-            Box::pin(async move {
-                let config = ZkConfig::from_backend_url(url)?;
-                let c = ZkCoordinator::connect(config).await?;
-                Ok(Arc::new(c) as Arc<dyn Coordinator>)
-            })
-        }),
-    );
+    registry.register_coordinator_fn(&[SCHEME], |url| async {
+        ZkCoordinator::connect(ZkConfig::from_backend_url(url)?).await
+    });
 }

@@ -39,19 +39,9 @@ pub fn registry() -> Registry {
     #[cfg(feature = "consul")]
     adapter_consul::register(&mut r);
     #[cfg(feature = "postgres")]
-    for scheme in ["postgres", "postgresql"] {
-        r.register_fence(
-            scheme,
-            Arc::new(|url: lease_core::adapter::BackendUrl| {
-                Box::pin(async move {
-                    Ok(
-                        Arc::new(fence_postgres::PgFence::connect(url.expose().as_str()).await?)
-                            as Arc<dyn Fence>,
-                    )
-                })
-            }),
-        );
-    }
+    r.register_fence_fn(&["postgres", "postgresql"], |url| async move {
+        fence_postgres::PgFence::connect(url.expose().as_str()).await
+    });
     r
 }
 

@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::future::Future;
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
@@ -406,16 +407,8 @@ impl Registry {
             coordinators: HashMap::new(),
             fences: HashMap::new(),
         };
-        r.register_coordinator(
-            "memory",
-            Arc::new(|_url| {
-                Box::pin(async { Ok(Arc::new(MemoryCoordinator::new()) as Arc<dyn Coordinator>) })
-            }),
-        );
-        r.register_fence(
-            "memory",
-            Arc::new(|_url| Box::pin(async { Ok(Arc::new(MemoryFence::new()) as Arc<dyn Fence>) })),
-        );
+        r.register_coordinator_fn(&["memory"], |_url| async { Ok(MemoryCoordinator::new()) });
+        r.register_fence_fn(&["memory"], |_url| async { Ok(MemoryFence::new()) });
         r
     }
 
@@ -428,6 +421,61 @@ impl Registry {
     /// Registers (or replaces) the fence for `scheme`.
     pub fn register_fence(&mut self, scheme: &str, factory: FenceFactory) {
         self.fences.insert(scheme.to_ascii_lowercase(), factory);
+    }
+
+    /// Registers (or replaces), for each of `schemes`, the coordinator `connect` makes from the
+    /// URL: [`Self::register_coordinator`] with the `Arc`, the boxed future and the cast to
+    /// `dyn Coordinator` written once.
+    ///
+    /// ```
+    /// use lease_core::memory::MemoryCoordinator;
+    /// use lease_core::Registry;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> lease_core::Result<()> {
+    /// let mut registry = Registry::new();
+    /// registry.register_coordinator_fn(&["mine", "mine+tls"], |_url| async {
+    ///     Ok(MemoryCoordinator::new())
+    /// });
+    /// let coordinator = registry.connect("mine://anywhere").await?;
+    /// assert_eq!(coordinator.capabilities().backend, "memory");
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn register_coordinator_fn<C, F, Fut>(&mut self, schemes: &[&str], connect: F)
+    where
+        C: Coordinator + 'static,
+        F: Fn(BackendUrl) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<C>> + Send + 'static,
+    {
+        let connect = Arc::new(connect);
+        for scheme in schemes {
+            let connect = connect.clone();
+            let factory: CoordinatorFactory = Arc::new(move |url| {
+                let made = connect(url);
+                Box::pin(async move { Ok(Arc::new(made.await?) as Arc<dyn Coordinator>) })
+            });
+            self.register_coordinator(scheme, factory);
+        }
+    }
+
+    /// Registers (or replaces), for each of `schemes`, the fence `connect` makes from the URL:
+    /// [`Self::register_fence`] with the `Arc`, the boxed future and the cast written once.
+    pub fn register_fence_fn<T, F, Fut>(&mut self, schemes: &[&str], connect: F)
+    where
+        T: Fence + 'static,
+        F: Fn(BackendUrl) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<T>> + Send + 'static,
+    {
+        let connect = Arc::new(connect);
+        for scheme in schemes {
+            let connect = connect.clone();
+            let factory: FenceFactory = Arc::new(move |url| {
+                let made = connect(url);
+                Box::pin(async move { Ok(Arc::new(made.await?) as Arc<dyn Fence>) })
+            });
+            self.register_fence(scheme, factory);
+        }
     }
 
     fn unknown(&self, url: &BackendUrl, what: &str, known: Vec<&String>) -> InvalidInput {

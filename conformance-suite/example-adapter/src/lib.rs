@@ -5,10 +5,8 @@
 //! (`src/bin/thirdparty-worker.rs`) serves the suite's process cases through
 //! `conformance_suite::worker::main_with`.
 
-use std::sync::Arc;
-
 use lease_core::memory::{MemoryCoordinator, MemoryFence};
-use lease_core::{Coordinator, Fence, Registry};
+use lease_core::Registry;
 
 /// This adapter's URL scheme.
 pub const SCHEME: &str = "thirdparty-memory";
@@ -18,16 +16,8 @@ pub const SCHEME: &str = "thirdparty-memory";
 /// Each connect makes a new in-process coordinator (as `memory://` does): the backend is not
 /// shared across OS processes.
 pub fn register(registry: &mut Registry) {
-    registry.register_coordinator(
-        SCHEME,
-        Arc::new(|_url| {
-            Box::pin(async { Ok(Arc::new(MemoryCoordinator::new()) as Arc<dyn Coordinator>) })
-        }),
-    );
-    registry.register_fence(
-        SCHEME,
-        Arc::new(|_url| Box::pin(async { Ok(Arc::new(MemoryFence::new()) as Arc<dyn Fence>) })),
-    );
+    registry.register_coordinator_fn(&[SCHEME], |_url| async { Ok(MemoryCoordinator::new()) });
+    registry.register_fence_fn(&[SCHEME], |_url| async { Ok(MemoryFence::new()) });
 }
 
 /// A registry that knows [`SCHEME`] (and lease-core's own `memory://`).
