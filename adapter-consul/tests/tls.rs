@@ -6,11 +6,11 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use adapter_consul::{ConsulConfig, ConsulCoordinator};
 use conformance_tests::consul_standin::{ConsulStandIn, StandInOptions, StandInTls};
+use conformance_tests::logs::CapturedLogs;
 use conformance_tests::pki::{write_pem, Leaf, TestCa};
 use lease_core::{Coordinator, Error, Lease, LeaseOptions, LockKey};
 
@@ -325,39 +325,10 @@ async fn the_consul_environment_configures_address_token_ca_and_client_cert() {
     assert!(r.is_err(), "plain HTTP to a TLS agent must fail");
 }
 
-/// A `MakeWriter` collecting every log line.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Captured {
-    type Writer = Captured;
-    fn make_writer(&'a self) -> Self::Writer {
-        self.clone()
-    }
-}
-
 #[tokio::test]
 async fn secrets_never_show_in_debug_display_errors_or_logs() {
-    let logs = Captured::default();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::TRACE)
-        .with_writer(logs.clone())
-        .with_ansi(false)
-        .finish();
-    // Global, not scoped: tracing caches each call site's interest process-wide, and a scoped
-    // subscriber misses call sites that other tests' threads registered first. The other tests
-    // of this binary log into it too, which only widens the check.
-    tracing::subscriber::set_global_default(subscriber).expect("the only subscriber");
+    // The other tests of this binary log into it too, which only widens the check.
+    let logs = CapturedLogs::install(tracing::Level::TRACE);
 
     let pki = Pki::new("server");
     let clients = Pki::new("clients");
@@ -421,7 +392,7 @@ async fn secrets_never_show_in_debug_display_errors_or_logs() {
     shown.push(e.to_string());
     drop(c);
 
-    let logs = String::from_utf8_lossy(&logs.0.lock().unwrap()).into_owned();
+    let logs = logs.text();
     assert!(
         logs.contains("consul session created"),
         "the adapter's log lines are captured: {logs}"

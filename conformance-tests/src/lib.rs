@@ -9,6 +9,7 @@ pub use lease_testkit::contend;
 pub use lease_testkit::fence_server;
 /// The real-server harness (from [`lease_testkit`]).
 pub use lease_testkit::harness;
+pub use lease_testkit::logs;
 /// The test PKI (from [`lease_testkit`]).
 pub use lease_testkit::pki;
 /// Signals to one process (from [`lease_testkit`]).

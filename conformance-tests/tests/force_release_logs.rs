@@ -8,54 +8,13 @@
 //! Each backend's server is started by the harness as for the suite; without one the backend is
 //! a named skip, and a failure under `CI=true`.
 
-use std::sync::{Arc, Mutex};
-
+use conformance_tests::logs::CapturedLogs;
 use conformance_tests::subjects::subject_for;
 use lease_core::{ForceRelease, LeaseOptions, LockKey, Token};
 
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Captured {
-    /// The captured lines that contain `needle`.
-    fn lines_with(&self, needle: &str) -> Vec<String> {
-        let bytes = self.0.lock().unwrap().clone();
-        String::from_utf8_lossy(&bytes)
-            .lines()
-            .filter(|l| l.contains(needle))
-            .map(str::to_owned)
-            .collect()
-    }
-}
-
-impl std::io::Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Captured {
-    type Writer = Captured;
-    fn make_writer(&'a self) -> Self::Writer {
-        self.clone()
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forced_release_is_one_warning_on_every_backend() {
-    let logs = Captured::default();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::WARN)
-        .with_writer(logs.clone())
-        .with_ansi(false)
-        .finish();
-    // Global: tracing caches each call site's interest process-wide, and the adapters' tasks
-    // run on the runtime's other thread.
-    tracing::subscriber::set_global_default(subscriber).expect("the only subscriber");
+    let logs = CapturedLogs::install(tracing::Level::WARN);
 
     for backend in ["memory", "redis", "etcd", "zookeeper", "consul"] {
         let Some(subject) = subject_for(backend, None)

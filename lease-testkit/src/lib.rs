@@ -4,6 +4,7 @@
 pub mod contend;
 pub mod fence_server;
 pub mod harness;
+pub mod logs;
 pub mod pki;
 pub mod process;
 pub mod proxy;
