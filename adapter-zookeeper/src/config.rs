@@ -29,10 +29,17 @@ const OPTIONS: OptionSpec = OptionSpec {
     key_prefix: validate_prefix,
 };
 /// Digest credentials; the password leaves this type only towards the client library.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 struct Digest {
     user: String,
     password: Secret,
+}
+
+impl fmt::Debug for Digest {
+    /// `"user:***"`, as the URL shows it redacted.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&format!("{}:{}", self.user, self.password), f)
+    }
 }
 
 /// How to reach a ZooKeeper ensemble and how the adapter uses it.
