@@ -15,6 +15,7 @@
 //! after it and relies on the session processing requests in order, which a create waiting in a
 //! queue would not keep.
 
+use std::future::Future;
 use std::time::Duration;
 
 use lease_core::adapter::batch::{Coalesce, CoalesceConfig};
@@ -73,7 +74,9 @@ impl Coalesced {
 
     /// The children of `dir` (`getChildren`, alone or in a read-only multi).
     pub(crate) async fn children(&self, dir: &str) -> ZkResult<Vec<String>> {
-        let alone = |dir: String| async move { Ok(list_one(&self.client, self.bound, &dir).await) };
+        let alone = |dir: String| async move {
+            Ok(bounded(self.bound, self.client.list_children(&dir)).await)
+        };
         self.lists
             .ask_with(dir.to_owned(), alone)
             .await
@@ -83,7 +86,7 @@ impl Coalesced {
     /// Deletes `path` if its version is `version` (any for `None`), alone or in a multi.
     pub(crate) async fn delete(&self, path: &str, version: Option<i32>) -> ZkResult<()> {
         let alone = |(path, version): Delete| async move {
-            Ok(delete_one(&self.client, self.bound, &path, version).await)
+            Ok(bounded(self.bound, self.client.delete(&path, version)).await)
         };
         self.deletes
             .ask_with((path.to_owned(), version), alone)
@@ -95,45 +98,26 @@ impl Coalesced {
 /// Answers for a chunk, none of which can fail as a whole (each caller gets its own result).
 type Answers<T> = Vec<lease_core::Result<ZkResult<T>>>;
 
-/// One `getChildren`, as it is.
-async fn list_one(client: &Client, bound: Duration, dir: &str) -> ZkResult<Vec<String>> {
-    match tokio::time::timeout(bound, client.list_children(dir)).await {
-        Ok(r) => r,
-        Err(_) => Err(ZkError::ConnectionLoss),
-    }
-}
-
-/// One `delete`, as it is.
-async fn delete_one(
-    client: &Client,
-    bound: Duration,
-    path: &str,
-    version: Option<i32>,
-) -> ZkResult<()> {
-    match tokio::time::timeout(bound, client.delete(path, version)).await {
-        Ok(r) => r,
-        Err(_) => Err(ZkError::ConnectionLoss),
-    }
+/// `request` within `bound`; one unanswered by then is `ConnectionLoss` for its callers (who,
+/// bounded by the same timeout from before they queued, have stopped waiting).
+async fn bounded<T>(bound: Duration, request: impl Future<Output = ZkResult<T>>) -> ZkResult<T> {
+    tokio::time::timeout(bound, request)
+        .await
+        .unwrap_or(Err(ZkError::ConnectionLoss))
 }
 
 async fn list_chunk(client: &Client, bound: Duration, dirs: Vec<String>) -> Answers<Vec<String>> {
     if let [dir] = dirs.as_slice() {
-        return vec![Ok(list_one(client, bound, dir).await)];
+        return vec![Ok(bounded(bound, client.list_children(dir)).await)];
     }
     let mut reader = client.new_multi_reader();
     let mut refused: Vec<Option<ZkError>> = Vec::with_capacity(dirs.len());
     for dir in &dirs {
         refused.push(reader.add_get_children(dir).err());
     }
-    let results = match tokio::time::timeout(bound, reader.commit()).await {
-        Ok(Ok(results)) => results,
-        Ok(Err(e)) => return dirs.iter().map(|_| Ok(Err(e.clone()))).collect(),
-        Err(_) => {
-            return dirs
-                .iter()
-                .map(|_| Ok(Err(ZkError::ConnectionLoss)))
-                .collect()
-        }
+    let results = match bounded(bound, reader.commit()).await {
+        Ok(results) => results,
+        Err(e) => return dirs.iter().map(|_| Ok(Err(e.clone()))).collect(),
     };
     let mut results = results.into_iter();
     refused
@@ -155,7 +139,7 @@ async fn list_chunk(client: &Client, bound: Duration, dirs: Vec<String>) -> Answ
 
 async fn delete_chunk(client: &Client, bound: Duration, nodes: Vec<Delete>) -> Answers<()> {
     if let [(path, version)] = nodes.as_slice() {
-        return vec![Ok(delete_one(client, bound, path, *version).await)];
+        return vec![Ok(bounded(bound, client.delete(path, *version)).await)];
     }
     let mut answers: Vec<Option<ZkResult<()>>> = nodes.iter().map(|_| None).collect();
     // The deletes not answered yet, by their index in `nodes`.

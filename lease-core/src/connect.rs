@@ -247,15 +247,13 @@ fn is_secret_param(key: &str) -> bool {
 /// (`A-Z a-z 0-9 - . _ ~`) becomes `%XX` (upper-case hex). The result has no `/` or other
 /// separator, distinct inputs give distinct results, and [`percent_decode`] gives `s` back.
 pub fn percent_encode(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
+    /// Every byte but RFC 3986's unreserved characters.
+    const RESERVED: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+        .remove(b'-')
+        .remove(b'.')
+        .remove(b'_')
+        .remove(b'~');
+    percent_encoding::utf8_percent_encode(s, RESERVED).to_string()
 }
 
 /// Percent-decodes `s` (`%40` is `@`); `None` for a malformed escape or bytes that are not UTF-8.
