@@ -3,11 +3,10 @@
 //! and the cancellation of an attempt whose answer was not seen.
 
 use std::ops::ControlFlow;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use lease_core::adapter::{retry_until_settled, Backoff, HolderRecord, LeaseTracker, Op};
+use lease_core::adapter::{fresh_id, retry_until_settled, Backoff, HolderRecord, LeaseTracker, Op};
 use lease_core::{Error, Lease, LeaseOptions, LockKey, LostReason, Result};
 use tokio::time::Instant;
 
@@ -416,7 +415,7 @@ impl ConsulCoordinator {
             tracker.renewed(session_until);
         }
         let shared = Arc::new(LeaseShared::new(
-            inner.next_lease.fetch_add(1, Ordering::Relaxed),
+            fresh_id(),
             kv_key.to_owned(),
             tracker,
             own_until,

@@ -3,7 +3,6 @@
 //! impl is generated from.
 
 use std::fmt;
-use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -47,7 +46,6 @@ pub(crate) struct Inner {
     /// Admits grants; the watermark's scope is agent, datacenter and key prefix (each
     /// datacenter has its own Raft index; two prefixes are two lock namespaces).
     pub(crate) tokens: TokenAdmission,
-    pub(crate) next_lease: AtomicU64,
 }
 
 /// A Consul coordinator: one session per client, locks on KV keys, tokens from the Raft index.
@@ -142,7 +140,6 @@ impl ConsulCoordinator {
                 sessions,
                 slots: Arc::new(Slots::default()),
                 default_owner,
-                next_lease: AtomicU64::new(1),
             }),
         }
     }

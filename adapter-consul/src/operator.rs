@@ -121,12 +121,7 @@ impl ConsulCoordinator {
         let trail = entry
             .map(|e| StoredAudit::parse_trail(&e.value_bytes()))
             .unwrap_or_default();
-        Ok(trail
-            .iter()
-            .rev()
-            .take(limit)
-            .map(|r| r.to_record(key, None))
-            .collect())
+        Ok(StoredAudit::newest_first(&trail, key, limit))
     }
 }
 

@@ -7,11 +7,10 @@
 //! passed since the last renewal it saw, so until then every lock the session holds stays held
 //! (unless someone deletes it). Each lease's validity is capped by it.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
-use lease_core::adapter::Backoff;
+use lease_core::adapter::{Backoff, Dependents};
 use lease_core::{Error, Result};
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -40,8 +39,6 @@ struct SessionState {
     valid_until: Instant,
     /// The validity last pushed to the leases ([`Session::confirm`]).
     pushed_until: Instant,
-    ended: bool,
-    leases: HashMap<u64, Weak<dyn SessionLease>>,
 }
 
 /// The outcome of one session renewal, as every caller that shares it sees it: `Ok(true)`
@@ -60,6 +57,7 @@ pub(crate) struct Session {
     ttl: Duration,
     margin: Duration,
     state: Mutex<SessionState>,
+    leases: Dependents<Weak<dyn SessionLease>>,
     ended_tx: watch::Sender<bool>,
     /// The last renewal sent (shared by every caller that needs one sent after it started).
     renewal: Mutex<Option<Renewal>>,
@@ -85,9 +83,8 @@ impl Session {
             state: Mutex::new(SessionState {
                 valid_until: lease_core::adapter::clock::valid_until(created_sent_at, ttl, margin),
                 pushed_until: created_sent_at,
-                ended: false,
-                leases: HashMap::new(),
             }),
+            leases: Dependents::new(),
             ended_tx,
             renewal: Mutex::new(None),
         }
@@ -110,7 +107,7 @@ impl Session {
 
     /// Whether the session is known to be gone.
     pub(crate) fn is_ended(&self) -> bool {
-        self.lock().ended
+        self.leases.is_closed()
     }
 
     /// A renewal sent at `sent_at` was confirmed: extends the session's validity and, through it,
@@ -122,20 +119,20 @@ impl Session {
     /// validity then lags the session's by at most a quarter TTL (never exceeds it); a renewing
     /// lease reads the session's validity itself.
     pub(crate) fn confirm(&self, sent_at: Instant) {
-        let (until, leases) = {
+        if self.is_ended() {
+            return;
+        }
+        let until = {
             let mut st = self.lock();
-            if st.ended {
-                return;
-            }
             let until = lease_core::adapter::clock::valid_until(sent_at, self.ttl, self.margin);
             st.valid_until = st.valid_until.max(until);
             if st.valid_until < st.pushed_until + self.ttl / 4 {
                 return;
             }
             st.pushed_until = st.valid_until;
-            (st.valid_until, live(&mut st))
+            st.valid_until
         };
-        for l in leases {
+        for l in self.leases.live() {
             l.session_confirmed(until);
         }
     }
@@ -143,8 +140,7 @@ impl Session {
     /// A renewal failed for a transient reason: the leases may still be held, but nothing new
     /// should start under them until a renewal is confirmed.
     fn in_doubt(&self) {
-        let leases = live(&mut self.lock());
-        for l in leases {
+        for l in self.leases.live() {
             l.in_doubt();
         }
     }
@@ -152,38 +148,29 @@ impl Session {
     /// The session is gone (Consul answered 404 or refused it, or the client destroyed it):
     /// every lease on it is lost. Idempotent.
     pub(crate) fn end(&self) {
-        let leases = {
-            let mut st = self.lock();
-            if st.ended {
-                return;
-            }
-            st.ended = true;
-            live(&mut st)
+        let Some(leases) = self.leases.close() else {
+            return;
         };
         self.ended_tx.send_replace(true);
-        for l in leases {
+        for l in leases.iter().filter_map(Weak::upgrade) {
             l.session_ended();
         }
     }
 
     /// Registers the lease `id`; `false` if the session has ended meanwhile.
     pub(crate) fn register(&self, id: u64, lease: Weak<dyn SessionLease>) -> bool {
-        let mut st = self.lock();
-        if st.ended {
-            return false;
-        }
-        st.leases.insert(id, lease);
-        true
+        self.leases.insert(id, lease)
     }
 
     /// Forgets a lease.
     pub(crate) fn unregister(&self, id: u64) {
-        self.lock().leases.remove(&id);
+        self.leases.remove(id);
     }
 
     /// The live lease of this session on `kv_key`, if any.
     pub(crate) fn lease_on(&self, kv_key: &str) -> Option<Arc<dyn SessionLease>> {
-        live(&mut self.lock())
+        self.leases
+            .live()
             .into_iter()
             .find(|l| l.kv_key() == kv_key)
     }
@@ -191,11 +178,6 @@ impl Session {
     fn ended_signal(&self) -> watch::Receiver<bool> {
         self.ended_tx.subscribe()
     }
-}
-
-fn live(st: &mut SessionState) -> Vec<Arc<dyn SessionLease>> {
-    st.leases.retain(|_, w| w.strong_count() > 0);
-    st.leases.values().filter_map(Weak::upgrade).collect()
 }
 
 /// Creates, renews and ends the client's session.

@@ -114,12 +114,7 @@ impl EtcdCoordinator {
         let limit = AuditRecord::check_limit(limit)?;
         let audit_key = keys::audit_key(self.config().key_prefix(), key);
         let (_, trail) = self.read_audit(&audit_key, "audit_trail").await?;
-        Ok(trail
-            .iter()
-            .rev()
-            .take(limit)
-            .map(|r| r.to_record(key, None))
-            .collect())
+        Ok(StoredAudit::newest_first(&trail, key, limit))
     }
 }
 

@@ -18,13 +18,12 @@
 //! (see the crate docs), and a lease whose validity passes is deleted by its guardian even though
 //! the session lives on.
 
-use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{Client, Compare, CompareOp, PutOptions, Txn, TxnOp};
-use lease_core::adapter::{Backoff, LeaseTracker};
+use lease_core::adapter::{fresh_id, Backoff, Dependents, LeaseTracker};
 use lease_core::{LeaseStatus, LostReason};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
@@ -49,8 +48,7 @@ pub(crate) struct Session {
     ttl: Duration,
     state: Arc<watch::Sender<SessionState>>,
     kick: mpsc::UnboundedSender<Instant>,
-    leases: Arc<Mutex<HashMap<u64, LeaseTracker>>>,
-    next_slot: AtomicU64,
+    leases: Arc<Dependents<LeaseTracker>>,
 }
 
 impl std::fmt::Debug for Session {
@@ -95,14 +93,13 @@ impl Session {
         });
         let state = Arc::new(state);
         let (kick, kick_rx) = mpsc::unbounded_channel();
-        let leases = Arc::new(Mutex::new(HashMap::new()));
+        let leases = Arc::new(Dependents::new());
         let session = Arc::new(Session {
             id: resp.id(),
             ttl,
             state: state.clone(),
             kick,
             leases: leases.clone(),
-            next_slot: AtomicU64::new(0),
         });
         tracing::debug!(lease = %format_args!("{:016x}", resp.id() as u64), ?ttl, "etcd session granted");
         tokio::spawn(keepalive(KeepAlive {
@@ -166,10 +163,10 @@ impl Session {
     /// Registers a lease to be marked lost when the session ends (and in doubt while its stream
     /// is broken). Returns the slot to unregister with.
     pub(crate) fn register(&self, tracker: LeaseTracker) -> u64 {
-        let slot = self.next_slot.fetch_add(1, Ordering::Relaxed);
-        lock(&self.leases).insert(slot, tracker.clone());
-        // The session may have ended between the acquisition and the registration.
-        if let Some(reason) = self.dead_reason() {
+        let slot = fresh_id();
+        if !self.leases.insert(slot, tracker.clone()) {
+            // The session ended between the acquisition and the registration.
+            let reason = self.dead_reason().unwrap_or(LostReason::SessionEnded);
             if reason != LostReason::Released {
                 tracker.mark_lost(reason);
             }
@@ -179,7 +176,7 @@ impl Session {
 
     /// Forgets a registered lease.
     pub(crate) fn unregister(&self, slot: u64) {
-        lock(&self.leases).remove(&slot);
+        self.leases.remove(slot);
     }
 
     /// Waits until the server acknowledged a keepalive sent at or after `since` (sending one now
@@ -210,17 +207,9 @@ impl Session {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 /// Marks the session over (first reason wins) and its leases lost.
-fn end(
-    state: &watch::Sender<SessionState>,
-    leases: &Mutex<HashMap<u64, LeaseTracker>>,
-    reason: LostReason,
-) {
-    let first = state.send_if_modified(|s| {
+fn end(state: &watch::Sender<SessionState>, leases: &Dependents<LeaseTracker>, reason: LostReason) {
+    state.send_if_modified(|s| {
         if s.dead.is_some() {
             false
         } else {
@@ -228,9 +217,12 @@ fn end(
             true
         }
     });
-    if first && reason != LostReason::Released {
-        for t in lock(leases).values() {
-            t.mark_lost(reason);
+    // Only the first end finds the leases: the first reason is theirs.
+    if let Some(ended) = leases.close() {
+        if reason != LostReason::Released {
+            for t in ended {
+                t.mark_lost(reason);
+            }
         }
     }
 }
@@ -240,7 +232,7 @@ struct KeepAlive {
     id: i64,
     ttl: Duration,
     state: Arc<watch::Sender<SessionState>>,
-    leases: Arc<Mutex<HashMap<u64, LeaseTracker>>>,
+    leases: Arc<Dependents<LeaseTracker>>,
     kick_rx: mpsc::UnboundedReceiver<Instant>,
     request_timeout: Duration,
 }
@@ -252,22 +244,20 @@ impl KeepAlive {
             s.acked_sent = s.acked_sent.max(sent);
             s.deadline = s.deadline.max(sent + server_ttl);
         });
-        for t in lock(&self.leases).values() {
+        self.leases.for_each(|t| {
             if t.status() == LeaseStatus::InDoubt {
                 was_in_doubt = true;
                 // Connected again inside a live session: held, with validity unchanged.
                 t.renewed(t.valid_until());
             }
-        }
+        });
         if was_in_doubt {
             tracing::debug!(lease = %format_args!("{:016x}", self.id as u64), "etcd session reconnected");
         }
     }
 
     fn in_doubt(&self) {
-        for t in lock(&self.leases).values() {
-            t.in_doubt();
-        }
+        self.leases.for_each(LeaseTracker::in_doubt);
     }
 
     fn deadline(&self) -> Instant {

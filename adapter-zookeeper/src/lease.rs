@@ -9,7 +9,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lease_core::adapter::{resend, retry_until_settled, Backoff, LeaseTracker, SendAgain};
+use lease_core::adapter::{
+    fresh_id, resend, retry_until_settled, Backoff, LeaseTracker, SendAgain,
+};
 use lease_core::{Error, Lease, LeaseStatus, LostReason, Result};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
@@ -68,7 +70,7 @@ impl LeaseState {
         let margin = tracker.drift_margin();
         let deadline = sent + tracker.ttl();
         Arc::new(LeaseState {
-            id: session.next_lease_id(),
+            id: fresh_id(),
             session,
             tracker,
             path,
@@ -386,7 +388,11 @@ impl ZkLease {
         watch: Option<NodeWatch>,
     ) -> ZkLease {
         let weak: std::sync::Weak<LeaseState> = Arc::downgrade(&state);
-        state.session.register(state.id, weak);
+        if !state.session.register(state.id, weak) {
+            // The session ended since the grant (its nodes are gone), before this lease could
+            // hear of it.
+            state.on_session_ended();
+        }
         // Cap the initial validity by the session bound (the tracker started from the TTL).
         let applied = state
             .session

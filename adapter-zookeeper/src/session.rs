@@ -32,12 +32,10 @@
 //!
 //! [`LeaseStatus::InDoubt`]: lease_core::LeaseStatus::InDoubt
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
-use lease_core::adapter::DelayedStarts;
+use lease_core::adapter::{DelayedStarts, Dependents};
 use lease_core::Result;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -87,8 +85,7 @@ pub(crate) struct Session {
     conn: Mutex<ConnState>,
     /// `(connected, terminated)`, for tasks that wait for the connection to come back.
     link: watch::Sender<(bool, bool)>,
-    leases: Mutex<HashMap<u64, Weak<dyn SessionLease>>>,
-    next_lease: AtomicU64,
+    leases: Dependents<Weak<dyn SessionLease>>,
     /// Lock listings and releases, sent together under load ([`crate::coalesce`]).
     coalesced: Coalesced,
     /// The monitors of leases still held [`MONITOR_DELAY`] after their grant.
@@ -159,8 +156,7 @@ impl Session {
                 confirmed: sent,
             }),
             link,
-            leases: Mutex::new(HashMap::new()),
-            next_lease: AtomicU64::new(1),
+            leases: Dependents::new(),
             monitors: {
                 let delay = MONITOR_DELAY.min(timeout / 10);
                 DelayedStarts::new(delay, delay / 2)
@@ -325,34 +321,15 @@ impl Session {
         .await;
     }
 
-    /// A fresh lease id.
-    pub(crate) fn next_lease_id(&self) -> u64 {
-        self.next_lease.fetch_add(1, Ordering::Relaxed)
-    }
-
-    /// Registers the live lease `id` for connection events.
-    pub(crate) fn register(&self, id: u64, lease: Weak<dyn SessionLease>) {
-        self.leases
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(id, lease);
+    /// Registers the live lease `id` for connection events; `false` once the session is over
+    /// (the lease is lost: its node went with the session).
+    pub(crate) fn register(&self, id: u64, lease: Weak<dyn SessionLease>) -> bool {
+        self.leases.insert(id, lease)
     }
 
     /// Forgets a lease (its monitor ended).
     pub(crate) fn unregister(&self, id: u64) {
-        self.leases
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&id);
-    }
-
-    fn live_leases(&self) -> Vec<Arc<dyn SessionLease>> {
-        self.leases
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-            .filter_map(Weak::upgrade)
-            .collect()
+        self.leases.remove(id);
     }
 
     /// Creates `path` and its missing ancestors as persistent nodes with the adapter's ACL.
@@ -370,7 +347,7 @@ impl Session {
     }
 
     fn on_disconnected(&self) {
-        let leases = self.live_leases();
+        let leases = self.leases.live();
         let mut c = self.conn();
         c.connected = false;
         c.epoch += 1;
@@ -399,7 +376,7 @@ impl Session {
             c.epoch
         };
         self.link.send_replace((true, false));
-        let leases = self.live_leases();
+        let leases = self.leases.live();
         if !leases.is_empty() {
             tokio::spawn(async move {
                 futures::future::join_all(leases.into_iter().map(|l| l.reconnected(epoch))).await;
@@ -408,7 +385,9 @@ impl Session {
     }
 
     fn on_terminated(&self, state: SessionState) {
-        let leases = self.live_leases();
+        let leases: Vec<_> = (self.leases.close().into_iter().flatten())
+            .filter_map(|l| l.upgrade())
+            .collect();
         {
             let mut c = self.conn();
             c.connected = false;
@@ -429,7 +408,7 @@ impl Session {
 
     /// Refreshes the validity of every held lease after a heartbeat answered in `epoch`.
     fn refresh(&self, epoch: u64) {
-        let leases = self.live_leases();
+        let leases = self.leases.live();
         self.with_epoch(epoch, |bound| {
             for l in &leases {
                 l.refresh(bound);

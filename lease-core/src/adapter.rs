@@ -3,7 +3,8 @@
 //! ([`TokenAdmission`], [`Watermarks`]), the one rule for a failed request's error ([`Op`]), the
 //! retry backoff ([`Backoff`]), the guardian that cleans up after an ended lease
 //! ([`spawn_guardian`], [`retry_until_settled`]) and the queue that starts a lease's task only if
-//! the lease outlives its first moment ([`DelayedStarts`]), the stored holder and audit records ([`HolderRecord`],
+//! the lease outlives its first moment ([`DelayedStarts`]), the leases that live on one session
+//! ([`Dependents`]), the stored holder and audit records ([`HolderRecord`],
 //! [`StoredAudit`]), credentials that never show in `Debug` ([`Secret`]), the round scheduler ([`batch`]), clock helpers ([`clock`]), the
 //! registry's factory types, the macro that writes an adapter's `Coordinator` impl
 //! ([`coordinator_from_primitives!`](crate::coordinator_from_primitives)) and the one that
@@ -45,6 +46,7 @@ pub use crate::connect::{
     percent_decode, percent_encode, BackendUrl, CoordinatorFactory, FenceFactory, HostPort,
 };
 pub use crate::delayed::DelayedStarts;
+pub use crate::dependents::{fresh_id, Dependents};
 pub use crate::guardian::{retry_until_settled, spawn_guardian};
 pub use crate::lease::LeaseTracker;
 pub use crate::local_waiters::{in_turn, LocalWaiters, Turn};

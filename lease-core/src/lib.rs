@@ -44,6 +44,7 @@ mod cancel;
 mod connect;
 mod coordinator;
 mod delayed;
+mod dependents;
 mod error;
 mod fence;
 mod guardian;

@@ -169,6 +169,13 @@ impl StoredAudit {
         serde_json::to_vec(&trail).expect("records of strings and numbers serialise")
     }
 
+    /// What [`Coordinator::audit_trail`](crate::Coordinator::audit_trail) returns of `trail` (a
+    /// trail value's records, oldest first) for `key`: its newest `limit` records, newest first.
+    pub fn newest_first(trail: &[Self], key: &LockKey, limit: usize) -> Vec<AuditRecord> {
+        let newest = trail.iter().rev().take(limit);
+        newest.map(|r| r.to_record(key, None)).collect()
+    }
+
     /// The record as [`Coordinator::audit_trail`](crate::Coordinator::audit_trail) returns it
     /// for `key`; `at` (when the backend keeps its own time, like ZooKeeper's creation time)
     /// replaces the stored one.
@@ -241,5 +248,25 @@ mod tests {
         let back = StoredAudit::parse(&free.to_json()).unwrap();
         assert_eq!(back.key.as_deref(), Some("k"));
         assert_eq!(back.to_record(&key, None).removed_token, None);
+    }
+
+    #[test]
+    fn newest_first_returns_the_last_records_reversed() {
+        let key = LockKey::new("k").unwrap();
+        let trail: Vec<StoredAudit> = (1..=5)
+            .map(|i| {
+                let request = ForceRelease::new(format!("op{i}"), "r").unwrap();
+                StoredAudit::new(&request, None)
+            })
+            .collect();
+        let actors = |records: Vec<AuditRecord>| -> Vec<String> {
+            records.into_iter().map(|r| r.actor).collect()
+        };
+        assert_eq!(
+            actors(StoredAudit::newest_first(&trail, &key, 2)),
+            ["op5", "op4"]
+        );
+        assert_eq!(actors(StoredAudit::newest_first(&trail, &key, 9)).len(), 5);
+        assert!(StoredAudit::newest_first(&[], &key, 3).is_empty());
     }
 }
