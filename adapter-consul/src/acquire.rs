@@ -140,13 +140,16 @@ impl ConsulCoordinator {
         HolderRecord::new(options, &self.inner.default_owner).to_json()
     }
 
-    async fn acquire_impl(
+    /// `acquire` (`Some(wait)`) and `try_acquire` (`None`), with `options` validated: one `/v1/txn` round trip when the key is
+    /// free (`check-not-exists` of the attempt marker, `lock`, `get`). Trying once, `Held` if
+    /// another session holds the key (or its lock-delay runs); waiting, blocking queries on the
+    /// key until it changes, backing off while a lock-delay holds, within `wait`.
+    pub(crate) async fn acquire_for(
         &self,
         key: &LockKey,
         options: &LeaseOptions,
         wait: Option<Duration>,
     ) -> Result<Box<dyn Lease>> {
-        options.validate(&self.inner.caps)?;
         let inner = &self.inner;
         let start = Instant::now();
         let deadline = wait.map(|w| start + w);
@@ -488,21 +491,5 @@ impl ConsulCoordinator {
             }
             claim
         })
-    }
-}
-
-impl ConsulCoordinator {
-    /// `acquire` (`wait`) and `try_acquire` (`!wait`): one `/v1/txn` round trip when the key is
-    /// free (`check-not-exists` of the attempt marker, `lock`, `get`). Trying once, `Held` if
-    /// another session holds the key (or its lock-delay runs); waiting, blocking queries on the
-    /// key until it changes, backing off while a lock-delay holds, within `options.wait`.
-    pub(crate) async fn acquire_for(
-        &self,
-        key: &LockKey,
-        options: &LeaseOptions,
-        wait: bool,
-    ) -> Result<Box<dyn Lease>> {
-        self.acquire_impl(key, options, wait.then(|| options.wait_value()))
-            .await
     }
 }

@@ -718,21 +718,20 @@ async fn retry_within(
 }
 
 impl EtcdCoordinator {
-    /// `acquire` (`wait`: queued behind the holder up to `options.wait`) and `try_acquire`
-    /// (`!wait`: one transaction). A queued attempt runs in its own task; a single transaction
-    /// (`try_acquire`, or `acquire` with no wait) runs in the caller's.
+    /// `acquire` (`Some(wait)`: queued behind the holder up to `wait`) and `try_acquire`
+    /// (`None`: one transaction), with `options` validated. A queued attempt runs in its own
+    /// task; a single transaction (`try_acquire`, or `acquire` with no wait) runs in the caller's.
     pub(crate) async fn acquire_for(
         &self,
         key: &LockKey,
         options: &LeaseOptions,
-        wait: bool,
+        wait: Option<Duration>,
     ) -> Result<Box<dyn Lease>> {
-        options.validate(&self.inner.caps)?;
         let start = Instant::now();
-        if !wait {
+        let Some(wait) = wait else {
             return self.acquire_once(key, options).await;
-        }
-        if options.wait_value().is_zero() {
+        };
+        if wait.is_zero() {
             return self.acquire_once(key, options).await.map_err(|e| match e {
                 Error::Held { key } => Error::Timeout {
                     key,
@@ -741,7 +740,8 @@ impl EtcdCoordinator {
                 e => e,
             });
         }
-        self.acquire_waiting(key, options, start).await
+        self.acquire_waiting(key, options, start, start + wait)
+            .await
     }
 
     async fn acquire_waiting(
@@ -749,6 +749,7 @@ impl EtcdCoordinator {
         key: &LockKey,
         options: &LeaseOptions,
         start: Instant,
+        deadline: Instant,
     ) -> Result<Box<dyn Lease>> {
         let inner = self.inner.clone();
         let (key, options) = (key.clone(), options.clone());
@@ -757,7 +758,6 @@ impl EtcdCoordinator {
         // lease it could not hand over is dropped, which releases it).
         let (mut tx, rx) = oneshot::channel();
         tokio::spawn(async move {
-            let deadline = start + options.wait_value();
             let r = inner
                 .acquire_queued(&key, &options, start, deadline, &mut tx)
                 .await;

@@ -62,13 +62,14 @@ enum Attempt {
 }
 
 impl RedisCoordinator {
-    async fn acquire_inner(
+    /// `acquire` (`Some(wait)`: up to `wait`) and `try_acquire` (`None`), with `options`
+    /// validated.
+    pub(crate) async fn acquire_for(
         &self,
         key: &LockKey,
         options: &LeaseOptions,
         wait: Option<Duration>,
     ) -> Result<Box<dyn Lease>> {
-        options.validate(&self.inner.caps)?;
         let keys = Arc::new(LockKeys::new(self.inner.config.key_prefix(), key));
         let owner = options
             .owner_value()
@@ -358,18 +359,5 @@ impl RedisCoordinator {
             nonce,
             tracker,
         )))
-    }
-}
-
-impl RedisCoordinator {
-    /// `acquire` (`wait`: up to `options.wait`) and `try_acquire` (`!wait`).
-    pub(crate) async fn acquire_for(
-        &self,
-        key: &LockKey,
-        options: &LeaseOptions,
-        wait: bool,
-    ) -> Result<Box<dyn Lease>> {
-        self.acquire_inner(key, options, wait.then(|| options.wait_value()))
-            .await
     }
 }

@@ -96,18 +96,18 @@ enum Turn {
 }
 
 impl ZkCoordinator {
-    async fn grant(
+    /// `acquire` (`Some(wait)`: up to `wait`) and `try_acquire` (`None`), with `options`
+    /// validated.
+    pub(crate) async fn acquire_for(
         &self,
         key: &LockKey,
         options: &LeaseOptions,
-        try_only: bool,
+        wait: Option<Duration>,
     ) -> Result<Box<dyn Lease>> {
-        options.validate(&self.inner.caps)?;
         let start = Instant::now();
-        let mode = if try_only {
-            Mode::Try
-        } else {
-            Mode::Wait(start + options.wait_value())
+        let mode = match wait {
+            None => Mode::Try,
+            Some(wait) => Mode::Wait(start + wait),
         };
         let data = HolderRecord::new(options, &self.inner.owner).to_json();
         let mut restarts = 0;
@@ -642,17 +642,5 @@ impl Drop for ContenderGuard {
                 "no runtime to clean up an abandoned contender node; the session's end removes it"
             ),
         }
-    }
-}
-
-impl ZkCoordinator {
-    /// `acquire` (`wait`: up to `options.wait`) and `try_acquire` (`!wait`).
-    pub(crate) async fn acquire_for(
-        &self,
-        key: &LockKey,
-        options: &LeaseOptions,
-        wait: bool,
-    ) -> Result<Box<dyn Lease>> {
-        self.grant(key, options, !wait).await
     }
 }

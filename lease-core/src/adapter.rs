@@ -72,7 +72,7 @@ pub use async_trait::async_trait;
 /// |---|---|
 /// | `fn caps(&self) -> &Capabilities` | `capabilities` |
 /// | `fn local_waiters(&self) -> Option<&LocalWaiters>` | the turns of this coordinator's waiting acquires ([`LocalWaiters`]); `None` where the backend's own queue already gives each waiter its turn |
-/// | `async fn acquire_for(&self, &LockKey, &LeaseOptions, wait: bool) -> Result<Box<dyn Lease>>` | `acquire` (`wait`: up to `options.wait`) and `try_acquire` (`!wait`); a waiting `acquire` runs in its turn among this coordinator's waiters of the key, with what is left of its wait |
+/// | `async fn acquire_for(&self, &LockKey, &LeaseOptions, wait: Option<Duration>) -> Result<Box<dyn Lease>>` | `acquire` (`Some(wait)`: up to `wait`, which is `options.wait` or, for a waiting `acquire` that ran in its turn among this coordinator's waiters of the key, what is left of it) and `try_acquire` (`None`: one attempt); `options` are validated against `caps()` already |
 /// | `async fn inspect_key(&self, &LockKey) -> Result<Option<HolderInfo>>` | `inspect` |
 /// | `async fn force_release_key(&self, &LockKey, &ForceRelease) -> Result<Option<HolderInfo>>` | `force_release` |
 /// | `async fn audit_trail_of(&self, &LockKey, usize) -> Result<Vec<AuditRecord>>` | `audit_trail` |
@@ -94,12 +94,11 @@ macro_rules! coordinator_from_primitives {
                 options.validate(self.caps())?;
                 let wait = options.wait_value();
                 let Some(waiters) = self.local_waiters().filter(|_| !wait.is_zero()) else {
-                    return self.acquire_for(key, options, true).await;
+                    return self.acquire_for(key, options, Some(wait)).await;
                 };
                 // One waiter per key at a time asks the server (no herd, no overtaking).
-                $crate::adapter::in_turn(waiters, key, wait, |left| async move {
-                    self.acquire_for(key, &options.clone().wait(left), true)
-                        .await
+                $crate::adapter::in_turn(waiters, key, wait, |left| {
+                    self.acquire_for(key, options, Some(left))
                 })
                 .await
             }
@@ -109,7 +108,8 @@ macro_rules! coordinator_from_primitives {
                 key: &$crate::LockKey,
                 options: &$crate::LeaseOptions,
             ) -> $crate::Result<Box<dyn $crate::Lease>> {
-                self.acquire_for(key, options, false).await
+                options.validate(self.caps())?;
+                self.acquire_for(key, options, None).await
             }
 
             async fn inspect(

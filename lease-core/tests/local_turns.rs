@@ -45,14 +45,14 @@ impl Counted {
         &self,
         key: &LockKey,
         options: &LeaseOptions,
-        wait: bool,
+        wait: Option<Duration>,
     ) -> Result<Box<dyn Lease>> {
-        if !wait {
+        let Some(wait) = wait else {
             return self.server.try_acquire(key, options).await;
-        }
+        };
         let now = self.asking.fetch_add(1, Ordering::SeqCst) + 1;
         self.most_asking.fetch_max(now, Ordering::SeqCst);
-        let r = self.server.acquire(key, options).await;
+        let r = self.server.acquire(key, &options.clone().wait(wait)).await;
         self.asking.fetch_sub(1, Ordering::SeqCst);
         r
     }
