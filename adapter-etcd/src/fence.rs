@@ -20,7 +20,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bytes::Bytes;
 use etcd_client::{Client, Compare, CompareOp, GetOptions, Txn, TxnOp, TxnOpResponse};
-use lease_core::adapter::Op;
+use lease_core::adapter::{Backoff, Op};
 use lease_core::{Accepted, Error, Fence, FencedValue, ResourceId, Result, Token};
 
 use crate::config::EtcdConfig;
@@ -119,6 +119,7 @@ impl EtcdFence {
         Fut: std::future::Future<Output = std::result::Result<T, Failure>>,
     {
         let mut last = None;
+        let mut pause = Backoff::new(Duration::from_millis(50), Duration::from_millis(200));
         for attempt in 0..ATTEMPTS {
             match call(self.client.clone()).await {
                 Ok(t) => return Ok(t),
@@ -129,7 +130,7 @@ impl EtcdFence {
                         break;
                     }
                     if attempt + 1 < ATTEMPTS {
-                        tokio::time::sleep(Duration::from_millis(50 << attempt)).await;
+                        pause.sleep().await;
                     }
                 }
             }

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, SortOrder, SortTarget, Txn, TxnOp};
-use lease_core::adapter::{HolderRecord, Op, StoredAudit};
+use lease_core::adapter::{Backoff, HolderRecord, Op, StoredAudit};
 use lease_core::{AuditRecord, ForceRelease, HolderInfo, LockKey, Result};
 
 use crate::coordinator::*;
@@ -130,6 +130,7 @@ impl Inner {
             .with_sort(SortTarget::Create, SortOrder::Ascend)
             .with_limit(1);
         let mut last = None;
+        let mut pause = Backoff::new(Duration::from_millis(50), Duration::from_millis(200));
         for attempt in 0..3u32 {
             let client = &self.handle.client;
             match retry_unapplied(self.timeout(), || {
@@ -141,7 +142,9 @@ impl Inner {
                 Ok(mut g) => return Ok(g.take_kvs().into_iter().next()),
                 Err(f) => {
                     last = Some(f);
-                    tokio::time::sleep(Duration::from_millis(50 << attempt)).await;
+                    if attempt < 2 {
+                        pause.sleep().await;
+                    }
                 }
             }
         }
