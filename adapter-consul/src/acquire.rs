@@ -13,7 +13,7 @@ use tokio::time::Instant;
 use crate::client::{Http, KvEntry, TxnOp, TxnOutcome};
 use crate::coordinator::{ConsulCoordinator, BUSY_WAIT, MAX_WAITING_QUERIES};
 use crate::core::SlotGuard;
-use crate::lease::{spawn_reaper, ConsulLease, LeaseShared};
+use crate::lease::{start_guardian, ConsulLease, LeaseShared};
 use crate::monitor::Watched;
 use crate::session::{Session, SessionLease};
 use crate::BACKEND;
@@ -437,7 +437,7 @@ impl ConsulCoordinator {
                 source: None,
             });
         }
-        spawn_reaper(shared.clone());
+        start_guardian(shared.clone());
         inner
             .monitor
             .watch(shared.id, Arc::downgrade(&shared) as Weak<dyn Watched>);

@@ -25,7 +25,7 @@ pub(crate) enum Released {
     NotOurs(LostReason),
 }
 
-/// The state of one lease shared by the lease object, its session and its reaper task.
+/// The state of one lease shared by the lease object, its session and its guardian task.
 pub(crate) struct LeaseShared {
     pub(crate) id: u64,
     pub(crate) kv_key: String,
@@ -45,7 +45,7 @@ pub(crate) struct LeaseShared {
     resolved: AtomicBool,
     /// `release` was called: the key's disappearance is ours, not news for the monitor.
     releasing: AtomicBool,
-    /// Held by whoever deletes the key (`release`, the reaper), so that neither frees the slot
+    /// Held by whoever deletes the key (`release`, the guardian), so that neither frees the slot
     /// while the other's delete, keyed only on our session, may still be sent again.
     deleting: tokio::sync::Mutex<()>,
     /// This client's claim on the key (no second lease of the same session on it).
@@ -157,7 +157,7 @@ impl LeaseShared {
     pub(crate) async fn release_on_server(&self, operation: &'static str) -> Result<Released> {
         let _deleting = self.deleting.lock().await;
         if self.resolved.load(Ordering::SeqCst) {
-            // Settled by the other caller (the reaper, for a lease that expired meanwhile).
+            // Settled by the other caller (the guardian, for a lease that expired meanwhile).
             return Ok(Released::NotOurs(LostReason::Released));
         }
         let ops = [
@@ -244,17 +244,17 @@ impl Watched for LeaseShared {
 /// Runs until the lease is lost (released, dropped, expired, revoked, session ended), then makes
 /// sure its key is not left locked: a compare-and-delete, retried with backoff until it is
 /// settled or the session is gone (whose keys Consul deletes with it).
-pub(crate) fn spawn_reaper(shared: Arc<LeaseShared>) {
+pub(crate) fn start_guardian(shared: Arc<LeaseShared>) {
     let tracker = shared.tracker.clone();
     spawn_guardian(&tracker, move |reason| async move {
-        reap(&shared, reason).await;
+        guard(&shared, reason).await;
     });
 }
 
 /// Ends the lease for `reason` and deletes its key if it is still ours. The reason is recorded
 /// before anything is deleted (the first recorded reason wins): a renewal that lands between the
 /// wait and this point cannot leave its holder believing it holds a deleted lock.
-pub(crate) async fn reap(shared: &LeaseShared, reason: LostReason) {
+pub(crate) async fn guard(shared: &LeaseShared, reason: LostReason) {
     shared.tracker.mark_lost(reason);
     let backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(5));
     retry_until_settled(backoff, None, || async {
@@ -382,7 +382,7 @@ impl Lease for ConsulLease {
             Ok(Released::NotOurs(reason)) => Err(s.lost(reason)),
             Err(e) => {
                 // It may or may not have applied. Either way the lease is over for its holder;
-                // the reaper (woken by this) deletes the key if it is still ours.
+                // the guardian (woken by this) deletes the key if it is still ours.
                 s.tracker.mark_lost(LostReason::Released);
                 Err(e)
             }
@@ -392,7 +392,7 @@ impl Lease for ConsulLease {
 
 impl Drop for ConsulLease {
     fn drop(&mut self) {
-        // The reaper task sees this and deletes the key if it is still ours.
+        // The guardian sees this and deletes the key if it is still ours.
         if !matches!(self.shared.tracker.status(), LeaseStatus::Lost(_)) {
             self.shared.tracker.mark_lost(LostReason::Released);
         }
@@ -406,11 +406,11 @@ mod tests {
     use conformance_tests::consul_standin::{ConsulStandIn, StandInOptions};
     use lease_core::{Coordinator, LeaseOptions};
 
-    /// The reaper's wait has decided `Expired`; a renewal sent before the expiry lands (Consul
-    /// confirms the session and the key) before the reaper goes on. The reaper must still record
+    /// The guardian's wait has decided `Expired`; a renewal sent before the expiry lands (Consul
+    /// confirms the session and the key) before the guardian goes on. The guardian must still record
     /// the loss before it deletes the key: from then on the lease reads `Lost`, never `Held`.
     #[tokio::test]
-    async fn a_renewal_landing_after_the_reaper_woke_does_not_outlive_the_deleted_key() {
+    async fn a_renewal_landing_after_the_guardian_woke_does_not_outlive_the_deleted_key() {
         let s = ConsulStandIn::start(
             StandInOptions::default().session_ttl_min(Duration::from_millis(500)),
         )
@@ -419,7 +419,7 @@ mod tests {
             ConsulCoordinator::connect_url(&format!("consul://{}?session_ttl_ms=1000", s.addr()))
                 .await
                 .unwrap();
-        let k = LockKey::new("reaped").unwrap();
+        let k = LockKey::new("guarded").unwrap();
         let lease = c
             .acquire(&k, &LeaseOptions::new(Duration::from_secs(30)))
             .await
@@ -428,8 +428,8 @@ mod tests {
         // The renewal completes...
         lease.renew().await.expect("renewed");
         assert_eq!(lease.status(), LeaseStatus::Held);
-        // ...after the reaper's wait had returned `Expired`.
-        reap(&shared, LostReason::Expired).await;
+        // ...after the guardian's wait had returned `Expired`.
+        guard(&shared, LostReason::Expired).await;
         assert!(c.inspect(&k).await.unwrap().is_none(), "the key is deleted");
         assert_eq!(lease.status(), LeaseStatus::Lost(LostReason::Expired));
         assert!(matches!(

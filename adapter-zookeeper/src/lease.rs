@@ -1,4 +1,4 @@
-//! [`ZkLease`]: a held lock node, its validity, and the monitor task that watches it.
+//! [`ZkLease`]: a held lock node, its validity, and the guardian task that watches it.
 
 use std::fmt;
 use std::future::Future;
@@ -115,7 +115,7 @@ impl LeaseState {
     }
 
     /// Whether the lease has ended with its node known gone and nothing to sweep: what its
-    /// monitor would do from here is forget it.
+    /// guardian would do from here is forget it.
     fn ended_cleanly(&self) -> bool {
         self.node_gone.load(Ordering::SeqCst)
             && self.sweep.is_none()
@@ -242,14 +242,14 @@ enum Wake {
 /// Watches our node (from `watch`, the waiter's watch on it, when given), and deletes it when
 /// the lease ends without a release (validity passed, lease dropped, release not confirmed).
 /// Ends when the node is gone.
-pub(crate) async fn monitor(
+pub(crate) async fn guard(
     state: Arc<LeaseState>,
     mut dropped: oneshot::Receiver<()>,
     mut watch: Option<NodeWatch>,
 ) {
     let mut signal = state.tracker.signal();
-    // Without a watch, one is set at once (the monitor starts a moment after the acquisition,
-    // `session::MONITOR_DELAY`); after a failed try, at `retry_at`.
+    // Without a watch, one is set at once (the guardian starts a moment after the acquisition,
+    // `session::GUARD_DELAY`); after a failed try, at `retry_at`.
     let mut retry_at: Option<Instant> = None;
     let mut backoff = Backoff::new(Duration::from_millis(10), state.session.timeout() / 4);
     let end = loop {
@@ -380,7 +380,7 @@ impl fmt::Debug for ZkLease {
 }
 
 impl ZkLease {
-    /// Wraps a confirmed holding and starts its monitor (on `watch`, a watch already set on the
+    /// Wraps a confirmed holding and starts its guardian (on `watch`, a watch already set on the
     /// node, when there is one).
     pub(crate) fn start(
         state: Arc<LeaseState>,
@@ -405,18 +405,18 @@ impl ZkLease {
         }
         let (tx, rx) = oneshot::channel();
         match watch {
-            // A waiter's watch on its own node: the monitor takes it over now.
+            // A waiter's watch on its own node: the guardian takes it over now.
             Some(watch) => {
-                tokio::spawn(monitor(state.clone(), rx, Some(watch)));
+                tokio::spawn(guard(state.clone(), rx, Some(watch)));
             }
             None => {
                 let st = state.clone();
-                state.session.monitors().push(move || {
+                state.session.guardians().push(move || {
                     if st.ended_cleanly() {
                         // Released within the delay: nothing left to watch or delete.
                         st.session.unregister(st.id);
                     } else {
-                        tokio::spawn(monitor(st, rx, None));
+                        tokio::spawn(guard(st, rx, None));
                     }
                 });
             }
@@ -500,7 +500,7 @@ impl Lease for ZkLease {
         let s = &st.session;
         st.releasing.store(true, Ordering::SeqCst);
         if !s.is_connected() {
-            // The monitor deletes the node once the connection is back (or the session ends).
+            // The guardian deletes the node once the connection is back (or the session ends).
             st.tracker.mark_lost(LostReason::Released);
             return Err(disconnected(ops::RELEASE));
         }
@@ -525,7 +525,7 @@ impl Lease for ZkLease {
             Err(Some(ZkError::NoNode)) => {
                 st.node_gone.store(true, Ordering::SeqCst);
                 // Deleted by an earlier send whose answer was lost, or else not by us: revoked
-                // (or expired by our own monitor, whose reason was recorded first).
+                // (or expired by our own guardian, whose reason was recorded first).
                 if in_doubt && st.tracker.released_by_earlier_send(s.is_terminated()) {
                     return Ok(());
                 }

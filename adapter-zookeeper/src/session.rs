@@ -64,13 +64,13 @@ struct ConnState {
     confirmed: Instant,
 }
 
-/// How long after its grant a lease without a watch on its node gets its monitor (which then
+/// How long after its grant a lease without a watch on its node gets its guardian (which then
 /// sets the watch): a lease released before then costs no task, no watch and no wake-up of
 /// another thread at its release (the client library does not disable Nagle either, so a watch
 /// request sent right behind the release would cost a second round trip). A tenth of the
 /// session timeout when that is shorter. An outside deletion of a newer lease's node is seen up
 /// to this much later; `renew` checks the node in any case.
-pub(crate) const MONITOR_DELAY: Duration = Duration::from_millis(20);
+pub(crate) const GUARD_DELAY: Duration = Duration::from_millis(20);
 
 /// A live ZooKeeper session and what depends on it.
 pub(crate) struct Session {
@@ -88,8 +88,8 @@ pub(crate) struct Session {
     leases: Dependents<Weak<dyn SessionLease>>,
     /// Lock listings and releases, sent together under load ([`crate::coalesce`]).
     coalesced: Coalesced,
-    /// The monitors of leases still held [`MONITOR_DELAY`] after their grant.
-    monitors: DelayedStarts,
+    /// The guardians of leases still held [`GUARD_DELAY`] after their grant.
+    guardians: DelayedStarts,
 }
 
 impl std::fmt::Debug for Session {
@@ -157,8 +157,8 @@ impl Session {
             }),
             link,
             leases: Dependents::new(),
-            monitors: {
-                let delay = MONITOR_DELAY.min(timeout / 10);
+            guardians: {
+                let delay = GUARD_DELAY.min(timeout / 10);
                 DelayedStarts::new(delay, delay / 2)
             },
         });
@@ -190,9 +190,9 @@ impl Session {
         &self.client
     }
 
-    /// Where a lease granted without a watch on its node queues its monitor's start.
-    pub(crate) fn monitors(&self) -> &DelayedStarts {
-        &self.monitors
+    /// Where a lease granted without a watch on its node queues its guardian's start.
+    pub(crate) fn guardians(&self) -> &DelayedStarts {
+        &self.guardians
     }
 
     /// The session's coalesced lock listings and releases ([`crate::coalesce`]).
@@ -327,7 +327,7 @@ impl Session {
         self.leases.insert(id, lease)
     }
 
-    /// Forgets a lease (its monitor ended).
+    /// Forgets a lease (its guardian ended).
     pub(crate) fn unregister(&self, id: u64) {
         self.leases.remove(id);
     }
