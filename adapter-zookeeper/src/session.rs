@@ -301,8 +301,7 @@ impl Session {
     /// at the latest (a follower's touch lag, see [`session_margin`]), so it expires it no
     /// earlier than this.
     fn cap(&self, confirmed: Instant) -> Instant {
-        let bound = confirmed + self.timeout;
-        bound.checked_sub(self.margin).unwrap_or(confirmed)
+        lease_core::adapter::clock::valid_until(confirmed, self.timeout, self.margin)
     }
 
     /// Waits (at most `max`) until the connection is up or the session is over, as the client
