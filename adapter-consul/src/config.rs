@@ -4,7 +4,9 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use lease_core::adapter::{BackendUrl, CommonOptions, OptionSpec, Secret, UrlOptions};
+use lease_core::adapter::{
+    check_server_name, BackendUrl, CommonOptions, OptionSpec, Secret, TlsFiles, UrlOptions,
+};
 use lease_core::{InvalidInput, LockKey, Result};
 
 use crate::keys;
@@ -140,11 +142,8 @@ pub struct ConsulConfig {
     session_ttl: Duration,
     lock_delay: Duration,
     max_block: Duration,
-    tls_ca_file: Option<PathBuf>,
+    tls_files: TlsFiles,
     tls_ca_path: Option<PathBuf>,
-    tls_cert_file: Option<PathBuf>,
-    tls_key_file: Option<PathBuf>,
-    tls_server_name: Option<String>,
     datacenter: Option<String>,
     /// The environment variables that supplied a setting (names only).
     from_env: Vec<&'static str>,
@@ -393,28 +392,20 @@ impl ConsulConfig {
         let session_ttl = millis(&mut o, "session_ttl_ms", 100, 86_400_000)?;
         let lock_delay = millis(&mut o, "lock_delay_ms", 0, 60_000)?;
         let max_block = millis(&mut o, "max_block_ms", 1_000, 600_000)?;
-        let tls_path = |o: &mut UrlOptions<'_>, name: &str| {
-            let p = o.path(name)?;
-            if p.is_some() && !tls {
-                return Err(o.invalid(format!("{name} needs a consuls:// URL (TLS)")));
+        let mut tls_files = TlsFiles::take(&mut o, tls, "a consuls:// URL")?;
+        if let Some(name) = tls_files.server_name.take() {
+            let name = strip_port(&name);
+            if check_server_name(name).is_err() {
+                return Err(o
+                    .bad("tls_server_name", name, "a DNS name or IP address")
+                    .into());
             }
-            Ok(p)
-        };
-        let tls_ca_file = tls_path(&mut o, "tls_ca_file")?;
-        let tls_ca_path = tls_path(&mut o, "tls_ca_path")?;
-        let tls_cert_file = tls_path(&mut o, "tls_cert_file")?;
-        let tls_key_file = tls_path(&mut o, "tls_key_file")?;
-        let tls_server_name = o.value("tls_server_name", "a DNS name or IP address", |v| {
-            let n = strip_port(v);
-            if n.is_empty() || n.chars().any(|ch| ch.is_control() || ch == '/') {
-                Err("a DNS name or IP address")
-            } else {
-                Ok(n.to_owned())
-            }
-        })?;
-        if tls_server_name.is_some() && !tls {
+            tls_files.server_name = Some(name.to_owned());
+        }
+        let tls_ca_path = o.path("tls_ca_path")?;
+        if tls_ca_path.is_some() && !tls {
             return Err(o
-                .invalid("tls_server_name needs a consuls:// URL (TLS)")
+                .invalid("tls_ca_path needs a consuls:// URL (TLS options need TLS)")
                 .into());
         }
         let datacenter = o.value("dc", "a datacenter name of A-Z a-z 0-9 - _ .", |v| {
@@ -438,11 +429,8 @@ impl ConsulConfig {
             session_ttl: session_ttl.unwrap_or(CONSUL_SESSION_TTL_MIN),
             lock_delay: lock_delay.unwrap_or(DEFAULT_LOCK_DELAY),
             max_block: max_block.unwrap_or(DEFAULT_MAX_BLOCK),
-            tls_ca_file,
+            tls_files,
             tls_ca_path,
-            tls_cert_file,
-            tls_key_file,
-            tls_server_name,
             datacenter,
             from_env: Vec::new(),
         };
@@ -451,14 +439,9 @@ impl ConsulConfig {
                 .invalid("give the ACL token as token or token_file, not both")
                 .into());
         }
-        if c.tls_ca_file.is_some() && c.tls_ca_path.is_some() {
+        if c.tls_files.ca_file.is_some() && c.tls_ca_path.is_some() {
             return Err(url
                 .invalid("give the CA as tls_ca_file or tls_ca_path, not both")
-                .into());
-        }
-        if c.tls_cert_file.is_some() != c.tls_key_file.is_some() {
-            return Err(url
-                .invalid("a client certificate needs both tls_cert_file and tls_key_file")
                 .into());
         }
         // The ACL token: the URL's, else the environment's (the token file first, as the CLI).
@@ -490,20 +473,19 @@ impl ConsulConfig {
         }
         // TLS files: only for HTTPS, each setting the URL leaves out.
         if c.tls {
-            if c.tls_ca_file.is_none() && c.tls_ca_path.is_none() {
+            if c.tls_files.ca_file.is_none() && c.tls_ca_path.is_none() {
                 if let Some(f) = env("CONSUL_CACERT") {
-                    c.tls_ca_file = Some(PathBuf::from(f));
+                    c.tls_files.ca_file = Some(PathBuf::from(f));
                     from_env.push("CONSUL_CACERT");
                 } else if let Some(p) = env("CONSUL_CAPATH") {
                     c.tls_ca_path = Some(PathBuf::from(p));
                     from_env.push("CONSUL_CAPATH");
                 }
             }
-            if c.tls_cert_file.is_none() {
+            if c.tls_files.client.is_none() {
                 match (env("CONSUL_CLIENT_CERT"), env("CONSUL_CLIENT_KEY")) {
                     (Some(cert), Some(key)) => {
-                        c.tls_cert_file = Some(PathBuf::from(cert));
-                        c.tls_key_file = Some(PathBuf::from(key));
+                        c.tls_files.client = Some((PathBuf::from(cert), PathBuf::from(key)));
                         from_env.extend(["CONSUL_CLIENT_CERT", "CONSUL_CLIENT_KEY"]);
                     }
                     (None, None) => {}
@@ -523,7 +505,7 @@ impl ConsulConfig {
                     }
                 }
             }
-            if c.tls_server_name.is_none() {
+            if c.tls_files.server_name.is_none() {
                 if let Some(n) = env("CONSUL_TLS_SERVER_NAME") {
                     let stripped = strip_port(n.trim());
                     if stripped.is_empty() || stripped.chars().any(|ch| ch.is_control()) {
@@ -533,7 +515,7 @@ impl ConsulConfig {
                             "a DNS name or IP address",
                         ));
                     }
-                    c.tls_server_name = Some(stripped.to_owned());
+                    c.tls_files.server_name = Some(stripped.to_owned());
                     from_env.push("CONSUL_TLS_SERVER_NAME");
                 }
             }
@@ -638,7 +620,7 @@ impl ConsulConfig {
 
     /// The CA file for `consuls://`, if set (`tls_ca_file` or `CONSUL_CACERT`).
     pub fn tls_ca_file(&self) -> Option<&Path> {
-        self.tls_ca_file.as_deref()
+        self.tls_files.ca_file.as_deref()
     }
 
     /// The directory of CA files, if set (`tls_ca_path` or `CONSUL_CAPATH`).
@@ -648,18 +630,21 @@ impl ConsulConfig {
 
     /// The client certificate file for mTLS, if set (`tls_cert_file` or `CONSUL_CLIENT_CERT`).
     pub fn tls_cert_file(&self) -> Option<&Path> {
-        self.tls_cert_file.as_deref()
+        self.tls_files
+            .client
+            .as_ref()
+            .map(|(cert, _)| cert.as_path())
     }
 
     /// The client key file for mTLS, if set (`tls_key_file` or `CONSUL_CLIENT_KEY`).
     pub fn tls_key_file(&self) -> Option<&Path> {
-        self.tls_key_file.as_deref()
+        self.tls_files.client.as_ref().map(|(_, key)| key.as_path())
     }
 
     /// The name the server certificate is checked against, if not the host
     /// (`tls_server_name` or `CONSUL_TLS_SERVER_NAME`).
     pub fn tls_server_name(&self) -> Option<&str> {
-        self.tls_server_name.as_deref()
+        self.tls_files.server_name.as_deref()
     }
 
     /// The datacenter, if set.
@@ -971,7 +956,7 @@ mod env_tests {
         let e = with_env("consuls://h", &[("CONSUL_CLIENT_KEY", "/k.pem")]).unwrap_err();
         assert!(e.to_string().contains("CONSUL_CLIENT_CERT"), "{e}");
         for (url, needle) in [
-            ("consuls://h?tls_cert_file=/c.pem", "both"),
+            ("consuls://h?tls_cert_file=/c.pem", "needs tls_key_file"),
             ("consuls://h?tls_ca_file=/a&tls_ca_path=/b", "not both"),
             ("consul://h?tls_key_file=/k", "consuls://"),
             ("consul://h?tls_server_name=x", "consuls://"),

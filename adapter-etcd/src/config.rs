@@ -4,7 +4,10 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use lease_core::adapter::{BackendUrl, CommonOptions, HostPort, OptionSpec, Secret, UrlOptions};
+use lease_core::adapter::{
+    check_server_name, read_pem, BackendUrl, CommonOptions, HostPort, OptionSpec, PemKind, Secret,
+    TlsFiles, UrlOptions,
+};
 use lease_core::{Error, InvalidInput, Result};
 
 /// The default key prefix.
@@ -24,9 +27,10 @@ const OPTIONS: OptionSpec = OptionSpec {
     backend: &[
         "endpoints",
         "tls_ca_file",
-        "tls_domain",
         "tls_cert_file",
         "tls_key_file",
+        "tls_server_name",
+        "tls_domain",
     ],
     secret: &[],
     key_prefix: validate_prefix,
@@ -52,7 +56,7 @@ const OPTIONS: OptionSpec = OptionSpec {
 /// | `connect_timeout_ms` | `2000` | bound on opening a connection |
 /// | `owner` | this process's `host/pid` | the owner label leases carry unless their options name another |
 /// | `tls_ca_file` | system roots | PEM file of the CA(s) that signed the members' certificates; when given, only these are trusted (`etcds://` only) |
-/// | `tls_domain` | the host | the name to check the members' certificates against (`etcds://` only) |
+/// | `tls_server_name` | the host | the name to check the members' certificates against (`etcds://` only); `tls_domain`, its earlier name, is still understood |
 /// | `tls_cert_file` | none | PEM client certificate (chain) for etcd's `--client-cert-auth`; needs `tls_key_file` (`etcds://` only) |
 /// | `tls_key_file` | none | PEM private key of `tls_cert_file` (PKCS#8, PKCS#1 or SEC1); needs `tls_cert_file` (`etcds://` only) |
 ///
@@ -72,9 +76,7 @@ pub struct EtcdConfig {
     user: Option<(String, Secret)>,
     common: CommonOptions,
     tls: bool,
-    tls_ca_file: Option<PathBuf>,
-    tls_domain: Option<String>,
-    tls_client: Option<(PathBuf, PathBuf)>,
+    tls_files: TlsFiles,
 }
 
 lease_core::common_config!(EtcdConfig {
@@ -149,50 +151,31 @@ impl EtcdConfig {
         })? {
             endpoints.extend(list.iter().map(|ep| format!("{scheme}://{ep}")));
         }
-        let mut tls_option = |name: &str| -> Result<Option<String>> {
-            let value = options.value(name, "a non-empty value", |v| {
-                if v.is_empty() {
-                    Err("a non-empty value")
-                } else {
-                    Ok(v.to_owned())
-                }
-            })?;
-            if value.is_some() && !tls {
+        // `tls_domain`: the earlier name of `tls_server_name`.
+        let domain = options.value("tls_domain", "a DNS name or IP address", |v| {
+            check_server_name(v).map(|()| v.to_owned())
+        })?;
+        let mut tls_files = TlsFiles::take(&mut options, tls, "an etcds:// URL")?;
+        if let Some(domain) = domain {
+            if !tls {
                 return Err(options
-                    .invalid(format!(
-                        "{name} needs an etcds:// URL (TLS options need TLS)"
-                    ))
+                    .invalid("tls_domain needs an etcds:// URL (TLS options need TLS)")
                     .into());
             }
-            Ok(value)
-        };
-        let tls_ca_file = tls_option("tls_ca_file")?.map(PathBuf::from);
-        let tls_domain = tls_option("tls_domain")?;
-        let cert_file = tls_option("tls_cert_file")?.map(PathBuf::from);
-        let key_file = tls_option("tls_key_file")?.map(PathBuf::from);
-        let mut config = EtcdConfig {
+            if tls_files.server_name.is_some() {
+                return Err(options
+                    .invalid("give tls_server_name or its earlier name tls_domain, not both")
+                    .into());
+            }
+            tls_files.server_name = Some(domain);
+        }
+        let config = EtcdConfig {
             url: url.clone(),
             endpoints,
             user,
             common,
             tls,
-            tls_ca_file,
-            tls_domain,
-            tls_client: None,
-        };
-        config.tls_client = match (cert_file, key_file) {
-            (None, None) => None,
-            (Some(cert), Some(key)) => Some((cert, key)),
-            (Some(_), None) => {
-                return Err(url
-                    .invalid("tls_cert_file needs tls_key_file (the certificate's private key)")
-                    .into())
-            }
-            (None, Some(_)) => {
-                return Err(url
-                    .invalid("tls_key_file needs tls_cert_file (the client certificate)")
-                    .into())
-            }
+            tls_files,
         };
         Ok(config)
     }
@@ -201,25 +184,31 @@ impl EtcdConfig {
     /// (instead of the system roots). `etcds://` only.
     pub fn with_tls_ca_file(mut self, path: impl Into<PathBuf>) -> Result<Self> {
         self.require_tls("tls_ca_file")?;
-        self.tls_ca_file = Some(path.into());
+        self.tls_files.ca_file = Some(path.into());
         Ok(self)
     }
 
-    /// Checks the members' certificates against `name` instead of the host in the URL.
-    /// `etcds://` only.
-    pub fn with_tls_domain(mut self, name: impl Into<String>) -> Result<Self> {
-        self.require_tls("tls_domain")?;
+    /// Checks the members' certificates against `name` (a DNS name or IP address) instead of
+    /// the host in the URL. `etcds://` only.
+    pub fn with_tls_server_name(mut self, name: impl Into<String>) -> Result<Self> {
+        self.require_tls("tls_server_name")?;
         let name = name.into();
-        if name.is_empty() {
+        if let Err(expected) = check_server_name(&name) {
             return Err(InvalidInput::OutOfRange {
-                field: "tls_domain",
-                value: String::new(),
-                expected: "a non-empty name",
+                field: "tls_server_name",
+                value: name,
+                expected,
             }
             .into());
         }
-        self.tls_domain = Some(name);
+        self.tls_files.server_name = Some(name);
         Ok(self)
+    }
+
+    /// [`EtcdConfig::with_tls_server_name`], under its earlier name.
+    #[deprecated(note = "use with_tls_server_name, the name every adapter uses")]
+    pub fn with_tls_domain(self, name: impl Into<String>) -> Result<Self> {
+        self.with_tls_server_name(name)
     }
 
     /// Presents the client certificate (chain) in PEM file `cert` with its private key in PEM
@@ -230,7 +219,7 @@ impl EtcdConfig {
         key: impl Into<PathBuf>,
     ) -> Result<Self> {
         self.require_tls("tls_cert_file")?;
-        self.tls_client = Some((cert.into(), key.into()));
+        self.tls_files.client = Some((cert.into(), key.into()));
         Ok(self)
     }
 
@@ -269,17 +258,24 @@ impl EtcdConfig {
 
     /// The CA file for `etcds://`, if any.
     pub fn tls_ca_file(&self) -> Option<&std::path::Path> {
-        self.tls_ca_file.as_deref()
+        self.tls_files.ca_file.as_deref()
     }
 
     /// The name checked against the members' certificates, if not the host.
+    pub fn tls_server_name(&self) -> Option<&str> {
+        self.tls_files.server_name.as_deref()
+    }
+
+    /// [`EtcdConfig::tls_server_name`], under its earlier name.
+    #[deprecated(note = "use tls_server_name, the name every adapter uses")]
     pub fn tls_domain(&self) -> Option<&str> {
-        self.tls_domain.as_deref()
+        self.tls_server_name()
     }
 
     /// The client certificate and key files for `etcds://`, if any.
     pub fn tls_client_cert(&self) -> Option<(&std::path::Path, &std::path::Path)> {
-        self.tls_client
+        self.tls_files
+            .client
             .as_ref()
             .map(|(c, k)| (c.as_path(), k.as_path()))
     }
@@ -304,65 +300,26 @@ impl EtcdConfig {
         if self.tls {
             // Bounds the TLS handshake too (tonic's default has none).
             let mut tls = etcd_client::TlsOptions::new().timeout(self.connect_timeout());
-            match &self.tls_ca_file {
+            let url = &self.url;
+            match &self.tls_files.ca_file {
                 Some(path) => {
-                    let pem = self.read_pem("tls_ca_file", path, PemKind::Certificate)?;
+                    let pem = read_pem(url, "tls_ca_file", path, PemKind::Certificate)?;
                     tls = tls.ca_certificate(etcd_client::Certificate::from_pem(pem));
                 }
                 None => tls = tls.with_native_roots(),
             }
-            if let Some(domain) = &self.tls_domain {
-                tls = tls.domain_name(domain.clone());
+            if let Some(name) = &self.tls_files.server_name {
+                tls = tls.domain_name(name.clone());
             }
-            if let Some((cert, key)) = &self.tls_client {
-                let cert = self.read_pem("tls_cert_file", cert, PemKind::Certificate)?;
-                let key = self.read_pem("tls_key_file", key, PemKind::PrivateKey)?;
+            if let Some((cert, key)) = &self.tls_files.client {
+                let cert = read_pem(url, "tls_cert_file", cert, PemKind::Certificate)?;
+                let key = read_pem(url, "tls_key_file", key, PemKind::PrivateKey)?;
                 tls = tls.identity(etcd_client::Identity::from_pem(cert, key));
             }
             o = o.with_tls(tls);
         }
         Ok(o)
     }
-
-    /// Reads a PEM file named by option `option` and checks that it holds a `kind` block, so
-    /// that a wrong file is named here instead of failing inside the TLS stack.
-    fn read_pem(&self, option: &str, path: &std::path::Path, kind: PemKind) -> Result<Vec<u8>> {
-        let problem = |what: String| {
-            Error::from(
-                self.url
-                    .invalid(format!("{option} {}: {what}", path.display())),
-            )
-        };
-        let pem = std::fs::read(path).map_err(|e| problem(format!("cannot read: {e}")))?;
-        let text = String::from_utf8_lossy(&pem);
-        let found = text.lines().any(|line| {
-            let line = line.trim();
-            match kind {
-                PemKind::Certificate => line == "-----BEGIN CERTIFICATE-----",
-                PemKind::PrivateKey => {
-                    line.starts_with("-----BEGIN ")
-                        && line.ends_with("PRIVATE KEY-----")
-                        && !line.contains("ENCRYPTED")
-                }
-            }
-        });
-        if !found {
-            return Err(problem(match kind {
-                PemKind::Certificate => "no PEM certificate (-----BEGIN CERTIFICATE-----)".into(),
-                PemKind::PrivateKey => {
-                    "no unencrypted PEM private key (-----BEGIN PRIVATE KEY-----, RSA or EC)".into()
-                }
-            }));
-        }
-        Ok(pem)
-    }
-}
-
-/// What a PEM file given to a TLS option must contain.
-#[derive(Clone, Copy)]
-enum PemKind {
-    Certificate,
-    PrivateKey,
 }
 
 /// Percent-decodes URL user info (`%40` is `@`).
@@ -431,10 +388,13 @@ mod tests {
         assert_eq!(c.endpoints(), ["http://a:1", "http://b:2", "http://c:2379"]);
         assert_eq!(c.key_prefix(), DEFAULT_KEY_PREFIX);
         assert_eq!(c.request_timeout(), DEFAULT_REQUEST_TIMEOUT);
-        let c = EtcdConfig::from_url("etcds://h:1?tls_domain=etcd.internal").unwrap();
+        let c = EtcdConfig::from_url("etcds://h:1?tls_server_name=etcd.internal").unwrap();
         assert!(c.tls());
         assert_eq!(c.endpoints(), ["https://h:1"]);
-        assert_eq!(c.tls_domain(), Some("etcd.internal"));
+        assert_eq!(c.tls_server_name(), Some("etcd.internal"));
+        // The option's earlier name.
+        let c = EtcdConfig::from_url("etcds://h:1?tls_domain=etcd.internal").unwrap();
+        assert_eq!(c.tls_server_name(), Some("etcd.internal"));
     }
 
     #[test]
@@ -501,7 +461,17 @@ mod tests {
             ),
             ("etcd://u:pw@h:1?tls_cert_file=/c.pem", "etcds://"),
             ("etcd://u:pw@h:1?tls_key_file=/k.pem", "etcds://"),
-            ("etcds://u:pw@h:1?tls_cert_file=", "non-empty"),
+            ("etcds://u:pw@h:1?tls_cert_file=", "a file path"),
+            ("etcd://u:pw@h:1?tls_server_name=x", "etcds://"),
+            ("etcd://u:pw@h:1?tls_domain=x", "etcds://"),
+            (
+                "etcds://u:pw@h:1?tls_domain=x&tls_server_name=y",
+                "not both",
+            ),
+            (
+                "etcds://u:pw@h:1?tls_server_name=a%20b",
+                "a DNS name or IP address",
+            ),
         ] {
             let e = invalid(url);
             assert!(e.contains(needle), "{url}: {e}");
@@ -509,16 +479,16 @@ mod tests {
         }
         let plain = EtcdConfig::from_url("etcd://h").unwrap();
         assert!(plain.clone().with_tls_ca_file("/ca.pem").is_err());
-        assert!(plain.clone().with_tls_domain("x").is_err());
+        assert!(plain.clone().with_tls_server_name("x").is_err());
         assert!(plain.with_tls_client_cert("/c", "/k").is_err());
         let tls = EtcdConfig::from_url("etcds://h").unwrap();
-        assert!(tls.clone().with_tls_domain("").is_err());
+        assert!(tls.clone().with_tls_server_name("").is_err());
         let tls = tls
-            .with_tls_domain("etcd.internal")
+            .with_tls_server_name("etcd.internal")
             .unwrap()
             .with_tls_client_cert("/c", "/k")
             .unwrap();
-        assert_eq!(tls.tls_domain(), Some("etcd.internal"));
+        assert_eq!(tls.tls_server_name(), Some("etcd.internal"));
         assert!(tls.tls_client_cert().is_some());
     }
 

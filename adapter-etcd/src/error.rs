@@ -128,8 +128,8 @@ impl Failure {
         Some(if detail.contains("invalid peer certificate") {
             format!(
                 "TLS: the member's certificate was refused ({detail}); check tls_ca_file (the CA \
-                 that signed the members' certificates, system roots when absent) and tls_domain \
-                 (the name in the certificate, the URL's host when absent)"
+                 that signed the members' certificates, system roots when absent) and \
+                 tls_server_name (the name in the certificate, the URL's host when absent)"
             )
         } else {
             format!(

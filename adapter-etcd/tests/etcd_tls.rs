@@ -177,7 +177,8 @@ async fn etcds_with_the_right_ca_acquires_renews_releases_and_fences() {
     let base = server.adapter_url();
     assert!(base.starts_with("etcds://127.0.0.1:"), "{base}");
     exercise(&format!("{base}?{}", pki.opt("tls_ca_file", "ca.pem"))).await;
-    // The name checked can differ from the address dialled.
+    // The name checked can differ from the address dialled (given here by the option's earlier
+    // name, `tls_domain`, which is still understood).
     exercise(&format!(
         "{base}?{}&tls_domain=localhost&key_prefix=by-name",
         pki.opt("tls_ca_file", "ca.pem")
@@ -220,10 +221,14 @@ async fn a_wrong_ca_or_name_is_refused_promptly_naming_the_problem() {
     println!("system roots: {system}");
     let wrong_name = refused(
         &format!(
-            "{base}?{}&tls_domain=etcd.example",
+            "{base}?{}&tls_server_name=etcd.example",
             pki.opt("tls_ca_file", "ca.pem")
         ),
-        &["TLS", "not valid for name \"etcd.example\"", "tls_domain"],
+        &[
+            "TLS",
+            "not valid for name \"etcd.example\"",
+            "tls_server_name",
+        ],
     )
     .await;
     println!("wrong name: {wrong_name}");

@@ -1,10 +1,11 @@
 //! [`RedisConfig`]: where the server is and how the adapter behaves, parsed from a URL.
 
 use std::fmt;
-use std::path::PathBuf;
 use std::time::Duration;
 
-use lease_core::adapter::{BackendUrl, CommonOptions, OptionSpec, UrlOptions};
+use lease_core::adapter::{
+    read_pem, BackendUrl, CommonOptions, OptionSpec, PemKind, TlsFiles, UrlOptions,
+};
 use lease_core::{Error, InvalidInput, Result};
 
 /// The default key prefix.
@@ -31,6 +32,9 @@ const OPTIONS: OptionSpec = OptionSpec {
         "unguarded_replicas",
         "poll_interval_ms",
         "tls_ca_file",
+        "tls_cert_file",
+        "tls_key_file",
+        "tls_server_name",
     ],
     secret: &[],
     key_prefix: validate_prefix,
@@ -87,6 +91,7 @@ pub struct SentinelConfig {
 /// | `owner` | this process's `host/pid` | the owner label leases carry unless their options name another |
 /// | `poll_interval_ms` | `250` | longest sleep of a waiter between attempts without a notification; also the holder monitor's ping interval (and its poll interval without client-side tracking) |
 /// | `tls_ca_file` | none | PEM file of the CA that signed the server certificate (`rediss://` only) |
+/// | `tls_cert_file`, `tls_key_file` | none | PEM client certificate (chain) and its private key, for a server with `tls-auth-clients yes` (Redis's default when TLS is on); both or neither (`rediss://` only) |
 ///
 /// `Debug` and `Display` show the URL with the password replaced by `***`; errors name values
 /// the same way.
@@ -100,7 +105,7 @@ pub struct RedisConfig {
     unguarded_replicas: bool,
     sentinel: Option<SentinelConfig>,
     poll_interval: Duration,
-    tls_ca_file: Option<PathBuf>,
+    tls_files: TlsFiles,
 }
 
 lease_core::common_config!(RedisConfig {
@@ -214,10 +219,13 @@ impl RedisConfig {
                 _ => Err("auto or a number in 0..=16"),
             }
         })?;
-        let tls_ca_file = options.path("tls_ca_file")?;
-        if tls_ca_file.is_some() && raw.scheme() != "rediss" {
+        let tls_files = TlsFiles::take(&mut options, raw.scheme() == "rediss", "a rediss:// URL")?;
+        if tls_files.server_name.is_some() {
             return Err(options
-                .invalid("tls_ca_file needs a rediss:// URL (TLS)")
+                .invalid(
+                    "tls_server_name: the Redis client checks the server certificate against the \
+                     URL's host; connect by a name the certificate carries",
+                )
                 .into());
         }
         let interval = |options: &mut UrlOptions<'_>, name| {
@@ -232,7 +240,7 @@ impl RedisConfig {
             sentinel,
             poll_interval: interval(&mut options, "poll_interval_ms")?
                 .unwrap_or(DEFAULT_POLL_INTERVAL),
-            tls_ca_file,
+            tls_files,
             url: url.clone(),
         };
         Ok(config)
@@ -317,7 +325,13 @@ impl RedisConfig {
 
     /// The CA file for `rediss://`, if any.
     pub fn tls_ca_file(&self) -> Option<&std::path::Path> {
-        self.tls_ca_file.as_deref()
+        self.tls_files.ca_file.as_deref()
+    }
+
+    /// The client certificate and key files for `rediss://`, if any.
+    pub fn tls_client_cert(&self) -> Option<(&std::path::Path, &std::path::Path)> {
+        let client = self.tls_files.client.as_ref();
+        client.map(|(cert, key)| (cert.as_path(), key.as_path()))
     }
 
     /// Builds the redis-rs client: the URL without the adapter's own options. For
@@ -363,29 +377,33 @@ impl RedisConfig {
 
     fn client_of(&self, mut raw: url::Url) -> Result<redis::Client> {
         raw.set_query(None);
-        let client = match &self.tls_ca_file {
-            None => {
-                if raw.scheme() == "rediss" {
-                    install_crypto_provider();
-                }
-                redis::Client::open(raw)
-            }
-            Some(path) => {
+        let TlsFiles {
+            ca_file, client, ..
+        } = &self.tls_files;
+        let client = if ca_file.is_none() && client.is_none() {
+            if raw.scheme() == "rediss" {
                 install_crypto_provider();
-                let pem = std::fs::read(path).map_err(|e| {
-                    Error::from(
-                        self.url
-                            .invalid(format!("tls_ca_file {}: cannot read: {e}", path.display())),
-                    )
-                })?;
-                redis::Client::build_with_tls(
-                    raw,
-                    redis::TlsCertificates {
-                        client_tls: None,
-                        root_cert: Some(pem),
-                    },
-                )
             }
+            redis::Client::open(raw)
+        } else {
+            install_crypto_provider();
+            let pem = |option, path, kind| read_pem(&self.url, option, path, kind);
+            let root_cert = match ca_file {
+                Some(ca) => Some(pem("tls_ca_file", ca, PemKind::Certificate)?),
+                None => None,
+            };
+            let client_tls = match client {
+                Some((cert, key)) => Some(redis::ClientTlsConfig {
+                    client_cert: pem("tls_cert_file", cert, PemKind::Certificate)?,
+                    client_key: pem("tls_key_file", key, PemKind::PrivateKey)?,
+                }),
+                None => None,
+            };
+            let certificates = redis::TlsCertificates {
+                client_tls,
+                root_cert,
+            };
+            redis::Client::build_with_tls(raw, certificates)
         };
         client.map_err(|e| {
             Error::from(
@@ -521,6 +539,12 @@ mod tests {
             ("redis://:hunter2@h/abc", "abc"),
             ("redis://:hunter2@h#insecure", "fragment"),
             ("redis://:hunter2@h?tls_ca_file=/x", "rediss"),
+            (
+                "redis://:hunter2@h?tls_cert_file=/c&tls_key_file=/k",
+                "rediss",
+            ),
+            ("rediss://:hunter2@h?tls_cert_file=/c", "needs tls_key_file"),
+            ("rediss://:hunter2@h?tls_server_name=x", "URL's host"),
             ("http://:hunter2@h", "http"),
             ("redis://:hunter2@[bad", "redis://:***@"),
         ] {

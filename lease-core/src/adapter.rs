@@ -5,7 +5,8 @@
 //! ([`spawn_guardian`], [`retry_until_settled`]) and the queue that starts a lease's task only if
 //! the lease outlives its first moment ([`DelayedStarts`]), the leases that live on one session
 //! ([`Dependents`]), the stored holder and audit records ([`HolderRecord`],
-//! [`StoredAudit`]), credentials that never show in `Debug` ([`Secret`]), the round scheduler ([`batch`]), clock helpers ([`clock`]), the
+//! [`StoredAudit`]), credentials that never show in `Debug` ([`Secret`]), the TLS options and the PEM files they
+//! name ([`TlsFiles`], [`read_pem`]), the round scheduler ([`batch`]), clock helpers ([`clock`]), the
 //! registry's factory types, the macro that writes an adapter's `Coordinator` impl
 //! ([`coordinator_from_primitives!`](crate::coordinator_from_primitives)) and the one that
 //! writes its config's common builder methods ([`common_config!`](crate::common_config)).
@@ -54,6 +55,7 @@ pub use crate::options::{duration_in_range, parse_millis};
 pub use crate::outcome::{resend, Delivery, Op, SendAgain};
 pub use crate::records::{HolderRecord, StoredAudit};
 pub use crate::secret::Secret;
+pub use crate::tls::{check_server_name, read_pem, PemKind, TlsFiles, TLS_OPTIONS};
 pub use crate::tokens::{NativeToken, TokenAdmission};
 pub use crate::url_options::{
     timeout_in_range, CommonOptions, OptionSpec, UrlOptions, COMMON_OPTIONS, MAX_URL_TIMEOUT,

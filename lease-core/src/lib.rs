@@ -62,6 +62,7 @@ mod outcome;
 mod records;
 mod secret;
 mod section;
+mod tls;
 mod token;
 mod tokens;
 mod url_options;

@@ -1,5 +1,6 @@
-//! `rediss://`: TLS with a private CA (`tls_ca_file`), plus a password, against redis-server's TLS
-//! port.
+//! `rediss://`: TLS with a private CA (`tls_ca_file`) and a client certificate (`tls_cert_file`,
+//! `tls_key_file`), plus a password, against redis-server's TLS port with `tls-auth-clients yes`
+//! (its default once TLS is on).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -13,7 +14,8 @@ use crate::common::{durable, key, server};
 
 const PW: &str = "tls-pw-7c1";
 
-/// A CA and a server certificate for 127.0.0.1 / localhost, made with the `openssl` CLI.
+/// A CA, a server certificate for 127.0.0.1 / localhost and a client certificate, made with the
+/// `openssl` CLI.
 fn make_certs(dir: &Path) -> Result<(), String> {
     let run = |args: &[&str]| -> Result<(), String> {
         let out = Command::new("openssl")
@@ -78,6 +80,38 @@ fn make_certs(dir: &Path) -> Result<(), String> {
         "1",
         "-extfile",
         "ext",
+    ])?;
+    // An X.509 v3 certificate (rustls refuses v1), for client authentication.
+    std::fs::write(dir.join("cliext"), "extendedKeyUsage=clientAuth\n")
+        .map_err(|e| e.to_string())?;
+    run(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "cli.key",
+        "-out",
+        "cli.csr",
+        "-subj",
+        "/CN=fenced-test-client",
+    ])?;
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        "cli.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "cli.crt",
+        "-days",
+        "1",
+        "-extfile",
+        "cliext",
     ])
 }
 
@@ -90,8 +124,8 @@ impl Drop for TempDir {
 }
 
 #[tokio::test]
-async fn rediss_with_a_private_ca_and_password() {
-    const NAME: &str = "rediss_with_a_private_ca_and_password";
+async fn rediss_with_a_private_ca_a_client_certificate_and_a_password() {
+    const NAME: &str = "rediss_with_a_private_ca_a_client_certificate_and_a_password";
     if find_in_path("openssl").is_none() {
         server_unavailable(
             NAME,
@@ -122,15 +156,17 @@ async fn rediss_with_a_private_ca_and_password() {
         "--tls-ca-cert-file".into(),
         path("ca.crt"),
         "--tls-auth-clients".into(),
-        "no".into(),
+        "yes".into(),
     ];
     let Some(_srv) = server(NAME, config) else {
         return;
     };
 
     let url = format!(
-        "rediss://:{PW}@127.0.0.1:{tls_port}/?tls_ca_file={}",
-        path("ca.crt")
+        "rediss://:{PW}@127.0.0.1:{tls_port}/?tls_ca_file={}&tls_cert_file={}&tls_key_file={}",
+        path("ca.crt"),
+        path("cli.crt"),
+        path("cli.key")
     );
     let c = RedisCoordinator::connect_url(&url)
         .await
@@ -151,12 +187,30 @@ async fn rediss_with_a_private_ca_and_password() {
     .unwrap();
     lease.release().await.unwrap();
 
-    // Without the private CA the server certificate is not trusted: no connection, no secret.
-    let untrusted = format!("rediss://:{PW}@127.0.0.1:{tls_port}/?connect_timeout_ms=2000");
-    match RedisCoordinator::connect_url(&untrusted).await {
-        Err(e @ Error::Unavailable { .. }) => {
-            assert!(!e.to_string().contains(PW) && !format!("{e:?}").contains(PW));
+    // Without the private CA the server certificate is not trusted, and without the client
+    // certificate the server refuses the handshake: no connection, no secret shown.
+    for refused in [
+        format!("rediss://:{PW}@127.0.0.1:{tls_port}/?connect_timeout_ms=2000"),
+        format!(
+            "rediss://:{PW}@127.0.0.1:{tls_port}/?connect_timeout_ms=2000&tls_ca_file={}",
+            path("ca.crt")
+        ),
+    ] {
+        match RedisCoordinator::connect_url(&refused).await {
+            Err(e @ Error::Unavailable { .. }) => {
+                assert!(!e.to_string().contains(PW) && !format!("{e:?}").contains(PW));
+            }
+            other => panic!("{refused}: expected Unavailable, got {other:?}"),
         }
-        other => panic!("expected Unavailable, got {other:?}"),
+    }
+    // A key file that holds no key is named before anything is sent.
+    let wrong_key = url.replace(&path("cli.key"), &path("cli.crt"));
+    match RedisCoordinator::connect_url(&wrong_key).await {
+        Err(Error::InvalidInput(e)) => {
+            let e = e.to_string();
+            assert!(e.contains("tls_key_file") && e.contains("cli.crt"), "{e}");
+            assert!(!e.contains(PW), "{e}");
+        }
+        other => panic!("expected InvalidInput naming the key file, got {other:?}"),
     }
 }
