@@ -47,72 +47,44 @@ fn make_certs(dir: &Path) -> Result<(), String> {
         "-subj",
         "/CN=fenced-test-ca",
     ])?;
-    run(&[
-        "req",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-keyout",
-        "srv.key",
-        "-out",
-        "srv.csr",
-        "-subj",
-        "/CN=localhost",
-    ])?;
-    std::fs::write(
-        dir.join("ext"),
-        "subjectAltName=DNS:localhost,IP:127.0.0.1\n",
-    )
-    .map_err(|e| e.to_string())?;
-    run(&[
-        "x509",
-        "-req",
-        "-in",
-        "srv.csr",
-        "-CA",
-        "ca.crt",
-        "-CAkey",
-        "ca.key",
-        "-CAcreateserial",
-        "-out",
-        "srv.crt",
-        "-days",
-        "1",
-        "-extfile",
-        "ext",
-    ])?;
-    // An X.509 v3 certificate (rustls refuses v1), for client authentication.
-    std::fs::write(dir.join("cliext"), "extendedKeyUsage=clientAuth\n")
-        .map_err(|e| e.to_string())?;
-    run(&[
-        "req",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-keyout",
-        "cli.key",
-        "-out",
-        "cli.csr",
-        "-subj",
-        "/CN=fenced-test-client",
-    ])?;
-    run(&[
-        "x509",
-        "-req",
-        "-in",
-        "cli.csr",
-        "-CA",
-        "ca.crt",
-        "-CAkey",
-        "ca.key",
-        "-CAcreateserial",
-        "-out",
-        "cli.crt",
-        "-days",
-        "1",
-        "-extfile",
-        "cliext",
-    ])
+    // A key and a certificate `<name>.key` / `<name>.crt` for `cn`, signed by the CA, with the
+    // X.509 v3 extension `ext` (rustls refuses v1 certificates).
+    let signed = |name: &str, cn: &str, ext: &str| -> Result<(), String> {
+        let (key, csr, crt, ext_file) = (
+            format!("{name}.key"),
+            format!("{name}.csr"),
+            format!("{name}.crt"),
+            format!("{name}.ext"),
+        );
+        std::fs::write(dir.join(&ext_file), format!("{ext}\n")).map_err(|e| e.to_string())?;
+        let subj = format!("/CN={cn}");
+        run(&[
+            "req", "-newkey", "rsa:2048", "-nodes", "-keyout", &key, "-out", &csr, "-subj", &subj,
+        ])?;
+        run(&[
+            "x509",
+            "-req",
+            "-in",
+            &csr,
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            &crt,
+            "-days",
+            "1",
+            "-extfile",
+            &ext_file,
+        ])
+    };
+    signed(
+        "srv",
+        "localhost",
+        "subjectAltName=DNS:localhost,IP:127.0.0.1",
+    )?;
+    signed("cli", "fenced-test-client", "extendedKeyUsage=clientAuth")
 }
 
 struct TempDir(PathBuf);
