@@ -4,11 +4,11 @@
 //! retry backoff ([`Backoff`]), the guardian that cleans up after an ended lease
 //! ([`spawn_guardian`], [`retry_until_settled`]) and the queue that starts a lease's task only if
 //! the lease outlives its first moment ([`DelayedStarts`]), the leases that live on one session
-//! ([`Dependents`]), the stored holder and audit records ([`HolderRecord`],
-//! [`StoredAudit`]), credentials that never show in `Debug` ([`Secret`]), the TLS options and the PEM files they
-//! name ([`TlsFiles`], [`read_pem`]), the round scheduler ([`batch`]), clock helpers ([`clock`]), the
-//! registry's factory types, the macro that writes an adapter's `Coordinator` impl
-//! ([`coordinator_from_primitives!`](crate::coordinator_from_primitives)) and the one that
+//! ([`Dependents`]), the stored holder and audit records ([`HolderRecord`], [`StoredAudit`]),
+//! credentials that never show in `Debug` ([`Secret`]), the TLS options and the PEM files they
+//! name ([`TlsFiles`], [`read_pem`]), the round scheduler ([`batch`]), clock helpers
+//! ([`clock`]), the registry's factory types, the macro that writes an adapter's `Coordinator`
+//! impl ([`coordinator_from_primitives!`](crate::coordinator_from_primitives)) and the one that
 //! writes its config's common builder methods ([`common_config!`](crate::common_config)).
 //!
 //! Code that uses leases needs none of this; it lives at the crate root. An adapter crate
