@@ -68,7 +68,8 @@ impl RedisCoordinator {
     ///   `maxmemory-policy`), or saying that they cannot be checked (`CONFIG` disabled), or bad
     ///   credentials.
     /// - `Unavailable` when the server cannot be reached within the connect timeout.
-    /// - `InvalidInput` for an unreadable `tls_ca_file` or a URL the client rejects.
+    /// - `InvalidInput` for a TLS file (`tls_ca_file`, `tls_cert_file`, `tls_key_file`) that
+    ///   cannot be read or does not hold what its option names, or a URL the client rejects.
     pub async fn connect(config: RedisConfig) -> Result<Self> {
         let conn = Connection::open(&config).await?;
         Self::start(config, conn).await

@@ -50,11 +50,23 @@ impl RedisFence {
     /// Connects and checks durability (unless `volatile_tokens`). Errors as for
     /// [`crate::RedisCoordinator::connect`].
     pub async fn connect(config: RedisConfig) -> Result<Self> {
-        let conn = Arc::new(Connection::open(&config).await?);
-        Ok(RedisFence {
-            conn,
+        let conn = Connection::open(&config).await?;
+        Ok(Self::start(config, conn))
+    }
+
+    /// A fence that opens its connection with a redis-rs client the application already has
+    /// (its own address, TLS and credentials); `config` gives the key prefix and timeouts.
+    /// Connects and checks durability as [`RedisFence::connect`] does.
+    pub async fn from_client(client: redis::Client, config: RedisConfig) -> Result<Self> {
+        let conn = Connection::open_with(&config, client).await?;
+        Ok(Self::start(config, conn))
+    }
+
+    fn start(config: RedisConfig, conn: Connection) -> Self {
+        RedisFence {
+            conn: Arc::new(conn),
             config: Arc::new(config),
-        })
+        }
     }
 
     /// Parses `url` ([`RedisConfig::from_url`]) and connects.

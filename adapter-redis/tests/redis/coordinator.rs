@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use conformance_tests::contend::one_holder_across;
 use lease_core::{
-    Coordinator, Error, ForceRelease, Lease, LeaseOptions, LeaseStatus, LostReason, OwnerId,
+    Coordinator, Error, Fence, ForceRelease, Lease, LeaseOptions, LeaseStatus, LostReason, OwnerId,
     Registry, Token,
 };
 use redis::AsyncCommands;
@@ -635,8 +635,9 @@ async fn concurrent_renewals_share_scripts_and_each_gets_its_own_answer() {
     }
 }
 
-/// `from_client` builds a coordinator on the application's own redis-rs client: the same
-/// guarantees (tokens increase across the two coordinators, the key is exclusive).
+/// `from_client` builds a coordinator (and a fence) on the application's own redis-rs client:
+/// the same guarantees (tokens increase across the two coordinators, the key is exclusive, the
+/// fence refuses the older token).
 #[tokio::test]
 async fn a_coordinator_from_the_applications_own_client_behaves_like_one_from_a_url() {
     let Some(srv) = server(
@@ -648,6 +649,9 @@ async fn a_coordinator_from_the_applications_own_client_behaves_like_one_from_a_
     let url = common::url(&srv, "");
     let config = adapter_redis::RedisConfig::from_url(&url).unwrap();
     let own = adapter_redis::redis::Client::open(url.as_str()).unwrap();
+    let fence = adapter_redis::RedisFence::from_client(own.clone(), config.clone())
+        .await
+        .unwrap();
     let from_client = adapter_redis::RedisCoordinator::from_client(own, config)
         .await
         .unwrap();
@@ -659,6 +663,32 @@ async fn a_coordinator_from_the_applications_own_client_behaves_like_one_from_a_
         &opts(10 * SEC),
     )
     .await;
+    let k = key("from-client-fence");
+    let older = from_client.try_acquire(&k, &opts(10 * SEC)).await.unwrap();
+    let older_token = older.token();
+    older.release().await.unwrap();
+    let newer = from_url.try_acquire(&k, &opts(10 * SEC)).await.unwrap();
+    let resource = lease_core::ResourceId::from(&k);
+    fence
+        .write(
+            &resource,
+            newer.token(),
+            lease_core::Bytes::from_static(b"new"),
+        )
+        .await
+        .unwrap();
+    let stale = fence
+        .write(
+            &resource,
+            older_token,
+            lease_core::Bytes::from_static(b"old"),
+        )
+        .await;
+    assert!(
+        matches!(stale, Err(Error::Stale { .. })),
+        "the fence on the application's client took an older token: {stale:?}"
+    );
+    newer.release().await.unwrap();
 }
 
 /// `SCRIPT FLUSH` (or a restart) empties the server's script cache: every operation's `EVALSHA`
