@@ -641,6 +641,13 @@ impl ConsulConfig {
         self.tls_files.client.as_ref().map(|(_, key)| key.as_path())
     }
 
+    /// The client certificate and key files for mTLS, if set (as [`Self::tls_cert_file`] and
+    /// [`Self::tls_key_file`], together).
+    pub fn tls_client_cert(&self) -> Option<(&Path, &Path)> {
+        let client = self.tls_files.client.as_ref();
+        client.map(|(cert, key)| (cert.as_path(), key.as_path()))
+    }
+
     /// The name the server certificate is checked against, if not the host
     /// (`tls_server_name` or `CONSUL_TLS_SERVER_NAME`).
     pub fn tls_server_name(&self) -> Option<&str> {
@@ -845,6 +852,10 @@ mod env_tests {
         );
         assert_eq!(c.tls_ca_path(), Some(Path::new("/url/cas")));
         assert_eq!(c.tls_cert_file(), Some(Path::new("/url/c.pem")));
+        assert_eq!(
+            c.tls_client_cert(),
+            Some((Path::new("/url/c.pem"), Path::new("/url/k.pem")))
+        );
         assert_eq!(c.tls_key_file(), Some(Path::new("/url/k.pem")));
         assert_eq!(c.tls_server_name(), Some("url.example"));
         // And what the URL leaves out comes from the environment.

@@ -323,6 +323,11 @@ impl RedisConfig {
         self.poll_interval
     }
 
+    /// Whether the server is reached over TLS (`rediss://`).
+    pub fn tls(&self) -> bool {
+        self.url.expose().scheme() == "rediss"
+    }
+
     /// The CA file for `rediss://`, if any.
     pub fn tls_ca_file(&self) -> Option<&std::path::Path> {
         self.tls_files.ca_file.as_deref()
@@ -476,7 +481,13 @@ mod tests {
         assert_eq!(c.connect_timeout(), Duration::from_millis(700));
         assert_eq!(c.poll_interval(), Duration::from_millis(50));
         let d = RedisConfig::from_url("rediss://h").unwrap();
+        assert!(d.tls() && !c.tls());
         assert_eq!(d.key_prefix(), DEFAULT_KEY_PREFIX);
+        let m = RedisConfig::from_url("rediss://h?tls_cert_file=/c&tls_key_file=/k").unwrap();
+        assert_eq!(
+            m.tls_client_cert(),
+            Some((std::path::Path::new("/c"), std::path::Path::new("/k")))
+        );
         assert!(!d.volatile_tokens());
         assert!(d.clock_tokens());
         assert_eq!(d.replica_acks(), ReplicaAcks::Auto);
