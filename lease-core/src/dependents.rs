@@ -86,16 +86,6 @@ impl<T> Dependents<T> {
         self.lock().items.remove(&id)
     }
 
-    /// How many items there are.
-    pub fn len(&self) -> usize {
-        self.lock().items.len()
-    }
-
-    /// Whether there are none.
-    pub fn is_empty(&self) -> bool {
-        self.lock().items.is_empty()
-    }
-
     /// Whether [`close`](Dependents::close) has run.
     pub fn is_closed(&self) -> bool {
         self.lock().closed
@@ -115,13 +105,6 @@ impl<T> Dependents<T> {
     /// Calls `f` on every item, under the set's lock: `f` must not call back into the set.
     pub fn for_each(&self, f: impl FnMut(&T)) {
         self.lock().items.values().for_each(f);
-    }
-}
-
-impl<T: Clone> Dependents<T> {
-    /// A copy of every item.
-    pub fn snapshot(&self) -> Vec<T> {
-        self.lock().items.values().cloned().collect()
     }
 }
 
@@ -155,10 +138,13 @@ mod tests {
         assert!(set.insert(ib, Arc::downgrade(&b)));
         drop(b);
         assert_eq!(set.live().iter().map(|x| **x).collect::<Vec<_>>(), vec![1]);
-        assert_eq!(set.len(), 1, "the dropped one is forgotten by live()");
+        assert!(
+            set.remove(ib).is_none(),
+            "the dropped one is forgotten by live()"
+        );
         assert!(set.remove(ia).is_some());
         assert!(set.remove(ia).is_none());
-        assert!(set.is_empty());
+        assert_eq!(set.close().map(|left| left.len()), Some(0));
     }
 
     #[test]
@@ -166,13 +152,15 @@ mod tests {
         let set: Dependents<u32> = Dependents::new();
         assert!(set.insert(1, 7));
         assert!(set.insert(2, 8));
-        assert_eq!(set.snapshot().len(), 2);
+        let mut seen = 0;
+        set.for_each(|_| seen += 1);
+        assert_eq!(seen, 2);
         let mut ended = set.close().unwrap();
         ended.sort_unstable();
         assert_eq!(ended, vec![7, 8]);
         assert!(set.is_closed());
         assert!(set.close().is_none());
         assert!(!set.insert(3, 9));
-        assert!(set.is_empty());
+        set.for_each(|_| panic!("nothing is left once closed"));
     }
 }

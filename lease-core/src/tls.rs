@@ -7,15 +7,6 @@ use crate::connect::BackendUrl;
 use crate::error::InvalidInput;
 use crate::url_options::UrlOptions;
 
-/// The URL options [`TlsFiles::take`] reads, for an adapter's
-/// [`OptionSpec`](crate::adapter::OptionSpec).
-pub const TLS_OPTIONS: &[&str] = &[
-    "tls_ca_file",
-    "tls_cert_file",
-    "tls_key_file",
-    "tls_server_name",
-];
-
 /// What a URL says about TLS beyond its scheme, under the same names on every backend:
 ///
 /// | option | meaning |
@@ -37,7 +28,8 @@ pub struct TlsFiles {
 }
 
 impl TlsFiles {
-    /// Takes the TLS options out of `options`. `tls` says whether the URL's scheme asks for TLS;
+    /// Takes the TLS options out of `options` (the adapter's
+    /// [`OptionSpec`](crate::adapter::OptionSpec) lists all four). `tls` says whether the URL's scheme asks for TLS;
     /// when it does not, any of them is refused as needing `tls_url` (for example
     /// `"an etcds:// URL"`). A certificate without its key (or the reverse) is refused, as is a
     /// server name that cannot be one.
@@ -146,7 +138,12 @@ mod tests {
     use crate::url_options::OptionSpec;
 
     const SPEC: OptionSpec = OptionSpec {
-        backend: TLS_OPTIONS,
+        backend: &[
+            "tls_ca_file",
+            "tls_cert_file",
+            "tls_key_file",
+            "tls_server_name",
+        ],
         secret: &[],
         key_prefix: |_| Ok(()),
     };
