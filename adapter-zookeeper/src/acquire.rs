@@ -28,9 +28,9 @@
 //! (connection loss, request timeout), the adapter lists the lock's children and adopts its own
 //! node instead of creating a second one. If the acquire ends in any other way than a lease
 //! (error, timeout, the future dropped at any await point), a guard spawns a cleanup task that
-//! lists the lock's children and deletes every node with the attempt's prefix; requests of one
-//! session are processed in order, so the listing sees the create whatever happened to its
-//! answer. Without a runtime to spawn on, or if the process dies, the session's end removes the
+//! lists the lock's children behind a `sync` and deletes every node with the attempt's prefix;
+//! the create was sent before the sync, so the listing sees it whatever happened to its answer,
+//! also after a reconnect to another server. Without a runtime to spawn on, or if the process dies, the session's end removes the
 //! node (at most one session timeout later).
 
 use std::sync::atomic::Ordering;

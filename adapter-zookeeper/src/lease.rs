@@ -587,8 +587,15 @@ impl ZkLease {
     }
 }
 
-/// Deletes every node of the lock with the attempt's prefix. Requests of one session are
-/// processed in order, so this listing sees the attempt's create whatever happened to its answer.
+/// Deletes every node of the lock with the attempt's prefix.
+///
+/// The listing goes behind a `sync`, so it sees the attempt's create whatever happened to its
+/// answer. Requests of one session on one connection are processed in order, but a create sent
+/// on a connection that was then lost may still be committed after the client reconnected to
+/// another server, and a listing there alone could be answered before that server applied it,
+/// leaving a node nobody holds first in the queue for as long as the session lives. The
+/// leader answers the sync only after every proposal before it is committed, and the server
+/// applies them before passing the answer on.
 pub(crate) async fn cleanup(s: Arc<Session>, dir: String, prefix: String) {
     let backoff = Backoff::new(Duration::from_millis(10), s.timeout() / 4);
     retry_until_settled(backoff, None, || async {
@@ -599,13 +606,15 @@ pub(crate) async fn cleanup(s: Arc<Session>, dir: String, prefix: String) {
             }
             s.wait_connected(s.timeout()).await;
         }
-        let children =
-            match tokio::time::timeout(s.request_timeout(), s.client().list_children(&dir)).await {
-                Ok(Ok(c)) => c,
-                Ok(Err(ZkError::NoNode)) => return ControlFlow::Break(()),
-                Ok(Err(e)) if session_ended(&e) => return ControlFlow::Break(()),
-                _ => return ControlFlow::Continue(()),
-            };
+        let children = match s
+            .synced_read(Instant::now(), |c| c.list_children(&dir))
+            .await
+        {
+            Some(Ok(c)) => c,
+            Some(Err(ZkError::NoNode)) => return ControlFlow::Break(()),
+            Some(Err(e)) if session_ended(&e) => return ControlFlow::Break(()),
+            _ => return ControlFlow::Continue(()),
+        };
         let mut done = ControlFlow::Break(());
         for name in children.into_iter().filter(|c| c.starts_with(&prefix)) {
             let path = format!("{dir}/{name}");

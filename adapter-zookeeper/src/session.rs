@@ -258,10 +258,10 @@ impl Session {
     /// confirms the session with `sent` (read by the caller before calling). A failed sync
     /// confirms nothing and its error is returned whatever the read's answer. `None`: the
     /// request timeout passed first.
-    pub(crate) async fn synced_read<T, F>(
-        &self,
+    pub(crate) async fn synced_read<'a, T, F>(
+        &'a self,
         sent: Instant,
-        read: impl FnOnce(&Client) -> F,
+        read: impl FnOnce(&'a Client) -> F,
     ) -> Option<std::result::Result<T, zookeeper_client::Error>>
     where
         F: std::future::Future<Output = std::result::Result<T, zookeeper_client::Error>>,
