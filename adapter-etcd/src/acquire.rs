@@ -457,6 +457,18 @@ impl Inner {
                     }
                     Wait::Gone => last.ahead = Ahead::Gone,
                     Wait::Recheck | Wait::Ended => {
+                        if session.is_dead() {
+                            // Our key goes with the session, but maybe only at the server's
+                            // expiry of its lease (a revoke that could not be sent): queue again
+                            // on a new session now, rather than re-read a queue that still shows
+                            // our key, with nothing more to wait for, until then.
+                            tracing::debug!(key = %key, "etcd waiter's session ended; queueing again");
+                            pending.armed = false;
+                            if Instant::now() >= deadline {
+                                return Err(timed_out());
+                            }
+                            continue 'enqueue;
+                        }
                         if let Wait::Ended = wait {
                             // Join a new watch before the read, so its start is likely before it.
                             watch = Some(self.handle.watcher.lock(prefix.as_bytes().to_vec()));
