@@ -39,7 +39,7 @@ impl Confirmer {
             rounds: Rounds::new(
                 BACKEND,
                 RoundsConfig::new(ROUND_SPACING, MAX_TXN_OPS),
-                move |chunk| confirm(client.clone(), request_timeout, chunk),
+                move |chunk| owned(client.clone(), request_timeout, chunk),
             ),
         }
     }
@@ -51,8 +51,9 @@ impl Confirmer {
     }
 }
 
-/// One read-only transaction of gets for `chunk`: whether each key has its create revision.
-async fn confirm(
+/// One read-only transaction of gets for `chunk` (at most [`MAX_TXN_OPS`]): whether each key
+/// has its create revision.
+pub(crate) async fn owned(
     kv: Client,
     timeout: Duration,
     chunk: Vec<(String, i64)>,

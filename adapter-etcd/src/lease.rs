@@ -118,7 +118,9 @@ impl EtcdLease {
         });
         // Registered now, so that the session's end reaches the lease from the start; the
         // guardian starts a moment later, unless the lease is over and its key gone by then.
-        let slot = shared.session.register(tracker.clone());
+        let slot = shared
+            .session
+            .register(tracker.clone(), &shared.key, revision);
         let (guarded, lease) = (shared.clone(), tracker.clone());
         shared.handle.guardians.push(move || {
             if guarded.retired.load(Ordering::SeqCst)

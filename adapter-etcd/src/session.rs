@@ -12,7 +12,11 @@
 //! newer acknowledgement, or a keepalive answers TTL 0 (the lease was revoked or expired), the
 //! session is over: every lease registered on it is marked lost, and the next acquisition
 //! grants a new session. While the stream is broken but the deadline has not passed, the leases
-//! are marked in doubt; the next acknowledgement restores them.
+//! are marked in doubt. The next acknowledgement proves that the session lease lives, not that
+//! each lease's key is still there (an operator may have deleted it meanwhile): a read of the
+//! keys, batched as the renewals' ([`crate::confirm`]), restores those found with their create
+//! revision, unless the stream broke again since; the others stay in doubt until their
+//! guardian, whose watch delivers the deletion, marks them lost.
 //!
 //! The session does *not* extend a lease's own validity: that moves only when the holder renews
 //! (see the crate docs), and a lease whose validity passes is deleted by its guardian even though
@@ -40,6 +44,18 @@ pub(crate) struct SessionState {
     /// Set once the session is over, with the reason its leases are lost (`Released` when the
     /// client closed the session itself).
     pub(crate) dead: Option<LostReason>,
+    /// How many times the keepalive stream broke: a check of the keys in doubt that was sent
+    /// before the latest break restores nothing.
+    pub(crate) breaks: u64,
+}
+
+/// A lease on a session: its tracker, and its key with the create revision it was granted on
+/// (what is read back after a broken stream before the lease is held again).
+#[derive(Debug)]
+pub(crate) struct OnSession {
+    tracker: LeaseTracker,
+    key: String,
+    revision: i64,
 }
 
 /// One etcd lease of a client, shared by every lease and waiter of one TTL.
@@ -48,7 +64,7 @@ pub(crate) struct Session {
     ttl: Duration,
     state: Arc<watch::Sender<SessionState>>,
     kick: mpsc::UnboundedSender<Instant>,
-    leases: Arc<Dependents<LeaseTracker>>,
+    leases: Arc<Dependents<OnSession>>,
 }
 
 impl std::fmt::Debug for Session {
@@ -90,6 +106,7 @@ impl Session {
             acked_sent: sent,
             deadline: sent + ttl,
             dead: None,
+            breaks: 0,
         });
         let state = Arc::new(state);
         let (kick, kick_rx) = mpsc::unbounded_channel();
@@ -160,11 +177,17 @@ impl Session {
         let _ = self.kick.send(Instant::now());
     }
 
-    /// Registers a lease to be marked lost when the session ends (and in doubt while its stream
-    /// is broken). Returns the slot to unregister with.
-    pub(crate) fn register(&self, tracker: LeaseTracker) -> u64 {
+    /// Registers a lease, whose key `key` has create revision `revision`, to be marked lost when
+    /// the session ends (and in doubt while its stream is broken). Returns the slot to
+    /// unregister with.
+    pub(crate) fn register(&self, tracker: LeaseTracker, key: &str, revision: i64) -> u64 {
         let slot = fresh_id();
-        if !self.leases.insert(slot, tracker.clone()) {
+        let on = OnSession {
+            tracker: tracker.clone(),
+            key: key.to_owned(),
+            revision,
+        };
+        if !self.leases.insert(slot, on) {
             // The session ended between the acquisition and the registration.
             let reason = self.dead_reason().unwrap_or(LostReason::SessionEnded);
             if reason != LostReason::Released {
@@ -208,7 +231,7 @@ impl Session {
 }
 
 /// Marks the session over (first reason wins) and its leases lost.
-fn end(state: &watch::Sender<SessionState>, leases: &Dependents<LeaseTracker>, reason: LostReason) {
+fn end(state: &watch::Sender<SessionState>, leases: &Dependents<OnSession>, reason: LostReason) {
     state.send_if_modified(|s| {
         if s.dead.is_some() {
             false
@@ -220,8 +243,8 @@ fn end(state: &watch::Sender<SessionState>, leases: &Dependents<LeaseTracker>, r
     // Only the first end finds the leases: the first reason is theirs.
     if let Some(ended) = leases.close() {
         if reason != LostReason::Released {
-            for t in ended {
-                t.mark_lost(reason);
+            for on in ended {
+                on.tracker.mark_lost(reason);
             }
         }
     }
@@ -232,36 +255,78 @@ struct KeepAlive {
     id: i64,
     ttl: Duration,
     state: Arc<watch::Sender<SessionState>>,
-    leases: Arc<Dependents<LeaseTracker>>,
+    leases: Arc<Dependents<OnSession>>,
     kick_rx: mpsc::UnboundedReceiver<Instant>,
     request_timeout: Duration,
 }
 
 impl KeepAlive {
     fn ack(&self, sent: Instant, server_ttl: Duration) {
-        let mut was_in_doubt = false;
         self.state.send_modify(|s| {
             s.acked_sent = s.acked_sent.max(sent);
             s.deadline = s.deadline.max(sent + server_ttl);
         });
-        self.leases.for_each(|t| {
-            if t.status() == LeaseStatus::InDoubt {
-                was_in_doubt = true;
-                // Connected again inside a live session: held, with validity unchanged.
-                t.renewed(t.valid_until());
+        let mut doubted = Vec::new();
+        self.leases.for_each(|on| {
+            if on.tracker.status() == LeaseStatus::InDoubt {
+                doubted.push((on.tracker.clone(), on.key.clone(), on.revision));
             }
         });
-        if was_in_doubt {
-            tracing::debug!(lease = %format_args!("{:016x}", self.id as u64), "etcd session reconnected");
+        if !doubted.is_empty() {
+            tracing::debug!(lease = %format_args!("{:016x}", self.id as u64), in_doubt = doubted.len(), "etcd session reconnected; reading its keys in doubt");
+            tokio::spawn(hold_again(
+                self.client.clone(),
+                self.request_timeout,
+                self.state.subscribe(),
+                self.state.borrow().breaks,
+                doubted,
+            ));
         }
     }
 
     fn in_doubt(&self) {
-        self.leases.for_each(LeaseTracker::in_doubt);
+        // Without notifying: nobody waits on the count.
+        self.state.send_if_modified(|s| {
+            s.breaks += 1;
+            false
+        });
+        self.leases.for_each(|on| on.tracker.in_doubt());
     }
 
     fn deadline(&self) -> Instant {
         self.state.borrow().deadline
+    }
+}
+
+/// After a keepalive acknowledged on a stream opened again: reads the keys of the leases that
+/// were in doubt ([`crate::confirm::owned`], in transactions of up to
+/// [`MAX_TXN_OPS`](crate::confirm::MAX_TXN_OPS) gets) and holds again, with the validity they
+/// had, each one whose key is still there with its create revision, unless the session ended
+/// or its stream broke again after `breaks` breaks (the count at the acknowledgement). The others stay in doubt: a deleted key's
+/// guardian marks its lease lost, and a failed read is tried again at the next
+/// acknowledgement.
+async fn hold_again(
+    client: Client,
+    request_timeout: Duration,
+    state: watch::Receiver<SessionState>,
+    breaks: u64,
+    doubted: Vec<(LeaseTracker, String, i64)>,
+) {
+    for chunk in doubted.chunks(crate::confirm::MAX_TXN_OPS) {
+        let keys = chunk.iter().map(|(_, k, r)| (k.clone(), *r)).collect();
+        let Ok(owned) = crate::confirm::owned(client.clone(), request_timeout, keys).await else {
+            continue;
+        };
+        for ((tracker, _, _), owned) in chunk.iter().zip(owned) {
+            let s = *state.borrow();
+            if matches!(owned, Ok(true))
+                && s.dead.is_none()
+                && s.breaks == breaks
+                && tracker.status() == LeaseStatus::InDoubt
+            {
+                tracker.renewed(tracker.valid_until());
+            }
+        }
     }
 }
 

@@ -12,8 +12,8 @@ use conformance_tests::contend::one_holder_across;
 use conformance_tests::harness::{start_or_skip_async, Backend, EtcdServer};
 use conformance_tests::proxy::FaultProxy;
 use lease_core::{
-    Coordinator, Error, Fence, ForceRelease, Instrumented, Lease, LeaseOptions, LockKey,
-    LostReason, Token,
+    Coordinator, Error, Fence, ForceRelease, Instrumented, Lease, LeaseOptions, LeaseStatus,
+    LockKey, LostReason, Token,
 };
 use tokio::time::Instant;
 
@@ -1284,4 +1284,72 @@ async fn a_key_deleted_before_the_guardian_starts_still_loses_the_lease() {
     let next = c.try_acquire(&k, &LeaseOptions::new(TTL)).await.unwrap();
     assert!(next.token() > lease.token());
     next.release().await.unwrap();
+}
+
+/// A lease in doubt (its connection cut) whose key an operator deleted meanwhile is not `Held`
+/// again when the connection comes back: the session's keepalive proves the session lease lives,
+/// not that our key is still there. After the reconnect the lease stays in doubt until it is
+/// known lost (`Revoked`), never `Held` in between; a lease on the same session whose key is
+/// still there is `Held` again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_in_doubt_whose_key_was_deleted_meanwhile_is_never_held_again() {
+    let Some(server) = server("a_lease_in_doubt_whose_key_was_deleted_meanwhile").await else {
+        return;
+    };
+    let (proxy, through, _direct) = behind_a_proxy(&server, "indoubt").await;
+    let etcd = EtcdCoordinator::connect_url(&format!("{}?key_prefix=indoubt", server.url()))
+        .await
+        .unwrap();
+    let o = LeaseOptions::new(Duration::from_secs(20));
+    let (gone, kept) = (key("doubt/deleted"), key("doubt/kept"));
+    let deleted_lease = through.acquire(&gone, &o).await.unwrap();
+    let kept_lease = through.acquire(&kept, &o).await.unwrap();
+    // Partition the client, and reset its connections so that it notices at once.
+    proxy.blackhole();
+    proxy.cut();
+    eventually(Duration::from_secs(10), "both leases in doubt", || async {
+        deleted_lease.status() == LeaseStatus::InDoubt
+            && kept_lease.status() == LeaseStatus::InDoubt
+    })
+    .await;
+    let removed = etcd
+        .client()
+        .delete(
+            etcd.lock_prefix(&gone),
+            Some(etcd_client::DeleteOptions::new().with_prefix()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(removed.deleted(), 1, "the holder's key");
+    // Watch the deleted key's lease from the moment the partition heals until it is lost.
+    let watcher = {
+        let signal = deleted_lease.lost();
+        tokio::spawn(async move {
+            let mut seen_held = false;
+            let deadline = Instant::now() + Duration::from_secs(15);
+            while Instant::now() < deadline {
+                match signal.status() {
+                    LeaseStatus::Held => seen_held = true,
+                    LeaseStatus::Lost(reason) => return (seen_held, Some(reason)),
+                    LeaseStatus::InDoubt => {}
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            (seen_held, None)
+        })
+    };
+    proxy.heal();
+    eventually(
+        Duration::from_secs(15),
+        "the kept lease held again",
+        || async { kept_lease.status() == LeaseStatus::Held },
+    )
+    .await;
+    let (seen_held, lost) = watcher.await.unwrap();
+    assert!(
+        !seen_held,
+        "a lease whose key was deleted while it was in doubt reported Held after the reconnect"
+    );
+    assert_eq!(lost, Some(LostReason::Revoked));
+    kept_lease.release().await.unwrap();
 }
