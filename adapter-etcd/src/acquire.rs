@@ -244,8 +244,8 @@ impl Inner {
         revision: i64,
         tracker: LeaseTracker,
         watch_from: i64,
-    ) -> EtcdLease {
-        EtcdLease::start(
+    ) -> Result<EtcdLease> {
+        let lease = EtcdLease::start(
             self.handle.clone(),
             session,
             pending.key.clone(),
@@ -253,7 +253,17 @@ impl Inner {
             revision,
             tracker,
             watch_from,
-        )
+        );
+        if let LeaseStatus::Lost(_) = lease.state().status() {
+            // The session ended between the grant and the lease's registration: its key goes
+            // with it, and the caller gets no lease, as from an unreachable server.
+            return Err(Error::Unavailable {
+                backend: BACKEND,
+                message: "the client's etcd session ended during the acquire".into(),
+                source: None,
+            });
+        }
+        Ok(lease)
     }
 
     /// `try_acquire`: one transaction that creates our key only if the lock has no key at all
@@ -332,7 +342,7 @@ impl Inner {
                 });
             }
             pending.armed = false;
-            return Ok(self.grant(session, &pending, revision, tracker, revision + 1));
+            return self.grant(session, &pending, revision, tracker, revision + 1);
         }
         Err(Error::Unavailable {
             backend: BACKEND,
@@ -532,7 +542,7 @@ impl Inner {
                 let fresh = !by_turn || left * 2 >= session.ttl() || Instant::now() >= deadline;
                 if tracker.status() == LeaseStatus::Held && fresh {
                     pending.armed = false;
-                    return Ok(self.grant(session, &pending, revision, tracker, read_revision + 1));
+                    return self.grant(session, &pending, revision, tracker, read_revision + 1);
                 }
                 if Instant::now() >= deadline {
                     self.delete_now(&mut pending).await;

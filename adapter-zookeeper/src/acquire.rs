@@ -38,7 +38,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lease_core::adapter::{HolderRecord, LeaseTracker};
-use lease_core::{Error, Lease, LeaseOptions, LockKey, Result, Token};
+use lease_core::{Error, Lease, LeaseOptions, LeaseStatus, LockKey, Result, Token};
 use tokio::time::Instant;
 use zookeeper_client::{CreateMode, Error as ZkError, EventType, MultiReadResult, WatchedEvent};
 
@@ -169,7 +169,18 @@ impl ZkCoordinator {
                         sweep,
                     );
                     guard.session = None;
-                    return Ok(Box::new(ZkLease::start(state, epoch, watch)));
+                    let lease = ZkLease::start(state, epoch, watch);
+                    if let LeaseStatus::Lost(_) = lease.state().status() {
+                        // The session ended between the grant and the lease's registration:
+                        // the node went with it, and the caller gets no lease.
+                        return Err(Error::Unavailable {
+                            backend: BACKEND,
+                            message: "the client's ZooKeeper session ended during the acquire"
+                                .into(),
+                            source: None,
+                        });
+                    }
+                    return Ok(Box::new(lease));
                 }
                 Err(None) => {
                     restarts += 1;
