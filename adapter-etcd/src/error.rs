@@ -18,7 +18,7 @@
 
 use std::time::Duration;
 
-use lease_core::adapter::{resend, Backoff, Delivery, Op, SendAgain};
+use lease_core::adapter::{resend, Backoff, Delivery, Op, SendAgain, TlsRefusal};
 use lease_core::Error;
 
 pub(crate) const BACKEND: &str = "etcd";
@@ -109,34 +109,18 @@ impl Failure {
     /// transport errors; a refusal by the server may only surface with the first request, as
     /// `Unknown: transport error`).
     fn tls_problem(&self) -> Option<String> {
-        let e = self.etcd()?;
-        let mut detail = None;
-        let mut next: Option<&(dyn std::error::Error + 'static)> = Some(e);
-        while let Some(err) = next {
-            let shown = format!("{err:?} {err}");
-            for marker in ["invalid peer certificate", "received fatal alert"] {
-                if let Some(at) = shown.find(marker) {
-                    detail = Some(quoted_text(&shown[at..]));
-                }
-            }
-            if detail.is_some() {
-                break;
-            }
-            next = err.source();
-        }
-        let detail = detail?;
-        Some(if detail.contains("invalid peer certificate") {
-            format!(
+        let e: &(dyn std::error::Error + 'static) = self.etcd()?;
+        Some(match TlsRefusal::find(e)? {
+            TlsRefusal::ServerCertificate(detail) => format!(
                 "TLS: the member's certificate was refused ({detail}); check tls_ca_file (the CA \
                  that signed the members' certificates, system roots when absent) and \
                  tls_server_name (the name in the certificate, the URL's host when absent)"
-            )
-        } else {
-            format!(
+            ),
+            TlsRefusal::ByServer(detail) => format!(
                 "TLS: the member refused the handshake ({detail}); if it runs with \
                  --client-cert-auth, give tls_cert_file and tls_key_file with a client \
                  certificate signed by its --trusted-ca-file"
-            )
+            ),
         })
     }
 
@@ -197,27 +181,6 @@ impl Failure {
         };
         op.failed(BACKEND, delivery, message, source)
     }
-}
-
-/// The text up to the end of the quoted string it starts in (`\"` unescaped), at most 300
-/// characters: rustls' message out of a wrapper's `Debug`.
-fn quoted_text(s: &str) -> String {
-    let mut out = String::new();
-    let mut chars = s.chars();
-    while let Some(c) = chars.next() {
-        match c {
-            '\\' => match chars.next() {
-                Some(n) => out.push(n),
-                None => break,
-            },
-            '"' => break,
-            c => out.push(c),
-        }
-        if out.len() >= 300 {
-            break;
-        }
-    }
-    out.trim_end().to_owned()
 }
 
 /// etcd's refusals (messages of etcd 3.4's `etcdserver/api/v3rpc/rpctypes/error.go` and of

@@ -12,9 +12,10 @@
 //! | `LOADING`, `BUSY`, `MASTERDOWN`, `TRYAGAIN`, `CLUSTERDOWN`, `READONLY`, `OOM` | `Unavailable` | `Unavailable` (the server refused before running anything) |
 //! | `MOVED` / `ASK` (a Redis Cluster node that does not own the slot) | `Unsupported` | `Unsupported` |
 //! | `NOPERM`, `NOAUTH`, `WRONGPASS`, unknown command (`CONFIG` renamed) | `Misconfigured` | `Misconfigured` |
+//! | TLS handshake refused: the server's certificate not trusted or not for the host (`invalid peer certificate`), or ours refused or missing under `tls-auth-clients` (`received fatal alert`) | `Misconfigured` naming the option to set | same (nothing was sent) |
 //! | `WRONGTYPE` and other script errors (a foreign value in the adapter's keys) | `Misconfigured` | `Misconfigured` |
 
-use lease_core::adapter::{Delivery, Op};
+use lease_core::adapter::{Delivery, Op, TlsRefusal};
 use lease_core::Error;
 use redis::{ErrorKind, RedisError, RetryMethod, ServerErrorKind};
 
@@ -138,6 +139,19 @@ pub(crate) fn connect_failed(err: RedisError) -> Error {
     }
     if matches!(err.kind(), ErrorKind::InvalidClientConfig) {
         return misconfigured(format!("the client rejected the configuration: {err}"));
+    }
+    if let Some(refusal) = TlsRefusal::find(&err) {
+        return misconfigured(match refusal {
+            TlsRefusal::ServerCertificate(detail) => format!(
+                "TLS: the server's certificate was refused ({detail}); check tls_ca_file (the \
+                 CA that signed it, system roots when absent) and that it names the URL's host"
+            ),
+            TlsRefusal::ByServer(detail) => format!(
+                "TLS: the server refused the handshake ({detail}); with tls-auth-clients on \
+                 (Redis's default), give tls_cert_file and tls_key_file with a client \
+                 certificate signed by its tls-ca-cert-file"
+            ),
+        });
     }
     unavailable(format!("cannot connect: {err}"), err)
 }

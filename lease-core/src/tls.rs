@@ -132,10 +132,97 @@ pub fn read_pem(
     Ok(pem)
 }
 
+/// A TLS handshake that a retry will not fix, as rustls words it in an error's sources.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TlsRefusal {
+    /// This client refused the server's certificate (`invalid peer certificate: ...`: not signed
+    /// by a trusted CA, not for the name, expired): fixed by `tls_ca_file` or `tls_server_name`.
+    ServerCertificate(String),
+    /// The server refused the handshake (`received fatal alert: ...`), typically because it
+    /// requires a client certificate it did not get or does not trust: fixed by
+    /// `tls_cert_file` and `tls_key_file`.
+    ByServer(String),
+}
+
+impl TlsRefusal {
+    /// Walks `err` and its sources for rustls' message of a refused handshake (client
+    /// libraries wrap it in their own errors, gRPC statuses or I/O errors, sometimes only as
+    /// text); `None` when there is none. The detail is the message from the marker on, at most
+    /// about 300 characters, unquoted.
+    pub fn find(err: &(dyn std::error::Error + 'static)) -> Option<TlsRefusal> {
+        let mut next = Some(err);
+        while let Some(e) = next {
+            // Its text first; some wrappers show their cause only in `Debug`, quoted.
+            for shown in [e.to_string(), format!("{e:?}")] {
+                if let Some(at) = shown.find("invalid peer certificate") {
+                    return Some(TlsRefusal::ServerCertificate(unquoted(&shown[at..])));
+                }
+                if let Some(at) = shown.find("received fatal alert") {
+                    return Some(TlsRefusal::ByServer(unquoted(&shown[at..])));
+                }
+            }
+            next = e.source();
+        }
+        None
+    }
+}
+
+/// The text up to the end of the quoted string it starts in (as `Debug` shows it), unescaped.
+fn unquoted(s: &str) -> String {
+    let mut out = String::new();
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => match chars.next() {
+                Some(n) => out.push(n),
+                None => break,
+            },
+            '"' => break,
+            c => out.push(c),
+        }
+        if out.len() >= 300 {
+            break;
+        }
+    }
+    out.trim_end().to_owned()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::url_options::OptionSpec;
+
+    #[test]
+    fn a_refused_handshake_is_found_in_the_sources_and_other_errors_are_not() {
+        #[derive(Debug)]
+        struct Wrapper(std::io::Error);
+        impl std::fmt::Display for Wrapper {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("transport error")
+            }
+        }
+        impl std::error::Error for Wrapper {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                Some(&self.0)
+            }
+        }
+        let io = |m: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, m.to_owned());
+        let untrusted = Wrapper(io("invalid peer certificate: UnknownIssuer"));
+        assert_eq!(
+            TlsRefusal::find(&untrusted),
+            Some(TlsRefusal::ServerCertificate(
+                "invalid peer certificate: UnknownIssuer".into()
+            ))
+        );
+        let alert = Wrapper(io("received fatal alert: CertificateRequired"));
+        assert_eq!(
+            TlsRefusal::find(&alert),
+            Some(TlsRefusal::ByServer(
+                "received fatal alert: CertificateRequired".into()
+            ))
+        );
+        assert_eq!(TlsRefusal::find(&Wrapper(io("connection refused"))), None);
+    }
 
     const SPEC: OptionSpec = OptionSpec {
         backend: &[

@@ -169,10 +169,10 @@ async fn rediss_with_a_private_ca_a_client_certificate_and_a_password() {
         ),
     ] {
         match RedisCoordinator::connect_url(&refused).await {
-            Err(e @ Error::Unavailable { .. }) => {
+            Err(e @ Error::Misconfigured { .. }) => {
                 assert!(!e.to_string().contains(PW) && !format!("{e:?}").contains(PW));
             }
-            other => panic!("{refused}: expected Unavailable, got {other:?}"),
+            other => panic!("{refused}: expected Misconfigured, got {other:?}"),
         }
     }
     // A key file that holds no key is named before anything is sent.
