@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use lease_core::adapter::{
-    check_server_name, BackendUrl, CommonOptions, OptionSpec, Secret, TlsFiles, UrlOptions,
+    server_name, BackendUrl, CommonOptions, OptionSpec, Secret, TlsFiles, UrlOptions,
 };
 use lease_core::{InvalidInput, LockKey, Result};
 
@@ -257,23 +257,6 @@ fn read_token_file(path: &Path, from: &str) -> Result<String> {
     Ok(token)
 }
 
-/// The server name in `CONSUL_TLS_SERVER_NAME`/`tls_server_name`, without a `:port` (as the Go
-/// client strips it).
-fn strip_port(name: &str) -> &str {
-    match (name.rfind(':'), name.rfind(']')) {
-        (Some(colon), close) if close.is_none_or(|c| colon > c) => {
-            let host = &name[..colon];
-            host.strip_prefix('[')
-                .and_then(|h| h.strip_suffix(']'))
-                .unwrap_or(host)
-        }
-        _ => name
-            .strip_prefix('[')
-            .and_then(|h| h.strip_suffix(']'))
-            .unwrap_or(name),
-    }
-}
-
 /// The process environment, as [`ConsulConfig::from_url`] reads it.
 fn process_env(name: &str) -> Option<String> {
     std::env::var(name).ok()
@@ -392,16 +375,7 @@ impl ConsulConfig {
         let session_ttl = millis(&mut o, "session_ttl_ms", 100, 86_400_000)?;
         let lock_delay = millis(&mut o, "lock_delay_ms", 0, 60_000)?;
         let max_block = millis(&mut o, "max_block_ms", 1_000, 600_000)?;
-        let mut tls_files = TlsFiles::take(&mut o, tls, "a consuls:// URL")?;
-        if let Some(name) = tls_files.server_name.take() {
-            let name = strip_port(&name);
-            if check_server_name(name).is_err() {
-                return Err(o
-                    .bad("tls_server_name", name, "a DNS name or IP address")
-                    .into());
-            }
-            tls_files.server_name = Some(name.to_owned());
-        }
+        let tls_files = TlsFiles::take(&mut o, tls, "a consuls:// URL")?;
         let tls_ca_path = o.path("tls_ca_path")?;
         if tls_ca_path.is_some() && !tls {
             return Err(o
@@ -507,15 +481,9 @@ impl ConsulConfig {
             }
             if c.tls_files.server_name.is_none() {
                 if let Some(n) = env("CONSUL_TLS_SERVER_NAME") {
-                    let stripped = strip_port(n.trim());
-                    if stripped.is_empty() || stripped.chars().any(|ch| ch.is_control()) {
-                        return Err(env_invalid(
-                            "CONSUL_TLS_SERVER_NAME",
-                            &n,
-                            "a DNS name or IP address",
-                        ));
-                    }
-                    c.tls_files.server_name = Some(stripped.to_owned());
+                    let name = server_name(n.trim())
+                        .map_err(|expected| env_invalid("CONSUL_TLS_SERVER_NAME", &n, expected))?;
+                    c.tls_files.server_name = Some(name);
                     from_env.push("CONSUL_TLS_SERVER_NAME");
                 }
             }

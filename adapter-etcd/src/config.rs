@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use lease_core::adapter::{
-    check_server_name, read_pem, BackendUrl, CommonOptions, HostPort, OptionSpec, PemKind, Secret,
+    read_pem, server_name, BackendUrl, CommonOptions, HostPort, OptionSpec, PemKind, Secret,
     TlsFiles, UrlOptions,
 };
 use lease_core::{Error, InvalidInput, Result};
@@ -152,9 +152,7 @@ impl EtcdConfig {
             endpoints.extend(list.iter().map(|ep| format!("{scheme}://{ep}")));
         }
         // `tls_domain`: the earlier name of `tls_server_name`.
-        let domain = options.value("tls_domain", "a DNS name or IP address", |v| {
-            check_server_name(v).map(|()| v.to_owned())
-        })?;
+        let domain = options.value("tls_domain", "a DNS name or IP address", server_name)?;
         let mut tls_files = TlsFiles::take(&mut options, tls, "an etcds:// URL")?;
         if let Some(domain) = domain {
             if !tls {
@@ -193,14 +191,11 @@ impl EtcdConfig {
     pub fn with_tls_server_name(mut self, name: impl Into<String>) -> Result<Self> {
         self.require_tls("tls_server_name")?;
         let name = name.into();
-        if let Err(expected) = check_server_name(&name) {
-            return Err(InvalidInput::OutOfRange {
-                field: "tls_server_name",
-                value: name,
-                expected,
-            }
-            .into());
-        }
+        let name = server_name(&name).map_err(|expected| InvalidInput::OutOfRange {
+            field: "tls_server_name",
+            value: name.clone(),
+            expected,
+        })?;
         self.tls_files.server_name = Some(name);
         Ok(self)
     }
@@ -394,6 +389,9 @@ mod tests {
         assert_eq!(c.tls_server_name(), Some("etcd.internal"));
         // The option's earlier name.
         let c = EtcdConfig::from_url("etcds://h:1?tls_domain=etcd.internal").unwrap();
+        assert_eq!(c.tls_server_name(), Some("etcd.internal"));
+        // A port is dropped, as on Consul: the same URL option names the same host.
+        let c = EtcdConfig::from_url("etcds://h:1?tls_server_name=etcd.internal:2379").unwrap();
         assert_eq!(c.tls_server_name(), Some("etcd.internal"));
     }
 

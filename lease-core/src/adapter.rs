@@ -55,7 +55,7 @@ pub use crate::options::{duration_in_range, parse_millis};
 pub use crate::outcome::{resend, Delivery, Op, SendAgain};
 pub use crate::records::{HolderRecord, StoredAudit};
 pub use crate::secret::Secret;
-pub use crate::tls::{check_server_name, read_pem, PemKind, TlsFiles, TlsRefusal};
+pub use crate::tls::{read_pem, server_name, PemKind, TlsFiles, TlsRefusal};
 pub use crate::tokens::{NativeToken, TokenAdmission};
 pub use crate::url_options::{
     timeout_in_range, CommonOptions, OptionSpec, UrlOptions, COMMON_OPTIONS, MAX_URL_TIMEOUT,

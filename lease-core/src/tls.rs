@@ -13,7 +13,7 @@ use crate::url_options::UrlOptions;
 /// |---|---|
 /// | `tls_ca_file` | PEM file of the CA(s) that signed the server certificate, trusted instead of the system roots |
 /// | `tls_cert_file`, `tls_key_file` | PEM client certificate (chain) and its private key, for servers that check clients' certificates (mutual TLS); both or neither |
-/// | `tls_server_name` | the name the server certificate is checked against and sent as SNI (default: the host) |
+/// | `tls_server_name` | the name the server certificate is checked against and sent as SNI (default: the host); a `:port` after it is dropped ([`server_name`]) |
 ///
 /// Each needs a URL whose scheme asks for TLS. The files are read when the adapter connects
 /// ([`read_pem`]), so a config can be built on a machine that does not hold them.
@@ -49,9 +49,7 @@ impl TlsFiles {
         let ca_file = path(options, "tls_ca_file")?;
         let cert = path(options, "tls_cert_file")?;
         let key = path(options, "tls_key_file")?;
-        let server_name = options.value("tls_server_name", SERVER_NAME, |v| {
-            check_server_name(v).map(|()| v.to_owned())
-        })?;
+        let server_name = options.value("tls_server_name", SERVER_NAME, server_name)?;
         if server_name.is_some() {
             given.push("tls_server_name");
         }
@@ -82,13 +80,39 @@ impl TlsFiles {
 /// What a server name must be.
 const SERVER_NAME: &str = "a DNS name or IP address";
 
-/// `Ok` when `name` can be a server name: not empty, no whitespace, control characters or `/`.
-pub fn check_server_name(name: &str) -> Result<(), &'static str> {
+/// The server name in `value`, checked: a DNS name or IP address, whose `:port` (after a host
+/// or a bracketed IPv6 address) and brackets are dropped, as Go's clients do for
+/// `tls_server_name`-style settings, so `members.example:2379` and `[::1]:8501` name the hosts;
+/// not empty, and no whitespace, control characters or `/`. `Err` says what it must be.
+///
+/// ```
+/// use lease_core::adapter::server_name;
+///
+/// assert_eq!(server_name("etcd.internal:2379").unwrap(), "etcd.internal");
+/// assert_eq!(server_name("[::1]:8501").unwrap(), "::1");
+/// assert_eq!(server_name("10.0.0.7").unwrap(), "10.0.0.7");
+/// assert!(server_name("etcd internal").is_err());
+/// ```
+pub fn server_name(value: &str) -> Result<String, &'static str> {
+    fn unbracketed(h: &str) -> Option<&str> {
+        h.strip_prefix('[').and_then(|h| h.strip_suffix(']'))
+    }
+    let name = match (value.rfind(':'), value.rfind(']')) {
+        // One colon after any bracket: a port (a bare IPv6 address has several colons).
+        (Some(colon), close)
+            if close.is_some_and(|c| colon > c)
+                || (close.is_none() && value.matches(':').count() == 1) =>
+        {
+            let host = &value[..colon];
+            unbracketed(host).unwrap_or(host)
+        }
+        _ => unbracketed(value).unwrap_or(value),
+    };
     let bad = |c: char| c.is_whitespace() || c.is_control() || c == '/';
     if name.is_empty() || name.chars().any(bad) {
         Err(SERVER_NAME)
     } else {
-        Ok(())
+        Ok(name.to_owned())
     }
 }
 
@@ -191,6 +215,23 @@ fn unquoted(s: &str) -> String {
 mod tests {
     use super::*;
     use crate::url_options::OptionSpec;
+
+    #[test]
+    fn a_server_name_drops_its_port_and_brackets_but_keeps_a_bare_ipv6_address() {
+        for (value, name) in [
+            ("etcd.internal", "etcd.internal"),
+            ("etcd.internal:2379", "etcd.internal"),
+            ("10.0.0.7:8501", "10.0.0.7"),
+            ("[::1]:8501", "::1"),
+            ("[fe80::1]", "fe80::1"),
+            ("fe80::1", "fe80::1"),
+        ] {
+            assert_eq!(server_name(value).as_deref(), Ok(name), "{value}");
+        }
+        for bad in ["", ":2379", "[]:1", "a b", "a/b", "a\tb"] {
+            assert_eq!(server_name(bad), Err(SERVER_NAME), "{bad:?}");
+        }
+    }
 
     #[test]
     fn a_refused_handshake_is_found_in_the_sources_and_other_errors_are_not() {
