@@ -240,7 +240,9 @@ fn end(state: &watch::Sender<SessionState>, leases: &Dependents<OnSession>, reas
             true
         }
     });
-    // Only the first end finds the leases: the first reason is theirs.
+    // Only the first `close` finds the leases, and they are lost for the reason recorded
+    // first, which a concurrent end may have set before this one reached the set.
+    let reason = state.borrow().dead.unwrap_or(reason);
     if let Some(ended) = leases.close() {
         if reason != LostReason::Released {
             for on in ended {
