@@ -119,7 +119,9 @@ impl EtcdFence {
         Fut: std::future::Future<Output = std::result::Result<T, Failure>>,
     {
         let mut last = None;
-        let mut pause = Backoff::new(Duration::from_millis(50), Duration::from_millis(200));
+        // Pauses of 50-100, 100-200 and 200-400 ms (jittered): at least the fixed 50 + 100 + 200
+        // ms the fence waited before they were jittered.
+        let mut pause = Backoff::new(Duration::from_millis(100), Duration::from_millis(400));
         for attempt in 0..ATTEMPTS {
             match call(self.client.clone()).await {
                 Ok(t) => return Ok(t),
