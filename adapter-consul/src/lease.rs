@@ -88,15 +88,39 @@ impl LeaseShared {
         *self.own_until.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The session's validity moved to `session_until`: the lease's validity follows, up to its
-    /// own deadline. No effect on a lost lease.
-    pub(crate) fn session_confirmed(&self, session_until: Instant) {
+    /// The session's validity moved to `session_until`: a held lease's validity follows, up to
+    /// its own deadline. No effect on a lost lease.
+    ///
+    /// A lease in doubt (the session's renewals failed meanwhile) is held again only once a read
+    /// shows its key still locked by the session: a renewal proves the session lives, not that
+    /// nobody deleted the key during the partition. Unless the renewals failed again since, it
+    /// is then held with that validity; a key gone or locked by another session leaves it in
+    /// doubt until the lock monitor, which sees the same, marks it lost.
+    pub(crate) fn session_confirmed(self: &Arc<Self>, session_until: Instant) {
         let until = self
             .own_until()
             .min(session_until)
             .max(self.tracker.valid_until());
-        if !matches!(self.tracker.status(), LeaseStatus::Lost(_)) {
-            self.tracker.renewed(until);
+        match self.tracker.status() {
+            LeaseStatus::Held => {
+                self.tracker.renewed(until);
+            }
+            LeaseStatus::InDoubt => {
+                let (lease, doubts) = (self.clone(), self.session.doubts());
+                tokio::spawn(async move {
+                    let owned = lease
+                        .confirmer
+                        .check(&lease.kv_key, &lease.session.id)
+                        .await;
+                    if matches!(owned, Ok(Ownership::Ours))
+                        && lease.session.doubts() == doubts
+                        && lease.tracker.status() == LeaseStatus::InDoubt
+                    {
+                        lease.tracker.renewed(until);
+                    }
+                });
+            }
+            LeaseStatus::Lost(_) => {}
         }
     }
 
@@ -201,8 +225,8 @@ impl SessionLease for LeaseShared {
         &self.kv_key
     }
 
-    fn session_confirmed(&self, until: Instant) {
-        LeaseShared::session_confirmed(self, until);
+    fn session_confirmed(self: Arc<Self>, until: Instant) {
+        LeaseShared::session_confirmed(&self, until);
     }
 
     fn in_doubt(&self) {

@@ -23,7 +23,7 @@ pub(crate) trait SessionLease: Send + Sync {
     /// The lease's Consul key.
     fn kv_key(&self) -> &str;
     /// A renewal confirmed the session until `until`.
-    fn session_confirmed(&self, until: Instant);
+    fn session_confirmed(self: Arc<Self>, until: Instant);
     /// A renewal failed for a transient reason: in doubt until one is confirmed.
     fn in_doubt(&self);
     /// The session is gone, and the lease's lock with it.
@@ -39,6 +39,8 @@ struct SessionState {
     valid_until: Instant,
     /// The validity last pushed to the leases ([`Session::confirm`]).
     pushed_until: Instant,
+    /// How many renewals failed for a transient reason ([`Session::doubts`]).
+    doubts: u64,
 }
 
 /// The outcome of one session renewal, as every caller that shares it sees it: `Ok(true)`
@@ -83,6 +85,7 @@ impl Session {
             state: Mutex::new(SessionState {
                 valid_until: lease_core::adapter::clock::valid_until(created_sent_at, ttl, margin),
                 pushed_until: created_sent_at,
+                doubts: 0,
             }),
             leases: Dependents::new(),
             ended_tx,
@@ -103,6 +106,12 @@ impl Session {
     /// Until when the session is known to be alive (local monotonic estimate).
     pub(crate) fn valid_until(&self) -> Instant {
         self.lock().valid_until
+    }
+
+    /// How many of the session's renewals failed for a transient reason so far: a check of a
+    /// lease in doubt that started before a later failure restores nothing.
+    pub(crate) fn doubts(&self) -> u64 {
+        self.lock().doubts
     }
 
     /// Whether the session is known to be gone.
@@ -140,6 +149,7 @@ impl Session {
     /// A renewal failed for a transient reason: the leases may still be held, but nothing new
     /// should start under them until a renewal is confirmed.
     fn in_doubt(&self) {
+        self.lock().doubts += 1;
         for l in self.leases.live() {
             l.in_doubt();
         }

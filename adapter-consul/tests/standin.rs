@@ -2,7 +2,8 @@
 //! (`conformance_tests::consul_standin`): tokens across LockIndex resets, sessions without health
 //! checks, token floor, ACL errors, lock-delay back-off without polling, blocking-query hand-off,
 //! cancellation mid-request, committed acquires whose answer is lost, one client's leases on one
-//! key, and a coordinator on the application's own HTTP client.
+//! key, a coordinator on the application's own HTTP client, and a lease in doubt whose key was
+//! deleted meanwhile.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -12,6 +13,7 @@ use adapter_consul::hyper_util::client::legacy::connect::HttpConnector;
 use adapter_consul::{ConsulConfig, ConsulCoordinator};
 use conformance_tests::consul_standin::{ConsulStandIn, StandInOptions};
 use conformance_tests::contend::one_holder_across;
+use conformance_tests::proxy::FaultProxy;
 use conformance_tests::subjects::consul::consul_http;
 use lease_core::{Coordinator, Error, Lease, LeaseOptions, LeaseStatus, LockKey};
 use serde_json::{json, Value};
@@ -695,4 +697,86 @@ async fn a_coordinator_from_the_applications_own_http_client_sends_through_it() 
         connects.load(Ordering::SeqCst) >= 1,
         "sent through the client"
     );
+}
+
+/// A lease in doubt (its session renewals failing behind a partition) whose key an operator
+/// deleted meanwhile is not `Held` again when a renewal of the session succeeds: that proves the
+/// session lives, not that the key is still locked by it. The lease stays in doubt until it is
+/// known lost (`Revoked`), never `Held` in between; a lease of the same session whose key is
+/// still there is `Held` again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_in_doubt_whose_key_was_deleted_meanwhile_is_never_held_again() {
+    let s = standin();
+    let proxy = FaultProxy::start(s.addr()).await.unwrap();
+    let c = client(&format!(
+        "consul://{}?token={TOKEN}&session_ttl_ms=4000&request_timeout_ms=300&key_prefix=t{:08x}",
+        proxy.addr(),
+        rand::random::<u32>()
+    ))
+    .await;
+    let o = LeaseOptions::new(Duration::from_secs(30));
+    let (gone, kept) = (key("doubt/deleted"), key("doubt/kept"));
+    let deleted_lease = c.acquire(&gone, &o).await.unwrap();
+    let kept_lease = c.acquire(&kept, &o).await.unwrap();
+    proxy.blackhole();
+    proxy.cut();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while deleted_lease.status() != LeaseStatus::InDoubt
+        || kept_lease.status() != LeaseStatus::InDoubt
+    {
+        assert!(
+            Instant::now() < deadline,
+            "both leases in doubt within 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let (status, _) = raw(
+        &s,
+        "DELETE",
+        &format!("/v1/kv/{}", c.config().kv_key(&gone)),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "the holder's key deleted");
+    let watcher = {
+        let signal = deleted_lease.lost();
+        tokio::spawn(async move {
+            let mut seen_held = false;
+            let deadline = Instant::now() + Duration::from_secs(15);
+            while Instant::now() < deadline {
+                match signal.status() {
+                    LeaseStatus::Held => seen_held = true,
+                    LeaseStatus::Lost(reason) => return (seen_held, Some(reason)),
+                    LeaseStatus::InDoubt => {}
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            (seen_held, None)
+        })
+    };
+    // Partitioned for more than a quarter of the session TTL since the last renewal, so that
+    // the next one confirms every lease of the session (`Session::confirm` walks them only
+    // once the session's validity moved by that much).
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    // The requests held by the partition go with their connections (the lock monitor's
+    // included, which would otherwise be answered first).
+    proxy.cut();
+    proxy.heal();
+    // The kept lease's renewal renews the session at once (its validity is stale), which
+    // confirms every lease of the session.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while kept_lease.renew().await.is_err() || kept_lease.status() != LeaseStatus::Held {
+        assert!(
+            Instant::now() < deadline,
+            "the kept lease held again within 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let (seen_held, lost) = watcher.await.unwrap();
+    assert!(
+        !seen_held,
+        "a lease whose key was deleted while it was in doubt reported Held after the partition"
+    );
+    assert_eq!(lost, Some(lease_core::LostReason::Revoked));
+    kept_lease.release().await.unwrap();
 }
