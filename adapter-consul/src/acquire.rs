@@ -45,6 +45,30 @@ impl Attempt {
     fn disarm(mut self) -> SlotGuard {
         self.armed.take().expect("armed until disarmed").slot
     }
+
+    /// After a send in doubt whose resend was refused (the key held, a lock-delay): the
+    /// resend's marker was not written, so an earlier send still on its way (an agent holding
+    /// it through a leader election) could lock the key once it is free, for a lease nobody
+    /// has. Writes the marker now, so that it fails, then deletes a lock of our session on the
+    /// key if one such send got there first (the claim says no other lease of this client holds
+    /// it), as the background cancellation does, each once within the request timeout. `Ok`
+    /// with the claim when both are done; otherwise the attempt is left to that cancellation
+    /// and the error returned.
+    async fn settle(self) -> Result<SlotGuard> {
+        let armed = self.armed.as_ref().expect("armed until disarmed");
+        let (http, session) = (&armed.http, &armed.session.id);
+        let op = Op::write("cancel acquire", false);
+        http.txn(&[TxnOp::lock(&armed.marker, session, b"")], op)
+            .await?;
+        let undo = [
+            TxnOp::check_session(&armed.kv_key, session),
+            TxnOp::delete(&armed.kv_key),
+        ];
+        if let TxnOutcome::Committed(_) = http.txn(&undo, op).await? {
+            tracing::debug!(key = %armed.kv_key, "removed the lock of an acquire sent in doubt");
+        }
+        Ok(self.disarm())
+    }
 }
 
 impl Drop for Attempt {
@@ -205,8 +229,9 @@ impl ConsulCoordinator {
             // Safe to send again after its connection failed: a lock by our own session on a
             // key it already locks succeeds (and raises the key's `ModifyIndex`, so the grant
             // below takes the rewritten-key path and its token is a fresh `CreateIndex`). A
-            // failure after a send in doubt is `OutcomeUnknown`, which cancels the attempt.
-            let (outcome, _) = inner
+            // failure after a send in doubt cancels the attempt in the background; a refusal
+            // after one settles it first (`Attempt::settle`).
+            let (outcome, in_doubt) = inner
                 .http
                 .txn_resending(&ops, &on_resend, Op::write("acquire", true))
                 .await;
@@ -265,7 +290,11 @@ impl ConsulCoordinator {
                         .await;
                 }
                 Ok(TxnOutcome::RolledBack(errors)) => {
-                    slot = Some(attempt.disarm());
+                    slot = Some(if in_doubt {
+                        attempt.settle().await?
+                    } else {
+                        attempt.disarm()
+                    });
                     let all = errors.join("; ");
                     if all.contains("invalid session") {
                         Refusal::SessionGone
@@ -282,9 +311,16 @@ impl ConsulCoordinator {
                     drop(attempt);
                     return Err(e);
                 }
+                Err(e) if in_doubt => {
+                    // An error after a send in doubt that is not `OutcomeUnknown` (a refusal
+                    // such as a 403): the earlier send may still apply; dropping the armed
+                    // attempt cancels it in the background.
+                    drop(attempt);
+                    return Err(e);
+                }
                 Err(e) => {
-                    // Every other error certainly applied nothing (`error.rs`; after a send in
-                    // doubt every error is `OutcomeUnknown`): no lock to undo.
+                    // Every other error certainly applied nothing (`error.rs`): no lock to
+                    // undo.
                     slot = Some(attempt.disarm());
                     if e.is_retryable() && deadline.is_some_and(|d| Instant::now() < d) {
                         nap(retry.next_delay(), deadline).await;
