@@ -12,7 +12,7 @@ use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, RedisResult};
 use tokio::time::Instant;
 
-use crate::config::{RedisConfig, SentinelConfig};
+use crate::config::{RedisConfig, ReplicaAcks, SentinelConfig};
 use crate::error::{self, ops, BACKEND};
 use lease_core::adapter::Op;
 
@@ -118,6 +118,15 @@ impl Connection {
     /// last opened.
     pub(crate) fn replicas(&self) -> usize {
         self.replicas.load(Ordering::Relaxed)
+    }
+
+    /// How many replica acknowledgements a write waits for under `asked` (`replica_acks`;
+    /// `auto` is one when the primary reported a connected replica at the last connect).
+    pub(crate) fn acks_for(&self, asked: ReplicaAcks) -> usize {
+        match asked {
+            ReplicaAcks::Auto => self.replicas().min(1),
+            ReplicaAcks::Exactly(n) => usize::from(n),
+        }
     }
 
     /// Sets what to do when a request finds the connection broken (once; later calls are

@@ -84,7 +84,7 @@ pub struct SentinelConfig {
 /// | `volatile_tokens` | `false` | `true` accepts a server that cannot keep the token counter across a crash (see the crate docs); the durability check at connect is skipped |
 /// | `token_floor` | none | every token issued is above this value (raise it after a restore or failover) |
 /// | `clock_tokens` | `true` | every token is at least the server's clock in microseconds (`max(counter + 1, TIME)`), so tokens keep increasing when the counter is lost or a failover promotes a replica that missed the last grants; `false`: the counter alone (tokens 1, 2, 3, ...), refused on a primary with replicas unless `unguarded_replicas=true` |
-/// | `replica_acks` | `auto` | after a grant, `WAIT` until this many replicas have it (bounded by half the request timeout); fewer in time: the grant is undone and the acquire fails `Unavailable`. `auto`: 1 when the primary has a streaming (online) replica at connect, else 0; `0..=16` |
+/// | `replica_acks` | `auto` | after a grant, and with each renewal, `WAIT` until this many replicas have it (bounded by half the request timeout); fewer in time: the grant is undone and the acquire fails `Unavailable`, or the renewal fails `Unavailable` and extends nothing. `auto`: 1 when the primary has a streaming (online) replica at connect, else 0; `0..=16` |
 /// | `unguarded_replicas` | `false` | `true` accepts a primary with replicas while `clock_tokens=false` (tokens can then repeat after a failover) |
 /// | `request_timeout_ms` | `2000` | bound on each command's response |
 /// | `connect_timeout_ms` | `2000` | bound on opening a connection |

@@ -108,7 +108,11 @@ impl RedisCoordinator {
             .owner()
             .cloned()
             .unwrap_or_else(OwnerId::for_this_process);
-        let renewals = Renewals::start(conn.clone());
+        let renewals = Renewals::start(
+            conn.clone(),
+            config.replica_acks(),
+            config.request_timeout() / 2,
+        );
         let inner = Arc::new(Inner {
             config,
             conn,

@@ -11,7 +11,7 @@ use lease_core::{Capabilities, LeaseStatus, LostReason, OwnerId, Result};
 use tokio::time::Instant;
 
 use crate::client::Connection;
-use crate::config::{RedisConfig, ReplicaAcks};
+use crate::config::RedisConfig;
 use crate::error::{bad_reply, ops, BACKEND};
 use crate::keys::LockKeys;
 use crate::renewals::Renewals;
@@ -128,10 +128,7 @@ impl Inner {
     /// How many replica acknowledgements a grant waits for (`replica_acks`; `auto` is one when
     /// the primary reported a connected replica at the last connect).
     pub(crate) fn replica_acks(&self) -> usize {
-        match self.config.replica_acks() {
-            ReplicaAcks::Auto => self.conn.replicas().min(1),
-            ReplicaAcks::Exactly(n) => usize::from(n),
-        }
+        self.conn.acks_for(self.config.replica_acks())
     }
 
     /// Compare-and-delete by nonce (`head`), then wake waiters: the script's code (`1` when

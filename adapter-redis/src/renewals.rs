@@ -9,6 +9,11 @@
 //! for until then: a lone renewal pays nothing extra; under load the server runs at most one
 //! script per spacing (per `MAX_PER_SCRIPT` locks).
 //!
+//! With replicas (`replica_acks`), a round's script goes with a `WAIT` in the same pipeline, as
+//! a grant does: a renewal that fewer replicas than asked acknowledged in time extends nothing
+//! (`Unavailable`), so a primary cut off from its replicas, which a failover may already have
+//! replaced, cannot keep its leases held.
+//!
 //! A batch script touches keys of many locks, so it is for a standalone server or a Sentinel
 //! primary (what the adapter connects to), not for a Redis Cluster, where keys of different hash
 //! slots cannot meet in one script.
@@ -17,10 +22,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lease_core::adapter::batch::{Rounds, RoundsConfig};
-use lease_core::Result;
+use lease_core::{Error, Result};
 
 use crate::client::Connection;
-use crate::error::{bad_reply, ops};
+use crate::config::ReplicaAcks;
+use crate::error::{bad_reply, ops, BACKEND};
 use crate::keys::LockKeys;
 use crate::scripts::{self, reply};
 
@@ -40,15 +46,16 @@ pub(crate) struct Renewals {
 }
 
 impl Renewals {
-    /// Rounds on `conn` (the task starts with the first renewal and ends with the coordinator).
-    pub(crate) fn start(conn: Arc<Connection>) -> Renewals {
+    /// Rounds on `conn` (the task starts with the first renewal and ends with the coordinator),
+    /// each acknowledged by the replicas `acks` asks for within `wait`.
+    pub(crate) fn start(conn: Arc<Connection>, acks: ReplicaAcks, wait: Duration) -> Renewals {
         Renewals {
             rounds: Rounds::new(
-                crate::error::BACKEND,
+                BACKEND,
                 RoundsConfig::new(ROUND_SPACING, MAX_PER_SCRIPT),
                 move |chunk| {
                     let conn = conn.clone();
-                    async move { renew_chunk(&conn, chunk).await }
+                    async move { renew_chunk(&conn, acks, wait, chunk).await }
                 },
             ),
         }
@@ -67,8 +74,14 @@ impl Renewals {
     }
 }
 
-/// One script for `chunk` (the single-lock script for a chunk of one): one code per lock.
-async fn renew_chunk(conn: &Connection, chunk: Vec<Renewal>) -> Result<Vec<Result<i64>>> {
+/// One script for `chunk` (the single-lock script for a chunk of one): one code per lock, or
+/// `Unavailable` for all when fewer replicas than `acks` asks for acknowledged it within `wait`.
+async fn renew_chunk(
+    conn: &Connection,
+    acks: ReplicaAcks,
+    wait: Duration,
+    chunk: Vec<Renewal>,
+) -> Result<Vec<Result<i64>>> {
     let keys: Vec<&str> = chunk
         .iter()
         .flat_map(|(k, _, _)| [k.lock(), k.revoked()])
@@ -82,7 +95,25 @@ async fn renew_chunk(conn: &Connection, chunk: Vec<Renewal>) -> Result<Vec<Resul
     } else {
         &scripts::RENEW_MANY
     };
-    let v = conn.eval(ops::RENEW, script, &keys, &args).await?;
+    let replicas = conn.acks_for(acks);
+    let v = if replicas == 0 {
+        conn.eval(ops::RENEW, script, &keys, &args).await?
+    } else {
+        let (v, acked) = conn
+            .eval_and_wait(ops::RENEW, script, &keys, &args, replicas, wait)
+            .await?;
+        if (acked as usize) < replicas {
+            return Err(Error::Unavailable {
+                backend: BACKEND,
+                message: format!(
+                    "renew: {acked} of the {replicas} replica(s) replica_acks asks for \
+                     acknowledged it within {wait:?}; validity not extended"
+                ),
+                source: None,
+            });
+        }
+        v
+    };
     let codes = if chunk.len() == 1 {
         reply::int(&v).map(|c| vec![c])
     } else {

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use adapter_redis::{RedisConfig, RedisCoordinator};
 use conformance_tests::harness::RedisServer;
-use lease_core::{Coordinator, Error, LeaseOptions};
+use lease_core::{Coordinator, Error, Lease, LeaseOptions};
 
 use crate::common::{blocking, coordinator, durable, eventually, key, raw, server, url};
 
@@ -134,4 +134,46 @@ async fn grants_wait_for_replica_acknowledgements_and_are_undone_without_them() 
         c.inspect(&k3).await.unwrap().is_none(),
         "the key was left locked"
     );
+}
+
+/// With replicas, a renewal is acknowledged by them as a grant is: a primary cut off from its
+/// replicas (which a failover may already have replaced) cannot keep a lease held. Here the
+/// replica is killed under a held lease: the next renewal fails `Unavailable` naming the
+/// setting, and the lease's validity does not move.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewals_wait_for_replica_acknowledgements_and_extend_nothing_without_them() {
+    let Some((primary, replica)) =
+        primary_with_replica("renewals_wait_for_replica_acknowledgements").await
+    else {
+        return;
+    };
+    // auto: one acknowledgement (one replica is connected).
+    let c = coordinator(&primary, "request_timeout_ms=400").await;
+    let lease = c
+        .try_acquire(&key("renewed"), &LeaseOptions::new(Duration::from_secs(30)))
+        .await
+        .unwrap();
+    lease
+        .renew()
+        .await
+        .expect("renewed with the replica's acknowledgement");
+    let mut replica = replica;
+    blocking(move || {
+        replica.kill().unwrap();
+        replica
+    })
+    .await;
+    let before = lease.state().valid_until();
+    match lease.renew().await {
+        Err(Error::Unavailable { message, .. }) => {
+            assert!(message.contains("replica_acks"), "{message}")
+        }
+        other => panic!("expected Unavailable, got {other:?}"),
+    }
+    assert_eq!(
+        lease.state().valid_until(),
+        before,
+        "a renewal no replica acknowledged extended the lease"
+    );
+    let _ = lease.release().await;
 }
