@@ -206,35 +206,47 @@ fn env_invalid(field: &'static str, value: &str, expected: &'static str) -> leas
 fn parse_env_addr(value: &str, ssl: bool) -> Result<(String, u16, bool)> {
     const FIELD: &str = "CONSUL_HTTP_ADDR";
     const EXPECTED: &str = "host[:port], http://host[:port] or https://host[:port]";
+    // Errors show the value without a `user:password@` part (refused below, never shown).
+    let shown = without_userinfo(value);
     let (tls, rest) = match value.split_once("://") {
         Some(("http", rest)) => (false, rest),
         Some(("https", rest)) => (true, rest),
         Some(("unix", _)) => {
             return Err(env_invalid(
                 FIELD,
-                value,
+                &shown,
                 "a TCP address: unix:// sockets are not supported by this adapter",
             ))
         }
-        Some(_) => return Err(env_invalid(FIELD, value, EXPECTED)),
+        Some(_) => return Err(env_invalid(FIELD, &shown, EXPECTED)),
         None => (ssl, value),
     };
     let rest = rest.strip_suffix('/').unwrap_or(rest);
     if rest.is_empty() || rest.contains(['/', '?', '#', '@']) {
-        return Err(env_invalid(FIELD, value, EXPECTED));
+        return Err(env_invalid(FIELD, &shown, EXPECTED));
     }
     let scheme = if tls { "https" } else { "http" };
     let parsed = url::Url::parse(&format!("{scheme}://{rest}"))
-        .map_err(|_| env_invalid(FIELD, value, EXPECTED))?;
+        .map_err(|_| env_invalid(FIELD, &shown, EXPECTED))?;
     let host = parsed
         .host_str()
         .filter(|h| !h.is_empty())
-        .ok_or_else(|| env_invalid(FIELD, value, EXPECTED))?
+        .ok_or_else(|| env_invalid(FIELD, &shown, EXPECTED))?
         .to_owned();
     let port = parsed
         .port_or_known_default()
-        .ok_or_else(|| env_invalid(FIELD, value, EXPECTED))?;
+        .ok_or_else(|| env_invalid(FIELD, &shown, EXPECTED))?;
     Ok((host, port, tls))
+}
+
+/// `value` with a `user:password@` part before its host replaced by `***@`.
+fn without_userinfo(value: &str) -> String {
+    let (scheme, rest) = value.split_once("://").unwrap_or(("", value));
+    match rest.rfind('@') {
+        Some(at) if scheme.is_empty() => format!("***@{}", &rest[at + 1..]),
+        Some(at) => format!("{scheme}://***@{}", &rest[at + 1..]),
+        None => value.to_owned(),
+    }
 }
 
 /// Reads an ACL token file (surrounding whitespace trimmed). Errors name the file, never its
@@ -929,6 +941,19 @@ mod env_tests {
         ] {
             let e = with_env("consul://", vars).unwrap_err().to_string();
             assert!(e.contains(needle), "{vars:?}: {e}");
+        }
+        // An address carrying credentials is refused without showing them.
+        for addr in ["https://alice:s3cr3t@h:8501", "alice:s3cr3t@h"] {
+            let e = with_env("consul://", &[("CONSUL_HTTP_ADDR", addr)]).unwrap_err();
+            let (shown, debug) = (e.to_string(), format!("{e:?}"));
+            assert!(
+                shown.contains("CONSUL_HTTP_ADDR") && shown.contains("***@h"),
+                "{shown}"
+            );
+            assert!(
+                !shown.contains("s3cr3t") && !debug.contains("s3cr3t"),
+                "{debug}"
+            );
         }
         let e = with_env("consuls://h", &[("CONSUL_CLIENT_CERT", "/c.pem")]).unwrap_err();
         assert!(e.to_string().contains("CONSUL_CLIENT_KEY"), "{e}");
