@@ -14,6 +14,7 @@ use adapter_consul::{ConsulConfig, ConsulCoordinator};
 use conformance_tests::consul_standin::{ConsulStandIn, StandInOptions};
 use conformance_tests::contend::one_holder_across;
 use conformance_tests::proxy::FaultProxy;
+use conformance_tests::status::{sample_until_lost, Sampled};
 use conformance_tests::subjects::consul::consul_http;
 use lease_core::{Coordinator, Error, Lease, LeaseOptions, LeaseStatus, LockKey};
 use serde_json::{json, Value};
@@ -738,22 +739,7 @@ async fn a_lease_in_doubt_whose_key_was_deleted_meanwhile_is_never_held_again() 
     )
     .await;
     assert_eq!(status, 200, "the holder's key deleted");
-    let watcher = {
-        let signal = deleted_lease.lost();
-        tokio::spawn(async move {
-            let mut seen_held = false;
-            let deadline = Instant::now() + Duration::from_secs(15);
-            while Instant::now() < deadline {
-                match signal.status() {
-                    LeaseStatus::Held => seen_held = true,
-                    LeaseStatus::Lost(reason) => return (seen_held, Some(reason)),
-                    LeaseStatus::InDoubt => {}
-                }
-                tokio::time::sleep(Duration::from_millis(1)).await;
-            }
-            (seen_held, None)
-        })
-    };
+    let watcher = sample_until_lost(deleted_lease.lost(), Duration::from_secs(15));
     // Partitioned for more than a quarter of the session TTL since the last renewal, so that
     // the next one confirms every lease of the session (`Session::confirm` walks them only
     // once the session's validity moved by that much).
@@ -772,7 +758,10 @@ async fn a_lease_in_doubt_whose_key_was_deleted_meanwhile_is_never_held_again() 
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let (seen_held, lost) = watcher.await.unwrap();
+    let Sampled {
+        held: seen_held,
+        lost,
+    } = watcher.await.unwrap();
     assert!(
         !seen_held,
         "a lease whose key was deleted while it was in doubt reported Held after the partition"

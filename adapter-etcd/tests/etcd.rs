@@ -11,6 +11,7 @@ use adapter_etcd::{EtcdConfig, EtcdCoordinator, EtcdFence};
 use conformance_tests::contend::one_holder_across;
 use conformance_tests::harness::{start_or_skip_async, Backend, EtcdServer};
 use conformance_tests::proxy::FaultProxy;
+use conformance_tests::status::{sample_until_lost, Sampled};
 use lease_core::{
     Coordinator, Error, Fence, ForceRelease, Instrumented, Lease, LeaseOptions, LeaseStatus,
     LockKey, LostReason, Token,
@@ -1322,22 +1323,7 @@ async fn a_lease_in_doubt_whose_key_was_deleted_meanwhile_is_never_held_again() 
         .unwrap();
     assert_eq!(removed.deleted(), 1, "the holder's key");
     // Watch the deleted key's lease from the moment the partition heals until it is lost.
-    let watcher = {
-        let signal = deleted_lease.lost();
-        tokio::spawn(async move {
-            let mut seen_held = false;
-            let deadline = Instant::now() + Duration::from_secs(15);
-            while Instant::now() < deadline {
-                match signal.status() {
-                    LeaseStatus::Held => seen_held = true,
-                    LeaseStatus::Lost(reason) => return (seen_held, Some(reason)),
-                    LeaseStatus::InDoubt => {}
-                }
-                tokio::time::sleep(Duration::from_millis(1)).await;
-            }
-            (seen_held, None)
-        })
-    };
+    let watcher = sample_until_lost(deleted_lease.lost(), Duration::from_secs(15));
     proxy.heal();
     eventually(
         Duration::from_secs(15),
@@ -1345,7 +1331,10 @@ async fn a_lease_in_doubt_whose_key_was_deleted_meanwhile_is_never_held_again() 
         || async { kept_lease.status() == LeaseStatus::Held },
     )
     .await;
-    let (seen_held, lost) = watcher.await.unwrap();
+    let Sampled {
+        held: seen_held,
+        lost,
+    } = watcher.await.unwrap();
     assert!(
         !seen_held,
         "a lease whose key was deleted while it was in doubt reported Held after the reconnect"

@@ -16,6 +16,8 @@ pub use lease_testkit::pki;
 pub use lease_testkit::process;
 /// The TCP fault proxy (from [`lease_testkit`]).
 pub use lease_testkit::proxy;
+/// Sampling a lease's status from a task (from [`lease_testkit`]).
+pub use lease_testkit::status;
 
 /// The Consul stand-in (the [`consul_standin`] crate).
 pub use ::consul_standin;

@@ -8,3 +8,4 @@ pub mod logs;
 pub mod pki;
 pub mod process;
 pub mod proxy;
+pub mod status;
