@@ -355,7 +355,11 @@ async fn failover_to_lagging_replica(ctx: Arc<Ctx>) -> CaseResult {
 /// The member the holder talks to is cut from its peers, not from the holder. Whatever that
 /// member answers from its stale state, no ownership decision rests on it: once a client of the
 /// majority holds the key, the holder does not report Held, then or later; and if the key stays
-/// with the holder, the holder is not silently lost with the key left locked.
+/// with the holder, the holder is not silently lost with the key left locked. Where the cut
+/// member keeps serving and nobody replaces it (a Redis primary cut from its replicas but not
+/// from the Sentinels), a coordinator that waits for replicas refuses grants and renewals it
+/// cannot replicate: the majority's acquire is `Unavailable` to the end, and by then the
+/// holder, whose renewals were refused too, does not report Held.
 async fn minority_partition_of_holders_member(ctx: Arc<Ctx>) -> CaseResult {
     let cluster = cluster(&ctx)?;
     let Some(connect_member) = ctx.subject.connect_member.clone() else {
@@ -423,6 +427,14 @@ async fn minority_partition_of_holders_member(ctx: Arc<Ctx>) -> CaseResult {
                 !matches!(status, LeaseStatus::Lost(_)),
                 "nobody could take the key for {wait:?} after member {member} was cut from \
                  its peers, yet the holder reports {status:?}: the key was left locked"
+            );
+        }
+        Err(Error::Unavailable { .. }) => {
+            let status = kept.lease().status();
+            check!(
+                !matches!(status, LeaseStatus::Held),
+                "grants were refused for {wait:?} after member {member} was cut from its \
+                 peers, yet the holder talking to it still reports Held"
             );
         }
         Err(e) => return Err(Failure(format!("acquiring from the majority: {e}"))),
