@@ -304,9 +304,9 @@ impl KeepAlive {
 /// were in doubt ([`crate::confirm::owned`], in transactions of up to
 /// [`MAX_TXN_OPS`](crate::confirm::MAX_TXN_OPS) gets) and holds again, with the validity they
 /// had, each one whose key is still there with its create revision, unless the session ended
-/// or its stream broke again after `breaks` breaks (the count at the acknowledgement). The others stay in doubt: a deleted key's
-/// guardian marks its lease lost, and a failed read is tried again at the next
-/// acknowledgement.
+/// or its stream broke again after `breaks` breaks (the count at the acknowledgement). The
+/// others stay in doubt: a deleted key's guardian marks its lease lost, and a failed read is
+/// tried again at the next acknowledgement.
 async fn hold_again(
     client: Client,
     request_timeout: Duration,
