@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::connect::BackendUrl;
+use crate::connect::{BackendUrl, HostPort};
 use crate::error::InvalidInput;
 use crate::url_options::UrlOptions;
 
@@ -80,10 +80,11 @@ impl TlsFiles {
 /// What a server name must be.
 const SERVER_NAME: &str = "a DNS name or IP address";
 
-/// The server name in `value`, checked: a DNS name or IP address, whose `:port` (after a host
+/// The server name in `value`, checked: a host name or IP address, whose `:port` (after a host
 /// or a bracketed IPv6 address) and brackets are dropped, as Go's clients do for
-/// `tls_server_name`-style settings, so `members.example:2379` and `[::1]:8501` name the hosts;
-/// not empty, and no whitespace, control characters or `/`. `Err` says what it must be.
+/// `tls_server_name`-style settings, so `members.example:2379` and `[::1]:8501` name the hosts.
+/// Parsed as a host list's entry is ([`HostPort::parse`]), and a bare IPv6 address is taken as
+/// it is. `Err` says what it must be.
 ///
 /// ```
 /// use lease_core::adapter::server_name;
@@ -94,26 +95,13 @@ const SERVER_NAME: &str = "a DNS name or IP address";
 /// assert!(server_name("etcd internal").is_err());
 /// ```
 pub fn server_name(value: &str) -> Result<String, &'static str> {
-    fn unbracketed(h: &str) -> Option<&str> {
-        h.strip_prefix('[').and_then(|h| h.strip_suffix(']'))
+    if value.parse::<std::net::Ipv6Addr>().is_ok() {
+        return Ok(value.to_owned());
     }
-    let name = match (value.rfind(':'), value.rfind(']')) {
-        // One colon after any bracket: a port (a bare IPv6 address has several colons).
-        (Some(colon), close)
-            if close.is_some_and(|c| colon > c)
-                || (close.is_none() && value.matches(':').count() == 1) =>
-        {
-            let host = &value[..colon];
-            unbracketed(host).unwrap_or(host)
-        }
-        _ => unbracketed(value).unwrap_or(value),
-    };
-    let bad = |c: char| c.is_whitespace() || c.is_control() || c == '/';
-    if name.is_empty() || name.chars().any(bad) {
-        Err(SERVER_NAME)
-    } else {
-        Ok(name.to_owned())
-    }
+    // Any default port: only the host is kept.
+    HostPort::parse(value, Some(1))
+        .map(|hp| hp.host)
+        .map_err(|_| SERVER_NAME)
 }
 
 /// What a PEM file given to a TLS option must hold.
