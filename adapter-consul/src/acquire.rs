@@ -57,18 +57,31 @@ impl Attempt {
     async fn settle(self) -> Result<SlotGuard> {
         let armed = self.armed.as_ref().expect("armed until disarmed");
         let (http, session) = (&armed.http, &armed.session.id);
-        let op = Op::write("cancel acquire", false);
-        http.txn(&[TxnOp::lock(&armed.marker, session, b"")], op)
-            .await?;
-        let undo = [
-            TxnOp::check_session(&armed.kv_key, session),
-            TxnOp::delete(&armed.kv_key),
-        ];
-        if let TxnOutcome::Committed(_) = http.txn(&undo, op).await? {
-            tracing::debug!(key = %armed.kv_key, "removed the lock of an acquire sent in doubt");
-        }
+        write_marker(http, session, &armed.marker).await?;
+        undo_lock(http, session, &armed.kv_key).await?;
         Ok(self.disarm())
     }
+}
+
+/// Cancelling an attempt, step 1: writes its marker, so that its lock request, if it is still
+/// on its way, fails its `check-not-exists`.
+async fn write_marker(http: &Http, session: &str, marker: &str) -> Result<TxnOutcome> {
+    http.txn(
+        &[TxnOp::lock(marker, session, b"")],
+        Op::write("cancel acquire", false),
+    )
+    .await
+}
+
+/// Cancelling an attempt, step 2: deletes the key if our session locks it. The client's claim
+/// on the key is held, so no other lease of this client holds it: such a lock is the attempt's.
+async fn undo_lock(http: &Http, session: &str, kv_key: &str) -> Result<TxnOutcome> {
+    let ops = [TxnOp::check_session(kv_key, session), TxnOp::delete(kv_key)];
+    let outcome = http.txn(&ops, Op::write("cancel acquire", false)).await?;
+    if let TxnOutcome::Committed(_) = outcome {
+        tracing::debug!(key = %kv_key, "removed the lock of a cancelled acquire");
+    }
+    Ok(outcome)
 }
 
 impl Drop for Attempt {
@@ -109,13 +122,7 @@ async fn cancel_attempt(
         if session.is_ended() {
             return ControlFlow::Break(());
         }
-        let marked = http
-            .txn(
-                &[TxnOp::lock(&marker, &session.id, b"")],
-                Op::write("cancel acquire", false),
-            )
-            .await;
-        match marked {
+        match write_marker(&http, &session.id, &marker).await {
             Ok(_) => ControlFlow::Break(()),
             Err(_) => ControlFlow::Continue(()),
         }
@@ -127,16 +134,8 @@ async fn cancel_attempt(
         if session.is_ended() {
             return ControlFlow::Break(());
         }
-        let ops = [
-            TxnOp::check_session(&kv_key, &session.id),
-            TxnOp::delete(&kv_key),
-        ];
-        match http.txn(&ops, Op::write("cancel acquire", false)).await {
-            Ok(TxnOutcome::Committed(_)) => {
-                tracing::debug!(key = %kv_key, "removed the lock of a cancelled acquire");
-                ControlFlow::Break(())
-            }
-            Ok(TxnOutcome::RolledBack(_)) => ControlFlow::Break(()),
+        match undo_lock(&http, &session.id, &kv_key).await {
+            Ok(_) => ControlFlow::Break(()),
             Err(_) => ControlFlow::Continue(()),
         }
     })
