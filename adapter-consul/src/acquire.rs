@@ -6,7 +6,9 @@ use std::ops::ControlFlow;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use lease_core::adapter::{fresh_id, retry_until_settled, Backoff, HolderRecord, LeaseTracker, Op};
+use lease_core::adapter::{
+    ended_during_acquire, fresh_id, retry_until_settled, Backoff, HolderRecord, LeaseTracker, Op,
+};
 use lease_core::{Error, Lease, LeaseOptions, LockKey, LostReason, Result};
 use tokio::time::Instant;
 
@@ -466,11 +468,7 @@ impl ConsulCoordinator {
         ));
         if !session.register(shared.id, Arc::downgrade(&shared) as Weak<dyn SessionLease>) {
             shared.tracker.mark_lost(LostReason::SessionEnded);
-            return Err(Error::Unavailable {
-                backend: BACKEND,
-                message: "the client's Consul session ended during the acquire".into(),
-                source: None,
-            });
+            return Err(ended_during_acquire(BACKEND));
         }
         start_guardian(shared.clone());
         inner

@@ -10,7 +10,7 @@ use std::time::Duration;
 use etcd_client::{
     Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
 };
-use lease_core::adapter::{Backoff, HolderRecord, LeaseTracker, Op};
+use lease_core::adapter::{ended_during_acquire, Backoff, HolderRecord, LeaseTracker, Op};
 use lease_core::{Error, Lease, LeaseOptions, LeaseStatus, LockKey, LostReason, Result, Token};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
@@ -257,11 +257,7 @@ impl Inner {
         if let LeaseStatus::Lost(_) = lease.state().status() {
             // The session ended between the grant and the lease's registration: its key goes
             // with it, and the caller gets no lease, as from an unreachable server.
-            return Err(Error::Unavailable {
-                backend: BACKEND,
-                message: "the client's etcd session ended during the acquire".into(),
-                source: None,
-            });
+            return Err(ended_during_acquire(BACKEND));
         }
         Ok(lease)
     }

@@ -37,7 +37,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lease_core::adapter::{HolderRecord, LeaseTracker};
+use lease_core::adapter::{ended_during_acquire, HolderRecord, LeaseTracker};
 use lease_core::{Error, Lease, LeaseOptions, LeaseStatus, LockKey, Result, Token};
 use tokio::time::Instant;
 use zookeeper_client::{CreateMode, Error as ZkError, EventType, MultiReadResult, WatchedEvent};
@@ -173,12 +173,7 @@ impl ZkCoordinator {
                     if let LeaseStatus::Lost(_) = lease.state().status() {
                         // The session ended between the grant and the lease's registration:
                         // the node went with it, and the caller gets no lease.
-                        return Err(Error::Unavailable {
-                            backend: BACKEND,
-                            message: "the client's ZooKeeper session ended during the acquire"
-                                .into(),
-                            source: None,
-                        });
+                        return Err(ended_during_acquire(BACKEND));
                     }
                     return Ok(Box::new(lease));
                 }

@@ -47,7 +47,7 @@ pub use crate::connect::{
     percent_decode, percent_encode, BackendUrl, CoordinatorFactory, FenceFactory, HostPort,
 };
 pub use crate::delayed::DelayedStarts;
-pub use crate::dependents::{fresh_id, Dependents};
+pub use crate::dependents::{ended_during_acquire, fresh_id, Dependents};
 pub use crate::guardian::{retry_until_settled, spawn_guardian};
 pub use crate::lease::LeaseTracker;
 pub use crate::local_waiters::{in_turn, LocalWaiters, Turn};

@@ -11,6 +11,17 @@ pub fn fresh_id() -> u64 {
     NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
+/// What an acquire returns when its lease could not join its session's [`Dependents`] (the
+/// session ended between the grant and the registration): `Unavailable`, never a lease that is
+/// already lost. The key went with the session.
+pub fn ended_during_acquire(backend: &'static str) -> crate::Error {
+    crate::Error::Unavailable {
+        backend,
+        message: "the client's session ended during the acquire".into(),
+        source: None,
+    }
+}
+
 /// The leases that depend on one session (an etcd lease, a ZooKeeper session, a Consul
 /// session), each under an id to remove it by ([`fresh_id`]), all of them handed back once when
 /// the session ends, and none added after that.
