@@ -12,6 +12,7 @@
 //! | [`delay`](FaultProxy::delay) | each chunk is forwarded `d` after the proxy read it, in each direction (a round trip gains at least `2 d`) |
 //! | [`cut`](FaultProxy::cut) | every current connection is reset (both sides get `RST`, as soon as its task runs) and forwards nothing more from the moment `cut` returns; new connections are accepted as usual in the current mode |
 //! | [`drop_replies`](FaultProxy::drop_replies) | requests reach the server, its replies are read and **discarded** (a lost reply: the operation applied, the client never hears) |
+//! | [`drop_replies_on_open`](FaultProxy::drop_replies_on_open) | as `drop_replies`, but only on the connections open now, for as long as they stay open, whatever the mode; connections opened later are not affected (a reply lost with its connection, and a client that reconnects to ask again) |
 //!
 //! **Healing keeps held bytes.** While black-holed the proxy stops reading, so bytes wait in
 //! kernel buffers (and at most one chunk per direction inside the proxy); after `heal()` they are
@@ -74,11 +75,13 @@ impl FaultMode {
     }
 }
 
-/// Shared state: the mode and a counter bumped by every `cut()`.
+/// Shared state: the mode, a counter bumped by every `cut()`, and the first connection (by
+/// accept order, from 1) whose replies `drop_replies_on_open` does not discard.
 #[derive(Debug, Clone, Copy)]
 struct Control {
     mode: FaultMode,
     cut_epoch: u64,
+    replies_from: u64,
 }
 
 /// A running fault proxy. See the [module docs](self) for the modes and their contract.
@@ -103,6 +106,7 @@ impl FaultProxy {
         let (control, rx) = watch::channel(Control {
             mode: FaultMode::PassThrough,
             cut_epoch: 0,
+            replies_from: 0,
         });
         let accepted = Arc::new(AtomicU64::new(0));
         let request_bytes = Arc::new(AtomicU64::new(0));
@@ -174,6 +178,16 @@ impl FaultProxy {
         self.set_mode(FaultMode::DropReplies);
     }
 
+    /// Lost replies on the connections open now: from this call until each closes, the server's
+    /// replies on them are read and discarded, whatever the mode. Connections accepted later are
+    /// not affected. (A client that gives up on a connection and opens another then gets its
+    /// answers: the lost reply of one request, then a working reconnect.)
+    pub fn drop_replies_on_open(&self) {
+        let open_until = self.accepted_connections();
+        self.control
+            .send_modify(|c| c.replies_from = c.replies_from.max(open_until + 1));
+    }
+
     /// How many request bytes (client to server) the proxy has written upstream so far: wait on
     /// it to know a request has reached the server.
     pub fn request_bytes(&self) -> u64 {
@@ -205,9 +219,10 @@ async fn accept_loop(
     loop {
         match listener.accept().await {
             Ok((client, _)) => {
-                accepted.fetch_add(1, Ordering::Relaxed);
+                let serial = accepted.fetch_add(1, Ordering::Relaxed) + 1;
                 let _ = client.set_nodelay(true);
                 tokio::spawn(connection(
+                    serial,
                     client,
                     upstream,
                     control.clone(),
@@ -250,6 +265,7 @@ fn reset(stream: &TcpStream) {
 }
 
 async fn connection(
+    serial: u64,
     mut client: TcpStream,
     upstream_addr: SocketAddr,
     control: watch::Receiver<Control>,
@@ -285,16 +301,22 @@ async fn connection(
                     client_read,
                     upstream_write,
                     control.clone(),
-                    epoch,
-                    Direction::Request,
+                    Pumped {
+                        epoch,
+                        serial,
+                        direction: Direction::Request,
+                    },
                     Some(request_bytes),
                 ),
                 pump(
                     upstream_read,
                     client_write,
                     control.clone(),
-                    epoch,
-                    Direction::Reply,
+                    Pumped {
+                        epoch,
+                        serial,
+                        direction: Direction::Reply,
+                    },
                     None,
                 ),
             )
@@ -310,15 +332,31 @@ async fn connection(
     }
 }
 
+/// What one pump copies: which connection (its `cut` epoch and accept serial), which way.
+#[derive(Debug, Clone, Copy)]
+struct Pumped {
+    epoch: u64,
+    serial: u64,
+    direction: Direction,
+}
+
+impl Pumped {
+    /// Whether `control` says to discard what this pump reads.
+    fn discards(self, control: &Control) -> bool {
+        control.mode.discards(self.direction)
+            || (self.direction == Direction::Reply && self.serial < control.replies_from)
+    }
+}
+
 /// Copies one direction, honouring the mode; ends after forwarding EOF as a write shutdown.
 async fn pump(
     mut from: ReadHalf<'_>,
     mut to: WriteHalf<'_>,
     control: watch::Receiver<Control>,
-    epoch: u64,
-    direction: Direction,
+    pumped: Pumped,
     counter: Option<Arc<AtomicU64>>,
 ) -> io::Result<()> {
+    let epoch = pumped.epoch;
     // A connection from before a `cut()` forwards nothing more from the moment `cut` returns,
     // even before its task has reset the sockets.
     let cut = |ctl: &watch::Receiver<Control>| -> io::Result<()> {
@@ -340,8 +378,11 @@ async fn pump(
                 return Ok(()); // drops `tx`: the writer shuts down after the queue drains
             }
             cut(&read_ctl)?;
-            let mode = read_ctl.borrow().mode;
-            if mode.discards(direction) {
+            let (mode, discards) = {
+                let ctl = read_ctl.borrow();
+                (ctl.mode, pumped.discards(&ctl))
+            };
+            if discards {
                 continue;
             }
             let due = Instant::now() + mode.delay();
@@ -355,7 +396,7 @@ async fn pump(
             tokio::time::sleep_until(due).await;
             forwarding(&mut write_ctl).await?;
             cut(&write_ctl)?;
-            if write_ctl.borrow().mode.discards(direction) {
+            if pumped.discards(&write_ctl.borrow()) {
                 continue;
             }
             to.write_all(&chunk).await?;
@@ -486,6 +527,29 @@ mod tests {
         // The discarded reply never arrives, even after healing.
         proxy.heal();
         assert_eq!(roundtrip(&mut s, b"next", LONG).await.unwrap(), b"next");
+    }
+
+    #[tokio::test]
+    async fn drop_replies_on_open_spares_later_connections() {
+        let proxy = FaultProxy::start(echo_server().await).await.unwrap();
+        let mut old = TcpStream::connect(proxy.addr()).await.unwrap();
+        roundtrip(&mut old, b"warm", LONG).await.unwrap();
+        proxy.drop_replies_on_open();
+        assert_eq!(proxy.mode(), FaultMode::PassThrough);
+        let before = proxy.request_bytes();
+        let err = roundtrip(&mut old, b"lost", SHORT).await.unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut);
+        assert_eq!(
+            proxy.request_bytes(),
+            before + 4,
+            "the request reached the server"
+        );
+        let mut new = TcpStream::connect(proxy.addr()).await.unwrap();
+        assert_eq!(roundtrip(&mut new, b"next", LONG).await.unwrap(), b"next");
+        // The old connection stays mute, even after healing.
+        proxy.heal();
+        let err = roundtrip(&mut old, b"more", SHORT).await.unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut);
     }
 
     #[tokio::test]
