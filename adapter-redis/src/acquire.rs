@@ -53,10 +53,11 @@ enum Attempt {
     Granted(RedisLease),
     /// Held by someone else; the holder's remaining TTL when known.
     Held(Option<Duration>),
-    /// The reply was lost and a re-read found the key free: the request did not apply yet (it may
-    /// still be pending at the server; the acquire script is idempotent per nonce, so retrying is
-    /// safe).
-    Free(Error),
+    /// The reply was lost and the outcome is not settled: a re-read found the key free (the
+    /// request did not apply yet; it may still be pending at the server), or ours while replicas
+    /// must acknowledge it (the re-read proves no replica has it). The acquire script is
+    /// idempotent per nonce, so running it again is safe, and it answers for the grant then.
+    Again(Error),
     /// The reply was lost and the re-read failed too.
     Unknown(Error),
 }
@@ -114,7 +115,7 @@ impl RedisCoordinator {
                 }
                 Attempt::Held(ttl) => ttl,
                 Attempt::Unknown(e) => return Err(e),
-                Attempt::Free(e) => {
+                Attempt::Again(e) => {
                     // `try_acquire` runs the (idempotent) script once more; `acquire` keeps
                     // trying within its wait bound. Giving up leaves the guard armed.
                     if wait.is_none() {
@@ -274,9 +275,11 @@ impl RedisCoordinator {
         }
     }
 
-    /// The acquire script's reply was not seen: re-read the lock. Ours: we hold it. Someone
-    /// else's: we do not (yet; a pending request of ours is cleaned up if the call gives up).
-    /// Free: retry (idempotent). Unreadable: report the original `OutcomeUnknown`.
+    /// The acquire script's reply was not seen: re-read the lock. Ours: we hold it, unless
+    /// replicas must acknowledge the grant (then the script runs again, and its `WAIT` covers
+    /// the grant). Someone else's: we do not (yet; a pending request of ours is cleaned up if the
+    /// call gives up). Free: retry (idempotent). Unreadable: report the original
+    /// `OutcomeUnknown`.
     async fn resolve(
         &self,
         key: &LockKey,
@@ -288,6 +291,9 @@ impl RedisCoordinator {
     ) -> Result<Attempt> {
         match self.read_lock(keys, ops::RESOLVE).await {
             Ok(Some((value, pttl))) => match LockValue::parse(&value) {
+                Some(_) if value.starts_with(&parts.head) && self.inner.replica_acks() > 0 => {
+                    Ok(Attempt::Again(original))
+                }
                 Some(v) if value.starts_with(&parts.head) => {
                     tracing::debug!(backend = BACKEND, key = %key, "acquire reply lost; re-read shows we hold the lock");
                     self.grant(key, keys, parts, v.token, options, validity_from)
@@ -297,7 +303,7 @@ impl RedisCoordinator {
                     (pttl >= 0).then(|| Duration::from_millis(pttl as u64)),
                 )),
             },
-            Ok(None) => Ok(Attempt::Free(original)),
+            Ok(None) => Ok(Attempt::Again(original)),
             Err(e) => {
                 tracing::debug!(backend = BACKEND, key = %key, error = %e, "acquire outcome unknown; cleaning up in the background");
                 Ok(Attempt::Unknown(original))

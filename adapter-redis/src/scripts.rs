@@ -28,8 +28,12 @@ end
 /// with `PX ttl_ms`), or `{0, holder_value, holder_pttl_ms}` when the key is held by another
 /// owner. Idempotent per nonce: when the lock already carries `head` (an earlier attempt of the
 /// same call applied but its reply was lost), it returns `{2, token}` with that grant's token and
-/// writes nothing; the caller then counts validity from the earliest request that may have
-/// written it, and from this request's send otherwise.
+/// sets the lock's `PX` to `ttl_ms` again: a write of this connection, so that a `WAIT` after
+/// this script covers the earlier grant, written on a connection since dropped (the replication
+/// stream is ordered; a `WAIT` on a connection that wrote nothing returns at once, counting
+/// replicas that never received it). The server then holds the lock longer than the caller
+/// counts, which counts validity from the earliest request that may have written it (and from
+/// this request's send otherwise).
 ///
 /// The token is the counter after `INCR`. With `clock_tokens` `1` the counter is first raised
 /// to the server's clock in microseconds when it is below it (or does not exist: first use of
@@ -42,6 +46,7 @@ const ACQUIRE_BODY: &str = r"
 local cur = redis.call('GET', KEYS[1])
 if cur then
   if string.sub(cur, 1, #ARGV[1]) == ARGV[1] then
+    redis.call('PEXPIRE', KEYS[1], ARGV[3])
     return {2, string.match(cur, '^v1|%x+|(%d+)|')}
   end
   return {0, cur, redis.call('PTTL', KEYS[1])}

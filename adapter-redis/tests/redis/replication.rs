@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use adapter_redis::{RedisConfig, RedisCoordinator};
 use conformance_tests::harness::RedisServer;
+use conformance_tests::proxy::FaultProxy;
 use lease_core::{Coordinator, Error, Lease, LeaseOptions};
 
 use crate::common::{blocking, coordinator, durable, eventually, key, raw, server, url};
@@ -176,4 +177,49 @@ async fn renewals_wait_for_replica_acknowledgements_and_extend_nothing_without_t
         "a renewal no replica acknowledged extended the lease"
     );
     let _ = lease.release().await;
+}
+
+/// A grant whose reply was lost is handed out only once replicas have it, as any other grant.
+/// The replica is frozen (still connected, acknowledging nothing) and the acquire's reply is lost
+/// with its connection: past the request timeout, the re-read on a new connection finds the grant
+/// ours, but no replica has it. Before, that grant was handed out without a `WAIT`; now the
+/// script runs again (its `WAIT` covering the grant) and the call fails `Unavailable` naming the
+/// setting, leaving the key free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_whose_reply_was_lost_waits_for_replicas_as_any_other() {
+    let Some((primary, replica)) = primary_with_replica("a_grant_whose_reply_was_lost").await
+    else {
+        return;
+    };
+    let proxy = FaultProxy::start(primary.addr()).await.unwrap();
+    let via = url(&primary, "request_timeout_ms=400")
+        .replace(&primary.addr().to_string(), &proxy.addr().to_string());
+    // auto: one acknowledgement (one replica is connected).
+    let c = RedisCoordinator::connect_url(&via).await.unwrap();
+    let direct = coordinator(&primary, "").await;
+    // Loads the scripts (a `NOSCRIPT` reply would be lost too).
+    let warm = c
+        .try_acquire(&key("warm-up"), &LeaseOptions::new(Duration::from_secs(30)))
+        .await
+        .unwrap();
+    warm.release().await.unwrap();
+    let k = key("lost-reply-acked");
+    // Returns once every thread of the replica shows stopped.
+    replica.pause().unwrap();
+    proxy.drop_replies_on_open();
+    let result = c
+        .try_acquire(&k, &LeaseOptions::new(Duration::from_secs(30)))
+        .await
+        .map(|l| l.token());
+    match result {
+        Err(Error::Unavailable { message, .. }) => {
+            assert!(message.contains("replica_acks"), "{message}")
+        }
+        other => panic!("expected Unavailable, got {other:?}"),
+    }
+    assert!(
+        direct.inspect(&k).await.unwrap().is_none(),
+        "the key was left locked"
+    );
+    replica.resume().unwrap();
 }
