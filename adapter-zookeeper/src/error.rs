@@ -9,7 +9,7 @@
 //! | not connected when the call was made (nothing sent) | `Unavailable` | `Unavailable` |
 //! | the connection lost with the request pending (`ConnectionLoss`, or the I/O error or ping timeout that ended the connection, which the client hands every pending request as `Custom`), or no answer within the request timeout | `Unavailable` | `OutcomeUnknown` |
 //! | session expired or closed, no hosts, connect timeout | `Unavailable` (a new session is opened on the next call) | same |
-//! | `Throttled`, `NotReadOnly` | `Unavailable` | `Unavailable` (refused before applying) |
+//! | `Throttled`, `NotReadOnly`, `SessionMoved` | `Unavailable` | `Unavailable` (refused before applying) |
 //! | `NoAuth`, `InvalidAcl`, `AuthFailed` | `Misconfigured` | `Misconfigured` |
 //! | anything else unexpected | `Unavailable` with the client's message | same |
 //!
@@ -43,14 +43,15 @@ pub(crate) mod ops {
 
 /// Whether `err` says the session is over (expired, closed, failed): its ephemeral nodes are gone
 /// or going, and the next call needs a new session.
+///
+/// `SessionMoved` is not such an end: the leader refuses a request that reached it through a
+/// server the session has since left (the client reconnected elsewhere). The request did not
+/// apply, and the session and its nodes live on; taking it for an end would let a lease's own
+/// node stay (nobody deletes a node whose session "ended") for as long as the session lives.
 pub(crate) fn session_ended(err: &ZkError) -> bool {
     matches!(
         err,
-        ZkError::SessionExpired
-            | ZkError::ClientClosed
-            | ZkError::AuthFailed
-            | ZkError::NoHosts
-            | ZkError::SessionMoved
+        ZkError::SessionExpired | ZkError::ClientClosed | ZkError::AuthFailed | ZkError::NoHosts
     )
 }
 
@@ -167,5 +168,15 @@ mod tests {
         let e = from_zk(ops::ACQUIRE, ZkError::SessionExpired);
         assert!(e.is_retryable(), "{e}");
         assert!(session_ended(&ZkError::SessionExpired));
+    }
+
+    #[test]
+    fn a_moved_session_refused_the_request_and_lives_on() {
+        assert!(!session_ended(&ZkError::SessionMoved));
+        let e = from_zk(ops::RELEASE, ZkError::SessionMoved);
+        assert!(
+            matches!(e, Error::Unavailable { .. }) && e.is_retryable(),
+            "{e:?}"
+        );
     }
 }
