@@ -15,6 +15,7 @@ use tokio::time::Instant;
 use crate::client::{Http, KvEntry, TxnOp, TxnOutcome};
 use crate::coordinator::{ConsulCoordinator, BUSY_WAIT, MAX_WAITING_QUERIES};
 use crate::core::SlotGuard;
+use crate::error::CleanupFailures;
 use crate::lease::{start_guardian, ConsulLease, LeaseShared};
 use crate::monitor::Watched;
 use crate::session::{Session, SessionLease};
@@ -118,6 +119,7 @@ async fn cancel_attempt(
     slot: SlotGuard,
 ) {
     let backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(5));
+    let failures = CleanupFailures::new(&kv_key);
     // 1. The marker: the attempt's lock request, if it is still on its way, now fails. (If the
     //    session is gone, the request fails anyway and its keys went with it.)
     retry_until_settled(backoff.clone(), None, || async {
@@ -126,7 +128,10 @@ async fn cancel_attempt(
         }
         match write_marker(&http, &session.id, &marker).await {
             Ok(_) => ControlFlow::Break(()),
-            Err(_) => ControlFlow::Continue(()),
+            Err(e) => {
+                failures.failed("writing a cancelled attempt's marker", &e);
+                ControlFlow::Continue(())
+            }
         }
     })
     .await;
@@ -138,7 +143,10 @@ async fn cancel_attempt(
         }
         match undo_lock(&http, &session.id, &kv_key).await {
             Ok(_) => ControlFlow::Break(()),
-            Err(_) => ControlFlow::Continue(()),
+            Err(e) => {
+                failures.failed("removing a cancelled attempt's lock", &e);
+                ControlFlow::Continue(())
+            }
         }
     })
     .await;
@@ -489,10 +497,14 @@ impl ConsulCoordinator {
                 TxnOp::delete(&kv_key),
             ];
             let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(5));
+            let failures = CleanupFailures::new(&kv_key);
             while !session.is_ended() {
                 match http.txn(&ops, Op::write("release", false)).await {
                     Ok(_) => break,
-                    Err(_) => backoff.sleep().await,
+                    Err(e) => {
+                        failures.failed("releasing a lock not handed out", &e);
+                        backoff.sleep().await
+                    }
                 }
             }
             drop(slot);
@@ -516,10 +528,14 @@ impl ConsulCoordinator {
                 TxnOp::delete(&kv_key),
             ];
             let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(5));
+            let failures = CleanupFailures::new(&kv_key);
             while !session.is_ended() {
                 match http.txn(&ops, Op::write("acquire", false)).await {
                     Ok(_) => break,
-                    Err(_) => backoff.sleep().await,
+                    Err(e) => {
+                        failures.failed("deleting a leftover value", &e);
+                        backoff.sleep().await
+                    }
                 }
             }
             claim

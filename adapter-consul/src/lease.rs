@@ -14,6 +14,7 @@ use tokio::time::Instant;
 use crate::client::{Http, KvEntry, TxnOp, TxnOutcome};
 use crate::confirm::{Confirmer, Ownership};
 use crate::core::SlotGuard;
+use crate::error::CleanupFailures;
 use crate::monitor::{Monitor, Watched};
 use crate::session::{Session, SessionLease, SessionManager};
 
@@ -281,6 +282,7 @@ pub(crate) fn start_guardian(shared: Arc<LeaseShared>) {
 pub(crate) async fn guard(shared: &LeaseShared, reason: LostReason) {
     shared.tracker.mark_lost(reason);
     let backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(5));
+    let failures = CleanupFailures::new(&shared.kv_key);
     retry_until_settled(backoff, None, || async {
         if shared.resolved.load(Ordering::SeqCst) || shared.session.is_ended() {
             return ControlFlow::Break(());
@@ -288,7 +290,7 @@ pub(crate) async fn guard(shared: &LeaseShared, reason: LostReason) {
         match shared.release_on_server("release").await {
             Ok(_) => ControlFlow::Break(()),
             Err(e) => {
-                tracing::debug!(key = %shared.tracker.key(), error = %e, "releasing an ended lease failed; retrying");
+                failures.failed("releasing an ended lease", &e);
                 ControlFlow::Continue(())
             }
         }
