@@ -40,7 +40,8 @@ pub fn registry() -> Registry {
     adapter_consul::register(&mut r);
     #[cfg(feature = "postgres")]
     r.register_fence_fn(&["postgres", "postgresql"], |url| async move {
-        fence_postgres::PgFence::connect(url.expose().as_str()).await
+        // The text as written: the parsed URL carries only the first host of a list.
+        fence_postgres::PgFence::connect(url.expose_str()).await
     });
     r
 }

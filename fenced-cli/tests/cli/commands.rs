@@ -439,4 +439,23 @@ mod fence_read {
             fence_read_shows_the_newest_token_and_value(&server.connection_url(), "postgres");
         }
     }
+
+    /// A host list (`target_session_attrs` picks among them on failover) reaches the fence
+    /// whole: the first host refuses connections, the second is the server.
+    #[test]
+    fn postgres_host_list() {
+        let test = "fence_read::postgres_host_list";
+        if let Some(server) = start_or_skip(test, Backend::Postgres, PostgresServer::start) {
+            let dead = std::net::TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap();
+            let url = format!("postgres://postgres@{dead},{}/postgres", server.addr());
+            fenced()
+                .args(["fence", "read", "orders/7", "--fence-url", &url])
+                .assert()
+                .code(1)
+                .stdout(predicate::str::contains("never accepted"));
+        }
+    }
 }
