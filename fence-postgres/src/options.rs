@@ -29,48 +29,83 @@ pub(crate) struct Options {
     pub(crate) redacted: String,
 }
 
+/// The parts of a connection URL as tokio-postgres reads them: after `scheme://`, the user info
+/// runs to the first `@` (so a password may hold a raw `/` or `?`), and the query starts at the
+/// first `?` after it. `None` when `raw` has no `://`.
+struct Parts<'a> {
+    /// `user:password` (empty without an `@`).
+    userinfo: &'a str,
+    /// Everything before the query: `scheme://userinfo@hosts/database`.
+    base: &'a str,
+    /// After the `?` (empty without one).
+    query: &'a str,
+}
+
+impl<'a> Parts<'a> {
+    fn of(raw: &'a str) -> Option<Self> {
+        let start = raw.find("://")? + 3;
+        let rest = &raw[start..];
+        let userinfo = rest.find('@').map_or("", |at| &rest[..at]);
+        let after_userinfo = start + rest.find('@').map_or(0, |at| at + 1);
+        let (base, query) = match raw[after_userinfo..].find('?') {
+            Some(q) => (&raw[..after_userinfo + q], &raw[after_userinfo + q + 1..]),
+            None => (raw, ""),
+        };
+        Some(Parts {
+            userinfo,
+            base,
+            query,
+        })
+    }
+}
+
+/// What [`redact_url`] shows for text that is not a URL (a libpq `key=value` string, say):
+/// nothing of it, as it may hold a password anywhere.
+const NOT_A_URL: &str = "(not a postgres:// URL; not shown, as it may hold a password)";
+
 /// `raw` with the password of the user info and the values of `password=` and `sslpassword=`
 /// query options replaced by `***`. Works on anything (not only valid URLs), so it can be used
-/// in the error for a URL that did not parse.
+/// in the error for a URL that did not parse; text without `://` is not shown at all.
+///
+/// The password runs from the first `:` after `scheme://` to the *last* `@`: tokio-postgres
+/// ends the user info at the first `@`, so a raw `@` in a password (which it cannot read) or
+/// in a query value hides more than the password rather than show part of one.
 pub fn redact_url(raw: &str) -> String {
-    let (head, query) = match raw.split_once('?') {
-        Some((h, q)) => (h, Some(q)),
-        None => (raw, None),
+    let Some(start) = raw.find("://").map(|i| i + 3) else {
+        return NOT_A_URL.to_owned();
     };
-    let mut out = match head.find("://") {
-        Some(i) => {
-            let (scheme, rest) = head.split_at(i + 3);
-            let end = rest.find('/').unwrap_or(rest.len());
-            let (authority, path) = rest.split_at(end);
-            let authority = match authority.rfind('@') {
-                Some(at) => {
-                    let (userinfo, hosts) = authority.split_at(at);
-                    match userinfo.split_once(':') {
-                        Some((user, _)) => format!("{user}:***{hosts}"),
-                        None => authority.to_owned(),
-                    }
-                }
-                None => authority.to_owned(),
+    let rest = &raw[start..];
+    let (head, tail) = match rest.rfind('@') {
+        Some(at) => {
+            let userinfo = &rest[..at];
+            let shown = match userinfo.split_once(':') {
+                Some((user, _)) => format!("{}{user}:***", &raw[..start]),
+                None => raw[..start + at].to_owned(),
             };
-            format!("{scheme}{authority}{path}")
+            (shown, &rest[at..])
         }
-        None => head.to_owned(),
+        None => (raw[..start].to_owned(), rest),
     };
-    if let Some(query) = query {
-        let pieces: Vec<String> = query
-            .split('&')
-            .map(|piece| {
-                let key = piece.split_once('=').map_or(piece, |(k, _)| k);
-                let decoded = lease_core::adapter::percent_decode(key).unwrap_or_default();
-                if SECRET_KEYS.contains(&decoded.to_ascii_lowercase().as_str()) {
-                    format!("{key}=***")
-                } else {
-                    piece.to_owned()
-                }
-            })
-            .collect();
-        out.push('?');
-        out.push_str(&pieces.join("&"));
+    let mut out = head;
+    match tail.split_once('?') {
+        Some((before, query)) => {
+            let pieces: Vec<String> = query
+                .split('&')
+                .map(|piece| {
+                    let key = piece.split_once('=').map_or(piece, |(k, _)| k);
+                    let decoded = lease_core::adapter::percent_decode(key).unwrap_or_default();
+                    if SECRET_KEYS.contains(&decoded.to_ascii_lowercase().as_str()) {
+                        format!("{key}=***")
+                    } else {
+                        piece.to_owned()
+                    }
+                })
+                .collect();
+            out.push_str(before);
+            out.push('?');
+            out.push_str(&pieces.join("&"));
+        }
+        None => out.push_str(tail),
     }
     out
 }
@@ -78,17 +113,13 @@ pub fn redact_url(raw: &str) -> String {
 /// Every secret of `raw` (decoded and as written), for scrubbing messages that might quote one.
 fn secrets(raw: &str) -> Vec<String> {
     let mut found = Vec::new();
-    let (head, query) = raw.split_once('?').unwrap_or((raw, ""));
-    if let Some(i) = head.find("://") {
-        let rest = &head[i + 3..];
-        let authority = &rest[..rest.find('/').unwrap_or(rest.len())];
-        if let Some(at) = authority.rfind('@') {
-            if let Some((_, pw)) = authority[..at].split_once(':') {
-                found.push(pw.to_owned());
-            }
-        }
+    let Some(parts) = Parts::of(raw) else {
+        return found;
+    };
+    if let Some((_, pw)) = parts.userinfo.split_once(':') {
+        found.push(pw.to_owned());
     }
-    for piece in query.split('&') {
+    for piece in parts.query.split('&') {
         if let Some((k, v)) = piece.split_once('=') {
             let k = lease_core::adapter::percent_decode(k).unwrap_or_default();
             if SECRET_KEYS.contains(&k.to_ascii_lowercase().as_str()) {
@@ -131,7 +162,7 @@ pub(crate) fn parse(raw: &str) -> Result<Options> {
             "scheme must be postgres:// or postgresql://".into(),
         ));
     }
-    let (base, query) = raw.split_once('?').unwrap_or((raw, ""));
+    let Parts { base, query, .. } = Parts::of(raw).expect("checked: postgres:// or postgresql://");
     let mut kept = Vec::new();
     let mut table = Ident::new(DEFAULT_TABLE)?;
     let mut migrate = true;
@@ -284,6 +315,19 @@ mod tests {
             ),
             ("postgres://u@h/db", "postgres://u@h/db"),
             ("postgresql://u:@h", "postgresql://u:***@h"),
+            // tokio-postgres reads a raw `/` or `?` in a password: it is redacted whole.
+            ("postgres://app:Ab/9x@db/app", "postgres://app:***@db/app"),
+            (
+                "postgres://app:Ab/9x?y@db/app?pool_size=0",
+                "postgres://app:***@db/app?pool_size=0",
+            ),
+            // A raw `@` further on hides more, never less.
+            (
+                "postgres://u:pw@h/db?application_name=a@b",
+                "postgres://u:***@b",
+            ),
+            // Not a URL (a libpq keyword string): nothing of it is shown.
+            ("host=db user=app password=s3cret", NOT_A_URL),
         ] {
             assert_eq!(redact_url(raw), want);
         }
@@ -291,6 +335,25 @@ mod tests {
             scrub("postgres://u:p%40ss@h/db", "bad p@ss and p%40ss".into()),
             "bad *** and ***"
         );
+        assert_eq!(
+            scrub(
+                "postgres://u:Ab/9x?y@h/db?pool_size=0",
+                "bad Ab/9x?y".into()
+            ),
+            "bad ***"
+        );
+    }
+
+    /// The query starts after the user info, as tokio-postgres reads it: a password with a raw
+    /// `/` or `?` is the password, not the start of a path or of options.
+    #[test]
+    fn a_password_with_a_slash_or_question_mark_is_read_whole() {
+        let o = parse("postgres://u:Ab/9x?y@h:6432/db?table=t1&application_name=f").unwrap();
+        assert_eq!(o.config.get_password(), Some(&b"Ab/9x?y"[..]));
+        assert_eq!(o.config.get_ports(), &[6432]);
+        assert_eq!(o.config.get_application_name(), Some("f"));
+        assert_eq!(o.table, Ident::new("t1").unwrap());
+        assert!(!o.redacted.contains("Ab/9x"), "{}", o.redacted);
     }
 
     #[test]

@@ -118,6 +118,11 @@ impl BackendUrl {
     /// `secret` (an adapter's own secret options).
     pub fn redacted_hiding(&self, secret: &[&str]) -> String {
         let mut u = self.url.clone();
+        if u.cannot_be_a_base() && u.path().contains('@') {
+            // No `//`: `user:password@host` without a scheme reads as scheme `user` and an
+            // opaque path holding the password.
+            return format!("{}:(not shown, as it may hold a secret)", u.scheme());
+        }
         if u.password().is_some() {
             let _ = u.set_password(Some("***"));
         }
@@ -317,6 +322,11 @@ fn split_host_list(s: &str) -> Result<(String, Vec<String>), &'static str> {
 /// so everything from the first `:` after the scheme up to the *last* `@` is treated as userinfo.
 fn redact_unparsed(s: &str) -> String {
     let Some(scheme_end) = s.find("://") else {
+        // Not a URL: a `key=value` connection string, or `user:password@host` without a scheme,
+        // may hold a secret anywhere.
+        if s.contains(['@', '=']) {
+            return "(not a URL; not shown, as it may hold a secret)".to_owned();
+        }
         return s.chars().take(128).collect();
     };
     let rest = &s[scheme_end + 3..];
@@ -643,6 +653,22 @@ mod tests {
         let u = BackendUrl::parse("zk://h/x?digest=alice:s3cret").unwrap();
         assert!(!format!("{u:?} {u}").contains("s3cret"), "{u:?}");
         assert!(BackendUrl::parse("not a url").is_err());
+        // Not a URL at all: a libpq keyword string is not quoted.
+        let e = BackendUrl::parse("host=db user=app password=s3cret")
+            .unwrap_err()
+            .to_string();
+        assert!(!e.contains("s3cret") && e.contains("not shown"), "{e}");
+        // User info without a scheme parses as scheme `app` and an opaque path: not shown.
+        let u = BackendUrl::parse("app:s3cret@db:5432").unwrap();
+        let shown = format!("{u:?} {u} {}", u.redacted());
+        assert!(
+            !shown.contains("s3cret") && shown.contains("not shown"),
+            "{shown}"
+        );
+        let e = BackendUrl::parse("redis-host 6379")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("redis-host 6379"), "{e}");
     }
 
     #[tokio::test]
