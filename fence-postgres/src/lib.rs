@@ -184,7 +184,18 @@ impl fmt::Debug for Ident {
 }
 
 /// Creates the fence table if it does not exist (the statement in `migrations/0001_fence_tokens.sql`).
+///
+/// An existing table is found first (`to_regclass`) and left alone, so a role that may only
+/// read and write it (no `CREATE` on the schema, PostgreSQL 15's default for `public`) passes:
+/// `CREATE TABLE IF NOT EXISTS` alone checks that privilege before it looks for the table.
 pub async fn migrate(client: &impl GenericClient, table: &Ident) -> Result<()> {
+    let exists = client
+        .query_one("SELECT to_regclass($1) IS NOT NULL", &[&table.quoted()])
+        .await
+        .map_err(|e| map_err("migrate", e))?;
+    if exists.get::<_, bool>(0) {
+        return Ok(());
+    }
     let sql = format!(
         "CREATE TABLE IF NOT EXISTS {t} (
             resource TEXT PRIMARY KEY,
@@ -788,7 +799,11 @@ impl PgFence {
         };
         let first = fence.checkout().await.map_err(|e| fence.scrubbed(url, e))?;
         if o.migrate {
-            migrate(first.client(), &fence.table).await?;
+            // Bounded like every operation; on a timeout `first` is dropped unfinished, so the
+            // connection (whose replies are unknown) leaves the pool.
+            tokio::time::timeout(fence.timeout, migrate(first.client(), &fence.table))
+                .await
+                .map_err(|_| timed_out("migrate", false, fence.timeout))??;
         }
         first.finish();
         Ok(fence)
@@ -903,6 +918,7 @@ impl PgFence {
         let table = self.table.clone();
         let resource = resource.clone();
         let operation = if value.is_some() { "write" } else { "claim" };
+        let timeout = self.timeout;
         self.run(operation, move |client, committing| {
             Box::pin(async move {
                 pipelined_accept(
@@ -911,6 +927,7 @@ impl PgFence {
                     &resource,
                     token,
                     value.as_deref(),
+                    timeout,
                     committing,
                 )
                 .await
@@ -932,7 +949,27 @@ async fn first_poll<F: Future + Unpin>(f: &mut F) -> Option<F::Output> {
     .await
 }
 
-/// The fence write as one pipelined transaction: `BEGIN`, ensure the row, lock it, the fenced
+/// How each fence write's transaction starts, whatever the role's or the database's defaults
+/// (one simple-query message, in the same pipeline as the rest):
+/// - read committed: the recipe relies on `FOR UPDATE` reading the newest committed row; a
+///   stricter default isolation would turn contention into serialization failures;
+/// - a commit that waits at least for the local flush and any synchronous standby:
+///   `synchronous_commit` `off` or `local` would let a crash or a failover forget a token the
+///   fence accepted, and a stale writer's older token be accepted after it (stronger settings
+///   are kept);
+/// - a lock wait bounded by the request timeout: a write queued behind a row lock is cancelled
+///   by the server about when the client gives up on it, rather than committed long after.
+fn begin_sql(timeout: Duration) -> String {
+    format!(
+        "BEGIN ISOLATION LEVEL READ COMMITTED; \
+         SELECT set_config('synchronous_commit', 'on', true) \
+         WHERE current_setting('synchronous_commit') IN ('off', 'local'); \
+         SET LOCAL lock_timeout = {}",
+        timeout.as_millis().max(1)
+    )
+}
+
+/// The fence write as one pipelined transaction: `BEGIN` ([`begin_sql`]), ensure the row, lock it, the fenced
 /// `UPDATE` and `COMMIT` are sent together (unnamed statements with typed parameters, no
 /// separate prepare), so the write is one request on the wire and one round trip. Any loss of
 /// the connection after that is `OutcomeUnknown`; a database error in any statement aborts the
@@ -943,6 +980,7 @@ async fn pipelined_accept(
     resource: &ResourceId,
     token: Token,
     value: Option<&[u8]>,
+    timeout: Duration,
     committing: &AtomicBool,
 ) -> Result<Accepted> {
     let t = table.quoted();
@@ -967,7 +1005,8 @@ async fn pipelined_accept(
         (&has_value, Type::BOOL),
         (&value, Type::BYTEA),
     ];
-    let mut begin = Box::pin(client.batch_execute("BEGIN"));
+    let begin_sql = begin_sql(timeout);
+    let mut begin = Box::pin(client.batch_execute(&begin_sql));
     let mut ensure = Box::pin(client.query_typed_opt(&ins_sql, &ensure_params));
     let mut lock = Box::pin(client.query_typed_one(&sel_sql, &lock_params));
     let mut advance = Box::pin(client.query_typed(&upd_sql, &advance_params));

@@ -573,3 +573,110 @@ async fn lost_replies_are_bounded_never_replayed_and_the_later_write_stands() {
         .unwrap();
     until_value(&direct, &r, t(8), b"last").await;
 }
+
+/// The fence write's transaction does not take the database's defaults. With
+/// `default_transaction_isolation = 'repeatable read'` and `synchronous_commit = off` set on the
+/// database, writers contending on one resource are each accepted or refused as stale, never
+/// failed by a serialization error (under repeatable read, `FOR UPDATE` on a row another
+/// writer committed since the snapshot fails with 40001).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_write_transaction_ignores_the_databases_isolation_and_commit_defaults() {
+    let Some(pg) = server("the_write_transaction_ignores_the_databases_defaults").await else {
+        return;
+    };
+    let url = pg.connection_url();
+    let admin = client(&url).await;
+    admin
+        .batch_execute("CREATE DATABASE strict_defaults")
+        .await
+        .unwrap();
+    admin
+        .batch_execute(
+            "ALTER DATABASE strict_defaults SET default_transaction_isolation = 'repeatable read'; \
+             ALTER DATABASE strict_defaults SET synchronous_commit = off",
+        )
+        .await
+        .unwrap();
+    let base = url
+        .strip_suffix("/postgres")
+        .expect("the harness URL ends in /postgres");
+    let strict = format!("{base}/strict_defaults");
+    // The setting applies to new sessions of that database.
+    let check = client(&strict).await;
+    let isolation: String = check
+        .query_one("SHOW transaction_isolation", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(isolation, "repeatable read");
+    let fence = Arc::new(
+        PgFence::connect(&format!("{strict}?pool_size=8"))
+            .await
+            .unwrap(),
+    );
+    let r = ResourceId::new("contended").unwrap();
+    const WRITERS: u64 = 8;
+    const ROUNDS: u64 = 25;
+    let tasks: Vec<_> = (1..=WRITERS)
+        .map(|w| {
+            let (fence, r) = (fence.clone(), r.clone());
+            tokio::spawn(async move {
+                let mut failures = Vec::new();
+                for round in 0..ROUNDS {
+                    let token = t(round * WRITERS + w);
+                    match fence.write(&r, token, Bytes::from_static(b"v")).await {
+                        Ok(_) | Err(Error::Stale { .. }) => {}
+                        Err(e) => failures.push(e.to_string()),
+                    }
+                }
+                failures
+            })
+        })
+        .collect();
+    let mut failures = Vec::new();
+    for task in tasks {
+        failures.extend(task.await.unwrap());
+    }
+    assert!(
+        failures.is_empty(),
+        "{} failed: {failures:?}",
+        failures.len()
+    );
+    assert_eq!(
+        fence.read(&r).await.unwrap().map(|v| v.newest),
+        Some(t(ROUNDS * WRITERS))
+    );
+}
+
+/// An application role that may only read and write the existing fence table (no `CREATE` on
+/// the schema: PostgreSQL 15's default for `public`) connects with the default `migrate=true`
+/// and writes: the table is found and left alone, where `CREATE TABLE IF NOT EXISTS` alone was
+/// refused (42501) before it looked for the table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_role_without_create_on_the_schema_connects_to_an_existing_table() {
+    let Some(pg) = server("a_role_without_create_on_the_schema_connects").await else {
+        return;
+    };
+    let url = pg.connection_url();
+    // The owner creates the table.
+    PgFence::connect(&url).await.unwrap();
+    let admin = client(&url).await;
+    admin
+        .batch_execute(
+            "CREATE ROLE fence_app LOGIN; \
+             REVOKE CREATE ON SCHEMA public FROM PUBLIC; \
+             GRANT SELECT, INSERT, UPDATE ON fence_tokens TO fence_app",
+        )
+        .await
+        .unwrap();
+    let app_url = url.replacen("postgres://postgres@", "postgres://fence_app@", 1);
+    let fence = PgFence::connect(&app_url)
+        .await
+        .unwrap_or_else(|e| panic!("the application role could not connect: {e}"));
+    let r = ResourceId::new("app/1").unwrap();
+    fence
+        .write(&r, t(3), Bytes::from_static(b"x"))
+        .await
+        .unwrap();
+    assert_eq!(fence.read(&r).await.unwrap().map(|v| v.newest), Some(t(3)));
+}
