@@ -36,13 +36,18 @@ pub(crate) async fn connect(flag: Option<String>) -> Result<Arc<dyn Coordinator>
     Ok(fenced::connect(&url).await?)
 }
 
-/// Writes `value` (JSON) or `text` on stdout.
+/// Writes `value` (JSON) or `text` on stdout. A reader that closed the pipe (`| head`) has
+/// what it wanted: the write's failure is not reported, and the exit status stays the
+/// command's.
 pub(crate) fn emit(output: Output, value: Value, text: String) {
-    if output.json {
-        println!("{value}");
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let written = if output.json {
+        writeln!(out, "{value}")
     } else {
-        print!("{text}");
-    }
+        out.write_all(text.as_bytes())
+    };
+    let _ = written.and_then(|()| out.flush());
 }
 
 fn rfc3339(at: SystemTime) -> String {
@@ -179,7 +184,8 @@ pub(crate) async fn force_release(
 
 /// A force-release refused because the holder is not the expected one: nothing was removed.
 /// Prints the token found and, from a fresh `inspect`, who holds the key now (it may have changed
-/// again since the refusal; the `found_token` is the one the backend compared).
+/// again since the refusal; the `found_token` is the one the backend compared). The refusal is
+/// reported (status 1) even when that `inspect` fails: the holder is then shown as unknown.
 async fn refused(
     coord: &dyn Coordinator,
     key: &LockKey,
@@ -188,11 +194,14 @@ async fn refused(
     mut value: Value,
     output: Output,
 ) -> Result<u8, Failure> {
-    let now = coord.inspect(key).await?;
+    let now = coord.inspect(key).await;
     value["refused"] = json!(true);
     value["found_token"] = json!(found.map(|t| t.get()));
     value["removed"] = Value::Null;
-    value["holder"] = now.as_ref().map_or(Value::Null, holder_json);
+    value["holder"] = match &now {
+        Ok(now) => now.as_ref().map_or(Value::Null, holder_json),
+        Err(e) => json!({ "unknown": e.to_string() }),
+    };
     let found_text = match found {
         Some(t) => format!("held under token {t}"),
         None => "free".to_owned(),
@@ -201,8 +210,9 @@ async fn refused(
         "refused: {key} is {found_text}, not held under token {expected}: nothing removed\n"
     );
     match &now {
-        Some(h) => text += &format!("key        {key}\nstate      held\n{}", holder_text(h)),
-        None => text += &format!("key        {key}\nstate      free\n"),
+        Ok(Some(h)) => text += &format!("key        {key}\nstate      held\n{}", holder_text(h)),
+        Ok(None) => text += &format!("key        {key}\nstate      free\n"),
+        Err(e) => text += &format!("key        {key}\nstate      unknown ({e})\n"),
     }
     emit(output, value, text);
     Ok(exit::REFUSED)

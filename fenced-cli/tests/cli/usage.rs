@@ -306,3 +306,22 @@ fn help_documents_every_command_and_status() {
         assert!(text.contains("Commands:"), "{group:?}: {text}");
     }
 }
+
+/// Output into a pipe whose reader is gone (`fenced inspect k --json | true`): no panic, and the
+/// exit status is the command's (1: nobody holds the key).
+#[test]
+fn a_closed_stdout_pipe_keeps_the_commands_exit_status() {
+    let (reader, writer) = nix::unistd::pipe().unwrap();
+    drop(reader);
+    let out = std::process::Command::new(fenced_bin())
+        .args(["--url", "memory://", "inspect", "k", "--json"])
+        .env_remove("FENCED_URL")
+        .env_remove("RUST_LOG")
+        .stdout(std::process::Stdio::from(writer))
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
