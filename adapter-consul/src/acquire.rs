@@ -2,12 +2,11 @@
 //! `lock`, `get`) when the key is free, blocking queries on the key while it is not, the grant,
 //! and the cancellation of an attempt whose answer was not seen.
 
-use std::ops::ControlFlow;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use lease_core::adapter::{
-    ended_during_acquire, fresh_id, retry_until_settled, Backoff, HolderRecord, LeaseTracker, Op,
+    ended_during_acquire, fresh_id, Backoff, HolderRecord, LeaseTracker, Op,
 };
 use lease_core::{Error, Lease, LeaseOptions, LockKey, LostReason, Result};
 use tokio::time::Instant;
@@ -118,38 +117,19 @@ async fn cancel_attempt(
     marker: String,
     slot: SlotGuard,
 ) {
-    let backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(5));
     let failures = CleanupFailures::new(&kv_key);
     // 1. The marker: the attempt's lock request, if it is still on its way, now fails. (If the
     //    session is gone, the request fails anyway and its keys went with it.)
-    retry_until_settled(backoff.clone(), None, || async {
-        if session.is_ended() {
-            return ControlFlow::Break(());
-        }
-        match write_marker(&http, &session.id, &marker).await {
-            Ok(_) => ControlFlow::Break(()),
-            Err(e) => {
-                failures.failed("writing a cancelled attempt's marker", &e);
-                ControlFlow::Continue(())
-            }
-        }
-    })
-    .await;
+    let marked = || write_marker(&http, &session.id, &marker);
+    session
+        .clean_up(&failures, "writing a cancelled attempt's marker", marked)
+        .await;
     // 2. Undo the lock if the attempt took it: this client holds no other lease on the key (the
     //    claim is still ours), so a lock of our session on it is the attempt's.
-    retry_until_settled(backoff, None, || async {
-        if session.is_ended() {
-            return ControlFlow::Break(());
-        }
-        match undo_lock(&http, &session.id, &kv_key).await {
-            Ok(_) => ControlFlow::Break(()),
-            Err(e) => {
-                failures.failed("removing a cancelled attempt's lock", &e);
-                ControlFlow::Continue(())
-            }
-        }
-    })
-    .await;
+    let undone = || undo_lock(&http, &session.id, &kv_key);
+    session
+        .clean_up(&failures, "removing a cancelled attempt's lock", undone)
+        .await;
     drop(slot);
 }
 
@@ -496,17 +476,11 @@ impl ConsulCoordinator {
                 TxnOp::check_session(&kv_key, &session.id),
                 TxnOp::delete(&kv_key),
             ];
-            let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(5));
             let failures = CleanupFailures::new(&kv_key);
-            while !session.is_ended() {
-                match http.txn(&ops, Op::write("release", false)).await {
-                    Ok(_) => break,
-                    Err(e) => {
-                        failures.failed("releasing a lock not handed out", &e);
-                        backoff.sleep().await
-                    }
-                }
-            }
+            let released = || http.txn(&ops, Op::write("release", false));
+            session
+                .clean_up(&failures, "releasing a lock not handed out", released)
+                .await;
             drop(slot);
         });
     }
@@ -527,17 +501,11 @@ impl ConsulCoordinator {
                 TxnOp::check_session(&kv_key, &session.id),
                 TxnOp::delete(&kv_key),
             ];
-            let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(5));
             let failures = CleanupFailures::new(&kv_key);
-            while !session.is_ended() {
-                match http.txn(&ops, Op::write("acquire", false)).await {
-                    Ok(_) => break,
-                    Err(e) => {
-                        failures.failed("deleting a leftover value", &e);
-                        backoff.sleep().await
-                    }
-                }
-            }
+            let deleted = || http.txn(&ops, Op::write("acquire", false));
+            session
+                .clean_up(&failures, "deleting a leftover value", deleted)
+                .await;
             claim
         })
     }

@@ -1,13 +1,11 @@
 //! [`ConsulLease`]: a lock on one KV key held by the client's session, with its fencing token.
 
 use std::fmt;
-use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use async_trait::async_trait;
-use lease_core::adapter::{retry_until_settled, spawn_guardian, Backoff, LeaseTracker, Op};
+use lease_core::adapter::{spawn_guardian, LeaseTracker, Op};
 use lease_core::{Error, Lease, LeaseState, LeaseStatus, LockKey, LostReason, Result, Token};
 use tokio::time::Instant;
 
@@ -281,21 +279,13 @@ pub(crate) fn start_guardian(shared: Arc<LeaseShared>) {
 /// wait and this point cannot leave its holder believing it holds a deleted lock.
 pub(crate) async fn guard(shared: &LeaseShared, reason: LostReason) {
     shared.tracker.mark_lost(reason);
-    let backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(5));
+    // `release_on_server` answers at once for a lease settled meanwhile (by its own release).
     let failures = CleanupFailures::new(&shared.kv_key);
-    retry_until_settled(backoff, None, || async {
-        if shared.resolved.load(Ordering::SeqCst) || shared.session.is_ended() {
-            return ControlFlow::Break(());
-        }
-        match shared.release_on_server("release").await {
-            Ok(_) => ControlFlow::Break(()),
-            Err(e) => {
-                failures.failed("releasing an ended lease", &e);
-                ControlFlow::Continue(())
-            }
-        }
-    })
-    .await;
+    let released = || shared.release_on_server("release");
+    shared
+        .session
+        .clean_up(&failures, "releasing an ended lease", released)
+        .await;
     shared.free_slot();
     shared.session.unregister(shared.id);
     shared.monitor.unwatch(shared.id);
@@ -431,6 +421,7 @@ mod tests {
     use crate::ConsulCoordinator;
     use conformance_tests::consul_standin::{ConsulStandIn, StandInOptions};
     use lease_core::{Coordinator, LeaseOptions};
+    use std::time::Duration;
 
     /// The guardian's wait has decided `Expired`; a renewal sent before the expiry lands (Consul
     /// confirms the session and the key) before the guardian goes on. The guardian must still record

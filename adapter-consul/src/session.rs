@@ -16,6 +16,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::client::Http;
+use crate::error::CleanupFailures;
 
 /// What a session tells the leases it holds (implemented by the lease's shared state in
 /// `lease.rs`; the session knows leases only through this, so it does not depend on them).
@@ -117,6 +118,29 @@ impl Session {
     /// Whether the session is known to be gone.
     pub(crate) fn is_ended(&self) -> bool {
         self.leases.is_closed()
+    }
+
+    /// A background cleanup's step: runs `op` until it succeeds or this session ends (which
+    /// takes its locks with it), pausing after each failure (50 ms, doubling with jitter to 5 s)
+    /// and reporting it through `failures`, as `what`.
+    pub(crate) async fn clean_up<T, Fut>(
+        &self,
+        failures: &CleanupFailures,
+        what: &str,
+        mut op: impl FnMut() -> Fut,
+    ) where
+        Fut: std::future::Future<Output = Result<T>>,
+    {
+        let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(5));
+        while !self.is_ended() {
+            match op().await {
+                Ok(_) => return,
+                Err(e) => {
+                    failures.failed(what, &e);
+                    backoff.sleep().await;
+                }
+            }
+        }
     }
 
     /// A renewal sent at `sent_at` was confirmed: extends the session's validity and, through it,
