@@ -7,10 +7,11 @@
 //! passed since the last renewal it saw, so until then every lock the session holds stays held
 //! (unless someone deletes it). Each lease's validity is capped by it.
 
+use std::ops::ControlFlow;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
-use lease_core::adapter::{Backoff, Dependents};
+use lease_core::adapter::{retry_until_settled, Backoff, Dependents};
 use lease_core::{Error, Result};
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -131,16 +132,23 @@ impl Session {
     ) where
         Fut: std::future::Future<Output = Result<T>>,
     {
-        let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(5));
-        while !self.is_ended() {
-            match op().await {
-                Ok(_) => return,
-                Err(e) => {
-                    failures.failed(what, &e);
-                    backoff.sleep().await;
+        let backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(5));
+        retry_until_settled(backoff, None, || {
+            let attempt = (!self.is_ended()).then(&mut op);
+            async move {
+                match attempt {
+                    None => ControlFlow::Break(()),
+                    Some(attempt) => match attempt.await {
+                        Ok(_) => ControlFlow::Break(()),
+                        Err(e) => {
+                            failures.failed(what, &e);
+                            ControlFlow::Continue(())
+                        }
+                    },
                 }
             }
-        }
+        })
+        .await;
     }
 
     /// A renewal sent at `sent_at` was confirmed: extends the session's validity and, through it,
