@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
+use futures::FutureExt;
 use tokio::sync::mpsc;
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
@@ -43,8 +44,9 @@ impl KeeperOptions {
         Self::default()
     }
 
-    /// Renew when this fraction of the TTL has passed since the last confirmed renewal was sent.
-    /// Must be in `(0, 0.9]`; checked by [`keep`].
+    /// Renew when this fraction of the lease's validity window (its TTL less its drift margin)
+    /// has passed since the last confirmed renewal was sent. Must be in `(0, 0.9]`; checked by
+    /// [`keep`].
     pub fn renew_fraction(mut self, fraction: f64) -> Self {
         self.renew_fraction = fraction;
         self
@@ -59,9 +61,10 @@ impl KeeperOptions {
         self
     }
 
-    /// Never hold the lease longer than this in total (counted from acquisition): the keeper skips
-    /// any renewal that would let the lock outlive `acquired_at + max`, so the lease runs out at
-    /// or before that point and reports `Lost(KeeperStopped)`.
+    /// Never hold the lease longer than this in total (counted from acquisition): the keeper sends
+    /// no renewal (first try or retry) that would let the lock outlive `acquired_at + max`, so the
+    /// lease runs out at or before that point and reports `Lost(KeeperStopped)`. A limit too large
+    /// to add to the clock (`Duration::MAX`, say) is no limit.
     pub fn max_hold(mut self, max: Duration) -> Self {
         self.max_hold = Some(max);
         self
@@ -106,15 +109,18 @@ pub enum KeeperStop {
 ///
 /// # Contract
 ///
-/// - The keeper renews when `renew_fraction` of the TTL (less up to `jitter` of that, at random)
-///   has passed since the last confirmed renewal was *sent*, and retries failed renewals (with
-///   backoff) until local validity ends; if no renewal is confirmed by then, the lease reports
-///   `Lost(Expired)` and the keeper exits.
+/// - The keeper renews when `renew_fraction` of the validity window (the TTL less the drift
+///   margin; less up to `jitter` of that, at random) has passed since the last confirmed renewal
+///   was *sent*, and retries failed renewals (with backoff) until local validity ends; if no
+///   renewal is confirmed by then, the lease reports `Lost(Expired)` and the keeper exits.
 /// - It stops when the lease is lost or released, when [`Kept`] is dropped (a renewal under way
 ///   is aborted and the lease dropped with it), on [`Kept::stop`], when the maximum hold passes,
 ///   or when progress is required and none was reported. It never outlives its `Kept`.
-/// - After stopping on purpose it lets the lease run out and then marks it
-///   `Lost(KeeperStopped)`.
+/// - After stopping on purpose it lets the lease run out, which then reads as
+///   `Lost(KeeperStopped)` everywhere (status, lost signal, errors), unless the lease was lost
+///   otherwise first.
+/// - A panic in an adapter's renewal ends that lease's keeping (logged; the lease runs out at its
+///   validity); it never stops the timer that wakes the other kept leases.
 ///
 /// # Cost
 ///
@@ -164,14 +170,23 @@ pub fn keep(lease: Box<dyn Lease>, options: KeeperOptions) -> Result<Kept> {
     let lease: Arc<dyn Lease> = Arc::from(lease);
     let runtime = tokio::runtime::Handle::current();
     let timer = Timer::for_runtime(&runtime);
-    let interval = lease.ttl().mul_f64(options.renew_fraction);
+    // The validity a renewal buys (`Lease::valid_until`): the drift margin comes off the TTL.
+    let window = lease
+        .ttl()
+        .saturating_sub(lease.state().drift_margin())
+        .max(Duration::from_millis(1));
+    let interval = window.mul_f64(options.renew_fraction);
     let progress = Progress::default();
-    let last_sent = lease.state().acquired_at();
-    let next_due = last_sent + jittered(interval, options.jitter);
+    let acquired_at = lease.state().acquired_at();
+    let hold_until = options
+        .max_hold
+        .and_then(|max| acquired_at.checked_add(max));
+    let next_due = acquired_at + jittered(interval, options.jitter);
     let keeping = Arc::new(Keeping {
         seen_progress: AtomicU64::new(progress.count()),
         lease,
         options,
+        hold_until,
         interval,
         progress,
         runtime,
@@ -256,7 +271,9 @@ impl Drop for Kept {
 struct Keeping {
     lease: Arc<dyn Lease>,
     options: KeeperOptions,
-    /// `renew_fraction` of the TTL.
+    /// `acquired_at + max_hold`, if that is a limit (`None`: no limit).
+    hold_until: Option<Instant>,
+    /// `renew_fraction` of the validity window (the TTL less the drift margin).
     interval: Duration,
     progress: Progress,
     /// The progress count at the previous renewal.
@@ -269,8 +286,8 @@ struct Keeping {
 struct KeepState {
     /// Why it stopped renewing on purpose (the first reason stays).
     stop: Option<KeeperStop>,
-    /// When the next renewal is due: `renew_fraction` of the TTL (less the jitter) after the
-    /// send time of the last confirmed renewal (the acquisition at first).
+    /// When the next renewal is due: `renew_fraction` of the validity window (less the jitter)
+    /// after the send time of the last confirmed renewal (the acquisition at first).
     next_due: Instant,
     /// The renewal under way.
     renewing: Option<AbortHandle>,
@@ -306,6 +323,7 @@ impl Keeping {
     /// Stops renewing for `why` and lets the lease run out.
     fn stop_renewing(self: &Arc<Self>, mut state: MutexGuard<'_, KeepState>, why: KeeperStop) {
         state.stop = Some(why);
+        self.lease.state().runs_out_as(LostReason::KeeperStopped);
         tracing::warn!(
             key = %self.lease.key(),
             token = %self.lease.token(),
@@ -322,14 +340,13 @@ impl Keeping {
             return;
         }
         if state.stop.is_some() {
-            // Running out. Record `KeeperStopped` once validity ended or the lease was lost
-            // otherwise (the first recorded reason wins, so a revocation or release seen
-            // earlier stays); a renewal that was under way at the stop may have moved validity.
-            // (The signal's status records nothing: `Lease::status` would record `Expired`.)
+            // Running out: record it once validity ended (as `KeeperStopped`, set at the stop;
+            // the first recorded reason wins, so a revocation or release seen earlier stays). A
+            // renewal that was under way at the stop may have moved validity.
             if self.lease.lost().is_lost() {
                 state.done = true;
                 drop(state);
-                self.lease.state().mark_lost(LostReason::KeeperStopped);
+                let _recorded = self.lease.status();
             } else {
                 self.schedule(&mut state, self.lease.valid_until(), Wake::RunOut);
             }
@@ -348,12 +365,7 @@ impl Keeping {
             return;
         }
         let ttl = self.lease.ttl();
-        let acquired_at = self.lease.state().acquired_at();
-        if self
-            .options
-            .max_hold
-            .is_some_and(|max| now + ttl > acquired_at + max)
-        {
+        if outlives(now, ttl, self.hold_until) {
             return self.stop_renewing(state, KeeperStop::MaxHold);
         }
         if self.options.require_progress {
@@ -365,27 +377,45 @@ impl Keeping {
         let this = self.clone();
         // Boxed: the renewal's future lives only while it runs.
         let renewal = self.runtime.spawn(Box::pin(async move {
-            let sent = renew_until_confirmed(&*this.lease, ttl).await;
-            this.renewed(sent);
+            let renewing = renew_until_confirmed(&*this.lease, ttl, this.hold_until);
+            let outcome = std::panic::AssertUnwindSafe(renewing)
+                .catch_unwind()
+                .await
+                .unwrap_or_else(|_| {
+                    tracing::error!(key = %this.lease.key(), token = %this.lease.token(),
+                        "keeper: the renewal panicked; the lease runs out at its validity");
+                    Renewal::Ended
+                });
+            this.renewed(outcome);
         }));
         state.renewing = Some(renewal.abort_handle());
     }
 
-    /// A renewal ended: confirmed when it was sent at `sent`, or the lease is lost.
-    fn renewed(self: &Arc<Self>, sent: Option<Instant>) {
+    /// A renewal ended.
+    fn renewed(self: &Arc<Self>, outcome: Renewal) {
         let mut state = self.lock();
         state.renewing = None;
-        match sent {
-            Some(sent) if !state.done => {
+        match outcome {
+            _ if state.done => {}
+            // Stopped meanwhile: running out is already scheduled.
+            Renewal::MaxHold if state.stop.is_some() => {}
+            Renewal::MaxHold => self.stop_renewing(state, KeeperStop::MaxHold),
+            Renewal::Confirmed(sent) => {
                 state.next_due = sent + jittered(self.interval, self.options.jitter);
                 if state.stop.is_none() {
                     let due = state.next_due;
                     self.schedule(&mut state, due, Wake::Renew);
                 }
             }
-            _ => state.done = true,
+            Renewal::Ended => state.done = true,
         }
     }
+}
+
+/// Whether a renewal sent at `now` would let the lock outlive `hold_until` (the server counts
+/// `ttl` from when it applies the renewal, which is no earlier than `now`).
+fn outlives(now: Instant, ttl: Duration, hold_until: Option<Instant>) -> bool {
+    hold_until.is_some_and(|limit| now.checked_add(ttl).is_none_or(|end| end > limit))
 }
 
 /// `interval`, up to `jitter` of it shorter at random.
@@ -521,7 +551,12 @@ impl SharedTimer {
             if !woken.is_empty() {
                 drop(heap);
                 for due in woken {
-                    wake(due, now);
+                    // One lease's panic must not stop the thread that wakes all the others.
+                    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| wake(due, now)))
+                        .is_err()
+                    {
+                        tracing::error!("keeper: waking a kept lease panicked; it is not renewed");
+                    }
                 }
                 heap = self.heap.lock().unwrap_or_else(|p| p.into_inner());
                 continue;
@@ -583,16 +618,32 @@ async fn run_own_timer(mut rx: mpsc::UnboundedReceiver<Due>) {
     }
 }
 
-/// Renews, retrying transient failures with backoff until validity ends. Returns the send time of
-/// the confirmed renewal, or `None` when the lease is lost (validity passed, or the backend said
-/// so).
-async fn renew_until_confirmed(lease: &dyn Lease, ttl: Duration) -> Option<Instant> {
+/// How a renewal (with its retries) ended.
+enum Renewal {
+    /// Confirmed for the request sent at this instant.
+    Confirmed(Instant),
+    /// The next try would let the lock outlive `max_hold`: none was sent.
+    MaxHold,
+    /// The lease is lost (validity passed, or the backend said so), or the renewal panicked.
+    Ended,
+}
+
+/// Renews, retrying transient failures with backoff until validity ends, and sending no try that
+/// would let the lock outlive `hold_until`.
+async fn renew_until_confirmed(
+    lease: &dyn Lease,
+    ttl: Duration,
+    hold_until: Option<Instant>,
+) -> Renewal {
     let mut backoff = Backoff::new((ttl / 50).max(Duration::from_millis(5)), ttl / 5);
     loop {
         if matches!(lease.status(), LeaseStatus::Lost(_)) {
-            return None;
+            return Renewal::Ended;
         }
         let sent = Instant::now();
+        if outlives(sent, ttl, hold_until) {
+            return Renewal::MaxHold;
+        }
         let deadline = lease.valid_until();
         match tokio::time::timeout_at(deadline, lease.renew()).await {
             Ok(Ok(_)) => {
@@ -600,12 +651,12 @@ async fn renew_until_confirmed(lease: &dyn Lease, ttl: Duration) -> Option<Insta
                     lease.state().backend(),
                     deadline.saturating_duration_since(Instant::now()),
                 );
-                return Some(sent);
+                return Renewal::Confirmed(sent);
             }
             Ok(Err(e @ (Error::Lost { .. } | Error::Stale { .. }))) => {
                 tracing::warn!(key = %lease.key(), error = %e, "keeper: renewal refused, lease lost");
                 lease.state().mark_lost(LostReason::Superseded);
-                return None;
+                return Renewal::Ended;
             }
             Ok(Err(e)) => {
                 tracing::warn!(key = %lease.key(), error = %e, "keeper: renewal not confirmed, retrying");
@@ -614,11 +665,11 @@ async fn renew_until_confirmed(lease: &dyn Lease, ttl: Duration) -> Option<Insta
                 tracing::warn!(key = %lease.key(), "keeper: renewal timed out at the end of validity");
             }
         }
-        let now = Instant::now();
-        if now >= lease.valid_until() {
-            lease.state().mark_lost(LostReason::Expired);
-            return None;
+        if matches!(lease.status(), LeaseStatus::Lost(_)) {
+            // Validity passed (recorded as `Expired`, or `KeeperStopped` after a stop).
+            return Renewal::Ended;
         }
+        let now = Instant::now();
         let wake = (now + backoff.next_delay()).min(lease.valid_until());
         tokio::time::sleep_until(wake).await;
     }

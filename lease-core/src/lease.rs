@@ -28,14 +28,17 @@ pub enum LeaseStatus {
 struct View {
     valid_until: Instant,
     status: LeaseStatus,
+    /// The reason a passed validity is read as: `Expired`, or `KeeperStopped` once a keeper
+    /// stopped renewing on purpose.
+    runs_out_as: LostReason,
 }
 
 impl View {
-    /// The status at this view, a passed validity read as `Lost(Expired)`.
+    /// The status at this view, a passed validity read as `Lost(runs_out_as)`.
     fn status_now(&self) -> LeaseStatus {
         match self.status {
             LeaseStatus::Lost(_) => self.status,
-            _ if Instant::now() >= self.valid_until => LeaseStatus::Lost(LostReason::Expired),
+            _ if Instant::now() >= self.valid_until => LeaseStatus::Lost(self.runs_out_as),
             s => s,
         }
     }
@@ -150,6 +153,7 @@ impl LeaseTracker {
             view: std::sync::Mutex::new(View {
                 valid_until,
                 status: LeaseStatus::Held,
+                runs_out_as: LostReason::Expired,
             }),
             changed: Notify::new(),
             closed: std::sync::atomic::AtomicBool::new(false),
@@ -183,7 +187,9 @@ impl LeaseTracker {
     }
 
     /// Records a confirmed renewal: validity moves to `valid_until`, an in-doubt lease is held
-    /// again. Has no effect on a lost lease (a lost lease never comes back) and returns false then.
+    /// again. Has no effect on a lost lease (a lost lease never comes back) and returns false
+    /// then; a lease whose validity has already passed counts as lost (its lost signal may have
+    /// fired), and is recorded so.
     pub fn renewed(&self, valid_until: Instant) -> bool {
         self.state.renewed(valid_until)
     }
@@ -263,14 +269,15 @@ impl LeaseState {
     }
 
     /// The status now: a held or in-doubt lease whose validity has passed is reported as
-    /// `Lost(Expired)` (and recorded as such).
+    /// `Lost(Expired)` (or `Lost(KeeperStopped)` when a keeper stopped renewing it on purpose),
+    /// and recorded as such.
     pub fn status(&self) -> LeaseStatus {
         let view = self.inner.signal.view();
-        match view.status {
-            LeaseStatus::Lost(_) => view.status,
-            _ if Instant::now() >= view.valid_until => {
-                self.mark_lost(LostReason::Expired);
-                LeaseStatus::Lost(LostReason::Expired)
+        match view.status_now() {
+            LeaseStatus::Lost(reason) if !matches!(view.status, LeaseStatus::Lost(_)) => {
+                self.mark_lost(reason);
+                // Another reason may have been recorded in between: the first one wins.
+                self.inner.signal.view().status_now()
             }
             s => s,
         }
@@ -318,19 +325,40 @@ impl LeaseState {
     }
 
     /// Records a confirmed renewal: validity moves to `valid_until`, an in-doubt lease is held
-    /// again. Has no effect on a lost lease (a lost lease never comes back) and returns false then.
+    /// again. Has no effect on a lost lease (a lost lease never comes back) and returns false
+    /// then; a lease whose validity has already passed counts as lost (its lost signal may have
+    /// fired), and is recorded so.
     pub(crate) fn renewed(&self, valid_until: Instant) -> bool {
         let mut applied = false;
-        self.inner.signal.modify(|v| {
-            if matches!(v.status, LeaseStatus::Lost(_)) {
-                return false;
+        let mut ran_out = None;
+        self.inner.signal.modify(|v| match v.status_now() {
+            LeaseStatus::Lost(reason) => {
+                if !matches!(v.status, LeaseStatus::Lost(_)) {
+                    ran_out = Some(reason);
+                }
+                false
             }
-            v.valid_until = valid_until;
-            v.status = LeaseStatus::Held;
-            applied = true;
-            true
+            _ => {
+                v.valid_until = valid_until;
+                v.status = LeaseStatus::Held;
+                applied = true;
+                true
+            }
         });
+        if let Some(reason) = ran_out {
+            self.mark_lost(reason);
+        }
         applied
+    }
+
+    /// From now on a passed validity reads as `Lost(reason)` instead of `Lost(Expired)`: the
+    /// keeper sets `KeeperStopped` when it stops renewing on purpose, so that every reader (the
+    /// lost signal too, which records nothing) sees why the lease ran out.
+    pub(crate) fn runs_out_as(&self, reason: LostReason) {
+        self.inner.signal.modify(|v| {
+            v.runs_out_as = reason;
+            false
+        });
     }
 
     /// Marks the lease in doubt (connection lost inside a still-live session). No effect once lost.
@@ -629,6 +657,30 @@ mod tests {
         // A lost lease never comes back.
         assert!(!t.renewed(Instant::now() + Duration::from_secs(10)));
         assert!(t.ensure_not_lost().is_err());
+    }
+
+    /// A renewal confirmed after validity passed does not bring the lease back: its lost signal
+    /// may already have fired (nothing recorded the expiry until now).
+    #[tokio::test(start_paused = true)]
+    async fn a_renewal_after_validity_passed_does_not_revive() {
+        let t = tracker(Duration::from_secs(10));
+        let sig = t.signal();
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        assert!(sig.is_lost());
+        assert!(!t.renewed(Instant::now() + Duration::from_secs(10)));
+        assert_eq!(t.status(), LeaseStatus::Lost(LostReason::Expired));
+        assert!(t.renewed_from(Instant::now()).is_err());
+    }
+
+    /// Once told, a passed validity reads as the keeper's stop, for the signal and the status.
+    #[tokio::test(start_paused = true)]
+    async fn a_run_out_reads_as_the_reason_set() {
+        let t = tracker(Duration::from_secs(10));
+        let mut sig = t.signal();
+        t.runs_out_as(LostReason::KeeperStopped);
+        assert_eq!(t.status(), LeaseStatus::Held);
+        assert_eq!(sig.wait().await, LostReason::KeeperStopped);
+        assert_eq!(t.status(), LeaseStatus::Lost(LostReason::KeeperStopped));
     }
 
     #[tokio::test(start_paused = true)]

@@ -9,6 +9,7 @@ use lease_core::{
     LeaseOptions, LeaseStatus, LostReason,
 };
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 use tokio::time::Instant;
 
 async fn assert_held_by_other(c: &MemoryCoordinator, k: &lease_core::LockKey) {
@@ -190,13 +191,10 @@ async fn with_progress_the_keeper_keeps_renewing_until_progress_stops() {
     ticker.abort();
     let stuck_at = Instant::now();
     let mut sig = kept.lost();
-    // `LostSignal::wait` reports the time-based expiry at the instant validity passes, whether or
-    // not the keeper has recorded `KeeperStopped` yet.
+    // `LostSignal::wait` reports the run-out at the instant validity passes, as the keeper's
+    // stop.
     let r = within(secs(600), "lost signal", sig.wait()).await;
-    assert!(
-        matches!(r, LostReason::Expired | LostReason::KeeperStopped),
-        "{r:?}"
-    );
+    assert_eq!(r, LostReason::KeeperStopped);
     // Stopped within one renewal interval, then ran out: at most interval + TTL after stalling.
     assert!(Instant::now() - stuck_at <= secs(4));
     tokio::time::sleep(ms(1)).await;
@@ -216,20 +214,29 @@ async fn max_hold_stops_renewing_after_the_maximum() {
         .await
         .unwrap();
     let margin = lease.ttl() - (lease.valid_until() - Instant::now());
+    // Renewals every third of the validity window (the TTL less the margin).
+    let interval = (secs(3) - margin) / 3;
     let t0 = Instant::now();
     let kept = keep(lease, KeeperOptions::new().jitter(0.0).max_hold(secs(7))).unwrap();
 
-    tokio::time::sleep(ms(4500)).await;
+    tokio::time::sleep(interval * 4 + ms(10)).await;
     assert_eq!(kept.stopped(), None);
-    // t = 5.5: the renewal due at t=5 would have let the lock live until 8 > 7, so it was skipped.
-    tokio::time::sleep(ms(1000)).await;
+    // The renewal due at 5 intervals would have let the lock live past 7 s, so it was skipped.
+    tokio::time::sleep(interval).await;
     assert_eq!(kept.stopped(), Some(KeeperStop::MaxHold));
-    // The last renewal was sent at t=4: valid until 7 - margin, server expiry at 7.
-    assert_eq!(kept.lease().valid_until(), t0 + secs(7) - margin);
+    // The last renewal was sent at 4 intervals (each woken on the timer's next millisecond):
+    // valid until that + TTL - margin.
+    let last_sent = kept.lease().valid_until() - (secs(3) - margin);
+    let expected = t0 + interval * 4;
+    assert!(
+        last_sent >= expected && last_sent <= expected + ms(4),
+        "{:?} after the expected send",
+        last_sent - expected
+    );
     assert_eq!(kept.lease().status(), LeaseStatus::Held);
     assert_held_by_other(&c, &k).await;
 
-    tokio::time::sleep_until(t0 + secs(7)).await;
+    tokio::time::sleep_until(last_sent + secs(3)).await;
     assert_eq!(
         kept.lease().status(),
         LeaseStatus::Lost(LostReason::KeeperStopped)
@@ -238,6 +245,102 @@ async fn max_hold_stops_renewing_after_the_maximum() {
     let next = c.try_acquire(&k, &exact(secs(1))).await.unwrap();
     assert_eq!(next.token(), tok(2));
     assert!(Instant::now() - t0 <= secs(7));
+}
+
+/// A limit too large to add to the clock is no limit: nothing panics (the timer thread that
+/// wakes every kept lease least of all) and the lease is kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_max_hold_beyond_the_clock_is_no_limit() {
+    let lease = ScriptedLease::new(ms(300), RenewScript::Ok);
+    let renews = lease.renews.clone();
+    let kept = keep(
+        Box::new(lease),
+        KeeperOptions::new().max_hold(Duration::MAX),
+    )
+    .unwrap();
+    let deadline = Instant::now() + secs(30);
+    while renews.load(Ordering::SeqCst) < 3 {
+        assert!(Instant::now() < deadline, "not renewed");
+        tokio::time::sleep(ms(20)).await;
+    }
+    assert_eq!(kept.stopped(), None);
+    assert_eq!(kept.lease().status(), LeaseStatus::Held);
+}
+
+/// Failing renewals are retried, but no retry is sent that would let the lock outlive
+/// `max_hold`: the keeper stops instead, and the lease runs out as `KeeperStopped`.
+#[tokio::test(start_paused = true)]
+async fn max_hold_also_bounds_the_retries() {
+    let lease = ScriptedLease::new(secs(3), RenewScript::Unavailable);
+    let renews = lease.renews.clone();
+    let t0 = Instant::now();
+    let kept = keep(
+        Box::new(lease),
+        KeeperOptions::new().jitter(0.0).max_hold(ms(4500)),
+    )
+    .unwrap();
+    let mut sig = kept.lost();
+    // The first try at 1 s (ends by 4 s); retries after 1.5 s would end past 4.5 s.
+    assert_eq!(
+        within(secs(600), "lost signal", sig.wait()).await,
+        LostReason::KeeperStopped
+    );
+    assert_eq!(Instant::now() - t0, secs(3));
+    assert_eq!(kept.stopped(), Some(KeeperStop::MaxHold));
+    let tries = renews.load(Ordering::SeqCst);
+    assert!(tries >= 2, "retried before the limit: {tries}");
+    tokio::time::sleep(secs(30)).await;
+    assert_eq!(
+        renews.load(Ordering::SeqCst),
+        tries,
+        "nothing sent after the stop"
+    );
+}
+
+/// Renewals are timed from the validity a renewal buys, not from the TTL: with a drift margin
+/// of 7 s on a 10 s TTL (valid for 3 s) the lease is renewed every second and never runs out.
+#[tokio::test(start_paused = true)]
+async fn a_large_drift_margin_is_renewed_in_time() {
+    let lease = ScriptedLease::with_margin(secs(10), secs(7), RenewScript::Ok);
+    let renews = lease.renews.clone();
+    let kept = keep(Box::new(lease), KeeperOptions::new().jitter(0.0)).unwrap();
+    let t0 = Instant::now();
+    while Instant::now() - t0 < secs(20) {
+        tokio::time::sleep(ms(250)).await;
+        assert_eq!(kept.lease().status(), LeaseStatus::Held);
+        assert!(kept.lease().remaining() >= secs(2), "{:?}", kept.lease());
+    }
+    // Due every second; the one due at 20 s may not have run yet.
+    let renewed = renews.load(Ordering::SeqCst);
+    assert!((19..=20).contains(&renewed), "{renewed}");
+}
+
+/// An adapter's renewal that panics ends that lease's keeping (it runs out at its validity);
+/// the other kept leases, woken by the same timer thread, go on being renewed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_renewal_stops_only_its_own_lease() {
+    let broken = ScriptedLease::new(ms(600), RenewScript::Panic);
+    let broken_renews = broken.renews.clone();
+    let broken = keep(Box::new(broken), KeeperOptions::new()).unwrap();
+    let healthy = ScriptedLease::new(ms(600), RenewScript::Ok);
+    let renews = healthy.renews.clone();
+    let healthy = keep(Box::new(healthy), KeeperOptions::new()).unwrap();
+    let mut sig = broken.lost();
+    assert_eq!(
+        tokio::time::timeout(secs(30), sig.wait()).await.unwrap(),
+        LostReason::Expired
+    );
+    assert_eq!(broken_renews.load(Ordering::SeqCst), 1);
+    let seen = renews.load(Ordering::SeqCst);
+    let deadline = Instant::now() + secs(30);
+    while renews.load(Ordering::SeqCst) < seen + 3 {
+        assert!(
+            Instant::now() < deadline,
+            "the other lease is no longer renewed"
+        );
+        tokio::time::sleep(ms(20)).await;
+    }
+    assert_eq!(healthy.lease().status(), LeaseStatus::Held);
 }
 
 #[tokio::test(start_paused = true)]

@@ -69,6 +69,8 @@ pub(crate) enum RenewScript {
     FailFirst(usize),
     /// Refuse with `Lost`.
     Lost,
+    /// Panic (an adapter's bug).
+    Panic,
 }
 
 /// A hand-written `Lease` over `LeaseTracker`, with a scripted `renew` and counters.
@@ -83,13 +85,18 @@ pub(crate) struct ScriptedLease {
 impl ScriptedLease {
     /// A lease acquired now with `ttl` and no drift margin.
     pub(crate) fn new(ttl: Duration, script: RenewScript) -> Self {
+        Self::with_margin(ttl, Duration::ZERO, script)
+    }
+
+    /// A lease acquired now with `ttl` and this drift margin: valid for `ttl - margin`.
+    pub(crate) fn with_margin(ttl: Duration, margin: Duration, script: RenewScript) -> Self {
         ScriptedLease {
             tracker: LeaseTracker::new(
                 "scripted",
                 key("scripted"),
                 tok(7),
                 ttl,
-                Duration::ZERO,
+                margin,
                 Instant::now(),
             ),
             script,
@@ -120,6 +127,7 @@ impl Lease for ScriptedLease {
             RenewScript::FailFirst(k) if n < k => Err(unavailable()),
             RenewScript::FailFirst(_) => self.tracker.renewed_from(sent),
             RenewScript::Lost => Err(self.tracker.lost_error(lease_core::LostReason::Superseded)),
+            RenewScript::Panic => panic!("scripted panic in renew"),
         }
     }
 
