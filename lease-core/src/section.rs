@@ -30,13 +30,15 @@ impl SectionOptions {
         }
     }
 
-    /// Stop this long before the lease's local validity ends.
+    /// Stop this long before the lease's local validity ends. Must be smaller than the lease's
+    /// TTL (checked by [`bounded_with`], `InvalidInput` otherwise).
     pub fn margin(mut self, margin: Duration) -> Self {
         self.margin = Some(margin);
         self
     }
 
-    /// Stop after this long, whatever the lease's validity.
+    /// Stop after this long, whatever the lease's validity. A duration too large to add to the
+    /// clock is no limit.
     pub fn max_duration(mut self, d: Duration) -> Self {
         self.max_duration = Some(d);
         self
@@ -58,7 +60,13 @@ impl SectionGuard {
     /// in-doubt lease counts: renewal is uncertain, so no new sub-work starts).
     pub fn check(&self) -> Result<()> {
         let reason = match self.signal.status() {
-            LeaseStatus::Held if self.signal.valid_until() > Instant::now() + self.margin => {
+            LeaseStatus::Held
+                if self
+                    .signal
+                    .valid_until()
+                    .checked_sub(self.margin)
+                    .is_some_and(|stop_at| stop_at > Instant::now()) =>
+            {
                 return Ok(())
             }
             LeaseStatus::Held | LeaseStatus::InDoubt => LostReason::Expired,
@@ -90,7 +98,9 @@ where
 ///
 /// # Behaviour
 ///
-/// - Refuses to start (`Err(Lost)`) unless the lease is held with more than the margin left.
+/// - Refuses a margin not smaller than the lease's TTL (`Err(InvalidInput)`: the section could
+///   never start), and refuses to start (`Err(Lost)`) unless the lease is held with more than
+///   the margin left.
 /// - The deadline is the lease's local validity minus the margin, re-read whenever it is reached
 ///   (a keeper renewing the lease moves it), and at most `max_duration` after the start.
 /// - When the lease is lost or the deadline passes, the future is dropped (cancelled) and the
@@ -112,6 +122,14 @@ where
     let margin = options
         .margin
         .unwrap_or_else(|| (lease.ttl() / 10).max(Duration::from_millis(1)));
+    if margin >= lease.ttl() {
+        return Err(crate::InvalidInput::OutOfRange {
+            field: "margin",
+            value: format!("{margin:?}"),
+            expected: "smaller than the lease's TTL",
+        }
+        .into());
+    }
     let guard = SectionGuard {
         signal: lease.lost(),
         margin,
@@ -120,7 +138,7 @@ where
     };
     guard.check()?;
     let start = Instant::now();
-    let hard_deadline = options.max_duration.map(|d| start + d);
+    let hard_deadline = options.max_duration.and_then(|d| start.checked_add(d));
     let mut signal = lease.lost();
     let fut = work(guard);
     tokio::pin!(fut);

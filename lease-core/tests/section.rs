@@ -278,3 +278,37 @@ async fn refuses_to_start_on_a_lost_or_nearly_expired_lease() {
     assert_eq!(lost_reason(r), LostReason::Expired);
     assert!(!called.load(Ordering::SeqCst));
 }
+
+/// Durations too large for the clock do not panic: a margin not below the TTL is refused before
+/// the work starts (it could never start), and an unbounded `max_duration` is no limit.
+#[tokio::test(start_paused = true)]
+async fn durations_beyond_the_clock_are_refused_or_unbounded() {
+    let c = MemoryCoordinator::new();
+    let lease = c.try_acquire(&key("k"), &exact(secs(10))).await.unwrap();
+    for margin in [secs(10), std::time::Duration::MAX] {
+        let (started, _, fut) = work(secs(1));
+        let r = bounded_with(&*lease, SectionOptions::new().margin(margin), |_| async {
+            Ok(fut.await)
+        })
+        .await;
+        match r {
+            Err(Error::InvalidInput(lease_core::InvalidInput::OutOfRange { field, .. })) => {
+                assert_eq!(field, "margin")
+            }
+            other => panic!("margin {margin:?}: {other:?}"),
+        }
+        assert!(!started.load(Ordering::SeqCst));
+    }
+    let (_, finished, fut) = work(secs(2));
+    let r = bounded_with(
+        &*lease,
+        SectionOptions::new().max_duration(std::time::Duration::MAX),
+        |guard| async move {
+            guard.check()?;
+            Ok(fut.await)
+        },
+    )
+    .await;
+    assert_eq!(r.unwrap(), 42);
+    assert!(finished.load(Ordering::SeqCst));
+}
