@@ -29,7 +29,11 @@ impl fmt::Debug for MultiLease {
 /// that two callers naming the same keys in different orders cannot deadlock.
 ///
 /// # Behaviour
-/// - `options.wait` bounds the *total* wait: each key gets what is left of it.
+/// - `options.wait` bounds the *total* wait: each key gets what is left of it, and never more
+///   than the leases already taken stay valid (they are not renewed while the call waits): a
+///   wait that reaches the earliest of their validities ends in `Err(Timeout)`.
+/// - Every lease in an `Ok` was held when the call returned: a lease already taken that is lost
+///   meanwhile (revoked, expired) ends the call with its `Err(Lost)`.
 /// - If a key cannot be had (timeout or any error), every lease already taken is released (in
 ///   reverse order) before the error is returned; nothing stays held.
 /// - An empty `keys` is invalid input.
@@ -57,13 +61,18 @@ pub async fn acquire_many(
     let deadline = Instant::now() + options.wait_value();
     let mut held: Vec<Box<dyn Lease>> = Vec::with_capacity(ordered.len());
     for key in ordered {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match coordinator.acquire(key, &options.clone().wait(left)).await {
-            Ok(lease) => held.push(lease),
-            Err(e) => {
-                release_all(held).await;
-                return Err(e);
-            }
+        let earliest_end = held.iter().map(|l| l.valid_until()).min();
+        let until = earliest_end.map_or(deadline, |end| end.min(deadline));
+        let left = until.saturating_duration_since(Instant::now());
+        let got = coordinator.acquire(key, &options.clone().wait(left)).await;
+        // A lease taken earlier may have been lost while this one was awaited.
+        let got = got.and_then(|lease| {
+            held.push(lease);
+            held.iter().try_for_each(|l| l.state().ensure_not_lost())
+        });
+        if let Err(e) = got {
+            release_all(held).await;
+            return Err(e);
         }
     }
     Ok(MultiLease { leases: held })

@@ -333,3 +333,57 @@ async fn lost_renew_release_and_drop_cover_every_key() {
         assert!(c.inspect(&key(k)).await.unwrap().is_none(), "{k}");
     }
 }
+
+/// The leases already taken are not renewed while the call waits for the next key: the wait
+/// ends when the first of them runs out (`Timeout`), so an `Ok` never carries a lease that
+/// expired meanwhile; what was taken is given back.
+#[tokio::test(start_paused = true)]
+async fn the_wait_ends_before_a_lease_already_taken_runs_out() {
+    let c = MemoryCoordinator::new();
+    let b = c.try_acquire(&key("b"), &exact(secs(3600))).await.unwrap();
+    tokio::spawn(async move {
+        tokio::time::sleep(secs(5)).await;
+        b.release().await.unwrap();
+    });
+    let t0 = Instant::now();
+    // `a` is valid for 3 s; `b` comes free at 5 s, inside the 10 s wait.
+    match acquire_many(&c, &keys(&["a", "b"]), &exact(secs(3)).wait(secs(10))).await {
+        Err(Error::Timeout { key, waited }) => {
+            assert_eq!(key, "b");
+            assert_eq!(waited, secs(3));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(Instant::now() - t0, secs(3));
+    assert!(c.inspect(&key("a")).await.unwrap().is_none());
+    assert_eq!(c.waiters(&key("b")), 0);
+}
+
+/// A lease already taken that is revoked while the call waits for the next key ends the call
+/// with its loss, after the others are given back.
+#[tokio::test(start_paused = true)]
+async fn a_lease_lost_while_waiting_for_the_next_key_fails_the_call() {
+    let c = MemoryCoordinator::new();
+    let b = c.try_acquire(&key("b"), &exact(secs(3600))).await.unwrap();
+    let c2 = c.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(secs(1)).await;
+        c2.force_release(&key("a"), &ForceRelease::new("alice", "drill").unwrap())
+            .await
+            .unwrap();
+        tokio::time::sleep(secs(1)).await;
+        b.release().await.unwrap();
+    });
+    let t0 = Instant::now();
+    match acquire_many(&c, &keys(&["a", "b"]), &exact(secs(30)).wait(secs(10))).await {
+        Err(Error::Lost { key, reason, .. }) => {
+            assert_eq!(key, "a");
+            assert_eq!(reason, LostReason::Revoked);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(Instant::now() - t0, secs(2));
+    // `b` was taken (token 2) and given back.
+    assert_eq!(c.last_token(&key("b")), Some(tok(2)));
+    assert!(c.inspect(&key("b")).await.unwrap().is_none());
+}
