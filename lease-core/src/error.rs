@@ -84,8 +84,13 @@ pub enum InvalidInput {
         /// The limit in bytes.
         max: usize,
     },
-    /// A name contained a control character.
-    #[error("{what} {value:?} contains the control character {ch:?} at byte {index}")]
+    /// A name contained a control character, or an invisible formatting or line-separating one
+    /// (Unicode categories Cc, Cf, Zl, Zp: bidirectional overrides, zero-width characters, line
+    /// and paragraph separators), which would let two keys that print alike differ, or a key
+    /// rewrite the log line or operator listing it appears in.
+    #[error(
+        "{what} {value:?} contains the control or formatting character {ch:?} at byte {index}"
+    )]
     ControlCharacter {
         /// What kind of name it was.
         what: &'static str,

@@ -3,7 +3,10 @@
 //! Both follow one set of rules, checked before anything is sent to a backend:
 //!
 //! - 1 to [`MAX_NAME_BYTES`] bytes of UTF-8;
-//! - no control characters (U+0000..U+001F, U+007F..U+009F);
+//! - no control characters (U+0000..U+001F, U+007F..U+009F), and no invisible formatting or
+//!   line-separating ones (Unicode Cf, Zl, Zp: U+202E RIGHT-TO-LEFT OVERRIDE, U+200B ZERO WIDTH
+//!   SPACE, U+2028 LINE SEPARATOR, ...), so that a key printed in a log or an operator's
+//!   listing is the key, and two keys that print alike are one key;
 //! - `/` separates segments: no leading or trailing `/`, no empty segment (`//`), no `.` or `..`
 //!   segment, so that a key maps onto a ZooKeeper path or an etcd prefix without escaping or
 //!   aliasing another key.
@@ -21,6 +24,20 @@ use crate::error::InvalidInput;
 /// (ZooKeeper paths, Redis keys in a Cluster hash tag, Consul KV keys).
 pub const MAX_NAME_BYTES: usize = 256;
 
+/// Whether `c` is a control character or an invisible formatting or line-separating one (no
+/// ASCII character is, except the controls).
+fn hidden(c: char) -> bool {
+    use unicode_properties::{GeneralCategory, UnicodeGeneralCategory};
+    c.is_control()
+        || (!c.is_ascii()
+            && matches!(
+                c.general_category(),
+                GeneralCategory::Format
+                    | GeneralCategory::LineSeparator
+                    | GeneralCategory::ParagraphSeparator
+            ))
+}
+
 fn validate_name(what: &'static str, value: &str) -> Result<(), InvalidInput> {
     if value.is_empty() {
         return Err(InvalidInput::Empty { what });
@@ -37,7 +54,7 @@ fn validate_name(what: &'static str, value: &str) -> Result<(), InvalidInput> {
             max: MAX_NAME_BYTES,
         });
     }
-    if let Some((index, ch)) = value.char_indices().find(|(_, c)| c.is_control()) {
+    if let Some((index, ch)) = value.char_indices().find(|&(_, c)| hidden(c)) {
         return Err(InvalidInput::ControlCharacter {
             what,
             value: value.to_owned(),
@@ -219,6 +236,45 @@ mod tests {
             LockKey::new("a\u{0}"),
             Err(InvalidInput::ControlCharacter { .. })
         ));
+        // Invisible formatting and line-separating characters: a bidi override, zero-width
+        // characters, a BOM, the line and paragraph separators, a C1 control.
+        for ch in [
+            '\u{202E}',
+            '\u{2066}',
+            '\u{200B}',
+            '\u{200D}',
+            '\u{FEFF}',
+            '\u{00AD}',
+            '\u{2028}',
+            '\u{2029}',
+            '\u{0085}',
+            '\u{E0041}',
+        ] {
+            let k = format!("orders/{ch}42");
+            match LockKey::new(k.clone()) {
+                Err(
+                    e @ InvalidInput::ControlCharacter {
+                        ch: found,
+                        index: 7,
+                        ..
+                    },
+                ) => {
+                    assert_eq!(found, ch);
+                    assert!(e.to_string().contains(&format!("{ch:?}")), "{e}");
+                }
+                other => panic!("{k:?}: {other:?}"),
+            }
+        }
+        // Visible non-ASCII text, spaces and symbols stay allowed.
+        for k in [
+            "tenant-7/Ünïcødé/job",
+            "注文/42",
+            "a b",
+            "emoji/🦀",
+            "x\u{00A0}y",
+        ] {
+            assert!(LockKey::new(k).is_ok(), "{k}");
+        }
         for (k, needle) in [
             ("/a", "starts"),
             ("a/", "ends"),
