@@ -6,7 +6,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use lease_core::adapter::{
-    ended_during_acquire, fresh_id, Backoff, HolderRecord, LeaseTracker, Op,
+    ended_during_acquire, fresh_id, Backoff, CleanupFailures, HolderRecord, LeaseTracker, Op,
 };
 use lease_core::{Error, Lease, LeaseOptions, LockKey, LostReason, Result};
 use tokio::time::Instant;
@@ -14,7 +14,6 @@ use tokio::time::Instant;
 use crate::client::{Http, KvEntry, TxnOp, TxnOutcome};
 use crate::coordinator::{ConsulCoordinator, BUSY_WAIT, MAX_WAITING_QUERIES};
 use crate::core::SlotGuard;
-use crate::error::CleanupFailures;
 use crate::lease::{start_guardian, ConsulLease, LeaseShared};
 use crate::monitor::Watched;
 use crate::session::{Session, SessionLease};
@@ -117,7 +116,7 @@ async fn cancel_attempt(
     marker: String,
     slot: SlotGuard,
 ) {
-    let failures = CleanupFailures::new(&kv_key);
+    let failures = CleanupFailures::new(BACKEND, &kv_key);
     // 1. The marker: the attempt's lock request, if it is still on its way, now fails. (If the
     //    session is gone, the request fails anyway and its keys went with it.)
     let marked = || write_marker(&http, &session.id, &marker);
@@ -476,7 +475,7 @@ impl ConsulCoordinator {
                 TxnOp::check_session(&kv_key, &session.id),
                 TxnOp::delete(&kv_key),
             ];
-            let failures = CleanupFailures::new(&kv_key);
+            let failures = CleanupFailures::new(BACKEND, &kv_key);
             let released = || http.txn(&ops, Op::write("release", false));
             session
                 .clean_up(&failures, "releasing a lock not handed out", released)
@@ -501,7 +500,7 @@ impl ConsulCoordinator {
                 TxnOp::check_session(&kv_key, &session.id),
                 TxnOp::delete(&kv_key),
             ];
-            let failures = CleanupFailures::new(&kv_key);
+            let failures = CleanupFailures::new(BACKEND, &kv_key);
             let deleted = || http.txn(&ops, Op::write("acquire", false));
             session
                 .clean_up(&failures, "deleting a leftover value", deleted)

@@ -229,76 +229,9 @@ pub(crate) fn protocol(operation: &'static str, problem: impl Into<String>) -> E
     }
 }
 
-/// The failed tries of one background cleanup of `kv_key` (a cancelled attempt's marker and
-/// lock, an ended lease's key, a leftover value). A cleanup retries until it is settled or the
-/// session ends, because giving up would leave the key locked for as long as the session lives
-/// (the client's one session serves every lease). A refusal that does not pass by itself (an
-/// error that is not retryable: a 403, the ACL token may not write the key) is logged at `error`
-/// level once per cleanup, naming the key, as the key stays locked until an operator fixes the
-/// token or the session ends; every other failure at `debug`.
-#[derive(Debug)]
-pub(crate) struct CleanupFailures {
-    kv_key: String,
-    refusal_reported: std::sync::atomic::AtomicBool,
-}
-
-impl CleanupFailures {
-    pub(crate) fn new(kv_key: &str) -> Self {
-        Self {
-            kv_key: kv_key.to_owned(),
-            refusal_reported: Default::default(),
-        }
-    }
-
-    /// Logs that `what` failed with `error`; the cleanup tries again after its backoff.
-    pub(crate) fn failed(&self, what: &str, error: &Error) {
-        use std::sync::atomic::Ordering;
-        let key = &self.kv_key;
-        if !error.is_retryable() && !self.refusal_reported.swap(true, Ordering::Relaxed) {
-            tracing::error!(
-                backend = BACKEND,
-                %key,
-                %error,
-                "{what} was refused; retrying until it is settled or the session ends, the key \
-                 stays locked meanwhile"
-            );
-        } else {
-            tracing::debug!(backend = BACKEND, %key, %error, "{what} failed; retrying");
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_cleanup_reports_a_lasting_refusal_once_and_other_failures_quietly() {
-        // The only test of this binary that installs the process-wide subscriber; the others log
-        // into it too, so only this key's lines count.
-        let logs = conformance_tests::logs::CapturedLogs::install(tracing::Level::DEBUG);
-        let key = "locks/a-cleanup-reports-a-lasting-refusal-once";
-        let failures = CleanupFailures::new(key);
-        let refused = status(Op::write("release", false), 403, b"Permission denied");
-        let lost = transport(
-            Op::write("release", false),
-            Transport::TimedOut(Duration::ZERO),
-        );
-        for _ in 0..3 {
-            failures.failed("deleting the key", &refused);
-            failures.failed("deleting the key", &lost);
-        }
-        let lines = logs.lines_with(key);
-        let errors: Vec<_> = lines
-            .iter()
-            .filter(|l| l.contains("refused; retrying until"))
-            .collect();
-        assert_eq!(errors.len(), 1, "{lines:?}");
-        assert!(errors[0].contains("ERROR"), "{errors:?}");
-        let quiet = lines.iter().filter(|l| l.contains("failed; retrying"));
-        assert!(quiet.clone().all(|l| l.contains("DEBUG")), "{lines:?}");
-        assert_eq!(quiet.count(), 5, "{lines:?}");
-    }
 
     #[test]
     fn classification() {

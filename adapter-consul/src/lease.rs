@@ -5,16 +5,16 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
-use lease_core::adapter::{spawn_guardian, LeaseTracker, Op};
+use lease_core::adapter::{spawn_guardian, CleanupFailures, LeaseTracker, Op};
 use lease_core::{Error, Lease, LeaseState, LeaseStatus, LockKey, LostReason, Result, Token};
 use tokio::time::Instant;
 
 use crate::client::{Http, KvEntry, TxnOp, TxnOutcome};
 use crate::confirm::{Confirmer, Ownership};
 use crate::core::SlotGuard;
-use crate::error::CleanupFailures;
 use crate::monitor::{Monitor, Watched};
 use crate::session::{Session, SessionLease, SessionManager};
+use crate::BACKEND;
 
 /// What a compare-and-delete of the lease's key found.
 pub(crate) enum Released {
@@ -280,7 +280,7 @@ pub(crate) fn start_guardian(shared: Arc<LeaseShared>) {
 pub(crate) async fn guard(shared: &LeaseShared, reason: LostReason) {
     shared.tracker.mark_lost(reason);
     // `release_on_server` answers at once for a lease settled meanwhile (by its own release).
-    let failures = CleanupFailures::new(&shared.kv_key);
+    let failures = CleanupFailures::new(BACKEND, &shared.kv_key);
     let released = || shared.release_on_server("release");
     shared
         .session

@@ -11,13 +11,12 @@ use std::ops::ControlFlow;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
-use lease_core::adapter::{retry_until_settled, Backoff, Dependents};
+use lease_core::adapter::{retry_until_settled, Backoff, CleanupFailures, Dependents};
 use lease_core::{Error, Result};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::client::Http;
-use crate::error::CleanupFailures;
 
 /// What a session tells the leases it holds (implemented by the lease's shared state in
 /// `lease.rs`; the session knows leases only through this, so it does not depend on them).

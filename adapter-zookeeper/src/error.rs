@@ -39,6 +39,8 @@ pub(crate) mod ops {
     pub(crate) const AUDIT_READ: Op = Op::read("audit trail read");
     pub(crate) const SETUP: Op = Op::write("creating the lock's parent nodes", true);
     pub(crate) const ADOPT: Op = Op::read("confirming the application's session (sync)");
+    pub(crate) const CLEANUP: Op = Op::write("deleting a node left by an ended lease", true);
+    pub(crate) const CLEANUP_LIST: Op = Op::read("listing the contenders to clean up after");
 }
 
 /// Whether `err` says the session is over (expired, closed, failed): its ephemeral nodes are gone

@@ -10,14 +10,16 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lease_core::adapter::{
-    fresh_id, resend, retry_until_settled, Backoff, LeaseTracker, SendAgain,
+    fresh_id, resend, retry_until_settled, Backoff, CleanupFailures, LeaseTracker, SendAgain,
 };
 use lease_core::{Error, Lease, LeaseStatus, LostReason, Result};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 use zookeeper_client::{Error as ZkError, EventType, WatchedEvent};
 
-use crate::error::{connection_lost, disconnected, from_zk, ops, session_ended, timed_out};
+use crate::error::{
+    connection_lost, disconnected, from_zk, ops, session_ended, timed_out, BACKEND,
+};
 use crate::session::{Session, SessionLease};
 
 /// The shared state of one held lock node.
@@ -182,12 +184,14 @@ impl LeaseState {
         }
     }
 
-    /// Deletes our node, retrying through disconnections until it is gone or the session ends
-    /// (which removes it anyway).
+    /// Deletes our node, retrying through disconnections and refusals until it is gone or the
+    /// session ends (which removes it anyway); failures are reported through
+    /// [`CleanupFailures`].
     async fn delete_own(&self) {
         let s = &self.session;
         let mut version = Some(self.version);
         let mut backoff = Backoff::new(Duration::from_millis(10), s.timeout() / 4);
+        let failures = CleanupFailures::new(BACKEND, &self.path);
         while !self.node_gone.load(Ordering::SeqCst) {
             if s.is_terminated() {
                 return;
@@ -208,11 +212,15 @@ impl LeaseState {
                 // is still ours.
                 Ok(Err(ZkError::BadVersion)) => version = None,
                 Ok(Err(e)) if session_ended(&e) => return,
-                Ok(Err(ZkError::NoAuth)) => {
-                    tracing::error!(path = %self.path, "not allowed to delete our own lock node");
-                    return;
+                // A refusal (`NoAuth`: someone changed the node's ACL) is retried like any
+                // failure: the node blocks the queue for as long as the session lives.
+                Ok(Err(e)) => {
+                    failures.failed("deleting our lock node", &from_zk(ops::CLEANUP, e));
+                    backoff.sleep().await;
                 }
-                _ => {
+                Err(_) => {
+                    let e = timed_out(ops::CLEANUP, s.request_timeout());
+                    failures.failed("deleting our lock node", &e);
                     backoff.sleep().await;
                 }
             }
@@ -598,6 +606,8 @@ impl ZkLease {
 /// applies them before passing the answer on.
 pub(crate) async fn cleanup(s: Arc<Session>, dir: String, prefix: String) {
     let backoff = Backoff::new(Duration::from_millis(10), s.timeout() / 4);
+    let failures = CleanupFailures::new(BACKEND, &format!("{dir}/{prefix}"));
+    let what = "deleting an abandoned contender node";
     retry_until_settled(backoff, None, || async {
         // Waiting for the connection is not a failed try: no backoff after it.
         while !s.is_connected() {
@@ -613,7 +623,14 @@ pub(crate) async fn cleanup(s: Arc<Session>, dir: String, prefix: String) {
             Some(Ok(c)) => c,
             Some(Err(ZkError::NoNode)) => return ControlFlow::Break(()),
             Some(Err(e)) if session_ended(&e) => return ControlFlow::Break(()),
-            _ => return ControlFlow::Continue(()),
+            Some(Err(e)) => {
+                failures.failed(what, &from_zk(ops::CLEANUP_LIST, e));
+                return ControlFlow::Continue(());
+            }
+            None => {
+                failures.failed(what, &timed_out(ops::CLEANUP_LIST, s.request_timeout()));
+                return ControlFlow::Continue(());
+            }
         };
         let mut done = ControlFlow::Break(());
         for name in children.into_iter().filter(|c| c.starts_with(&prefix)) {
@@ -623,7 +640,14 @@ pub(crate) async fn cleanup(s: Arc<Session>, dir: String, prefix: String) {
                     tracing::debug!(%path, "removed an abandoned contender node");
                 }
                 Ok(Err(e)) if session_ended(&e) => return ControlFlow::Break(()),
-                _ => done = ControlFlow::Continue(()),
+                Ok(Err(e)) => {
+                    failures.failed(what, &from_zk(ops::CLEANUP, e));
+                    done = ControlFlow::Continue(());
+                }
+                Err(_) => {
+                    failures.failed(what, &timed_out(ops::CLEANUP, s.request_timeout()));
+                    done = ControlFlow::Continue(());
+                }
             }
         }
         done

@@ -10,11 +10,12 @@
 
 use std::future::Future;
 use std::ops::ControlFlow;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use tokio::time::Instant;
 
 use crate::backoff::Backoff;
-use crate::error::LostReason;
+use crate::error::{Error, LostReason};
 use crate::lease::LeaseTracker;
 
 /// Starts, on the current tokio runtime, the guardian of the lease `tracker`: it waits until the
@@ -70,13 +71,55 @@ where
     }
 }
 
+/// How a background cleanup that retries until settled reports its failed tries.
+///
+/// Such a cleanup does not give up while the key may still be locked by the lease it cleans up
+/// after. A refusal that will not pass by itself (an error that is not retryable: the
+/// credentials may no longer delete the key) is logged at `error` level once per cleanup,
+/// naming the backend, the key and the error, since the key stays locked until an operator acts
+/// or the lock's session or TTL ends; every other failure (unreachable server, unknown outcome)
+/// is logged at `debug` level.
+#[derive(Debug)]
+pub struct CleanupFailures {
+    backend: &'static str,
+    key: String,
+    refusal_reported: AtomicBool,
+}
+
+impl CleanupFailures {
+    /// For one cleanup of `key` (the backend's own name for it: a path, a KV key) on `backend`.
+    pub fn new(backend: &'static str, key: &str) -> Self {
+        CleanupFailures {
+            backend,
+            key: key.to_owned(),
+            refusal_reported: AtomicBool::new(false),
+        }
+    }
+
+    /// Logs that `what` failed with `error`; the cleanup tries again after its backoff.
+    pub fn failed(&self, what: &str, error: &Error) {
+        let (backend, key) = (self.backend, &self.key);
+        if !error.is_retryable() && !self.refusal_reported.swap(true, Ordering::Relaxed) {
+            tracing::error!(
+                backend,
+                %key,
+                %error,
+                "{what} was refused; retrying until it is settled, the key may stay locked \
+                 meanwhile"
+            );
+        } else {
+            tracing::debug!(backend, %key, %error, "{what} failed; retrying");
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::key::LockKey;
     use crate::token::Token;
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::sync::Arc;
+    use std::sync::atomic::AtomicUsize;
+    use std::sync::{Arc, Mutex};
     use std::time::Duration;
 
     #[tokio::test(start_paused = true)]
@@ -127,5 +170,58 @@ mod tests {
         .await;
         assert_eq!(never, None);
         assert!(start.elapsed() <= ms(200), "{:?}", start.elapsed());
+    }
+
+    /// A tracing writer into a shared buffer.
+    #[derive(Clone, Default)]
+    struct Captured(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Captured {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_cleanup_reports_a_lasting_refusal_once_and_other_failures_quietly() {
+        let captured = Captured::default();
+        let writer = captured.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::DEBUG)
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .finish();
+        let refused = Error::Misconfigured {
+            backend: "test",
+            problems: vec!["permission denied".into()],
+        };
+        let lost = Error::Unavailable {
+            backend: "test",
+            message: "timed out".into(),
+            source: None,
+        };
+        tracing::subscriber::with_default(subscriber, || {
+            let failures = CleanupFailures::new("test", "locks/a");
+            for _ in 0..3 {
+                failures.failed("deleting the key", &refused);
+                failures.failed("deleting the key", &lost);
+            }
+        });
+        let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        let errors: Vec<_> = lines
+            .iter()
+            .filter(|l| l.contains("refused; retrying until"))
+            .collect();
+        assert_eq!(errors.len(), 1, "{lines:?}");
+        assert!(errors[0].contains("ERROR"), "{errors:?}");
+        assert!(errors[0].contains("locks/a") && errors[0].contains("permission denied"));
+        let quiet = lines.iter().filter(|l| l.contains("failed; retrying"));
+        assert!(quiet.clone().all(|l| l.contains("DEBUG")), "{lines:?}");
+        assert_eq!(quiet.count(), 5, "{lines:?}");
     }
 }
