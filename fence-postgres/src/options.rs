@@ -59,55 +59,16 @@ impl<'a> Parts<'a> {
     }
 }
 
-/// What [`redact_url`] shows for text that is not a URL (a libpq `key=value` string, say):
-/// nothing of it, as it may hold a password anywhere.
-const NOT_A_URL: &str = "(not a postgres:// URL; not shown, as it may hold a password)";
-
 /// `raw` with the password of the user info and the values of `password=` and `sslpassword=`
 /// query options replaced by `***`. Works on anything (not only valid URLs), so it can be used
-/// in the error for a URL that did not parse; text without `://` is not shown at all.
+/// in the error for a URL that did not parse; text that is not a URL and may hold a secret (a
+/// libpq `key=value` string) is not shown at all ([`lease_core::adapter::redact_url_text`]).
 ///
 /// The password runs from the first `:` after `scheme://` to the *last* `@`: tokio-postgres
 /// ends the user info at the first `@`, so a raw `@` in a password (which it cannot read) or
 /// in a query value hides more than the password rather than show part of one.
 pub fn redact_url(raw: &str) -> String {
-    let Some(start) = raw.find("://").map(|i| i + 3) else {
-        return NOT_A_URL.to_owned();
-    };
-    let rest = &raw[start..];
-    let (head, tail) = match rest.rfind('@') {
-        Some(at) => {
-            let userinfo = &rest[..at];
-            let shown = match userinfo.split_once(':') {
-                Some((user, _)) => format!("{}{user}:***", &raw[..start]),
-                None => raw[..start + at].to_owned(),
-            };
-            (shown, &rest[at..])
-        }
-        None => (raw[..start].to_owned(), rest),
-    };
-    let mut out = head;
-    match tail.split_once('?') {
-        Some((before, query)) => {
-            let pieces: Vec<String> = query
-                .split('&')
-                .map(|piece| {
-                    let key = piece.split_once('=').map_or(piece, |(k, _)| k);
-                    let decoded = lease_core::adapter::percent_decode(key).unwrap_or_default();
-                    if SECRET_KEYS.contains(&decoded.to_ascii_lowercase().as_str()) {
-                        format!("{key}=***")
-                    } else {
-                        piece.to_owned()
-                    }
-                })
-                .collect();
-            out.push_str(before);
-            out.push('?');
-            out.push_str(&pieces.join("&"));
-        }
-        None => out.push_str(tail),
-    }
-    out
+    lease_core::adapter::redact_url_text(raw, &SECRET_KEYS)
 }
 
 /// Every secret of `raw` (decoded and as written), for scrubbing messages that might quote one.
@@ -327,7 +288,10 @@ mod tests {
                 "postgres://u:***@b",
             ),
             // Not a URL (a libpq keyword string): nothing of it is shown.
-            ("host=db user=app password=s3cret", NOT_A_URL),
+            (
+                "host=db user=app password=s3cret",
+                "(not a URL; not shown, as it may hold a secret)",
+            ),
         ] {
             assert_eq!(redact_url(raw), want);
         }

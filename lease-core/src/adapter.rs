@@ -44,7 +44,8 @@ pub mod batch;
 #[path = "clock.rs"]
 pub mod clock;
 pub use crate::connect::{
-    percent_decode, percent_encode, BackendUrl, CoordinatorFactory, FenceFactory, HostPort,
+    percent_decode, percent_encode, redact_url_text, BackendUrl, CoordinatorFactory, FenceFactory,
+    HostPort,
 };
 pub use crate::delayed::DelayedStarts;
 pub use crate::dependents::{ended_during_acquire, fresh_id, Dependents};

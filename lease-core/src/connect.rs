@@ -316,48 +316,57 @@ fn split_host_list(s: &str) -> Result<(String, Vec<String>), &'static str> {
     Ok((normalized, more))
 }
 
-/// Redacts `user:password@` and secret query values in a string that did not parse as a URL.
+/// `raw` (any text: a URL, one that did not parse, or no URL at all) with every secret it may
+/// hold replaced by `***`: the password of its user info, and the values of query parameters
+/// that carry secrets (`password`, `token`, `secret`, `auth`, `acl_token`, `digest`, and the
+/// names in `secret_keys`; compared percent-decoded and ignoring case). Text without `://`
+/// that holds an `@` or `=` (`user:password@host` without a scheme, a `key=value` connection
+/// string) is not shown at all.
 ///
-/// A password may itself contain `/`, `?`, `#` or `:` (that is often why the URL did not parse),
-/// so everything from the first `:` after the scheme up to the *last* `@` is treated as userinfo.
-fn redact_unparsed(s: &str) -> String {
-    let Some(scheme_end) = s.find("://") else {
-        // Not a URL: a `key=value` connection string, or `user:password@host` without a scheme,
-        // may hold a secret anywhere.
-        if s.contains(['@', '=']) {
+/// A password may itself hold `/`, `?`, `#` or `:` (often the reason the URL did not parse), so
+/// everything from the first `:` after `scheme://` up to the *last* `@` counts as the password:
+/// a raw `@` further on (in a query value) hides more than the password, never less.
+pub fn redact_url_text(raw: &str, secret_keys: &[&str]) -> String {
+    let Some(start) = raw.find("://").map(|i| i + 3) else {
+        if raw.contains(['@', '=']) {
             return "(not a URL; not shown, as it may hold a secret)".to_owned();
         }
-        return s.chars().take(128).collect();
+        return raw.to_owned();
     };
-    let rest = &s[scheme_end + 3..];
-    let shown = match rest.rfind('@') {
-        Some(at) => {
-            let userinfo = &rest[..at];
-            let user: String = userinfo
-                .split(':')
-                .next()
-                .unwrap_or("")
-                .chars()
-                .take_while(|c| !matches!(c, '/' | '?' | '#'))
-                .collect();
-            format!("{}://{}:***{}", &s[..scheme_end], user, &rest[at..])
-        }
-        None => s.to_owned(),
+    let rest = &raw[start..];
+    let (mut out, tail) = match rest.rfind('@') {
+        Some(at) => match rest[..at].split_once(':') {
+            Some((user, _)) => (format!("{}{user}:***", &raw[..start]), &rest[at..]),
+            None => (raw[..start + at].to_owned(), &rest[at..]),
+        },
+        None => (raw[..start].to_owned(), rest),
     };
-    let shown = match shown.split_once('?') {
-        Some((head, query)) => {
-            let pairs: Vec<String> = query
+    match tail.split_once('?') {
+        Some((before, query)) => {
+            let pieces: Vec<String> = query
                 .split('&')
-                .map(|pair| match pair.split_once('=') {
-                    Some((k, _)) if is_secret_param(k) => format!("{k}=***"),
-                    _ => pair.to_owned(),
+                .map(|piece| {
+                    let key = piece.split_once('=').map_or(piece, |(k, _)| k);
+                    let decoded = percent_decode(key).unwrap_or_default().to_ascii_lowercase();
+                    if is_secret_param(&decoded) || secret_keys.contains(&decoded.as_str()) {
+                        format!("{key}=***")
+                    } else {
+                        piece.to_owned()
+                    }
                 })
                 .collect();
-            format!("{head}?{}", pairs.join("&"))
+            out.push_str(before);
+            out.push('?');
+            out.push_str(&pieces.join("&"));
         }
-        None => shown,
-    };
-    shown.chars().take(256).collect()
+        None => out.push_str(tail),
+    }
+    out
+}
+
+/// [`redact_url_text`] for a URL that did not parse, cut to a readable length.
+fn redact_unparsed(s: &str) -> String {
+    redact_url_text(s, &[]).chars().take(256).collect()
 }
 
 impl fmt::Debug for BackendUrl {
@@ -635,6 +644,30 @@ mod tests {
             for secret in ["p#ss", "pa/ss", "a?b"] {
                 assert!(!e.contains(secret), "{url}: {e}");
             }
+        }
+    }
+
+    #[test]
+    fn url_text_redaction_hides_every_secret_form() {
+        for (raw, want) in [
+            ("redis://u:pw@h/0", "redis://u:***@h/0"),
+            ("redis://u@h/0", "redis://u@h/0"),
+            ("redis://:pw@h", "redis://:***@h"),
+            // A password holding `/`, `?`, `#`, `:` or `@` is hidden whole.
+            ("etcd://u:a/b?c#d:e@f@h:2379", "etcd://u:***@h:2379"),
+            // Secret query values: known names, the caller's names, any case, percent-encoded.
+            (
+                "pg://h/db?Password=a&sslpassword=b&pass%77ord=c&table=t",
+                "pg://h/db?Password=***&sslpassword=***&pass%77ord=***&table=t",
+            ),
+            ("zk://h/x?digest=alice:s3cret&x", "zk://h/x?digest=***&x"),
+            ("plain-host", "plain-host"),
+            (
+                "app:s3cret@db",
+                "(not a URL; not shown, as it may hold a secret)",
+            ),
+        ] {
+            assert_eq!(redact_url_text(raw, &["sslpassword"]), want, "{raw}");
         }
     }
 
