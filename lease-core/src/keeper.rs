@@ -38,8 +38,8 @@ impl Default for KeeperOptions {
 }
 
 impl KeeperOptions {
-    /// Renew every third of the TTL (up to a tenth of that early, at random), forever, without
-    /// requiring progress.
+    /// Renew every third of the validity window (the TTL less the drift margin; up to a tenth of
+    /// that early, at random), forever, without requiring progress.
     pub fn new() -> Self {
         Self::default()
     }
