@@ -31,7 +31,11 @@ struct PendingKey {
     key: String,
     /// The slot of `key`'s name, held until no key by that name can exist or still be written.
     slot: Slot,
+    /// Written by the attempt's cleanup ([`keys::abandoned_key`]).
     marker: String,
+    /// Written by `try_acquire`'s resends ([`keys::resent_key`]): not the cleanup's `marker`,
+    /// whose presence tells the cleanup that it already ran.
+    resent: String,
     revision: Option<i64>,
     session: Arc<Session>,
     armed: bool,
@@ -134,19 +138,23 @@ fn header_revision(h: Option<&etcd_client::ResponseHeader>) -> i64 {
 /// which exists only if an earlier send of this attempt applied (the name's slot is ours while
 /// the attempt runs), so the transaction can be sent again after a connection reset.
 ///
-/// A resend (`in_doubt`) that creates our key also writes the attempt's marker: a delayed copy
-/// of the earlier send (forwarded by a member, say) then writes nothing, even after our lease
-/// is released. (A send that finds our key needs none: the copy that made it has applied.)
+/// A resend (`in_doubt`) that creates our key also writes the attempt's resend marker
+/// ([`keys::resent_key`]), which every send requires to be absent: a delayed copy of the
+/// earlier send (forwarded by a member, say) then writes nothing, even after our lease is
+/// released. (A send that finds our key needs none: the copy that made it has applied.) It is
+/// not the cleanup's marker: a resend applied without an answer must still leave the cleanup
+/// free to delete the key it created.
 fn try_txn(prefix: &str, pending: &PendingKey, record: &[u8], in_doubt: bool) -> Txn {
     let attached = || Some(PutOptions::new().with_lease(pending.session.id()));
     let mut writes = vec![TxnOp::put(pending.key.clone(), record, attached())];
     if in_doubt {
-        writes.push(TxnOp::put(pending.marker.clone(), "", attached()));
+        writes.push(TxnOp::put(pending.resent.clone(), "", attached()));
     }
     Txn::new()
         .when([
             Compare::version(prefix, CompareOp::Equal, 0).with_prefix(),
             Compare::create_revision(pending.marker.clone(), CompareOp::Equal, 0),
+            Compare::create_revision(pending.resent.clone(), CompareOp::Equal, 0),
         ])
         .and_then(writes)
         .or_else([TxnOp::get(pending.key.clone(), None)])
@@ -202,16 +210,14 @@ impl Inner {
     fn pending(&self, lock: &LockKey, prefix: &str, session: &Arc<Session>) -> PendingKey {
         let attempt = self.attempts.fetch_add(1, Ordering::Relaxed);
         let slot = self.slots.take(keys::own_key(prefix, session.id(), 0));
+        let marker =
+            keys::abandoned_key(self.handle.config.key_prefix(), lock, session.id(), attempt);
         PendingKey {
             cleaner: self.handle.cleaner.clone(),
             key: keys::own_key(prefix, session.id(), slot.number()),
             slot,
-            marker: keys::abandoned_key(
-                self.handle.config.key_prefix(),
-                lock,
-                session.id(),
-                attempt,
-            ),
+            resent: keys::resent_key(&marker),
+            marker,
             revision: None,
             session: session.clone(),
             armed: true,
@@ -1023,6 +1029,7 @@ mod tests {
                 key: format!("{prefix}{name}"),
                 slot: coord.inner.slots.take(format!("{prefix}{name}")),
                 marker: marker.key_str().unwrap().to_owned(),
+                resent: keys::resent_key(marker.key_str().unwrap()),
                 revision: None,
                 session: session.clone(),
                 armed: false,
@@ -1035,6 +1042,66 @@ mod tests {
             }
         }
         assert!(kvs(&raw, &prefix).await.is_empty());
+        let next = coord.try_acquire(&key, &options).await.unwrap();
+        next.release().await.unwrap();
+    }
+
+    /// `try_acquire`'s resend applied but its answer was lost too, so the call gave up: the
+    /// attempt's cleanup still deletes the key the resend created (the resend's own marker is
+    /// not the cleanup's), and a late copy of the first send writes nothing after it. Before,
+    /// the resend wrote the cleanup's marker, the cleanup found it and deleted nothing, and the
+    /// key stayed locked on the live session for as long as the process ran.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_resend_applied_without_an_answer_is_still_retired() {
+        use conformance_tests::harness::{start_or_skip_async, Backend, EtcdServer};
+
+        let test = "a_resend_applied_without_an_answer_is_still_retired";
+        let Some(server) = start_or_skip_async(test, Backend::Etcd, EtcdServer::start).await else {
+            return;
+        };
+        let coord = EtcdCoordinator::connect_url(&server.url()).await.unwrap();
+        let mut raw = coord.client();
+        let key: LockKey = "resent-unanswered".parse().unwrap();
+        let prefix = coord.lock_prefix(&key);
+        let options = LeaseOptions::new(Duration::from_secs(20));
+        // Open the session.
+        let warm = coord.try_acquire(&key, &options).await.unwrap();
+        warm.release().await.unwrap();
+        let session = coord.inner.sessions.lock().await[&20].clone();
+
+        let pending = coord.inner.pending(&key, &prefix, &session);
+        let (name, marker, resent) = (
+            pending.key.clone(),
+            pending.marker.clone(),
+            pending.resent.clone(),
+        );
+        // The resend applies; its answer, like the first send's, never comes.
+        let applied = raw.txn(try_txn(&prefix, &pending, b"{}", true)).await;
+        assert!(applied.unwrap().succeeded());
+        // The call gives up: the attempt is retired in the background.
+        drop(pending);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !raw.get(name.clone(), None).await.unwrap().kvs().is_empty() {
+            assert!(
+                Instant::now() < deadline,
+                "the key the resend created was left locked"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // A late copy of the first send writes nothing.
+        let late = PendingKey {
+            cleaner: coord.inner.handle.cleaner.clone(),
+            key: name.clone(),
+            slot: coord.inner.slots.take(name.clone()),
+            marker,
+            resent,
+            revision: None,
+            session: session.clone(),
+            armed: false,
+        };
+        let copy = raw.txn(try_txn(&prefix, &late, b"{}", false)).await;
+        assert!(!copy.unwrap().succeeded());
+        assert!(raw.get(name, None).await.unwrap().kvs().is_empty());
         let next = coord.try_acquire(&key, &options).await.unwrap();
         next.release().await.unwrap();
     }

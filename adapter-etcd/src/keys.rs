@@ -6,11 +6,15 @@
 //! <prefix>/fence/<resource>/value                                   last written value, with its token
 //! <prefix>/audit/<name>                                             the last forced release of a lock
 //! <prefix>/abandoned/<name>/<session lease id>-<attempt>            an attempt whose outcome was not seen
+//! <prefix>/abandoned/<name>/<session lease id>-<attempt>/resent     a try_acquire sent again in doubt
 //! ```
 //!
 //! An `abandoned` marker is written (attached to the session lease) by the client when it gives
 //! up on an acquisition request whose answer it did not see; that request's transaction requires
-//! the marker to be absent, so if etcd applies it late it writes nothing.
+//! the marker to be absent, so if etcd applies it late it writes nothing. A `resent` marker is
+//! written by a `try_acquire` transaction sent again after a send in doubt, with the key: every
+//! send of the attempt requires it to be absent too, so the first send applied late writes
+//! nothing either, and the cleanup, which looks only at its own marker, still deletes the key.
 //!
 //! `<name>` and `<resource>` are percent-encoded: every byte other than `A-Z a-z 0-9 - . _ ~` is
 //! written `%XX`, so an encoded name never contains `/`. Followed by the `/` terminator, no
@@ -47,6 +51,12 @@ pub fn audit_key(key_prefix: &str, key: &LockKey) -> String {
 /// [`Slots`]).
 pub(crate) fn own_key(lock_prefix: &str, lease_id: i64, attempt: u64) -> String {
     format!("{lock_prefix}{:016x}-{attempt:x}", lease_id as u64)
+}
+
+/// The resend marker of the attempt whose abandonment marker is `abandoned` (see the module
+/// docs).
+pub(crate) fn resent_key(abandoned: &str) -> String {
+    format!("{abandoned}/resent")
 }
 
 /// The marker that retires one acquisition attempt (see the module docs): outside the lock's
