@@ -241,7 +241,7 @@ impl fmt::Display for HostPort {
 
 /// Whether a query parameter carries a secret (its value is shown as `***`). `digest` is
 /// ZooKeeper's `user:password`.
-fn is_secret_param(key: &str) -> bool {
+pub(crate) fn is_secret_param(key: &str) -> bool {
     matches!(
         key.to_ascii_lowercase().as_str(),
         "password" | "token" | "secret" | "auth" | "acl_token" | "digest"

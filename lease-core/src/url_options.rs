@@ -260,12 +260,30 @@ macro_rules! common_config {
 ///
 /// Each accessor takes an option out (so it is read once) and returns `Ok(None)` when the URL
 /// does not give it. Names are checked at [`UrlOptions::parse`]: an unknown or repeated name is
-/// refused there, listing the known ones.
-#[derive(Debug)]
+/// refused there, listing the known ones. Its `Debug` shows the URL redacted and each option
+/// left with its value, `***` for a secret.
 pub struct UrlOptions<'u> {
     url: &'u BackendUrl,
     spec: OptionSpec,
     pairs: Vec<(String, String)>,
+}
+
+impl std::fmt::Debug for UrlOptions<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let left: Vec<(&str, &str)> = self
+            .pairs
+            .iter()
+            .map(|(name, value)| {
+                let secret = self.spec.secret.contains(&name.as_str())
+                    || crate::connect::is_secret_param(name);
+                (name.as_str(), if secret { "***" } else { value.as_str() })
+            })
+            .collect();
+        f.debug_struct("UrlOptions")
+            .field("url", &self.url.redacted_hiding(self.spec.secret))
+            .field("left", &left)
+            .finish()
+    }
 }
 
 impl<'u> UrlOptions<'u> {
@@ -530,6 +548,21 @@ mod tests {
             assert!(!e.contains("pw"), "{url}: the password leaked: {e}");
             assert!(e.contains("***"), "{url}: {e}");
         }
+    }
+
+    #[test]
+    fn debug_hides_secret_values() {
+        let url = BackendUrl::parse("x://u:pw@h:1?flavour=mint&secret_thing=hunter2").unwrap();
+        let (_, opts) = UrlOptions::parse(&url, SPEC).unwrap();
+        let shown = format!("{opts:?}");
+        assert!(
+            !shown.contains("hunter2") && !shown.contains("pw@"),
+            "{shown}"
+        );
+        assert!(
+            shown.contains("secret_thing") && shown.contains("mint"),
+            "{shown}"
+        );
     }
 
     #[test]
