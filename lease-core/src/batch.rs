@@ -39,7 +39,7 @@
 use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
@@ -85,12 +85,13 @@ struct Ask<Req, Resp> {
 
 /// One task that sends its callers' requests in rounds (see the [module docs](self)). Cheap to
 /// share behind an `Arc`; the task starts with the first [`Rounds::ask`] (on that caller's
-/// runtime) and ends when the `Rounds` is dropped.
+/// runtime) and ends when the `Rounds` is dropped. If that runtime shuts down (taking the task
+/// with it), the next `ask` starts the task again on its own caller's runtime.
 pub struct Rounds<Req, Resp> {
     backend: &'static str,
     config: RoundsConfig,
     run: Arc<ChunkFn<Req, Resp>>,
-    tx: OnceLock<mpsc::UnboundedSender<Ask<Req, Resp>>>,
+    tx: std::sync::Mutex<Option<mpsc::UnboundedSender<Ask<Req, Resp>>>>,
 }
 
 impl<Req, Resp> std::fmt::Debug for Rounds<Req, Resp> {
@@ -111,11 +112,16 @@ impl<Req: Send + 'static, Resp: Send + 'static> Rounds<Req, Resp> {
         F: Fn(Vec<Req>) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<Vec<Result<Resp>>>> + Send + 'static,
     {
+        let config = RoundsConfig {
+            chunk: config.chunk.max(1),
+            parallel: config.parallel.max(1),
+            ..config
+        };
         Rounds {
             backend,
             config,
             run: Arc::new(move |chunk| Box::pin(run(chunk)) as ChunkFuture<Resp>),
-            tx: OnceLock::new(),
+            tx: std::sync::Mutex::new(None),
         }
     }
 
@@ -123,11 +129,18 @@ impl<Req: Send + 'static, Resp: Send + 'static> Rounds<Req, Resp> {
     pub async fn ask(&self, req: Req) -> Result<Resp> {
         let backend = self.backend;
         let gone = || shutting_down(backend);
-        let tx = self.tx.get_or_init(|| {
-            let (tx, rx) = mpsc::unbounded_channel();
-            tokio::spawn(run(backend, self.config, self.run.clone(), rx));
-            tx
-        });
+        let tx = {
+            let mut tx = self.tx.lock().unwrap_or_else(|p| p.into_inner());
+            match &*tx {
+                Some(live) if !live.is_closed() => live.clone(),
+                // First use, or the task went with the runtime it ran on.
+                _ => {
+                    let (new, rx) = mpsc::unbounded_channel();
+                    tokio::spawn(run(backend, self.config, self.run.clone(), rx));
+                    tx.insert(new).clone()
+                }
+            }
+        };
         let (reply, rx) = oneshot::channel();
         tx.send(Ask { req, reply }).map_err(|_| gone())?;
         rx.await.map_err(|_| gone())?
@@ -383,6 +396,29 @@ async fn answer<Req, Resp>(
 mod tests {
     use super::*;
     use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// A runtime that shuts down takes the task with it; the next caller's runtime gets a new
+    /// one, so the `Rounds` (shared by a coordinator used from both) keeps answering.
+    #[test]
+    fn the_task_starts_again_on_another_runtime() {
+        let rounds = Arc::new(Rounds::new(
+            "test",
+            RoundsConfig::new(Duration::from_millis(1), 10),
+            |chunk: Vec<u32>| async move { Ok(chunk.into_iter().map(|n| Ok(n * 2)).collect()) },
+        ));
+        for n in 0..3u32 {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .build()
+                .unwrap();
+            let r = rounds.clone();
+            assert_eq!(
+                runtime.block_on(async move { r.ask(n).await }).unwrap(),
+                n * 2
+            );
+            drop(runtime);
+        }
+    }
 
     #[tokio::test]
     async fn concurrent_asks_share_chunks_and_each_gets_its_own_answer() {

@@ -28,7 +28,8 @@ struct Shared {
     /// Woken when the queue stops being empty, and when the owner is dropped.
     wake: Notify,
     closed: AtomicBool,
-    task: AtomicBool,
+    /// The task running the queue, once started (again if it went with its runtime).
+    task: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 impl Shared {
@@ -94,7 +95,7 @@ impl DelayedStarts {
                 queue: Mutex::new(VecDeque::new()),
                 wake: Notify::new(),
                 closed: AtomicBool::new(false),
-                task: AtomicBool::new(false),
+                task: Mutex::new(None),
             }),
         }
     }
@@ -116,8 +117,13 @@ impl DelayedStarts {
             queue.push_back((Instant::now() + self.shared.delay, Box::new(start)));
             was_empty
         };
-        if !self.shared.task.swap(true, Ordering::AcqRel) {
-            runtime.spawn(run(self.shared.clone()));
+        {
+            let mut task = self.shared.task.lock().unwrap_or_else(|p| p.into_inner());
+            // First use, or the task went with the runtime it ran on (what that runtime had
+            // queued runs on this one).
+            if task.as_ref().is_none_or(|t| t.is_finished()) {
+                *task = Some(runtime.spawn(run(self.shared.clone())));
+            }
         }
         if was_empty {
             self.shared.wake.notify_one();
@@ -181,6 +187,32 @@ mod tests {
                 m.fetch_add(1, Ordering::SeqCst);
             })
         })
+    }
+
+    /// A runtime that shuts down takes the queue's task with it; a start pushed from another
+    /// runtime starts a new one, and runs.
+    #[test]
+    fn the_task_starts_again_on_another_runtime() {
+        let starts = DelayedStarts::new(Duration::from_millis(1), Duration::ZERO);
+        let (ran, start) = counter();
+        for round in 1..=3 {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .build()
+                .unwrap();
+            runtime.block_on(async {
+                starts.push(start());
+                let deadline = Instant::now() + Duration::from_secs(30);
+                while ran.load(Ordering::SeqCst) < round {
+                    assert!(
+                        Instant::now() < deadline,
+                        "round {round}: the start never ran"
+                    );
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+            });
+            drop(runtime);
+        }
     }
 
     #[tokio::test(start_paused = true)]
