@@ -22,8 +22,10 @@ pub struct Backoff {
 }
 
 impl Backoff {
-    /// A schedule from `min` up to `max` (`max` below `min` is taken as `min`).
+    /// A schedule from `min` up to `max` (`max` below `min` is taken as `min`; a `min` below
+    /// 1 ms as 1 ms, so that a retry loop never spins).
     pub fn new(min: Duration, max: Duration) -> Self {
+        let min = min.max(Duration::from_millis(1));
         Backoff {
             min,
             max: max.max(min),
@@ -34,7 +36,7 @@ impl Backoff {
     /// The next delay, in `[ceiling / 2, ceiling]`; the ceiling then doubles, up to `max`.
     pub fn next_delay(&mut self) -> Duration {
         let c = self.ceiling;
-        self.ceiling = (c * 2).min(self.max);
+        self.ceiling = c.saturating_mul(2).min(self.max);
         let half = c / 2;
         let spread = (c - half).as_nanos() as u64;
         half + Duration::from_nanos(rand::thread_rng().gen_range(0..=spread))

@@ -24,7 +24,9 @@ fn unix_ms(t: SystemTime) -> u64 {
 }
 
 fn from_unix_ms(ms: u64) -> Option<SystemTime> {
-    (ms > 0).then(|| UNIX_EPOCH + Duration::from_millis(ms))
+    (ms > 0)
+        .then(|| UNIX_EPOCH.checked_add(Duration::from_millis(ms)))
+        .flatten()
 }
 
 /// What a lock stores about its holder (and `inspect` shows):
