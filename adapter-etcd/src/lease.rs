@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use etcd_client::{Compare, CompareOp, Txn, TxnOp};
+use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
 use lease_core::adapter::{Backoff, LeaseTracker, Op};
 use lease_core::{Lease, LeaseState, LeaseStatus, LostReason, Result};
 use tokio::time::Instant;
@@ -314,7 +314,11 @@ async fn guard(shared: Arc<LeaseShared>, tracker: LeaseTracker, mut from: i64, s
     let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
     let key = shared.key.as_bytes().to_vec();
     let outcome = 'outer: loop {
-        let mut deletion = shared.handle.watcher.deleted(key.clone(), from);
+        let session_lease = shared.session.id();
+        let mut deletion = shared
+            .handle
+            .watcher
+            .deleted(key.clone(), session_lease, from);
         let seen = tokio::select! {
             r = signal.wait() => break 'outer Watched::Lost(r),
             seen = deletion.wait() => seen,
@@ -323,10 +327,12 @@ async fn guard(shared: Arc<LeaseShared>, tracker: LeaseTracker, mut from: i64, s
             // (`Turn` answers only a waiter's range watch.)
             Seen::Deleted => break 'outer Watched::Deleted,
             // Compacted past `from`, or cancelled by the server: re-read, then watch again from
-            // just after the read.
+            // just after the read. Detached from the session: the same, and the re-read
+            // attaches it again.
             // Boxed: a client request future is several KB, and every held lease's guardian
             // would carry that much for its whole life otherwise.
-            Seen::Recheck => match Box::pin(recheck(&shared, &key, timeout)).await {
+            Seen::Recheck | Seen::Detached => match Box::pin(recheck(&shared, &key, timeout)).await
+            {
                 Some(Some(next)) => {
                     from = next;
                     backoff.reset();
@@ -366,7 +372,11 @@ async fn guard(shared: Arc<LeaseShared>, tracker: LeaseTracker, mut from: i64, s
 }
 
 /// Re-reads our key: `Some(Some(rev))` if it is still ours (watch again from `rev`),
-/// `Some(None)` if it is gone, `None` if the read failed.
+/// `Some(None)` if it is gone, `None` if the read (or the attach below) failed.
+///
+/// A key of ours found detached from its session (an outside `put` without the lease) is
+/// attached to it again, its value kept, unless it changed since the read: left detached, it
+/// would outlive a holder that dies, and stay locked until someone deleted it by hand.
 async fn recheck(shared: &LeaseShared, key: &[u8], timeout: Duration) -> Option<Option<i64>> {
     let client = &shared.handle.client;
     let resp = retry_unapplied(timeout, || {
@@ -375,11 +385,48 @@ async fn recheck(shared: &LeaseShared, key: &[u8], timeout: Duration) -> Option<
     })
     .await
     .ok()?;
-    let ours = resp
+    let Some(kv) = resp
         .kvs()
         .first()
-        .is_some_and(|kv| kv.create_revision() == shared.revision);
-    Some(ours.then(|| resp.header().map_or(shared.revision, |h| h.revision()) + 1))
+        .filter(|kv| kv.create_revision() == shared.revision)
+    else {
+        return Some(None);
+    };
+    let session = shared.session.id();
+    if kv.lease() == session {
+        return Some(Some(
+            resp.header().map_or(shared.revision, |h| h.revision()) + 1,
+        ));
+    }
+    let attach = Txn::new()
+        .when([Compare::mod_revision(
+            key,
+            CompareOp::Equal,
+            kv.mod_revision(),
+        )])
+        .and_then([TxnOp::put(
+            key,
+            "",
+            Some(PutOptions::new().with_lease(session).with_ignore_value()),
+        )]);
+    let done = retry_unapplied(timeout, || {
+        let (mut kv, attach) = (client.clone(), attach.clone());
+        async move { kv.txn(attach).await }
+    })
+    .await
+    .ok()?;
+    if !done.succeeded() {
+        // Written again since the read: read again.
+        return None;
+    }
+    tracing::warn!(
+        backend = crate::error::BACKEND,
+        key = %shared.key,
+        "a write from outside detached our lock key from its session; attached it again"
+    );
+    Some(Some(
+        done.header().map_or(shared.revision, |h| h.revision()) + 1,
+    ))
 }
 
 #[cfg(test)]

@@ -47,6 +47,9 @@ use crate::error::retry_unapplied;
 pub(crate) enum Seen {
     /// The key was deleted at or after the start revision.
     Deleted,
+    /// The key was written without its session lease (an outside `put` without `--lease`,
+    /// which detaches it from the session): read it and attach it again.
+    Detached,
     /// The watch ended without an answer (compacted, cancelled by the server, watcher gone):
     /// read the key again.
     Recheck,
@@ -70,6 +73,7 @@ enum Command {
     Add {
         id: i64,
         key: Vec<u8>,
+        lease: i64,
         from: i64,
         tx: oneshot::Sender<Seen>,
     },
@@ -169,12 +173,19 @@ impl Watcher {
         self.next_id.fetch_add(1, Ordering::Relaxed)
     }
 
-    /// Watches for the deletion of `key` at revision `from` or later.
-    pub(crate) fn deleted(&self, key: Vec<u8>, from: i64) -> Deletion {
+    /// Watches for the deletion of `key`, attached to the session lease `lease`, at revision
+    /// `from` or later, and for a write that detaches it from that lease.
+    pub(crate) fn deleted(&self, key: Vec<u8>, lease: i64, from: i64) -> Deletion {
         let id = self.next_id();
         let (tx, rx) = oneshot::channel();
         // If the task is gone (the coordinator is being dropped), `wait` says Recheck.
-        let _ = self.tx.send(Command::Add { id, key, from, tx });
+        let _ = self.tx.send(Command::Add {
+            id,
+            key,
+            lease,
+            from,
+            tx,
+        });
         Deletion {
             id,
             rx,
@@ -207,6 +218,8 @@ impl Watcher {
 /// A guardian's watch of one key.
 struct Entry {
     key: Vec<u8>,
+    /// The session lease the key is attached to.
+    lease: i64,
     from: i64,
     tx: oneshot::Sender<Seen>,
 }
@@ -256,13 +269,14 @@ impl Watches {
     }
 }
 
+/// A lock's range watch (`prefix`) sees deletions only: a waiter enqueuing is no news to the
+/// others. A guardian's watch of its key also sees writes, which may detach it from its session.
 fn options(id: i64, from: i64, prefix: bool) -> WatchOptions {
     let o = WatchOptions::new()
         .with_start_revision(from)
-        .with_filters([WatchFilterType::NoPut])
         .with_watch_id(id);
     if prefix {
-        o.with_prefix()
+        o.with_filters([WatchFilterType::NoPut]).with_prefix()
     } else {
         o
     }
@@ -378,11 +392,25 @@ async fn open(client: &Client, timeout: Duration, watches: Vec<Out>) -> Option<S
 
 fn apply(watches: &mut Watches, stream: Option<&Stream>, c: Command) {
     match c {
-        Command::Add { id, key, from, tx } => {
+        Command::Add {
+            id,
+            key,
+            lease,
+            from,
+            tx,
+        } => {
             if let Some(s) = stream {
                 s.send(Out::Watch(id, key.clone(), from, false));
             }
-            watches.keys.insert(id, Entry { key, from, tx });
+            watches.keys.insert(
+                id,
+                Entry {
+                    key,
+                    lease,
+                    from,
+                    tx,
+                },
+            );
         }
         Command::Remove(id) => {
             if watches.keys.remove(&id).is_some() {
@@ -499,17 +527,22 @@ fn dispatch(watches: &mut Watches, stream: Option<&Stream>, resp: WatchResponse)
         // Cancelled by the server (compacted past the start, no leader): the watch is over.
         Seen::Recheck
     } else {
-        let Some(_) = watches.keys.get(&id) else {
+        let Some(entry) = watches.keys.get(&id) else {
             return;
         };
-        let deleted = resp
-            .events()
+        let events = resp.events();
+        if events.iter().any(|e| e.event_type() == EventType::Delete) {
+            Seen::Deleted
+        } else if events
             .iter()
-            .any(|e| e.event_type() == EventType::Delete);
-        if !deleted {
+            .filter_map(|e| e.kv())
+            .any(|kv| kv.lease() != entry.lease)
+        {
+            Seen::Detached
+        } else {
+            // A write that keeps the key on its session (the guardian attaching it again).
             return;
         }
-        Seen::Deleted
     };
     if let Some(e) = watches.keys.remove(&id) {
         let _ = e.tx.send(seen);

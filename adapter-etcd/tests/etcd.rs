@@ -870,6 +870,61 @@ async fn an_outside_write_keeping_the_lease_changes_nothing_for_the_holder() {
     next.release().await.unwrap();
 }
 
+/// An outside `put` of the holder's key without its lease detaches the key from the session, so
+/// it would outlive a holder that dies, locked until someone deleted it by hand. The holder's
+/// guardian sees the write and attaches the key to its session again, keeping the value: the
+/// lease stays held, and when the session goes the key goes with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outside_write_without_the_lease_is_attached_to_the_session_again() {
+    let Some(server) = server("an_outside_write_without_the_lease").await else {
+        return;
+    };
+    let c = coord(&server.url()).await;
+    let etcd = EtcdCoordinator::connect_url(&server.url()).await.unwrap();
+    let k = key("detached");
+    let lease = c
+        .acquire(&k, &LeaseOptions::new(Duration::from_secs(20)))
+        .await
+        .unwrap();
+    let mut lost = lease.lost();
+    let mut raw = etcd.client();
+    let kv = raw
+        .get(etcd.lock_prefix(&k), Some(GetOptions::new().with_prefix()))
+        .await
+        .unwrap()
+        .kvs()[0]
+        .clone();
+    raw.put(kv.key(), "written by another tool", None)
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let now = loop {
+        let now = raw.get(kv.key(), None).await.unwrap().kvs()[0].clone();
+        if now.lease() == kv.lease() {
+            break now;
+        }
+        assert_eq!(now.lease(), 0);
+        assert!(Instant::now() < deadline, "the key stayed detached");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(now.create_revision(), kv.create_revision());
+    assert_eq!(now.value(), b"written by another tool");
+    assert_eq!(lease.status(), lease_core::LeaseStatus::Held);
+    lease
+        .renew()
+        .await
+        .expect("renew after the key was attached again");
+    // The key goes with the session again.
+    raw.lease_revoke(kv.lease()).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(5), lost.wait())
+        .await
+        .expect("lost() fires once the session is revoked");
+    assert!(raw.get(kv.key(), None).await.unwrap().kvs().is_empty());
+    let next = c.try_acquire(&k, &LeaseOptions::new(TTL)).await.unwrap();
+    assert!(next.token() > lease.token());
+    next.release().await.unwrap();
+}
+
 /// A replaced connection under many kept leases: the session's keepalive, the one shared watch
 /// stream and the batched renewals come back on the new connection, no lease is lost, and a
 /// deletion after the reconnect is still seen (every watch was created again).
