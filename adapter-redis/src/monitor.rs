@@ -148,9 +148,24 @@ async fn confirm(
     for (lock_key, revoked_key) in &keys {
         pipe.cmd("GET").arg(*lock_key).cmd("GET").arg(*revoked_key);
     }
-    let values: Vec<Option<Vec<u8>>> = pipe.query_async(conn).await.map_err(|e| {
-        tracing::debug!(backend = BACKEND, error = %e, "holder monitor read failed");
-    })?;
+    // Each reply on its own: one key holding another type (an outside `HSET` of a lock key)
+    // must not fail the read of every other lease's key.
+    let replies: Vec<redis::RedisResult<Option<Vec<u8>>>> =
+        pipe.ignore_errors().query_async(conn).await.map_err(|e| {
+            tracing::debug!(backend = BACKEND, error = %e, "holder monitor read failed");
+        })?;
+    let mut values = Vec::with_capacity(replies.len());
+    for reply in replies {
+        values.push(match reply {
+            Ok(value) => value,
+            // Not a string, so not ours: judged as a foreign value.
+            Err(e) if e.code() == Some("WRONGTYPE") => Some(Vec::new()),
+            Err(e) => {
+                tracing::debug!(backend = BACKEND, error = %e, "holder monitor read refused");
+                return Err(());
+            }
+        });
+    }
     let Some(strong) = inner.upgrade() else {
         return Ok(());
     };

@@ -278,6 +278,50 @@ async fn outside_delete_or_overwrite_of_a_held_lock_is_noticed_promptly() {
         .await
         .unwrap();
     assert!(pttl > 0 && pttl <= ttl.as_millis() as i64, "{pttl}");
+
+    // A value of another type (a hash) over one held lock: that lease is Superseded, and the
+    // monitor goes on reading the other held locks (a DEL of one is still noticed).
+    let (k, other) = (key("hashed"), key("bystander"));
+    let lease = c.try_acquire(&k, &LeaseOptions::new(ttl)).await.unwrap();
+    let bystander = c
+        .try_acquire(&other, &LeaseOptions::new(ttl))
+        .await
+        .unwrap();
+    let lock_key = adapter_redis::storage_keys(c.config(), &k).remove(0);
+    let other_key = adapter_redis::storage_keys(c.config(), &other).remove(0);
+    let (mut lost, mut bystander_lost) = (lease.lost(), bystander.lost());
+    let _: () = redis::pipe()
+        .atomic()
+        .cmd("DEL")
+        .arg(&lock_key)
+        .ignore()
+        .cmd("HSET")
+        .arg(&lock_key)
+        .arg("f")
+        .arg("v")
+        .ignore()
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let reason = tokio::time::timeout(bound, lost.wait())
+        .await
+        .expect("a hash over the lock not noticed within 400 ms");
+    assert_eq!(reason, LostReason::Superseded);
+    assert_eq!(bystander.status(), LeaseStatus::Held);
+    let _: i64 = redis::cmd("DEL")
+        .arg(&other_key)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let reason = tokio::time::timeout(bound, bystander_lost.wait())
+        .await
+        .expect("a DEL of another lock not noticed within 400 ms");
+    assert_eq!(reason, LostReason::Revoked);
+    let _: i64 = redis::cmd("DEL")
+        .arg(&lock_key)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
 }
 
 /// Without client-side tracking (here the ACL denies `CLIENT`), the monitor polls held keys
