@@ -128,7 +128,8 @@ pub enum SendAgain {
 
 /// Sends the request `send` makes, and sends it again while it fails in a way `again` allows
 /// ([`SendAgain`]) and `timeout` (from the first send) leaves time for the next pause of
-/// `pause` and another send. `send` is given the time left for this send and whether an
+/// `pause` and another send (at least a tenth of `timeout`: a send given next to no time would
+/// only turn a failure known to be harmless into one of unknown outcome). `send` is given the time left for this send and whether an
 /// earlier send is in doubt (so that a resend can differ, for example to also write what the
 /// first send would have written). Returns the last outcome, and whether an earlier send is in
 /// doubt: then an answer of "not there" or "not ours" may be the earlier send's own doing, and
@@ -161,7 +162,7 @@ where
         let Some(why) = again(&e) else {
             return (Err(e), in_doubt);
         };
-        if Instant::now() + pause.ceiling() >= deadline {
+        if Instant::now() + pause.ceiling() + timeout / 10 >= deadline {
             return (Err(e), in_doubt);
         }
         if why == SendAgain::InDoubt {
@@ -234,20 +235,23 @@ mod tests {
 
         // Allowed failures stop once the timeout leaves no room for another pause.
         let started = Instant::now();
-        let mut sends = 0;
+        let mut given = Vec::new();
         let (r, _) = resend(
             ms(100),
             Backoff::new(ms(10), ms(20)),
             |_: &&str| Some(SendAgain::Unapplied),
-            |_, _| {
-                sends += 1;
+            |left, _| {
+                given.push(left);
                 async { Err::<(), _>("down") }
             },
         )
         .await;
         assert_eq!(r, Err("down"));
         assert!(started.elapsed() <= ms(100), "{:?}", started.elapsed());
+        let sends = given.len();
         assert!(sends >= 4, "{sends} sends within 100 ms of 10-20 ms pauses");
+        // Every send is given at least a tenth of the timeout.
+        assert!(given.iter().all(|&left| left >= ms(10)), "{given:?}");
     }
 
     #[test]
