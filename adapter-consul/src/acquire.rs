@@ -76,9 +76,21 @@ async fn write_marker(http: &Http, session: &str, marker: &str) -> Result<TxnOut
 
 /// Cancelling an attempt, step 2: deletes the key if our session locks it. The client's claim
 /// on the key is held, so no other lease of this client holds it: such a lock is the attempt's.
+/// The delete is keyed on the `ModifyIndex` read first, so a copy of it applied late (held
+/// through a leader election) cannot delete the key of the lock this client takes next, which
+/// has the same session.
 async fn undo_lock(http: &Http, session: &str, kv_key: &str) -> Result<TxnOutcome> {
-    let ops = [TxnOp::check_session(kv_key, session), TxnOp::delete(kv_key)];
-    let outcome = http.txn(&ops, Op::write("cancel acquire", false)).await?;
+    let op = Op::write("cancel acquire", false);
+    let (_, entry) = http.kv_get(kv_key, true, None, op.name).await?;
+    let Some(entry) = entry.filter(|e| e.holder() == Some(session)) else {
+        return Ok(TxnOutcome::RolledBack(Vec::new()));
+    };
+    let ops = [
+        TxnOp::check_session(kv_key, session),
+        TxnOp::check_index(kv_key, entry.modify_index),
+        TxnOp::delete(kv_key),
+    ];
+    let outcome = http.txn(&ops, op).await?;
     if let TxnOutcome::Committed(_) = outcome {
         tracing::debug!(key = %kv_key, "removed the lock of a cancelled acquire");
     }
@@ -247,7 +259,8 @@ impl ConsulCoordinator {
                         rewritten += 1;
                         // The delete runs in its own task, which holds the claim until it is
                         // done: a caller that drops this future meanwhile leaves no lock behind.
-                        let deleting = self.delete_leftover(&kv_key, &session, claim);
+                        let deleting =
+                            self.delete_leftover(&kv_key, entry.modify_index, &session, claim);
                         let bound = deadline
                             .unwrap_or_else(Instant::now)
                             .max(Instant::now() + inner.http.request_timeout());
@@ -487,9 +500,14 @@ impl ConsulCoordinator {
     /// Deletes a key this client has just locked but will not hand out as it is (it held a
     /// leftover value), retrying until done or the session is gone; the task keeps the claim
     /// and returns it.
+    ///
+    /// Keyed on the lock's `ModifyIndex` as well as the session: a copy of the delete applied
+    /// late (held through a leader election) cannot delete the key of the lock this client
+    /// takes next, which has the same session.
     fn delete_leftover(
         &self,
         kv_key: &str,
+        index: u64,
         session: &Arc<Session>,
         claim: SlotGuard,
     ) -> tokio::task::JoinHandle<SlotGuard> {
@@ -498,6 +516,7 @@ impl ConsulCoordinator {
         tokio::spawn(async move {
             let ops = [
                 TxnOp::check_session(&kv_key, &session.id),
+                TxnOp::check_index(&kv_key, index),
                 TxnOp::delete(&kv_key),
             ];
             let failures = CleanupFailures::new(BACKEND, &kv_key);

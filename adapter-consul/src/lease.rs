@@ -173,8 +173,13 @@ impl LeaseShared {
         }
     }
 
-    /// Compare-and-delete in one transaction: the key must still be locked by this lease's
-    /// session (see [`Self::owns`]: an outside write does not make it someone else's).
+    /// Compare-and-delete in one transaction, keyed on this lease's version of the key: locked
+    /// by its session (see [`Self::owns`]) at the `ModifyIndex` it was granted at (its token), or
+    /// at the one an outside write moved it to (read back when the index check fails, and
+    /// deleted only if the key still has this lease's `CreateIndex`). A copy of the delete that
+    /// reaches the servers late (held through a leader election, or sent again after a failed
+    /// connection) then deletes nothing, even once a newer lease of this same session locks a
+    /// new key by that name: the session alone would not tell the two apart.
     ///
     /// One at a time: a second caller waits for the first, and finds it settled.
     pub(crate) async fn release_on_server(&self, operation: &'static str) -> Result<Released> {
@@ -183,40 +188,64 @@ impl LeaseShared {
             // Settled by the other caller (the guardian, for a lease that expired meanwhile).
             return Ok(Released::NotOurs(LostReason::Released));
         }
-        let ops = [
-            TxnOp::check_session(&self.kv_key, &self.session.id),
-            TxnOp::delete(&self.kv_key),
-        ];
-        // Keyed on our session, which no other lease of ours holds the key with while this one
-        // is not settled (the local slot): sent again after its connection failed, it can only
-        // delete our own lock.
-        let (outcome, in_doubt) = self
-            .http
-            .txn_resending(&ops, &[], Op::write(operation, true))
-            .await;
-        match outcome? {
-            TxnOutcome::Committed(_) => {
-                self.resolved.store(true, Ordering::SeqCst);
-                Ok(Released::Deleted)
+        // A lease is granted only on a key its own lock created: the key's `CreateIndex` is the
+        // `ModifyIndex` of that lock, the token.
+        let created = self.token.get();
+        let mut index = created;
+        let mut rereads = 0;
+        let mut read_missing = false;
+        loop {
+            let ops = release_ops(&self.kv_key, &self.session.id, index);
+            let (outcome, in_doubt) = self
+                .http
+                .txn_resending(&ops, &[], Op::write(operation, true))
+                .await;
+            let errors = match outcome? {
+                TxnOutcome::Committed(_) => {
+                    self.resolved.store(true, Ordering::SeqCst);
+                    return Ok(Released::Deleted);
+                }
+                TxnOutcome::RolledBack(errors) => errors,
+            };
+            let moved = errors.iter().any(|e| e.contains("modify index"))
+                && !errors.iter().any(|e| e.contains("doesn't exist"));
+            if moved && rereads < 3 {
+                // Written from outside since (a plain `PUT` keeps the lock and raises the
+                // index): still this lease's key if its session and `CreateIndex` are.
+                rereads += 1;
+                let (_, entry) = self
+                    .http
+                    .kv_get(&self.kv_key, true, None, operation)
+                    .await?;
+                read_missing = entry.is_none();
+                if let Some(e) = entry.filter(|e| self.owns(e) && e.create_index == created) {
+                    index = e.modify_index;
+                    continue;
+                }
             }
-            // The earlier send deleted it, unless the session ended meanwhile (its locks go with
-            // it) or the lease was already lost.
-            TxnOutcome::RolledBack(_)
-                if in_doubt
-                    && self
-                        .tracker
-                        .released_by_earlier_send(self.session.is_ended()) =>
+            self.resolved.store(true, Ordering::SeqCst);
+            // The earlier send deleted it, unless the session ended meanwhile (its locks go
+            // with it) or the lease was already lost.
+            if in_doubt
+                && self
+                    .tracker
+                    .released_by_earlier_send(self.session.is_ended())
             {
-                self.resolved.store(true, Ordering::SeqCst);
-                Ok(Released::Deleted)
+                return Ok(Released::Deleted);
             }
-            TxnOutcome::RolledBack(errors) => {
-                self.resolved.store(true, Ordering::SeqCst);
-                let missing = errors.iter().any(|e| e.contains("doesn't exist"));
-                Ok(Released::NotOurs(self.reason_gone(missing)))
-            }
+            let missing = read_missing || errors.iter().any(|e| e.contains("doesn't exist"));
+            return Ok(Released::NotOurs(self.reason_gone(missing)));
         }
     }
+}
+
+/// The release's transaction: delete `kv_key` if `session` locks it at `ModifyIndex` `index`.
+fn release_ops(kv_key: &str, session: &str, index: u64) -> [TxnOp; 3] {
+    [
+        TxnOp::check_session(kv_key, session),
+        TxnOp::check_index(kv_key, index),
+        TxnOp::delete(kv_key),
+    ]
 }
 
 impl SessionLease for LeaseShared {
@@ -456,5 +485,41 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    /// A copy of a release that reaches the servers late (held through a leader election while
+    /// a resend committed) must not delete the key of the next lease this same client takes on
+    /// the key: both are locked by the client's one session, so the release is keyed on its
+    /// lease's `ModifyIndex` too.
+    #[tokio::test]
+    async fn a_late_copy_of_a_release_leaves_the_next_lease_of_the_same_session() {
+        let s = ConsulStandIn::start(StandInOptions::default()).expect("stand-in");
+        let c = ConsulCoordinator::connect_url(&format!("consul://{}", s.addr()))
+            .await
+            .unwrap();
+        let k = LockKey::new("released-late").unwrap();
+        let options = LeaseOptions::new(Duration::from_secs(30));
+        let first = c.acquire(&k, &options).await.unwrap();
+        let shared = c.lease_shared(&k).expect("the lease is registered");
+        let late = release_ops(&shared.kv_key, &shared.session.id, shared.token.get());
+        first.release().await.unwrap();
+        let next = c.acquire(&k, &options).await.unwrap();
+        let now = c.lease_shared(&k).expect("the next lease is registered");
+        assert_eq!(now.session.id, shared.session.id, "one session per client");
+        // The first release's copy arrives now.
+        let outcome = shared
+            .http
+            .txn(&late, Op::write("release", true))
+            .await
+            .unwrap();
+        assert!(matches!(outcome, TxnOutcome::RolledBack(_)), "{outcome:?}");
+        let info = c
+            .inspect(&k)
+            .await
+            .unwrap()
+            .expect("the next lease's key stays");
+        assert_eq!(info.token, next.token());
+        assert_eq!(next.status(), LeaseStatus::Held);
+        next.release().await.unwrap();
     }
 }
