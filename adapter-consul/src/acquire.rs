@@ -149,6 +149,9 @@ enum Refusal {
     Held,
     LockDelay,
     SessionGone,
+    /// Refused only by the attempt's own marker: an earlier send in doubt (the one that wrote
+    /// the marker) applied, and the attempt was undone since. Nothing of it is left: try again.
+    Undone,
 }
 
 impl ConsulCoordinator {
@@ -196,6 +199,7 @@ impl ConsulCoordinator {
         let mut raced = Backoff::new(Duration::from_millis(2), Duration::from_millis(200));
         let mut sessions_lost = 0;
         let mut rewritten = 0;
+        let mut undone = 0;
         loop {
             let session = match inner.sessions.session().await {
                 Ok(s) => s,
@@ -207,6 +211,7 @@ impl ConsulCoordinator {
             };
             let attempt_id = format!("{:032x}", rand::random::<u128>());
             let marker = inner.config.attempt_key(&session.id, &attempt_id);
+            let marker_name = marker.clone();
             let ops = [
                 TxnOp::check_not_exists(&marker),
                 TxnOp::lock(&kv_key, &session.id, &value),
@@ -297,7 +302,9 @@ impl ConsulCoordinator {
                         attempt.disarm()
                     });
                     let all = errors.join("; ");
-                    if all.contains("invalid session") {
+                    if in_doubt && errors.iter().all(|e| e.contains(marker_name.as_str())) {
+                        Refusal::Undone
+                    } else if all.contains("invalid session") {
                         Refusal::SessionGone
                     } else if all.contains("lock delay") {
                         Refusal::LockDelay
@@ -338,6 +345,19 @@ impl ConsulCoordinator {
                         return Err(Error::Unavailable {
                             backend: BACKEND,
                             message: "Consul keeps invalidating new sessions".into(),
+                            source: None,
+                        });
+                    }
+                    continue;
+                }
+                Refusal::Undone => {
+                    undone += 1;
+                    if undone > 3 {
+                        return Err(Error::Unavailable {
+                            backend: BACKEND,
+                            message: format!(
+                                "acquire of {key:?}: the connection kept failing after sending"
+                            ),
                             source: None,
                         });
                     }

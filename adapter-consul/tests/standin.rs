@@ -2,8 +2,8 @@
 //! (`conformance_tests::consul_standin`): tokens across LockIndex resets, sessions without health
 //! checks, token floor, ACL errors, lock-delay back-off without polling, blocking-query hand-off,
 //! cancellation mid-request, committed acquires whose answer is lost, one client's leases on one
-//! key, a coordinator on the application's own HTTP client, and a lease in doubt whose key was
-//! deleted meanwhile.
+//! key, a coordinator on the application's own HTTP client, a lease in doubt whose key was
+//! deleted meanwhile, and an acquire whose every resend applied.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -768,4 +768,63 @@ async fn a_lease_in_doubt_whose_key_was_deleted_meanwhile_is_never_held_again() 
     );
     assert_eq!(lost, Some(lease_core::LostReason::Revoked));
     kept_lease.release().await.unwrap();
+}
+
+/// An acquire whose connection is reset after each send, while every send applies: the first
+/// locks the key, the resend also writes the attempt's marker, and the next resend is refused
+/// on that marker alone. The attempt is undone (its lock deleted) and a new one is made: the
+/// caller gets a lease, not an error about an answer it could not read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resends_that_all_applied_end_in_a_lease_not_an_error() {
+    let s = standin();
+    let proxy = FaultProxy::start(s.addr()).await.unwrap();
+    let prefix = format!("t{:08x}", rand::random::<u32>());
+    let c = Arc::new(
+        client(&format!(
+            "consul://{}?token={TOKEN}&session_ttl_ms=4000&request_timeout_ms=5000&key_prefix={prefix}",
+            proxy.addr()
+        ))
+        .await,
+    );
+    let o = LeaseOptions::new(Duration::from_secs(30));
+    // The session exists: the acquire's only writes are its transaction's sends.
+    c.acquire(&key("warm"), &o)
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    async fn until_present(s: &ConsulStandIn, path: &str) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while raw(s, "GET", path, None).await.0 != 200 {
+            assert!(Instant::now() < deadline, "{path} never appeared");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    proxy.drop_replies();
+    let acquiring = {
+        let (c, o) = (c.clone(), o.clone());
+        tokio::spawn(async move { c.try_acquire(&key("resent-twice"), &o).await })
+    };
+    // The first send applies; its reply is lost.
+    until_present(&s, &format!("/v1/kv/{prefix}/locks/resent-twice")).await;
+    // Reset: the resend (with the attempt's marker) applies too, its reply lost as well.
+    proxy.cut();
+    until_present(&s, &format!("/v1/kv/{prefix}/attempts/?recurse")).await;
+    // Reset again, replies delivered from now on: the next resend is refused on the marker.
+    proxy.heal();
+    proxy.cut();
+    let lease = tokio::time::timeout(Duration::from_secs(20), acquiring)
+        .await
+        .expect("the try_acquire returned")
+        .unwrap()
+        .expect("a lease, after the applied attempt was undone");
+    assert_eq!(lease.status(), LeaseStatus::Held);
+    let shown = c
+        .inspect(&key("resent-twice"))
+        .await
+        .unwrap()
+        .map(|h| h.token);
+    assert_eq!(shown, Some(lease.token()));
+    lease.release().await.unwrap();
 }
