@@ -74,11 +74,12 @@ where
 /// How a background cleanup that retries until settled reports its failed tries.
 ///
 /// Such a cleanup does not give up while the key may still be locked by the lease it cleans up
-/// after. A refusal that will not pass by itself (an error that is not retryable: the
-/// credentials may no longer delete the key) is logged at `error` level once per cleanup,
-/// naming the backend, the key and the error, since the key stays locked until an operator acts
-/// or the lock's session or TTL ends; every other failure (unreachable server, unknown outcome)
-/// is logged at `debug` level.
+/// after. A refusal that will not pass by itself (an error that is neither retryable nor an
+/// unknown outcome: the credentials may no longer delete the key) is logged at `error` level
+/// once per cleanup, naming the backend, the key and the error, since the key stays locked
+/// until an operator acts or the lock's session or TTL ends; every other failure (unreachable
+/// server, a delete whose answer was lost, which the next try settles) is logged at `debug`
+/// level.
 #[derive(Debug)]
 pub struct CleanupFailures {
     backend: &'static str,
@@ -99,7 +100,8 @@ impl CleanupFailures {
     /// Logs that `what` failed with `error`; the cleanup tries again after its backoff.
     pub fn failed(&self, what: &str, error: &Error) {
         let (backend, key) = (self.backend, &self.key);
-        if !error.is_retryable() && !self.refusal_reported.swap(true, Ordering::Relaxed) {
+        let refused = !error.is_retryable() && !matches!(error, Error::OutcomeUnknown { .. });
+        if refused && !self.refusal_reported.swap(true, Ordering::Relaxed) {
             tracing::error!(
                 backend,
                 %key,
@@ -204,9 +206,18 @@ mod tests {
             message: "timed out".into(),
             source: None,
         };
+        // A delete whose answer was lost (a write timed out): the next try settles it.
+        let unanswered = Error::OutcomeUnknown {
+            backend: "test",
+            operation: "delete",
+            message: "no answer within 1s".into(),
+            source: None,
+        };
         tracing::subscriber::with_default(subscriber, || {
             let failures = CleanupFailures::new("test", "locks/a");
+            // The unknown outcome first: it must not take the one error-level report.
             for _ in 0..3 {
+                failures.failed("deleting the key", &unanswered);
                 failures.failed("deleting the key", &refused);
                 failures.failed("deleting the key", &lost);
             }
@@ -222,6 +233,6 @@ mod tests {
         assert!(errors[0].contains("locks/a") && errors[0].contains("permission denied"));
         let quiet = lines.iter().filter(|l| l.contains("failed; retrying"));
         assert!(quiet.clone().all(|l| l.contains("DEBUG")), "{lines:?}");
-        assert_eq!(quiet.count(), 5, "{lines:?}");
+        assert_eq!(quiet.count(), 8, "{lines:?}");
     }
 }
