@@ -55,9 +55,32 @@ const ENABLED: &[(&str, bool)] = &[
     ("postgres", cfg!(feature = "postgres")),
 ];
 
-/// The cargo feature that enables `url`'s scheme, when this build was made without it.
-fn disabled_feature(url: &str) -> Option<&'static str> {
+/// The schemes of [`SCHEMES`] that name a fence only: `connect` cannot reach them with any
+/// feature.
+const FENCE_ONLY: &[&str] = &["postgres", "postgresql"];
+/// The schemes of [`SCHEMES`] that name a coordinator only: `connect_fence` cannot reach them
+/// with any feature.
+const COORDINATOR_ONLY: &[&str] = &["zk", "consul", "consuls"];
+
+/// What a URL is asked to connect to.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Role {
+    Coordinator,
+    Fence,
+}
+
+/// The cargo feature that enables `url`'s scheme for `role`, when this build was made without
+/// it. `None` for a scheme that does not serve `role` at all: the registry's error then says
+/// so, since no feature would help.
+fn disabled_feature(url: &str, role: Role) -> Option<&'static str> {
     let scheme = url.split_once("://")?.0.to_ascii_lowercase();
+    let other_role_only = match role {
+        Role::Coordinator => FENCE_ONLY,
+        Role::Fence => COORDINATOR_ONLY,
+    };
+    if other_role_only.contains(&scheme.as_str()) {
+        return None;
+    }
     let (_, feature) = SCHEMES.iter().find(|(s, _)| *s == scheme)?;
     let enabled = ENABLED
         .iter()
@@ -83,7 +106,7 @@ fn feature_error(feature: &'static str, url: &str) -> Error {
 /// `Unsupported` naming the cargo feature when the scheme's backend was not compiled in; the
 /// registry's errors otherwise (`InvalidInput` for an unknown scheme or a malformed URL).
 pub async fn connect(url: &str) -> Result<Arc<dyn Coordinator>> {
-    if let Some(feature) = disabled_feature(url) {
+    if let Some(feature) = disabled_feature(url, Role::Coordinator) {
         return Err(feature_error(feature, url));
     }
     registry().connect(url).await
@@ -94,7 +117,7 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Coordinator>> {
 /// # Errors
 /// As [`connect`].
 pub async fn connect_fence(url: &str) -> Result<Arc<dyn Fence>> {
-    if let Some(feature) = disabled_feature(url) {
+    if let Some(feature) = disabled_feature(url, Role::Fence) {
         return Err(feature_error(feature, url));
     }
     registry().connect_fence(url).await
@@ -125,6 +148,30 @@ mod tests {
             shown.contains("\"etcd\"") && !shown.contains("s3cret"),
             "{shown}"
         );
+    }
+
+    /// A scheme that names only the other kind of backend is not a missing feature: turning one
+    /// on would not help. The registry's own error (`InvalidInput`, listing the schemes) says so.
+    #[cfg(not(feature = "full"))]
+    #[tokio::test]
+    async fn a_scheme_of_the_other_kind_is_not_blamed_on_a_feature() {
+        for e in [
+            connect("postgres://h/db").await.unwrap_err(),
+            connect_fence("zk://h:2181").await.unwrap_err(),
+            connect_fence("consul://h:8500").await.unwrap_err(),
+        ] {
+            assert!(matches!(e, Error::InvalidInput(_)), "{e:?}");
+            assert!(!e.to_string().contains("feature"), "{e}");
+        }
+    }
+
+    #[tokio::test]
+    async fn the_registry_refuses_a_scheme_of_the_other_kind() {
+        // Whatever the features, the registry has no such factory.
+        let e = registry().connect("postgres://h/db").await.unwrap_err();
+        assert!(matches!(e, Error::InvalidInput(_)), "{e:?}");
+        let e = registry().connect_fence("zk://h:2181").await.unwrap_err();
+        assert!(matches!(e, Error::InvalidInput(_)), "{e:?}");
     }
 
     /// Every backend's config takes the common options through the same builder methods, with
@@ -208,7 +255,9 @@ mod tests {
                     .any(|m| m.contains(&listed) || m.contains(&last)),
                 "{scheme} is not registered: {coordinators} / {fences}"
             );
-            assert_eq!(disabled_feature(&format!("{scheme}://h")), None);
+            for role in [Role::Coordinator, Role::Fence] {
+                assert_eq!(disabled_feature(&format!("{scheme}://h"), role), None);
+            }
         }
     }
 }
