@@ -176,9 +176,16 @@ pub(crate) fn status(op: Op, code: u16, body: &[u8]) -> Error {
             format!("HTTP {code}: {text}"),
             None,
         ),
+        // A request Consul (or a proxy) refused as a request: nothing was applied. 408 is not
+        // one of them: a proxy's timeout, said after the request may have been forwarded.
+        400..=499 if code != 408 => Error::Unsupported {
+            backend: BACKEND,
+            what: format!("{}: HTTP {code}: {text}", op.name),
+        },
         // Otherwise the write may have been committed (`rpc error making call: EOF`,
-        // `leadership lost while committing log`, a proxy that lost the answer).
-        500 | 502 | 503 | 504 => {
+        // `leadership lost while committing log`, a proxy's 502, 504 or 520-524 after it
+        // forwarded the request, a status no one documented).
+        _ => {
             let delivery = if not_applied(&text) {
                 Delivery::Refused
             } else {
@@ -186,10 +193,6 @@ pub(crate) fn status(op: Op, code: u16, body: &[u8]) -> Error {
             };
             op.failed(BACKEND, delivery, format!("HTTP {code}: {text}"), None)
         }
-        _ => Error::Unsupported {
-            backend: BACKEND,
-            what: format!("{}: HTTP {code}: {text}", op.name),
-        },
     }
 }
 
@@ -265,6 +268,12 @@ mod tests {
                 b"upstream connect error or disconnect/reset before headers",
             ),
             (504, b"Gateway Timeout"),
+            // A proxy's timeouts, and statuses no one documented: the request may have been
+            // forwarded. They used to be `Unsupported`, which reads as "nothing was done".
+            (408, b"Request Timeout"),
+            (520, b"Web Server Returned an Unknown Error"),
+            (524, b"A Timeout Occurred"),
+            (302, b""),
         ] {
             assert!(
                 matches!(
@@ -275,6 +284,16 @@ mod tests {
             );
             assert!(
                 status(Op::read("read"), code, body).is_retryable(),
+                "{code}"
+            );
+        }
+        // A request refused as a request: nothing was applied.
+        for code in [400, 404, 405, 413] {
+            assert!(
+                matches!(
+                    status(Op::write("acquire", false), code, b"bad"),
+                    Error::Unsupported { .. }
+                ),
                 "{code}"
             );
         }
