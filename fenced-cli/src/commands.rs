@@ -15,8 +15,15 @@ use crate::exit::{self, Failure};
 /// The backend URL: `--url` (or `FENCED_URL`, which clap reads into it), else `consul://` when
 /// `CONSUL_HTTP_ADDR` names an agent (adapter-consul then reads `CONSUL_HTTP_TOKEN`,
 /// `CONSUL_CACERT` and the rest of `adapter_consul::ENV_VARS` itself).
+/// A URL that was given but is empty (`--url "$UNSET"`) is a usage error, never a reason to fall
+/// back to Consul: the command would go to another backend than the one meant.
 pub(crate) fn backend_url(flag: Option<String>) -> Result<String, Failure> {
-    if let Some(url) = flag.filter(|u| !u.trim().is_empty()) {
+    if let Some(url) = flag {
+        if url.trim().is_empty() {
+            return Err(Failure::usage(
+                "the backend URL is empty (--url or FENCED_URL): nothing was sent",
+            ));
+        }
         return Ok(url);
     }
     if std::env::var("CONSUL_HTTP_ADDR").is_ok_and(|a| !a.trim().is_empty()) {
@@ -74,7 +81,13 @@ fn holder_json(h: &HolderInfo) -> Value {
 
 fn holder_text(h: &HolderInfo) -> String {
     let mut s = format!("holder     {}\ntoken      {}\n", h.owner, h.token);
-    s += &format!("operation  {}\n", h.operation.as_deref().unwrap_or("-"));
+    // The label as stored: another writer may have put anything there, so it is escaped (one
+    // line, no terminal escapes), like a fenced value.
+    let operation = h
+        .operation
+        .as_deref()
+        .map_or_else(|| "-".to_owned(), |op| op.escape_debug().to_string());
+    s += &format!("operation  {operation}\n");
     if let Some(at) = h.acquired_at {
         s += &format!("acquired   {}\n", rfc3339(at));
     }
@@ -97,7 +110,10 @@ pub(crate) async fn inspect(url: Option<String>, key: &str, output: Output) -> R
             emit(
                 output,
                 value,
-                format!("key        {key}\nstate      held\n{}", holder_text(&h)),
+                format!(
+                    "key        {key}\nbackend    {backend}\nstate      held\n{}",
+                    holder_text(&h)
+                ),
             );
             Ok(exit::OK)
         }
@@ -105,7 +121,7 @@ pub(crate) async fn inspect(url: Option<String>, key: &str, output: Output) -> R
             emit(
                 output,
                 json!({"key": key.as_str(), "backend": backend, "held": false, "holder": null}),
-                format!("key        {key}\nstate      free\n"),
+                format!("key        {key}\nbackend    {backend}\nstate      free\n"),
             );
             Ok(exit::ABSENT)
         }
@@ -149,9 +165,10 @@ pub(crate) async fn force_release(
     let key = lock_key(key)?;
     let coord = connect(url).await?;
     let result = coord.force_release(&key, &request).await;
+    let backend = coord.capabilities().backend;
     let mut value = json!({
         "key": key.as_str(),
-        "backend": coord.capabilities().backend,
+        "backend": backend,
         "actor": request.actor(),
         "reason": request.reason(),
         "expected_token": request.expected_token().map(|t| t.get()),
@@ -171,12 +188,19 @@ pub(crate) async fn force_release(
             emit(
                 output,
                 value,
-                format!("removed the holder of {key}\n{}", holder_text(h)),
+                format!(
+                    "removed the holder of {key} on {backend}\n{}",
+                    holder_text(h)
+                ),
             );
         }
         None => {
             value["removed"] = Value::Null;
-            emit(output, value, format!("{key} was free: nothing removed\n"));
+            emit(
+                output,
+                value,
+                format!("{key} was free on {backend}: nothing removed\n"),
+            );
         }
     }
     Ok(exit::OK)
@@ -295,7 +319,8 @@ pub(crate) fn resource_id(resource: &str) -> Result<ResourceId, Failure> {
 }
 
 /// `fenced fence write RESOURCE VALUE --token N --fence-url URL`: written (0), or refused as
-/// stale ([`exit::LOST`], nothing written). Input is checked before connecting.
+/// stale ([`exit::LOST`], nothing written; with `--json` the object says `"written": false` and
+/// the newest token). Input is checked before connecting.
 pub(crate) async fn fence_write(
     fence_url: Option<String>,
     resource: &str,
@@ -308,9 +333,27 @@ pub(crate) async fn fence_write(
         Failure::usage("fence write needs --token N (or FENCED_TOKEN, which `fenced run` sets)")
     })?;
     let fence = connect_fence(fence_url, "fence write").await?;
-    let accepted = fence
+    let written = fence
         .write(&resource, token, fenced::Bytes::from(value.into_bytes()))
-        .await?;
+        .await;
+    let accepted = match written {
+        Ok(accepted) => accepted,
+        Err(e @ Error::Stale { current, .. }) => {
+            // A script reading `--json` gets the answer as JSON too (and the line on stderr).
+            if output.json {
+                let value = json!({
+                    "resource": resource.as_str(),
+                    "backend": fence.backend(),
+                    "token": token.get(),
+                    "written": false,
+                    "newest_token": current.get(),
+                });
+                emit(output, value, String::new());
+            }
+            return Err(e.into());
+        }
+        Err(e) => return Err(e.into()),
+    };
     let previous = accepted.previous;
     emit(
         output,
@@ -378,4 +421,27 @@ pub(crate) async fn fence_read(
     }
     emit(output, value, text);
     Ok(exit::OK)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fenced::OwnerId;
+
+    /// An operation label that another writer stored with a newline or a terminal escape cannot
+    /// forge a line of `inspect`'s output (a `token` line an operator would copy).
+    #[test]
+    fn a_stored_operation_is_shown_on_one_line() {
+        let h = HolderInfo::new(
+            LockKey::new("jobs/x").unwrap(),
+            OwnerId::new("w-1").unwrap(),
+            Token::new(7).unwrap(),
+        )
+        .with_operation(Some("op\ntoken      99\u{1b}[2J".to_owned()));
+        let text = holder_text(&h);
+        let tokens: Vec<&str> = text.lines().filter(|l| l.starts_with("token")).collect();
+        assert_eq!(tokens, ["token      7"], "{text}");
+        assert!(!text.contains('\u{1b}'), "{text:?}");
+        assert!(text.contains(r"op\ntoken      99\u{1b}[2J"), "{text}");
+    }
 }

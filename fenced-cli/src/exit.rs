@@ -57,7 +57,11 @@ impl fmt::Display for Failure {
 /// The status for a library error: what the caller of `fenced` does next.
 pub(crate) fn status_of(e: &Error) -> u8 {
     match e {
-        Error::InvalidInput(_) | Error::Unsupported { .. } => USAGE,
+        Error::InvalidInput(_) => USAGE,
+        // The facade's own refusal (a scheme whose feature is off) is made before anything is
+        // sent. A backend's `Unsupported` may come after the request was sent (an answer it
+        // did not expect): not "nothing was sent", so re-read before acting.
+        Error::Unsupported { backend, .. } if *backend == "fenced" => USAGE,
         Error::Unavailable { .. } => UNAVAILABLE,
         Error::Held { .. } | Error::Timeout { .. } => NOT_ACQUIRED,
         Error::Lost { .. } | Error::Stale { .. } => LOST,
@@ -123,5 +127,15 @@ mod tests {
         assert_eq!(status_of(&e), UNAVAILABLE);
         let e = Error::InvalidInput(fenced::InvalidInput::ZeroTtl);
         assert_eq!(status_of(&e), USAGE);
+        let e = Error::Unsupported {
+            backend: "fenced",
+            what: "etcd:// URLs: this build ...".into(),
+        };
+        assert_eq!(status_of(&e), USAGE);
+        let e = Error::Unsupported {
+            backend: "consul",
+            what: "force_release: unexpected answer from Consul".into(),
+        };
+        assert_eq!(status_of(&e), SOFTWARE);
     }
 }

@@ -29,7 +29,9 @@ pub(crate) async fn suggest(
         .iter()
         .map(|r| resource_id(r).map_err(|e| Failure::usage(format!("--resource: {e}"))))
         .collect::<Result<Vec<_>, _>>()?;
-    if fences.is_empty() {
+    // The environment's fence is read only when resources are named: without any, the command
+    // asks the coordinator alone (and an exported FENCED_FENCE_URL is not a `--fence` given).
+    if fences.is_empty() && !resources.is_empty() {
         if let Some(url) = std::env::var("FENCED_FENCE_URL")
             .ok()
             .filter(|u| !u.trim().is_empty())
@@ -52,6 +54,17 @@ pub(crate) async fn suggest(
             ))
         }
         _ => {}
+    }
+
+    // Every fence is connected (its URL checked) before the coordinator is asked anything, so a
+    // bad `--fence` is refused before a request is sent.
+    let mut connected = Vec::with_capacity(fences.len());
+    for (i, fence_url) in fences.into_iter().enumerate() {
+        let n = i + 1;
+        let fence = connect_fence(Some(fence_url), "token-floor suggest")
+            .await
+            .map_err(|f| Failure::new(f.status, format!("fence {n}: {f}")))?;
+        connected.push((n, fence));
     }
 
     let coord = connect(url).await?;
@@ -78,11 +91,7 @@ pub(crate) async fn suggest(
     };
 
     let mut read = Vec::new();
-    for (i, fence_url) in fences.into_iter().enumerate() {
-        let n = i + 1;
-        let fence = connect_fence(Some(fence_url), "token-floor suggest")
-            .await
-            .map_err(|f| Failure::new(f.status, format!("fence {n}: {f}")))?;
+    for (n, fence) in connected {
         let fence_backend = fence.backend();
         for resource in &resources {
             let state = fence

@@ -17,7 +17,8 @@
 //! | `fence write RESOURCE VALUE [--token N]` | a fenced write (token default `FENCED_TOKEN`) | 0 written, 76 stale |
 //! | `token-floor suggest KEY [--fence URL]... [--resource R]...` | the `token_floor` to configure after restoring the coordinator | 0, 1 nothing found |
 //!
-//! Every command takes `--json` (one JSON object on stdout). Errors are one line on stderr
+//! Every command but `run` (whose stdout is the command's) takes `--json` (one JSON object on
+//! stdout). Errors are one line on stderr
 //! (`fenced: ...`): 2 for bad input (nothing was sent), 69 unavailable, 70 unknown outcome, 78
 //! misconfigured backend.
 //!

@@ -6,8 +6,8 @@ use std::process::ExitStatus;
 use std::time::Duration;
 
 use fenced::{
-    bounded_with, keep, Error, KeeperOptions, Kept, LeaseOptions, LeaseStatus, LockKey,
-    SectionOptions,
+    bounded_with, keep, Capabilities, Error, KeeperOptions, Kept, LeaseOptions, LeaseStatus,
+    LockKey, SectionOptions,
 };
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
@@ -24,6 +24,10 @@ pub(crate) async fn run(url: Option<String>, args: RunArgs) -> Result<u8, Failur
     if let Some(operation) = &args.operation {
         options = options.operation(operation.clone());
     }
+    // Checked before connecting, against every backend's limits (only a backend's own minimum
+    // TTL waits for `acquire`): a bad value is refused with nothing sent.
+    let any_backend = Capabilities::new("any backend").min_ttl(Duration::from_nanos(1));
+    options.validate(&any_backend)?;
     let Some((program, rest)) = args.command.split_first() else {
         return Err(Failure::usage("run needs a command after `--`"));
     };

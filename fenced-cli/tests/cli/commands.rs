@@ -392,6 +392,27 @@ fn fence_read_shows_the_newest_token_and_value(url: &str, backend: &str) {
     assert_eq!(out.status.code(), Some(LOST), "{}", stderr_of(&out));
     assert_one_line(&stderr_of(&out));
     assert!(stderr_of(&out).contains("stale"), "{}", stderr_of(&out));
+    assert!(
+        out.stdout.is_empty(),
+        "text mode prints the refusal on stderr only"
+    );
+    let (code, v) = json_of(&[
+        "fence",
+        "write",
+        "orders/42",
+        "late",
+        "--token",
+        "5",
+        "--fence-url",
+        url,
+        "--json",
+    ]);
+    assert_eq!(code, LOST, "{v}");
+    assert_eq!(
+        (&v["written"], &v["token"], &v["newest_token"]),
+        (&false.into(), &5.into(), &7.into()),
+        "{v}"
+    );
     let out = fenced()
         .env("FENCED_TOKEN", "8")
         .args(["fence", "write", "orders/42", "shipped", "--json"])

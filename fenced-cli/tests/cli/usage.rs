@@ -159,7 +159,50 @@ fn bad_urls_durations_and_keys_are_one_line_usage_errors() {
             "-1",
         ),
     ];
-    for (args, needle) in cases {
+    // Checked before connecting: the closed port would answer 69 (unavailable).
+    let closed = "redis://127.0.0.1:1";
+    let checked_first: &[(&[&str], &str)] = &[
+        (
+            &["--url", closed, "run", "k", "--ttl", "0s", "--", "true"],
+            "TTL",
+        ),
+        (
+            &["--url", closed, "run", "k", "--ttl", "3000d", "--", "true"],
+            "TTL",
+        ),
+        (
+            &["--url", closed, "run", "k", "--wait", "3000d", "--", "true"],
+            "wait",
+        ),
+        (
+            &[
+                "--url",
+                closed,
+                "run",
+                "k",
+                "--operation",
+                "a\u{7}b",
+                "--",
+                "true",
+            ],
+            "operation",
+        ),
+        (
+            &[
+                "--url",
+                closed,
+                "token-floor",
+                "suggest",
+                "k",
+                "--fence",
+                "nosuch://h",
+                "--resource",
+                "r",
+            ],
+            "nosuch",
+        ),
+    ];
+    for (args, needle) in cases.iter().chain(checked_first) {
         let out = fenced().args(*args).output().unwrap();
         let err = stderr_of(&out);
         assert_eq!(out.status.code(), Some(USAGE), "{args:?}: {err}");
@@ -171,6 +214,49 @@ fn bad_urls_durations_and_keys_are_one_line_usage_errors() {
         assert!(!err.contains("hunter2"), "{err}");
         assert!(out.stdout.is_empty(), "{args:?}");
     }
+}
+
+/// A URL given but empty (an unset variable in `--url "$REDIS_URL"`) is refused; it is not a
+/// reason to send the command to the Consul agent that `CONSUL_HTTP_ADDR` names.
+#[test]
+fn an_empty_url_is_refused_not_replaced_by_consul() {
+    let agent = "127.0.0.1:1";
+    for (flag, env) in [(Some(""), None), (Some("  "), None), (None, Some(""))] {
+        let mut cmd = fenced();
+        cmd.env("CONSUL_HTTP_ADDR", agent);
+        if let Some(env) = env {
+            cmd.env("FENCED_URL", env);
+        }
+        if let Some(flag) = flag {
+            cmd.args(["--url", flag]);
+        }
+        let out = cmd.args(["inspect", "k"]).output().unwrap();
+        let err = stderr_of(&out);
+        assert_eq!(out.status.code(), Some(USAGE), "{flag:?} {env:?}: {err}");
+        assert_one_line(&err);
+        assert!(err.contains("--url"), "{err}");
+    }
+}
+
+/// An exported `FENCED_FENCE_URL` is read only when `--resource` names something to read on it:
+/// without one, `token-floor suggest` asks the coordinator alone (here: unreachable, 69), and
+/// does not blame a `--fence` that was never given.
+#[test]
+fn token_floor_without_resources_ignores_the_environments_fence() {
+    let out = fenced()
+        .env("FENCED_FENCE_URL", "redis://127.0.0.1:1")
+        .args([
+            "--url",
+            "redis://127.0.0.1:1",
+            "token-floor",
+            "suggest",
+            "k",
+        ])
+        .output()
+        .unwrap();
+    let err = stderr_of(&out);
+    assert_eq!(out.status.code(), Some(UNAVAILABLE), "{err}");
+    assert!(!err.contains("--fence"), "{err}");
 }
 
 /// An address already taken: a one-line usage error before anything is sent.
