@@ -35,7 +35,6 @@ pub(crate) mod ops {
     pub(crate) const RELEASE: Op = Op::write("release", true);
     pub(crate) const INSPECT: Op = Op::read("inspect");
     pub(crate) const FORCE_RELEASE: Op = Op::write("force_release", false);
-    pub(crate) const AUDIT: Op = Op::write("force_release audit record", false);
     pub(crate) const AUDIT_READ: Op = Op::read("audit trail read");
     pub(crate) const SETUP: Op = Op::write("creating the lock's parent nodes", true);
     pub(crate) const ADOPT: Op = Op::read("confirming the application's session (sync)");

@@ -7,7 +7,7 @@ use std::time::{Duration, UNIX_EPOCH};
 use lease_core::adapter::{HolderRecord, StoredAudit, TokenAdmission};
 use lease_core::{AuditRecord, Error, ForceRelease, HolderInfo, LockKey, Result};
 use tokio::time::Instant;
-use zookeeper_client::{CreateMode, Error as ZkError, Stat};
+use zookeeper_client::{CreateMode, Error as ZkError, MultiWriteError, Stat};
 
 use crate::coordinator::*;
 use crate::error::{disconnected, from_zk, ops, timed_out, BACKEND};
@@ -47,26 +47,15 @@ impl ZkCoordinator {
             // its version, so the server removes exactly the node whose czxid was read here, or
             // nothing; a different holder is refused before anything is written.
             request.check_expected(BACKEND, key, target.as_ref().map(|h| h.token))?;
-            // Record first: no forced release goes unrecorded.
-            self.audit(&s, key, request, target.as_ref()).await?;
-            let (Some((path, _, stat)), Some(info)) = (holder, target) else {
-                return Ok(None);
-            };
-            let sent = Instant::now();
-            match tokio::time::timeout(
-                s.request_timeout(),
-                s.client().delete(&path, Some(stat.version)),
-            )
-            .await
-            {
-                Err(_) => return Err(timed_out(ops::FORCE_RELEASE, s.request_timeout())),
-                Ok(Ok(())) => {
-                    s.confirm(sent);
-                    return Ok(Some(info));
-                }
-                // The holder changed meanwhile: look again.
-                Ok(Err(ZkError::NoNode | ZkError::BadVersion)) => s.confirm(sent),
-                Ok(Err(e)) => return Err(from_zk(ops::FORCE_RELEASE, e)),
+            // The audit node and the delete in one multi, all or nothing: no forced release goes
+            // unrecorded, and no record names a removal that did not happen. A free key gets its
+            // audit node alone (a force-release of a free key is listed).
+            let removing = holder.zip(target);
+            let node = removing
+                .as_ref()
+                .map(|((path, _, stat), info)| (info, path.as_str(), stat.version));
+            if self.record_and_remove(&s, key, request, node).await? {
+                return Ok(removing.map(|(_, info)| info));
             }
         }
         Err(request.kept_changing(BACKEND, key))
@@ -157,36 +146,56 @@ impl ZkCoordinator {
         })
     }
 
-    /// Writes an audit node for a force-release before it happens.
-    pub(crate) async fn audit(
+    /// Writes the audit node of a force-release and, for a held key, removes the holder's node
+    /// (`target`, its path and version), in one multi. `false` when the holder changed since it
+    /// was read: nothing was written, look again.
+    async fn record_and_remove(
         &self,
         s: &Session,
         key: &LockKey,
         request: &ForceRelease,
-        target: Option<&HolderInfo>,
-    ) -> Result<()> {
+        node: Option<(&HolderInfo, &str, i32)>,
+    ) -> Result<bool> {
         let dir = s.paths().audit();
-        let data = StoredAudit::new(request, target).for_key(key).to_json();
+        let data = StoredAudit::new(request, node.map(|(target, ..)| target))
+            .for_key(key)
+            .to_json();
         let options = CreateMode::PersistentSequential.with_acls(s.acls());
-        let path = format!("{dir}/{AUDIT_PREFIX}");
+        let audit_path = format!("{dir}/{AUDIT_PREFIX}");
         for _ in 0..2 {
+            let mut writer = s.client().new_multi_writer();
+            writer
+                .add_create(&audit_path, &data, &options)
+                .map_err(|e| from_zk(ops::FORCE_RELEASE, e))?;
+            if let Some((_, path, version)) = node {
+                writer
+                    .add_delete(path, Some(version))
+                    .map_err(|e| from_zk(ops::FORCE_RELEASE, e))?;
+            }
             let sent = Instant::now();
-            match tokio::time::timeout(
-                s.request_timeout(),
-                s.client().create(&path, &data, &options),
-            )
-            .await
-            {
-                Err(_) => return Err(timed_out(ops::AUDIT, s.request_timeout())),
+            match tokio::time::timeout(s.request_timeout(), writer.commit()).await {
+                Err(_) => return Err(timed_out(ops::FORCE_RELEASE, s.request_timeout())),
                 Ok(Ok(_)) => {
                     s.confirm(sent);
-                    return Ok(());
+                    return Ok(true);
                 }
-                Ok(Err(ZkError::NoNode)) => {
+                // The audit directory is missing (nothing was applied): create it, send again.
+                Ok(Err(MultiWriteError::OperationFailed {
+                    index: 0,
+                    source: ZkError::NoNode,
+                })) => {
                     s.confirm(sent);
                     s.ensure_persistent(&dir).await?;
                 }
-                Ok(Err(e)) => return Err(from_zk(ops::AUDIT, e)),
+                // The holder's node left or changed meanwhile: nothing was applied.
+                Ok(Err(MultiWriteError::OperationFailed {
+                    index: 1,
+                    source: ZkError::NoNode | ZkError::BadVersion,
+                })) => {
+                    s.confirm(sent);
+                    return Ok(false);
+                }
+                Ok(Err(e)) => return Err(from_zk(ops::FORCE_RELEASE, ZkError::from(e))),
             }
         }
         Err(Error::Unavailable {

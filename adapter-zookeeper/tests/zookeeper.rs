@@ -352,6 +352,48 @@ async fn acl_keeps_other_clients_from_deleting_our_node() {
     assert!(!shown.contains(PASSWORD), "{shown}");
 }
 
+/// The audit node and the delete of a force-release are one multi: a delete the server refuses
+/// (here the lock node's ACL lost DELETE, so the holder's node cannot be removed) leaves no
+/// record of a removal that did not happen, and a release that does happen is recorded once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_force_release_whose_delete_is_refused_records_nothing() {
+    let Some(server) = server("a_force_release_whose_delete_is_refused").await else {
+        return;
+    };
+    let cfg = config(server.addr(), 4000);
+    let coord = ZkCoordinator::connect(cfg.clone()).await.unwrap();
+    let key: LockKey = "audited".parse().unwrap();
+    let lease = coord
+        .acquire(&key, &LeaseOptions::new(Duration::from_secs(4)))
+        .await
+        .unwrap();
+    let lock = cfg.lock_path(&key);
+    let admin = raw_client(server.addr(), Some(&format!("alice:{PASSWORD}"))).await;
+    let (acls, _) = admin.get_acl(&lock).await.unwrap();
+    let kept = zk::Permission::READ
+        | zk::Permission::WRITE
+        | zk::Permission::CREATE
+        | zk::Permission::ADMIN;
+    let no_delete: Vec<zk::Acl> = acls
+        .iter()
+        .map(|a| zk::Acl::new(a.permission() & kept, a.auth_id().clone()))
+        .collect();
+    admin.set_acl(&lock, &no_delete, None).await.unwrap();
+
+    let request = ForceRelease::new("oncall-bob", "stuck job 18").unwrap();
+    let refused = coord.force_release(&key, &request).await;
+    assert!(refused.is_err(), "{refused:?}");
+    assert_eq!(coord.audit_trail(&key, 10).await.unwrap(), vec![]);
+    assert!(lease.renew().await.is_ok(), "the holder is untouched");
+
+    admin.set_acl(&lock, &acls, None).await.unwrap();
+    let removed = coord.force_release(&key, &request).await.unwrap();
+    assert_eq!(removed.map(|h| h.token), Some(lease.token()));
+    let trail = coord.audit_trail(&key, 10).await.unwrap();
+    assert_eq!(trail.len(), 1, "{trail:?}");
+    assert_eq!(trail[0].removed_token, Some(lease.token()));
+}
+
 #[tokio::test]
 async fn secrets_never_show_in_configs_or_errors() {
     let url = format!("zk://127.0.0.1:1/x?digest=alice:{PASSWORD}&connect_timeout_ms=300");

@@ -117,7 +117,7 @@ pub(crate) enum Command {
     /// One line per forced release: the time (RFC 3339, display only), the actor, the reason,
     /// and the removed holder's token and owner (`-` when the key was free). The format is the
     /// same on every backend. A force-release refused because of --expect-token removed nothing
-    /// and is not listed (one exception on ZooKeeper: see its README).
+    /// and is not listed.
     #[command(after_help = concat!(
         "Exit statuses:\n  0   records were listed\n  1   no forced release is recorded\n",
         backend_statuses!()

@@ -18,8 +18,8 @@ use crate::token::Token;
 /// - Every backend keeps at least the newest [`AuditRecord::MAX_LIMIT`] records per key (Redis,
 ///   etcd and Consul keep exactly that many, ZooKeeper and the in-memory backend keep all).
 /// - A `force_release` with an [expected token](crate::ForceRelease::expect_token) that is
-///   refused (`HolderChanged`) removes nothing and is not recorded (one exception on ZooKeeper,
-///   which writes its audit node before its delete: see its README).
+///   refused (`HolderChanged`) removes nothing and is not recorded; nor is a removal the server
+///   did not apply (every backend writes the record and the delete in one atomic step).
 /// - Whether a `force_release` that found the key free is recorded depends on the backend
 ///   (Redis, ZooKeeper and the in-memory backend record it with no removed holder; etcd and
 ///   Consul record only removals).
