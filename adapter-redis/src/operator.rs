@@ -64,33 +64,42 @@ impl RedisCoordinator {
             )
             .await?;
         let items = reply::array(v).ok_or_else(|| bad_reply(ops::FORCE_RELEASE, "not an array"))?;
+        // The token the script found: the holder's, or for a value of another writer the newest
+        // issued (`None` when none ever was).
+        let found = |t: Option<&redis::Value>| -> Result<Option<Token>> {
+            match t.map(|t| reply::text(t).unwrap_or_default()) {
+                None => Ok(None),
+                Some(t) if t.is_empty() => Ok(None),
+                Some(t) => t
+                    .parse::<Token>()
+                    .map(Some)
+                    .map_err(|_| bad_reply(ops::FORCE_RELEASE, "not a token")),
+            }
+        };
         if let (Some(expected), Some(first)) = (request.expected_token(), items.first()) {
             if reply::text(first).as_deref() == Some("refused") {
-                let found = match items.get(1) {
-                    None => None,
-                    Some(t) => Some(
-                        reply::text(t)
-                            .and_then(|t| t.parse::<Token>().ok())
-                            .ok_or_else(|| bad_reply(ops::FORCE_RELEASE, "refused: no token"))?,
-                    ),
-                };
-                return Err(request.refused(BACKEND, key, expected, found));
+                return Err(request.refused(BACKEND, key, expected, found(items.get(1))?));
             }
         }
-        let (value, pttl) = match items.as_slice() {
+        let (value, pttl, token) = match items.as_slice() {
             [] => return Ok(None),
-            [value, pttl] => (
+            [value, pttl, token] => (
                 reply::text(value).ok_or_else(|| bad_reply(ops::FORCE_RELEASE, "not UTF-8"))?,
                 reply::int(pttl).unwrap_or(-1),
+                found(Some(token))?,
             ),
             _ => return Err(bad_reply(ops::FORCE_RELEASE, "unexpected shape")),
         };
         let Some(v) = LockValue::parse(&value) else {
-            // A foreign value was removed: report it without details.
-            return Err(bad_reply(
-                ops::FORCE_RELEASE,
-                "removed a lock value of another writer",
-            ));
+            // A value of another writer was removed (and audited): reported as `inspect` shows
+            // it, without its content.
+            let Some(token) = token else {
+                return Err(bad_reply(
+                    ops::FORCE_RELEASE,
+                    "removed a value of another writer from a key no token was ever issued for",
+                ));
+            };
+            return Ok(Some(foreign_holder_info(key, token, pttl)?));
         };
         if let Some(live) = lock(&self.inner.live).by_nonce.get(&v.nonce) {
             live.tracker.mark_lost(LostReason::Revoked);
@@ -185,9 +194,15 @@ impl RedisCoordinator {
         let token: Token = newest
             .and_then(|t| t.parse().ok())
             .ok_or_else(|| bad_reply(ops::INSPECT, "the lock holds a value of another writer"))?;
-        let owner = OwnerId::new("unknown (outside write)")
-            .map_err(|_| bad_reply(ops::INSPECT, "the lock holds a value of another writer"))?;
-        Ok(HolderInfo::new(key.clone(), owner, token)
-            .with_expires_in((pttl >= 0).then(|| Duration::from_millis(pttl as u64))))
+        foreign_holder_info(key, token, pttl)
     }
+}
+
+/// What `inspect` and `force_release` show of a value another writer put on `key`: no owner, the
+/// newest token issued for the key, the value's TTL.
+fn foreign_holder_info(key: &LockKey, token: Token, pttl: i64) -> Result<HolderInfo> {
+    let owner = OwnerId::new("unknown (outside write)")
+        .map_err(|_| bad_reply(ops::INSPECT, "the lock holds a value of another writer"))?;
+    Ok(HolderInfo::new(key.clone(), owner, token)
+        .with_expires_in((pttl >= 0).then(|| Duration::from_millis(pttl as u64))))
 }

@@ -151,12 +151,14 @@ end
 /// Deletes the lock whoever holds it, keeps the removed value under `revoked` for the rest of its
 /// TTL (so the old holder's renew reports `Revoked`), wakes waiters, and appends actor, reason and
 /// the removed holder's token and owner (never its nonce) to the capped audit stream. Returns
-/// `{removed_value, pttl_ms}` or `{}` when the key was free (the attempt is audited either way).
+/// `{removed_value, pttl_ms, found_token}` or `{}` when the key was free (the attempt is audited
+/// either way).
 ///
 /// With a non-empty `expected_token` it is a compare-and-delete in this one script: unless the
 /// lock value's token is exactly that decimal, nothing is deleted or audited and the reply is
 /// `{'refused', found_token}`, or `{'refused'}` when the key is free. A value this adapter did
-/// not write is taken to have the newest issued token (the counter), as `inspect` reports it.
+/// not write is taken to have the newest issued token (the counter), as `inspect` reports it;
+/// `found_token` is `''` when no token was ever issued for the key.
 const FORCE_RELEASE_SRC: &str = r"
 local cur = redis.call('GET', KEYS[1])
 local tok, owner
@@ -185,7 +187,7 @@ end
 redis.call('XADD', KEYS[3], 'MAXLEN', ARGV[5], '*',
   'actor', ARGV[2], 'reason', ARGV[3], 'at_ms', ARGV[4],
   'removed_token', removed_token, 'removed_owner', removed_owner)
-if cur then return {cur, pttl} end
+if cur then return {cur, pttl, found} end
 return {}
 ";
 

@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use adapter_redis::{RedisConfig, RedisCoordinator};
 use conformance_tests::proxy::FaultProxy;
-use lease_core::{Coordinator, Lease, LeaseOptions, LeaseStatus, LostReason, Token};
+use lease_core::{
+    Coordinator, Error, ForceRelease, Lease, LeaseOptions, LeaseStatus, LostReason, Token,
+};
 use tokio::time::Instant;
 
 use crate::common::{coordinator, durable, eventually, key, raw, server};
@@ -278,6 +280,40 @@ async fn outside_delete_or_overwrite_of_a_held_lock_is_noticed_promptly() {
         .await
         .unwrap();
     assert!(pttl > 0 && pttl <= ttl.as_millis() as i64, "{pttl}");
+
+    // force_release of that value: with another expected token it is refused naming the newest
+    // issued token; without one it is removed and reported as `inspect` shows it (it used to
+    // be removed, audited, and then reported as a misconfiguration).
+    let request = || ForceRelease::new("oncall", "outside value").unwrap();
+    let other = Token::new(info.token.get() + 1).unwrap();
+    let refused = c.force_release(&k, &request().expect_token(other)).await;
+    assert!(
+        matches!(&refused, Err(Error::HolderChanged { found: Some(t), .. }) if *t == info.token),
+        "{refused:?}"
+    );
+    let removed = c.force_release(&k, &request()).await.unwrap();
+    let removed = removed.expect("the outside value was removed");
+    assert_eq!(
+        (removed.token, removed.owner.as_str()),
+        (info.token, "unknown (outside write)")
+    );
+    assert_eq!(c.inspect(&k).await.unwrap(), None);
+    // On a key no token was ever issued for, an expected token is refused with none found.
+    let never = key("never-locked");
+    let never_key = adapter_redis::storage_keys(c.config(), &never).remove(0);
+    let _: () = redis::cmd("SET")
+        .arg(&never_key)
+        .arg("outside-write")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let refused = c
+        .force_release(&never, &request().expect_token(Token::new(1).unwrap()))
+        .await;
+    assert!(
+        matches!(&refused, Err(Error::HolderChanged { found: None, .. })),
+        "{refused:?}"
+    );
 
     // A value of another type (a hash) over one held lock: that lease is Superseded, and the
     // monitor goes on reading the other held locks (a DEL of one is still noticed).
