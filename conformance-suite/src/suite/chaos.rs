@@ -35,12 +35,21 @@ pub(super) fn cases() -> Vec<Case> {
 /// How many worker rounds (all workers together) a chaos run needs to mean something.
 const ENOUGH_ROUNDS: u32 = 24;
 
-fn chaos_duration() -> Duration {
-    let secs = std::env::var("CONFORMANCE_CHAOS_SECS")
+/// `CONFORMANCE_CHAOS_SECS` (whole seconds, `1..=300`; 12 when unset or empty). A malformed value
+/// fails the case rather than quietly running the default.
+fn chaos_duration() -> Result<Duration, Failure> {
+    match std::env::var("CONFORMANCE_CHAOS_SECS")
         .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(12u64);
-    Duration::from_secs(secs.clamp(1, 300))
+        .filter(|s| !s.trim().is_empty())
+    {
+        None => Ok(Duration::from_secs(12)),
+        Some(s) => match s.trim().parse::<u64>() {
+            Ok(secs) if (1..=300).contains(&secs) => Ok(Duration::from_secs(secs)),
+            _ => Err(Failure(format!(
+                "CONFORMANCE_CHAOS_SECS={s:?}: expected whole seconds in 1..=300"
+            ))),
+        },
+    }
 }
 
 fn tolerable(e: &Error) -> bool {
@@ -61,11 +70,12 @@ async fn chaos(ctx: Arc<Ctx>) -> CaseResult {
     let log = rec.log();
     let recorded: Arc<dyn Fence> = Arc::new(rec);
     let history = History::new(Some(ctx.seed));
-    let until = Instant::now() + chaos_duration();
+    let duration = chaos_duration()?;
+    let until = Instant::now() + duration;
     // A run slowed down (a loaded machine, a cluster's whole-cluster restarts) goes on past
     // `until`, calmer (the monkey has stopped), until enough rounds happened to mean something,
     // bounded by twice the duration more.
-    let hard_until = until + chaos_duration() * 2;
+    let hard_until = until + duration * 2;
     let all_rounds = Arc::new(std::sync::atomic::AtomicU32::new(0));
     let ttl = ctx.ttl();
     let mut tasks = Vec::new();
@@ -240,8 +250,8 @@ async fn monkey(
     let op = ctx.client().await?;
     let ttl = ctx.ttl();
     let mut rng = rand::rngs::StdRng::seed_from_u64(ctx.fork_seed());
-    let can_restart = ctx.subject.missing(&[Need::Restart]).await.is_none();
-    let can_spawn = ctx.subject.missing(&[Need::Processes]).await.is_none();
+    let can_restart = matches!(ctx.subject.missing(&[Need::Restart]).await, Ok(None));
+    let can_spawn = matches!(ctx.subject.missing(&[Need::Processes]).await, Ok(None));
     let server = if can_spawn {
         Some(FenceServer::start(fence.clone()).await?)
     } else {

@@ -534,11 +534,30 @@ async fn restart_during(ctx: Arc<Ctx>) -> CaseResult {
         "holder from before the crash",
     )
     .await?;
-    let renew = lease.renew().await;
-    check!(
-        renew.is_err(),
-        "the old holder renewed a lock the new owner holds"
-    );
+    // The old holder's renewal must end in `Lost`. While its client reconnects it may be told
+    // `Unavailable` (or not hear the answer): asked again, within a bound, but any other answer
+    // (above all `Ok`) fails.
+    let asked_until = Instant::now() + ctx.ttl() * 3 + Duration::from_secs(5);
+    loop {
+        match lease.renew().await {
+            Err(Error::Lost { .. }) => break,
+            Err(Error::Unavailable { .. } | Error::OutcomeUnknown { .. })
+                if Instant::now() < asked_until =>
+            {
+                tokio::time::sleep(ctx.ttl() / 10).await;
+            }
+            Ok(_) => {
+                return Err(Failure(
+                    "the old holder renewed a lock the new owner holds".into(),
+                ))
+            }
+            Err(e) => {
+                return Err(Failure(format!(
+                    "the old holder's renewal after the restart ended in {e}, not Lost"
+                )))
+            }
+        }
+    }
     check!(
         b.inspect(&key).await?.map(|h| h.token) == Some(new.token()),
         "new owner not shown by inspect"

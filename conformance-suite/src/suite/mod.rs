@@ -309,7 +309,9 @@ impl Subject {
         self
     }
 
-    async fn missing(&self, needs: &[Need]) -> Option<Need> {
+    /// The first of `needs` this subject lacks. `Err` when it cannot tell: a connection that
+    /// fails (or hangs) while the capabilities are read is the case's failure, not a skip.
+    async fn missing(&self, needs: &[Need]) -> Result<Option<Need>, String> {
         for &need in needs {
             let ok = match need {
                 Need::Processes => self.worker_url.is_some() && self.worker_exe.is_some(),
@@ -317,20 +319,27 @@ impl Subject {
                     Some(s) => s.lock().await.controllable(),
                     None => false,
                 },
-                Need::DurableTokens => match (self.connect)().await {
-                    Ok(c) => c.capabilities().durable_tokens,
-                    Err(_) => false,
-                },
+                Need::DurableTokens => {
+                    match tokio::time::timeout(Duration::from_secs(30), (self.connect)()).await {
+                        Ok(Ok(c)) => c.capabilities().durable_tokens,
+                        Ok(Err(e)) => {
+                            return Err(format!("connecting to read the capabilities: {e}"))
+                        }
+                        Err(_) => {
+                            return Err("connecting to read the capabilities took over 30 s".into())
+                        }
+                    }
+                }
                 Need::Proxy => self.proxy.is_some(),
                 Need::Operator => self.operator.is_some(),
                 Need::FenceProxy => self.fence_proxy.is_some(),
                 Need::Cluster => self.cluster.is_some(),
             };
             if !ok {
-                return Some(need);
+                return Ok(Some(need));
             }
         }
-        None
+        Ok(None)
     }
 }
 
@@ -468,8 +477,12 @@ pub struct RunOptions {
     pub only: Option<Vec<&'static str>>,
     /// The base seed (default: from `CONFORMANCE_SEED` or random).
     pub seed: Option<u64>,
+    /// Leave out the cases whose name contains any of these (as libtest's `--skip`).
+    pub skip: Vec<String>,
 }
 
+/// The environment variable fixing the run's base seed.
+pub const SEED_ENV: &str = "CONFORMANCE_SEED";
 /// The environment variable overriding the lease TTL for external servers (see [`Timing`]).
 pub const TTL_ENV: &str = "CONFORMANCE_TTL_MS";
 /// The environment variable scaling every case's time bound (see [`Timing`]).
@@ -606,16 +619,38 @@ async fn effective_ttl(subject: &Subject, requested: Duration) -> (Duration, Opt
 /// The TTL and time bounds follow the environment ([`Timing`]); a malformed timing variable
 /// yields a report with one failed `environment` case and nothing else run.
 pub async fn run_suite(mut subject: Subject, options: &RunOptions) -> Report {
-    let base_seed = options
-        .seed
-        .or_else(|| {
-            std::env::var("CONFORMANCE_SEED")
-                .ok()
-                .and_then(|s| s.parse().ok())
-        })
-        .unwrap_or_else(rand::random);
+    let env_seed = match std::env::var(SEED_ENV)
+        .ok()
+        .filter(|s| !s.trim().is_empty())
+    {
+        None => Ok(None),
+        Some(s) => s
+            .trim()
+            .parse::<u64>()
+            .map(Some)
+            .map_err(|_| format!("{SEED_ENV}={s:?} is not a whole number (0..=2^64-1)")),
+    };
+    let base_seed = match (options.seed, &env_seed) {
+        (Some(seed), _) => seed,
+        (None, Ok(Some(seed))) => *seed,
+        _ => rand::random(),
+    };
+    // Printed first, so that a run that hangs or is killed can still be replayed.
+    println!(
+        "note: {}: seed {base_seed} ({SEED_ENV}={base_seed} replays it)",
+        subject.name
+    );
     let run_id: u32 = rand::random();
     let mut report = Report::new(subject.name.clone(), base_seed);
+    if let Err(e) = env_seed {
+        report.push(CaseReport::new(
+            "environment",
+            Verdict::Failed(e),
+            Duration::ZERO,
+            None,
+        ));
+        return report;
+    }
     let timing = match Timing::from_env() {
         Ok(t) => t,
         Err(e) => {
@@ -647,26 +682,43 @@ pub async fn run_suite(mut subject: Subject, options: &RunOptions) -> Report {
             subject.name, timing.time_scale
         );
     }
+    let mut selected = 0;
     for (i, case) in cases().into_iter().enumerate() {
         if let Some(f) = &options.filter {
             if !case.name.contains(f.as_str()) {
                 continue;
             }
         }
+        if options.skip.iter().any(|s| case.name.contains(s.as_str())) {
+            continue;
+        }
         if let Some(only) = &options.only {
             if !only.contains(&case.name) {
                 continue;
             }
         }
+        selected += 1;
         let start = std::time::Instant::now();
-        if let Some(need) = subject.missing(case.needs).await {
-            report.push(CaseReport::new(
-                case.name,
-                Verdict::Skipped(need.missing_reason().into()),
-                start.elapsed(),
-                None,
-            ));
-            continue;
+        match subject.missing(case.needs).await {
+            Ok(None) => {}
+            Ok(Some(need)) => {
+                report.push(CaseReport::new(
+                    case.name,
+                    Verdict::Skipped(need.missing_reason().into()),
+                    start.elapsed(),
+                    None,
+                ));
+                continue;
+            }
+            Err(e) => {
+                report.push(CaseReport::new(
+                    case.name,
+                    Verdict::Failed(e),
+                    start.elapsed(),
+                    None,
+                ));
+                continue;
+            }
         }
         let seed = base_seed.wrapping_add(i as u64);
         let ctx = Arc::new(Ctx {
@@ -678,11 +730,17 @@ pub async fn run_suite(mut subject: Subject, options: &RunOptions) -> Report {
         });
         let budget = timing.case_budget(subject.ttl, case.ttl_budget);
         let handle = tokio::spawn((case.run)(ctx));
+        let abort = handle.abort_handle();
         let verdict = match tokio::time::timeout(budget, handle).await {
             Ok(Ok(Ok(v))) => v,
             Ok(Ok(Err(f))) => Verdict::Failed(f.0),
             Ok(Err(join)) => Verdict::Failed(format!("case panicked: {}", panic_message(join))),
-            Err(_) => Verdict::Failed(format!("case did not finish within {budget:?}")),
+            Err(_) => {
+                // Stopped, not left running into the next case (its guards restore what they
+                // changed as the task's state is dropped).
+                abort.abort();
+                Verdict::Failed(format!("case did not finish within {budget:?}"))
+            }
         };
         let verdict = match (&verdict, &subject.secret) {
             (Verdict::Failed(m), Some(s)) if m.contains(s.as_str()) => {
@@ -697,7 +755,46 @@ pub async fn run_suite(mut subject: Subject, options: &RunOptions) -> Report {
             Some(seed),
         ));
     }
+    if selected == 0 && (options.filter.is_some() || !options.skip.is_empty()) {
+        report.push(CaseReport::new(
+            "filter",
+            Verdict::Failed(format!(
+                "no case matches the filter {:?} (skipping {:?}): nothing was run",
+                options.filter, options.skip
+            )),
+            Duration::ZERO,
+            None,
+        ));
+    }
     report
+}
+
+/// The name filter and the `--skip` patterns in a test binary's arguments, as libtest reads
+/// them: the first free argument is the filter; the values of libtest's options that take one
+/// (`--test-threads 1`, `--skip chaos`) are not free arguments.
+fn test_args(args: impl IntoIterator<Item = String>) -> (Option<String>, Vec<String>) {
+    const TAKES_VALUE: &[&str] = &[
+        "--test-threads",
+        "--color",
+        "--format",
+        "--logfile",
+        "--shuffle-seed",
+        "-Z",
+    ];
+    let (mut filter, mut skip) = (None, Vec::new());
+    let mut args = args.into_iter();
+    while let Some(a) = args.next() {
+        if a == "--skip" {
+            skip.extend(args.next());
+        } else if let Some(v) = a.strip_prefix("--skip=") {
+            skip.push(v.to_owned());
+        } else if TAKES_VALUE.contains(&a.as_str()) {
+            args.next();
+        } else if !a.starts_with('-') && filter.is_none() {
+            filter = Some(a);
+        }
+    }
+    (filter, skip)
 }
 
 fn panic_message(e: tokio::task::JoinError) -> String {
@@ -714,8 +811,9 @@ fn panic_message(e: tokio::task::JoinError) -> String {
 /// The entry point of a `harness = false` test file: builds the subject, runs the suite, prints
 /// the report and a closing `N passed, N failed, N skipped` line, and returns the exit code.
 ///
-/// Arguments: an optional name filter; flags starting with `-` are ignored (so `cargo test`'s own
-/// flags do not break it). `CONFORMANCE_JUNIT=path` also writes JUnit XML; the timing variables
+/// Arguments: an optional name filter and `--skip PATTERN`s, as libtest reads them; its other
+/// flags are ignored (so `cargo test`'s own flags do not break it). A filter that matches no
+/// case fails the run. `CONFORMANCE_JUNIT=path` also writes JUnit XML; the timing variables
 /// of the [module docs](self) apply.
 pub fn main_for<F, Fut>(make_subject: F) -> std::process::ExitCode
 where
@@ -770,7 +868,7 @@ where
     F: FnOnce() -> Fut,
     Fut: Future<Output = Result<Option<Subject>, String>>,
 {
-    let filter = std::env::args().skip(1).find(|a| !a.starts_with('-'));
+    let (filter, skip) = test_args(std::env::args().skip(1));
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -795,6 +893,7 @@ where
                 filter,
                 only,
                 seed: None,
+                skip,
             },
         )
         .await;
@@ -822,6 +921,22 @@ mod tests {
                 .find(|(k, _)| *k == name)
                 .map(|(_, v)| v.to_string())
         })
+    }
+
+    #[test]
+    fn test_arguments_are_read_as_libtest_reads_them() {
+        let args = |a: &[&str]| test_args(a.iter().map(|s| s.to_string()));
+        assert_eq!(args(&[]), (None, vec![]));
+        assert_eq!(
+            args(&["fault", "--nocapture"]),
+            (Some("fault".into()), vec![])
+        );
+        // An option's value is not the filter.
+        assert_eq!(args(&["--test-threads", "1"]), (None, vec![]));
+        assert_eq!(
+            args(&["--skip", "chaos", "--skip=many", "tokens"]),
+            (Some("tokens".into()), vec!["chaos".into(), "many".into()])
+        );
     }
 
     #[test]
