@@ -323,10 +323,22 @@ impl<'a> FencedTransaction<'a> {
 
     /// Commits the fence advance and the caller's writes together.
     ///
-    /// A database error (for example a serialization failure) means nothing was committed. A
-    /// connection lost after `COMMIT` was sent is `OutcomeUnknown`: re-read before acting, and do
-    /// not retry blind.
+    /// A database error (for example a serialization failure) means nothing was committed; so
+    /// does an error for a transaction that an earlier failed statement aborted (PostgreSQL
+    /// answers `COMMIT` of such a transaction with `ROLLBACK`, not an error, so the fence row is
+    /// read first: one more round trip). A connection lost after `COMMIT` was sent is
+    /// `OutcomeUnknown`: re-read before acting, and do not retry blind.
     pub async fn commit(self) -> Result<Accepted> {
+        self.tx
+            .query_one(
+                &format!(
+                    "SELECT newest FROM {} WHERE resource = $1",
+                    self.table.quoted()
+                ),
+                &[&self.resource.as_str()],
+            )
+            .await
+            .map_err(|e| map_err("commit (the transaction was aborted: nothing committed)", e))?;
         self.tx
             .commit()
             .await
@@ -954,16 +966,16 @@ async fn first_poll<F: Future + Unpin>(f: &mut F) -> Option<F::Output> {
 /// - read committed: the recipe relies on `FOR UPDATE` reading the newest committed row; a
 ///   stricter default isolation would turn contention into serialization failures;
 /// - a commit that waits at least for the local flush and any synchronous standby:
-///   `synchronous_commit` `off` or `local` would let a crash or a failover forget a token the
-///   fence accepted, and a stale writer's older token be accepted after it (stronger settings
-///   are kept);
+///   `synchronous_commit` `off`, `local` or `remote_write` (a standby that has the commit only
+///   in memory) would let a crash or a failover forget a token the fence accepted, and a stale
+///   writer's older token be accepted after it (`on` and `remote_apply` are kept);
 /// - a lock wait bounded by the request timeout: a write queued behind a row lock is cancelled
 ///   by the server about when the client gives up on it, rather than committed long after.
 fn begin_sql(timeout: Duration) -> String {
     format!(
         "BEGIN ISOLATION LEVEL READ COMMITTED; \
          SELECT set_config('synchronous_commit', 'on', true) \
-         WHERE current_setting('synchronous_commit') IN ('off', 'local'); \
+         WHERE current_setting('synchronous_commit') IN ('off', 'local', 'remote_write'); \
          SET LOCAL lock_timeout = {}",
         timeout.as_millis().max(1)
     )

@@ -103,6 +103,19 @@ async fn fence_semantics_transactions_concurrency_and_durability() {
         .get(0);
     assert_eq!(total, 100);
     assert_eq!(fence.read(&r).await.unwrap().unwrap().newest, t(10));
+    // A statement that failed (its error swallowed by the caller) aborted the transaction:
+    // PostgreSQL would answer COMMIT with ROLLBACK, so `commit` must not report `Ok`.
+    {
+        let tx = begin(&mut c, &table, &r, t(12)).await.unwrap();
+        tx.transaction()
+            .execute("UPDATE orders SET total = 555 WHERE id = 1", &[])
+            .await
+            .unwrap();
+        let _ = tx.transaction().execute("SELECT 1/0", &[]).await;
+        let committed = tx.commit().await;
+        assert!(committed.is_err(), "{committed:?}");
+    }
+    assert_eq!(fence.read(&r).await.unwrap().unwrap().newest, t(10));
 
     // The single-statement form on the caller's own table.
     let orders = FencedTable::new("orders", "id", "fence").unwrap();
