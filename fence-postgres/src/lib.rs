@@ -306,8 +306,10 @@ impl<'a> FencedTransaction<'a> {
         self.previous
     }
 
-    /// Also stores `value` in the fence table as the resource's last written value.
+    /// Also stores `value` in the fence table as the resource's last written value (at most
+    /// [`MAX_VALUE_BYTES`]; a longer one is `InvalidInput` and nothing is sent).
     pub async fn store_value(&self, value: &[u8]) -> Result<()> {
+        check_value_len(value.len())?;
         self.tx
             .execute(
                 &format!(
@@ -611,9 +613,13 @@ impl FencedTable {
 ///   wait for a pooled connection (or a new one) and the statements each get that bound. A
 ///   failure before `COMMIT` was sent is `Unavailable` (nothing was committed); a timeout or a
 ///   lost connection after `COMMIT` was sent is `OutcomeUnknown`. Nothing is retried: a write
-///   whose outcome is unknown is never sent again by the fence. The row lock keeps the order
-///   anyway: `COMMIT` is only sent once this write holds the resource's row lock, so a later write
-///   of the same resource waits until the unknown one committed or aborted.
+///   whose outcome is unknown is never sent again by the fence. Its bytes may still be on their
+///   way (a delayed network, a stalled proxy): they can reach the server and commit after the
+///   caller gave up, even after a later write under the same token, whose value it then
+///   replaces. A holder that retries after `OutcomeUnknown` should therefore retry under a new
+///   token (a new lease), or re-read after the connection's server session is gone. Fencing
+///   between holders is unaffected: a late write still loses to any newer token.
+/// - Values are at most [`MAX_VALUE_BYTES`]; a longer one is `InvalidInput`, nothing sent.
 /// - Connections: up to `pool_size` ([`DEFAULT_POOL_SIZE`] by default) at once; writes of
 ///   different resources run in parallel. A connection that timed out, or whose operation was
 ///   cancelled, is closed rather than returned (its replies can no longer be matched to
@@ -927,6 +933,9 @@ impl PgFence {
         token: Token,
         value: Option<Bytes>,
     ) -> Result<Accepted> {
+        if let Some(value) = &value {
+            check_value_len(value.len())?;
+        }
         let table = self.table.clone();
         let resource = resource.clone();
         let operation = if value.is_some() { "write" } else { "claim" };
@@ -1126,9 +1135,44 @@ impl Fence for PgFence {
     }
 }
 
+/// The longest value [`PgFence`] writes, in bytes: 512 MiB, half of what one `bytea` and one
+/// protocol message can carry, so that a value is refused with `InvalidInput` before anything
+/// is sent rather than by the client library halfway through a pipelined transaction (whose
+/// earlier statements, the fence's advance among them, would then commit without the value).
+pub const MAX_VALUE_BYTES: usize = 512 * 1024 * 1024;
+
+fn check_value_len(len: usize) -> Result<()> {
+    if len > MAX_VALUE_BYTES {
+        return Err(InvalidInput::TooLong {
+            what: "fence value",
+            value: format!("<{len} bytes>"),
+            len,
+            max: MAX_VALUE_BYTES,
+        }
+        .into());
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_value_above_the_limit_is_refused_before_sending() {
+        assert!(check_value_len(MAX_VALUE_BYTES).is_ok());
+        let e = check_value_len(MAX_VALUE_BYTES + 1).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::InvalidInput(InvalidInput::TooLong {
+                    what: "fence value",
+                    ..
+                })
+            ),
+            "{e:?}"
+        );
+    }
 
     #[test]
     fn identifiers_are_validated() {
