@@ -415,8 +415,10 @@ async fn delayed_write(ctx: Arc<Ctx>) -> CaseResult {
     let lease = a.acquire(&key, &LeaseOptions::new(ctx.ttl())).await?;
     let token_a = lease.token();
     slow_fence.claim(&res(&key), token_a).await?;
-    // The write leaves A while A still holds the lease, and the network holds it back.
-    proxy.delay(ctx.ttl() * 2);
+    // The write leaves A while A still holds the lease, and the network holds it back until
+    // the new owner has claimed (a partition healed late: the held bytes arrive then, in order),
+    // however long the takeover takes.
+    proxy.blackhole();
     let in_flight = {
         let key = key.clone();
         tokio::spawn(async move {
@@ -426,6 +428,7 @@ async fn delayed_write(ctx: Arc<Ctx>) -> CaseResult {
         })
     };
     let new = takeover_via(&ctx, &*rec, &*b, &key, token_a).await?;
+    proxy.heal();
     let delayed = in_flight
         .await
         .map_err(|e| Failure(format!("writer panicked: {e}")))?;
