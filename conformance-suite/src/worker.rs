@@ -22,7 +22,8 @@
 //!          [--wait-ms N] [--writes N] [--interval-ms N]
 //! ```
 //!
-//! Output lines: `ACQUIRED <token>`, `WRITE <i> OK`, `WRITE <i> STALE <current>`,
+//! Output lines: `WAITING` (the key was held at the first try; the worker now waits for it),
+//! `ACQUIRED <token>`, `WRITE <i> OK`, `WRITE <i> STALE <current>`,
 //! `WRITE <i> ERR <message>`, `RELEASE OK|LOST|ERR <message>`, `ERROR <message>`. Exit status 2
 //! for bad arguments, 1 for an error before or while acquiring (an `ERROR` line says which).
 
@@ -124,7 +125,15 @@ async fn run(registry: &Registry, a: Args) -> Result<(), Error> {
     let resource = ResourceId::from(&key);
     let options =
         LeaseOptions::new(Duration::from_millis(a.ttl_ms)).wait(Duration::from_millis(a.wait_ms));
-    let lease = coord.acquire(&key, &options).await?;
+    // One try first: a key already held is reported (`WAITING`) before the wait, so that a case
+    // can act on a worker known to be queued rather than on one that may not have connected.
+    let lease = match coord.try_acquire(&key, &options).await {
+        Err(Error::Held { .. }) => {
+            say("WAITING".to_owned());
+            coord.acquire(&key, &options).await?
+        }
+        tried => tried?,
+    };
     let token = lease.token();
     fence.claim(&resource, token).await?;
     say(format!("ACQUIRED {token}"));

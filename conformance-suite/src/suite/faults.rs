@@ -688,7 +688,13 @@ async fn killed_process(ctx: Arc<Ctx>) -> CaseResult {
     let key = ctx.key("killed-before");
     let holder = b.acquire(&key, &LeaseOptions::new(ctx.ttl() * 20)).await?;
     let mut worker = Worker::spawn(&ctx, &key, server.addr(), 1, ctx.ttl() / 10).await?;
-    tokio::time::sleep(ctx.ttl() / 2 + Duration::from_millis(200)).await;
+    // Connected, found the key held, and gone on to wait (it says so before its waiting
+    // acquire); a moment more lets that acquire reach the server. The check below holds
+    // whether or not it has.
+    worker
+        .expect("WAITING", ctx.ttl() * 10 + Duration::from_secs(10))
+        .await?;
+    tokio::time::sleep(ctx.ttl() / 4).await;
     check!(
         worker.child.try_wait()?.is_none(),
         "worker exited while it should be waiting; saw {:?}",
