@@ -258,6 +258,10 @@ async fn monkey(
         None
     };
     let (mut forced, mut restarts, mut paused, mut killed) = (0, 0, 0, 0);
+    // Worker processes started, and what those that failed said: a worker may fail under chaos
+    // (a restart, a long wait), but not every one of two or more (a worker that cannot connect
+    // at all, such as one without the subject's URL scheme).
+    let (mut spawned, mut worker_errors) = (0u32, Vec::<String>::new());
     let mut workers = Vec::new();
     let mut last_restart = Instant::now();
     while Instant::now() < until {
@@ -287,7 +291,12 @@ async fn monkey(
                 let server = server.as_ref().expect("spawned");
                 let mut w =
                     super::faults::spawn_worker(&ctx, key, server.addr(), 10_000, ttl / 10).await?;
-                if w.wait_for_acquired(ttl * 6).await {
+                spawned += 1;
+                let acquired = w.wait_for_acquired(ttl * 6).await.unwrap_or_else(|e| {
+                    worker_errors.push(e);
+                    false
+                });
+                if acquired {
                     if rng.gen_bool(0.5) {
                         lease_testkit::process::pause(w.pid())
                             .map_err(|e| Failure(e.to_string()))?;
@@ -308,6 +317,12 @@ async fn monkey(
     }
     for mut w in workers {
         w.stop().await;
+    }
+    if spawned >= 2 && worker_errors.len() == spawned as usize {
+        return Err(Failure(format!(
+            "all {spawned} worker processes failed; the first: {}",
+            worker_errors[0]
+        )));
     }
     Ok(format!(
         "{forced} force-releases, {restarts} restarts, {paused} processes paused, {killed} killed"

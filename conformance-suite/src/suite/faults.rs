@@ -778,9 +778,19 @@ impl Worker {
         self.pid
     }
 
-    /// Whether the worker reported `ACQUIRED` within `within`.
-    pub(super) async fn wait_for_acquired(&mut self, within: Duration) -> bool {
-        self.expect("ACQUIRED", within).await.is_ok()
+    /// Whether the worker reported `ACQUIRED` within `within` (`Ok(false)`: not yet); `Err` with
+    /// what it said when it failed or exited instead.
+    pub(super) async fn wait_for_acquired(&mut self, within: Duration) -> Result<bool, String> {
+        match self.expect("ACQUIRED", within).await {
+            Ok(_) => Ok(true),
+            Err(_)
+                if self.child.try_wait().ok().flatten().is_none()
+                    && !self.seen.iter().any(|l| l.starts_with("ERROR")) =>
+            {
+                Ok(false)
+            }
+            Err(Failure(e)) => Err(e),
+        }
     }
 
     /// Kills the worker and reaps it.
