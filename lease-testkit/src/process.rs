@@ -244,11 +244,14 @@ mod tests {
 
     #[test]
     fn stop_continue_kill_a_child() {
-        let mut child = Command::new("sleep")
-            .arg("30")
-            .stdin(Stdio::null())
-            .spawn()
-            .expect("spawn sleep");
+        let mut reaped = Reaped(
+            Command::new("sleep")
+                .arg("30")
+                .stdin(Stdio::null())
+                .spawn()
+                .expect("spawn sleep"),
+        );
+        let child = &mut reaped.0;
         let pid = child.id();
         assert!(exists(pid));
         pause(pid).unwrap();
@@ -273,9 +276,20 @@ mod tests {
         Signal::SIGKILL as i32
     }
 
+    /// A child killed and reaped when the test ends, even by a failed assertion (a child left
+    /// stopped would never exit; one left spinning would hold the cores).
+    struct Reaped(std::process::Child);
+
+    impl Drop for Reaped {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+
     /// A child with several busy threads (python: each thread spins), so that a stop that is
     /// still under way shows some threads running.
-    fn busy_threads(n: usize) -> std::process::Child {
+    fn busy_threads(n: usize) -> Reaped {
         let script = format!(
             "import threading\n\
              def spin():\n    while True: pass\n\
@@ -283,17 +297,19 @@ mod tests {
              import time\n\
              time.sleep(60)\n"
         );
-        Command::new("python3")
-            .args(["-c", &script])
-            .stdin(Stdio::null())
-            .spawn()
-            .expect("spawn python3")
+        Reaped(
+            Command::new("python3")
+                .args(["-c", &script])
+                .stdin(Stdio::null())
+                .spawn()
+                .expect("spawn python3"),
+        )
     }
 
     #[test]
     fn pause_returns_only_once_every_thread_is_stopped() {
-        let mut child = busy_threads(6);
-        let pid = child.id();
+        let child = busy_threads(6);
+        let pid = child.0.id();
         let deadline = Instant::now() + Duration::from_secs(10);
         while task_states(pid).map(|t| t.len()).unwrap_or(0) < 7 {
             assert!(Instant::now() < deadline, "threads never started");
@@ -314,6 +330,6 @@ mod tests {
             );
         }
         kill(pid).unwrap();
-        child.wait().unwrap();
+        drop(child);
     }
 }
