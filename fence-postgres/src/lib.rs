@@ -188,13 +188,32 @@ impl fmt::Debug for Ident {
 /// An existing table is found first (`to_regclass`) and left alone, so a role that may only
 /// read and write it (no `CREATE` on the schema, PostgreSQL 15's default for `public`) passes:
 /// `CREATE TABLE IF NOT EXISTS` alone checks that privilege before it looks for the table.
+/// Its columns are checked against the catalog: a table made by hand with another shape (say
+/// `newest INTEGER`, which would accept writes and then fail to read them back, and overflow
+/// past 2^31) is `Misconfigured`, naming each column that differs.
 pub async fn migrate(client: &impl GenericClient, table: &Ident) -> Result<()> {
-    let exists = client
-        .query_one("SELECT to_regclass($1) IS NOT NULL", &[&table.quoted()])
+    let columns = client
+        .query(
+            "SELECT a.attname::text, format_type(a.atttypid, NULL) \
+             FROM pg_attribute a \
+             WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped",
+            &[&table.quoted()],
+        )
         .await
         .map_err(|e| map_err("migrate", e))?;
-    if exists.get::<_, bool>(0) {
-        return Ok(());
+    if !columns.is_empty() {
+        let found: Vec<(String, String)> = columns
+            .iter()
+            .map(|r| (r.get::<_, String>(0), r.get::<_, String>(1)))
+            .collect();
+        let problems = table_shape_problems(table, &found);
+        if problems.is_empty() {
+            return Ok(());
+        }
+        return Err(Error::Misconfigured {
+            backend: BACKEND,
+            problems,
+        });
     }
     let sql = format!(
         "CREATE TABLE IF NOT EXISTS {t} (
@@ -209,6 +228,33 @@ pub async fn migrate(client: &impl GenericClient, table: &Ident) -> Result<()> {
         .batch_execute(&sql)
         .await
         .map_err(|e| map_err("migrate", e))
+}
+
+/// What differs between an existing fence table's columns (`(name, type)`) and the ones the
+/// fence reads and writes.
+fn table_shape_problems(table: &Ident, found: &[(String, String)]) -> Vec<String> {
+    const WANTED: &[(&str, &[&str])] = &[
+        ("resource", &["text", "character varying"]),
+        ("newest", &["bigint"]),
+        ("value", &["bytea"]),
+        ("value_token", &["bigint"]),
+    ];
+    WANTED
+        .iter()
+        .filter_map(|(name, types)| {
+            let want = types[0];
+            match found.iter().find(|(n, _)| n == name) {
+                None => Some(format!(
+                    "the fence table {table:?} has no column {name} ({want}); create it as \
+                     migrations/0001_fence_tokens.sql does"
+                )),
+                Some((_, t)) if !types.contains(&t.as_str()) => Some(format!(
+                    "the fence table {table:?} has column {name} of type {t}, not {want}"
+                )),
+                Some(_) => None,
+            }
+        })
+        .collect()
 }
 
 /// A transaction that has passed the fence: the resource's row is locked, its newest accepted
@@ -1157,6 +1203,29 @@ fn check_value_len(len: usize) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_fence_table_of_another_shape_is_named_column_by_column() {
+        let table = Ident::new("fence_tokens").unwrap();
+        let col = |n: &str, t: &str| (n.to_owned(), t.to_owned());
+        let good = [
+            col("resource", "text"),
+            col("newest", "bigint"),
+            col("value", "bytea"),
+            col("value_token", "bigint"),
+            col("updated_at", "timestamp with time zone"),
+        ];
+        assert!(table_shape_problems(&table, &good).is_empty());
+        let bad = [
+            col("resource", "text"),
+            col("newest", "integer"),
+            col("value", "bytea"),
+        ];
+        let problems = table_shape_problems(&table, &bad);
+        assert_eq!(problems.len(), 2, "{problems:?}");
+        assert!(problems[0].contains("newest of type integer, not bigint"));
+        assert!(problems[1].contains("no column value_token"));
+    }
 
     #[test]
     fn a_value_above_the_limit_is_refused_before_sending() {

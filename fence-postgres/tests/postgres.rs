@@ -326,6 +326,26 @@ async fn fenced_table_with_a_non_unique_key_or_a_narrow_fence_is_misconfigured_a
         );
         assert_eq!(touched(&c, table).await, 0, "{table}: the write applied");
     }
+    // The fence's own table made by hand with a narrower token column: refused at connect,
+    // naming the column, rather than accepting writes whose answer it then cannot read.
+    c.batch_execute(
+        "CREATE TABLE narrow_fence (resource TEXT PRIMARY KEY, newest INTEGER NOT NULL,
+                                    value BYTEA, value_token BIGINT)",
+    )
+    .await
+    .unwrap();
+    let connected = PgFence::connect(&format!("{}?table=narrow_fence", pg.connection_url())).await;
+    match connected {
+        Err(Error::Misconfigured { problems, .. }) => {
+            assert!(
+                problems
+                    .iter()
+                    .any(|p| p.contains("newest of type integer")),
+                "{problems:?}"
+            );
+        }
+        other => panic!("expected Misconfigured, got {other:?}"),
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
