@@ -251,8 +251,8 @@ impl ConsulCoordinator {
                         // Committed, so the lock is ours, but the answer does not show it: the
                         // armed attempt's cancellation deletes it (the claim is held until then).
                         drop(attempt);
-                        return Err(crate::error::protocol(
-                            "acquire",
+                        return Err(crate::error::unreadable(
+                            Op::write("acquire", true),
                             "the transaction did not return the lock",
                         ));
                     };
@@ -311,7 +311,7 @@ impl ConsulCoordinator {
                     } else if all.contains("already held") {
                         Refusal::Held
                     } else {
-                        return Err(crate::error::protocol("acquire", all));
+                        return Err(crate::error::unreadable(Op::read("acquire"), all));
                     }
                 }
                 Err(e @ Error::OutcomeUnknown { .. }) => {

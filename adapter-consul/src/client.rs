@@ -597,7 +597,7 @@ impl Http {
         match a.status {
             200 => {
                 let entries: Vec<KvEntry> = serde_json::from_slice(&a.body)
-                    .map_err(|e| error::protocol(operation, e.to_string()))?;
+                    .map_err(|e| error::unreadable(Op::read(operation), e))?;
                 Ok((index, entries))
             }
             404 => Ok((index, Vec::new())),
@@ -687,7 +687,7 @@ impl Http {
     /// nothing it sends writes.
     pub(crate) async fn txn_read(&self, ops: &[TxnOp], operation: &'static str) -> Result<TxnRead> {
         let body =
-            serde_json::to_vec(ops).map_err(|e| error::protocol(operation, e.to_string()))?;
+            serde_json::to_vec(ops).map_err(|e| error::unencodable(operation, e.to_string()))?;
         let a = self
             .send(
                 Lane::Ordinary,
@@ -703,7 +703,7 @@ impl Http {
         match a.status {
             200 | 409 => {
                 let ans: TxnAnswer = serde_json::from_slice(&a.body)
-                    .map_err(|e| error::protocol(operation, e.to_string()))?;
+                    .map_err(|e| error::unreadable(Op::read(operation), e))?;
                 if a.status == 200 {
                     Ok(TxnRead::Passed)
                 } else {
@@ -744,7 +744,7 @@ impl Http {
                     id: String,
                 }
                 let c: Created = serde_json::from_slice(&a.body)
-                    .map_err(|e| error::protocol(OP, e.to_string()))?;
+                    .map_err(|e| error::unreadable(Op::read(OP), e))?;
                 Ok(c.id)
             }
             500 if String::from_utf8_lossy(&a.body).contains("Session TTL") => {
@@ -807,23 +807,23 @@ impl Http {
 
 /// The JSON body of a transaction of `op`.
 fn txn_body(ops: &[TxnOp], op: Op) -> Result<Vec<u8>> {
-    serde_json::to_vec(ops).map_err(|e| error::protocol(op.name, e.to_string()))
+    serde_json::to_vec(ops).map_err(|e| error::unencodable(op.name, e.to_string()))
 }
 
 /// Decodes the answer to a transaction of `op`: committed (with the keys it returned) or rolled
 /// back (with Consul's reasons).
 fn txn_answer(a: Answer, op: Op) -> Result<TxnOutcome> {
-    let operation = op.name;
     match a.status {
         200 | 409 => {
-            let ans: TxnAnswer = serde_json::from_slice(&a.body).map_err(|e| {
-                if a.status == 200 && op.writes {
-                    // Committed, but what it did cannot be read: the caller must resolve it.
-                    error::unreadable_commit(operation, e.to_string())
-                } else {
-                    error::protocol(operation, e.to_string())
-                }
-            })?;
+            // 200: committed, so an unreadable answer to a write leaves its outcome unknown
+            // (the caller resolves it); 409: rolled back, nothing was applied.
+            let answered = if a.status == 200 {
+                op
+            } else {
+                Op::read(op.name)
+            };
+            let ans: TxnAnswer =
+                serde_json::from_slice(&a.body).map_err(|e| error::unreadable(answered, e))?;
             if a.status == 200 {
                 Ok(TxnOutcome::Committed(
                     ans.results

@@ -23,6 +23,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lease_core::adapter::batch::{Rounds, RoundsConfig};
+use lease_core::adapter::Op;
 use lease_core::Error;
 
 use crate::client::{Http, TxnOp, TxnRead};
@@ -106,7 +107,7 @@ async fn confirm(http: &Http, chunk: Vec<(String, String)>) -> Vec<Result<Owners
                 if failed.is_empty() {
                     // Nothing to attribute the failure to: no check can be answered either way.
                     let what: Vec<&str> = errors.iter().map(|(_, w)| w.as_str()).collect();
-                    let e = crate::error::protocol("renew", what.join("; "));
+                    let e = crate::error::unreadable(Op::read("renew"), what.join("; "));
                     for i in pending.drain(..) {
                         answers[i] = Some(Err(e.replicate()));
                     }

@@ -9,7 +9,7 @@
 //! | 403 (ACL token missing, unknown or lacking permission) | `Misconfigured` | `Misconfigured` |
 //! | 429; 500, 502, 503, 504 saying `No cluster leader`, `No path to datacenter`, `rate limit exceeded` (not applied) | `Unavailable` | `Unavailable` |
 //! | any other 500, 502, 503, 504, e.g. 500 `rpc error making call: EOF` / `leadership lost while committing log`, a proxy's 502/503/504 (may have applied) | `Unavailable` | `OutcomeUnknown` |
-//! | 200 whose body cannot be read (applied, results unknown) | `Unsupported` | `OutcomeUnknown` |
+//! | 200 whose body cannot be read (applied, results unknown) | `Misconfigured` | `OutcomeUnknown` |
 //! | 400, 405, 413 (the request itself was refused) | `Unsupported` | `Unsupported` |
 //!
 //! Consul's agent prefixes every error of a forwarded RPC with `rpc error making call:`, whether
@@ -208,27 +208,18 @@ fn not_applied(text: &str) -> bool {
     .any(|m| text.contains(m))
 }
 
-/// A write answered 200 (committed) whose body cannot be read: what it did is unknown.
-pub(crate) fn unreadable_commit(operation: &'static str, problem: impl Into<String>) -> Error {
-    Error::OutcomeUnknown {
-        backend: BACKEND,
-        operation,
-        message: format!(
-            "committed, but the answer could not be read: {}",
-            problem.into()
-        ),
-        source: None,
-    }
+/// An answer to `op` that cannot be read (not the JSON Consul sends, or not what was asked
+/// for): `OutcomeUnknown` for a write Consul committed, `Misconfigured` otherwise (see
+/// [`Op::unreadable_answer`]).
+pub(crate) fn unreadable(op: Op, problem: impl std::fmt::Display) -> Error {
+    op.unreadable_answer(BACKEND, problem)
 }
 
-/// A malformed answer (not the JSON Consul sends).
-pub(crate) fn protocol(operation: &'static str, problem: impl Into<String>) -> Error {
+/// A request body that cannot be encoded: nothing was sent.
+pub(crate) fn unencodable(operation: &'static str, problem: impl Into<String>) -> Error {
     Error::Unsupported {
         backend: BACKEND,
-        what: format!(
-            "{operation}: unexpected answer from Consul: {}",
-            problem.into()
-        ),
+        what: format!("{operation}: cannot encode the request: {}", problem.into()),
     }
 }
 

@@ -229,14 +229,18 @@ impl RedisCoordinator {
                 return Err(e);
             }
         };
-        // A definitive reply for this request. An earlier request whose reply was lost may still
-        // be pending at the server, so only a grant (which such a request then finds and leaves
-        // alone, the script being idempotent per nonce) clears `pending`.
-        guard.pending = was_pending;
-        let items = reply::array(v).ok_or_else(|| bad_reply(ops::ACQUIRE, "not an array"))?;
+        // A reply for this request. An earlier request whose reply was lost may still be
+        // pending at the server, so only a grant (which such a request then finds and leaves
+        // alone, the script being idempotent per nonce) clears `pending`. Until the reply is
+        // read, this request may have written the lock: a reply that cannot be read, or a grant
+        // whose token is not one (an outside write to the counter), leaves `pending` set, and the
+        // guard removes the lock when the call ends.
+        let Some(items) = reply::array(v) else {
+            return Err(bad_reply(ops::ACQUIRE, "not an array"));
+        };
         match items.as_slice() {
             [flag, token] if matches!(reply::int(flag), Some(1 | 2)) => {
-                let native: u64 = reply::text(token)
+                let native: i64 = reply::text(token)
                     .and_then(|t| t.parse().ok())
                     .ok_or_else(|| bad_reply(ops::ACQUIRE, "token is not a number"))?;
                 let token = self.inner.tokens.convert(key, native)?;
@@ -262,10 +266,16 @@ impl RedisCoordinator {
                         source: None,
                     });
                 }
-                self.grant(key, keys, parts, token, options, validity_from)
-                    .await
+                let granted = self
+                    .grant(key, keys, parts, token, options, validity_from)
+                    .await;
+                if granted.is_ok() {
+                    guard.pending = was_pending;
+                }
+                granted
             }
             [flag, _holder, pttl] if reply::int(flag) == Some(0) => {
+                guard.pending = was_pending;
                 let pttl = reply::int(pttl).unwrap_or(-1);
                 Ok(Attempt::Held(
                     (pttl >= 0).then(|| Duration::from_millis(pttl as u64)),

@@ -165,13 +165,10 @@ pub(crate) fn connect_timed_out(timeout: std::time::Duration) -> Error {
     }
 }
 
-/// An error for a script reply that does not have the shape the script returns.
+/// An error for a script reply that does not have the shape the script returns (a different
+/// script version, or a foreign value in this adapter's keys): see [`Op::unreadable_answer`].
 pub(crate) fn bad_reply(op: Op, what: impl std::fmt::Display) -> Error {
-    misconfigured(format!(
-        "unexpected reply to {}: {what} (a different script version or a foreign value in this \
-         adapter's keys)",
-        op.name
-    ))
+    op.unreadable_answer(BACKEND, what)
 }
 
 fn auth_failed(err: &RedisError) -> Error {

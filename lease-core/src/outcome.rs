@@ -89,6 +89,34 @@ impl Op {
 }
 
 impl Op {
+    /// The error for an answer to this request that arrived but cannot be understood: a shape
+    /// the adapter never asks for (another version of its scripts, a value another writer put in
+    /// its keys, something other than the backend answering on its port). `what` says what was
+    /// wrong with it.
+    ///
+    /// A write was delivered and what it did is unknown: `OutcomeUnknown` (re-read before
+    /// acting; an adapter that may hold a key because of it cleans it up as for a lost reply).
+    /// A read changed nothing: `Misconfigured`, since the keys or the endpoint are not what the
+    /// adapter's settings say they are.
+    pub fn unreadable_answer(self, backend: &'static str, what: impl std::fmt::Display) -> Error {
+        let message = format!("unexpected answer to {}: {what}", self.name);
+        if self.writes {
+            Error::OutcomeUnknown {
+                backend,
+                operation: self.name,
+                message: format!("{message} (it may have been applied)"),
+                source: None,
+            }
+        } else {
+            Error::Misconfigured {
+                backend,
+                problems: vec![message],
+            }
+        }
+    }
+}
+
+impl Op {
     /// `error`, the last failure of a request of which an earlier send is in doubt
     /// ([`resend`]): for a write, what reads "nothing applied" (`Unavailable`: the resend was
     /// refused, or never reached the server) is `OutcomeUnknown`, since the earlier send may
@@ -176,6 +204,25 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_unreadable_answer_to_a_write_is_of_unknown_outcome() {
+        let e = Op::write("acquire", true).unreadable_answer("x", "not an array");
+        assert!(
+            matches!(
+                e,
+                Error::OutcomeUnknown {
+                    operation: "acquire",
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert!(e.to_string().contains("not an array"), "{e}");
+        let e = Op::read("inspect").unreadable_answer("x", "not an array");
+        assert!(matches!(e, Error::Misconfigured { .. }), "{e}");
+        assert!(e.to_string().contains("inspect: not an array"), "{e}");
+    }
 
     #[test]
     fn after_doubt_nothing_applied_is_unknown_for_a_write() {

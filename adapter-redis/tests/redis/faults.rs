@@ -401,3 +401,63 @@ async fn without_tracking_the_monitor_polls_held_keys() {
         .expect("DEL not noticed by polling");
     assert_eq!(reason, LostReason::Revoked);
 }
+
+/// Another writer sets the token counter to a negative number: the script's `INCR` then grants
+/// the lock with a token below 1. The acquire refuses it as out of range, naming the value, and
+/// the lock it was granted is removed at once rather than left locked for its TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_with_an_out_of_range_token_leaves_the_key_free() {
+    let Some(srv) = server(
+        "a_grant_with_an_out_of_range_token_leaves_the_key_free",
+        durable(),
+    ) else {
+        return;
+    };
+    let c = coordinator(&srv, "clock_tokens=false").await;
+    let mut conn = raw(&srv).await;
+    let k = key("outside-counter");
+    let keys = adapter_redis::storage_keys(c.config(), &k);
+    let (lock_key, counter_key) = (keys[0].clone(), keys[1].clone());
+    for (counter, native) in [("-2", "-1"), ("-5", "-4")] {
+        let _: () = redis::cmd("SET")
+            .arg(&counter_key)
+            .arg(counter)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        match c.try_acquire(&k, &LeaseOptions::new(60 * SEC)).await {
+            Err(Error::TokenOutOfRange { native: n, .. }) => assert_eq!(n, native),
+            other => panic!("counter {counter}: expected TokenOutOfRange, got {other:?}"),
+        }
+        let freed = eventually(10 * SEC, || {
+            let mut conn = conn.clone();
+            let lock_key = lock_key.clone();
+            async move {
+                let lock: Option<String> = redis::cmd("GET")
+                    .arg(&lock_key)
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap();
+                lock.is_none().then_some(())
+            }
+        })
+        .await;
+        assert!(
+            freed.is_some(),
+            "counter {counter}: the refused grant's lock is still there"
+        );
+    }
+    // Once the counter is a token again, the key is granted as usual.
+    let _: () = redis::cmd("SET")
+        .arg(&counter_key)
+        .arg("41")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let lease = c
+        .try_acquire(&k, &LeaseOptions::new(60 * SEC))
+        .await
+        .unwrap();
+    assert_eq!(lease.token(), Token::new(42).unwrap());
+    lease.release().await.unwrap();
+}
