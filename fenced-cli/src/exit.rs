@@ -61,7 +61,7 @@ pub(crate) fn status_of(e: &Error) -> u8 {
         // The facade's own refusal (a scheme whose feature is off) is made before anything is
         // sent. A backend's `Unsupported` may come after the request was sent (an answer it
         // did not expect): not "nothing was sent", so re-read before acting.
-        Error::Unsupported { backend, .. } if *backend == "fenced" => USAGE,
+        Error::Unsupported { backend, .. } if *backend == fenced::BACKEND => USAGE,
         Error::Unavailable { .. } => UNAVAILABLE,
         Error::Held { .. } | Error::Timeout { .. } => NOT_ACQUIRED,
         Error::Lost { .. } | Error::Stale { .. } => LOST,
@@ -128,13 +128,13 @@ mod tests {
         let e = Error::InvalidInput(fenced::InvalidInput::ZeroTtl);
         assert_eq!(status_of(&e), USAGE);
         let e = Error::Unsupported {
-            backend: "fenced",
+            backend: fenced::BACKEND,
             what: "etcd:// URLs: this build ...".into(),
         };
         assert_eq!(status_of(&e), USAGE);
         let e = Error::Unsupported {
             backend: "consul",
-            what: "force_release: unexpected answer from Consul".into(),
+            what: "force_release: HTTP 405: method not allowed".into(),
         };
         assert_eq!(status_of(&e), SOFTWARE);
     }

@@ -89,10 +89,15 @@ fn disabled_feature(url: &str, role: Role) -> Option<&'static str> {
     (!enabled).then_some(*feature)
 }
 
+/// The `backend` of the errors this crate makes itself ([`Error::Unsupported`] for a scheme
+/// whose cargo feature is off), all of them before anything is sent; a backend's own errors name
+/// that backend instead.
+pub const BACKEND: &str = "fenced";
+
 fn feature_error(feature: &'static str, url: &str) -> Error {
     let scheme = url.split_once("://").map_or(url, |(s, _)| s);
     Error::Unsupported {
-        backend: "fenced",
+        backend: BACKEND,
         what: format!(
             "{scheme}:// URLs: this build of `fenced` was made without its cargo feature \"{feature}\" \
              (enable it, or \"full\" for every backend)"
