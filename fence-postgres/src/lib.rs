@@ -1,18 +1,19 @@
 #![doc = include_str!("../README.md")]
 #![forbid(unsafe_code)]
 
+use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
 use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::task::Poll;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use deadpool_postgres::{
-    Manager, ManagerConfig, Object, Pool, PoolError, RecyclingMethod, Runtime,
+    Manager, ManagerConfig, Object, ObjectId, Pool, PoolError, RecyclingMethod, Runtime,
 };
 use lease_core::{
     Accepted, Bytes, Error, Fence, FencedValue, InvalidInput, ResourceId, Result, Token,
@@ -659,12 +660,17 @@ impl FencedTable {
 ///   wait for a pooled connection (or a new one) and the statements each get that bound. A
 ///   failure before `COMMIT` was sent is `Unavailable` (nothing was committed); a timeout or a
 ///   lost connection after `COMMIT` was sent is `OutcomeUnknown`. Nothing is retried: a write
-///   whose outcome is unknown is never sent again by the fence. Its bytes may still be on their
-///   way (a delayed network, a stalled proxy): they can reach the server and commit after the
-///   caller gave up, even after a later write under the same token, whose value it then
-///   replaces. A holder that retries after `OutcomeUnknown` should therefore retry under a new
-///   token (a new lease), or re-read after the connection's server session is gone. Fencing
-///   between holders is unaffected: a late write still loses to any newer token.
+///   whose outcome is unknown is never sent again by the fence.
+/// - Such a write's bytes may still be on their way (a delayed network, a stalled proxy) and
+///   could reach the server and commit after the caller gave up, even after a later write under
+///   the same token, whose value it would then replace. So before returning `OutcomeUnknown`
+///   the fence ends that connection's server session (`pg_terminate_backend` on another pooled
+///   connection, then waits until it is gone; at most `timeout_ms` more): after that nothing of
+///   the write can commit, and a read shows whether it did. The error's message says whether the
+///   session was ended; if not, retry under a new token (a new lease) rather than re-read.
+///   Behind a transaction-pooling proxy (PgBouncer's `pool_mode=transaction`) a connection's
+///   server session is not its own: set `end_unknown_sessions=false` there. Fencing between
+///   holders is unaffected either way: a late write still loses to any newer token.
 /// - Values are at most [`MAX_VALUE_BYTES`]; a longer one is `InvalidInput`, nothing sent.
 /// - Connections: up to `pool_size` ([`DEFAULT_POOL_SIZE`] by default) at once; writes of
 ///   different resources run in parallel. A connection that timed out, or whose operation was
@@ -673,6 +679,8 @@ impl FencedTable {
 ///   one `PgFence` outlives any number of server restarts.
 pub struct PgFence {
     pool: Pool,
+    /// The server session of each pooled connection, when `end_unknown_sessions` is on.
+    sessions: Option<Arc<Sessions>>,
     timeout: Duration,
     pool_size: usize,
     ssl_mode: SslMode,
@@ -708,6 +716,8 @@ impl fmt::Display for PgFence {
 struct Checkout {
     client: Option<Object>,
     finished: bool,
+    /// The connection's server session (when sessions are tracked).
+    session: Option<Session>,
 }
 
 impl Checkout {
@@ -808,6 +818,9 @@ impl PgFence {
     /// crate's options are taken out of the query:
     /// - `table=NAME` (default [`DEFAULT_TABLE`]), `migrate=true|false` (default `true`);
     /// - `timeout_ms=N` (1..=600000, default 30000): bounds the connect and each operation;
+    /// - `end_unknown_sessions=true|false` (default `true`): end the server session of a write
+    ///   whose outcome is unknown (see [`PgFence`]); each pooled connection then asks for its
+    ///   session (`pg_backend_pid`, `backend_start`) once, on its first use;
     /// - `pool_size=N` (1..=1024, default [`DEFAULT_POOL_SIZE`]): connections at most;
     /// - `sslmode=disable|prefer|require|verify-ca|verify-full` (default `prefer`, as libpq; see
     ///   [`SslMode`]) and `sslrootcert=<PEM file>|system` (needed by `verify-ca`/`verify-full`);
@@ -854,6 +867,7 @@ impl PgFence {
             })?;
         let fence = PgFence {
             pool,
+            sessions: o.end_unknown_sessions.then(Arc::default),
             timeout: o.timeout,
             pool_size: o.pool_size,
             ssl_mode: o.ssl_mode,
@@ -942,35 +956,74 @@ impl PgFence {
                 source: None,
             },
         })?;
-        Ok(Checkout {
+        let mut held = Checkout {
             client: Some(client),
             finished: false,
-        })
+            session: None,
+        };
+        if let Some(sessions) = &self.sessions {
+            let id = Object::id(held.client.as_ref().expect("just set"));
+            held.session = Some(match sessions.get(id) {
+                Some(session) => session,
+                None => {
+                    // First use of this connection: one round trip to learn its session. On a
+                    // failure `held` is dropped unfinished (the connection is closed).
+                    let session = tokio::time::timeout(self.timeout, Session::of(held.client()))
+                        .await
+                        .map_err(|_| timed_out("connect", false, self.timeout))??;
+                    sessions.insert(id, session.clone(), self.pool_size);
+                    session
+                }
+            });
+        }
+        Ok(held)
     }
 
     /// Runs `op` on a pooled connection, bounded by the timeout. `committing` is set by `op`
     /// just before it sends `COMMIT`: a timeout after that is `OutcomeUnknown`. After a timeout
     /// (or if this future is dropped) the connection is closed, not returned.
+    ///
+    /// When the outcome is unknown (a timeout or a lost connection after `COMMIT` was sent) the
+    /// `COMMIT` may still be on its way (held by a stalled network or proxy) and commit later.
+    /// With `end_unknown_sessions` on, the connection's server session is then ended
+    /// ([`end_session`]) before this returns, so that nothing it sent commits afterwards and a
+    /// read tells what happened; the error says whether that succeeded. A dropped future ends it
+    /// in the background.
     async fn run<T, F>(&self, operation: &'static str, op: F) -> Result<T>
     where
         F: for<'c> FnOnce(&'c Client, &'c AtomicBool) -> BoxFuture<'c, Result<T>>,
     {
         let held = self.checkout().await?;
         let committing = AtomicBool::new(false);
+        let mut unsettled = Unsettled {
+            end: held
+                .session
+                .clone()
+                .map(|s| (self.pool.clone(), s, self.timeout)),
+            committing: &committing,
+        };
         let result = tokio::time::timeout(self.timeout, op(held.client(), &committing)).await;
-        match result {
+        let error = match result {
+            Ok(Err(e @ Error::OutcomeUnknown { .. })) => e,
             Ok(r) => {
+                unsettled.end = None;
                 held.finish();
-                r
+                return r;
             }
+            Err(_) if committing.load(Ordering::SeqCst) => timed_out(operation, true, self.timeout),
             // `held` is dropped unfinished: the connection is closed (the server aborts anything
             // uncommitted).
-            Err(_) => Err(timed_out(
-                operation,
-                committing.load(Ordering::SeqCst),
-                self.timeout,
-            )),
-        }
+            Err(_) => {
+                unsettled.end = None;
+                return Err(timed_out(operation, false, self.timeout));
+            }
+        };
+        drop(held);
+        let Some((pool, session, timeout)) = unsettled.end.take() else {
+            return Err(error);
+        };
+        let ended = end_session(pool, session, timeout).await;
+        Err(session_note(error, ended))
     }
 
     async fn accept(
@@ -1001,6 +1054,170 @@ impl PgFence {
             })
         })
         .await
+    }
+}
+
+/// A connection's server session: its backend's process id and start time, which together
+/// name it even after the process id is reused by a later session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Session {
+    pid: i32,
+    /// `backend_start` as text, compared as text (no time type needed).
+    started: String,
+}
+
+/// Selects the backend of a [`Session`] in `pg_stat_activity` (`$1` the pid, `$2` the start).
+const SESSION_ROW: &str = "FROM pg_stat_activity WHERE pid = $1 AND backend_start::text = $2";
+
+impl Session {
+    /// The session `client` is connected to.
+    async fn of(client: &Client) -> Result<Session> {
+        let row = client
+            .query_typed_one(
+                "SELECT pid, backend_start::text FROM pg_stat_activity \
+                 WHERE pid = pg_backend_pid()",
+                &[],
+            )
+            .await
+            .map_err(|e| map_err("connect", e))?;
+        let pid: i32 = row.try_get(0).map_err(|e| map_err("connect", e))?;
+        let started: Option<String> = row.try_get(1).map_err(|e| map_err("connect", e))?;
+        let started = started.ok_or_else(|| Error::Misconfigured {
+            backend: BACKEND,
+            problems: vec![
+                "pg_stat_activity does not show this connection's backend_start, so a write \
+                 whose outcome is unknown cannot have its session ended; grant the role \
+                 pg_read_all_stats, or set end_unknown_sessions=false"
+                    .into(),
+            ],
+        })?;
+        Ok(Session { pid, started })
+    }
+}
+
+/// The [`Session`] of each pooled connection, learnt on its first checkout.
+#[derive(Debug, Default)]
+struct Sessions(Mutex<HashMap<ObjectId, Session>>);
+
+impl Sessions {
+    fn get(&self, id: ObjectId) -> Option<Session> {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&id)
+            .cloned()
+    }
+
+    /// Records `session` for connection `id`. Entries of connections the pool has since closed
+    /// are not reported; once there are four per pooled connection, only the newest two per
+    /// pooled connection are kept (ids increase; an evicted live one is looked up again).
+    fn insert(&self, id: ObjectId, session: Session, pool_size: usize) {
+        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if map.len() >= 4 * pool_size {
+            let mut ids: Vec<ObjectId> = map.keys().copied().collect();
+            ids.sort_unstable();
+            for old in &ids[..ids.len() - 2 * pool_size] {
+                map.remove(old);
+            }
+        }
+        map.insert(id, session);
+    }
+}
+
+/// What [`PgFence::run`] has to do if its future is dropped: end the session of a connection
+/// whose `COMMIT` may have been sent.
+struct Unsettled<'a> {
+    end: Option<(Pool, Session, Duration)>,
+    committing: &'a AtomicBool,
+}
+
+impl Drop for Unsettled<'_> {
+    fn drop(&mut self) {
+        let Some((pool, session, timeout)) = self.end.take() else {
+            return;
+        };
+        if !self.committing.load(Ordering::SeqCst) {
+            return;
+        }
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                if let Err(why) = end_session(pool, session.clone(), timeout).await {
+                    tracing::warn!(
+                        backend = BACKEND,
+                        pid = session.pid,
+                        "a cancelled write's session could not be ended ({why}): its COMMIT may \
+                         still arrive"
+                    );
+                }
+            });
+        }
+    }
+}
+
+/// Ends `session` (`pg_terminate_backend`) and waits until it is gone, on a pooled connection,
+/// within `timeout`. Once it is gone nothing sent on it can commit any more. Allowed for a
+/// session of the same role; a session already gone is fine.
+async fn end_session(pool: Pool, session: Session, timeout: Duration) -> Result<(), String> {
+    let client = tokio::time::timeout(timeout, pool.get())
+        .await
+        .map_err(|_| format!("no connection within {timeout:?}"))?
+        .map_err(|e| format!("no connection: {e}"))?;
+    let params: [(&(dyn ToSql + Sync), Type); 2] =
+        [(&session.pid, Type::INT4), (&session.started, Type::TEXT)];
+    let ended = tokio::time::timeout(timeout, async {
+        client
+            .query_typed(
+                &format!("SELECT pg_terminate_backend(pid) {SESSION_ROW}"),
+                &params,
+            )
+            .await?;
+        // pg_terminate_backend only signals; the session may finish what it is doing first.
+        loop {
+            let left = client
+                .query_typed(&format!("SELECT 1 {SESSION_ROW}"), &params)
+                .await?;
+            if left.is_empty() {
+                return Ok::<(), tokio_postgres::Error>(());
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    match ended {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(chain(&e)),
+        Err(_) => {
+            // A statement may be pending on it: close it rather than return it to the pool.
+            drop(Object::take(client));
+            Err(format!("not gone within {timeout:?}"))
+        }
+    }
+}
+
+/// `error` (an `OutcomeUnknown`), saying whether its session was ended.
+fn session_note(error: Error, ended: Result<(), String>) -> Error {
+    match error {
+        Error::OutcomeUnknown {
+            backend,
+            operation,
+            message,
+            source,
+        } => Error::OutcomeUnknown {
+            backend,
+            operation,
+            message: match ended {
+                Ok(()) => format!(
+                    "{message}; its server session has since been ended, so nothing more of \
+                     it can commit: a read now shows whether it was committed"
+                ),
+                Err(why) => format!(
+                    "{message}; its server session could not be ended ({why}): it may still \
+                     commit later"
+                ),
+            },
+            source,
+        },
+        other => other,
     }
 }
 

@@ -19,6 +19,8 @@ pub(crate) struct Options {
     pub(crate) config: Config,
     pub(crate) table: Ident,
     pub(crate) migrate: bool,
+    /// `end_unknown_sessions`: end the server session of a write whose outcome is unknown.
+    pub(crate) end_unknown_sessions: bool,
     pub(crate) timeout: Duration,
     pub(crate) pool_size: usize,
     pub(crate) ssl_mode: SslMode,
@@ -127,6 +129,7 @@ pub(crate) fn parse(raw: &str) -> Result<Options> {
     let mut kept = Vec::new();
     let mut table = Ident::new(DEFAULT_TABLE)?;
     let mut migrate = true;
+    let mut end_unknown_sessions = true;
     let mut timeout = DEFAULT_TIMEOUT;
     let mut pool_size = DEFAULT_POOL_SIZE;
     let mut ssl_mode = SslMode::Prefer;
@@ -150,6 +153,17 @@ pub(crate) fn parse(raw: &str) -> Result<Options> {
                     "true" => true,
                     "false" => false,
                     other => return Err(invalid(format!("migrate={other}: true or false"))),
+                }
+            }
+            "end_unknown_sessions" => {
+                end_unknown_sessions = match decode()?.as_str() {
+                    "true" => true,
+                    "false" => false,
+                    other => {
+                        return Err(invalid(format!(
+                            "end_unknown_sessions={other}: true or false"
+                        )))
+                    }
                 }
             }
             "timeout_ms" => {
@@ -250,6 +264,7 @@ pub(crate) fn parse(raw: &str) -> Result<Options> {
         config,
         table,
         migrate,
+        end_unknown_sessions,
         timeout,
         pool_size,
         ssl_mode,
@@ -324,7 +339,8 @@ mod tests {
     fn own_options_are_stripped_and_the_rest_parsed_by_tokio_postgres() {
         let o = parse(
             "postgres://al%69ce:pw@db.example:6432/my%20db?application_name=fence&table=t1\
-             &timeout_ms=1500&pool_size=4&sslmode=verify-full&sslrootcert=/ca.pem&migrate=false",
+             &timeout_ms=1500&pool_size=4&sslmode=verify-full&sslrootcert=/ca.pem&migrate=false\
+             &end_unknown_sessions=false",
         )
         .unwrap();
         assert_eq!(o.config.get_user(), Some("alice"));
@@ -342,6 +358,7 @@ mod tests {
         );
         assert_eq!(o.table, Ident::new("t1").unwrap());
         assert!(!o.migrate);
+        assert!(!o.end_unknown_sessions);
         assert_eq!(o.timeout, Duration::from_millis(1500));
         assert_eq!(o.pool_size, 4);
         assert_eq!(o.ssl_mode, SslMode::VerifyFull);
@@ -358,6 +375,7 @@ mod tests {
         // Defaults: user postgres, prefer, pool 16, the default timeout as connect timeout.
         let d = parse("postgres://h/db").unwrap();
         assert_eq!(d.config.get_user(), Some("postgres"));
+        assert!(d.end_unknown_sessions);
         assert_eq!(d.ssl_mode, SslMode::Prefer);
         assert_eq!(d.pool_size, DEFAULT_POOL_SIZE);
         assert_eq!(d.config.get_connect_timeout(), Some(&DEFAULT_TIMEOUT));
@@ -380,6 +398,10 @@ mod tests {
             ),
             ("postgres://u:s3cret@h/db?sslmode=verify-ca", "sslrootcert"),
             ("postgres://u:s3cret@h/db?migrate=maybe", "migrate"),
+            (
+                "postgres://u:s3cret@h/db?end_unknown_sessions=1",
+                "end_unknown_sessions",
+            ),
             ("postgres://u:s3cret@h/db?sslcert=/c.pem", "without sslkey"),
             ("postgres://u:s3cret@h/db?sslkey=/k.pem", "without sslcert"),
             (

@@ -524,8 +524,9 @@ async fn lost_replies_are_bounded_never_replayed_and_the_later_write_stands() {
     let v = fence.read(&r).await.unwrap().unwrap();
     assert_eq!(v.value, Some((t(6), Bytes::from_static(b"v2"))));
 
-    // A COMMIT that is slower than the timeout: sent, then no answer in time. OutcomeUnknown
-    // (it does apply a moment later), never Unavailable, never retried.
+    // A COMMIT that is slower than the timeout: sent, then no answer in time. OutcomeUnknown,
+    // never Unavailable, never retried; and its session is ended before the error returns, so
+    // the COMMIT (still in its deferred trigger) never applies.
     direct
         .claim(&ResourceId::new("init").unwrap(), t(1))
         .await
@@ -543,11 +544,17 @@ async fn lost_replies_are_bounded_never_replayed_and_the_later_write_stands() {
     .unwrap();
     let before = proxy.request_bytes();
     match fence.write(&r, t(7), Bytes::from_static(b"slow")).await {
-        Err(Error::OutcomeUnknown { operation, .. }) => assert_eq!(operation, "write"),
+        Err(Error::OutcomeUnknown {
+            operation, message, ..
+        }) => {
+            assert_eq!(operation, "write");
+            assert!(message.contains(SESSION_ENDED), "{message}");
+        }
         other => panic!("a COMMIT without answer must be OutcomeUnknown: {other:?}"),
     }
     let sent = proxy.request_bytes() - before;
-    until_value(&direct, &r, t(7), b"slow").await;
+    let v = direct.read(&r).await.unwrap().unwrap();
+    assert_eq!(v.value, Some((t(6), Bytes::from_static(b"v2"))));
     // At most the 5-byte Terminate of the dropped connection may follow; a resent write would
     // be a whole transaction.
     let later = proxy.request_bytes() - before - sent;
@@ -561,7 +568,8 @@ async fn lost_replies_are_bounded_never_replayed_and_the_later_write_stands() {
         .unwrap();
     until_value(&direct, &r, t(7), b"after").await;
 
-    // The connection cut while COMMIT runs: OutcomeUnknown too.
+    // The connection cut while COMMIT runs: OutcomeUnknown too, and again the session is ended
+    // before the error returns, in the middle of the COMMIT's trigger.
     let slow = {
         let r = r.clone();
         let fence = Arc::new(
@@ -596,15 +604,75 @@ async fn lost_replies_are_bounded_never_replayed_and_the_later_write_stands() {
     }
     proxy.cut();
     match slow.0.await.unwrap() {
-        Err(Error::OutcomeUnknown { .. }) => {}
+        Err(Error::OutcomeUnknown { message, .. }) => {
+            assert!(message.contains(SESSION_ENDED), "{message}");
+        }
         other => panic!("a connection lost during COMMIT must be OutcomeUnknown: {other:?}"),
     }
-    until_value(&direct, &r, t(8), b"slow").await;
+    let v = direct.read(&r).await.unwrap().unwrap();
+    assert_eq!(v.value, Some((t(7), Bytes::from_static(b"after"))));
     slow.1
         .write(&r, t(8), Bytes::from_static(b"last"))
         .await
         .unwrap();
     until_value(&direct, &r, t(8), b"last").await;
+}
+
+/// What an `OutcomeUnknown` says once the write's server session is gone.
+const SESSION_ENDED: &str = "its server session has since been ended";
+
+/// A write whose bytes the network holds past the timeout (its connection stalls; a new
+/// connection gets through) is `OutcomeUnknown`, and its session is ended before the error
+/// returns: when the held bytes are delivered afterwards they commit nothing, so the read made
+/// right after the error stays true. (Without ending the session, the held `COMMIT` applies
+/// when the network heals: checked by hand with `end_unknown_sessions=false`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_write_cannot_commit_after_its_outcome_unknown() {
+    let Some(pg) = server("a_stalled_write_cannot_commit_after_its_outcome_unknown").await else {
+        return;
+    };
+    let proxy = FaultProxy::start(pg.addr()).await.unwrap();
+    let fence = PgFence::connect(&format!(
+        "postgres://postgres@{}/postgres?table=stalled&timeout_ms=500",
+        proxy.addr()
+    ))
+    .await
+    .unwrap();
+    let direct = PgFence::connect(&format!("{}?table=stalled", pg.connection_url()))
+        .await
+        .unwrap();
+    let r = ResourceId::new("stalled/1").unwrap();
+    let five = (t(5), Bytes::from_static(b"five"));
+    fence.write(&r, five.0, five.1.clone()).await.unwrap();
+
+    proxy.stall_open();
+    match fence.write(&r, t(6), Bytes::from_static(b"late")).await {
+        Err(Error::OutcomeUnknown { message, .. }) => {
+            assert!(message.contains(SESSION_ENDED), "{message}");
+        }
+        other => panic!("a stalled write must be OutcomeUnknown: {other:?}"),
+    }
+    let read = || async { direct.read(&r).await.unwrap().unwrap().value };
+    assert_eq!(read().await, Some(five.clone()));
+
+    // Deliver the held bytes, and wait until the stalled connection has ended.
+    let open = proxy.open_connections();
+    proxy.heal();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while proxy.open_connections() >= open {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the stalled connection never ended"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(read().await, Some(five), "the held write committed late");
+    // The fence goes on: a write under the same token stands.
+    fence
+        .write(&r, t(6), Bytes::from_static(b"six"))
+        .await
+        .unwrap();
+    assert_eq!(read().await, Some((t(6), Bytes::from_static(b"six"))));
 }
 
 /// The fence write's transaction does not take the database's defaults. With

@@ -13,6 +13,7 @@
 //! | [`cut`](FaultProxy::cut) | every current connection is reset (both sides get `RST`, as soon as its task runs) and forwards nothing more from the moment `cut` returns; new connections are accepted as usual in the current mode |
 //! | [`drop_replies`](FaultProxy::drop_replies) | requests reach the server, its replies are read and **discarded** (a lost reply: the operation applied, the client never hears) |
 //! | [`drop_replies_on_open`](FaultProxy::drop_replies_on_open) | as `drop_replies`, but only on the connections open now, for as long as they stay open, whatever the mode; connections opened later are not affected (a reply lost with its connection, and a client that reconnects to ask again) |
+//! | [`stall_open`](FaultProxy::stall_open) | as `blackhole`, but only for the connections open now, until `heal`; connections opened later pass (one connection's packets stuck in retransmission while a new connection gets through) |
 //!
 //! **Healing keeps held bytes.** While black-holed the proxy stops reading, so bytes wait in
 //! kernel buffers (and at most one chunk per direction inside the proxy); after `heal()` they are
@@ -75,13 +76,22 @@ impl FaultMode {
     }
 }
 
-/// Shared state: the mode, a counter bumped by every `cut()`, and the first connection (by
-/// accept order, from 1) whose replies `drop_replies_on_open` does not discard.
+/// Shared state: the mode, a counter bumped by every `cut()`, the first connection (by
+/// accept order, from 1) whose replies `drop_replies_on_open` does not discard, and the first
+/// connection that `stall_open` does not stall.
 #[derive(Debug, Clone, Copy)]
 struct Control {
     mode: FaultMode,
     cut_epoch: u64,
     replies_from: u64,
+    stalled_below: u64,
+}
+
+impl Control {
+    /// Whether connection `serial` forwards now.
+    fn forwards(&self, serial: u64) -> bool {
+        self.mode.forwards() && serial >= self.stalled_below
+    }
 }
 
 /// A running fault proxy. See the [module docs](self) for the modes and their contract.
@@ -91,6 +101,7 @@ pub struct FaultProxy {
     upstream: SocketAddr,
     control: watch::Sender<Control>,
     accepted: Arc<AtomicU64>,
+    open: Arc<AtomicU64>,
     request_bytes: Arc<AtomicU64>,
     accept_task: JoinHandle<()>,
 }
@@ -107,21 +118,27 @@ impl FaultProxy {
             mode: FaultMode::PassThrough,
             cut_epoch: 0,
             replies_from: 0,
+            stalled_below: 0,
         });
         let accepted = Arc::new(AtomicU64::new(0));
+        let open = Arc::new(AtomicU64::new(0));
         let request_bytes = Arc::new(AtomicU64::new(0));
         let accept_task = tokio::spawn(accept_loop(
             listener,
             upstream,
             rx,
-            accepted.clone(),
-            request_bytes.clone(),
+            Counters {
+                accepted: accepted.clone(),
+                open: open.clone(),
+                request_bytes: request_bytes.clone(),
+            },
         ));
         Ok(Self {
             addr,
             upstream,
             control,
             accepted,
+            open,
             request_bytes,
             accept_task,
         })
@@ -147,14 +164,24 @@ impl FaultProxy {
         self.accepted.load(Ordering::Relaxed)
     }
 
+    /// How many client connections are open now: accepted and not yet ended on both sides
+    /// (a connection ends once each direction has forwarded its end, or on an error or a cut).
+    pub fn open_connections(&self) -> u64 {
+        self.open.load(Ordering::SeqCst)
+    }
+
     /// Sets the mode (for all connections, at once).
     pub fn set_mode(&self, mode: FaultMode) {
         self.control.send_modify(|c| c.mode = mode);
     }
 
-    /// Back to pass-through; bytes held by a blackhole are then delivered (see module docs).
+    /// Back to pass-through, and no connection stalled; bytes held by a blackhole or a stall
+    /// are then delivered (see module docs).
     pub fn heal(&self) {
-        self.set_mode(FaultMode::PassThrough);
+        self.control.send_modify(|c| {
+            c.mode = FaultMode::PassThrough;
+            c.stalled_below = 0;
+        });
     }
 
     /// Same as [`Self::heal`].
@@ -188,6 +215,15 @@ impl FaultProxy {
             .send_modify(|c| c.replies_from = c.replies_from.max(open_until + 1));
     }
 
+    /// A partition of the connections open now: until [`heal`](Self::heal) they forward nothing
+    /// either way and close nothing (their bytes wait, and are delivered after `heal`, as with
+    /// a blackhole), whatever the mode. Connections accepted later are not affected.
+    pub fn stall_open(&self) {
+        let open_until = self.accepted_connections();
+        self.control
+            .send_modify(|c| c.stalled_below = c.stalled_below.max(open_until + 1));
+    }
+
     /// How many request bytes (client to server) the proxy has written upstream so far: wait on
     /// it to know a request has reached the server.
     pub fn request_bytes(&self) -> u64 {
@@ -209,25 +245,41 @@ impl Drop for FaultProxy {
     }
 }
 
+/// The proxy's counters, shared with its tasks.
+struct Counters {
+    accepted: Arc<AtomicU64>,
+    open: Arc<AtomicU64>,
+    request_bytes: Arc<AtomicU64>,
+}
+
+/// Counts one open connection until dropped.
+struct OpenConnection(Arc<AtomicU64>);
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 async fn accept_loop(
     listener: TcpListener,
     upstream: SocketAddr,
     control: watch::Receiver<Control>,
-    accepted: Arc<AtomicU64>,
-    request_bytes: Arc<AtomicU64>,
+    counters: Counters,
 ) {
     loop {
         match listener.accept().await {
             Ok((client, _)) => {
-                let serial = accepted.fetch_add(1, Ordering::Relaxed) + 1;
+                counters.open.fetch_add(1, Ordering::SeqCst);
+                let open = OpenConnection(counters.open.clone());
+                let serial = counters.accepted.fetch_add(1, Ordering::Relaxed) + 1;
                 let _ = client.set_nodelay(true);
-                tokio::spawn(connection(
-                    serial,
-                    client,
-                    upstream,
-                    control.clone(),
-                    request_bytes.clone(),
-                ));
+                let request_bytes = counters.request_bytes.clone();
+                let control = control.clone();
+                tokio::spawn(async move {
+                    connection(serial, client, upstream, control, request_bytes).await;
+                    drop(open);
+                });
             }
             Err(e) => {
                 // E.g. EMFILE: back off instead of spinning.
@@ -250,10 +302,10 @@ async fn cut_or_closed(mut control: watch::Receiver<Control>, epoch: u64) {
     }
 }
 
-/// Waits until the mode forwards; errors when the proxy was dropped.
-async fn forwarding(control: &mut watch::Receiver<Control>) -> io::Result<()> {
+/// Waits until connection `serial` forwards; errors when the proxy was dropped.
+async fn forwarding(control: &mut watch::Receiver<Control>, serial: u64) -> io::Result<()> {
     control
-        .wait_for(|c| c.mode.forwards())
+        .wait_for(|c| c.forwards(serial))
         .await
         .map(|_| ())
         .map_err(|_| io::Error::new(io::ErrorKind::ConnectionAborted, "fault proxy stopped"))
@@ -274,7 +326,7 @@ async fn connection(
     let epoch = control.borrow().cut_epoch;
     let connect = async {
         let mut ctl = control.clone();
-        forwarding(&mut ctl).await?;
+        forwarding(&mut ctl, serial).await?;
         TcpStream::connect(upstream_addr).await
     };
     let mut upstream = tokio::select! {
@@ -372,7 +424,7 @@ async fn pump(
     let reader = async move {
         let mut buf = vec![0u8; 16 * 1024];
         loop {
-            forwarding(&mut read_ctl).await?;
+            forwarding(&mut read_ctl, pumped.serial).await?;
             let n = from.read(&mut buf).await?;
             if n == 0 {
                 return Ok(()); // drops `tx`: the writer shuts down after the queue drains
@@ -394,7 +446,7 @@ async fn pump(
     let writer = async move {
         while let Some((due, chunk)) = rx.recv().await {
             tokio::time::sleep_until(due).await;
-            forwarding(&mut write_ctl).await?;
+            forwarding(&mut write_ctl, pumped.serial).await?;
             cut(&write_ctl)?;
             if pumped.discards(&write_ctl.borrow()) {
                 continue;
@@ -550,6 +602,36 @@ mod tests {
         proxy.heal();
         let err = roundtrip(&mut old, b"more", SHORT).await.unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::TimedOut);
+    }
+
+    #[tokio::test]
+    async fn stall_open_holds_old_connections_until_heal() {
+        let proxy = FaultProxy::start(echo_server().await).await.unwrap();
+        let mut old = TcpStream::connect(proxy.addr()).await.unwrap();
+        roundtrip(&mut old, b"warm", LONG).await.unwrap();
+        assert_eq!(proxy.open_connections(), 1);
+        proxy.stall_open();
+        let before = proxy.request_bytes();
+        let err = roundtrip(&mut old, b"held", SHORT).await.unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut);
+        assert_eq!(proxy.request_bytes(), before, "nothing reached the server");
+        let mut new = TcpStream::connect(proxy.addr()).await.unwrap();
+        assert_eq!(roundtrip(&mut new, b"next", LONG).await.unwrap(), b"next");
+        // Healing delivers the held bytes, late and in order.
+        proxy.heal();
+        let mut buf = [0u8; 4];
+        timeout(LONG, old.read_exact(&mut buf))
+            .await
+            .expect("held bytes not delivered after heal")
+            .unwrap();
+        assert_eq!(&buf, b"held");
+        // A connection closed on both sides is no longer counted.
+        drop((old, new));
+        let deadline = Instant::now() + LONG;
+        while proxy.open_connections() > 0 {
+            assert!(Instant::now() < deadline, "connections still counted open");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
     }
 
     #[tokio::test]
