@@ -676,9 +676,13 @@ impl FencedTable {
 ///   different resources run in parallel. A connection that timed out, or whose operation was
 ///   cancelled, is closed rather than returned (its replies can no longer be matched to
 ///   requests); a closed one (server restart, network cut) is replaced on the next checkout, so
-///   one `PgFence` outlives any number of server restarts.
+///   one `PgFence` outlives any number of server restarts. [`PgFence::pool`] lends connections
+///   from a second pool, never from the fence's own.
 pub struct PgFence {
+    /// The fence's own connections.
     pool: Pool,
+    /// The connections [`PgFence::pool`] lends.
+    lent: Pool,
     /// The server session of each pooled connection, when `end_unknown_sessions` is on.
     sessions: Option<Arc<Sessions>>,
     timeout: Duration,
@@ -847,26 +851,33 @@ impl PgFence {
             o.client_cert.as_ref(),
             &o.redacted,
         )?;
-        let manager = Manager::from_config(
-            o.config,
-            tls,
-            ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
-        let pool = Pool::builder(manager)
-            .max_size(o.pool_size)
-            .runtime(Runtime::Tokio1)
-            .wait_timeout(Some(o.timeout))
-            .create_timeout(Some(o.timeout))
-            .recycle_timeout(Some(o.timeout))
-            .build()
-            .map_err(|e| Error::Misconfigured {
-                backend: BACKEND,
-                problems: vec![format!("connection pool: {e}")],
-            })?;
+        // Two pools on the same settings: the fence's own, whose connections only ever run its
+        // statements (so nothing is reset between uses), and the one `pool()` lends, reset on
+        // every return (`RecyclingMethod::Clean`), so that a caller's session state (a temporary
+        // table named like the fence table, a `search_path`, a role) never reaches a fence write.
+        let build = |recycling_method: RecyclingMethod| {
+            let manager = Manager::from_config(
+                o.config.clone(),
+                tls.clone(),
+                ManagerConfig { recycling_method },
+            );
+            Pool::builder(manager)
+                .max_size(o.pool_size)
+                .runtime(Runtime::Tokio1)
+                .wait_timeout(Some(o.timeout))
+                .create_timeout(Some(o.timeout))
+                .recycle_timeout(Some(o.timeout))
+                .build()
+                .map_err(|e| Error::Misconfigured {
+                    backend: BACKEND,
+                    problems: vec![format!("connection pool: {e}")],
+                })
+        };
+        let pool = build(RecyclingMethod::Fast)?;
+        let lent = build(RecyclingMethod::Clean)?;
         let fence = PgFence {
             pool,
+            lent,
             sessions: o.end_unknown_sessions.then(Arc::default),
             timeout: o.timeout,
             pool_size: o.pool_size,
@@ -931,10 +942,16 @@ impl PgFence {
         self.ssl_mode
     }
 
-    /// The connection pool, for the caller's own statements on the same database (for example
+    /// A connection pool on the same settings, for the caller's own statements (for example
     /// [`begin`] on a pooled connection: `begin(&mut **pool.get().await?, ...)`).
+    ///
+    /// It is not the fence's own pool: its connections never run a fence write, and each is
+    /// reset when it returns (deadpool's `RecyclingMethod::Clean`: `RESET ALL`, `DISCARD TEMP`
+    /// and the rest, one round trip on the next checkout), so what a caller leaves in a session
+    /// stays out of the next caller's. It holds up to `pool_size` connections of its own,
+    /// opened when first asked for.
     pub fn pool(&self) -> &Pool {
-        &self.pool
+        &self.lent
     }
 
     /// A pooled connection (a new one if none is idle; a closed one is replaced), waiting at

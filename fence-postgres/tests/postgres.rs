@@ -781,3 +781,51 @@ async fn a_role_without_create_on_the_schema_connects_to_an_existing_table() {
         .unwrap();
     assert_eq!(fence.read(&r).await.unwrap().map(|v| v.newest), Some(t(3)));
 }
+
+/// What a caller leaves in a session of a lent connection (`PgFence::pool`) never reaches a
+/// fence write: a temporary table named like the fence table would otherwise take the fence's
+/// writes on that connection (temporary tables come first in the search path), out of every
+/// other writer's sight. And the lent connection comes back reset.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_callers_session_state_never_reaches_the_fence() {
+    let Some(pg) = server("a_callers_session_state_never_reaches_the_fence").await else {
+        return;
+    };
+    let fence = PgFence::connect(&format!(
+        "{}?table=shadowed&pool_size=1",
+        pg.connection_url()
+    ))
+    .await
+    .unwrap();
+    let direct = PgFence::connect(&format!("{}?table=shadowed", pg.connection_url()))
+        .await
+        .unwrap();
+    {
+        let c = fence.pool().get().await.unwrap();
+        c.batch_execute(
+            "CREATE TEMP TABLE shadowed (resource TEXT PRIMARY KEY, newest BIGINT NOT NULL, \
+             value BYTEA, value_token BIGINT, updated_at TIMESTAMPTZ NOT NULL DEFAULT now()); \
+             SET search_path = pg_temp, public",
+        )
+        .await
+        .unwrap();
+    }
+    let r = ResourceId::new("shadowed/1").unwrap();
+    fence
+        .write(&r, t(5), Bytes::from_static(b"five"))
+        .await
+        .unwrap();
+    let v = direct
+        .read(&r)
+        .await
+        .unwrap()
+        .expect("written to the fence table");
+    assert_eq!(v.value, Some((t(5), Bytes::from_static(b"five"))));
+    let c = fence.pool().get().await.unwrap();
+    let left: Option<String> = c
+        .query_one("SELECT to_regclass('pg_temp.shadowed')::text", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(left, None, "the lent connection was not reset");
+}
