@@ -104,7 +104,12 @@ impl RecordingFence {
         self.log.clone()
     }
 
-    fn record(
+    /// Logs an answered operation: accepted, stale, or of unknown outcome and found applied.
+    /// An `OutcomeUnknown` is settled by reading the resource (under the order lock, so no
+    /// operation through this fence comes in between): it was applied when the newest token is
+    /// `token` and, for a write, the value is `value` written with `token`. An operation whose
+    /// outcome stays unknown (the read fails too) is not logged.
+    async fn record(
         &self,
         resource: &ResourceId,
         op: &'static str,
@@ -112,15 +117,25 @@ impl RecordingFence {
         value: Option<Bytes>,
         r: &lease_core::Result<Accepted>,
     ) {
-        if matches!(r, Ok(_) | Err(Error::Stale { .. })) {
-            self.log.0.lock().expect("log").push(FenceRecord {
-                resource: resource.clone(),
-                op,
-                token,
-                accepted: r.is_ok(),
-                value,
-            });
-        }
+        let accepted = match r {
+            Ok(_) => true,
+            Err(Error::Stale { .. }) => false,
+            Err(Error::OutcomeUnknown { .. }) => match self.inner.read(resource).await {
+                Ok(Some(now)) if now.newest == token => match &value {
+                    Some(v) => now.value.as_ref() == Some(&(token, v.clone())),
+                    None => true,
+                },
+                _ => return,
+            },
+            Err(_) => return,
+        };
+        self.log.0.lock().expect("log").push(FenceRecord {
+            resource: resource.clone(),
+            op,
+            token,
+            accepted,
+            value,
+        });
     }
 }
 
@@ -138,14 +153,14 @@ impl Fence for RecordingFence {
     ) -> lease_core::Result<Accepted> {
         let _g = self.order.lock().await;
         let r = self.inner.write(resource, token, value.clone()).await;
-        self.record(resource, "write", token, Some(value), &r);
+        self.record(resource, "write", token, Some(value), &r).await;
         r
     }
 
     async fn claim(&self, resource: &ResourceId, token: Token) -> lease_core::Result<Accepted> {
         let _g = self.order.lock().await;
         let r = self.inner.claim(resource, token).await;
-        self.record(resource, "claim", token, None, &r);
+        self.record(resource, "claim", token, None, &r).await;
         r
     }
 
@@ -168,7 +183,8 @@ fn unhex(s: &str) -> Result<Vec<u8>, String> {
         .collect()
 }
 
-/// Serves a fence on a loopback port until dropped.
+/// Serves a fence on a loopback port until dropped; dropping it closes every connection it
+/// serves, so a client still connected sees the server gone.
 pub struct FenceServer {
     addr: SocketAddr,
     task: JoinHandle<()>,
@@ -194,14 +210,22 @@ impl FenceServer {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         let task = tokio::spawn(async move {
+            // Owned by this task: aborting it (on drop) aborts every connection too.
+            let mut connections = tokio::task::JoinSet::new();
             loop {
-                let Ok((sock, _)) = listener.accept().await else {
-                    continue;
-                };
-                let fence = fence.clone();
-                tokio::spawn(async move {
-                    let _ = serve(sock, fence).await;
-                });
+                tokio::select! {
+                    accepted = listener.accept() => match accepted {
+                        Ok((sock, _)) => {
+                            let fence = fence.clone();
+                            connections.spawn(async move {
+                                let _ = serve(sock, fence).await;
+                            });
+                        }
+                        // For example EMFILE: back off instead of spinning.
+                        Err(_) => tokio::time::sleep(std::time::Duration::from_millis(10)).await,
+                    },
+                    Some(_) = connections.join_next(), if !connections.is_empty() => {}
+                }
             }
         });
         Ok(FenceServer { addr, task })
@@ -420,6 +444,92 @@ impl Fence for RemoteFence {
 mod tests {
     use super::*;
     use lease_core::memory::MemoryFence;
+
+    /// A fence whose writes of `lost` apply but answer `OutcomeUnknown`, and whose writes of
+    /// `refused` do not apply and answer the same.
+    #[derive(Debug)]
+    struct Doubtful(MemoryFence);
+
+    #[async_trait]
+    impl Fence for Doubtful {
+        fn backend(&self) -> &'static str {
+            "doubtful"
+        }
+
+        async fn write(
+            &self,
+            resource: &ResourceId,
+            token: Token,
+            value: Bytes,
+        ) -> lease_core::Result<Accepted> {
+            let unknown = Error::OutcomeUnknown {
+                backend: "doubtful",
+                operation: "write",
+                message: "no answer".into(),
+                source: None,
+            };
+            match &value[..] {
+                b"lost" => {
+                    self.0.write(resource, token, value).await?;
+                    Err(unknown)
+                }
+                b"refused" => Err(unknown),
+                _ => self.0.write(resource, token, value).await,
+            }
+        }
+
+        async fn claim(&self, resource: &ResourceId, token: Token) -> lease_core::Result<Accepted> {
+            self.0.claim(resource, token).await
+        }
+
+        async fn read(&self, resource: &ResourceId) -> lease_core::Result<Option<FencedValue>> {
+            self.0.read(resource).await
+        }
+    }
+
+    #[tokio::test]
+    async fn dropping_the_server_closes_its_connections() {
+        let server = FenceServer::start(Arc::new(MemoryFence::new()))
+            .await
+            .unwrap();
+        let mut sock = TcpStream::connect(server.addr()).await.unwrap();
+        sock.write_all(format!("READ {}\n", hex(b"r")).as_bytes())
+            .await
+            .unwrap();
+        let mut lines = BufReader::new(sock).lines();
+        assert_eq!(lines.next_line().await.unwrap().as_deref(), Some("NONE"));
+        drop(server);
+        let end = tokio::time::timeout(std::time::Duration::from_secs(5), lines.next_line())
+            .await
+            .expect("the connection outlived its server");
+        assert!(matches!(end, Ok(None) | Err(_)), "{end:?}");
+    }
+
+    #[tokio::test]
+    async fn a_write_of_unknown_outcome_is_logged_as_what_it_did() {
+        let rec = RecordingFence::new(Arc::new(Doubtful(MemoryFence::new())));
+        let log = rec.log();
+        let r = ResourceId::new("doubt").unwrap();
+        let t = |n| Token::new(n).unwrap();
+        rec.write(&r, t(7), Bytes::from_static(b"lost"))
+            .await
+            .unwrap_err();
+        rec.write(&r, t(9), Bytes::from_static(b"refused"))
+            .await
+            .unwrap_err();
+        rec.write(&r, t(6), Bytes::from_static(b"late"))
+            .await
+            .unwrap_err();
+        let records: Vec<(Token, bool)> = log
+            .records()
+            .iter()
+            .map(|r| (r.token, r.accepted))
+            .collect();
+        // The lost write applied and is logged accepted; the refused one is not logged; the
+        // stale write after it is logged refused.
+        assert_eq!(records, vec![(t(7), true), (t(6), false)]);
+        assert_eq!(log.check_monotonic(), Ok(1));
+    }
 
     #[tokio::test]
     async fn remote_fence_round_trips_and_records() {

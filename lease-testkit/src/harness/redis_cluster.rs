@@ -417,7 +417,7 @@ impl RedisCluster {
         let port = self.ports[member].to_string();
         for &s in &self.sentinel_ports {
             let port = port.clone();
-            wait_for(
+            let seen = wait_for(
                 &format!("Sentinel {s} seeing member {member} with priority {priority}"),
                 SETTLE,
                 || {
@@ -440,7 +440,11 @@ impl RedisCluster {
                     }
                 },
             )
-            .await?;
+            .await;
+            if let Err(e) = seen {
+                let view = sentinel_view(s, &port).await;
+                return Err(ClusterError(format!("{} ({view})", e.0)));
+            }
         }
         Ok(())
     }
@@ -622,6 +626,48 @@ impl ClusterControl for RedisCluster {
             Ok(true)
         })
     }
+}
+
+/// What Sentinel `s` reports of the replica on `port` (for a failure message): the fields that
+/// say whether and when it last refreshed it.
+async fn sentinel_view(s: u16, port: &str) -> String {
+    let replicas: Vec<Vec<String>> = match query(s, &["SENTINEL", "REPLICAS", PRIMARY_NAME]).await {
+        Ok(r) => r,
+        Err(e) => return format!("SENTINEL REPLICAS failed: {}", e.0),
+    };
+    let fields = |r: &Vec<String>| -> Vec<(String, String)> {
+        r.chunks(2)
+            .filter(|kv| kv.len() == 2)
+            .map(|kv| (kv[0].clone(), kv[1].clone()))
+            .collect()
+    };
+    let all: Vec<Vec<(String, String)>> = replicas.iter().map(fields).collect();
+    let Some(entry) = all
+        .iter()
+        .find(|f| f.iter().any(|(k, v)| k == "port" && v == port))
+    else {
+        let known: Vec<&str> = all
+            .iter()
+            .filter_map(|f| f.iter().find(|(k, _)| k == "port").map(|(_, v)| v.as_str()))
+            .collect();
+        return format!("Sentinel {s} does not list port {port} among its replicas {known:?}");
+    };
+    const SHOWN: [&str; 8] = [
+        "flags",
+        "slave-priority",
+        "info-refresh",
+        "link-pending-commands",
+        "last-ok-ping-reply",
+        "role-reported",
+        "master-port",
+        "master-link-status",
+    ];
+    let shown: Vec<String> = entry
+        .iter()
+        .filter(|(k, _)| SHOWN.contains(&k.as_str()))
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    format!("Sentinel {s} reports port {port} as {}", shown.join(" "))
 }
 
 impl Drop for RedisCluster {
