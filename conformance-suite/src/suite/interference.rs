@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lease_core::{
-    keep, Bytes, Coordinator, Error, KeeperOptions, Lease, LeaseOptions, LeaseStatus, LockKey,
-    Token,
+    keep, Bytes, Coordinator, Error, ForceRelease, KeeperOptions, Lease, LeaseOptions, LeaseStatus,
+    LockKey, Token,
 };
 use tokio::time::Instant;
 
@@ -43,6 +43,12 @@ pub(super) fn cases() -> Vec<Case> {
             &[Need::Operator],
             40,
             |c| boxed(holder_invalidated(c)),
+        ),
+        Case::new(
+            "force_release_expecting_a_token_spares_the_next_holder",
+            &[Need::Proxy],
+            40,
+            |c| boxed(force_release_expecting_spares_next(c)),
         ),
         Case::new(
             "fence_write_unknown_outcome",
@@ -630,5 +636,69 @@ async fn fence_write_unknown_outcome(ctx: Arc<Ctx>) -> CaseResult {
         "after a lost-reply write and a later write of the same token, the fence holds {value:?}"
     );
     lease.release().await?;
+    Ok(Verdict::Passed)
+}
+
+/// A force-release that expects the holder's token compares and removes as one step. The
+/// operator's requests are delayed on their way; once the first one has reached the server, the
+/// holder releases and another client acquires, before a second request could arrive. A
+/// force-release that read the holder and then removed whatever held the key would remove the
+/// new holder; a compare-and-remove removes the expected holder (if it came first) or nothing.
+async fn force_release_expecting_spares_next(ctx: Arc<Ctx>) -> CaseResult {
+    // Each way; a round trip through the proxy stays well under the suite's request timeouts.
+    const DELAY: Duration = Duration::from_millis(150);
+    let (upstream, connect_via) = ctx
+        .subject
+        .proxy
+        .clone()
+        .ok_or_else(|| Failure("no proxy".into()))?;
+    let key = ctx.key("expect-one-step");
+    // Long enough not to end by itself while the operator's requests are delayed.
+    let ttl = ctx.ttl() * 10;
+    let a = ctx.client().await?;
+    // Connected now, so that the holder changes within milliseconds once it is time.
+    let b = ctx.client().await?;
+    let first = a.acquire(&key, &LeaseOptions::new(ttl)).await?;
+    let expected = first.token();
+    let proxy = FaultProxy::start(upstream).await?;
+    let op = connect_via(proxy.addr()).await?;
+    // Warm the operator up (connections, scripts), so that its next request is the release.
+    op.inspect(&key).await?;
+    let sent = proxy.request_bytes();
+    proxy.delay(DELAY);
+    let forced = {
+        let (op, key) = (op.clone(), key.clone());
+        let request = ForceRelease::new("conformance", "one-step check")?.expect_token(expected);
+        tokio::spawn(async move { op.force_release(&key, &request).await })
+    };
+    // (A background request of the operator's may arrive first: the holder then changes
+    // before the release's first request, which must then remove nothing.)
+    wait_for_request(&proxy, sent, DELAY * 25).await?;
+    // Removed by the force-release already, or released now: either is fine.
+    let _ = first.release().await;
+    let next = b
+        .acquire(&key, &LeaseOptions::new(ttl).wait(ctx.ttl() * 4))
+        .await?;
+    let outcome = forced
+        .await
+        .map_err(|e| Failure(format!("force_release panicked: {e}")))?;
+    proxy.heal();
+    match &outcome {
+        Ok(Some(removed)) => check!(
+            removed.token == expected,
+            "force_release expecting token {expected} removed the holder with token {}",
+            removed.token
+        ),
+        Ok(None) | Err(Error::HolderChanged { .. }) => {}
+        Err(e) => return Err(Failure(format!("force_release failed: {e}"))),
+    }
+    let shown = b.inspect(&key).await?.map(|h| h.token);
+    check!(
+        shown == Some(next.token()),
+        "after force_release expecting {expected} answered {outcome:?}, the next holder \
+         (token {}) is gone: inspect shows {shown:?}",
+        next.token()
+    );
+    next.release().await?;
     Ok(Verdict::Passed)
 }
