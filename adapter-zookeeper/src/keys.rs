@@ -5,7 +5,8 @@
 //! <base>/locks/<encoded key>            container: one per lock, flat (so `a` and `a/b` never nest)
 //! <base>/locks/<encoded key>/c-<client>-<attempt>-<sequence>
 //!                                       ephemeral sequential: one per contender
-//! <base>/audit/forced-<sequence>        persistent sequential: one per force_release
+//! <base>/audit/forced-<encoded key>-<sequence>
+//!                                       persistent sequential: one per force_release
 //! ```
 //!
 //! A key is percent-encoded into one node name: every byte outside `[A-Za-z0-9._~-]` becomes
@@ -56,6 +57,25 @@ impl Paths {
 /// Encodes a key into one znode name (see the module docs).
 pub(crate) fn encode_key(key: &LockKey) -> String {
     lease_core::adapter::percent_encode(key.as_str())
+}
+
+/// The name prefix of `key`'s audit records: `forced-<encoded key>-`, to which ZooKeeper
+/// appends the sequence. Records written before the key was in the name are `forced-<sequence>`.
+pub(crate) fn audit_prefix(key: &LockKey) -> String {
+    format!("{AUDIT_PREFIX}{}-", encode_key(key))
+}
+
+/// Whether the audit node `name` may be one of `key`'s records, and its sequence number: a name
+/// of `key`'s (the prefix, then exactly the ten characters of a sequence) or one of the older
+/// names without a key, whose data says which key it is for. `None` for another key's.
+pub(crate) fn audit_sequence(name: &str, key_prefix: &str) -> Option<i64> {
+    let rest = name
+        .strip_prefix(key_prefix)
+        .or_else(|| name.strip_prefix(AUDIT_PREFIX))?;
+    if rest.len() != 10 {
+        return None;
+    }
+    rest.parse().ok()
 }
 
 /// The name prefix of one acquisition attempt: unique per client and attempt, so that a create
@@ -117,6 +137,20 @@ pub(crate) fn sort_by_creation(contenders: &mut [Contender]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn audit_names_are_told_apart_by_key_without_reading_them() {
+        let a = audit_prefix(&LockKey::new("a").unwrap());
+        assert_eq!(a, "forced-a-");
+        assert_eq!(audit_sequence("forced-a-0000000042", &a), Some(42));
+        // Written before the key was in the name: its data says whose it is.
+        assert_eq!(audit_sequence("forced-0000000007", &a), Some(7));
+        // Another key's, including one whose name starts like `a`'s.
+        assert_eq!(audit_sequence("forced-b-0000000042", &a), None);
+        assert_eq!(audit_sequence("forced-a-0000000001-0000000002", &a), None);
+        assert_eq!(audit_sequence("forced-a-b-0000000003", &a), None);
+        assert_eq!(audit_sequence("other-0000000003", &a), None);
+    }
 
     #[test]
     fn keys_encode_flat_and_distinct() {

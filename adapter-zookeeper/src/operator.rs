@@ -11,7 +11,7 @@ use zookeeper_client::{CreateMode, Error as ZkError, MultiWriteError, Stat};
 
 use crate::coordinator::*;
 use crate::error::{disconnected, from_zk, ops, timed_out, BACKEND};
-use crate::keys::AUDIT_PREFIX;
+use crate::keys::{audit_prefix, audit_sequence};
 use crate::session::Session;
 
 impl ZkCoordinator {
@@ -63,8 +63,9 @@ impl ZkCoordinator {
 
     /// [`Coordinator::audit_trail`](lease_core::Coordinator::audit_trail):
     ///
-    /// Lists the audit nodes (`<base>/audit/forced-<sequence>`, every key's in one directory),
-    /// newest sequence first, and reads them until `limit` records of `key` are found.
+    /// Lists the audit nodes (`<base>/audit/forced-<encoded key>-<sequence>`, every key's in one
+    /// directory), keeps `key`'s by name (and any older ones named without a key), and reads
+    /// them newest sequence first until `limit` records of `key` are found.
     pub(crate) async fn audit_trail_of(
         &self,
         key: &LockKey,
@@ -73,7 +74,7 @@ impl ZkCoordinator {
         let limit = AuditRecord::check_limit(limit)?;
         let s = self.session().await?;
         let dir = s.paths().audit();
-        let mut names = match self
+        let names = match self
             .read(&s, ops::AUDIT_READ, s.client().list_children(&dir))
             .await?
         {
@@ -81,12 +82,14 @@ impl ZkCoordinator {
             Err(ZkError::NoNode) => return Ok(Vec::new()),
             Err(e) => return Err(from_zk(ops::AUDIT_READ, e)),
         };
-        names.retain(|n| n.starts_with(AUDIT_PREFIX));
-        names.sort_by_key(|n| {
-            std::cmp::Reverse(n[AUDIT_PREFIX.len()..].parse::<i64>().unwrap_or(i64::MIN))
-        });
+        let prefix = audit_prefix(key);
+        let mut names: Vec<(i64, String)> = names
+            .into_iter()
+            .filter_map(|n| Some((audit_sequence(&n, &prefix)?, n)))
+            .collect();
+        names.sort_by_key(|(sequence, _)| std::cmp::Reverse(*sequence));
         let mut out = Vec::new();
-        for n in names {
+        for (_, n) in names {
             if out.len() == limit {
                 break;
             }
@@ -161,7 +164,7 @@ impl ZkCoordinator {
             .for_key(key)
             .to_json();
         let options = CreateMode::PersistentSequential.with_acls(s.acls());
-        let audit_path = format!("{dir}/{AUDIT_PREFIX}");
+        let audit_path = format!("{dir}/{}", audit_prefix(key));
         for _ in 0..2 {
             let mut writer = s.client().new_multi_writer();
             writer
