@@ -680,9 +680,9 @@ impl FencedTable {
 ///   from a second pool, never from the fence's own.
 pub struct PgFence {
     /// The fence's own connections.
-    pool: Pool,
+    own: Pool,
     /// The connections [`PgFence::pool`] lends.
-    lent: Pool,
+    pool: Pool,
     /// The server session of each pooled connection, when `end_unknown_sessions` is on.
     sessions: Option<Arc<Sessions>>,
     timeout: Duration,
@@ -873,11 +873,11 @@ impl PgFence {
                     problems: vec![format!("connection pool: {e}")],
                 })
         };
-        let pool = build(RecyclingMethod::Fast)?;
+        let own = build(RecyclingMethod::Fast)?;
         let lent = build(RecyclingMethod::Clean)?;
         let fence = PgFence {
-            pool,
-            lent,
+            own,
+            pool: lent,
             sessions: o.end_unknown_sessions.then(Arc::default),
             timeout: o.timeout,
             pool_size: o.pool_size,
@@ -951,13 +951,13 @@ impl PgFence {
     /// stays out of the next caller's. It holds up to `pool_size` connections of its own,
     /// opened when first asked for.
     pub fn pool(&self) -> &Pool {
-        &self.lent
+        &self.pool
     }
 
     /// A pooled connection (a new one if none is idle; a closed one is replaced), waiting at
     /// most the timeout.
     async fn checkout(&self) -> Result<Checkout> {
-        let client = self.pool.get().await.map_err(|e| match e {
+        let client = self.own.get().await.map_err(|e| match e {
             PoolError::Backend(e) => map_connect_err(e, self.ssl_mode, self.ssl_cert.as_deref()),
             PoolError::Timeout(_) => Error::Unavailable {
                 backend: BACKEND,
@@ -1016,7 +1016,7 @@ impl PgFence {
             end: held
                 .session
                 .clone()
-                .map(|s| (self.pool.clone(), s, self.timeout)),
+                .map(|s| (self.own.clone(), s, self.timeout)),
             committing: &committing,
         };
         let result = tokio::time::timeout(self.timeout, op(held.client(), &committing)).await;
