@@ -99,7 +99,7 @@ impl RedisCoordinator {
                     "removed a value of another writer from a key no token was ever issued for",
                 ));
             };
-            return Ok(Some(foreign_holder_info(key, token, pttl)?));
+            return Ok(Some(foreign_holder_info(key, token, pttl)));
         };
         if let Some(live) = lock(&self.inner.live).by_nonce.get(&v.nonce) {
             live.tracker.mark_lost(LostReason::Revoked);
@@ -194,15 +194,14 @@ impl RedisCoordinator {
         let token: Token = newest
             .and_then(|t| t.parse().ok())
             .ok_or_else(|| bad_reply(ops::INSPECT, "the lock holds a value of another writer"))?;
-        foreign_holder_info(key, token, pttl)
+        Ok(foreign_holder_info(key, token, pttl))
     }
 }
 
 /// What `inspect` and `force_release` show of a value another writer put on `key`: no owner, the
 /// newest token issued for the key, the value's TTL.
-fn foreign_holder_info(key: &LockKey, token: Token, pttl: i64) -> Result<HolderInfo> {
-    let owner = OwnerId::new("unknown (outside write)")
-        .map_err(|_| bad_reply(ops::INSPECT, "the lock holds a value of another writer"))?;
-    Ok(HolderInfo::new(key.clone(), owner, token)
-        .with_expires_in((pttl >= 0).then(|| Duration::from_millis(pttl as u64))))
+fn foreign_holder_info(key: &LockKey, token: Token, pttl: i64) -> HolderInfo {
+    let owner = OwnerId::new("unknown (outside write)").expect("a valid owner label");
+    HolderInfo::new(key.clone(), owner, token)
+        .with_expires_in((pttl >= 0).then(|| Duration::from_millis(pttl as u64)))
 }
