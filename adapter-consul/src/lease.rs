@@ -209,16 +209,31 @@ impl LeaseShared {
             };
             let moved = errors.iter().any(|e| e.contains("modify index"))
                 && !errors.iter().any(|e| e.contains("doesn't exist"));
-            if moved && rereads < 3 {
+            if moved {
                 // Written from outside since (a plain `PUT` keeps the lock and raises the
                 // index): still this lease's key if its session and `CreateIndex` are.
-                rereads += 1;
                 let (_, entry) = self
                     .http
                     .kv_get(&self.kv_key, true, None, operation)
                     .await?;
                 read_missing = entry.is_none();
                 if let Some(e) = entry.filter(|e| self.owns(e) && e.create_index == created) {
+                    if rereads == RELEASE_REREADS {
+                        // Still ours, written again before every delete: not settled. The
+                        // caller (the guardian, for a lease ended otherwise) tries again later.
+                        return Err(Error::Unavailable {
+                            backend: BACKEND,
+                            message: format!(
+                                "{operation}: {} was written from outside before each of {} \
+                                 deletes; it stays locked by this lease until a delete gets \
+                                 through (retried in the background)",
+                                self.kv_key,
+                                RELEASE_REREADS + 1
+                            ),
+                            source: None,
+                        });
+                    }
+                    rereads += 1;
                     index = e.modify_index;
                     continue;
                 }
@@ -238,6 +253,10 @@ impl LeaseShared {
         }
     }
 }
+
+/// How often a release reads the key again and retries when an outside write moved its
+/// `ModifyIndex` in between, before it reports the key still locked (`Unavailable`).
+const RELEASE_REREADS: u32 = 3;
 
 /// The release's transaction: delete `kv_key` if `session` locks it at `ModifyIndex` `index`.
 fn release_ops(kv_key: &str, session: &str, index: u64) -> [TxnOp; 3] {

@@ -825,3 +825,40 @@ async fn resends_that_all_applied_end_in_a_lease_not_an_error() {
     assert_eq!(shown, Some(lease.token()));
     lease.release().await.unwrap();
 }
+
+/// An outside writer raises the held key's `ModifyIndex` just before every delete of the
+/// release. The release must not report the key as no longer ours while its session still locks
+/// it: it fails (`Unavailable`), and once the writes stop the key is deleted by the lease's
+/// background cleanup, so another client gets it. (Before, the release gave up after three
+/// re-reads, reported the lease lost and left the key locked by the live session.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_outrun_by_outside_writes_still_frees_the_key() {
+    let s = standin();
+    let u = url(&s, "");
+    let (a, b) = (client(&u).await, client(&u).await);
+    let config = ConsulConfig::from_url(&u).unwrap();
+    let k = key("outrun");
+    let lease = a
+        .acquire(&k, &LeaseOptions::new(Duration::from_secs(5)))
+        .await
+        .unwrap();
+    s.write_before_txns(config.kv_key(&k), u32::MAX);
+    match lease.release().await {
+        Err(Error::Unavailable { message, .. }) => {
+            assert!(message.contains("written from outside"), "{message}")
+        }
+        other => panic!("release outrun by outside writes: {other:?}"),
+    }
+    assert_eq!(
+        b.inspect(&k).await.unwrap().map(|h| h.token),
+        Some(lease.token()),
+        "still locked while the writes go on"
+    );
+    s.write_before_txns(config.kv_key(&k), 0);
+    let next = b
+        .acquire(&k, &LeaseOptions::new(TTL).wait(Duration::from_secs(10)))
+        .await
+        .expect("the released key stayed locked");
+    assert!(next.token() > lease.token());
+    next.release().await.unwrap();
+}

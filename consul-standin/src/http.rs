@@ -62,6 +62,9 @@ pub(crate) struct Shared {
     pub(crate) blocking_now: std::sync::atomic::AtomicU64,
     /// Status and body that replace the answer of the next committed write transaction (once).
     pub(crate) commit_answer: Mutex<Option<(u16, String)>>,
+    /// A KV key written (a plain `set`) just before each of the next write transactions that
+    /// touch it, and how many more times.
+    pub(crate) write_before_txns: Mutex<Option<(String, u32)>>,
 }
 
 impl Shared {
@@ -822,6 +825,26 @@ fn txn(shared: &Shared, body: &[u8]) -> Resp {
         let mut st = shared.store();
         let now = Instant::now();
         let expired = st.expire_sessions(now);
+        if !read_only {
+            // An outside write that lands just before this transaction (`write_before_txns`).
+            let mut writes = shared
+                .write_before_txns
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            if let Some((key, left)) = writes.as_mut() {
+                if *left > 0 && ops.iter().any(|op| op.key == *key) {
+                    *left -= 1;
+                    let outside = KvOp {
+                        verb: "set".into(),
+                        key: key.clone(),
+                        // A new value each time: a write of the same content changes nothing.
+                        value: format!("outside {left}").into_bytes(),
+                        ..KvOp::default()
+                    };
+                    let _ = st.kv_apply(outside, now);
+                }
+            }
+        }
         let r = st.txn(&ops, now);
         (r, st.index(), expired)
     };

@@ -63,6 +63,8 @@
 //! `SIGSTOP`); session timers do not fire while paused and fire on `resume` if they are due.
 //! [`ConsulStandIn::answer_next_commit`] commits the next write transaction but answers it with a
 //! given status and body (a lost answer: `rpc error making call: EOF`, a proxy's 502, ...).
+//! [`ConsulStandIn::write_before_txns`] writes a key from outside just before each write
+//! transaction on it (an outside writer that always gets in first).
 //!
 //! # What it does not implement
 //!
@@ -291,6 +293,7 @@ impl ConsulStandIn {
             blocking_reads: std::sync::atomic::AtomicU64::new(0),
             blocking_now: std::sync::atomic::AtomicU64::new(0),
             commit_answer: Mutex::new(None),
+            write_before_txns: Mutex::new(None),
         });
         runtime.spawn(session_timers(shared.clone()));
         let this = ConsulStandIn {
@@ -469,6 +472,18 @@ impl ConsulStandIn {
             .commit_answer
             .lock()
             .unwrap_or_else(|p| p.into_inner()) = Some((status, body.into()));
+    }
+
+    /// Before each of the next `times` write transactions (`/v1/txn`) that touch the KV key
+    /// `key`, the key is written with a plain `PUT` (a new value each time): another writer's write
+    /// that lands just before each of them, as a tight loop of outside writes could. `0` stops.
+    /// A plain `PUT` keeps a lock and raises the key's `ModifyIndex`, as in Consul.
+    pub fn write_before_txns(&self, key: impl Into<String>, times: u32) {
+        *self
+            .shared
+            .write_before_txns
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some((key.into(), times));
     }
 }
 
