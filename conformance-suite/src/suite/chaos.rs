@@ -204,7 +204,7 @@ async fn chaos(ctx: Arc<Ctx>) -> CaseResult {
             recorded.clone(),
             history.recorder("processes"),
         ));
-        tokio::spawn(async move { monkey(ctx, keys, fence, until).await })
+        tokio::spawn(async move { monkey(ctx, keys, fence, until, hard_until).await })
     };
     let mut rounds = 0;
     for t in tasks {
@@ -246,6 +246,7 @@ async fn monkey(
     keys: Vec<LockKey>,
     fence: Arc<dyn Fence>,
     until: Instant,
+    due_until: Instant,
 ) -> Result<String, Failure> {
     let op = ctx.client().await?;
     let ttl = ctx.ttl();
@@ -264,19 +265,51 @@ async fn monkey(
     let (mut spawned, mut worker_errors) = (0u32, Vec::<String>::new());
     let mut workers = Vec::new();
     let mut last_restart = Instant::now();
-    while Instant::now() < until {
-        tokio::time::sleep(
-            ttl + Duration::from_millis(rng.gen_range(0..(ttl.as_millis() as u64 * 2).max(1))),
-        )
-        .await;
+    // Each kind of fault the subject allows comes once first, the quick ones first (so that a
+    // short run still has every kind; the monkey goes on past `until`, up to `due_until`, for a
+    // kind still due), then the monkey picks at random.
+    let mut pending: Vec<Fault> = std::iter::once(Fault::ForceRelease)
+        .chain(can_spawn.then_some(Fault::Kill))
+        .chain(can_restart.then_some(Fault::Restart))
+        .chain(can_spawn.then_some(Fault::Pause))
+        .collect();
+    loop {
+        let now = Instant::now();
+        if now >= until && (pending.is_empty() || now >= due_until) {
+            break;
+        }
+        // Shorter gaps while kinds are still due, so that a short run on a long TTL gets them.
+        let gap = if pending.is_empty() {
+            ttl + Duration::from_millis(rng.gen_range(0..(ttl.as_millis() as u64 * 2).max(1)))
+        } else {
+            ttl / 2
+        };
+        tokio::time::sleep(gap).await;
         let key = &keys[rng.gen_range(0..keys.len())];
-        match rng.gen_range(0..10) {
-            0..=3 => {
+        let restart_ready = can_restart && last_restart.elapsed() > Duration::from_secs(4);
+        let next = pending
+            .iter()
+            .position(|f| *f != Fault::Restart || restart_ready);
+        let fault = match next {
+            Some(i) => Some(pending.remove(i)),
+            None => match rng.gen_range(0..10) {
+                0..=3 => Some(Fault::ForceRelease),
+                4..=5 if restart_ready => Some(Fault::Restart),
+                6..=9 if can_spawn => Some(if rng.gen_bool(0.5) {
+                    Fault::Pause
+                } else {
+                    Fault::Kill
+                }),
+                _ => None,
+            },
+        };
+        match fault {
+            Some(Fault::ForceRelease) => {
                 let request = ForceRelease::new("chaos-monkey", "chaos run")?;
                 let released = op.force_release(key, &request).await;
                 forced += u32::from(released.is_ok());
             }
-            4..=5 if can_restart && last_restart.elapsed() > Duration::from_secs(4) => {
+            Some(Fault::Restart) => {
                 let server = ctx.subject.server.clone().expect("checked");
                 let mut g = server.lock().await;
                 tokio::task::block_in_place(|| {
@@ -287,7 +320,7 @@ async fn monkey(
                 restarts += 1;
                 last_restart = Instant::now();
             }
-            6..=9 if can_spawn => {
+            Some(fault @ (Fault::Pause | Fault::Kill)) => {
                 let server = server.as_ref().expect("spawned");
                 let mut w =
                     super::faults::spawn_worker(&ctx, key, server.addr(), 10_000, ttl / 10).await?;
@@ -296,23 +329,23 @@ async fn monkey(
                     worker_errors.push(e);
                     false
                 });
-                if acquired {
-                    if rng.gen_bool(0.5) {
-                        lease_testkit::process::pause(w.pid())
-                            .map_err(|e| Failure(e.to_string()))?;
-                        tokio::time::sleep(ttl * 2).await;
-                        lease_testkit::process::resume(w.pid())
-                            .map_err(|e| Failure(e.to_string()))?;
-                        paused += 1;
-                    } else {
-                        lease_testkit::process::kill(w.pid())
-                            .map_err(|e| Failure(e.to_string()))?;
-                        killed += 1;
+                if !acquired {
+                    // Nothing to pause or kill this time: it stays due.
+                    if !pending.contains(&fault) {
+                        pending.push(fault);
                     }
+                } else if fault == Fault::Pause {
+                    lease_testkit::process::pause(w.pid()).map_err(|e| Failure(e.to_string()))?;
+                    tokio::time::sleep(ttl * 2).await;
+                    lease_testkit::process::resume(w.pid()).map_err(|e| Failure(e.to_string()))?;
+                    paused += 1;
+                } else {
+                    lease_testkit::process::kill(w.pid()).map_err(|e| Failure(e.to_string()))?;
+                    killed += 1;
                 }
                 workers.push(w);
             }
-            _ => {}
+            None => {}
         }
     }
     for mut w in workers {
@@ -324,7 +357,26 @@ async fn monkey(
             worker_errors[0]
         )));
     }
+    let missing = if pending.is_empty() {
+        String::new()
+    } else {
+        format!(" (never done: {pending:?})")
+    };
     Ok(format!(
-        "{forced} force-releases, {restarts} restarts, {paused} processes paused, {killed} killed"
+        "{forced} force-releases, {restarts} restarts, {paused} processes paused, {killed} \
+         killed{missing}"
     ))
+}
+
+/// One kind of fault the monkey causes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fault {
+    /// An operator's force-release of a key.
+    ForceRelease,
+    /// The server killed and restarted.
+    Restart,
+    /// A worker process holding a key stopped (`SIGSTOP`) past its TTL, then resumed.
+    Pause,
+    /// A worker process holding a key killed (`SIGKILL`).
+    Kill,
 }
