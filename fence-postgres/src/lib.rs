@@ -1039,7 +1039,10 @@ impl PgFence {
         let Some((pool, session, timeout)) = unsettled.end.take() else {
             return Err(error);
         };
-        let ended = end_session(pool, session, timeout).await;
+        // In a task of its own, so that it finishes even if this future is dropped meanwhile.
+        let ended = tokio::spawn(end_session(pool, session, timeout))
+            .await
+            .unwrap_or_else(|e| Err(format!("the task ending it failed: {e}")));
         Err(session_note(error, ended))
     }
 
