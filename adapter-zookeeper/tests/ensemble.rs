@@ -190,9 +190,12 @@ async fn moved_off(
 }
 
 /// With every server in the connect string, the client moves to another server when its server
-/// is cut from clients or dies, within the session timeout, keeping its session. After a kill
-/// the kept lease is held again on the other server; after a silent cut it is held again or, if
-/// noticing the cut outlasted its validity, lost.
+/// is cut from clients or dies, within the session timeout, keeping its session. After a
+/// follower's kill the kept lease is held again on the other server (the move takes tens of
+/// milliseconds); after the leader's kill, or a silent cut, it is held again or, if the election
+/// or noticing the cut outlasted its validity, lost as expired. (The leader's kill used to be
+/// held to the follower's rule: an election of 2.8 s here, 5.3 s once under load, against 4.7 s
+/// of validity, failed it.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_session_moves_to_another_server_when_its_server_is_cut_or_dies() {
     let Some(ens) = ensemble("the_session_moves_to_another_server").await else {
@@ -244,7 +247,9 @@ async fn the_session_moves_to_another_server_when_its_server_is_cut_or_dies() {
     ens.heal(first).await.unwrap();
 
     // The server dies: the client hears at once (its connection closes) and moves; a lease
-    // taken on the same session is held again, never lost.
+    // taken on the same session is held again, never lost. If the server was the leader, the
+    // others first elect a new one and serve no session meanwhile: the lease is held again, or,
+    // if that outlasted its validity, lost as expired (never held past it).
     let current = serving_members(&ens, sid)
         .await
         .into_iter()
@@ -266,23 +271,39 @@ async fn the_session_moves_to_another_server_when_its_server_is_cut_or_dies() {
     };
     let kept = lease_core::keep(lease, lease_core::KeeperOptions::new()).unwrap();
     let mut lost = kept.lost();
+    let was_leader = ens.leader().await.unwrap() == current;
+    let left_at_kill = kept.lease().remaining();
+    let killed_at = Instant::now();
     ens.kill(current).await.unwrap();
     let third = moved_off(&ens, sid, current, t + ens.failover_bound()).await;
+    let moved_after = killed_at.elapsed();
     assert_eq!(coord.current_session().await.unwrap().id().0, sid);
-    assert!(
-        tokio::time::timeout(t, async {
-            while kept.lease().status() != LeaseStatus::Held {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        })
-        .await
-        .is_ok(),
-        "held again on member {third}: {:?}",
-        kept.lease().status()
+    let held_again = tokio::time::timeout(t, async {
+        while kept.lease().status() != LeaseStatus::Held {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .is_ok();
+    let status = kept.lease().status();
+    let context = format!(
+        "member {current} (the leader: {was_leader}) killed; the session was served by member \
+         {third} {moved_after:?} later, with {left_at_kill:?} of validity left at the kill"
     );
+    if !held_again {
+        // Only an election that outlasted the validity may end the lease, and only as expired.
+        assert!(
+            was_leader
+                && status == LeaseStatus::Lost(lease_core::LostReason::Expired)
+                && moved_after + Duration::from_secs(1) >= left_at_kill,
+            "not held again: {status:?} ({context})"
+        );
+        ens.restart(current).await.unwrap();
+        return;
+    }
     assert!(
         lost.wait().now_or_never().is_none(),
-        "the lease was lost while its session moved"
+        "the lease was lost while its session moved ({context})"
     );
     ens.restart(current).await.unwrap();
     // The connection may be settling again after the restart: a release refused with nothing
