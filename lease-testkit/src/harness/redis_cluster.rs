@@ -348,8 +348,13 @@ impl RedisCluster {
         Ok(())
     }
 
-    /// Whether Sentinel `s` names `primary`, sees it up, and knows the other members as
-    /// replicas and the other Sentinels.
+    /// Whether Sentinel `s` names `primary`, sees it up, is not failing it over, and knows the
+    /// other members as replicas and the other Sentinels.
+    ///
+    /// A failover, once a Sentinel has started it, goes on even if the primary it found down is
+    /// back (a member restarted within a few seconds): without the last check, a restart could
+    /// count as settled on the old primary and the failover then complete during the next case,
+    /// which found the primary changed under it.
     async fn sentinel_settled(&self, s: u16, primary: usize) -> Result<bool, String> {
         let master: Vec<String> = query(s, &["SENTINEL", "MASTER", PRIMARY_NAME])
             .await
@@ -360,10 +365,12 @@ impl RedisCluster {
                 .find(|kv| kv.len() == 2 && kv[0] == name)
                 .map(|kv| kv[1].clone())
         };
+        let flags = field("flags").unwrap_or_default();
         Ok(field("port") == Some(self.ports[primary].to_string())
             && field("num-slaves") == Some((MEMBERS - 1).to_string())
             && field("num-other-sentinels") == Some((SENTINELS - 1).to_string())
-            && !field("flags").unwrap_or_default().contains("down"))
+            && !flags.contains("down")
+            && !flags.contains("failover_in_progress"))
     }
 
     /// Whether `member` replicates `primary` (directly or through a proxy) with its link up.
@@ -412,6 +419,37 @@ impl RedisCluster {
         Ok(())
     }
 
+    /// What each member says of its replication (for a failure message): its port, role, the
+    /// port it replicates and that link's state, or the replicas connected to it.
+    async fn replication_view(&self) -> String {
+        let mut out = Vec::new();
+        for (m, &port) in self.ports.iter().enumerate() {
+            let line = match replication(port).await {
+                Ok(info) => {
+                    let get = |k: &str| info.get(k).cloned().unwrap_or_else(|| "-".into());
+                    let mut replicas: Vec<String> = info
+                        .iter()
+                        .filter(|(k, _)| k.starts_with("slave") && k[5..].parse::<u32>().is_ok())
+                        .map(|(_, v)| v.clone())
+                        .collect();
+                    replicas.sort();
+                    if get("role") == "master" {
+                        format!("member {m} on {port}: master of {replicas:?}")
+                    } else {
+                        format!(
+                            "member {m} on {port}: replica of {} (link {})",
+                            get("master_port"),
+                            get("master_link_status")
+                        )
+                    }
+                }
+                Err(e) => format!("member {m} on {port}: {}", e.0),
+            };
+            out.push(line);
+        }
+        out.join("; ")
+    }
+
     /// Waits until every Sentinel reports `member`'s replica priority as `priority`.
     async fn wait_sentinels_see_priority(&self, member: usize, priority: u32) -> ClusterResult<()> {
         let port = self.ports[member].to_string();
@@ -443,7 +481,8 @@ impl RedisCluster {
             .await;
             if let Err(e) = seen {
                 let view = sentinel_view(s, &port).await;
-                return Err(ClusterError(format!("{} ({view})", e.0)));
+                let members = self.replication_view().await;
+                return Err(ClusterError(format!("{} ({view}; {members})", e.0)));
             }
         }
         Ok(())
