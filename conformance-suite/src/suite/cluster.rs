@@ -229,6 +229,11 @@ async fn leader_killed_inner(ctx: &Ctx, cluster: Arc<dyn ClusterControl>) -> Cas
     Ok(Verdict::Passed)
 }
 
+/// Names the step an error came from, for a failure message.
+fn step(what: &str) -> impl FnOnce(Error) -> Failure + '_ {
+    move |e| Failure(format!("{what}: {e}"))
+}
+
 /// `acquire` with a wait, asked again while the cluster answers `Unavailable` or leaves the
 /// outcome unknown (a failover in progress), until `wait` has passed.
 async fn acquire_through_failover(
@@ -297,8 +302,14 @@ async fn failover_to_lagging_replica(ctx: Arc<Ctx>) -> CaseResult {
     let ttl = ctx.ttl();
     let client = ctx.client().await?;
     // A first grant every member has seen.
-    let lease = client.acquire(&key, &LeaseOptions::new(ttl)).await?;
-    lease.release().await?;
+    let lease = client
+        .acquire(&key, &LeaseOptions::new(ttl))
+        .await
+        .map_err(step("the first grant"))?;
+    lease
+        .release()
+        .await
+        .map_err(step("releasing the first grant"))?;
 
     let mut restore = Restore::new(cluster.clone());
     restore.cut.push(lagging);
@@ -315,15 +326,21 @@ async fn failover_to_lagging_replica(ctx: Arc<Ctx>) -> CaseResult {
     }
     // Tokens the lagging replica never sees.
     let mut last = None;
-    for _ in 0..5 {
-        let lease = client.acquire(&key, &LeaseOptions::new(ttl)).await?;
+    for i in 0..5 {
+        let lease = client
+            .acquire(&key, &LeaseOptions::new(ttl))
+            .await
+            .map_err(step(&format!("grant {i} while member {lagging} lags")))?;
         last = Some(lease.token());
-        lease.release().await?;
+        lease.release().await.map_err(step(&format!(
+            "releasing grant {i} while member {lagging} lags"
+        )))?;
     }
     let last = last.expect("five grants");
     ctx.fence()
         .write(&resource, last, Bytes::from_static(b"before failover"))
-        .await?;
+        .await
+        .map_err(step("the fenced write before the failover"))?;
     // Connected before the crash: it follows the failover by itself.
     let fresh = ctx.client().await?;
     restore.kill(primary).await?;
@@ -345,9 +362,13 @@ async fn failover_to_lagging_replica(ctx: Arc<Ctx>) -> CaseResult {
             Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
         }
     }
-    let next = acquire_through_failover(&*fresh, &key, ttl, cluster.failover_bound()).await?;
+    let next = acquire_through_failover(&*fresh, &key, ttl, cluster.failover_bound())
+        .await
+        .map_err(step("the grant after the failover"))?;
     check_next(&ctx, &resource, last, next.token()).await?;
-    next.release().await?;
+    next.release()
+        .await
+        .map_err(step("releasing the grant after the failover"))?;
     restore.finish().await?;
     Ok(Verdict::Passed)
 }
