@@ -14,6 +14,7 @@
 //! | [`drop_replies`](FaultProxy::drop_replies) | requests reach the server, its replies are read and **discarded** (a lost reply: the operation applied, the client never hears) |
 //! | [`drop_replies_on_open`](FaultProxy::drop_replies_on_open) | as `drop_replies`, but only on the connections open now, for as long as they stay open, whatever the mode; connections opened later are not affected (a reply lost with its connection, and a client that reconnects to ask again) |
 //! | [`stall_open`](FaultProxy::stall_open) | as `blackhole`, but only for the connections open now, until `heal`; connections opened later pass (one connection's packets stuck in retransmission while a new connection gets through) |
+//! | [`refuse_new`](FaultProxy::refuse_new) | until `heal`, every new connection is reset as soon as it is accepted, never opened upstream; the connections open now carry on in the current mode (a host that went away for new clients: a client with several hosts moves on to the next) |
 //!
 //! **Healing keeps held bytes.** While black-holed the proxy stops reading, so bytes wait in
 //! kernel buffers (and at most one chunk per direction inside the proxy); after `heal()` they are
@@ -85,6 +86,8 @@ struct Control {
     cut_epoch: u64,
     replies_from: u64,
     stalled_below: u64,
+    /// Set by `refuse_new`: new connections are reset on accept.
+    refusing: bool,
 }
 
 impl Control {
@@ -119,6 +122,7 @@ impl FaultProxy {
             cut_epoch: 0,
             replies_from: 0,
             stalled_below: 0,
+            refusing: false,
         });
         let accepted = Arc::new(AtomicU64::new(0));
         let open = Arc::new(AtomicU64::new(0));
@@ -175,12 +179,13 @@ impl FaultProxy {
         self.control.send_modify(|c| c.mode = mode);
     }
 
-    /// Back to pass-through, and no connection stalled; bytes held by a blackhole or a stall
+    /// Back to pass-through, no connection stalled, new ones accepted; bytes held by a blackhole or a stall
     /// are then delivered (see module docs).
     pub fn heal(&self) {
         self.control.send_modify(|c| {
             c.mode = FaultMode::PassThrough;
             c.stalled_below = 0;
+            c.refusing = false;
         });
     }
 
@@ -222,6 +227,12 @@ impl FaultProxy {
         let open_until = self.accepted_connections();
         self.control
             .send_modify(|c| c.stalled_below = c.stalled_below.max(open_until + 1));
+    }
+
+    /// Until [`heal`](Self::heal), resets every new connection as soon as it is accepted
+    /// (it is counted, never opened upstream); the connections open now are not affected.
+    pub fn refuse_new(&self) {
+        self.control.send_modify(|c| c.refusing = true);
     }
 
     /// How many request bytes (client to server) the proxy has written upstream so far: wait on
@@ -273,6 +284,11 @@ async fn accept_loop(
                 counters.open.fetch_add(1, Ordering::SeqCst);
                 let open = OpenConnection(counters.open.clone());
                 let serial = counters.accepted.fetch_add(1, Ordering::Relaxed) + 1;
+                if control.borrow().refusing {
+                    reset(&client);
+                    drop((client, open));
+                    continue;
+                }
                 let _ = client.set_nodelay(true);
                 let request_bytes = counters.request_bytes.clone();
                 let control = control.clone();
@@ -648,6 +664,29 @@ mod tests {
         }
         let mut again = TcpStream::connect(proxy.addr()).await.unwrap();
         assert_eq!(roundtrip(&mut again, b"b", LONG).await.unwrap(), b"b");
+    }
+
+    #[tokio::test]
+    async fn refuse_new_resets_new_connections_only() {
+        let proxy = FaultProxy::start(echo_server().await).await.unwrap();
+        let mut old = TcpStream::connect(proxy.addr()).await.unwrap();
+        roundtrip(&mut old, b"a", LONG).await.unwrap();
+        proxy.refuse_new();
+        let mut fresh = TcpStream::connect(proxy.addr()).await.unwrap();
+        let mut buf = [0u8; 1];
+        match timeout(LONG, fresh.read(&mut buf))
+            .await
+            .expect("no EOF/reset")
+        {
+            Ok(0) => {}
+            Ok(n) => panic!("read {n} bytes on a refused connection"),
+            Err(e) => assert_eq!(e.kind(), io::ErrorKind::ConnectionReset),
+        }
+        assert_eq!(roundtrip(&mut old, b"b", LONG).await.unwrap(), b"b");
+        assert_eq!(proxy.accepted_connections(), 2);
+        proxy.heal();
+        let mut again = TcpStream::connect(proxy.addr()).await.unwrap();
+        assert_eq!(roundtrip(&mut again, b"c", LONG).await.unwrap(), b"c");
     }
 
     #[tokio::test]
