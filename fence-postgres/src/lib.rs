@@ -51,6 +51,9 @@ pub const DEFAULT_POOL_SIZE: usize = 16;
 /// The largest `pool_size` accepted.
 pub const MAX_POOL_SIZE: usize = 1024;
 
+/// Connections at most in the pool that ends the sessions of unknown writes.
+const END_POOL_SIZE: usize = 2;
+
 /// Marker in the error a [`FencedTable`] update raises when it matched more than one row.
 const MULTI_ROW_MARKER: &str = "fenced update matched more than one row";
 
@@ -664,10 +667,13 @@ impl FencedTable {
 /// - Such a write's bytes may still be on their way (a delayed network, a stalled proxy) and
 ///   could reach the server and commit after the caller gave up, even after a later write under
 ///   the same token, whose value it would then replace. So before returning `OutcomeUnknown`
-///   the fence ends that connection's server session (`pg_terminate_backend` on another pooled
-///   connection, then waits until it is gone; at most `timeout_ms` more): after that nothing of
-///   the write can commit, and a read shows whether it did. The error's message says whether the
-///   session was ended; if not, retry under a new token (a new lease) rather than re-read.
+///   the fence ends that connection's server session (`pg_terminate_backend` on a connection
+///   of a separate pool of at most two, so that writers queued on that session's row lock
+///   cannot starve it; then waits until it is gone; all within one more `timeout_ms`): after
+///   that nothing of the write can commit, and a read shows whether it did. The error's
+///   message says whether the session was ended; if not (for example the ending connection
+///   reached another host of a multi-host URL), retry under a new token (a new lease) rather
+///   than re-read.
 ///   Behind a transaction-pooling proxy (PgBouncer's `pool_mode=transaction`) a connection's
 ///   server session is not its own: set `end_unknown_sessions=false` there. Fencing between
 ///   holders is unaffected either way: a late write still loses to any newer token.
@@ -683,8 +689,10 @@ pub struct PgFence {
     own: Pool,
     /// The connections [`PgFence::pool`] lends.
     pool: Pool,
-    /// The server session of each pooled connection, when `end_unknown_sessions` is on.
-    sessions: Option<Arc<Sessions>>,
+    /// When `end_unknown_sessions` is on: the pool whose connections end the server session
+    /// of an unknown write (never the fence's own, see [`end_session`]), and the session of
+    /// each of the fence's own connections.
+    sessions: Option<Arc<(Pool, Sessions)>>,
     timeout: Duration,
     pool_size: usize,
     ssl_mode: SslMode,
@@ -855,14 +863,14 @@ impl PgFence {
         // statements (so nothing is reset between uses), and the one `pool()` lends, reset on
         // every return (`RecyclingMethod::Clean`), so that a caller's session state (a temporary
         // table named like the fence table, a `search_path`, a role) never reaches a fence write.
-        let build = |recycling_method: RecyclingMethod| {
+        let build = |recycling_method: RecyclingMethod, max_size: usize| {
             let manager = Manager::from_config(
                 o.config.clone(),
                 tls.clone(),
                 ManagerConfig { recycling_method },
             );
             Pool::builder(manager)
-                .max_size(o.pool_size)
+                .max_size(max_size)
                 .runtime(Runtime::Tokio1)
                 .wait_timeout(Some(o.timeout))
                 .create_timeout(Some(o.timeout))
@@ -873,12 +881,17 @@ impl PgFence {
                     problems: vec![format!("connection pool: {e}")],
                 })
         };
-        let own = build(RecyclingMethod::Fast)?;
-        let lent = build(RecyclingMethod::Clean)?;
+        let own = build(RecyclingMethod::Fast, o.pool_size)?;
+        let lent = build(RecyclingMethod::Clean, o.pool_size)?;
+        // A third, small one for ending the sessions of unknown writes: the fence's own pool
+        // may be full of writes waiting on the very row lock such a session holds.
+        let ends = build(RecyclingMethod::Fast, END_POOL_SIZE)?;
         let fence = PgFence {
             own,
             pool: lent,
-            sessions: o.end_unknown_sessions.then(Arc::default),
+            sessions: o
+                .end_unknown_sessions
+                .then(|| Arc::new((ends, Sessions::default()))),
             timeout: o.timeout,
             pool_size: o.pool_size,
             ssl_mode: o.ssl_mode,
@@ -978,7 +991,7 @@ impl PgFence {
             finished: false,
             session: None,
         };
-        if let Some(sessions) = &self.sessions {
+        if let Some((_, sessions)) = self.sessions.as_deref() {
             let id = Object::id(held.client.as_ref().expect("just set"));
             held.session = Some(match sessions.get(id) {
                 Some(session) => session,
@@ -1016,7 +1029,8 @@ impl PgFence {
             end: held
                 .session
                 .clone()
-                .map(|s| (self.own.clone(), s, self.timeout)),
+                .zip(self.sessions.as_deref())
+                .map(|(s, (ends, _))| (ends.clone(), s, self.timeout)),
             committing: &committing,
         };
         let result = tokio::time::timeout(self.timeout, op(held.client(), &committing)).await;
@@ -1078,30 +1092,53 @@ impl PgFence {
 }
 
 /// A connection's server session: its backend's process id and start time, which together
-/// name it even after the process id is reused by a later session.
+/// name it even after the process id is reused by a later session, and the start time of the
+/// server it runs on, which tells another server (a multi-host URL) or a restarted one apart.
+/// Times are whole microseconds since the epoch, computed by the server the same way each
+/// time, so no time zone or date style setting can make two readings differ.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Session {
     pid: i32,
-    /// `backend_start` as text, compared as text (no time type needed).
-    started: String,
+    started: i64,
+    server_started: i64,
 }
 
+/// `$t` as whole microseconds since the epoch (an `int8`).
+macro_rules! micros {
+    ($t:literal) => {
+        concat!("(extract(epoch FROM ", $t, ") * 1000000)::int8")
+    };
+}
+
+/// Whether this connection runs on the server of `$3` (the [`Session`]'s `server_started`).
+const SAME_SERVER: &str = concat!(micros!("pg_postmaster_start_time()"), " = $3");
+
 /// Selects the backend of a [`Session`] in `pg_stat_activity` (`$1` the pid, `$2` the start).
-const SESSION_ROW: &str = "FROM pg_stat_activity WHERE pid = $1 AND backend_start::text = $2";
+const SESSION_ROW: &str = concat!(
+    "FROM pg_stat_activity WHERE pid = $1 AND ",
+    micros!("backend_start"),
+    " = $2"
+);
 
 impl Session {
     /// The session `client` is connected to.
     async fn of(client: &Client) -> Result<Session> {
         let row = client
             .query_typed_one(
-                "SELECT pid, backend_start::text FROM pg_stat_activity \
-                 WHERE pid = pg_backend_pid()",
+                concat!(
+                    "SELECT pid, ",
+                    micros!("backend_start"),
+                    ", ",
+                    micros!("pg_postmaster_start_time()"),
+                    " FROM pg_stat_activity WHERE pid = pg_backend_pid()"
+                ),
                 &[],
             )
             .await
             .map_err(|e| map_err("connect", e))?;
         let pid: i32 = row.try_get(0).map_err(|e| map_err("connect", e))?;
-        let started: Option<String> = row.try_get(1).map_err(|e| map_err("connect", e))?;
+        let started: Option<i64> = row.try_get(1).map_err(|e| map_err("connect", e))?;
+        let server_started: i64 = row.try_get(2).map_err(|e| map_err("connect", e))?;
         let started = started.ok_or_else(|| Error::Misconfigured {
             backend: BACKEND,
             problems: vec![
@@ -1111,7 +1148,11 @@ impl Session {
                     .into(),
             ],
         })?;
-        Ok(Session { pid, started })
+        Ok(Session {
+            pid,
+            started,
+            server_started,
+        })
     }
 }
 
@@ -1174,41 +1215,70 @@ impl Drop for Unsettled<'_> {
     }
 }
 
-/// Ends `session` (`pg_terminate_backend`) and waits until it is gone, on a pooled connection,
-/// within `timeout`. Once it is gone nothing sent on it can commit any more. Allowed for a
-/// session of the same role; a session already gone is fine.
+/// Ends `session` (`pg_terminate_backend`) and waits until it is gone, all within `timeout`
+/// (the wait for a connection of `pool` included). Once it is gone nothing sent on it can
+/// commit any more. Allowed for a session of the same role; a session already gone is fine.
+///
+/// `pool` must not be the fence's own: when a write's outcome is unknown its session may still
+/// hold the row lock that the fence's other connections are all waiting on.
+///
+/// A connection that reached another server than the session's (a multi-host URL), or a
+/// server that restarted since, cannot tell whether the session is gone: that is an error,
+/// never taken for "gone".
 async fn end_session(pool: Pool, session: Session, timeout: Duration) -> Result<(), String> {
-    let client = tokio::time::timeout(timeout, pool.get())
-        .await
-        .map_err(|_| format!("no connection within {timeout:?}"))?
-        .map_err(|e| format!("no connection: {e}"))?;
-    let params: [(&(dyn ToSql + Sync), Type); 2] =
-        [(&session.pid, Type::INT4), (&session.started, Type::TEXT)];
+    let params: [(&(dyn ToSql + Sync), Type); 3] = [
+        (&session.pid, Type::INT4),
+        (&session.started, Type::INT8),
+        (&session.server_started, Type::INT8),
+    ];
+    let terminate = format!(
+        "SELECT {SAME_SERVER}, (SELECT pg_terminate_backend(pid) {SESSION_ROW} AND {SAME_SERVER})"
+    );
+    let remains = format!("SELECT {SAME_SERVER}, EXISTS (SELECT 1 {SESSION_ROW})");
+    // Held out here so that a connection whose statement the deadline interrupted is closed
+    // rather than returned to the pool.
+    let mut held: Option<Object> = None;
     let ended = tokio::time::timeout(timeout, async {
-        client
-            .query_typed(
-                &format!("SELECT pg_terminate_backend(pid) {SESSION_ROW}"),
-                &params,
-            )
-            .await?;
+        let client = held.insert(
+            pool.get()
+                .await
+                .map_err(|e| format!("no connection: {e}"))?,
+        );
+        let on_its_server = |row: &tokio_postgres::Row| -> Result<(), String> {
+            match row.try_get::<_, Option<bool>>(0) {
+                Ok(Some(true)) => Ok(()),
+                _ => Err(
+                    "the connection that would end it reached another server, or the \
+                          server restarted since"
+                        .into(),
+                ),
+            }
+        };
+        let row = client
+            .query_typed_one(&terminate, &params)
+            .await
+            .map_err(|e| chain(&e))?;
+        on_its_server(&row)?;
         // pg_terminate_backend only signals; the session may finish what it is doing first.
         loop {
-            let left = client
-                .query_typed(&format!("SELECT 1 {SESSION_ROW}"), &params)
-                .await?;
-            if left.is_empty() {
-                return Ok::<(), tokio_postgres::Error>(());
+            let row = client
+                .query_typed_one(&remains, &params)
+                .await
+                .map_err(|e| chain(&e))?;
+            on_its_server(&row)?;
+            if !row.try_get::<_, bool>(1).map_err(|e| chain(&e))? {
+                return Ok(());
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     })
     .await;
     match ended {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(e)) => Err(chain(&e)),
+        Ok(r) => r,
         Err(_) => {
-            // A statement may be pending on it: close it rather than return it to the pool.
-            drop(Object::take(client));
+            if let Some(client) = held.take() {
+                drop(Object::take(client));
+            }
             Err(format!("not gone within {timeout:?}"))
         }
     }

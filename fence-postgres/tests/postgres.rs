@@ -535,7 +535,7 @@ async fn lost_replies_are_bounded_never_replayed_and_the_later_write_stands() {
     c.batch_execute(
         "CREATE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS $$
          BEGIN
-         IF NEW.value = 'slow' AND OLD.value IS DISTINCT FROM 'slow' THEN PERFORM pg_sleep(2); END IF;
+         IF NEW.value = 'slow' AND OLD.value IS DISTINCT FROM 'slow' THEN PERFORM pg_sleep(30); END IF;
          RETURN NULL; END $$;
          CREATE CONSTRAINT TRIGGER slow_commit AFTER UPDATE ON lossy
              DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION slow_commit();",
@@ -673,6 +673,159 @@ async fn a_stalled_write_cannot_commit_after_its_outcome_unknown() {
         .await
         .unwrap();
     assert_eq!(read().await, Some((t(6), Bytes::from_static(b"six"))));
+}
+
+/// Waits until a `COMMIT` runs on the server (caught in a slow deferred trigger).
+async fn until_a_commit_runs(c: &tokio_postgres::Client) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let n: i64 = c
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE query = 'COMMIT' AND state = 'active'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if n > 0 {
+            return;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "COMMIT never ran");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A write whose `COMMIT` outlives the timeout holds its row's lock until its session ends.
+/// With every pooled connection taken by a writer queued on that lock, the fence still ends the
+/// session (from connections of its own, not the fence's pool): the unknown write says its
+/// session was ended, and the queued writer then gets the row and succeeds. (Ending it from the
+/// fence's pool, the termination waited behind the queued writer, which waited on the lock,
+/// until both gave up.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writers_queued_on_an_unknown_writes_lock_cannot_starve_its_end() {
+    let Some(pg) = server("writers_queued_on_an_unknown_writes_lock_cannot_starve_its_end").await
+    else {
+        return;
+    };
+    let url = pg.connection_url();
+    let fence = Arc::new(
+        PgFence::connect(&format!("{url}?table=starved&timeout_ms=1000&pool_size=1"))
+            .await
+            .unwrap(),
+    );
+    let direct = PgFence::connect(&format!("{url}?table=starved"))
+        .await
+        .unwrap();
+    let r = ResourceId::new("starved/1").unwrap();
+    fence
+        .write(&r, t(5), Bytes::from_static(b"five"))
+        .await
+        .unwrap();
+    let c = client(&url).await;
+    c.batch_execute(
+        "CREATE FUNCTION starved_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+         IF NEW.value = 'slow' THEN PERFORM pg_sleep(30); END IF;
+         RETURN NULL; END $$;
+         CREATE CONSTRAINT TRIGGER starved_commit AFTER UPDATE ON starved
+             DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION starved_commit();",
+    )
+    .await
+    .unwrap();
+
+    let slow = {
+        let (fence, r) = (fence.clone(), r.clone());
+        tokio::spawn(async move { fence.write(&r, t(6), Bytes::from_static(b"slow")).await })
+    };
+    until_a_commit_runs(&c).await;
+    // Queue the next writer for the pool's one connection well inside the slow write's timeout,
+    // so that it is first in line when that connection is closed.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let queued = {
+        let (fence, r) = (fence.clone(), r.clone());
+        tokio::spawn(async move { fence.write(&r, t(7), Bytes::from_static(b"seven")).await })
+    };
+    match slow.await.unwrap() {
+        Err(Error::OutcomeUnknown { message, .. }) => {
+            assert!(message.contains(SESSION_ENDED), "{message}");
+        }
+        other => panic!("a COMMIT without answer must be OutcomeUnknown: {other:?}"),
+    }
+    queued
+        .await
+        .unwrap()
+        .expect("the queued writer gets the row once the unknown write's session is gone");
+    let v = direct.read(&r).await.unwrap().unwrap();
+    assert_eq!(v.value, Some((t(7), Bytes::from_static(b"seven"))));
+}
+
+/// With a multi-host URL, the connection that ends an unknown write's session may reach another
+/// server than the write's (the first host stopped taking new connections, so the client moved
+/// on). There the session is not listed, which must not be taken for "gone": the error says the
+/// session could not be ended, and indeed it still runs on its own server. (Matching on pid and
+/// start time alone, the other server's empty answer read as "ended".)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_is_never_taken_for_ended_on_another_server() {
+    let test = "a_session_is_never_taken_for_ended_on_another_server";
+    let Some(first) = server(test).await else {
+        return;
+    };
+    let Some(second) = server(test).await else {
+        return;
+    };
+    let proxy = FaultProxy::start(first.addr()).await.unwrap();
+    let fence = Arc::new(
+        PgFence::connect(&format!(
+            "postgres://postgres@{},{}/postgres?table=hosts&timeout_ms=1000&pool_size=1",
+            proxy.addr(),
+            second.addr()
+        ))
+        .await
+        .unwrap(),
+    );
+    let r = ResourceId::new("hosts/1").unwrap();
+    fence
+        .write(&r, t(5), Bytes::from_static(b"five"))
+        .await
+        .unwrap();
+    let c = client(&first.connection_url()).await;
+    c.batch_execute(
+        "CREATE FUNCTION hosts_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+         IF NEW.value = 'slow' THEN PERFORM pg_sleep(30); END IF;
+         RETURN NULL; END $$;
+         CREATE CONSTRAINT TRIGGER hosts_commit AFTER UPDATE ON hosts
+             DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION hosts_commit();",
+    )
+    .await
+    .unwrap();
+
+    // The pooled connection (to the first server) is kept; any new one goes to the second.
+    proxy.refuse_new();
+    match fence.write(&r, t(6), Bytes::from_static(b"slow")).await {
+        Err(Error::OutcomeUnknown { message, .. }) => {
+            assert!(
+                message.contains("could not be ended") && message.contains("another server"),
+                "{message}"
+            );
+        }
+        other => panic!("a COMMIT without answer must be OutcomeUnknown: {other:?}"),
+    }
+    let running: i64 = c
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity WHERE query = 'COMMIT' AND state = 'active'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(running, 1, "the unknown write's session is still running");
+    c.execute(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query = 'COMMIT'",
+        &[],
+    )
+    .await
+    .unwrap();
 }
 
 /// The fence write's transaction does not take the database's defaults. With
