@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use lease_core::{
-    AuditRecord, ForceRelease, HolderInfo, LockKey, LostReason, OwnerId, Result, Token,
+    AuditRecord, Error, ForceRelease, HolderInfo, LockKey, LostReason, OwnerId, Result, Token,
 };
 
 use crate::coordinator::*;
@@ -94,10 +94,16 @@ impl RedisCoordinator {
             // A value of another writer was removed (and audited): reported as `inspect` shows
             // it, without its content.
             let Some(token) = token else {
-                return Err(bad_reply(
-                    ops::FORCE_RELEASE,
-                    "removed a value of another writer from a key no token was ever issued for",
-                ));
+                // Removed for certain (and audited), but there is no holder to report: no token
+                // was ever issued for this key.
+                return Err(Error::Misconfigured {
+                    backend: BACKEND,
+                    problems: vec![format!(
+                        "key {key}: removed a value another writer put there (not a lease of \
+                         this library; no token was ever issued for the key), so the key is free \
+                         now; find what else writes under this key prefix"
+                    )],
+                });
             };
             return Ok(Some(foreign_holder_info(key, token, pttl)));
         };

@@ -314,6 +314,22 @@ async fn outside_delete_or_overwrite_of_a_held_lock_is_noticed_promptly() {
         matches!(&refused, Err(Error::HolderChanged { found: None, .. })),
         "{refused:?}"
     );
+    // Without one it is removed: no holder to report (no token ever issued), so the error is a
+    // misconfiguration that says the key is free now, never an unknown outcome.
+    let removed = c.force_release(&never, &request()).await;
+    match &removed {
+        Err(Error::Misconfigured { problems, .. })
+            if problems
+                .iter()
+                .any(|p| p.contains("removed") && p.contains("free now")) => {}
+        other => panic!("{other:?}"),
+    }
+    let value: Option<String> = redis::cmd("GET")
+        .arg(&never_key)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(value, None);
 
     // A value of another type (a hash) over one held lock: that lease is Superseded, and the
     // monitor goes on reading the other held locks (a DEL of one is still noticed).
