@@ -74,6 +74,13 @@ impl FenceLog {
 
 /// Wraps a fence and logs every write and claim with its outcome, in answer order. The log
 /// lock is held across the call, so the log order is the fence's commit order.
+///
+/// The log can miss an operation, never invent one: an `OutcomeUnknown` is settled by one read
+/// right after it (see `record`), so a write that was applied after that read (its bytes still
+/// on their way) or whose read failed is left out. A check over the log
+/// ([`FenceLog::check_monotonic`]) can therefore miss a violation such a write made (a false
+/// negative), but a violation it reports happened. Use a fence that settles unknown writes
+/// itself (fence-postgres ends their sessions) where a missed record matters.
 #[derive(Clone)]
 pub struct RecordingFence {
     inner: Arc<dyn Fence>,

@@ -101,6 +101,11 @@ async fn client_behind_proxy(ctx: &Ctx) -> Result<(FaultProxy, Arc<dyn Coordinat
 
 /// Waits until the proxy has carried more request bytes than `sent` (a request reached the
 /// server), polling, for at most `within`.
+///
+/// Any request counts, the client's background traffic too (a ZooKeeper ping, an etcd
+/// keep-alive): a caller that starts its request right after taking `sent` sees its own
+/// request unless a background one left in that same instant, and must stay correct (if
+/// weaker) when one did.
 async fn wait_for_request(proxy: &FaultProxy, sent: u64, within: Duration) -> Result<(), Failure> {
     let deadline = Instant::now() + within;
     while proxy.request_bytes() == sent {
@@ -671,8 +676,11 @@ async fn force_release_expecting_spares_next(ctx: Arc<Ctx>) -> CaseResult {
         let request = ForceRelease::new("conformance", "one-step check")?.expect_token(expected);
         tokio::spawn(async move { op.force_release(&key, &request).await })
     };
-    // (A background request of the operator's may arrive first: the holder then changes
-    // before the release's first request, which must then remove nothing.)
+    // (A background request of the operator's may arrive first, if it left in the instant
+    // between `sent` and the force-release: the holder then changes before the release's first
+    // request, which must then remove nothing. Pings come seconds apart, so that is rare; the
+    // usual run is the one that tells a one-step compare from a read and a remove: a Redis
+    // build that read the holder and then removed unconditionally failed this case 5 of 5.)
     wait_for_request(&proxy, sent, DELAY * 25).await?;
     // Removed by the force-release already, or released now: either is fine.
     let _ = first.release().await;
