@@ -175,6 +175,36 @@ async fn history_records_accepted_operations_in_order() {
     let g = f.clone();
     g.claim(&r2, tok(5)).await.unwrap();
     assert_eq!(f.history().len(), 5);
+    assert_eq!(f.forgotten(), 0);
+}
+
+#[tokio::test]
+async fn the_history_keeps_the_newest_operations_and_counts_the_rest() {
+    let f = MemoryFence::with_history_limit(3);
+    let r = res("bounded");
+    for t in 1..=5 {
+        f.write(&r, tok(t), Bytes::from(format!("v{t}")))
+            .await
+            .unwrap();
+    }
+    let tokens: Vec<u64> = f
+        .history()
+        .into_iter()
+        .map(|e| match e {
+            FenceEvent::Write { token, .. } => token.get(),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(tokens, [3, 4, 5]);
+    assert_eq!(f.forgotten(), 2);
+    // The fence itself forgets nothing: an older token is still refused.
+    assert!(matches!(
+        f.write(&r, tok(2), Bytes::new()).await,
+        Err(Error::Stale { .. })
+    ));
+    let none = MemoryFence::with_history_limit(0);
+    none.claim(&r, tok(1)).await.unwrap();
+    assert_eq!((none.history().len(), none.forgotten()), (0, 1));
 }
 
 #[test]

@@ -491,7 +491,7 @@ fn run(nkeys: usize, nworkers: usize, ops: &[Op]) {
         let keys: Vec<LockKey> = KEYS[..nkeys].iter().map(|k| key(k)).collect();
         let mut h = Harness {
             coord: MemoryCoordinator::new(),
-            fence: MemoryFence::new(),
+            fence: MemoryFence::with_history_limit(usize::MAX),
             resources: keys.iter().map(ResourceId::from).collect(),
             keys,
             held: HashMap::new(),

@@ -1,6 +1,6 @@
 //! The in-memory [`Fence`].
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -34,18 +34,37 @@ pub enum FenceEvent {
     },
 }
 
-#[derive(Default)]
+/// How many accepted operations a [`MemoryFence`] remembers by default
+/// ([`MemoryFence::history`]).
+pub const DEFAULT_HISTORY_LIMIT: usize = 10_000;
+
 struct State {
     resources: HashMap<ResourceId, FencedValue>,
-    history: Vec<FenceEvent>,
+    history: VecDeque<FenceEvent>,
+    limit: usize,
+    /// Events dropped from the front of `history` to keep it within `limit`.
+    forgotten: u64,
+}
+
+impl Default for State {
+    fn default() -> Self {
+        State {
+            resources: HashMap::new(),
+            history: VecDeque::new(),
+            limit: DEFAULT_HISTORY_LIMIT,
+            forgotten: 0,
+        }
+    }
 }
 
 /// A fenced in-memory store: the check and the write happen under one lock, so they are one
 /// atomic step.
 ///
-/// Not durable: it forgets everything with the process. It also records every accepted operation
-/// in order ([`MemoryFence::history`]) so tests can check that no accepted write came from a
-/// superseded holder. Cloning is cheap and shares the store.
+/// Not durable: it forgets everything with the process. It also records the accepted
+/// operations in order ([`MemoryFence::history`]) so tests can check that no accepted write came
+/// from a superseded holder: the newest [`DEFAULT_HISTORY_LIMIT`] of them (or the limit given
+/// to [`MemoryFence::with_history_limit`]), so that a long-running process does not keep every
+/// value it was ever sent. Cloning is cheap and shares the store.
 #[derive(Clone, Default)]
 pub struct MemoryFence {
     state: Arc<Mutex<State>>,
@@ -60,18 +79,33 @@ impl fmt::Debug for MemoryFence {
 }
 
 impl MemoryFence {
-    /// An empty store.
+    /// An empty store that remembers the newest [`DEFAULT_HISTORY_LIMIT`] accepted operations.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// An empty store that remembers the newest `limit` accepted operations (`0`: none). The
+    /// fenced values themselves are kept whatever the limit.
+    pub fn with_history_limit(limit: usize) -> Self {
+        let fence = Self::default();
+        fence.lock().limit = limit;
+        fence
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Every accepted write and claim, in the order they were accepted.
+    /// The newest accepted writes and claims (at most the history limit), in the order they
+    /// were accepted. [`MemoryFence::forgotten`] says how many older ones were dropped.
     pub fn history(&self) -> Vec<FenceEvent> {
-        self.lock().history.clone()
+        self.lock().history.iter().cloned().collect()
+    }
+
+    /// How many accepted operations were dropped from the front of the history to keep it
+    /// within its limit: `0` means [`MemoryFence::history`] is complete.
+    pub fn forgotten(&self) -> u64 {
+        self.lock().forgotten
     }
 
     fn accept(
@@ -110,7 +144,15 @@ impl MemoryFence {
                 token,
             },
         };
-        st.history.push(event);
+        if st.limit > 0 {
+            if st.history.len() == st.limit {
+                st.history.pop_front();
+                st.forgotten += 1;
+            }
+            st.history.push_back(event);
+        } else {
+            st.forgotten += 1;
+        }
         Ok(Accepted::new(previous))
     }
 }

@@ -8,4 +8,4 @@ mod coordinator;
 mod fence;
 
 pub use coordinator::{ForcedReleaseRecord, MemoryCoordinator, MemoryLease};
-pub use fence::{FenceEvent, MemoryFence};
+pub use fence::{FenceEvent, MemoryFence, DEFAULT_HISTORY_LIMIT};
