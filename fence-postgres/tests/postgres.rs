@@ -586,22 +586,7 @@ async fn lost_replies_are_bounded_never_replayed_and_the_later_write_stands() {
             fence,
         )
     };
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let n: i64 = c
-            .query_one(
-                "SELECT count(*) FROM pg_stat_activity WHERE query = 'COMMIT' AND state = 'active'",
-                &[],
-            )
-            .await
-            .unwrap()
-            .get(0);
-        if n > 0 {
-            break;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "COMMIT never ran");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until_a_commit_runs(&c).await;
     proxy.cut();
     match slow.0.await.unwrap() {
         Err(Error::OutcomeUnknown { message, .. }) => {
