@@ -660,6 +660,21 @@ async fn a_stalled_write_cannot_commit_after_its_outcome_unknown() {
     assert_eq!(read().await, Some((t(6), Bytes::from_static(b"six"))));
 }
 
+/// Makes a `COMMIT` that wrote the value `slow` to `table` sleep 30 s in a deferred trigger
+/// (holding the row's lock), so that only ending its session stops it within a test.
+async fn slow_commits_on(c: &tokio_postgres::Client, table: &str) {
+    c.batch_execute(&format!(
+        "CREATE FUNCTION {table}_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+         IF NEW.value = 'slow' THEN PERFORM pg_sleep(30); END IF;
+         RETURN NULL; END $$;
+         CREATE CONSTRAINT TRIGGER {table}_commit AFTER UPDATE ON {table}
+             DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION {table}_commit();"
+    ))
+    .await
+    .unwrap();
+}
+
 /// Waits until a `COMMIT` runs on the server (caught in a slow deferred trigger).
 async fn until_a_commit_runs(c: &tokio_postgres::Client) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
@@ -707,16 +722,7 @@ async fn writers_queued_on_an_unknown_writes_lock_cannot_starve_its_end() {
         .await
         .unwrap();
     let c = client(&url).await;
-    c.batch_execute(
-        "CREATE FUNCTION starved_commit() RETURNS trigger LANGUAGE plpgsql AS $$
-         BEGIN
-         IF NEW.value = 'slow' THEN PERFORM pg_sleep(30); END IF;
-         RETURN NULL; END $$;
-         CREATE CONSTRAINT TRIGGER starved_commit AFTER UPDATE ON starved
-             DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION starved_commit();",
-    )
-    .await
-    .unwrap();
+    slow_commits_on(&c, "starved").await;
 
     let slow = {
         let (fence, r) = (fence.clone(), r.clone());
@@ -774,16 +780,7 @@ async fn a_session_is_never_taken_for_ended_on_another_server() {
         .await
         .unwrap();
     let c = client(&first.connection_url()).await;
-    c.batch_execute(
-        "CREATE FUNCTION hosts_commit() RETURNS trigger LANGUAGE plpgsql AS $$
-         BEGIN
-         IF NEW.value = 'slow' THEN PERFORM pg_sleep(30); END IF;
-         RETURN NULL; END $$;
-         CREATE CONSTRAINT TRIGGER hosts_commit AFTER UPDATE ON hosts
-             DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION hosts_commit();",
-    )
-    .await
-    .unwrap();
+    slow_commits_on(&c, "hosts").await;
 
     // The pooled connection (to the first server) is kept; any new one goes to the second.
     proxy.refuse_new();
