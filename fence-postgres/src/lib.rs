@@ -669,21 +669,22 @@ impl FencedTable {
 ///   the same token, whose value it would then replace. So before returning `OutcomeUnknown`
 ///   the fence ends that connection's server session (`pg_terminate_backend` on a connection
 ///   of a separate pool of at most two, so that writers queued on that session's row lock
-///   cannot starve it; then waits until it is gone; all within one more `timeout_ms`): after
-///   that nothing of the write can commit, and a read shows whether it did. The error's
-///   message says whether the session was ended; if not (for example the ending connection
-///   reached another host of a multi-host URL), retry under a new token (a new lease) rather
-///   than re-read.
+///   cannot starve it, opened for it and closed after; then waits until it is gone; all within
+///   one more `timeout_ms`): after that nothing of the write can commit, and a read shows
+///   whether it did. The error's message says whether the session was ended; if not (for
+///   example the ending connection reached another host of a multi-host URL), retry under a
+///   new token (a new lease) rather than re-read.
 ///   Behind a transaction-pooling proxy (PgBouncer's `pool_mode=transaction`) a connection's
 ///   server session is not its own: set `end_unknown_sessions=false` there. Fencing between
 ///   holders is unaffected either way: a late write still loses to any newer token.
 /// - Values are at most [`MAX_VALUE_BYTES`]; a longer one is `InvalidInput`, nothing sent.
-/// - Connections: up to `pool_size` ([`DEFAULT_POOL_SIZE`] by default) at once; writes of
-///   different resources run in parallel. A connection that timed out, or whose operation was
-///   cancelled, is closed rather than returned (its replies can no longer be matched to
-///   requests); a closed one (server restart, network cut) is replaced on the next checkout, so
-///   one `PgFence` outlives any number of server restarts. [`PgFence::pool`] lends connections
-///   from a second pool, never from the fence's own.
+/// - Connections: up to `pool_size` ([`DEFAULT_POOL_SIZE`] by default) at once for the fence's
+///   own operations (plus up to two, each opened for one termination and then closed, that end
+///   unknown writes' sessions); writes of different resources run in parallel. A connection
+///   that timed out, or whose operation was cancelled, is closed rather than returned (its
+///   replies can no longer be matched to requests); a closed one (server restart, network cut)
+///   is replaced on the next checkout, so one `PgFence` outlives any number of server restarts.
+///   [`PgFence::pool`] lends connections from a second pool, never from the fence's own.
 pub struct PgFence {
     /// The fence's own connections.
     own: Pool,
@@ -832,8 +833,11 @@ impl PgFence {
     /// - `timeout_ms=N` (1..=600000, default 30000): bounds the connect and each operation;
     /// - `end_unknown_sessions=true|false` (default `true`): end the server session of a write
     ///   whose outcome is unknown (see [`PgFence`]); each pooled connection then asks for its
-    ///   session (`pg_backend_pid`, `backend_start`) once, on its first use;
-    /// - `pool_size=N` (1..=1024, default [`DEFAULT_POOL_SIZE`]): connections at most;
+    ///   session (`pg_backend_pid()`, its `backend_start` and the server's
+    ///   `pg_postmaster_start_time()`) once, on its first use;
+    /// - `pool_size=N` (1..=1024, default [`DEFAULT_POOL_SIZE`]): the fence's own connections at
+    ///   most; [`PgFence::pool`] opens as many again, and ending unknown writes' sessions two
+    ///   more at most;
     /// - `sslmode=disable|prefer|require|verify-ca|verify-full` (default `prefer`, as libpq; see
     ///   [`SslMode`]) and `sslrootcert=<PEM file>|system` (needed by `verify-ca`/`verify-full`);
     /// - `sslcert=<PEM file>` and `sslkey=<PEM file>` (both or neither): a client certificate,
@@ -884,7 +888,8 @@ impl PgFence {
         let own = build(RecyclingMethod::Fast, o.pool_size)?;
         let lent = build(RecyclingMethod::Clean, o.pool_size)?;
         // A third, small one for ending the sessions of unknown writes: the fence's own pool
-        // may be full of writes waiting on the very row lock such a session holds.
+        // may be full of writes waiting on the very row lock such a session holds. It only
+        // bounds how many are open at once: each is closed after use (see `end_session`).
         let ends = build(RecyclingMethod::Fast, END_POOL_SIZE)?;
         let fence = PgFence {
             own,
@@ -1056,7 +1061,7 @@ impl PgFence {
         // In a task of its own, so that it finishes even if this future is dropped meanwhile.
         let ended = tokio::spawn(end_session(pool, session, timeout))
             .await
-            .unwrap_or_else(|e| Err(format!("the task ending it failed: {e}")));
+            .unwrap_or_else(|e| Err(NotEnded::Failed(format!("the task ending it failed: {e}"))));
         Err(session_note(error, ended))
     }
 
@@ -1109,16 +1114,6 @@ macro_rules! micros {
         concat!("(extract(epoch FROM ", $t, ") * 1000000)::int8")
     };
 }
-
-/// Whether this connection runs on the server of `$3` (the [`Session`]'s `server_started`).
-const SAME_SERVER: &str = concat!(micros!("pg_postmaster_start_time()"), " = $3");
-
-/// Selects the backend of a [`Session`] in `pg_stat_activity` (`$1` the pid, `$2` the start).
-const SESSION_ROW: &str = concat!(
-    "FROM pg_stat_activity WHERE pid = $1 AND ",
-    micros!("backend_start"),
-    " = $2"
-);
 
 impl Session {
     /// The session `client` is connected to.
@@ -1215,77 +1210,108 @@ impl Drop for Unsettled<'_> {
     }
 }
 
+/// Why [`end_session`] could not end a session.
+#[derive(Debug)]
+enum NotEnded {
+    /// The ending connection reached another server than the session's (a multi-host URL), or
+    /// the session's server restarted since (which ended it). Which of the two cannot be told.
+    ServerChanged,
+    /// No connection, an error, or the deadline.
+    Failed(String),
+}
+
+impl std::fmt::Display for NotEnded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NotEnded::ServerChanged => f.write_str(
+                "the connection that would end it reached another server than the session's, \
+                 or that server restarted since",
+            ),
+            NotEnded::Failed(why) => f.write_str(why),
+        }
+    }
+}
+
+/// Ends the [`Session`] named by the parameters (`pg_terminate_backend`, only if it is still
+/// the same session on the same server), and answers whether this connection is on that server.
+const TERMINATE: &str = concat!(
+    "SELECT ",
+    micros!("pg_postmaster_start_time()"),
+    " = $3, (SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE pid = $1 AND ",
+    micros!("backend_start"),
+    " = $2 AND ",
+    micros!("pg_postmaster_start_time()"),
+    " = $3)"
+);
+
+/// Whether the [`Session`] of `$1` (pid) and `$2` (start) is still listed.
+const REMAINS: &str = concat!(
+    "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1 AND ",
+    micros!("backend_start"),
+    " = $2)"
+);
+
 /// Ends `session` (`pg_terminate_backend`) and waits until it is gone, all within `timeout`
 /// (the wait for a connection of `pool` included). Once it is gone nothing sent on it can
 /// commit any more. Allowed for a session of the same role; a session already gone is fine.
 ///
 /// `pool` must not be the fence's own: when a write's outcome is unknown its session may still
-/// hold the row lock that the fence's other connections are all waiting on.
+/// hold the row lock that the fence's other connections are all waiting on. The connection is
+/// closed after use, never returned: it is used rarely, so an idle one could have gone
+/// half-open since (a network fault is what makes outcomes unknown), and one that reached
+/// another server would keep reaching it.
 ///
 /// A connection that reached another server than the session's (a multi-host URL), or a
-/// server that restarted since, cannot tell whether the session is gone: that is an error,
-/// never taken for "gone".
-async fn end_session(pool: Pool, session: Session, timeout: Duration) -> Result<(), String> {
+/// server that restarted since, cannot tell whether the session is gone: that is
+/// [`NotEnded::ServerChanged`], never taken for "gone".
+async fn end_session(pool: Pool, session: Session, timeout: Duration) -> Result<(), NotEnded> {
     let params: [(&(dyn ToSql + Sync), Type); 3] = [
         (&session.pid, Type::INT4),
         (&session.started, Type::INT8),
         (&session.server_started, Type::INT8),
     ];
-    let terminate = format!(
-        "SELECT {SAME_SERVER}, (SELECT pg_terminate_backend(pid) {SESSION_ROW} AND {SAME_SERVER})"
-    );
-    let remains = format!("SELECT {SAME_SERVER}, EXISTS (SELECT 1 {SESSION_ROW})");
-    // Held out here so that a connection whose statement the deadline interrupted is closed
-    // rather than returned to the pool.
+    let failed = |e: tokio_postgres::Error| NotEnded::Failed(chain(&e));
+    // Held out here so that the connection is closed however this ends.
     let mut held: Option<Object> = None;
     let ended = tokio::time::timeout(timeout, async {
         let client = held.insert(
             pool.get()
                 .await
-                .map_err(|e| format!("no connection: {e}"))?,
+                .map_err(|e| NotEnded::Failed(format!("no connection: {e}")))?,
         );
-        let on_its_server = |row: &tokio_postgres::Row| -> Result<(), String> {
-            match row.try_get::<_, Option<bool>>(0) {
-                Ok(Some(true)) => Ok(()),
-                _ => Err(
-                    "the connection that would end it reached another server, or the \
-                          server restarted since"
-                        .into(),
-                ),
-            }
-        };
         let row = client
-            .query_typed_one(&terminate, &params)
+            .query_typed_one(TERMINATE, &params)
             .await
-            .map_err(|e| chain(&e))?;
-        on_its_server(&row)?;
+            .map_err(failed)?;
+        if !row
+            .try_get::<_, Option<bool>>(0)
+            .map_err(failed)?
+            .unwrap_or(false)
+        {
+            return Err(NotEnded::ServerChanged);
+        }
         // pg_terminate_backend only signals; the session may finish what it is doing first.
+        // Still the same server: a restart would have closed this connection.
         loop {
             let row = client
-                .query_typed_one(&remains, &params)
+                .query_typed_one(REMAINS, &params[..2])
                 .await
-                .map_err(|e| chain(&e))?;
-            on_its_server(&row)?;
-            if !row.try_get::<_, bool>(1).map_err(|e| chain(&e))? {
+                .map_err(failed)?;
+            if !row.try_get::<_, bool>(0).map_err(failed)? {
                 return Ok(());
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     })
     .await;
-    match ended {
-        Ok(r) => r,
-        Err(_) => {
-            if let Some(client) = held.take() {
-                drop(Object::take(client));
-            }
-            Err(format!("not gone within {timeout:?}"))
-        }
+    if let Some(client) = held.take() {
+        drop(Object::take(client));
     }
+    ended.unwrap_or_else(|_| Err(NotEnded::Failed(format!("not gone within {timeout:?}"))))
 }
 
 /// `error` (an `OutcomeUnknown`), saying whether its session was ended.
-fn session_note(error: Error, ended: Result<(), String>) -> Error {
+fn session_note(error: Error, ended: Result<(), NotEnded>) -> Error {
     match error {
         Error::OutcomeUnknown {
             backend,
@@ -1300,7 +1326,11 @@ fn session_note(error: Error, ended: Result<(), String>) -> Error {
                     "{message}; its server session has since been ended, so nothing more of \
                      it can commit: a read now shows whether it was committed"
                 ),
-                Err(why) => format!(
+                Err(why @ NotEnded::ServerChanged) => format!(
+                    "{message}; its server session could not be ended ({why}): whether it \
+                     can still commit cannot be told"
+                ),
+                Err(why @ NotEnded::Failed(_)) => format!(
                     "{message}; its server session could not be ended ({why}): it may still \
                      commit later"
                 ),

@@ -696,11 +696,12 @@ async fn until_a_commit_runs(c: &tokio_postgres::Client) {
 }
 
 /// A write whose `COMMIT` outlives the timeout holds its row's lock until its session ends.
-/// With every pooled connection taken by a writer queued on that lock, the fence still ends the
-/// session (from connections of its own, not the fence's pool): the unknown write says its
-/// session was ended, and the queued writer then gets the row and succeeds. (Ending it from the
-/// fence's pool, the termination waited behind the queued writer, which waited on the lock,
-/// until both gave up.)
+/// With every pooled connection taken by a writer queued on that lock (one already waiting on
+/// it, one waiting for the connection the unknown write's timeout frees), the fence still ends
+/// the session (from connections of its own, not the fence's pool): the unknown write says its
+/// session was ended, and the queued writers then get the row. (Ending it from the fence's
+/// pool, the termination waited behind the queued writers, which waited on the lock, until all
+/// gave up.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writers_queued_on_an_unknown_writes_lock_cannot_starve_its_end() {
     let Some(pg) = server("writers_queued_on_an_unknown_writes_lock_cannot_starve_its_end").await
@@ -709,7 +710,7 @@ async fn writers_queued_on_an_unknown_writes_lock_cannot_starve_its_end() {
     };
     let url = pg.connection_url();
     let fence = Arc::new(
-        PgFence::connect(&format!("{url}?table=starved&timeout_ms=1000&pool_size=1"))
+        PgFence::connect(&format!("{url}?table=starved&timeout_ms=3000&pool_size=2"))
             .await
             .unwrap(),
     );
@@ -724,30 +725,61 @@ async fn writers_queued_on_an_unknown_writes_lock_cannot_starve_its_end() {
     let c = client(&url).await;
     slow_commits_on(&c, "starved").await;
 
-    let slow = {
+    let write = |token: u64, value: &'static [u8]| {
         let (fence, r) = (fence.clone(), r.clone());
-        tokio::spawn(async move { fence.write(&r, t(6), Bytes::from_static(b"slow")).await })
+        tokio::spawn(async move { fence.write(&r, t(token), Bytes::from_static(value)).await })
     };
+    let slow = write(6, b"slow");
     until_a_commit_runs(&c).await;
-    // Queue the next writer for the pool's one connection well inside the slow write's timeout,
-    // so that it is first in line when that connection is closed.
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let queued = {
-        let (fence, r) = (fence.clone(), r.clone());
-        tokio::spawn(async move { fence.write(&r, t(7), Bytes::from_static(b"seven")).await })
-    };
+    // Half the timeout later, so that the queued writers' own timeouts (and the server's
+    // lock_timeout) end well after the slow write's has ended its session.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let on_the_lock = write(7, b"seven");
+    until_a_write_waits_on_a_lock(&c).await;
+    // Both pooled connections are taken now: this one waits for the one the slow write's
+    // timeout frees, first in line for it.
+    let on_the_pool = write(8, b"eight");
     match slow.await.unwrap() {
         Err(Error::OutcomeUnknown { message, .. }) => {
             assert!(message.contains(SESSION_ENDED), "{message}");
         }
         other => panic!("a COMMIT without answer must be OutcomeUnknown: {other:?}"),
     }
-    queued
+    // Whichever of the two gets the row first, neither is starved: 7 is accepted, or refused
+    // as stale once 8 is in.
+    match on_the_lock.await.unwrap() {
+        Ok(_) | Err(Error::Stale { .. }) => {}
+        Err(e) => panic!("the writer queued on the lock gets the row: {e}"),
+    }
+    on_the_pool
         .await
         .unwrap()
-        .expect("the queued writer gets the row once the unknown write's session is gone");
+        .expect("the writer queued on the pool gets a connection and the row");
     let v = direct.read(&r).await.unwrap().unwrap();
-    assert_eq!(v.value, Some((t(7), Bytes::from_static(b"seven"))));
+    assert_eq!(v.value, Some((t(8), Bytes::from_static(b"eight"))));
+}
+
+/// Waits until a session waits on a lock (`pg_stat_activity.wait_event_type = 'Lock'`).
+async fn until_a_write_waits_on_a_lock(c: &tokio_postgres::Client) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let n: i64 = c
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if n > 0 {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no write ever waited on the lock"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 /// With a multi-host URL, the connection that ends an unknown write's session may reach another
@@ -767,7 +799,7 @@ async fn a_session_is_never_taken_for_ended_on_another_server() {
     let proxy = FaultProxy::start(first.addr()).await.unwrap();
     let fence = Arc::new(
         PgFence::connect(&format!(
-            "postgres://postgres@{},{}/postgres?table=hosts&timeout_ms=1000&pool_size=1",
+            "postgres://postgres@{},{}/postgres?table=hosts&timeout_ms=3000&pool_size=1",
             proxy.addr(),
             second.addr()
         ))
@@ -808,6 +840,25 @@ async fn a_session_is_never_taken_for_ended_on_another_server() {
     )
     .await
     .unwrap();
+
+    // Once the first host takes connections again, the next unknown write there has its session
+    // ended: the connection that reached the second server was closed, not kept for next time.
+    proxy.heal();
+    match fence.write(&r, t(7), Bytes::from_static(b"slow")).await {
+        Err(Error::OutcomeUnknown { message, .. }) => {
+            assert!(message.contains(SESSION_ENDED), "{message}");
+        }
+        other => panic!("a COMMIT without answer must be OutcomeUnknown: {other:?}"),
+    }
+    let running: i64 = c
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity WHERE query = 'COMMIT'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(running, 0, "the second unknown write's session is gone");
 }
 
 /// The fence write's transaction does not take the database's defaults. With
