@@ -95,7 +95,16 @@ impl RedisCoordinator {
             // it, without its content.
             let Some(token) = token else {
                 // Removed for certain (and audited), but there is no holder to report: no token
-                // was ever issued for this key.
+                // was ever issued for this key. Not `Ok`, so the instrumentation wrapper does not
+                // log it: logged here (see `Coordinator::force_release`).
+                tracing::warn!(
+                    backend = BACKEND,
+                    key = %key,
+                    actor = request.actor(),
+                    reason = request.reason(),
+                    "lock force-released by operator: removed a value another writer put there, \
+                     no token was ever issued for the key"
+                );
                 return Err(Error::Misconfigured {
                     backend: BACKEND,
                     problems: vec![format!(

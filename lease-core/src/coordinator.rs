@@ -143,6 +143,11 @@ pub trait Coordinator: Send + Sync + fmt::Debug {
     /// `warn` log event and the `fenced_forced_releases_total` counter). Returns the
     /// holder that was removed, or `None` if the key was free.
     ///
+    /// The log event and the counter come with `Ok` only. One removal is not `Ok`: on Redis, a
+    /// value something else wrote under a key for which no token was ever issued has no holder
+    /// to report; it is removed and audited, and the call returns `Err(Misconfigured)` saying
+    /// so (the key is free) after the adapter logged it at `warn` itself.
+    ///
     /// The removed holder's lease reports `Lost(Revoked)` where the backend can tell it, and
     /// otherwise on its next renew. Its token stays below every later token, so a fence rejects
     /// its writes once the next holder has claimed.

@@ -282,8 +282,9 @@ async fn outside_delete_or_overwrite_of_a_held_lock_is_noticed_promptly() {
     assert!(pttl > 0 && pttl <= ttl.as_millis() as i64, "{pttl}");
 
     // force_release of that value: with another expected token it is refused naming the newest
-    // issued token; without one it is removed and reported as `inspect` shows it (it used to
-    // be removed, audited, and then reported as a misconfiguration).
+    // issued token; without one it is removed and reported as `inspect` shows it, under the
+    // newest issued token (only a key no token was ever issued for, below, has no holder to
+    // report).
     let request = || ForceRelease::new("oncall", "outside value").unwrap();
     let other = Token::new(info.token.get() + 1).unwrap();
     let refused = c.force_release(&k, &request().expect_token(other)).await;
@@ -330,6 +331,14 @@ async fn outside_delete_or_overwrite_of_a_held_lock_is_noticed_promptly() {
         .await
         .unwrap();
     assert_eq!(value, None);
+    // And audited, with no token to name.
+    let trail = c.audit_trail(&never, 10).await.unwrap();
+    assert!(
+        trail.iter().any(|a| a.actor == "oncall"
+            && a.reason == "outside value"
+            && a.removed_token.is_none()),
+        "{trail:?}"
+    );
 
     // A value of another type (a hash) over one held lock: that lease is Superseded, and the
     // monitor goes on reading the other held locks (a DEL of one is still noticed).
