@@ -238,6 +238,7 @@ fn concurrent_writers_cannot_lower_the_fence() {
         for t in tasks {
             t.await.unwrap();
         }
+        assert_eq!(f.forgotten(), 0, "the history below is whole");
         let tokens: Vec<Token> = f
             .history()
             .into_iter()

@@ -451,6 +451,7 @@ impl Harness {
                 issued.last().copied()
             );
             // (c) accepted fence tokens never decrease, and the fence agrees with the model.
+            assert_eq!(self.fence.forgotten(), 0, "the fence's history is whole");
             let r = &self.resources[k];
             let accepted: Vec<u64> = self
                 .fence

@@ -179,8 +179,8 @@ impl FaultProxy {
         self.control.send_modify(|c| c.mode = mode);
     }
 
-    /// Back to pass-through, no connection stalled, new ones accepted; bytes held by a blackhole or a stall
-    /// are then delivered (see module docs).
+    /// Back to pass-through, no connection stalled, new ones accepted; bytes held by a blackhole
+    /// or a stall are then delivered (see module docs).
     pub fn heal(&self) {
         self.control.send_modify(|c| {
             c.mode = FaultMode::PassThrough;
