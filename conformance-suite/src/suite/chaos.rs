@@ -35,8 +35,12 @@ pub(super) fn cases() -> Vec<Case> {
 /// How many worker rounds (all workers together) a chaos run needs to mean something.
 const ENOUGH_ROUNDS: u32 = 24;
 
-/// Worker processes the monkey starts at most in one run (to pause or kill one).
-const MAX_SPAWNS: u32 = 12;
+/// Worker processes the monkey keeps at most at once in one run (each paused or killed; one that
+/// never acquired is stopped at once and does not count).
+const MAX_WORKERS: usize = 12;
+
+/// How long after a restart the monkey waits before the next one.
+const RESTART_SETTLE: Duration = Duration::from_secs(4);
 
 /// `CONFORMANCE_CHAOS_SECS` (whole seconds, `1..=300`; 12 when unset or empty). A malformed value
 /// fails the case rather than quietly running the default.
@@ -267,7 +271,11 @@ async fn monkey(
     // at all, such as one without the subject's URL scheme).
     let (mut spawned, mut worker_errors) = (0u32, Vec::<String>::new());
     let mut workers = Vec::new();
-    let mut last_restart = Instant::now();
+    // As if the last restart were long enough ago: the first one may come at once (a short run
+    // must still have one).
+    let mut last_restart = Instant::now()
+        .checked_sub(RESTART_SETTLE)
+        .unwrap_or_else(Instant::now);
     // Each kind of fault the subject allows comes once first, the quick ones first (so that a
     // short run still has every kind; the monkey goes on past `until`, up to `due_until`, for a
     // kind still due), then the monkey picks at random.
@@ -289,8 +297,8 @@ async fn monkey(
         };
         tokio::time::sleep(gap).await;
         let key = &keys[rng.gen_range(0..keys.len())];
-        let restart_ready = can_restart && last_restart.elapsed() > Duration::from_secs(4);
-        let spawn_ready = can_spawn && spawned < MAX_SPAWNS;
+        let restart_ready = can_restart && last_restart.elapsed() >= RESTART_SETTLE;
+        let spawn_ready = can_spawn && workers.len() < MAX_WORKERS;
         let next = pending.iter().position(|f| match f {
             Fault::Restart => restart_ready,
             Fault::Pause | Fault::Kill => spawn_ready,
@@ -314,8 +322,9 @@ async fn monkey(
                 let request = ForceRelease::new("chaos-monkey", "chaos run")?;
                 // Only a removed holder counts: the picked key first, then the others (a key
                 // is often free between two holders). If none was held (or a call failed under
-                // chaos) and the kind was never done, it is due again first: the workers stop
-                // at the end of the run, and a force-release then finds no holder.
+                // chaos) and the kind was never done, it is due again, behind the kinds still
+                // due (a killed or paused worker process holds a key, so after one of those it
+                // finds a holder even once the in-process workers have stopped).
                 let start = keys.iter().position(|k| k == key).unwrap_or(0);
                 let mut removed = false;
                 for k in keys.iter().cycle().skip(start).take(keys.len()) {
@@ -327,7 +336,7 @@ async fn monkey(
                 if removed {
                     forced += 1;
                 } else if forced == 0 && !pending.contains(&Fault::ForceRelease) {
-                    pending.insert(0, Fault::ForceRelease);
+                    pending.push(Fault::ForceRelease);
                 }
             }
             Some(Fault::Restart) => {
