@@ -677,20 +677,31 @@ async fn slow_commits_on(c: &tokio_postgres::Client, table: &str) {
 
 /// Waits until a `COMMIT` runs on the server (caught in a slow deferred trigger).
 async fn until_a_commit_runs(c: &tokio_postgres::Client) {
+    until_a_session(c, "query = 'COMMIT' AND state = 'active'").await;
+}
+
+/// Waits until a session waits on a lock.
+async fn until_a_write_waits_on_a_lock(c: &tokio_postgres::Client) {
+    until_a_session(c, "wait_event_type = 'Lock'").await;
+}
+
+/// How many sessions `pg_stat_activity` shows `WHERE condition`.
+async fn sessions(c: &tokio_postgres::Client, condition: &str) -> i64 {
+    let sql = format!("SELECT count(*) FROM pg_stat_activity WHERE {condition}");
+    c.query_one(&sql, &[]).await.unwrap().get(0)
+}
+
+/// Waits (10 s at most) until `pg_stat_activity` shows a session `WHERE condition`.
+async fn until_a_session(c: &tokio_postgres::Client, condition: &str) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
-        let n: i64 = c
-            .query_one(
-                "SELECT count(*) FROM pg_stat_activity WHERE query = 'COMMIT' AND state = 'active'",
-                &[],
-            )
-            .await
-            .unwrap()
-            .get(0);
-        if n > 0 {
+        if sessions(c, condition).await > 0 {
             return;
         }
-        assert!(tokio::time::Instant::now() < deadline, "COMMIT never ran");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no session ever showed {condition}"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
@@ -759,29 +770,6 @@ async fn writers_queued_on_an_unknown_writes_lock_cannot_starve_its_end() {
     assert_eq!(v.value, Some((t(8), Bytes::from_static(b"eight"))));
 }
 
-/// Waits until a session waits on a lock (`pg_stat_activity.wait_event_type = 'Lock'`).
-async fn until_a_write_waits_on_a_lock(c: &tokio_postgres::Client) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let n: i64 = c
-            .query_one(
-                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'",
-                &[],
-            )
-            .await
-            .unwrap()
-            .get(0);
-        if n > 0 {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no write ever waited on the lock"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
 /// With a multi-host URL, the connection that ends an unknown write's session may reach another
 /// server than the write's (the first host stopped taking new connections, so the client moved
 /// on). There the session is not listed, which must not be taken for "gone": the error says the
@@ -825,14 +813,7 @@ async fn a_session_is_never_taken_for_ended_on_another_server() {
         }
         other => panic!("a COMMIT without answer must be OutcomeUnknown: {other:?}"),
     }
-    let running: i64 = c
-        .query_one(
-            "SELECT count(*) FROM pg_stat_activity WHERE query = 'COMMIT' AND state = 'active'",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let running = sessions(&c, "query = 'COMMIT' AND state = 'active'").await;
     assert_eq!(running, 1, "the unknown write's session is still running");
     c.execute(
         "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query = 'COMMIT'",
@@ -850,14 +831,7 @@ async fn a_session_is_never_taken_for_ended_on_another_server() {
         }
         other => panic!("a COMMIT without answer must be OutcomeUnknown: {other:?}"),
     }
-    let running: i64 = c
-        .query_one(
-            "SELECT count(*) FROM pg_stat_activity WHERE query = 'COMMIT'",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let running = sessions(&c, "query = 'COMMIT'").await;
     assert_eq!(running, 0, "the second unknown write's session is gone");
 }
 
