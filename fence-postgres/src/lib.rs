@@ -950,7 +950,8 @@ impl PgFence {
         self.timeout
     }
 
-    /// The most connections the fence opens at once.
+    /// The most connections the fence's own pool opens at once (the lent pool and the ending of
+    /// unknown writes' sessions have their own; see [`PgFence`]).
     pub fn pool_size(&self) -> usize {
         self.pool_size
     }
@@ -1328,7 +1329,8 @@ fn session_note(error: Error, ended: Result<(), NotEnded>) -> Error {
                 ),
                 Err(why @ NotEnded::ServerChanged) => format!(
                     "{message}; its server session could not be ended ({why}): whether it \
-                     can still commit cannot be told"
+                     can still commit cannot be told, so write again under a new token rather \
+                     than re-read"
                 ),
                 Err(why @ NotEnded::Failed(_)) => format!(
                     "{message}; its server session could not be ended ({why}): it may still \
