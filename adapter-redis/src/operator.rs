@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use lease_core::{
-    AuditRecord, Error, ForceRelease, HolderInfo, LockKey, LostReason, OwnerId, Result, Token,
+    AuditRecord, ForceRelease, HolderInfo, LockKey, LostReason, OwnerId, Result, Token,
 };
 
 use crate::coordinator::*;
@@ -95,24 +95,16 @@ impl RedisCoordinator {
             // it, without its content.
             let Some(token) = token else {
                 // Removed for certain (and audited), but there is no holder to report: no token
-                // was ever issued for this key. Not `Ok`, so the instrumentation wrapper does not
-                // log it: logged here (see `Coordinator::force_release`).
-                tracing::warn!(
-                    backend = BACKEND,
-                    key = %key,
-                    actor = request.actor(),
-                    reason = request.reason(),
-                    "lock force-released by operator: removed a value another writer put there, \
-                     no token was ever issued for the key"
-                );
-                return Err(Error::Misconfigured {
-                    backend: BACKEND,
-                    problems: vec![format!(
+                // was ever issued for this key.
+                return Err(request.removed_without_holder(
+                    BACKEND,
+                    key,
+                    format!(
                         "key {key}: removed a value another writer put there (not a lease of \
                          this library; no token was ever issued for the key), so the key is free \
                          now; find what else writes under this key prefix"
-                    )],
-                });
+                    ),
+                ));
             };
             return Ok(Some(foreign_holder_info(key, token, pttl)));
         };

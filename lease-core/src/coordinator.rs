@@ -143,10 +143,10 @@ pub trait Coordinator: Send + Sync + fmt::Debug {
     /// `warn` log event and the `fenced_forced_releases_total` counter). Returns the
     /// holder that was removed, or `None` if the key was free.
     ///
-    /// The log event and the counter come with `Ok` only. One removal is not `Ok`: on Redis, a
-    /// value something else wrote under a key for which no token was ever issued has no holder
-    /// to report; it is removed and audited, and the call returns `Err(Misconfigured)` saying
-    /// so (the key is free) after the adapter logged it at `warn` itself.
+    /// One removal is not `Ok`: on Redis, a value something else wrote under a key for which no
+    /// token was ever issued has no holder to report; it is removed, audited, logged and
+    /// counted, and the call returns `Err(Misconfigured)` saying so (the key is free now; see
+    /// [`ForceRelease::removed_without_holder`]).
     ///
     /// The removed holder's lease reports `Lost(Revoked)` where the backend can tell it, and
     /// otherwise on its next renew. Its token stays below every later token, so a fence rejects

@@ -394,6 +394,34 @@ impl ForceRelease {
         }
     }
 
+    /// What a backend returns when it removed something from `key` for certain (and audited
+    /// it) but has no holder to report, such as a value another writer put there under a key
+    /// no token was ever issued for: [`Error::Misconfigured`] with `problem` (which should say
+    /// the key is free now). The call fails, so [`Instrumented`](crate::Instrumented) does not
+    /// report it; this does instead, the same way: one `warn` event naming actor and reason,
+    /// and one count in `fenced_forced_releases_total`.
+    pub fn removed_without_holder(
+        &self,
+        backend: &'static str,
+        key: &crate::LockKey,
+        problem: String,
+    ) -> Error {
+        crate::metrics::forced_release(backend);
+        tracing::warn!(
+            backend,
+            key = %key,
+            actor = self.actor(),
+            reason = self.reason(),
+            removed_owner = None::<&str>,
+            removed_token = None::<u64>,
+            "lock force-released by operator: {problem}"
+        );
+        Error::Misconfigured {
+            backend,
+            problems: vec![problem],
+        }
+    }
+
     /// How many times a backend that reads the holder and then deletes it on condition reads
     /// again when the holder (or its audit record) changed in between, before it gives up with
     /// [`Self::kept_changing`].
