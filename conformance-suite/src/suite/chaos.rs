@@ -39,6 +39,10 @@ const ENOUGH_ROUNDS: u32 = 24;
 /// never acquired is stopped at once and does not count).
 const MAX_WORKERS: usize = 12;
 
+/// Worker processes the monkey starts at most in one run, those that never acquired included
+/// (a worker that fails at once is not started again and again until the run ends).
+const MAX_SPAWNS: u32 = 36;
+
 /// How long after a restart the monkey waits before the next one.
 const RESTART_SETTLE: Duration = Duration::from_secs(4);
 
@@ -266,6 +270,8 @@ async fn monkey(
         None
     };
     let (mut forced, mut restarts, mut paused, mut killed) = (0, 0, 0, 0);
+    // Of `forced`, those of a key the monkey held itself (see below).
+    let mut forced_own = 0u32;
     // Worker processes started, and what those that failed said: a worker may fail under chaos
     // (a restart, a long wait), but not every one of two or more (a worker that cannot connect
     // at all, such as one without the subject's URL scheme).
@@ -298,7 +304,7 @@ async fn monkey(
         tokio::time::sleep(gap).await;
         let key = &keys[rng.gen_range(0..keys.len())];
         let restart_ready = can_restart && last_restart.elapsed() >= RESTART_SETTLE;
-        let spawn_ready = can_spawn && workers.len() < MAX_WORKERS;
+        let spawn_ready = can_spawn && workers.len() < MAX_WORKERS && spawned < MAX_SPAWNS;
         let next = pending.iter().position(|f| match f {
             Fault::Restart => restart_ready,
             Fault::Pause | Fault::Kill => spawn_ready,
@@ -323,14 +329,27 @@ async fn monkey(
                 // Only a removed holder counts: the picked key first, then the others (a key
                 // is often free between two holders). If none was held (or a call failed under
                 // chaos) and the kind was never done, it is due again, behind the kinds still
-                // due (a killed or paused worker process holds a key, so after one of those it
-                // finds a holder even once the in-process workers have stopped).
+                // due.
                 let start = keys.iter().position(|k| k == key).unwrap_or(0);
                 let mut removed = false;
                 for k in keys.iter().cycle().skip(start).take(keys.len()) {
                     if let Ok(Some(_)) = op.force_release(k, &request).await {
                         removed = true;
                         break;
+                    }
+                }
+                if !removed && forced == 0 && Instant::now() >= until {
+                    // The in-process workers have stopped, and a worker process's key has
+                    // likely expired (a paused one sleeps past its TTL, a killed one is not
+                    // renewed): so that the kind is still done on a real holder, the monkey
+                    // holds a key itself and force-releases that holder.
+                    if let Ok(own) = op.try_acquire(key, &LeaseOptions::new(ttl)).await {
+                        removed = matches!(
+                            op.force_release(key, &request).await,
+                            Ok(Some(h)) if h.token == own.token()
+                        );
+                        forced_own += u32::from(removed);
+                        let _ = own.release().await;
                     }
                 }
                 if removed {
@@ -397,7 +416,8 @@ async fn monkey(
         )));
     }
     let report = format!(
-        "{forced} force-releases, {restarts} restarts, {paused} processes paused, {killed} killed"
+        "{forced} force-releases ({forced_own} of the monkey's own lease), {restarts} restarts, \
+         {paused} processes paused, {killed} killed"
     );
     // The run claims every fault the subject allows: one never done is a failure, not a pass
     // that tested less (for example worker processes that never got a key: the first error
