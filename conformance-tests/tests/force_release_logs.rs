@@ -1,11 +1,10 @@
 //! A forced release is one warning in the logs, on every backend: the one
 //! `lease_core::Instrumented` writes for every coordinator that `fenced::connect` builds, naming
 //! the key, the actor and the reason. An adapter must not log its own as well (three of them
-//! once did, so each forced release showed twice); only a removal that fails for want of a
-//! holder to report is logged by the adapter, through `ForceRelease::removed_without_holder`,
-//! since the wrapper logs successes. The same for a forced release of a free key,
-//! and a refused one (`expect_token` naming another holder) is one warning too, written by
-//! `ForceRelease::refused`.
+//! once did, so each forced release showed twice). The same for a forced release of a free key.
+//! A refused one (`expect_token` naming another holder) is one warning too, written by
+//! `ForceRelease::refused`; so is a removal with no holder to report (an error, which the
+//! wrapper does not log), written by `ForceRelease::removed_without_holder`.
 //!
 //! Each backend's server is started by the harness as for the suite; without one the backend is
 //! a named skip, and a failure under `CI=true`.
