@@ -76,25 +76,71 @@ async fn write_marker(http: &Http, session: &str, marker: &str) -> Result<TxnOut
 
 /// Cancelling an attempt, step 2: deletes the key if our session locks it. The client's claim
 /// on the key is held, so no other lease of this client holds it: such a lock is the attempt's.
-/// The delete is keyed on the `ModifyIndex` read first, so a copy of it applied late (held
-/// through a leader election) cannot delete the key of the lock this client takes next, which
-/// has the same session.
-async fn undo_lock(http: &Http, session: &str, kv_key: &str) -> Result<TxnOutcome> {
-    let op = Op::write("cancel acquire", false);
-    let (_, entry) = http.kv_get(kv_key, true, None, op.name).await?;
-    let Some(entry) = entry.filter(|e| e.holder() == Some(session)) else {
-        return Ok(TxnOutcome::RolledBack(Vec::new()));
-    };
-    let ops = [
-        TxnOp::check_session(kv_key, session),
-        TxnOp::check_index(kv_key, entry.modify_index),
-        TxnOp::delete(kv_key),
-    ];
-    let outcome = http.txn(&ops, op).await?;
-    if let TxnOutcome::Committed(_) = outcome {
-        tracing::debug!(key = %kv_key, "removed the lock of a cancelled acquire");
+async fn undo_lock(http: &Http, session: &str, kv_key: &str) -> Result<()> {
+    delete_own_lock(
+        http,
+        session,
+        kv_key,
+        None,
+        Op::write("cancel acquire", false),
+    )
+    .await
+}
+
+/// Outside writes (a plain `PUT` keeps a lock and raises the key's `ModifyIndex`) that one
+/// [`delete_own_lock`] rides out before it reports the key as not yet deleted.
+const OUTSIDE_WRITES: u32 = 3;
+
+/// Deletes `kv_key` if `session` locks it, for a caller that holds this client's claim on the
+/// key (so no lease of this client holds it: such a lock is one to remove). The delete is keyed
+/// on the lock's `ModifyIndex` (`index`, or read first when `None`), so a copy of it applied
+/// late (held through a leader election) cannot delete the key of the lock this client takes
+/// next, which has the same session.
+///
+/// A delete refused because the key was written from outside since (its `ModifyIndex` moved)
+/// reads the key again and deletes it at its new index while our session still locks it: a
+/// refusal is not a removal. `Ok` once the key is deleted or not locked by `session`;
+/// `Unavailable` when it was written again before each of `OUTSIDE_WRITES + 1` deletes (still
+/// locked: the caller tries again later).
+async fn delete_own_lock(
+    http: &Http,
+    session: &str,
+    kv_key: &str,
+    mut index: Option<u64>,
+    op: Op,
+) -> Result<()> {
+    for _ in 0..=OUTSIDE_WRITES {
+        let at = match index.take() {
+            Some(at) => at,
+            None => {
+                let (_, entry) = http.kv_get(kv_key, true, None, op.name).await?;
+                match entry.filter(|e| e.holder() == Some(session)) {
+                    Some(e) => e.modify_index,
+                    None => return Ok(()),
+                }
+            }
+        };
+        let ops = [
+            TxnOp::check_session(kv_key, session),
+            TxnOp::check_index(kv_key, at),
+            TxnOp::delete(kv_key),
+        ];
+        if let TxnOutcome::Committed(_) = http.txn(&ops, op).await? {
+            tracing::debug!(key = %kv_key, operation = op.name, "removed a lock not handed out");
+            return Ok(());
+        }
+        // Refused: no longer ours, gone, or written from outside since. Read it again.
     }
-    Ok(outcome)
+    Err(Error::Unavailable {
+        backend: BACKEND,
+        message: format!(
+            "{}: {kv_key} was written from outside before each of {} deletes; it stays locked \
+             by this client's session until a delete gets through",
+            op.name,
+            OUTSIDE_WRITES + 1
+        ),
+        source: None,
+    })
 }
 
 impl Drop for Attempt {
@@ -497,19 +543,15 @@ impl ConsulCoordinator {
         Ok(Box::new(ConsulLease { shared }))
     }
 
-    /// Deletes a lock this client just took but will not hand out (compare-and-delete), in the
+    /// Deletes a lock this client just took but will not hand out ([`delete_own_lock`]), in the
     /// background, keeping the claim until done.
     fn release_detached(&self, kv_key: &str, index: u64, session: &Arc<Session>, slot: SlotGuard) {
         let http = self.inner.http.clone();
         let (kv_key, session) = (kv_key.to_owned(), session.clone());
         tokio::spawn(async move {
-            let ops = [
-                TxnOp::check_index(&kv_key, index),
-                TxnOp::check_session(&kv_key, &session.id),
-                TxnOp::delete(&kv_key),
-            ];
             let failures = CleanupFailures::new(BACKEND, &kv_key);
-            let released = || http.txn(&ops, Op::write("release", false));
+            let op = Op::write("release", false);
+            let released = || delete_own_lock(&http, &session.id, &kv_key, Some(index), op);
             session
                 .clean_up(&failures, "releasing a lock not handed out", released)
                 .await;
@@ -518,12 +560,8 @@ impl ConsulCoordinator {
     }
 
     /// Deletes a key this client has just locked but will not hand out as it is (it held a
-    /// leftover value), retrying until done or the session is gone; the task keeps the claim
-    /// and returns it.
-    ///
-    /// Keyed on the lock's `ModifyIndex` as well as the session: a copy of the delete applied
-    /// late (held through a leader election) cannot delete the key of the lock this client
-    /// takes next, which has the same session.
+    /// leftover value) ([`delete_own_lock`]), retrying until done or the session is gone; the
+    /// task keeps the claim and returns it.
     fn delete_leftover(
         &self,
         kv_key: &str,
@@ -534,13 +572,9 @@ impl ConsulCoordinator {
         let http = self.inner.http.clone();
         let (kv_key, session) = (kv_key.to_owned(), session.clone());
         tokio::spawn(async move {
-            let ops = [
-                TxnOp::check_session(&kv_key, &session.id),
-                TxnOp::check_index(&kv_key, index),
-                TxnOp::delete(&kv_key),
-            ];
             let failures = CleanupFailures::new(BACKEND, &kv_key);
-            let deleted = || http.txn(&ops, Op::write("acquire", false));
+            let op = Op::write("acquire", false);
+            let deleted = || delete_own_lock(&http, &session.id, &kv_key, Some(index), op);
             session
                 .clean_up(&failures, "deleting a leftover value", deleted)
                 .await;

@@ -826,6 +826,57 @@ async fn resends_that_all_applied_end_in_a_lease_not_an_error() {
     lease.release().await.unwrap();
 }
 
+/// A key that exists before the lock (an operator's leftover value) is rewritten from outside
+/// just before every transaction on it: the acquire locks it, but each delete of the leftover
+/// (or of an attempt whose answer was unusable) is refused by the moved `ModifyIndex`, so it
+/// gives up. The lock it took must still be removed once the writes stop, so another client
+/// gets the key. (Before, a refused delete counted as done: the key stayed locked by the live
+/// session, held by no lease.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leftover_rewritten_from_outside_is_not_left_locked() {
+    let s = standin();
+    let u = url(&s, "");
+    let (a, b) = (client(&u).await, client(&u).await);
+    let config = ConsulConfig::from_url(&u).unwrap();
+    let k = key("rewritten");
+    let path = format!("/v1/kv/{}", config.kv_key(&k));
+    let (st, _, _) = consul_http(s.addr(), "PUT", &path, Some(TOKEN), Some(b"leftover"))
+        .await
+        .unwrap();
+    assert_eq!(st, 200);
+    s.write_before_txns(config.kv_key(&k), u32::MAX);
+    match a.acquire(&k, &LeaseOptions::new(TTL)).await {
+        Err(Error::Unavailable { .. } | Error::OutcomeUnknown { .. }) => {}
+        other => panic!("an acquire outrun by outside writes: {other:?}"),
+    }
+    // The lock is deleted in the background, and a refused delete is not the end of it: the
+    // deletes go on while the writes do (several of them, each refused).
+    let left = s.outside_writes_left();
+    let until = Instant::now() + Duration::from_secs(10);
+    while left - s.outside_writes_left() < 6 {
+        assert!(
+            Instant::now() < until,
+            "the lock's deletes stopped while it was still locked by the client's session"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    s.write_before_txns(config.kv_key(&k), 0);
+    let next = b
+        .acquire(&k, &LeaseOptions::new(TTL).wait(Duration::from_secs(10)))
+        .await
+        .expect("the abandoned acquire's lock stayed on the key");
+    let (_, v) = raw(&s, "GET", &path, None).await;
+    assert_eq!(v[0]["CreateIndex"].as_u64(), Some(next.token().get()));
+    next.release().await.unwrap();
+    // `a` is still alive, and can take the key again.
+    a.acquire(&k, &LeaseOptions::new(TTL).wait(Duration::from_secs(3)))
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+}
+
 /// An outside writer raises the held key's `ModifyIndex` just before every delete of the
 /// release. The release must not report the key as no longer ours while its session still locks
 /// it: it fails (`Unavailable`), and once the writes stop the key is deleted by the lease's

@@ -485,6 +485,18 @@ impl ConsulStandIn {
             .lock()
             .unwrap_or_else(|p| p.into_inner()) = Some((key.into(), times));
     }
+
+    /// How many of the outside writes asked for with [`ConsulStandIn::write_before_txns`] are
+    /// still to come (`0` when none were asked for): a test sees from it that transactions on
+    /// the key were sent (each one sent meanwhile used one).
+    pub fn outside_writes_left(&self) -> u32 {
+        self.shared
+            .write_before_txns
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map_or(0, |(_, left)| *left)
+    }
 }
 
 impl Drop for ConsulStandIn {
