@@ -812,6 +812,12 @@ fn txn_body(ops: &[TxnOp], op: Op) -> Result<Vec<u8>> {
 
 /// Decodes the answer to a transaction of `op`: committed (with the keys it returned) or rolled
 /// back (with Consul's reasons).
+/// Whether a transaction error is Consul's ACL denial (`Permission denied`, with or without
+/// the accessor and permission after it; `ACL not found` for an unknown token).
+fn acl_denial(what: &str) -> bool {
+    what.starts_with("Permission denied") || what.starts_with("ACL not found")
+}
+
 fn txn_answer(a: Answer, op: Op) -> Result<TxnOutcome> {
     match a.status {
         200 | 409 => {
@@ -833,13 +839,19 @@ fn txn_answer(a: Answer, op: Op) -> Result<TxnOutcome> {
                         .collect(),
                 ))
             } else {
-                Ok(TxnOutcome::RolledBack(
-                    ans.errors
-                        .unwrap_or_default()
-                        .into_iter()
-                        .map(|e| e.what)
-                        .collect(),
-                ))
+                let errors: Vec<String> = ans
+                    .errors
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|e| e.what)
+                    .collect();
+                // Consul answers an operation the ACL token may not make in the transaction's
+                // errors (409), not with a 403: a refusal of the token, not a compare that
+                // failed, so it must not read as "not ours" (a release would stop there).
+                if let Some(denied) = errors.iter().find(|e| acl_denial(e)) {
+                    return Err(error::status(answered, 403, denied.as_bytes()));
+                }
+                Ok(TxnOutcome::RolledBack(errors))
             }
         }
         code => Err(error::status(op, code, &a.body)),

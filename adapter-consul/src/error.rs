@@ -6,7 +6,7 @@
 //! | connection refused / DNS / TLS handshake (nothing sent) | `Unavailable` | `Unavailable` |
 //! | TLS certificate refused: the server's by this client (unknown CA, wrong name, expired), or this client's (or its absence) by the agent | `Misconfigured` | `Misconfigured` |
 //! | timeout or connection lost after sending | `Unavailable` | `OutcomeUnknown` |
-//! | 403 (ACL token missing, unknown or lacking permission) | `Misconfigured` | `Misconfigured` |
+//! | 403 (ACL token missing, unknown or lacking permission), or a 409 transaction error `Permission denied` / `ACL not found` (how `/v1/txn` refuses one operation) | `Misconfigured` | `Misconfigured` |
 //! | 429; 500, 502, 503, 504 saying `No cluster leader`, `No path to datacenter`, `rate limit exceeded` (not applied) | `Unavailable` | `Unavailable` |
 //! | any other 500, 502, 503, 504, e.g. 500 `rpc error making call: EOF` / `leadership lost while committing log`, a proxy's 502/503/504 (may have applied) | `Unavailable` | `OutcomeUnknown` |
 //! | 200 whose body cannot be read (applied, results unknown) | `Misconfigured` | `OutcomeUnknown` |

@@ -877,6 +877,43 @@ async fn a_leftover_rewritten_from_outside_is_not_left_locked() {
         .unwrap();
 }
 
+/// The ACL token loses `key:write` on the lock's key while a lease is held. Consul refuses the
+/// release's transaction with 409 and a `Permission denied` error, not 403: the release must
+/// fail as `Misconfigured`, not report the lease lost to another owner and stop there, and once
+/// the policy allows writes again the lease's background cleanup deletes the key. (Before, the
+/// denial read as "not ours": the key stayed locked by the live session.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_refused_by_the_acl_is_misconfigured_and_retried() {
+    let s = standin();
+    let u = url(&s, "");
+    let (a, b) = (client(&u).await, client(&u).await);
+    let config = ConsulConfig::from_url(&u).unwrap();
+    let k = key("acl-denied");
+    let lease = a
+        .acquire(&k, &LeaseOptions::new(Duration::from_secs(5)))
+        .await
+        .unwrap();
+    s.deny_key_writes(Some(config.kv_key(&k)));
+    match lease.release().await {
+        Err(Error::Misconfigured { problems, .. }) => {
+            assert!(problems[0].contains("Permission denied"), "{problems:?}")
+        }
+        other => panic!("a release the ACL refuses: {other:?}"),
+    }
+    assert_eq!(
+        b.inspect(&k).await.unwrap().map(|h| h.token),
+        Some(lease.token()),
+        "still locked while writes are refused"
+    );
+    s.deny_key_writes(None);
+    let next = b
+        .acquire(&k, &LeaseOptions::new(TTL).wait(Duration::from_secs(10)))
+        .await
+        .expect("the key stayed locked after the ACL allowed writes again");
+    assert!(next.token() > lease.token());
+    next.release().await.unwrap();
+}
+
 /// An outside writer raises the held key's `ModifyIndex` just before every delete of the
 /// release. The release must not report the key as no longer ours while its session still locks
 /// it: it fails (`Unavailable`), and once the writes stop the key is deleted by the lease's

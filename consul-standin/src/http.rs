@@ -65,7 +65,28 @@ pub(crate) struct Shared {
     /// A KV key written (a plain `set`) just before each of the next write transactions that
     /// touch it, and how many more times.
     pub(crate) write_before_txns: Mutex<Option<(String, u32)>>,
+    /// A KV key prefix the ACL token may no longer write (`deny_key_writes`).
+    pub(crate) denied_writes: Mutex<Option<String>>,
 }
+
+impl Shared {
+    /// Consul's ACL denial of a write of `key`, when writes under the denied prefix are refused.
+    fn write_denied(&self, key: &str) -> Option<String> {
+        let denied = self.denied_writes.lock().unwrap_or_else(|p| p.into_inner());
+        denied
+            .as_deref()
+            .filter(|prefix| key.starts_with(prefix))
+            .map(|_| {
+                format!(
+                    "Permission denied: token with AccessorID '{STANDIN_ACCESSOR}' lacks \
+                     permission 'key:write' on \"{key}\""
+                )
+            })
+    }
+}
+
+/// The accessor ID named in ACL denials.
+const STANDIN_ACCESSOR: &str = "00000000-0000-4000-8000-00000000acce";
 
 impl Shared {
     pub(crate) fn store(&self) -> MutexGuard<'_, Store> {
@@ -630,6 +651,9 @@ fn kv_put(shared: &Shared, key: &str, query: &Query, body: Bytes) -> Resp {
     if key.is_empty() {
         return text(400, "Missing key name");
     }
+    if let Some(denied) = shared.write_denied(key) {
+        return text(403, denied);
+    }
     if conflicting(query, &["cas", "acquire", "release"]) {
         return text(400, "Conflicting flags");
     }
@@ -691,6 +715,9 @@ fn kv_put(shared: &Shared, key: &str, query: &Query, body: Bytes) -> Resp {
 fn kv_delete(shared: &Shared, key: &str, query: &Query) -> Resp {
     if conflicting(query, &["recurse", "cas"]) {
         return text(400, "Conflicting flags");
+    }
+    if let Some(denied) = shared.write_denied(key) {
+        return text(403, denied);
     }
     let mut op = KvOp {
         verb: "delete".into(),
@@ -784,6 +811,14 @@ fn decode_kv_op(v: &Value) -> Result<KvOp, String> {
     })
 }
 
+/// Whether a transaction operation only reads.
+fn is_read(op: &KvOp) -> bool {
+    matches!(
+        op.verb.as_str(),
+        "get" | "get-tree" | "check-session" | "check-index" | "check-not-exists"
+    )
+}
+
 /// `/v1/txn` — "Transaction HTTP API", create transaction: the KV verbs `set`, `cas`, `lock`,
 /// `unlock`, `get`, `get-tree`, `check-session`, `check-index`, `check-not-exists`, `delete`,
 /// `delete-tree`, `delete-cas`. 200 with `Results`, or 409 with `Errors` (`OpIndex`, `What`) and
@@ -815,12 +850,19 @@ fn txn(shared: &Shared, body: &[u8]) -> Resp {
             Err(e) => return text(400, format!("Failed to parse body: {e}")),
         }
     }
-    let read_only = ops.iter().all(|op| {
-        matches!(
-            op.verb.as_str(),
-            "get" | "get-tree" | "check-session" | "check-index" | "check-not-exists"
-        )
-    });
+    let read_only = ops.iter().all(is_read);
+    // A write the ACL token may not make: Consul's `preCheck` puts each denial in the
+    // transaction's errors, answered 409 like any rolled-back transaction (not 403).
+    let denied: Vec<Value> = ops
+        .iter()
+        .enumerate()
+        .filter(|(_, op)| !is_read(op))
+        .filter_map(|(i, op)| shared.write_denied(&op.key).map(|what| (i, what)))
+        .map(|(i, what)| json!({ "OpIndex": i, "What": what }))
+        .collect();
+    if !denied.is_empty() {
+        return json_resp(409, &json!({ "Results": null, "Errors": denied }));
+    }
     let (result, index, expired) = {
         let mut st = shared.store();
         let now = Instant::now();

@@ -41,7 +41,9 @@
 //!   "due to lock delay".
 //! - **ACL**: with [`StandInOptions::acl_token`] set, a missing token (`X-Consul-Token`, `?token=`
 //!   or `Authorization: Bearer`) is answered 403 `Permission denied`, a wrong one 403
-//!   `ACL not found`.
+//!   `ACL not found`. [`ConsulStandIn::deny_key_writes`] refuses writes under a prefix as a
+//!   policy without `key:write` on it does: 403 to a plain `PUT`/`DELETE`, 409 with a
+//!   `Permission denied` error to a transaction.
 //! - **TLS** ([`StandInOptions::tls`]): the listener speaks HTTPS (TLS 1.2 and 1.3, rustls) with
 //!   the given certificate and key, like an agent with `ports.https` and `tls.https`; with
 //!   [`StandInTls::client_ca_pem`] it also requires a client certificate signed by that CA (the
@@ -294,6 +296,7 @@ impl ConsulStandIn {
             blocking_now: std::sync::atomic::AtomicU64::new(0),
             commit_answer: Mutex::new(None),
             write_before_txns: Mutex::new(None),
+            denied_writes: Mutex::new(None),
         });
         runtime.spawn(session_timers(shared.clone()));
         let this = ConsulStandIn {
@@ -484,6 +487,18 @@ impl ConsulStandIn {
             .write_before_txns
             .lock()
             .unwrap_or_else(|p| p.into_inner()) = Some((key.into(), times));
+    }
+
+    /// Refuses every write of a KV key under `prefix` (`None`: none), as Consul does when the
+    /// ACL token's policy loses `key:write` on it: a plain `PUT` or `DELETE` is answered 403, a
+    /// transaction with such a write 409 with a `Permission denied` error for each (Consul's
+    /// `preCheck`), and nothing of it is applied.
+    pub fn deny_key_writes(&self, prefix: Option<String>) {
+        *self
+            .shared
+            .denied_writes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = prefix;
     }
 
     /// How many of the outside writes asked for with [`ConsulStandIn::write_before_txns`] are
