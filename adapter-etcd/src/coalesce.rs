@@ -148,9 +148,20 @@ async fn send(client: &Client, bound: Duration, txns: Vec<Txn>) -> Vec<Result<Tx
         return vec![send_one(client, bound, txn).await];
     }
     let mut kv = client.kv_client();
-    let outer = Txn::new().and_then(txns.into_iter().map(TxnOp::txn).collect::<Vec<_>>());
+    let outer = Txn::new().and_then(txns.iter().cloned().map(TxnOp::txn).collect::<Vec<_>>());
     let resp = match bounded(bound, kv.txn(outer)).await {
         Ok(resp) => resp,
+        // etcd checks the session lease of every put before it applies any, and refuses the
+        // whole request when one is gone: one ended session must not fail the transactions of
+        // the others (whose callers would take it for their own session's end). Nothing was
+        // applied, so each is sent again alone, and only those on the ended lease fail.
+        Err(f) if f.is_lease_not_found() => {
+            let mut answers = Vec::with_capacity(n);
+            for txn in txns {
+                answers.push(send_one(client, bound, txn).await);
+            }
+            return answers;
+        }
         Err(f) => return (0..n).map(|_| Err(f.clone())).collect(),
     };
     let revision = resp.header().map_or(0, |h| h.revision());

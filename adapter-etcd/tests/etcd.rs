@@ -1397,3 +1397,77 @@ async fn a_lease_in_doubt_whose_key_was_deleted_meanwhile_is_never_held_again() 
     assert_eq!(lost, Some(LostReason::Revoked));
     kept_lease.release().await.unwrap();
 }
+
+/// One coordinator's lock transactions on sessions of two TTLs go to etcd together under load.
+/// An operator revokes the lease of one session: etcd refuses a request in which any put names
+/// that lease, so a batch mixing both sessions is refused as a whole. The other session must
+/// not take that for its own end: its held lease stays held, and every `try_acquire` on it
+/// succeeds. (Before, each caller in the refused batch marked its own session ended, and the
+/// lease held on the healthy session was reported lost.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_session_does_not_end_another_session_batched_with_it() {
+    let Some(server) =
+        server("a_revoked_session_does_not_end_another_session_batched_with_it").await
+    else {
+        return;
+    };
+    let (healthy, doomed) = (Duration::from_secs(20), Duration::from_secs(30));
+    let etcd = Arc::new(EtcdCoordinator::connect_url(&server.url()).await.unwrap());
+    let c: Arc<dyn Coordinator> = Arc::new(Instrumented::new(etcd.clone()));
+    let steady = c
+        .acquire(&key("steady"), &LeaseOptions::new(healthy))
+        .await
+        .unwrap();
+    let gone = c
+        .acquire(&key("gone"), &LeaseOptions::new(doomed))
+        .await
+        .unwrap();
+    let held = etcd
+        .client()
+        .get(
+            etcd.lock_prefix(&key("gone")),
+            Some(GetOptions::new().with_prefix()),
+        )
+        .await
+        .unwrap();
+    let session = held.kvs()[0].lease();
+    assert_ne!(session, 0, "the holder key is attached to a session lease");
+    etcd.client().lease_revoke(session).await.unwrap();
+    // At once, before the client hears of it: many acquires on both sessions.
+    let tasks: Vec<_> = (0..64)
+        .map(|i| {
+            let c = c.clone();
+            let ttl = if i % 2 == 0 { healthy } else { doomed };
+            tokio::spawn(async move {
+                (
+                    ttl,
+                    c.try_acquire(&key(&format!("burst-{i}")), &LeaseOptions::new(ttl))
+                        .await,
+                )
+            })
+        })
+        .collect();
+    let mut on_healthy = 0;
+    for t in tasks {
+        let (ttl, got) = t.await.unwrap();
+        if ttl == healthy {
+            let lease = got.expect("a try_acquire on the healthy session failed");
+            on_healthy += 1;
+            let _ = lease.release().await;
+        } else if let Ok(lease) = got {
+            let _ = lease.release().await;
+        }
+    }
+    assert_eq!(on_healthy, 32);
+    assert_eq!(
+        steady.status(),
+        LeaseStatus::Held,
+        "the healthy session's lease was lost"
+    );
+    steady
+        .renew()
+        .await
+        .expect("the healthy session's lease renews");
+    steady.release().await.unwrap();
+    drop(gone);
+}
