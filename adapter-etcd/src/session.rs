@@ -545,7 +545,9 @@ impl Cleaner {
         Cleaner { tx }
     }
 
-    /// Deletes `c.key` in the background, retrying until it is gone or its session is over.
+    /// Deletes `c.key` in the background, retrying until it is gone: a created key until its
+    /// compare-and-delete applies or finds another key (even after its session ended: the key
+    /// may have been detached from it), an abandoned one until its session is over.
     pub(crate) fn delete(&self, c: Cleanup) {
         let _ = self.tx.send(c);
     }
@@ -587,8 +589,11 @@ async fn cleaner(
         let results = futures::future::join_all(due.into_iter().map(|p| {
             let c = client.clone();
             async move {
-                if p.c.session.borrow().dead.is_some() {
-                    // The server removes the session's keys with its lease.
+                if matches!(p.c.how, How::Abandoned { .. }) && p.c.session.borrow().dead.is_some() {
+                    // Its put names the ended lease, so it could only be refused; the key, on
+                    // that lease, went with it. A created key is deleted even then: it may
+                    // outlive the session, detached by an outside write without the lease, or
+                    // the session may have ended only as far as this client knows.
                     return (p, true);
                 }
                 let txn = p.c.txn();

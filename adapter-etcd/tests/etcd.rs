@@ -1471,3 +1471,61 @@ async fn a_revoked_session_does_not_end_another_session_batched_with_it() {
     steady.release().await.unwrap();
     drop(gone);
 }
+
+/// While the holder cannot reach etcd, another tool writes its key without the lease (which
+/// detaches the key from the session) and an operator revokes the session: etcd removes only the
+/// keys still on the lease, so the detached key stays and the lock stays taken. Once the holder
+/// hears its session has ended, it must still delete that key (its create revision is still
+/// the lease's). (Before, the deletion worker skipped every key of an ended session, taking
+/// for granted that the server had removed it: the lock stayed taken with nobody to free it.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_detached_key_of_an_ended_session_is_still_deleted() {
+    let Some(server) = server("a_detached_key_of_an_ended_session_is_still_deleted").await else {
+        return;
+    };
+    let prefix = "detached-ended";
+    let (proxy, holder, direct) = behind_a_proxy(&server, prefix).await;
+    let etcd = EtcdCoordinator::connect_url(&format!("{}?key_prefix={prefix}", server.url()))
+        .await
+        .unwrap();
+    let k = key("detached-ended");
+    let lease = holder
+        .acquire(&k, &LeaseOptions::new(Duration::from_secs(20)))
+        .await
+        .unwrap();
+    let mut lost = lease.lost();
+    proxy.blackhole();
+    let mut raw = etcd.client();
+    let kv = raw
+        .get(etcd.lock_prefix(&k), Some(GetOptions::new().with_prefix()))
+        .await
+        .unwrap()
+        .kvs()[0]
+        .clone();
+    raw.put(kv.key(), "written by another tool", None)
+        .await
+        .unwrap();
+    raw.lease_revoke(kv.lease()).await.unwrap();
+    let left = raw.get(kv.key(), None).await.unwrap().kvs()[0].clone();
+    assert_eq!(left.lease(), 0, "the key is detached");
+    assert_eq!(left.create_revision(), kv.create_revision());
+    proxy.heal();
+    tokio::time::timeout(Duration::from_secs(20), lost.wait())
+        .await
+        .expect("lost() fires once the holder hears its session ended");
+    eventually(
+        Duration::from_secs(10),
+        "the holder deletes its detached key",
+        || {
+            let (direct, k) = (direct.clone(), k.clone());
+            async move { direct.inspect(&k).await.unwrap().is_none() }
+        },
+    )
+    .await;
+    let next = direct
+        .try_acquire(&k, &LeaseOptions::new(TTL))
+        .await
+        .unwrap();
+    assert!(next.token() > lease.token());
+    next.release().await.unwrap();
+}
