@@ -82,7 +82,10 @@ fn secrets(raw: &str) -> Vec<String> {
     if let Some((_, pw)) = parts.userinfo.split_once(':') {
         found.push(pw.to_owned());
     }
-    for piece in parts.query.split('&') {
+    // Every `key=value` of the whole text, not only of the query as tokio-postgres cuts it: an
+    // `@` in a query value (`user=alice@srv&password=...`) ends its user info there, and what
+    // follows, secrets included, may then be quoted as a host name.
+    for piece in raw.split(['?', '&']) {
         if let Some((k, v)) = piece.split_once('=') {
             let k = lease_core::adapter::percent_decode(k).unwrap_or_default();
             if SECRET_KEYS.contains(&k.to_ascii_lowercase().as_str()) {
@@ -302,6 +305,11 @@ mod tests {
                 "postgres://u:pw@h/db?application_name=a@b",
                 "postgres://u:***@b",
             ),
+            // An `@` in a query value (an Azure-style `user@server`): later secrets stay hidden.
+            (
+                "postgres://db:5432/app?user=alice@srv&password=s3cret&pool_size=0",
+                "postgres://db:***@srv&password=***&pool_size=0",
+            ),
             // Not a URL (a libpq keyword string): nothing of it is shown.
             (
                 "host=db user=app password=s3cret",
@@ -321,6 +329,13 @@ mod tests {
             ),
             "bad ***"
         );
+        // tokio-postgres ends the user info at this `@`, so the host it reports holds the rest.
+        let raw = "postgres://db:5432/app?user=alice@srv&password=s3cret&pool_size=0";
+        let m = scrub(raw, "no such host srv&password=s3cret&pool_size=0".into());
+        assert!(!m.contains("s3cret"), "{m}");
+        if let Err(e) = parse(raw) {
+            assert!(!e.to_string().contains("s3cret"), "{e}");
+        }
     }
 
     /// The query starts after the user info, as tokio-postgres reads it: a password with a raw

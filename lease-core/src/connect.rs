@@ -341,25 +341,31 @@ pub fn redact_url_text(raw: &str, secret_keys: &[&str]) -> String {
         },
         None => (raw[..start].to_owned(), rest),
     };
+    let query = |query: &str| -> String {
+        let pieces: Vec<String> = query
+            .split('&')
+            .map(|piece| {
+                let key = piece.split_once('=').map_or(piece, |(k, _)| k);
+                let decoded = percent_decode(key).unwrap_or_default().to_ascii_lowercase();
+                if is_secret_param(&decoded) || secret_keys.contains(&decoded.as_str()) {
+                    format!("{key}=***")
+                } else {
+                    piece.to_owned()
+                }
+            })
+            .collect();
+        pieces.join("&")
+    };
     match tail.split_once('?') {
-        Some((before, query)) => {
-            let pieces: Vec<String> = query
-                .split('&')
-                .map(|piece| {
-                    let key = piece.split_once('=').map_or(piece, |(k, _)| k);
-                    let decoded = percent_decode(key).unwrap_or_default().to_ascii_lowercase();
-                    if is_secret_param(&decoded) || secret_keys.contains(&decoded.as_str()) {
-                        format!("{key}=***")
-                    } else {
-                        piece.to_owned()
-                    }
-                })
-                .collect();
+        Some((before, q)) => {
             out.push_str(before);
             out.push('?');
-            out.push_str(&pieces.join("&"));
+            out.push_str(&query(q));
         }
-        None => out.push_str(tail),
+        // No `?` after the last `@`: that `@` may be one in a query value
+        // (`?user=alice@srv&password=...`), so what follows is read as query pieces too (hosts and
+        // a path have no `&`-separated `key=value` to hide).
+        None => out.push_str(&query(tail)),
     }
     out
 }
@@ -661,6 +667,19 @@ mod tests {
                 "pg://h/db?Password=***&sslpassword=***&pass%77ord=***&table=t",
             ),
             ("zk://h/x?digest=alice:s3cret&x", "zk://h/x?digest=***&x"),
+            // An `@` in a query value: the secrets after it are hidden too.
+            (
+                "pg://db:5432/app?user=alice@srv&password=s3cret&pool_size=0",
+                "pg://db:***@srv&password=***&pool_size=0",
+            ),
+            (
+                "consul://agent:85x?owner=ops@corp&token=s3cret",
+                "consul://agent:***@corp&token=***",
+            ),
+            (
+                "redis://h/0?owner=ops@corp&password=s3cret",
+                "redis://h/0?owner=ops@corp&password=***",
+            ),
             ("plain-host", "plain-host"),
             (
                 "app:s3cret@db",
