@@ -110,6 +110,19 @@ pub(crate) fn scrub(raw: &str, message: String) -> String {
         .fold(message, |m, s| m.replace(s.as_str(), "***"))
 }
 
+/// The query options this crate reads itself (the others go to tokio-postgres).
+const OWN_OPTIONS: [&str; 9] = [
+    "table",
+    "migrate",
+    "end_unknown_sessions",
+    "timeout_ms",
+    "pool_size",
+    "sslmode",
+    "sslrootcert",
+    "sslcert",
+    "sslkey",
+];
+
 /// Takes `raw` apart. This crate's options (`table`, `migrate`, `timeout_ms`, `pool_size`,
 /// `sslmode`, `sslrootcert`, `sslcert`, `sslkey`) are taken out of the query; the rest goes to
 /// [`tokio_postgres::Config`]'s parser (user, password, hosts, ports, database and its options
@@ -138,6 +151,7 @@ pub(crate) fn parse(raw: &str) -> Result<Options> {
     let mut ssl_mode = SslMode::Prefer;
     let mut root_cert = None;
     let (mut ssl_cert, mut ssl_key) = (None, None);
+    let mut seen = std::collections::HashSet::new();
     for piece in query.split('&').filter(|p| !p.is_empty()) {
         let (k, v) = piece.split_once('=').unwrap_or((piece, ""));
         let key = lease_core::adapter::percent_decode(k)
@@ -149,6 +163,12 @@ pub(crate) fn parse(raw: &str) -> Result<Options> {
                 ))
             })
         };
+        // This crate's options, given twice, are refused rather than the last one silently
+        // winning (`sslmode=verify-full&...&sslmode=disable` would drop TLS). The others go to
+        // tokio-postgres, where some may repeat (`host` adds hosts).
+        if OWN_OPTIONS.contains(&key.as_str()) && !seen.insert(key.clone()) {
+            return Err(invalid(format!("option {key} is given twice")));
+        }
         match key.as_str() {
             "table" => table = Ident::new(&decode()?)?,
             "migrate" => {
@@ -336,6 +356,21 @@ mod tests {
         if let Err(e) = parse(raw) {
             assert!(!e.to_string().contains("s3cret"), "{e}");
         }
+    }
+
+    /// An option of this crate given twice is refused, naming it, rather than the last one
+    /// winning (here it would have dropped TLS).
+    #[test]
+    fn an_option_given_twice_is_refused() {
+        for raw in [
+            "postgres://h/db?sslmode=verify-full&sslrootcert=/ca.pem&sslmode=disable",
+            "postgres://h/db?timeout_ms=100&timeout_ms=600000",
+            "postgres://h/db?table=a&t%61ble=b",
+        ] {
+            let e = parse(raw).err().expect(raw).to_string();
+            assert!(e.contains("is given twice"), "{raw}: {e}");
+        }
+        assert!(parse("postgres://h/db?sslmode=require&timeout_ms=100").is_ok());
     }
 
     /// The query starts after the user info, as tokio-postgres reads it: a password with a raw
