@@ -73,7 +73,7 @@ enum Role {
 /// it. `None` for a scheme that does not serve `role` at all: the registry's error then says
 /// so, since no feature would help.
 fn disabled_feature(url: &str, role: Role) -> Option<&'static str> {
-    let scheme = url.split_once("://")?.0.to_ascii_lowercase();
+    let scheme = scheme_of(url)?.to_ascii_lowercase();
     let other_role_only = match role {
         Role::Coordinator => FENCE_ONLY,
         Role::Fence => COORDINATOR_ONLY,
@@ -94,8 +94,18 @@ fn disabled_feature(url: &str, role: Role) -> Option<&'static str> {
 /// that backend instead.
 pub const BACKEND: &str = "fenced";
 
+/// The scheme of `url` as the registry's URL parser reads it: leading spaces and control
+/// characters are not part of it.
+fn scheme_of(url: &str) -> Option<&str> {
+    Some(
+        url.trim_start_matches(|c: char| c <= ' ')
+            .split_once("://")?
+            .0,
+    )
+}
+
 fn feature_error(feature: &'static str, url: &str) -> Error {
-    let scheme = url.split_once("://").map_or(url, |(s, _)| s);
+    let scheme = scheme_of(url).unwrap_or_default();
     Error::Unsupported {
         backend: BACKEND,
         what: format!(
@@ -144,15 +154,21 @@ mod tests {
     #[cfg(not(feature = "etcd"))]
     #[tokio::test]
     async fn a_scheme_whose_feature_is_off_is_unsupported_naming_the_feature() {
-        let e = connect("etcd://user:s3cret@127.0.0.1:2379")
-            .await
-            .unwrap_err();
-        let shown = e.to_string();
-        assert!(matches!(e, Error::Unsupported { .. }), "{e:?}");
-        assert!(
-            shown.contains("\"etcd\"") && !shown.contains("s3cret"),
-            "{shown}"
-        );
+        // With leading blanks too, which the URL parser skips.
+        for url in [
+            "etcd://user:s3cret@127.0.0.1:2379",
+            " \tetcd://user:s3cret@127.0.0.1:2379",
+        ] {
+            let e = connect(url).await.unwrap_err();
+            let shown = e.to_string();
+            assert!(matches!(e, Error::Unsupported { .. }), "{e:?}");
+            assert!(
+                shown.contains("\"etcd\"")
+                    && shown.contains("etcd://")
+                    && !shown.contains("s3cret"),
+                "{shown}"
+            );
+        }
     }
 
     /// A scheme that names only the other kind of backend is not a missing feature: turning one
