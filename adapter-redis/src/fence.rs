@@ -29,6 +29,12 @@ use lease_core::adapter::Op;
 /// check as the coordinator (`appendonly yes`, `appendfsync always`, `maxmemory-policy
 /// noeviction`) and refuses a server that could forget it, unless the URL says
 /// `volatile_tokens=true`. A fence that forgets its newest token accepts a stale holder's write.
+/// On a primary with replicas, an accepted write or claim is reported only once `replica_acks`
+/// replicas have it (`WAIT` in the same round trip, as a grant); fewer within half the request
+/// timeout is `OutcomeUnknown`: applied on the primary, but a failover may still lose it.
+///
+/// Of a coordinator URL's options, those that only shape leases (`token_floor`, `owner`,
+/// `poll_interval_ms`) are read and have no effect on a fence, so one URL can serve both.
 ///
 /// Cloning is cheap and shares the connection.
 #[derive(Clone)]
@@ -92,15 +98,21 @@ impl RedisFence {
             Some(v) => (b"w", v),
             None => (b"c", b""),
         };
-        let v = self
-            .conn
-            .eval(
-                op,
-                &scripts::FENCE,
-                &[&key],
-                &[token_s.as_bytes(), mode, value],
+        let args = [token_s.as_bytes(), mode, value];
+        // With replicas, an accepted write counts only once `replica_acks` of them have it: a
+        // failover to one that missed it would take the resource back to an older token.
+        let acks = self.conn.acks_for(self.config.replica_acks());
+        let wait = self.config.request_timeout() / 2;
+        let (v, acked) = if acks == 0 {
+            (
+                self.conn.eval(op, &scripts::FENCE, &[&key], &args).await?,
+                0,
             )
-            .await?;
+        } else {
+            self.conn
+                .eval_and_wait(op, &scripts::FENCE, &[&key], &args, acks, wait)
+                .await?
+        };
         let items = reply::array(v).ok_or_else(|| bad_reply(op, "not an array"))?;
         let parse = |v: &redis::Value| -> Result<Option<Token>> {
             let s = reply::text(v).ok_or_else(|| bad_reply(op, "token is not text"))?;
@@ -112,6 +124,18 @@ impl RedisFence {
                 .map_err(|_| bad_reply(op, "stored token is not a number in range"))
         };
         match items.as_slice() {
+            [flag, _] if reply::int(flag) == Some(1) && (acked as usize) < acks => {
+                Err(Error::OutcomeUnknown {
+                    backend: BACKEND,
+                    operation: op.name,
+                    message: format!(
+                        "{resource} took token {token} on the primary, but {acked} of the {acks} \
+                         replica(s) replica_acks asks for had it within {wait:?}: a failover \
+                         may still lose it; write again under a new token"
+                    ),
+                    source: None,
+                })
+            }
             [flag, previous] if reply::int(flag) == Some(1) => Ok(Accepted::new(parse(previous)?)),
             [flag, current] if reply::int(flag) == Some(0) => {
                 let current = parse(current)?.ok_or_else(|| bad_reply(op, "no current token"))?;

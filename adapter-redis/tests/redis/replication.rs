@@ -6,9 +6,9 @@ use std::time::Duration;
 use adapter_redis::{RedisConfig, RedisCoordinator};
 use conformance_tests::harness::RedisServer;
 use conformance_tests::proxy::FaultProxy;
-use lease_core::{Coordinator, Error, Lease, LeaseOptions};
+use lease_core::{Coordinator, Error, Fence, Lease, LeaseOptions, ResourceId, Token};
 
-use crate::common::{blocking, coordinator, durable, eventually, key, raw, server, url};
+use crate::common::{blocking, coordinator, durable, eventually, fence, key, raw, server, url};
 
 /// A primary with one replica following it, both durable and passwordless-equal (the replica
 /// authenticates with the primary's password).
@@ -224,4 +224,53 @@ async fn a_grant_whose_reply_was_lost_waits_for_replicas_as_any_other() {
         "the key was left locked"
     );
     replica.resume().unwrap();
+}
+
+/// A fence write on a primary with a replica is accepted only once `replica_acks` replicas have
+/// it, as a grant is: with `auto` (one replica connected) the replica has the newest token when
+/// the write returns; asking for two, the write is applied on the primary but reported
+/// `OutcomeUnknown`, naming the setting, since a failover may still lose it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fence_writes_wait_for_replica_acknowledgements() {
+    let Some((primary, replica)) =
+        primary_with_replica("fence_writes_wait_for_replica_acknowledgements").await
+    else {
+        return;
+    };
+    let f = fence(&primary, "").await;
+    let r = ResourceId::new("replicated").unwrap();
+    f.write(&r, Token::new(5).unwrap(), "v5".into())
+        .await
+        .unwrap();
+    let mut conn = raw(&replica).await;
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("*replicated*fence")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    let newest: Option<String> = redis::cmd("HGET")
+        .arg(&keys[0])
+        .arg("newest")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(
+        newest.as_deref(),
+        Some("5"),
+        "the replica did not have the write when it returned"
+    );
+
+    let strict = fence(&primary, "replica_acks=2&request_timeout_ms=400").await;
+    match strict.write(&r, Token::new(6).unwrap(), "v6".into()).await {
+        Err(Error::OutcomeUnknown { message, .. }) => {
+            assert!(message.contains("replica_acks"), "{message}")
+        }
+        other => panic!("expected OutcomeUnknown, got {other:?}"),
+    }
+    // Applied on the primary all the same: an older token is refused.
+    assert!(matches!(
+        f.write(&r, Token::new(5).unwrap(), "again".into()).await,
+        Err(Error::Stale { .. })
+    ));
 }
