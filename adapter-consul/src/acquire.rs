@@ -278,8 +278,9 @@ impl ConsulCoordinator {
             };
             let sent_at = Instant::now();
             // Safe to send again after its connection failed: a lock by our own session on a
-            // key it already locks succeeds (and raises the key's `ModifyIndex`, so the grant
-            // below takes the rewritten-key path and its token is a fresh `CreateIndex`). A
+            // key it already locks, with the same value, succeeds and changes nothing (Consul
+            // skips a write equal to the entry: its `ModifyIndex` stays that of the first send's
+            // lock, which created the key), so the grant's token is that `CreateIndex`. A
             // failure after a send in doubt cancels the attempt in the background; a refusal
             // after one settles it first (`Attempt::settle`).
             let (outcome, in_doubt) = inner
