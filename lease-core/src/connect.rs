@@ -144,8 +144,17 @@ impl BackendUrl {
             return shown;
         }
         // Put the rest of the host list back after the first host.
+        // It is the host after the user info (`h1:pw@h1`: not the user name `h1`).
         let first = self.hosts().remove(0);
-        match shown.find(&first) {
+        let from = shown.find("://").map_or(0, |i| i + 3);
+        let authority = from
+            + shown[from..]
+                .find(['/', '?', '#'])
+                .unwrap_or(shown.len() - from);
+        let host_at = shown[from..authority]
+            .rfind('@')
+            .map_or(from, |at| from + at + 1);
+        match shown[host_at..].find(&first).map(|i| host_at + i) {
             Some(i) => format!(
                 "{}{},{}{}",
                 &shown[..i],
@@ -613,6 +622,11 @@ mod tests {
         assert!(
             !shown.contains("pw@") && !shown.contains("secret"),
             "{shown}"
+        );
+        // A user name equal to the first host: the list goes after the host, not the name.
+        assert_eq!(
+            BackendUrl::parse("zk://h1:pw@h1,h2/x").unwrap().to_string(),
+            "zk://h1:***@h1,h2/x"
         );
         assert!(BackendUrl::parse("etcd://a:1,,b:2").is_err());
         assert_eq!(
