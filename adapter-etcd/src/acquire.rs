@@ -373,10 +373,14 @@ impl Inner {
         let mut lease_gone = 0;
         // Backoff between attempts that failed on a transient error (see `retry_within`).
         let mut retry = Backoff::new(Duration::from_millis(50), Duration::from_millis(500));
+        let mut queued_before = false;
         'enqueue: loop {
-            if caller.is_closed() {
+            // Queueing again (our key or session went) is not done past the wait bound: a grant
+            // there would come after the caller's deadline.
+            if caller.is_closed() || (queued_before && Instant::now() >= deadline) {
                 return Err(timed_out());
             }
+            queued_before = true;
             let session = match self.session(secs).await {
                 Ok(s) => s,
                 Err(e) => {
