@@ -525,7 +525,7 @@ impl Inner {
                 }
             }
             drop(watch);
-            let (mut read_revision, mut confirmed_sent) = (last.revision, last.sent);
+            let mut confirmed_sent = last.sent;
             if session.is_dead() {
                 // Our key went with the session (or is about to): queue again.
                 pending.armed = false;
@@ -548,7 +548,10 @@ impl Inner {
                 let fresh = !by_turn || left * 2 >= session.ttl() || Instant::now() >= deadline;
                 if tracker.status() == LeaseStatus::Held && fresh {
                     pending.armed = false;
-                    return self.grant(session, &pending, revision, tracker, read_revision + 1);
+                    // The guardian watches our key from its creation, not from this read: a
+                    // write while it waited (one without the lease detaches it from the session)
+                    // is seen and undone as after the grant; the range watch ignores puts.
+                    return self.grant(session, &pending, revision, tracker, revision + 1);
                 }
                 if Instant::now() >= deadline {
                     self.delete_now(&mut pending).await;
@@ -589,9 +592,6 @@ impl Inner {
                     (Ok(()), Some(true)) => {
                         confirmed_sent = sent3;
                         by_turn = false;
-                        if let Ok(g) = &read {
-                            read_revision = header_revision(g.header());
-                        }
                     }
                     _ => {
                         tokio::select! {

@@ -1529,3 +1529,68 @@ async fn a_detached_key_of_an_ended_session_is_still_deleted() {
     assert!(next.token() > lease.token());
     next.release().await.unwrap();
 }
+
+/// While B waits behind A, another tool writes B's queued key without the lease, which detaches
+/// it from B's session (the watch on the lock's range ignores puts). Once B holds the lock, its
+/// key must be attached to its session again, as it is for a write after the grant: otherwise a
+/// crash of B would leave the lock taken for good. (Before, the guardian watched from the grant's
+/// last read, after that write, and never saw it.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_detached_while_waiting_is_attached_again_once_granted() {
+    let Some(server) = server("a_key_detached_while_waiting_is_attached_again_once_granted").await
+    else {
+        return;
+    };
+    let (a, b) = (coord(&server.url()).await, coord(&server.url()).await);
+    let etcd = EtcdCoordinator::connect_url(&server.url()).await.unwrap();
+    let mut raw = etcd.client();
+    let k = key("detached-waiter");
+    let held = a
+        .acquire(&k, &LeaseOptions::new(Duration::from_secs(20)))
+        .await
+        .unwrap();
+    let waiter = {
+        let (b, k) = (b.clone(), k.clone());
+        tokio::spawn(async move {
+            b.acquire(
+                &k,
+                &LeaseOptions::new(Duration::from_secs(20)).wait(Duration::from_secs(10)),
+            )
+            .await
+        })
+    };
+    let prefix = etcd.lock_prefix(&k);
+    let queued = loop {
+        let kvs = raw
+            .get(prefix.clone(), Some(GetOptions::new().with_prefix()))
+            .await
+            .unwrap()
+            .kvs()
+            .to_vec();
+        if kvs.len() == 2 {
+            break kvs[1].clone();
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert_ne!(queued.lease(), 0);
+    raw.put(queued.key(), "written by another tool", None)
+        .await
+        .unwrap();
+    held.release().await.unwrap();
+    let lease = waiter.await.unwrap().expect("B is granted");
+    eventually(
+        Duration::from_secs(10),
+        "B's key is attached to its session again",
+        || {
+            let (mut raw, key) = (raw.clone(), queued.key().to_vec());
+            let session = queued.lease();
+            async move {
+                let now = raw.get(key, None).await.unwrap();
+                now.kvs().first().is_some_and(|kv| kv.lease() == session)
+            }
+        },
+    )
+    .await;
+    assert_eq!(lease.status(), LeaseStatus::Held);
+    lease.release().await.unwrap();
+}
