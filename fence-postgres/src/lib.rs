@@ -844,6 +844,11 @@ impl PgFence {
     ///   presented when the server asks for one (PostgreSQL's `cert` authentication, or
     ///   `clientcert=verify-ca|verify-full` in `pg_hba.conf`). The key must not be encrypted.
     ///
+    /// The names the other backends use for the same settings are accepted too:
+    /// `request_timeout_ms` for `timeout_ms`, `tls_ca_file`, `tls_cert_file` and `tls_key_file`
+    /// for `sslrootcert`, `sslcert` and `sslkey` (both names at once, or one option given twice,
+    /// is `InvalidInput`); `true|false` options also take `1|0` and `yes|no`.
+    ///
     /// # Errors
     /// - `InvalidInput`: the URL or an option is malformed, or `sslkey` is encrypted (nothing
     ///   was sent).

@@ -123,6 +123,16 @@ const OWN_OPTIONS: [&str; 9] = [
     "sslkey",
 ];
 
+/// The names the other backends give the same settings ([`lease_core::adapter::TlsFiles`],
+/// `request_timeout_ms`), each read as the libpq-style name after it. Giving both names is
+/// refused as an option given twice.
+const ALIASES: [(&str, &str); 4] = [
+    ("request_timeout_ms", "timeout_ms"),
+    ("tls_ca_file", "sslrootcert"),
+    ("tls_cert_file", "sslcert"),
+    ("tls_key_file", "sslkey"),
+];
+
 /// Takes `raw` apart. This crate's options (`table`, `migrate`, `timeout_ms`, `pool_size`,
 /// `sslmode`, `sslrootcert`, `sslcert`, `sslkey`) are taken out of the query; the rest goes to
 /// [`tokio_postgres::Config`]'s parser (user, password, hosts, ports, database and its options
@@ -154,37 +164,51 @@ pub(crate) fn parse(raw: &str) -> Result<Options> {
     let mut seen = std::collections::HashSet::new();
     for piece in query.split('&').filter(|p| !p.is_empty()) {
         let (k, v) = piece.split_once('=').unwrap_or((piece, ""));
-        let key = lease_core::adapter::percent_decode(k)
+        let given = lease_core::adapter::percent_decode(k)
             .ok_or_else(|| invalid("an option name has a malformed percent escape".into()))?;
         let decode = || {
             lease_core::adapter::percent_decode(v).ok_or_else(|| {
                 invalid(format!(
-                    "option {key}: the value has a malformed percent escape"
+                    "option {given}: the value has a malformed percent escape"
                 ))
             })
         };
+        // The names the other backends use for the same settings are read as libpq's.
+        let key = ALIASES
+            .iter()
+            .find(|(alias, _)| *alias == given)
+            .map_or(given.as_str(), |(_, name)| name)
+            .to_owned();
         // This crate's options, given twice, are refused rather than the last one silently
         // winning (`sslmode=verify-full&...&sslmode=disable` would drop TLS). The others go to
         // tokio-postgres, where some may repeat (`host` adds hosts).
         if OWN_OPTIONS.contains(&key.as_str()) && !seen.insert(key.clone()) {
-            return Err(invalid(format!("option {key} is given twice")));
+            return Err(invalid(if given == key {
+                format!("option {key} is given twice")
+            } else {
+                format!("option {given} is given twice (it is {key} under another name)")
+            }));
         }
         match key.as_str() {
             "table" => table = Ident::new(&decode()?)?,
             "migrate" => {
                 migrate = match decode()?.as_str() {
-                    "true" => true,
-                    "false" => false,
-                    other => return Err(invalid(format!("migrate={other}: true or false"))),
+                    "true" | "1" | "yes" => true,
+                    "false" | "0" | "no" => false,
+                    other => {
+                        return Err(invalid(format!(
+                            "migrate={other}: true or false (or 1/0, yes/no)"
+                        )))
+                    }
                 }
             }
             "end_unknown_sessions" => {
                 end_unknown_sessions = match decode()?.as_str() {
-                    "true" => true,
-                    "false" => false,
+                    "true" | "1" | "yes" => true,
+                    "false" | "0" | "no" => false,
                     other => {
                         return Err(invalid(format!(
-                            "end_unknown_sessions={other}: true or false"
+                            "end_unknown_sessions={other}: true or false (or 1/0, yes/no)"
                         )))
                     }
                 }
@@ -371,6 +395,24 @@ mod tests {
             assert!(e.contains("is given twice"), "{raw}: {e}");
         }
         assert!(parse("postgres://h/db?sslmode=require&timeout_ms=100").is_ok());
+        let e = parse("postgres://h/db?timeout_ms=100&request_timeout_ms=200")
+            .err()
+            .expect("both names")
+            .to_string();
+        assert!(e.contains("request_timeout_ms is given twice"), "{e}");
+    }
+
+    /// The other backends' names for the same settings work here too.
+    #[test]
+    fn the_common_option_names_are_read_as_libpqs() {
+        let o = parse("postgres://h/db?request_timeout_ms=1234&migrate=no&end_unknown_sessions=0")
+            .unwrap();
+        assert_eq!(o.timeout, Duration::from_millis(1234));
+        assert!(!o.migrate && !o.end_unknown_sessions);
+        let o = parse("postgres://h/db?sslmode=verify-full&tls_ca_file=/ca.pem").unwrap();
+        assert!(
+            matches!(o.root_cert, Some(RootCert::File(ref p)) if p == std::path::Path::new("/ca.pem"))
+        );
     }
 
     /// The query starts after the user info, as tokio-postgres reads it: a password with a raw
@@ -449,7 +491,7 @@ mod tests {
             ("postgres://u:s3cret@h/db?sslmode=verify-ca", "sslrootcert"),
             ("postgres://u:s3cret@h/db?migrate=maybe", "migrate"),
             (
-                "postgres://u:s3cret@h/db?end_unknown_sessions=1",
+                "postgres://u:s3cret@h/db?end_unknown_sessions=maybe",
                 "end_unknown_sessions",
             ),
             ("postgres://u:s3cret@h/db?sslcert=/c.pem", "without sslkey"),
