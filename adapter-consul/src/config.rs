@@ -339,7 +339,15 @@ impl ConsulConfig {
         let mut from_env: Vec<&'static str> = Vec::new();
         let (host, port, tls) = match raw.host_str().filter(|h| !h.is_empty()) {
             Some(h) => {
-                let port = raw.port().unwrap_or(if scheme_tls { 8501 } else { 8500 });
+                // The URL parser hides a port equal to its scheme's usual one (`http://h:80`):
+                // a port written in the URL is read from it as given.
+                let port = raw
+                    .port()
+                    .or_else(|| written_port(url.expose_str()))
+                    .unwrap_or(if scheme_tls { 8501 } else { 8500 });
+                if port == 0 {
+                    return Err(url.invalid("port 0 is not a port to connect to").into());
+                }
                 (h.to_owned(), port, scheme_tls)
             }
             None => {
@@ -677,6 +685,19 @@ fn validate_prefix(p: &str) -> std::result::Result<(), &'static str> {
     Ok(())
 }
 
+/// The port written in `raw`'s authority (after any user info; an IPv6 address in brackets),
+/// if there is one.
+fn written_port(raw: &str) -> Option<u16> {
+    let rest = &raw[raw.find("://")? + 3..];
+    let authority = &rest[..rest.find(['/', '?', '#']).unwrap_or(rest.len())];
+    let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    let after_host = match host.strip_prefix('[') {
+        Some(v6) => &v6[v6.find(']')? + 1..],
+        None => host,
+    };
+    after_host.rsplit_once(':')?.1.parse().ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -705,6 +726,13 @@ mod tests {
         let h = parse("https://10.0.0.1").unwrap();
         assert!(h.tls());
         assert_eq!(h.base_url(), "https://10.0.0.1:8501");
+        // A written port is used even when it is the scheme's usual one.
+        assert_eq!(parse("http://h:80").unwrap().base_url(), "http://h:80");
+        assert_eq!(parse("https://h:443").unwrap().base_url(), "https://h:443");
+        assert_eq!(written_port("http://[::1]:80/"), Some(80));
+        assert_eq!(written_port("http://[::1]/"), None);
+        assert_eq!(written_port("http://u:p:w@h:81?x=y:1"), Some(81));
+        assert_eq!(written_port("http://h?x=y:1"), None);
         for shown in [format!("{c}"), format!("{c:?}")] {
             assert!(!shown.contains("s3cret"), "{shown}");
         }
@@ -737,6 +765,7 @@ mod tests {
             ("consul://h?tls_ca_file=/x", "consuls://"),
             ("consul://u:pw@h", "user information"),
             ("consul://h?token=a&token=b", "twice"),
+            ("consul://h:0", "port 0"),
         ] {
             let e = parse(url).unwrap_err().to_string();
             assert!(e.contains(needle), "{url}: {e}");
