@@ -327,28 +327,40 @@ fn parse_base_path(path: &str) -> Result<String, String> {
     let mut out = String::new();
     for raw in path[1..].split('/') {
         let seg = percent_decode(raw)?;
-        if seg.is_empty() {
-            return Err(format!("the base path {path:?} has an empty segment"));
-        }
-        if seg == "." || seg == ".." {
-            return Err(format!("the base path {path:?} has a '.' or '..' segment"));
-        }
-        if seg
-            .chars()
-            .any(|c| c.is_control() || ('\u{e000}'..='\u{f8ff}').contains(&c) || c >= '\u{fff0}')
-            || seg.contains('/')
-        {
-            return Err(format!(
-                "segment {seg:?} of the base path has a character ZooKeeper rejects"
-            ));
-        }
+        check_segment(path, &seg)?;
         out.push('/');
         out.push_str(&seg);
     }
-    if out == "/zookeeper" || out.starts_with("/zookeeper/") {
+    check_not_reserved(&out)?;
+    Ok(out)
+}
+
+/// One znode name of the base path `path`, already percent-decoded.
+fn check_segment(path: &str, seg: &str) -> Result<(), String> {
+    if seg.is_empty() {
+        return Err(format!("the base path {path:?} has an empty segment"));
+    }
+    if seg == "." || seg == ".." {
+        return Err(format!("the base path {path:?} has a '.' or '..' segment"));
+    }
+    if seg
+        .chars()
+        .any(|c| c.is_control() || ('\u{e000}'..='\u{f8ff}').contains(&c) || c >= '\u{fff0}')
+        || seg.contains('/')
+    {
+        return Err(format!(
+            "segment {seg:?} of the base path has a character ZooKeeper rejects"
+        ));
+    }
+    Ok(())
+}
+
+/// ZooKeeper's own tree is not a base path.
+fn check_not_reserved(base: &str) -> Result<(), String> {
+    if base == "/zookeeper" || base.starts_with("/zookeeper/") {
         return Err("the base path may not be under /zookeeper (reserved)".into());
     }
-    Ok(out)
+    Ok(())
 }
 
 fn percent_decode(s: &str) -> Result<String, String> {
@@ -371,8 +383,12 @@ fn validate_prefix(prefix: &str) -> std::result::Result<(), &'static str> {
         // `parse_base_path("/")` is the default base path: an empty prefix is not.
         return Err("a non-empty base path without its leading '/'");
     }
-    parse_base_path(&format!("/{prefix}"))
-        .map(|_| ())
+    // The URL options parser has already percent-decoded the value: its segments are checked
+    // as they are, not decoded a second time.
+    prefix
+        .split('/')
+        .try_for_each(|seg| check_segment(prefix, seg))
+        .and_then(|()| check_not_reserved(&format!("/{prefix}")))
         .map_err(|_| {
             "znode names separated by '/' (none empty, '.' or '..', no control characters, \
          not under zookeeper/)"
@@ -443,6 +459,15 @@ mod tests {
         assert!(t.redacted().contains("tick_ms=250"));
         let k = ZkConfig::from_url("zk://h?key_prefix=svc/locks&owner=w1").unwrap();
         assert_eq!(k.base_path(), "/svc/locks");
+        // The option's value is decoded once, as the path's segments are.
+        let p = ZkConfig::from_url("zk://h?key_prefix=50%25off").unwrap();
+        assert_eq!(p.base_path(), "/50%off");
+        assert_eq!(
+            p.base_path(),
+            ZkConfig::from_url("zk://h/50%25off").unwrap().base_path()
+        );
+        let p = ZkConfig::from_url("zk://h?key_prefix=a%2541").unwrap();
+        assert_eq!(p.base_path(), "/a%41");
         assert_eq!(k.owner().map(|o| o.as_str()), Some("w1"));
         let d = ZkConfig::from_url("zk://h").unwrap();
         assert_eq!(d.base_path(), DEFAULT_BASE_PATH);
