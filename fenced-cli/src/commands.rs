@@ -233,10 +233,12 @@ async fn refused(
     let mut text = format!(
         "refused: {key} is {found_text}, not held under token {expected}: nothing removed\n"
     );
+    let backend = coord.capabilities().backend;
+    text += &format!("key        {key}\nbackend    {backend}\n");
     match &now {
-        Ok(Some(h)) => text += &format!("key        {key}\nstate      held\n{}", holder_text(h)),
-        Ok(None) => text += &format!("key        {key}\nstate      free\n"),
-        Err(e) => text += &format!("key        {key}\nstate      unknown ({e})\n"),
+        Ok(Some(h)) => text += &format!("state      held\n{}", holder_text(h)),
+        Ok(None) => text += "state      free\n",
+        Err(e) => text += &format!("state      unknown ({e})\n"),
     }
     emit(output, value, text);
     Ok(exit::REFUSED)

@@ -31,6 +31,7 @@
 //! $ export FENCED_URL=etcd://10.0.0.5:2379 FENCED_FENCE_URL=postgres://app@db/app
 //! $ fenced inspect jobs/nightly; echo "exit $?"
 //! key        jobs/nightly
+//! backend    etcd
 //! state      free
 //! exit 1
 //!
@@ -41,6 +42,7 @@
 //!
 //! $ fenced inspect jobs/nightly
 //! key        jobs/nightly
+//! backend    etcd
 //! state      held
 //! holder     web-3/4121
 //! token      41
