@@ -109,6 +109,15 @@ impl Session {
         self.lock().valid_until
     }
 
+    /// Whether a renewal sent at `sent_at` comes after Consul may already have decided to end
+    /// the session: its timer fires twice the TTL after the last renewal it received, and once
+    /// fired, the destroy still lands (it is retried) even if a renewal then succeeds. Counted
+    /// from the last confirmed renewal's send, which is before Consul received it, so this
+    /// errs on the side of ending.
+    pub(crate) fn lapsed_at(&self, sent_at: Instant) -> bool {
+        sent_at >= self.valid_until() + self.ttl
+    }
+
     /// How many of the session's renewals failed for a transient reason so far: a check of a
     /// lease in doubt that started before a later failure restores nothing.
     pub(crate) fn doubts(&self) -> u64 {
@@ -337,6 +346,17 @@ impl SessionManager {
                         (self.http.clone(), session.clone(), self.renew_timeout());
                     tokio::spawn(async move {
                         let outcome = match http.session_renew(&session.id, timeout).await {
+                            Ok(true) if session.lapsed_at(sent) => {
+                                // Renewed, but sent after Consul's timer may have fired: a
+                                // destroy may still come, after leases are granted on it
+                                // again. End it here; the next acquire makes a new one.
+                                tracing::warn!(session = %session.id, "consul session renewed after twice its TTL without a renewal; ending it");
+                                session.end();
+                                if let Err(e) = http.session_destroy(&session.id).await {
+                                    tracing::debug!(error = %e, "consul session destroy failed");
+                                }
+                                Ok(false)
+                            }
                             Ok(true) => {
                                 session.confirm(sent);
                                 Ok(true)

@@ -950,3 +950,62 @@ async fn a_release_outrun_by_outside_writes_still_frees_the_key() {
     assert!(next.token() > lease.token());
     next.release().await.unwrap();
 }
+
+/// A client cut off from Consul for more than twice its session TTL: Consul's timer may have
+/// fired, and the destroy it starts still lands after a renewal that then succeeds (Consul
+/// retries it), so a session renewed that late must not be used again. Here the stand-in ends
+/// sessions only after eight TTLs, so the late renewal does succeed: the client must still end
+/// that session (and destroy it) and take a new one for its next lease. (Before, the renewal
+/// made the session valid again, and new leases were granted on a session a real Consul may be
+/// about to destroy.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_renewed_after_twice_its_ttl_is_not_used_again() {
+    let s = ConsulStandIn::start(
+        StandInOptions::default()
+            .session_ttl_min(Duration::from_millis(500))
+            .acl_token(TOKEN)
+            .ttl_multiplier(8),
+    )
+    .expect("stand-in");
+    let proxy = FaultProxy::start(s.addr()).await.unwrap();
+    let c = client(&format!(
+        "consul://{}?token={TOKEN}&session_ttl_ms=1000&request_timeout_ms=300&key_prefix=t{:08x}",
+        proxy.addr(),
+        rand::random::<u32>()
+    ))
+    .await;
+    let first = c
+        .acquire(&key("late/a"), &LeaseOptions::new(TTL))
+        .await
+        .unwrap();
+    let old = c.session_id().expect("a session");
+    proxy.blackhole();
+    proxy.cut();
+    // More than twice the TTL without a renewal (the stand-in keeps the session for eight).
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    proxy.cut();
+    proxy.heal();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, info) = raw(&s, "GET", &format!("/v1/session/info/{old}"), None).await;
+        if info.as_array().is_some_and(Vec::is_empty) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the late-renewed session {old} was not ended within 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        matches!(first.status(), LeaseStatus::Lost(_)),
+        "{:?}",
+        first.status()
+    );
+    let next = c
+        .acquire(&key("late/b"), &LeaseOptions::new(TTL))
+        .await
+        .unwrap();
+    assert_ne!(c.session_id().as_deref(), Some(old.as_str()));
+    next.release().await.unwrap();
+}
