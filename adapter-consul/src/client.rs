@@ -810,14 +810,14 @@ fn txn_body(ops: &[TxnOp], op: Op) -> Result<Vec<u8>> {
     serde_json::to_vec(ops).map_err(|e| error::unencodable(op.name, e.to_string()))
 }
 
-/// Decodes the answer to a transaction of `op`: committed (with the keys it returned) or rolled
-/// back (with Consul's reasons).
 /// Whether a transaction error is Consul's ACL denial (`Permission denied`, with or without
 /// the accessor and permission after it; `ACL not found` for an unknown token).
 fn acl_denial(what: &str) -> bool {
     what.starts_with("Permission denied") || what.starts_with("ACL not found")
 }
 
+/// Decodes the answer to a transaction of `op`: committed (with the keys it returned) or rolled
+/// back (with Consul's reasons); a refusal by the ACL is `Misconfigured`.
 fn txn_answer(a: Answer, op: Op) -> Result<TxnOutcome> {
     match a.status {
         200 | 409 => {
