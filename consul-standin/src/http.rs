@@ -69,6 +69,9 @@ pub(crate) struct Shared {
     pub(crate) denied_writes: Mutex<Option<String>>,
 }
 
+/// The accessor ID named in ACL denials.
+const STANDIN_ACCESSOR: &str = "00000000-0000-4000-8000-00000000acce";
+
 impl Shared {
     /// Consul's ACL denial of a write of `key`, when writes under the denied prefix are refused.
     fn write_denied(&self, key: &str) -> Option<String> {
@@ -83,12 +86,7 @@ impl Shared {
                 )
             })
     }
-}
 
-/// The accessor ID named in ACL denials.
-const STANDIN_ACCESSOR: &str = "00000000-0000-4000-8000-00000000acce";
-
-impl Shared {
     pub(crate) fn store(&self) -> MutexGuard<'_, Store> {
         self.store.lock().unwrap_or_else(|p| p.into_inner())
     }
