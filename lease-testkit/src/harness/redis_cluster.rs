@@ -58,6 +58,10 @@ const FAILOVER_TIMEOUT_MS: u64 = 30_000;
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long the cluster may take to settle after a start or a change of topology.
 const SETTLE: Duration = Duration::from_secs(30);
+/// How long a restarted member may take to be back in the cluster: longer than the
+/// failover-timeout, since a Sentinel's failover still under way (reconfiguring the replicas)
+/// ends only when every replica is reconfigured or that timeout passes.
+const RESTART_SETTLE: Duration = Duration::from_millis(FAILOVER_TIMEOUT_MS + 15_000);
 
 struct SentinelLauncher {
     binary: PathBuf,
@@ -523,9 +527,9 @@ impl ClusterControl for RedisCluster {
             self.links.lock().await.remove(&member);
             // Converge whatever the Sentinels do meanwhile (a failover may be under way): the
             // member replicates the primary they name, and they all agree on it again.
-            wait_for(
+            let back = wait_for(
                 &format!("member {member} back in the cluster"),
-                SETTLE,
+                RESTART_SETTLE,
                 || async move {
                     let primary = self.named_primary().await?;
                     let Some(primary) = primary else {
@@ -548,7 +552,21 @@ impl ClusterControl for RedisCluster {
                     Ok(Some(()))
                 },
             )
-            .await
+            .await;
+            if let Err(e) = back {
+                // What each Sentinel and member says, so a failure can be told apart.
+                let mut sentinels = Vec::new();
+                for &s in &self.sentinel_ports {
+                    sentinels.push(sentinel_master_view(s).await);
+                }
+                let members = self.replication_view().await;
+                return Err(ClusterError(format!(
+                    "{} ({}; {members})",
+                    e.0,
+                    sentinels.join("; ")
+                )));
+            }
+            Ok(())
         })
     }
 
@@ -669,6 +687,31 @@ impl ClusterControl for RedisCluster {
 
 /// What Sentinel `s` reports of the replica on `port` (for a failure message): the fields that
 /// say whether and when it last refreshed it.
+/// What Sentinel `s` says of the primary (for a failure message): its port, flags and the
+/// replicas and other Sentinels it counts.
+async fn sentinel_master_view(s: u16) -> String {
+    let master: Vec<String> = match query(s, &["SENTINEL", "MASTER", PRIMARY_NAME]).await {
+        Ok(m) => m,
+        Err(e) => return format!("Sentinel {s}: SENTINEL MASTER failed: {}", e.0),
+    };
+    let shown: Vec<String> = master
+        .chunks(2)
+        .filter(|kv| {
+            kv.len() == 2
+                && [
+                    "port",
+                    "flags",
+                    "num-slaves",
+                    "num-other-sentinels",
+                    "failover-state",
+                ]
+                .contains(&kv[0].as_str())
+        })
+        .map(|kv| format!("{}={}", kv[0], kv[1]))
+        .collect();
+    format!("Sentinel {s}: {}", shown.join(" "))
+}
+
 async fn sentinel_view(s: u16, port: &str) -> String {
     let replicas: Vec<Vec<String>> = match query(s, &["SENTINEL", "REPLICAS", PRIMARY_NAME]).await {
         Ok(r) => r,
