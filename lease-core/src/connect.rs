@@ -343,13 +343,6 @@ pub fn redact_url_text(raw: &str, secret_keys: &[&str]) -> String {
         return raw.to_owned();
     };
     let rest = &raw[start..];
-    let (mut out, tail) = match rest.rfind('@') {
-        Some(at) => match rest[..at].split_once(':') {
-            Some((user, _)) => (format!("{}{user}:***", &raw[..start]), &rest[at..]),
-            None => (raw[..start + at].to_owned(), &rest[at..]),
-        },
-        None => (raw[..start].to_owned(), rest),
-    };
     let query = |query: &str| -> String {
         let pieces: Vec<String> = query
             .split('&')
@@ -364,6 +357,25 @@ pub fn redact_url_text(raw: &str, secret_keys: &[&str]) -> String {
             })
             .collect();
         pieces.join("&")
+    };
+    // What stands before the password (or before the last `@`) may itself run into a query,
+    // when that `@` is one in a query value (`?password=s3cret&user=alice@srv`).
+    let shown_before = |s: &str| match s.split_once('?') {
+        Some((before, q)) => format!("{before}?{}", query(q)),
+        None => s.to_owned(),
+    };
+    let (mut out, tail) = match rest.rfind('@') {
+        Some(at) => match rest[..at].split_once(':') {
+            Some((user, _)) => (
+                format!("{}{}:***", &raw[..start], shown_before(user)),
+                &rest[at..],
+            ),
+            None => (
+                format!("{}{}", &raw[..start], shown_before(&rest[..at])),
+                &rest[at..],
+            ),
+        },
+        None => (raw[..start].to_owned(), rest),
     };
     match tail.split_once('?') {
         Some((before, q)) => {
@@ -693,6 +705,19 @@ mod tests {
             (
                 "redis://h/0?owner=ops@corp&password=s3cret",
                 "redis://h/0?owner=ops@corp&password=***",
+            ),
+            // And secrets before such an `@`.
+            (
+                "pg://db/app?password=s3cret&user=alice@srv",
+                "pg://db/app?password=***&user=alice@srv",
+            ),
+            (
+                "pg://alice@db/app?password=s3cret&x=a@b",
+                "pg://alice@db/app?password=***&x=a@b",
+            ),
+            (
+                "pg://h/db?password=s3:cret&o=a@b",
+                "pg://h/db?password=***:***@b",
             ),
             ("plain-host", "plain-host"),
             (
