@@ -844,10 +844,10 @@ impl PgFence {
     ///   presented when the server asks for one (PostgreSQL's `cert` authentication, or
     ///   `clientcert=verify-ca|verify-full` in `pg_hba.conf`). The key must not be encrypted.
     ///
-    /// The names the other backends use for the same settings are accepted too:
-    /// `request_timeout_ms` for `timeout_ms`, `tls_ca_file`, `tls_cert_file` and `tls_key_file`
-    /// for `sslrootcert`, `sslcert` and `sslkey` (both names at once, or one option given twice,
-    /// is `InvalidInput`); `true|false` options also take `1|0` and `yes|no`.
+    /// `request_timeout_ms` is accepted for `timeout_ms`, as on the other backends (both names
+    /// at once, or one option given twice, is `InvalidInput`); `true|false` options also take
+    /// `1|0` and `yes|no`. The other backends' `tls_*_file` options are not: TLS here is
+    /// libpq's `sslmode` and `ssl*` options.
     ///
     /// # Errors
     /// - `InvalidInput`: the URL or an option is malformed, or `sslkey` is encrypted (nothing

@@ -123,15 +123,12 @@ const OWN_OPTIONS: [&str; 9] = [
     "sslkey",
 ];
 
-/// The names the other backends give the same settings ([`lease_core::adapter::TlsFiles`],
-/// `request_timeout_ms`), each read as the libpq-style name after it. Giving both names is
-/// refused as an option given twice.
-const ALIASES: [(&str, &str); 4] = [
-    ("request_timeout_ms", "timeout_ms"),
-    ("tls_ca_file", "sslrootcert"),
-    ("tls_cert_file", "sslcert"),
-    ("tls_key_file", "sslkey"),
-];
+/// The names the other backends give the same settings, each read as the name after it.
+/// Giving both names is refused as an option given twice. The other backends' `tls_*_file`
+/// options are not aliases of `sslrootcert` and the like: there they also mean "verified TLS",
+/// while here `sslmode` decides that (with its libpq default, `prefer`, a CA file would be
+/// ignored and TLS not even required), so they stay unknown options.
+const ALIASES: [(&str, &str); 1] = [("request_timeout_ms", "timeout_ms")];
 
 /// Takes `raw` apart. This crate's options (`table`, `migrate`, `timeout_ms`, `pool_size`,
 /// `sslmode`, `sslrootcert`, `sslcert`, `sslkey`) are taken out of the query; the rest goes to
@@ -409,10 +406,11 @@ mod tests {
             .unwrap();
         assert_eq!(o.timeout, Duration::from_millis(1234));
         assert!(!o.migrate && !o.end_unknown_sessions);
-        let o = parse("postgres://h/db?sslmode=verify-full&tls_ca_file=/ca.pem").unwrap();
-        assert!(
-            matches!(o.root_cert, Some(RootCert::File(ref p)) if p == std::path::Path::new("/ca.pem"))
-        );
+        // Not `tls_ca_file`: it would read as verified TLS while `sslmode=prefer` ignores it.
+        let e = parse("postgres://h/db?tls_ca_file=/ca.pem")
+            .err()
+            .expect("refused");
+        assert!(e.to_string().contains("tls_ca_file"), "{e}");
     }
 
     /// The query starts after the user info, as tokio-postgres reads it: a password with a raw
