@@ -195,13 +195,15 @@ return {}
 ///
 /// Accepts when `token >= newest` (an equal token is accepted), setting `newest` (and for a write
 /// `vtoken` and `value`) in the same step; returns `{1, previous_newest or ''}`. Otherwise changes
-/// nothing and returns `{0, newest}`. A claim with the current token writes nothing.
+/// nothing and returns `{0, newest}`. A claim with the current token writes `newest` again, so
+/// that a `WAIT` after it (with `replica_acks`) covers it even when this connection had not
+/// written it: a resend on a new connection, or a claim repeated after one too few replicas had.
 const FENCE_BODY: &str = r"
 local newest = redis.call('HGET', KEYS[1], 'newest')
 if newest and lt(ARGV[1], newest) then return {0, newest} end
 if ARGV[2] == 'w' then
   redis.call('HSET', KEYS[1], 'newest', ARGV[1], 'vtoken', ARGV[1], 'value', ARGV[3])
-elseif newest ~= ARGV[1] then
+else
   redis.call('HSET', KEYS[1], 'newest', ARGV[1])
 end
 return {1, newest or ''}
