@@ -705,16 +705,20 @@ impl Http {
                 let ans: TxnAnswer = serde_json::from_slice(&a.body)
                     .map_err(|e| error::unreadable(Op::read(operation), e))?;
                 if a.status == 200 {
-                    Ok(TxnRead::Passed)
-                } else {
-                    Ok(TxnRead::Failed(
-                        ans.errors
-                            .unwrap_or_default()
-                            .into_iter()
-                            .map(|e| (e.op_index, e.what))
-                            .collect(),
-                    ))
+                    return Ok(TxnRead::Passed);
                 }
+                let errors: Vec<(Option<usize>, String)> = ans
+                    .errors
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|e| (e.op_index, e.what))
+                    .collect();
+                // A check the ACL token may not read (`key:read`) is refused like a write it
+                // may not make: `Misconfigured`, not a check that failed ("not ours").
+                if let Some((_, denied)) = errors.iter().find(|(_, e)| acl_denial(e)) {
+                    return Err(error::status(Op::read(operation), 403, denied.as_bytes()));
+                }
+                Ok(TxnRead::Failed(errors))
             }
             code => Err(error::status(Op::read(operation), code, &a.body)),
         }

@@ -109,13 +109,14 @@ impl Session {
         self.lock().valid_until
     }
 
-    /// Whether a renewal sent at `sent_at` comes after Consul may already have decided to end
-    /// the session: its timer fires twice the TTL after the last renewal it received, and once
-    /// fired, the destroy still lands (it is retried) even if a renewal then succeeds. Counted
-    /// from the last confirmed renewal's send, which is before Consul received it, so this
-    /// errs on the side of ending.
-    pub(crate) fn lapsed_at(&self, sent_at: Instant) -> bool {
-        sent_at >= self.valid_until() + self.ttl
+    /// Whether a renewal answered at `answered_at` may have reached Consul after it decided to
+    /// end the session: its timer fires twice the TTL after the last renewal it received, and
+    /// once fired, the destroy still lands (it is retried) even if a renewal then succeeds.
+    /// Counted from the last confirmed renewal's send (before Consul received it) to this
+    /// renewal's answer (after Consul received it), less one more drift margin, so it errs on
+    /// the side of ending.
+    pub(crate) fn lapsed_at(&self, answered_at: Instant) -> bool {
+        answered_at + self.margin >= self.valid_until() + self.ttl
     }
 
     /// How many of the session's renewals failed for a transient reason so far: a check of a
@@ -346,8 +347,8 @@ impl SessionManager {
                         (self.http.clone(), session.clone(), self.renew_timeout());
                     tokio::spawn(async move {
                         let outcome = match http.session_renew(&session.id, timeout).await {
-                            Ok(true) if session.lapsed_at(sent) => {
-                                // Renewed, but sent after Consul's timer may have fired: a
+                            Ok(true) if session.lapsed_at(Instant::now()) => {
+                                // Renewed, but perhaps after Consul's timer fired: a
                                 // destroy may still come, after leases are granted on it
                                 // again. End it here; the next acquire makes a new one.
                                 tracing::warn!(session = %session.id, "consul session renewed after twice its TTL without a renewal; ending it");
