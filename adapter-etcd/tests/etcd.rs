@@ -1568,7 +1568,12 @@ async fn a_key_detached_while_waiting_is_attached_again_once_granted() {
             .kvs()
             .to_vec();
         if kvs.len() == 2 {
-            break kvs[1].clone();
+            // B's key: the one not created by A's acquire.
+            break kvs
+                .iter()
+                .find(|kv| kv.create_revision() != held.token().get() as i64)
+                .expect("a key besides A's")
+                .clone();
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     };

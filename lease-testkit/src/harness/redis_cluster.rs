@@ -685,8 +685,6 @@ impl ClusterControl for RedisCluster {
     }
 }
 
-/// What Sentinel `s` reports of the replica on `port` (for a failure message): the fields that
-/// say whether and when it last refreshed it.
 /// What Sentinel `s` says of the primary (for a failure message): its port, flags and the
 /// replicas and other Sentinels it counts.
 async fn sentinel_master_view(s: u16) -> String {
@@ -712,6 +710,8 @@ async fn sentinel_master_view(s: u16) -> String {
     format!("Sentinel {s}: {}", shown.join(" "))
 }
 
+/// What Sentinel `s` reports of the replica on `port` (for a failure message): the fields that
+/// say whether and when it last refreshed it.
 async fn sentinel_view(s: u16, port: &str) -> String {
     let replicas: Vec<Vec<String>> = match query(s, &["SENTINEL", "REPLICAS", PRIMARY_NAME]).await {
         Ok(r) => r,
