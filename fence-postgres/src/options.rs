@@ -189,26 +189,18 @@ pub(crate) fn parse(raw: &str) -> Result<Options> {
         match key.as_str() {
             "table" => table = Ident::new(&decode()?)?,
             "migrate" => {
-                migrate = match decode()?.as_str() {
-                    "true" | "1" | "yes" => true,
-                    "false" | "0" | "no" => false,
-                    other => {
-                        return Err(invalid(format!(
-                            "migrate={other}: true or false (or 1/0, yes/no)"
-                        )))
-                    }
-                }
+                let v = decode()?;
+                migrate = lease_core::adapter::parse_flag(&v).ok_or_else(|| {
+                    invalid(format!("migrate={v}: true or false (or 1/0, yes/no)"))
+                })?;
             }
             "end_unknown_sessions" => {
-                end_unknown_sessions = match decode()?.as_str() {
-                    "true" | "1" | "yes" => true,
-                    "false" | "0" | "no" => false,
-                    other => {
-                        return Err(invalid(format!(
-                            "end_unknown_sessions={other}: true or false (or 1/0, yes/no)"
-                        )))
-                    }
-                }
+                let v = decode()?;
+                end_unknown_sessions = lease_core::adapter::parse_flag(&v).ok_or_else(|| {
+                    invalid(format!(
+                        "end_unknown_sessions={v}: true or false (or 1/0, yes/no)"
+                    ))
+                })?;
             }
             "timeout_ms" => {
                 let v = decode()?;

@@ -59,7 +59,8 @@ pub use crate::secret::Secret;
 pub use crate::tls::{read_pem, server_name, PemKind, TlsFiles, TlsRefusal};
 pub use crate::tokens::{NativeToken, TokenAdmission};
 pub use crate::url_options::{
-    timeout_in_range, CommonOptions, OptionSpec, UrlOptions, COMMON_OPTIONS, MAX_URL_TIMEOUT,
+    parse_flag, timeout_in_range, CommonOptions, OptionSpec, UrlOptions, COMMON_OPTIONS,
+    MAX_URL_TIMEOUT,
 };
 pub use crate::watermark::Watermarks;
 

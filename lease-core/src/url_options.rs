@@ -409,14 +409,10 @@ impl<'u> UrlOptions<'u> {
             })
     }
 
-    /// Takes `name` as a flag: `true`/`1`/`yes` or `false`/`0`/`no` (any case).
+    /// Takes `name` as a flag ([`parse_flag`]).
     pub fn flag(&mut self, name: &str) -> Result<Option<bool>, InvalidInput> {
         self.value(name, "true or false", |v| {
-            match v.to_ascii_lowercase().as_str() {
-                "true" | "1" | "yes" => Ok(true),
-                "false" | "0" | "no" => Ok(false),
-                _ => Err("true or false"),
-            }
+            parse_flag(v).ok_or("true or false")
         })
     }
 
@@ -464,6 +460,16 @@ impl<'u> UrlOptions<'u> {
     /// An `InvalidInput::Url` naming the URL with every secret hidden.
     pub fn invalid(&self, problem: impl Into<String>) -> InvalidInput {
         invalid(self.url, &self.spec, problem.into())
+    }
+}
+
+/// A flag's value, as every backend's URL options read it: `true`/`1`/`yes` or
+/// `false`/`0`/`no`, in any case; `None` for anything else.
+pub fn parse_flag(v: &str) -> Option<bool> {
+    match v.to_ascii_lowercase().as_str() {
+        "true" | "1" | "yes" => Some(true),
+        "false" | "0" | "no" => Some(false),
+        _ => None,
     }
 }
 
