@@ -3,7 +3,7 @@
 //! the Sentinels for the primary first and checks that it answers `ROLE master`.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -47,6 +47,17 @@ impl CachedFailure {
     }
 }
 
+/// A write that cannot be sent twice (a fence write, a force-release) first checks, with a
+/// `PING`, a connection that has not answered for this long.
+///
+/// redis-rs notices a connection the server closed (a restart, `CLIENT KILL`, a Sentinel
+/// reconfiguring the server) only when a request fails on it, and a request that fails that way
+/// may or may not have been sent. An idempotent request is then sent again on a new connection,
+/// but such a write can only report `OutcomeUnknown`, although nothing left the process. The
+/// check costs a round trip, paid only by these writes, and only after a pause; a close in the
+/// instant between the `PING` and the write still leaves that write's outcome unknown.
+const IDLE_CHECK: Duration = Duration::from_secs(1);
+
 #[derive(Default)]
 struct ConnectState {
     generation: u64,
@@ -71,6 +82,9 @@ pub(crate) struct Connection {
     connect_timeout: Duration,
     verify_durability: bool,
     current: Mutex<Option<(u64, MultiplexedConnection)>>,
+    /// When the connection last answered, in nanoseconds since `opened` (see [`IDLE_CHECK`]).
+    answered: AtomicU64,
+    opened: Instant,
     connecting: tokio::sync::Mutex<ConnectState>,
     /// Called when a request finds the connection broken (no reply in time, or dropped): the
     /// coordinator marks its leases in doubt.
@@ -98,6 +112,8 @@ impl Connection {
             connect_timeout: config.connect_timeout(),
             verify_durability: !config.volatile_tokens(),
             current: Mutex::new(None),
+            answered: AtomicU64::new(0),
+            opened: Instant::now(),
             connecting: tokio::sync::Mutex::new(ConnectState::default()),
             on_break: std::sync::OnceLock::new(),
         };
@@ -157,6 +173,18 @@ impl Connection {
         self.current.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Records that the connection answered now.
+    fn note_answer(&self) {
+        let since = self.opened.elapsed().as_nanos() as u64;
+        self.answered.fetch_max(since, Ordering::Relaxed);
+    }
+
+    /// How long since the connection last answered (or was opened).
+    fn idle(&self) -> Duration {
+        let answered = Duration::from_nanos(self.answered.load(Ordering::Relaxed));
+        self.opened.elapsed().saturating_sub(answered)
+    }
+
     /// The current connection, opening (and checking) a new one if there is none.
     async fn get(&self) -> Result<(u64, MultiplexedConnection)> {
         if let Some(c) = self.lock_current().clone() {
@@ -178,6 +206,7 @@ impl Connection {
                 state.last_failure = None;
                 let entry = (state.generation, conn);
                 *self.lock_current() = Some(entry.clone());
+                self.note_answer();
                 Ok(entry)
             }
             Err(e) => {
@@ -293,12 +322,31 @@ impl Connection {
         F: Fn(MultiplexedConnection) -> Fut,
         Fut: Future<Output = RedisResult<T>>,
     {
-        let (generation, conn) = match self.get().await {
+        let (mut generation, mut conn) = match self.get().await {
             Ok(c) => c,
             Err(e) => return (Err(e), false),
         };
+        if op.writes && !op.idempotent && self.idle() >= IDLE_CHECK {
+            match redis::cmd("PING").query_async::<()>(&mut conn).await {
+                Ok(()) => self.note_answer(),
+                Err(e) if e.is_timeout() || e.is_io_error() || e.is_connection_dropped() => {
+                    tracing::debug!(backend = BACKEND, error = %e, "idle command connection found closed; opening a new one");
+                    self.broke(&e);
+                    self.discard(Some(generation));
+                    (generation, conn) = match self.get().await {
+                        Ok(c) => c,
+                        Err(e) => return (Err(e), false),
+                    };
+                }
+                // Refused (an ACL without `PING`, say): the connection works.
+                Err(_) => {}
+            }
+        }
         let first = match f(conn).await {
-            Ok(v) => return (Ok(v), false),
+            Ok(v) => {
+                self.note_answer();
+                return (Ok(v), false);
+            }
             Err(e) => e,
         };
         self.broke(&first);
@@ -316,7 +364,10 @@ impl Connection {
             Err(e) => return (Err(if op.writes { first } else { e }), false),
         };
         match f(conn).await {
-            Ok(v) => (Ok(v), op.writes),
+            Ok(v) => {
+                self.note_answer();
+                (Ok(v), op.writes)
+            }
             Err(e) => {
                 self.broke(&e);
                 if e.is_unrecoverable_error() || e.is_timeout() {

@@ -241,6 +241,32 @@ impl FaultProxy {
         self.request_bytes.load(Ordering::Relaxed)
     }
 
+    /// This process's TCP sockets connected to the proxy, as inode numbers (read from
+    /// `/proc/self/net/tcp` and `tcp6`; Linux only). Take them before a [`cut`](Self::cut),
+    /// then wait for [`sockets_closed`] to know that the client has read the reset and closed
+    /// its end, rather than sleeping for a time that is usually long enough.
+    pub fn client_sockets(&self) -> io::Result<Vec<u64>> {
+        let mut inodes = Vec::new();
+        for table in ["/proc/self/net/tcp", "/proc/self/net/tcp6"] {
+            let text = match std::fs::read_to_string(table) {
+                Ok(t) => t,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(e),
+            };
+            for line in text.lines().skip(1) {
+                let fields: Vec<&str> = line.split_whitespace().collect();
+                if fields.len() > 9 && proc_net_addr(fields[2]) == Some(self.addr) {
+                    if let Ok(inode) = fields[9].parse::<u64>() {
+                        if inode != 0 {
+                            inodes.push(inode);
+                        }
+                    }
+                }
+            }
+        }
+        Ok(inodes)
+    }
+
     /// Resets every connection open now (both the client and the upstream side see `RST`).
     /// The mode is unchanged and new connections are accepted.
     pub fn cut(&self) {
@@ -254,6 +280,47 @@ impl Drop for FaultProxy {
         // Dropping `control` (after this) closes the watch channel; every connection task sees
         // it and resets its sockets.
     }
+}
+
+/// Whether none of `inodes` ([`FaultProxy::client_sockets`]) is open in this process any more:
+/// no entry of `/proc/self/fd` refers to one of them.
+pub fn sockets_closed(inodes: &[u64]) -> io::Result<bool> {
+    for entry in std::fs::read_dir("/proc/self/fd")? {
+        let Ok(target) = std::fs::read_link(entry?.path()) else {
+            continue; // closed between the listing and the read
+        };
+        let target = target.to_string_lossy();
+        let open = target
+            .strip_prefix("socket:[")
+            .and_then(|t| t.strip_suffix(']'))
+            .and_then(|t| t.parse::<u64>().ok())
+            .is_some_and(|inode| inodes.contains(&inode));
+        if open {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+/// An address as `/proc/net/tcp{,6}` prints it: the address's bytes in network order, written as
+/// native-endian 32-bit words in hex, then `:` and the port in hex.
+fn proc_net_addr(field: &str) -> Option<SocketAddr> {
+    let (ip, port) = field.split_once(':')?;
+    let port = u16::from_str_radix(port, 16).ok()?;
+    let mut bytes = Vec::with_capacity(16);
+    for i in (0..ip.len()).step_by(8) {
+        let word = u32::from_str_radix(ip.get(i..i + 8)?, 16).ok()?;
+        bytes.extend_from_slice(&word.to_ne_bytes());
+    }
+    let ip: std::net::IpAddr = match bytes.len() {
+        4 => Ipv4Addr::new(bytes[0], bytes[1], bytes[2], bytes[3]).into(),
+        16 => {
+            let v6 = std::net::Ipv6Addr::from(<[u8; 16]>::try_from(bytes).ok()?);
+            v6.to_ipv4_mapped().map_or(v6.into(), Into::into)
+        }
+        _ => return None,
+    };
+    Some(SocketAddr::new(ip, port))
 }
 
 /// The proxy's counters, shared with its tasks.

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use adapter_redis::RedisFence;
-use conformance_tests::proxy::FaultProxy;
+use conformance_tests::proxy::{sockets_closed, FaultProxy};
 use lease_core::{Bytes, Coordinator, Error, Fence, Lease, LeaseOptions, ResourceId, Token};
 
 use crate::common::{coordinator, durable, eventually, fence, key, server};
@@ -210,4 +210,49 @@ async fn fence_write_reply_lost_is_outcome_unknown_and_a_later_write_stands() {
         .unwrap();
     let v = direct.read(&r).await.unwrap().unwrap();
     assert_eq!(v.value, Some((t(4), Bytes::from_static(b"later"))));
+}
+
+/// A connection the server closed while idle (a restart, a Sentinel reconfiguring the server,
+/// `CLIENT KILL`) is not used for the next write: the write opens a new connection and is
+/// accepted. Before, it was sent on the closed connection and reported `OutcomeUnknown`
+/// although it had never left the process (the Sentinel cluster's lagging-replica case failed
+/// on this in CI: its fence write came after a failover had closed the fence's connection).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_after_an_idle_connection_was_closed_goes_on_a_new_one() {
+    let Some(srv) = server(
+        "a_write_after_an_idle_connection_was_closed_goes_on_a_new_one",
+        durable(),
+    ) else {
+        return;
+    };
+    let proxy = FaultProxy::start(srv.addr()).await.unwrap();
+    let direct = fence(&srv, "").await;
+    let via = RedisFence::connect_url(&format!("redis://{}/", proxy.addr()))
+        .await
+        .unwrap();
+    let r = ResourceId::from(&key("idle-closed"));
+    via.write(&r, t(1), Bytes::from_static(b"v1"))
+        .await
+        .unwrap();
+    let sockets = proxy.client_sockets().unwrap();
+    assert_eq!(sockets.len(), 1, "one connection to the proxy: {sockets:?}");
+    proxy.cut();
+    // The condition the write needs: the client has read the reset and closed its end.
+    let closed = eventually(10 * SEC, || async {
+        sockets_closed(&sockets).unwrap().then_some(())
+    })
+    .await;
+    assert!(
+        closed.is_some(),
+        "the client never closed the reset connection"
+    );
+    // A write that cannot be sent twice checks a connection idle for a second or more
+    // (`client::IDLE_CHECK`); here it has been idle at least that long.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    via.write(&r, t(2), Bytes::from_static(b"v2"))
+        .await
+        .expect("the write after the idle connection was closed");
+    let v = direct.read(&r).await.unwrap().unwrap();
+    assert_eq!(v.value, Some((t(2), Bytes::from_static(b"v2"))));
+    assert_eq!(proxy.accepted_connections(), 2);
 }
