@@ -74,7 +74,7 @@ pub(crate) struct Connection {
     /// The client of the server the current connection goes to (with Sentinel: the primary the
     /// last successful open found).
     client: Mutex<redis::Client>,
-    /// The replicas the primary reported streaming (`state=online`) at the last open.
+    /// The most replicas a primary reported streaming (`state=online`) at any open so far.
     replicas: AtomicUsize,
     /// The Sentinel that answered last (asked first next time).
     sentinel_first: AtomicUsize,
@@ -130,14 +130,14 @@ impl Connection {
             .clone()
     }
 
-    /// How many replicas the primary reported streaming (`state=online`) when the connection was
-    /// last opened.
+    /// The most replicas a primary reported streaming (`state=online`) when a connection was
+    /// opened (never lowered by a later open).
     pub(crate) fn replicas(&self) -> usize {
         self.replicas.load(Ordering::Relaxed)
     }
 
     /// How many replica acknowledgements a write waits for under `asked` (`replica_acks`;
-    /// `auto` is one when the primary reported a connected replica at the last connect).
+    /// `auto` is one once a primary reported a connected replica at any connect).
     pub(crate) fn acks_for(&self, asked: ReplicaAcks) -> usize {
         match asked {
             ReplicaAcks::Auto => self.replicas().min(1),
@@ -232,7 +232,9 @@ impl Connection {
             check_durability(&mut conn).await?;
         }
         let replicas = check_replication(&mut conn, &self.config).await?;
-        self.replicas.store(replicas, Ordering::Relaxed);
+        // Never lowered: a primary cut off from its replicas still has them as far as a
+        // failover is concerned (Sentinel may promote one), so `auto` keeps waiting for one.
+        self.replicas.fetch_max(replicas, Ordering::Relaxed);
         *self.client.lock().unwrap_or_else(|p| p.into_inner()) = client;
         tracing::debug!(backend = BACKEND, replicas, "command connection opened");
         Ok(conn)

@@ -135,6 +135,30 @@ async fn grants_wait_for_replica_acknowledgements_and_are_undone_without_them() 
         c.inspect(&k3).await.unwrap().is_none(),
         "the key was left locked"
     );
+    // A reconnect finds no replica any more, and `auto` still asks for one: the count seen at
+    // an earlier connect is never lowered (a primary cut off from its replicas, whose clients
+    // reconnect, would otherwise grant without them while a failover promotes one).
+    let mut p = raw(&primary).await;
+    let _: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("normal")
+        .query_async(&mut p)
+        .await
+        .unwrap();
+    // A read first, so the acquire below counts its acknowledgements on the new connection.
+    assert!(before_kill.inspect(&k3).await.unwrap().is_none());
+    match before_kill.try_acquire(&k3, &LeaseOptions::new(ttl)).await {
+        Err(Error::Unavailable { message, .. }) => {
+            eprintln!("DEBUG {message}");
+            assert!(message.contains("replica_acks"), "{message}")
+        }
+        other => panic!("after a reconnect: expected Unavailable, got {other:?}"),
+    }
+    assert!(
+        c.inspect(&k3).await.unwrap().is_none(),
+        "the key was left locked"
+    );
 }
 
 /// With replicas, a renewal is acknowledged by them as a grant is: a primary cut off from its
