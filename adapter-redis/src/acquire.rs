@@ -143,7 +143,7 @@ impl RedisCoordinator {
             let Some(sub) = subscription.as_mut() else {
                 // Subscribe, then run the script again at once: a release between the failed
                 // attempt and the subscription would otherwise go unnoticed until the next poll.
-                subscription = Some(self.inner.wakeups.subscribe(keys.channel()).await);
+                subscription = Some(self.inner.wakeups.subscribe(keys.channel(), deadline).await);
                 continue;
             };
             let mut nap = self.inner.config.poll_interval();
@@ -274,6 +274,18 @@ impl RedisCoordinator {
                 }
                 granted
             }
+            [flag, counter] if reply::int(flag) == Some(3) => {
+                // The counter is not a token (written from outside); the script wrote nothing.
+                guard.pending = was_pending;
+                Err(Error::TokenOutOfRange {
+                    backend: BACKEND,
+                    key: key.to_string(),
+                    native: format!(
+                        "the token counter {:?}",
+                        reply::text(counter).unwrap_or_default()
+                    ),
+                })
+            }
             [flag, _holder, pttl] if reply::int(flag) == Some(0) => {
                 guard.pending = was_pending;
                 let pttl = reply::int(pttl).unwrap_or(-1);
@@ -299,6 +311,7 @@ impl RedisCoordinator {
         validity_from: Instant,
         original: Error,
     ) -> Result<Attempt> {
+        let read_sent = Instant::now();
         match self.read_lock(keys, ops::RESOLVE).await {
             Ok(Some((value, pttl))) => match LockValue::parse(&value) {
                 Some(_) if value.starts_with(&parts.head) && self.inner.replica_acks() > 0 => {
@@ -306,8 +319,19 @@ impl RedisCoordinator {
                 }
                 Some(v) if value.starts_with(&parts.head) => {
                     tracing::debug!(backend = BACKEND, key = %key, "acquire reply lost; re-read shows we hold the lock");
-                    self.grant(key, keys, parts, v.token, options, validity_from)
-                        .await
+                    // The lock may also be an earlier, answered grant of this call that came
+                    // too late to use and whose release failed: it expires before a grant by
+                    // the unseen request would. The server read the PTTL after `read_sent`, so
+                    // the key lives at least until `read_sent + pttl`; validity counts from no
+                    // later than that, less the TTL.
+                    let from = match u64::try_from(pttl) {
+                        Ok(ms) => (read_sent + Duration::from_millis(ms))
+                            .checked_sub(options.ttl_value())
+                            .map_or(validity_from, |f| f.min(validity_from)),
+                        // No expiry (made persistent from outside): the grant's own bound.
+                        Err(_) => validity_from,
+                    };
+                    self.grant(key, keys, parts, v.token, options, from).await
                 }
                 _ => Ok(Attempt::Held(
                     (pttl >= 0).then(|| Duration::from_millis(pttl as u64)),

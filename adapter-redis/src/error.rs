@@ -178,6 +178,16 @@ fn auth_failed(err: &RedisError) -> Error {
     ))
 }
 
+/// A lock's keys hold a value of another type (a batched renewal's `-3`): what the single-lock
+/// script's `WRONGTYPE` failure reports.
+pub(crate) fn wrong_type(op: Op) -> Error {
+    misconfigured(format!(
+        "{} failed on the server (WRONGTYPE): a key of the lock holds the wrong kind of value; \
+         another client may have written a different type of value into this adapter's keys",
+        op.name
+    ))
+}
+
 fn misconfigured(problem: String) -> Error {
     Error::Misconfigured {
         backend: BACKEND,

@@ -26,7 +26,7 @@ use lease_core::{Error, Result};
 
 use crate::client::Connection;
 use crate::config::ReplicaAcks;
-use crate::error::{bad_reply, ops, BACKEND};
+use crate::error::{bad_reply, ops, wrong_type, BACKEND};
 use crate::keys::LockKeys;
 use crate::scripts::{self, reply};
 
@@ -122,5 +122,11 @@ async fn renew_chunk(
     let codes = codes
         .filter(|c| c.len() == chunk.len())
         .ok_or_else(|| bad_reply(ops::RENEW, "not one integer per lock"))?;
-    Ok(codes.into_iter().map(Ok).collect())
+    Ok(codes
+        .into_iter()
+        .map(|c| match c {
+            -3 => Err(wrong_type(ops::RENEW)),
+            c => Ok(c),
+        })
+        .collect())
 }

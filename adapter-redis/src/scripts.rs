@@ -35,6 +35,10 @@ end
 /// counts, which counts validity from the earliest request that may have written it (and from
 /// this request's send otherwise).
 ///
+/// A counter that is not a decimal token (written from outside: negative, leading zeros, not a
+/// number) is answered `{3, counter}` and nothing is written: incrementing it would issue tokens
+/// out of order (a negative counter counts up to `0`, `1`, ... again).
+///
 /// The token is the counter after `INCR`. With `clock_tokens` `1` the counter is first raised
 /// to the server's clock in microseconds when it is below it (or does not exist: first use of
 /// the key, or lost: deleted by an operator, evicted, flushed, never persisted before a crash,
@@ -52,6 +56,9 @@ if cur then
   return {0, cur, redis.call('PTTL', KEYS[1])}
 end
 local c = redis.call('GET', KEYS[2])
+if c and c ~= '0' and not string.find(c, '^[1-9]%d*$') then
+  return {3, c}
+end
 local base = c
 if ARGV[5] == '1' then
   local t = redis.call('TIME')
@@ -110,17 +117,24 @@ end
 
 /// Renew many locks (see [`crate::renewals`]): `KEYS = [lock1, revoked1, lock2, revoked2, ...]`,
 /// `ARGV = [head1, ttl_ms1, head2, ttl_ms2, ...]`. One code per lock, in order, each as
-/// [`RENEW`] answers it.
+/// [`RENEW`] answers it, or `-3` for a lock whose keys hold a value of another type (written
+/// from outside): the single-lock script fails with `WRONGTYPE` there, and here that one lock's
+/// renewal fails without failing the others'.
 const RENEW_MANY_SRC: &str = r"
 local out = {}
 for i = 1, #KEYS, 2 do
   local head = ARGV[i]
-  local cur = redis.call('GET', KEYS[i])
-  if cur and string.sub(cur, 1, #head) == head then
+  local cur = redis.pcall('GET', KEYS[i])
+  local rev = false
+  if type(cur) ~= 'table' and not (cur and string.sub(cur, 1, #head) == head) then
+    rev = redis.pcall('GET', KEYS[i + 1])
+  end
+  if type(cur) == 'table' or type(rev) == 'table' then
+    out[#out + 1] = -3
+  elseif cur and string.sub(cur, 1, #head) == head then
     redis.call('PEXPIRE', KEYS[i], ARGV[i + 1])
     out[#out + 1] = 1
   else
-    local rev = redis.call('GET', KEYS[i + 1])
     if rev and string.sub(rev, 1, #head) == head then
       out[#out + 1] = -2
     elseif cur then
@@ -135,12 +149,16 @@ return out
 
 /// Release (compare-and-delete, then wake waiters): `KEYS = [lock, revoked]`,
 /// `ARGV = [head, channel]`. `1` when deleted, else see `NOT_OURS`.
+///
+/// The `PUBLISH` is a `pcall`: an ACL user without the channel (`NOPERM`) still releases (a
+/// script's error does not undo the `DEL` before it, so a `call` reported a failed release for a
+/// key already deleted); waiters then find the key free by polling.
 const RELEASE_BODY: &str = r"
 local head = ARGV[1]
 local cur = redis.call('GET', KEYS[1])
 if cur and string.sub(cur, 1, #head) == head then
   redis.call('DEL', KEYS[1])
-  redis.call('PUBLISH', ARGV[2], 'released')
+  redis.pcall('PUBLISH', ARGV[2], 'released')
   return 1
 end
 ";
@@ -180,7 +198,7 @@ if cur then
   local keep = pttl
   if keep < 0 then keep = tonumber(ARGV[6]) end
   redis.call('SET', KEYS[2], cur, 'PX', keep + 1000)
-  redis.call('PUBLISH', ARGV[1], 'forced')
+  redis.pcall('PUBLISH', ARGV[1], 'forced')
   removed_token = tok or ''
   removed_owner = owner or ''
 end

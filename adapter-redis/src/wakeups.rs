@@ -20,6 +20,7 @@ use futures::StreamExt;
 use lease_core::adapter::Backoff;
 use redis::aio::{PubSubSink, PubSubStream};
 use tokio::sync::{mpsc, oneshot, watch};
+use tokio::time::Instant;
 
 use crate::client::Connection;
 use crate::error::{self, BACKEND};
@@ -78,10 +79,11 @@ impl Wakeups {
         })
     }
 
-    /// Registers interest in `channel` and waits (bounded) until the server confirmed the
-    /// subscription. Never fails: without a confirmed subscription the returned handle still
-    /// works, only fewer wake-ups arrive, and the waiter's polling covers the rest.
-    pub(crate) async fn subscribe(&self, channel: &str) -> Subscription {
+    /// Registers interest in `channel` and waits until the server confirmed the subscription,
+    /// twice the request timeout at most and never past `until` (the waiter's wait bound). Never
+    /// fails: without a confirmed subscription the returned handle still works, only fewer
+    /// wake-ups arrive, and the waiter's polling covers the rest.
+    pub(crate) async fn subscribe(&self, channel: &str, until: Instant) -> Subscription {
         let rx = {
             let mut reg = lock(&self.shared);
             let entry = reg
@@ -109,7 +111,8 @@ impl Wakeups {
             .is_ok()
         {
             // Bounded twice the request timeout: the task may be finishing another request.
-            confirmed = tokio::time::timeout(self.request_timeout * 2, answer)
+            let bound = until.min(Instant::now() + self.request_timeout * 2);
+            confirmed = tokio::time::timeout_at(bound, answer)
                 .await
                 .ok()
                 .and_then(Result::ok)
@@ -176,6 +179,37 @@ fn bump_all(shared: &Shared) {
     }
 }
 
+/// Waits `delay` while disconnected, answering requests meanwhile (not subscribed). `false`
+/// when the coordinator is gone.
+async fn pause(cmds: &mut mpsc::UnboundedReceiver<Cmd>, delay: Duration) -> bool {
+    let sleep = tokio::time::sleep(delay);
+    tokio::pin!(sleep);
+    loop {
+        tokio::select! {
+            _ = &mut sleep => return true,
+            cmd = cmds.recv() => match cmd {
+                None => return false,
+                Some(Cmd::Subscribe(_, ack)) => { let _ = ack.send(false); }
+                Some(Cmd::Unsubscribe(_)) => {}
+            },
+        }
+    }
+}
+
+/// The server refused to subscribe to `channel` (`NOPERM`: an ACL user without the channel, as
+/// Redis 7's default `acl-pubsub-default resetchannels` gives): said once per channel at `warn`.
+fn refused(channel: &str, e: &redis::RedisError, warned: &mut HashSet<String>) {
+    if warned.insert(channel.to_owned()) {
+        tracing::warn!(
+            backend = BACKEND,
+            channel,
+            error = %e,
+            "subscribing to release notifications refused; waiters poll (allow the channel in \
+             the ACL, e.g. &fenced:*)"
+        );
+    }
+}
+
 async fn run(
     shared: Weak<Mutex<Registry>>,
     mut cmds: mpsc::UnboundedReceiver<Cmd>,
@@ -184,6 +218,8 @@ async fn run(
     request_timeout: Duration,
 ) {
     let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
+    // Channels the server refused, each logged once.
+    let mut warned: HashSet<String> = HashSet::new();
     loop {
         // Connect (the first connection comes from `start`).
         let (mut sink, mut stream) = match first.take() {
@@ -196,18 +232,8 @@ async fn run(
                     Ok(p) => p.split(),
                     Err(e) => {
                         tracing::debug!(backend = BACKEND, error = %e, "pub/sub reconnect failed");
-                        let sleep = tokio::time::sleep(backoff.next_delay());
-                        tokio::pin!(sleep);
-                        // Answer requests while disconnected: not subscribed.
-                        loop {
-                            tokio::select! {
-                                _ = &mut sleep => break,
-                                cmd = cmds.recv() => match cmd {
-                                    None => return,
-                                    Some(Cmd::Subscribe(_, ack)) => { let _ = ack.send(false); }
-                                    Some(Cmd::Unsubscribe(_)) => {}
-                                },
-                            }
+                        if !pause(&mut cmds, backoff.next_delay()).await {
+                            return;
                         }
                         continue;
                     }
@@ -227,6 +253,8 @@ async fn run(
                 Ok(Ok(())) => {
                     subscribed.insert(ch);
                 }
+                // Refused by the server (an ACL without the channel): its waiters poll.
+                Ok(Err(e)) if e.code().is_some() => refused(&ch, &e, &mut warned),
                 _ => {
                     healthy = false;
                     break;
@@ -237,6 +265,11 @@ async fn run(
             bump_all(&s);
         }
         if !healthy {
+            // Back off as after a failed connect: a server that fails every subscription at
+            // once would otherwise be reconnected to in a loop, each round waking every waiter.
+            if !pause(&mut cmds, backoff.next_delay()).await {
+                return;
+            }
             continue;
         }
         backoff.reset();
@@ -255,6 +288,11 @@ async fn run(
                             Ok(Ok(())) => {
                                 subscribed.insert(ch);
                                 let _ = ack.send(true);
+                            }
+                            // Refused: the connection is fine; this channel's waiters poll.
+                            Ok(Err(e)) if e.code().is_some() => {
+                                refused(&ch, &e, &mut warned);
+                                let _ = ack.send(false);
                             }
                             _ => {
                                 let _ = ack.send(false);

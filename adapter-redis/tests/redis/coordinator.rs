@@ -4,6 +4,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use adapter_redis::{RedisConfig, RedisCoordinator};
 use conformance_tests::contend::one_holder_across;
 use lease_core::{
     Coordinator, Error, Fence, ForceRelease, Lease, LeaseOptions, LeaseStatus, LostReason, OwnerId,
@@ -726,4 +727,92 @@ async fn scripts_flushed_from_the_server_are_loaded_again() {
     let second = c.try_acquire(&k, &opts(10 * SEC)).await.unwrap();
     assert!(second.token() > first_token);
     second.release().await.unwrap();
+}
+
+async fn connections_received(conn: &mut redis::aio::MultiplexedConnection) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("stats")
+        .query_async(conn)
+        .await
+        .unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("total_connections_received:"))
+        .and_then(|n| n.trim().parse().ok())
+        .expect("total_connections_received in INFO stats")
+}
+
+/// An ACL user without the release channels (Redis 7's default `acl-pubsub-default
+/// resetchannels`) is refused `SUBSCRIBE` with `NOPERM`. Its waiters poll, and the refusal is not
+/// taken for a broken connection: before, the pub/sub task reconnected at once in a loop, each
+/// round waking every waiter to run the acquire script, for as long as anyone waited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_subscription_makes_waiters_poll_without_reconnecting() {
+    let Some(srv) = server(
+        "a_refused_subscription_makes_waiters_poll_without_reconnecting",
+        durable(),
+    ) else {
+        return;
+    };
+    let mut admin = raw(&srv).await;
+    let _: () = redis::cmd("ACL")
+        .arg(&[
+            "SETUSER",
+            "nochannels",
+            "on",
+            ">pw-nochannels",
+            "~*",
+            "+@all",
+            "resetchannels",
+        ])
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let holder = coordinator(&srv, "").await;
+    let k = key("refused-subscription");
+    let ttl = Duration::from_secs(10);
+    let held = holder
+        .try_acquire(&k, &LeaseOptions::new(ttl))
+        .await
+        .unwrap();
+    let waiter = Arc::new(
+        RedisCoordinator::connect(
+            RedisConfig::from_url(&format!(
+                "redis://nochannels:pw-nochannels@{}/?poll_interval_ms=100",
+                srv.addr()
+            ))
+            .unwrap(),
+        )
+        .await
+        .unwrap(),
+    );
+    let before = connections_received(&mut admin).await;
+    match waiter
+        .acquire(&k, &LeaseOptions::new(ttl).wait(Duration::from_secs(1)))
+        .await
+    {
+        Err(Error::Timeout { .. }) => {}
+        other => panic!("expected Timeout while the key is held, got {other:?}"),
+    }
+    let opened = connections_received(&mut admin).await - before;
+    assert!(
+        opened < 10,
+        "{opened} connections opened while one waiter waited 1 s"
+    );
+    // Polling still hands the key over once it is released.
+    let pending = {
+        let (waiter, k) = (waiter.clone(), k.clone());
+        tokio::spawn(async move {
+            waiter
+                .acquire(&k, &LeaseOptions::new(ttl).wait(Duration::from_secs(10)))
+                .await
+        })
+    };
+    held.release().await.unwrap();
+    let lease = pending
+        .await
+        .unwrap()
+        .expect("the waiter gets the key by polling");
+    // The release script's `PUBLISH` is refused for this user too: the release still succeeds.
+    lease.release().await.unwrap();
+    assert!(holder.inspect(&k).await.unwrap().is_none());
 }

@@ -427,9 +427,10 @@ async fn without_tracking_the_monitor_polls_held_keys() {
     assert_eq!(reason, LostReason::Revoked);
 }
 
-/// Another writer sets the token counter to a negative number: the script's `INCR` then grants
-/// the lock with a token below 1. The acquire refuses it as out of range, naming the value, and
-/// the lock it was granted is removed at once rather than left locked for its TTL.
+/// Another writer sets the token counter to something that is not a token (a negative number,
+/// leading zeros, text). The acquire refuses it as out of range, naming the value, writes
+/// nothing (before, each attempt incremented a negative counter, so after a few attempts tokens
+/// counted up from 0 again), and leaves the key free.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_grant_with_an_out_of_range_token_leaves_the_key_free() {
     let Some(srv) = server(
@@ -443,17 +444,27 @@ async fn a_grant_with_an_out_of_range_token_leaves_the_key_free() {
     let k = key("outside-counter");
     let keys = adapter_redis::storage_keys(c.config(), &k);
     let (lock_key, counter_key) = (keys[0].clone(), keys[1].clone());
-    for (counter, native) in [("-2", "-1"), ("-5", "-4")] {
+    for counter in ["-2", "-5", "007", "seven"] {
         let _: () = redis::cmd("SET")
             .arg(&counter_key)
             .arg(counter)
             .query_async(&mut conn)
             .await
             .unwrap();
-        match c.try_acquire(&k, &LeaseOptions::new(60 * SEC)).await {
-            Err(Error::TokenOutOfRange { native: n, .. }) => assert_eq!(n, native),
-            other => panic!("counter {counter}: expected TokenOutOfRange, got {other:?}"),
+        for _ in 0..3 {
+            match c.try_acquire(&k, &LeaseOptions::new(60 * SEC)).await {
+                Err(Error::TokenOutOfRange { native: n, .. }) => {
+                    assert!(n.contains(&format!("{counter:?}")), "{n}")
+                }
+                other => panic!("counter {counter}: expected TokenOutOfRange, got {other:?}"),
+            }
         }
+        let left: String = redis::cmd("GET")
+            .arg(&counter_key)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(left, counter, "the refused attempts wrote the counter");
         let freed = eventually(10 * SEC, || {
             let mut conn = conn.clone();
             let lock_key = lock_key.clone();
@@ -485,4 +496,63 @@ async fn a_grant_with_an_out_of_range_token_leaves_the_key_free() {
         .unwrap();
     assert_eq!(lease.token(), Token::new(42).unwrap());
     lease.release().await.unwrap();
+}
+
+/// A lock key overwritten from outside with another type (a hash) fails that lock's renewal
+/// only: the batch script answers `-3` for it and renews the others in the same run. Before,
+/// its `GET` failed the whole script (`WRONGTYPE`), and with it the renewals of up to 255 other
+/// leases batched with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_of_another_type_fails_only_its_own_batched_renewal() {
+    let Some(srv) = server(
+        "a_lock_of_another_type_fails_only_its_own_batched_renewal",
+        durable(),
+    ) else {
+        return;
+    };
+    let mut conn = raw(&srv).await;
+    let source = adapter_redis::script_source("renew_many").unwrap();
+    let (a, b, c) = (key("wrong-type"), key("healthy"), key("wrong-type-revoked"));
+    let config = RedisConfig::from_url("redis://127.0.0.1/").unwrap();
+    let keys = |k: &lease_core::LockKey| adapter_redis::storage_keys(&config, k);
+    let (ka, kb, kc) = (keys(&a), keys(&b), keys(&c));
+    // a: the lock is a hash. b: our value. c: the lock is gone and its revocation record is a
+    // list.
+    let _: () = redis::pipe()
+        .cmd("HSET")
+        .arg(&ka[0])
+        .arg("f")
+        .arg("v")
+        .ignore()
+        .cmd("SET")
+        .arg(&kb[0])
+        .arg("v1|ab|7|rest")
+        .arg("PX")
+        .arg(60_000)
+        .ignore()
+        .cmd("RPUSH")
+        .arg(&kc[2])
+        .arg("x")
+        .ignore()
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let codes: Vec<i64> = redis::cmd("EVAL")
+        .arg(source)
+        .arg(6)
+        .arg(&[&ka[0], &ka[2], &kb[0], &kb[2], &kc[0], &kc[2]])
+        .arg(&["v1|ab|", "30000", "v1|ab|", "30000", "v1|cd|", "30000"])
+        .query_async(&mut conn)
+        .await
+        .expect("one lock of another type fails the whole script");
+    assert_eq!(codes, vec![-3, 1, -3]);
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg(&kb[0])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(
+        pttl <= 30_000,
+        "the healthy lock was not renewed: PTTL {pttl}"
+    );
 }
