@@ -130,12 +130,18 @@ impl LeaseState {
         self.tracker.mark_lost(LostReason::SessionEnded);
     }
 
-    /// Our node is gone, and not by our own release.
+    /// Our node is gone: by our own release while one runs, else revoked. Marked lost either
+    /// way (the first reason recorded wins): a release that never finishes (its future dropped
+    /// after the delete was sent) must not leave the lease reporting `Held` on a node that is
+    /// gone and a key someone else may hold.
     fn on_node_gone(&self) {
         self.node_gone.store(true, Ordering::SeqCst);
-        if !self.releasing.load(Ordering::SeqCst) {
-            self.tracker.mark_lost(LostReason::Revoked);
-        }
+        let reason = if self.releasing.load(Ordering::SeqCst) {
+            LostReason::Released
+        } else {
+            LostReason::Revoked
+        };
+        self.tracker.mark_lost(reason);
     }
 
     /// The `Lost` error with the reason recorded (or `fallback`).
@@ -505,8 +511,37 @@ impl Lease for ZkLease {
     async fn release(&self) -> Result<()> {
         let st = &self.state;
         st.tracker.ensure_not_lost()?;
-        let s = &st.session;
         st.releasing.store(true, Ordering::SeqCst);
+        // A release dropped before it ended is not one: a later loss of the node is revoked.
+        let mut unfinished = ReleaseGuard {
+            releasing: &st.releasing,
+            armed: true,
+        };
+        let result = self.release_node().await;
+        unfinished.armed = false;
+        result
+    }
+}
+
+/// Clears `releasing` when the release future is dropped before it ended.
+struct ReleaseGuard<'a> {
+    releasing: &'a AtomicBool,
+    armed: bool,
+}
+
+impl Drop for ReleaseGuard<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.releasing.store(false, Ordering::SeqCst);
+        }
+    }
+}
+
+impl ZkLease {
+    /// The body of `release`, once `releasing` is set.
+    async fn release_node(&self) -> Result<()> {
+        let st = &self.state;
+        let s = &st.session;
         if !s.is_connected() {
             // The guardian deletes the node once the connection is back (or the session ends).
             st.tracker.mark_lost(LostReason::Released);

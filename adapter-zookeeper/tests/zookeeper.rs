@@ -1339,3 +1339,37 @@ async fn a_lease_gets_its_monitor_a_moment_after_the_grant() {
         lease.status()
     );
 }
+
+/// A release whose future is dropped before it ends (a caller's timeout) leaves the lease
+/// tracking its node: once the node is gone (the release's own delete, or an operator's), the
+/// lease reports `Lost`. Before, `releasing` stayed set, a node-gone notice marked nothing, and
+/// `renew` answered `Lost` while `status()` kept reporting `Held`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_release_does_not_leave_the_lease_held_on_a_gone_node() {
+    let Some(server) = server("a_dropped_release_does_not_leave_the_lease_held").await else {
+        return;
+    };
+    let cfg = config(server.addr(), 6000);
+    let coord = ZkCoordinator::connect(cfg.clone()).await.unwrap();
+    let other = ZkCoordinator::connect(cfg).await.unwrap();
+    let key: LockKey = "dropped-release".parse().unwrap();
+    let lease = coord
+        .acquire(&key, &LeaseOptions::new(Duration::from_secs(6)))
+        .await
+        .unwrap();
+    // Polled once, then dropped: the delete may or may not have gone out.
+    let _ = tokio::time::timeout(Duration::ZERO, lease.release()).await;
+    // Whoever holds the node now (still us, if the delete never went out) is removed.
+    other
+        .force_release(&key, &ForceRelease::new("ops", "dropped release").unwrap())
+        .await
+        .unwrap();
+    assert!(other.inspect(&key).await.unwrap().is_none());
+    let renew = lease.renew().await;
+    assert!(matches!(renew, Err(Error::Lost { .. })), "{renew:?}");
+    assert!(
+        matches!(lease.status(), LeaseStatus::Lost(_)),
+        "renew found the node gone, yet the lease reports {:?}",
+        lease.status()
+    );
+}
