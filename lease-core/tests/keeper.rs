@@ -404,6 +404,36 @@ async fn transient_renewal_failures_are_retried() {
     assert!(kept.lease().remaining() >= secs(2));
 }
 
+/// A backend that credits a renewal with less than the whole window (etcd counts validity from
+/// the session's last acknowledged keepalive, up to a third of the TTL before the renewal) is
+/// renewed on time: the next renewal is due a fraction of the window after the instant validity
+/// counts from, not after the send. Before, with `renew_fraction(0.75)` each renewal was due
+/// after the validity it had bought ended, and the lease was lost at about 4.25 s.
+#[tokio::test(start_paused = true)]
+async fn a_renewal_credited_from_earlier_is_followed_on_time() {
+    let lease = ScriptedLease::new(secs(3), RenewScript::Credited(secs(1)));
+    let kept = keep(
+        Box::new(lease),
+        KeeperOptions::new().renew_fraction(0.75).jitter(0.0),
+    )
+    .unwrap();
+    tokio::time::sleep(secs(10)).await;
+    assert_eq!(kept.lease().status(), LeaseStatus::Held);
+}
+
+/// A renewal whose reply is lost does not use up the rest of the validity: the try is given up
+/// after half the validity left, and the next one confirms. Before, the keeper waited for the
+/// lost reply until validity ended, and the lease was lost at 3 s.
+#[tokio::test(start_paused = true)]
+async fn a_renewal_whose_reply_is_lost_is_tried_again_in_time() {
+    let lease = ScriptedLease::new(secs(3), RenewScript::HangFirst);
+    let renews = lease.renews.clone();
+    let kept = keep(Box::new(lease), KeeperOptions::new().jitter(0.0)).unwrap();
+    tokio::time::sleep(secs(5)).await;
+    assert_eq!(kept.lease().status(), LeaseStatus::Held);
+    assert!(renews.load(Ordering::SeqCst) >= 2);
+}
+
 #[tokio::test(start_paused = true)]
 async fn refused_renewal_marks_the_lease_lost_at_once() {
     let lease = ScriptedLease::new(secs(3), RenewScript::Lost);

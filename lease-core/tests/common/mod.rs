@@ -71,6 +71,11 @@ pub(crate) enum RenewScript {
     Lost,
     /// Panic (an adapter's bug).
     Panic,
+    /// Confirm, crediting validity from this long before the send (as etcd counts from the
+    /// session's last acknowledged keepalive).
+    Credited(Duration),
+    /// The first call never answers (a lost reply); later calls confirm.
+    HangFirst,
 }
 
 /// A hand-written `Lease` over `LeaseTracker`, with a scripted `renew` and counters.
@@ -128,6 +133,9 @@ impl Lease for ScriptedLease {
             RenewScript::FailFirst(_) => self.tracker.renewed_from(sent),
             RenewScript::Lost => Err(self.tracker.lost_error(lease_core::LostReason::Superseded)),
             RenewScript::Panic => panic!("scripted panic in renew"),
+            RenewScript::Credited(d) => self.tracker.renewed_from(sent - d),
+            RenewScript::HangFirst if n == 0 => std::future::pending().await,
+            RenewScript::HangFirst => self.tracker.renewed_from(sent),
         }
     }
 
