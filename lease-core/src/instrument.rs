@@ -129,15 +129,19 @@ impl<C: Coordinator> Coordinator for Instrumented<C> {
             .force_release(key, request)
             .instrument(tracing::info_span!("lease.force_release", backend, key = %key))
             .await;
-        if let Ok(removed) = &result {
+        if let Ok(None) = &result {
+            // The key was free: nothing was removed, nothing to count or warn about.
+            tracing::info!(backend, key = %key, actor = request.actor(), "force-release found the key free");
+        }
+        if let Ok(Some(removed)) = &result {
             metrics::forced_release(backend);
             tracing::warn!(
                 backend,
                 key = %key,
                 actor = request.actor(),
                 reason = request.reason(),
-                removed_owner = removed.as_ref().map(|h| h.owner.as_str()),
-                removed_token = removed.as_ref().map(|h| h.token.get()),
+                removed_owner = removed.owner.as_str(),
+                removed_token = removed.token.get(),
                 "lock force-released by operator"
             );
         }

@@ -681,7 +681,12 @@ async fn renew_until_confirmed(
             }
             Ok(Err(e @ (Error::Lost { .. } | Error::Stale { .. }))) => {
                 tracing::warn!(key = %lease.key(), error = %e, "keeper: renewal refused, lease lost");
-                lease.state().mark_lost(LostReason::Superseded);
+                // The error's own reason (`Stale`: superseded at the fence).
+                let reason = match &e {
+                    Error::Lost { reason, .. } => *reason,
+                    _ => LostReason::Superseded,
+                };
+                lease.state().mark_lost(reason);
                 return Renewal::Ended;
             }
             Ok(Err(e)) => {

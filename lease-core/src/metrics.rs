@@ -386,6 +386,32 @@ mod tests {
             .collect()
     }
 
+    /// A force-release that finds the key free removed nothing: it is neither counted nor
+    /// logged as a forced release (an alerting counter must not move on a no-op).
+    #[test]
+    fn a_force_release_of_a_free_key_is_not_counted() {
+        let seen = record(|| async {
+            let coord = Instrumented::new(MemoryCoordinator::new());
+            let removed = coord
+                .force_release(
+                    &key("metrics/free"),
+                    &ForceRelease::new("ops", "drill").unwrap(),
+                )
+                .await
+                .unwrap();
+            assert!(removed.is_none());
+        });
+        let counted: u64 = seen
+            .iter()
+            .filter(|e| e.name == FORCED_RELEASES_TOTAL)
+            .map(|e| match e.value {
+                DebugValue::Counter(c) => c,
+                ref other => panic!("not a counter: {other:?}"),
+            })
+            .sum();
+        assert_eq!(counted, 0);
+    }
+
     /// Touches every signal once, through the memory backend.
     async fn every_signal() {
         let coord = Instrumented::new(MemoryCoordinator::new());

@@ -98,8 +98,8 @@ where
 ///
 /// # Behaviour
 ///
-/// - Refuses a margin not smaller than the lease's TTL (`Err(InvalidInput)`: the section could
-///   never start), and refuses to start (`Err(Lost)`) unless the lease is held with more than
+/// - Refuses a margin not smaller than the lease's validity window, its TTL less its drift
+///   margin (`Err(InvalidInput)`: the section could never start), and refuses to start (`Err(Lost)`) unless the lease is held with more than
 ///   the margin left.
 /// - The deadline is the lease's local validity minus the margin, re-read whenever it is reached
 ///   (a keeper renewing the lease moves it), and at most `max_duration` after the start.
@@ -122,11 +122,14 @@ where
     let margin = options
         .margin
         .unwrap_or_else(|| (lease.ttl() / 10).max(Duration::from_millis(1)));
-    if margin >= lease.ttl() {
+    // The guard refuses once less than `margin` of validity is left; validity is the TTL less
+    // the lease's drift margin, so a margin that leaves nothing would refuse a fresh lease.
+    let window = lease.ttl().saturating_sub(lease.state().drift_margin());
+    if margin >= window {
         return Err(crate::InvalidInput::OutOfRange {
             field: "margin",
             value: format!("{margin:?}"),
-            expected: "smaller than the lease's TTL",
+            expected: "smaller than the lease's validity window (its TTL less its drift margin)",
         }
         .into());
     }

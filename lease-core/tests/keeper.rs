@@ -450,6 +450,18 @@ async fn refused_renewal_marks_the_lease_lost_at_once() {
     assert_eq!(renews.load(Ordering::SeqCst), 1);
 }
 
+/// A refusal records the reason the error carries, not `Superseded` whatever it was.
+#[tokio::test(start_paused = true)]
+async fn a_refused_renewal_records_the_errors_own_reason() {
+    let lease = ScriptedLease::new(secs(3), RenewScript::Revoked);
+    let kept = keep(Box::new(lease), KeeperOptions::new().jitter(0.0)).unwrap();
+    let mut sig = kept.lost();
+    assert_eq!(
+        within(secs(600), "lost signal", sig.wait()).await,
+        LostReason::Revoked
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn force_release_stops_the_keeper() {
     let c = MemoryCoordinator::new();

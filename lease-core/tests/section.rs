@@ -9,7 +9,7 @@ use common::*;
 use lease_core::memory::MemoryCoordinator;
 use lease_core::{
     bounded, bounded_with, keep, Coordinator, Error, ForceRelease, KeeperOptions, Lease,
-    LeaseOptions, LostReason, SectionGuard, SectionOptions,
+    LeaseOptions, LeaseStatus, LostReason, SectionGuard, SectionOptions,
 };
 use tokio::time::Instant;
 
@@ -118,6 +118,25 @@ async fn explicit_margin_moves_the_deadline() {
     assert_eq!(lost_reason(r), LostReason::Expired);
     assert_eq!(Instant::now() - t0, secs(6));
     assert!(!finished.load(Ordering::SeqCst));
+}
+
+/// A margin that leaves no validity (the TTL less the lease's drift margin) is refused as
+/// input, naming the margin, rather than failing every call with `Lost(Expired)` on a fresh,
+/// held lease.
+#[tokio::test(start_paused = true)]
+async fn a_margin_beyond_the_validity_window_is_invalid_input() {
+    let c = MemoryCoordinator::new();
+    let options = LeaseOptions::new(secs(10)).drift_margin(ms(9500));
+    let lease = c.try_acquire(&key("k"), &options).await.unwrap();
+    let r = bounded_with(&*lease, SectionOptions::new().margin(secs(1)), |_| async {
+        Ok(())
+    })
+    .await;
+    match r {
+        Err(Error::InvalidInput(e)) => assert!(e.to_string().contains("margin"), "{e}"),
+        other => panic!("expected InvalidInput, got {other:?}"),
+    }
+    assert_eq!(lease.status(), LeaseStatus::Held);
 }
 
 #[tokio::test(start_paused = true)]

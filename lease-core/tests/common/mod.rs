@@ -69,6 +69,9 @@ pub(crate) enum RenewScript {
     FailFirst(usize),
     /// Refuse with `Lost`.
     Lost,
+    /// Refuse with `Lost(Revoked)`, without recording it (as a lease outside this workspace
+    /// may).
+    Revoked,
     /// Panic (an adapter's bug).
     Panic,
     /// Confirm, crediting validity from this long before the send (as etcd counts from the
@@ -132,6 +135,7 @@ impl Lease for ScriptedLease {
             RenewScript::FailFirst(k) if n < k => Err(unavailable()),
             RenewScript::FailFirst(_) => self.tracker.renewed_from(sent),
             RenewScript::Lost => Err(self.tracker.lost_error(lease_core::LostReason::Superseded)),
+            RenewScript::Revoked => Err(self.tracker.lost_error(lease_core::LostReason::Revoked)),
             RenewScript::Panic => panic!("scripted panic in renew"),
             RenewScript::Credited(d) => self.tracker.renewed_from(sent - d),
             RenewScript::HangFirst if n == 0 => std::future::pending().await,
