@@ -791,3 +791,25 @@ async fn works_through_the_registry_as_arc_dyn() {
         Err(Error::InvalidInput(InvalidInput::Url { .. }))
     ));
 }
+
+/// A lease whose local validity ended (a large drift margin) still frees the key on release
+/// and on drop, as the other backends' compare-and-delete does. Before, the entry stayed until
+/// grant + TTL, with nobody holding it.
+#[tokio::test(start_paused = true)]
+async fn a_lease_lost_locally_still_frees_the_key_on_release_and_drop() {
+    let c = MemoryCoordinator::new();
+    let k = key("lost-locally");
+    let options = LeaseOptions::new(secs(10)).drift_margin(secs(7));
+    let lease = c.try_acquire(&k, &options).await.unwrap();
+    tokio::time::sleep(secs(4)).await;
+    assert!(matches!(lease.release().await, Err(Error::Lost { .. })));
+    let second = c
+        .try_acquire(&k, &options)
+        .await
+        .expect("the key is free after the release");
+    tokio::time::sleep(secs(4)).await;
+    drop(second);
+    c.try_acquire(&k, &options)
+        .await
+        .expect("the key is free after the drop");
+}

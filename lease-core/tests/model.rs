@@ -177,8 +177,10 @@ impl Model {
         ok
     }
 
+    /// Dropping (or releasing) a lease removes its entry while the entry is still its own,
+    /// also after a local loss (validity ended under a drift margin).
     fn drop_lease(&mut self, id: usize) {
-        if self.locally_held(id) && self.is_holder(id) {
+        if self.is_holder(id) {
             self.keys[self.leases[id].key].holder = None;
         }
         self.leases[id].marked_lost = true;
@@ -364,11 +366,10 @@ impl Harness {
                 let r = lease.release().await;
                 if self.model.can_act(id) {
                     r.unwrap();
-                    self.model.keys[k].holder = None;
                 } else {
                     assert!(matches!(r, Err(Error::Lost { .. })), "{r:?}");
                 }
-                self.model.leases[id].marked_lost = true;
+                self.model.drop_lease(id);
             }
             Op::Drop { w, k } => {
                 if let Some((lease, id)) = self.held.remove(&(w, k)) {

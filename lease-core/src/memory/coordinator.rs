@@ -482,10 +482,21 @@ impl Lease for MemoryLease {
         self.with_own_holder(|ks, now| {
             ks.holder.as_mut().expect("ours").expires_at = now + ttl;
         })?;
-        self.tracker.renewed_from(sent_at)
+        self.tracker.renewed_from(sent_at).inspect_err(|_| {
+            // Validity ended just before the extension: the lease is lost, so the extended
+            // entry must not keep the key for another TTL.
+            self.remove_own();
+        })
     }
 
     async fn release(&self) -> Result<()> {
+        if let Err(e) = self.tracker.ensure_not_lost() {
+            // Lost locally (its validity ended, or its keeper stopped) while the entry may still
+            // be ours: remove it, as the other backends' compare-and-delete does, instead of
+            // leaving the key taken until the entry expires.
+            self.remove_own();
+            return Err(e);
+        }
         self.with_own_holder(|ks, _| {
             ks.holder = None;
             ks.wake_head();
@@ -495,11 +506,10 @@ impl Lease for MemoryLease {
     }
 }
 
-impl Drop for MemoryLease {
-    fn drop(&mut self) {
-        if matches!(self.tracker.status(), crate::LeaseStatus::Lost(_)) {
-            return;
-        }
+impl MemoryLease {
+    /// Removes the key's holder entry if it is still this lease's (whatever the lease's local
+    /// status), and hands the key to the next waiter.
+    fn remove_own(&self) {
         let mut st = self.shared.lock();
         if let Some(ks) = st.keys.get_mut(self.tracker.key()) {
             if ks.holder.as_ref().is_some_and(|h| h.nonce == self.nonce) {
@@ -507,7 +517,13 @@ impl Drop for MemoryLease {
                 ks.wake_head();
             }
         }
-        drop(st);
+    }
+}
+
+impl Drop for MemoryLease {
+    fn drop(&mut self) {
+        // Also after a local loss (validity ended, keeper stopped): the entry may still be ours.
+        self.remove_own();
         self.tracker.mark_lost(LostReason::Released);
     }
 }
