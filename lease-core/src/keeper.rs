@@ -64,7 +64,8 @@ impl KeeperOptions {
     /// Never hold the lease longer than this in total (counted from acquisition): the keeper sends
     /// no renewal (first try or retry) that would let the lock outlive `acquired_at + max`, so the
     /// lease runs out at or before that point and reports `Lost(KeeperStopped)`. A limit too large
-    /// to add to the clock (`Duration::MAX`, say) is no limit.
+    /// to add to the clock (`Duration::MAX`, say) is no limit; one shorter than the lease's TTL
+    /// is refused by [`keep`] (`InvalidInput`), since the grant alone holds the lock that long.
     pub fn max_hold(mut self, max: Duration) -> Self {
         self.max_hold = Some(max);
         self
@@ -168,6 +169,15 @@ pub fn keep(lease: Box<dyn Lease>, options: KeeperOptions) -> Result<Kept> {
             field: "jitter",
             value: options.jitter.to_string(),
             expected: "in [0, 0.5]",
+        }
+        .into());
+    }
+    if let Some(max) = options.max_hold.filter(|max| *max < lease.ttl()) {
+        // The grant alone keeps the lock for its TTL: a shorter limit cannot be kept.
+        return Err(InvalidInput::OutOfRange {
+            field: "max_hold",
+            value: format!("{max:?}"),
+            expected: "at least the lease's TTL (the grant alone holds the lock that long)",
         }
         .into());
     }

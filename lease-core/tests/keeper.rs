@@ -247,6 +247,19 @@ async fn max_hold_stops_renewing_after_the_maximum() {
     assert!(Instant::now() - t0 <= secs(7));
 }
 
+/// A hold limit shorter than the TTL cannot be kept (the grant alone holds the lock for its
+/// TTL): refused naming the option. Before, it was accepted and the lock outlived it up to six
+/// times.
+#[tokio::test(start_paused = true)]
+async fn a_max_hold_shorter_than_the_ttl_is_invalid_input() {
+    let c = MemoryCoordinator::new();
+    let lease = c.try_acquire(&key("k"), &exact(secs(30))).await.unwrap();
+    match keep(lease, KeeperOptions::new().max_hold(secs(5))) {
+        Err(Error::InvalidInput(e)) => assert!(e.to_string().contains("max_hold"), "{e}"),
+        other => panic!("expected InvalidInput, got {:?}", other.map(|_| ())),
+    }
+}
+
 /// A limit too large to add to the clock is no limit: nothing panics (the timer thread that
 /// wakes every kept lease least of all) and the lease is kept.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
