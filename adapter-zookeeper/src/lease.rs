@@ -151,19 +151,32 @@ impl LeaseState {
 
     /// After a reconnect: checks that our node still exists (`sync` + `exists`, which confirms
     /// the session if the sync succeeds) and, if so, holds the lease again.
+    ///
+    /// A check that fails otherwise (no answer within the request timeout, say) is sent again
+    /// with backoff while the lease is in doubt and the connection is the one it was called for:
+    /// the heartbeat never moves an in-doubt lease, so a single failed check would leave a
+    /// healthy lease in doubt until its validity ran out and it was lost.
     pub(crate) async fn verify(self: Arc<Self>, epoch: u64) {
-        if self.tracker.status() != LeaseStatus::InDoubt {
-            return;
-        }
         let s = &self.session;
-        let sent = Instant::now();
-        match s.synced_read(sent, |c| c.check_stat(&self.path)).await {
-            Some(Ok(Some(stat))) if stat.czxid == self.czxid => {
-                s.with_epoch(epoch, |bound| self.apply(bound, true));
+        let mut pause = Backoff::new(Duration::from_millis(50), Duration::from_millis(500));
+        loop {
+            if self.tracker.status() != LeaseStatus::InDoubt || s.epoch() != epoch {
+                return;
             }
-            Some(Ok(_)) => self.on_node_gone(),
-            Some(Err(e)) if session_ended(&e) => self.on_session_ended(),
-            _ => {}
+            let sent = Instant::now();
+            match s.synced_read(sent, |c| c.check_stat(&self.path)).await {
+                Some(Ok(Some(stat))) if stat.czxid == self.czxid => {
+                    s.with_epoch(epoch, |bound| self.apply(bound, true));
+                    return;
+                }
+                Some(Ok(_)) => return self.on_node_gone(),
+                Some(Err(e)) if session_ended(&e) => return self.on_session_ended(),
+                _ => {}
+            }
+            if s.is_terminated() {
+                return;
+            }
+            tokio::time::sleep(pause.next_delay()).await;
         }
     }
 
@@ -416,6 +429,11 @@ impl ZkLease {
             let bound = state.session.bound();
             state.apply(bound, false);
             state.tracker.in_doubt();
+            // A reconnect that came before this lease was marked in doubt checked it as held
+            // and left it: check it on the current connection (the next reconnect does too).
+            if state.session.is_connected() {
+                tokio::spawn(state.clone().verify(state.session.epoch()));
+            }
         }
         let (tx, rx) = oneshot::channel();
         match watch {
