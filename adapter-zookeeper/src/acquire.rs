@@ -135,7 +135,16 @@ impl ZkCoordinator {
             let (sent, epoch, watch) = match turn {
                 Turn::Holder { sent, epoch, watch } => (sent, epoch, watch),
                 Turn::Busy => {
-                    self.withdraw(&s, &node, &mut guard).await;
+                    let withdraw = self.withdraw(&s, &node, &mut guard);
+                    match mode {
+                        Mode::Try => withdraw.await,
+                        // Past its bound, a waiter does not wait a request timeout more for the
+                        // delete: if it does not finish, the guard's cleanup removes the node in
+                        // the background.
+                        Mode::Wait(_) => {
+                            let _ = tokio::time::timeout(WAIT_GRACE, withdraw).await;
+                        }
+                    }
                     return Err(busy(key, &mode, start));
                 }
                 Turn::Vanished => {
@@ -179,7 +188,11 @@ impl ZkCoordinator {
                 }
                 Err(None) => {
                     restarts += 1;
-                    if restarts > MAX_RESTARTS {
+                    let expired = match mode {
+                        Mode::Try => false,
+                        Mode::Wait(d) => Instant::now() >= d,
+                    };
+                    if restarts > MAX_RESTARTS || expired {
                         return Err(busy(key, &mode, start));
                     }
                     continue;
@@ -349,6 +362,15 @@ impl ZkCoordinator {
                 Mode::Wait(d) => Some(*d),
             };
             let past = deadline.is_none_or(|d| Instant::now() >= d);
+            // A request of a waiter gets the request timeout, but never runs more than
+            // `WAIT_GRACE` past the wait bound: a partition must not keep a waiter a request
+            // timeout (up to the session timeout) beyond it.
+            let request_bound = match deadline {
+                None => s.request_timeout(),
+                Some(d) => s
+                    .request_timeout()
+                    .min(d.saturating_duration_since(Instant::now()) + WAIT_GRACE),
+            };
             if !s.is_connected() {
                 if s.is_terminated() {
                     return Err(from_zk(ops::WAIT, ZkError::SessionExpired));
@@ -366,7 +388,7 @@ impl ZkCoordinator {
             // Reads: they do not confirm the session (our create did).
             let sent = Instant::now();
             let list = s.coalesced().children(dir);
-            let children = match tokio::time::timeout(s.request_timeout(), list).await {
+            let children = match tokio::time::timeout(request_bound, list).await {
                 Ok(Ok(children)) => children,
                 Ok(Err(ZkError::NoNode)) => return Ok(Turn::Vanished),
                 Ok(Err(e)) if session_ended(&e) => return Err(from_zk(ops::WAIT, e)),
@@ -378,7 +400,9 @@ impl ZkCoordinator {
                 }
                 Err(_) if !past => continue,
                 Ok(Err(e)) => return Err(from_zk(ops::WAIT, e)),
-                Err(_) => return Err(timed_out(ops::WAIT, s.request_timeout())),
+                // A waiter past its bound: it did not get the lock in time.
+                Err(_) if deadline.is_some() => return Ok(Turn::Busy),
+                Err(_) => return Err(timed_out(ops::WAIT, request_bound)),
             };
             let ordered = self.order(s, dir, children).await?;
             let Some(index) = ordered.iter().position(|c| c.name == node.name) else {
@@ -416,7 +440,7 @@ impl ZkCoordinator {
                 }
             };
             let watched = tokio::time::timeout(
-                s.request_timeout(),
+                request_bound,
                 futures::future::join(own, s.client().check_and_watch_stat(&predecessor)),
             )
             .await;
@@ -615,6 +639,9 @@ fn busy(key: &LockKey, mode: &Mode, start: Instant) -> Error {
         },
     }
 }
+
+/// How far past its wait bound one request of a waiter may run (see `wait_turn`).
+const WAIT_GRACE: Duration = Duration::from_millis(100);
 
 /// Removes an acquisition attempt's node(s) when the attempt ends without a lease, however it
 /// ends (error, timeout, the future dropped).

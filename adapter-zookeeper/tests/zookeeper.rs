@@ -1417,3 +1417,61 @@ async fn a_lease_whose_check_after_a_reconnect_timed_out_is_checked_again() {
     );
     lease.release().await.unwrap();
 }
+
+/// A waiter cut off from ZooKeeper returns at its wait bound, not a request timeout (here the
+/// session timeout) later. Before, the listing after the bound, and the withdrawal of its node,
+/// each waited for the request timeout or for the client to notice the dead connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_cut_off_returns_at_its_wait_bound() {
+    let Some(server) = server("a_waiter_cut_off_returns_at_its_wait_bound").await else {
+        return;
+    };
+    let proxy = FaultProxy::start(server.addr()).await.unwrap();
+    let base = format!("/adapter-test-{:08x}", rand::random::<u32>());
+    let url = |addr: std::net::SocketAddr| {
+        ZkConfig::from_url(&format!(
+            "zk://{addr}{base}?session_timeout_ms=6000&tick_ms=200&digest=alice:{PASSWORD}"
+        ))
+        .unwrap()
+    };
+    let holder = ZkCoordinator::connect(url(server.addr())).await.unwrap();
+    let waiter = Arc::new(ZkCoordinator::connect(url(proxy.addr())).await.unwrap());
+    let observer = raw_client(server.addr(), Some(&format!("alice:{PASSWORD}"))).await;
+    let key: LockKey = "cut-off-waiter".parse().unwrap();
+    let lock = url(server.addr()).lock_path(&key);
+    let held = holder
+        .acquire(&key, &LeaseOptions::new(Duration::from_secs(6)))
+        .await
+        .unwrap();
+    let wait = Duration::from_secs(1);
+    let start = Instant::now();
+    let pending = {
+        let (waiter, key) = (waiter.clone(), key.clone());
+        tokio::spawn(async move {
+            waiter
+                .acquire(&key, &LeaseOptions::new(Duration::from_secs(6)).wait(wait))
+                .await
+        })
+    };
+    // The waiter's node is queued behind the holder's; then the waiter is cut off.
+    let until = Instant::now() + Duration::from_secs(5);
+    while observer
+        .list_children(&lock)
+        .await
+        .unwrap_or_default()
+        .len()
+        < 2
+    {
+        assert!(Instant::now() < until, "the waiter never queued");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    proxy.blackhole();
+    let r = pending.await.unwrap();
+    let took = start.elapsed();
+    assert!(matches!(r, Err(Error::Timeout { .. })), "{r:?}");
+    assert!(
+        took < wait + Duration::from_millis(600),
+        "returned {took:?} after a wait of {wait:?}"
+    );
+    held.release().await.unwrap();
+}
