@@ -4,7 +4,7 @@
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use lease_core::{Error, Result};
@@ -88,8 +88,21 @@ pub(crate) struct Connection {
     connecting: tokio::sync::Mutex<ConnectState>,
     /// Called when a request finds the connection broken (no reply in time, or dropped): the
     /// coordinator marks its leases in doubt.
-    on_break: std::sync::OnceLock<Box<dyn Fn() + Send + Sync>>,
+    on_break: Arc<std::sync::OnceLock<Box<dyn Fn() + Send + Sync>>>,
+    /// The connections [`Self::eval_and_wait`] runs on (empty on those connections themselves),
+    /// opened on first use, and which of them goes next.
+    waiting: Vec<Connection>,
+    next_waiting: AtomicUsize,
 }
+
+/// How many connections of their own writes followed by `WAIT` get ([`Connection::eval_and_wait`]).
+///
+/// Redis reads nothing more from a client blocked in `WAIT`: on the connection every other
+/// request shares, one grant waiting for a slow replica held up releases, reads and renewals
+/// behind it for up to half the request timeout (long enough for a request queued behind two
+/// of them to time out, which marks every lease in doubt). Writes that wait go on these instead,
+/// in turn; the shared connection never waits.
+const WAITING_CONNECTIONS: usize = 2;
 
 impl Connection {
     /// Opens the first connection (and checks durability unless the config opts out).
@@ -103,20 +116,27 @@ impl Connection {
         let async_config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(config.connect_timeout()))
             .set_response_timeout(Some(config.request_timeout()));
-        let conn = Connection {
+        let on_break = Arc::new(std::sync::OnceLock::new());
+        let lazy = |client: redis::Client, waiting: Vec<Connection>| Connection {
             config: config.clone(),
             client: Mutex::new(client),
             replicas: AtomicUsize::new(0),
             sentinel_first: AtomicUsize::new(0),
-            async_config,
+            async_config: async_config.clone(),
             connect_timeout: config.connect_timeout(),
             verify_durability: !config.volatile_tokens(),
             current: Mutex::new(None),
             answered: AtomicU64::new(0),
             opened: Instant::now(),
             connecting: tokio::sync::Mutex::new(ConnectState::default()),
-            on_break: std::sync::OnceLock::new(),
+            on_break: on_break.clone(),
+            waiting,
+            next_waiting: AtomicUsize::new(0),
         };
+        let waiting = (0..WAITING_CONNECTIONS)
+            .map(|_| lazy(client.clone(), Vec::new()))
+            .collect();
+        let conn = lazy(client, waiting);
         conn.get().await?;
         Ok(conn)
     }
@@ -434,7 +454,8 @@ impl Connection {
 impl Connection {
     /// Like [`Self::eval`], then `WAIT replicas wait_ms` in the same pipeline (one round trip,
     /// the same connection, so the `WAIT` covers the script's writes): the script's reply and how
-    /// many replicas acknowledged.
+    /// many replicas acknowledged. Runs on one of the connections kept for this
+    /// ([`WAITING_CONNECTIONS`]), never on the one every other request shares.
     pub(crate) async fn eval_and_wait(
         &self,
         op: Op,
@@ -445,23 +466,32 @@ impl Connection {
         wait: Duration,
     ) -> Result<(redis::Value, i64)> {
         let wait_ms = wait.as_millis().max(1) as u64;
-        self.run(op, |mut c| async move {
-            let mut pipe = redis::pipe();
-            pipe.cmd("EVALSHA")
-                .arg(script.get_hash())
-                .arg(keys.len())
-                .arg(keys)
-                .arg(args);
-            pipe.cmd("WAIT").arg(replicas).arg(wait_ms);
-            match pipe.query_async::<(redis::Value, i64)>(&mut c).await {
-                Err(e) if e.code() == Some("NOSCRIPT") => {
-                    script.load_async(&mut c).await?;
-                    pipe.query_async(&mut c).await
+        let lane = match self.waiting.len() {
+            0 => self,
+            n => &self.waiting[self.next_waiting.fetch_add(1, Ordering::Relaxed) % n],
+        };
+        // A connection of its own reports its primary's replicas as the shared one does: the
+        // count that decides `auto` is never lowered by any of them.
+        let result = lane
+            .run(op, |mut c| async move {
+                let mut pipe = redis::pipe();
+                pipe.cmd("EVALSHA")
+                    .arg(script.get_hash())
+                    .arg(keys.len())
+                    .arg(keys)
+                    .arg(args);
+                pipe.cmd("WAIT").arg(replicas).arg(wait_ms);
+                match pipe.query_async::<(redis::Value, i64)>(&mut c).await {
+                    Err(e) if e.code() == Some("NOSCRIPT") => {
+                        script.load_async(&mut c).await?;
+                        pipe.query_async(&mut c).await
+                    }
+                    other => other,
                 }
-                other => other,
-            }
-        })
-        .await
+            })
+            .await;
+        self.replicas.fetch_max(lane.replicas(), Ordering::Relaxed);
+        result
     }
 }
 

@@ -1,12 +1,14 @@
 //! A primary with a replica (decision 0016): the guard against repeated tokens after a failover,
 //! and grants acknowledged by replicas.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use adapter_redis::{RedisConfig, RedisCoordinator};
-use conformance_tests::harness::RedisServer;
+use conformance_tests::harness::{RedisServer, ServerControl};
 use conformance_tests::proxy::FaultProxy;
 use lease_core::{Coordinator, Error, Fence, Lease, LeaseOptions, ResourceId, Token};
+use tokio::time::Instant;
 
 use crate::common::{blocking, coordinator, durable, eventually, fence, key, raw, server, url};
 
@@ -150,7 +152,6 @@ async fn grants_wait_for_replica_acknowledgements_and_are_undone_without_them() 
     assert!(before_kill.inspect(&k3).await.unwrap().is_none());
     match before_kill.try_acquire(&k3, &LeaseOptions::new(ttl)).await {
         Err(Error::Unavailable { message, .. }) => {
-            eprintln!("DEBUG {message}");
             assert!(message.contains("replica_acks"), "{message}")
         }
         other => panic!("after a reconnect: expected Unavailable, got {other:?}"),
@@ -297,4 +298,63 @@ async fn fence_writes_wait_for_replica_acknowledgements() {
         f.write(&r, Token::new(5).unwrap(), "again".into()).await,
         Err(Error::Stale { .. })
     ));
+}
+
+/// A grant waiting for a frozen replica's acknowledgement does not hold up the requests that do
+/// not wait: Redis reads nothing more from a client blocked in `WAIT`, so on the one shared
+/// connection an `inspect` or a release queued behind such a grant waited for it (half the
+/// request timeout), and one queued behind two timed out. Writes that wait now go on connections
+/// of their own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_waiting_for_replicas_does_not_hold_up_other_requests() {
+    let Some((primary, replica)) =
+        primary_with_replica("a_grant_waiting_for_replicas_does_not_hold_up").await
+    else {
+        return;
+    };
+    // `WAIT` gives up after half of this: 1.5 s.
+    let c = Arc::new(coordinator(&primary, "request_timeout_ms=3000").await);
+    let ttl = Duration::from_secs(30);
+    let (k1, k2) = (key("held-while-frozen"), key("granted-while-frozen"));
+    let held = c.try_acquire(&k1, &LeaseOptions::new(ttl)).await.unwrap();
+    // Frozen, the replica stays connected (online) as far as the primary knows.
+    replica.pause().unwrap();
+    let pending = {
+        let (c, k2) = (c.clone(), k2.clone());
+        tokio::spawn(async move { c.try_acquire(&k2, &LeaseOptions::new(ttl)).await })
+    };
+    let mut admin = raw(&primary).await;
+    let blocked = eventually(Duration::from_secs(5), || {
+        let mut admin = admin.clone();
+        async move {
+            let info: String = redis::cmd("INFO")
+                .arg("clients")
+                .query_async(&mut admin)
+                .await
+                .unwrap();
+            info.lines()
+                .find_map(|l| l.strip_prefix("blocked_clients:"))
+                .and_then(|n| n.trim().parse::<u64>().ok())
+                .filter(|n| *n >= 1)
+        }
+    })
+    .await;
+    assert!(blocked.is_some(), "the grant never waited in WAIT");
+    let asked = Instant::now();
+    assert_eq!(
+        c.inspect(&k1).await.unwrap().map(|h| h.token),
+        Some(held.token())
+    );
+    held.release().await.unwrap();
+    let took = asked.elapsed();
+    assert!(
+        took < Duration::from_millis(700),
+        "inspect and release took {took:?} while a grant waited in WAIT"
+    );
+    assert!(matches!(
+        pending.await.unwrap(),
+        Err(Error::Unavailable { .. })
+    ));
+    replica.resume().unwrap();
+    let _: () = redis::cmd("PING").query_async(&mut admin).await.unwrap();
 }
