@@ -9,7 +9,8 @@
 //!   every request asked for until then: a lone request costs one server call and waits for
 //!   nothing; under load the server sees at most one round per spacing. A round is cut into
 //!   chunks of at most [`RoundsConfig::chunk`] requests (a backend's limit on operations per
-//!   call), at most [`RoundsConfig::parallel`] chunks in flight.
+//!   call), at most [`RoundsConfig::parallel`] chunks in flight. A round does not wait for the
+//!   chunks of earlier rounds to finish: one slow server call holds up only its own requests.
 //! - [`Coalesce`], for requests a caller is waiting on (acquires, releases): a request is sent at
 //!   once, from the caller's own task, while fewer than [`CoalesceConfig::in_flight`] sends are
 //!   in flight; otherwise it waits for the next send to finish and goes with every request that
@@ -54,12 +55,12 @@ pub struct RoundsConfig {
     pub spacing: Duration,
     /// The most requests in one chunk (one server call). At least 1.
     pub chunk: usize,
-    /// The most chunks of one round in flight at once. At least 1.
+    /// The most chunks in flight at once, of all rounds together. At least 1.
     pub parallel: usize,
 }
 
 impl RoundsConfig {
-    /// `spacing` and `chunk`, with every chunk of a round in flight at once.
+    /// `spacing` and `chunk`, with no bound on the chunks in flight.
     pub fn new(spacing: Duration, chunk: usize) -> Self {
         RoundsConfig {
             spacing,
@@ -68,7 +69,7 @@ impl RoundsConfig {
         }
     }
 
-    /// At most `parallel` chunks of a round in flight at once (at least 1).
+    /// At most `parallel` chunks in flight at once, across rounds (at least 1).
     pub fn parallel(mut self, parallel: usize) -> Self {
         self.parallel = parallel.max(1);
         self
@@ -154,7 +155,17 @@ async fn run<Req: Send + 'static, Resp: Send + 'static>(
     mut rx: mpsc::UnboundedReceiver<Ask<Req, Resp>>,
 ) {
     let mut last_start: Option<Instant> = None;
-    while let Some(first) = rx.recv().await {
+    // Chunks in flight, of this round and earlier ones: a slow chunk (a server call waiting for
+    // its timeout) does not hold up the rounds after it, only `parallel` bounds them.
+    let mut chunks = tokio::task::JoinSet::new();
+    loop {
+        let first = tokio::select! {
+            a = rx.recv() => match a {
+                Some(a) => a,
+                None => break,
+            },
+            Some(_) = chunks.join_next(), if !chunks.is_empty() => continue,
+        };
         if let Some(at) = last_start {
             tokio::time::sleep_until(at + config.spacing).await;
         }
@@ -163,17 +174,16 @@ async fn run<Req: Send + 'static, Resp: Send + 'static>(
         while let Ok(a) = rx.try_recv() {
             round.push(a);
         }
-        let mut chunks = tokio::task::JoinSet::new();
         while !round.is_empty() {
-            if chunks.len() >= config.parallel {
+            while chunks.len() >= config.parallel {
                 chunks.join_next().await;
             }
             let rest = round.split_off(round.len().min(config.chunk));
             let chunk = std::mem::replace(&mut round, rest);
             chunks.spawn(answer(backend, f.clone(), chunk));
         }
-        while chunks.join_next().await.is_some() {}
     }
+    while chunks.join_next().await.is_some() {}
 }
 
 /// How a [`Coalesce`] sends.
@@ -418,6 +428,31 @@ mod tests {
             );
             drop(runtime);
         }
+    }
+
+    /// A round whose server call hangs (until its timeout, in an adapter) does not hold up the
+    /// next round: before, the task waited for every chunk of a round before it read the next
+    /// request, so every renewal behind one slow call waited for it.
+    #[tokio::test(start_paused = true)]
+    async fn a_slow_round_does_not_hold_up_the_next() {
+        let rounds = Arc::new(Rounds::new(
+            "test",
+            RoundsConfig::new(Duration::from_millis(5), 10),
+            |chunk: Vec<u32>| async move {
+                if chunk.contains(&0) {
+                    std::future::pending::<()>().await;
+                }
+                Ok(chunk.into_iter().map(|n| Ok(n + 1)).collect())
+            },
+        ));
+        let stuck = {
+            let r = rounds.clone();
+            tokio::spawn(async move { r.ask(0).await })
+        };
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let answered = tokio::time::timeout(Duration::from_millis(50), rounds.ask(1)).await;
+        assert_eq!(answered.expect("held up by the slow round").unwrap(), 2);
+        assert!(!stuck.is_finished());
     }
 
     #[tokio::test]
