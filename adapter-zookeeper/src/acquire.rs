@@ -528,8 +528,23 @@ impl ZkCoordinator {
                 }
             };
             for (c, r) in contenders.iter_mut().zip(results) {
-                if let MultiReadResult::Data { stat, .. } = r {
-                    c.czxid = Some(stat.czxid);
+                match r {
+                    MultiReadResult::Data { stat, .. } => c.czxid = Some(stat.czxid),
+                    // Deleted since the listing: no longer a contender.
+                    MultiReadResult::Error {
+                        err: ZkError::NoNode,
+                    } => {}
+                    // Any other failure (a node whose ACL hides it from us, say) leaves its
+                    // place unknown: it may be the holder, so no order is claimed without it.
+                    MultiReadResult::Error { err } => return Err(from_zk(ops::WAIT, err)),
+                    _ => {
+                        return Err(from_zk(
+                            ops::WAIT,
+                            ZkError::UnexpectedError(
+                                "a multi-read answered a get with a listing".into(),
+                            ),
+                        ))
+                    }
                 }
             }
             contenders.retain(|c| c.czxid.is_some());

@@ -1475,3 +1475,48 @@ async fn a_waiter_cut_off_returns_at_its_wait_bound() {
     );
     held.release().await.unwrap();
 }
+
+/// When the sequence numbers cannot order the queue (a wrapped counter: a negative sequence),
+/// contenders are ordered by creation zxid, read from each node. A contender this client may not
+/// read (an ACL without READ for it) may be the holder: the acquire fails rather than leave it
+/// out. Before, it was dropped from the order and the acquire was granted ahead of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_contender_that_cannot_be_read_is_not_left_out_of_the_order() {
+    let Some(server) = server("a_contender_that_cannot_be_read_is_not_left_out").await else {
+        return;
+    };
+    let cfg = config(server.addr(), 6000);
+    let coord = ZkCoordinator::connect(cfg.clone()).await.unwrap();
+    let key: LockKey = "unreadable-contender".parse().unwrap();
+    let o = LeaseOptions::new(Duration::from_secs(6));
+    coord
+        .try_acquire(&key, &o)
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let raw = raw_client(server.addr(), Some(&format!("alice:{PASSWORD}"))).await;
+    let crafted = format!("{}/c-0123456789abcdef-1--000000005", cfg.lock_path(&key));
+    let no_read = [zk::Acl::new(zk::Permission::DELETE, zk::AuthId::anyone())];
+    raw.create(
+        &crafted,
+        b"",
+        &zk::CreateMode::Persistent.with_acls(zk::Acls::new(&no_read)),
+    )
+    .await
+    .unwrap();
+    let r = coord.try_acquire(&key, &o).await;
+    assert!(
+        r.is_err(),
+        "granted ahead of a contender whose place could not be read: {r:?}"
+    );
+    raw.delete(&crafted, None).await.unwrap();
+    coord
+        .try_acquire(&key, &o)
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+}
