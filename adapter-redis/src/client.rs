@@ -261,22 +261,36 @@ impl Connection {
     }
 
     /// Asks the Sentinels, in order starting with the one that answered last, where the primary
-    /// is; the whole round is bounded by the connect timeout. A Sentinel that does not know the
-    /// primary's name is a configuration error only when none knows it.
+    /// is; the whole round is bounded by the connect timeout, each Sentinel by an equal share of
+    /// what is left, and one that fails is asked after the others next time. A Sentinel that
+    /// does not know the primary's name is a configuration error only when none knows it.
     async fn ask_sentinels(&self, s: &SentinelConfig) -> Result<redis::Client> {
         let n = s.sentinels.len();
         let first = self.sentinel_first.load(Ordering::Relaxed) % n;
         let deadline = Instant::now() + self.connect_timeout;
         let mut problems = Vec::new();
         let mut unknown = 0;
-        for i in (0..n).map(|i| (first + i) % n) {
+        for (asked, i) in (0..n).map(|i| (i, (first + i) % n)) {
             let (host, port) = &s.sentinels[i];
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 problems.push(format!("{host}:{port}: not asked (connect timeout spent)"));
                 continue;
             }
-            match tokio::time::timeout(left, primary_of(host, *port, &s.primary)).await {
+            // An equal share of what is left for each Sentinel not asked yet: one that drops
+            // packets must not spend the whole connect timeout before the others are asked.
+            let share = left / (n - asked) as u32;
+            let answer = tokio::time::timeout(share, primary_of(host, *port, &s.primary)).await;
+            if !matches!(answer, Ok(Ok(Some(_)))) {
+                // Ask it last next time (unless another caller already moved on).
+                let _ = self.sentinel_first.compare_exchange(
+                    i,
+                    (i + 1) % n,
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                );
+            }
+            match answer {
                 Ok(Ok(Some((h, p)))) => {
                     self.sentinel_first.store(i, Ordering::Relaxed);
                     return self.config.client_for(&h, p);

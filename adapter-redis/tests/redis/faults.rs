@@ -556,3 +556,41 @@ async fn a_lock_of_another_type_fails_only_its_own_batched_renewal() {
         "the healthy lock was not renewed: PTTL {pttl}"
     );
 }
+
+/// A Sentinel that takes connections and never answers (a partition) gets its share of the
+/// connect timeout, not all of it: the others are still asked in time, and it is asked after
+/// them next time. Before, the first Sentinel in the list took the whole budget on every connect
+/// and the coordinator could not connect at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_sentinel_does_not_spend_the_whole_connect_timeout() {
+    // The missing-server policy (a named skip, or a failure under CI=true).
+    let Some(_probe) = server(
+        "a_silent_sentinel_does_not_spend_the_whole_connect_timeout",
+        durable(),
+    ) else {
+        return;
+    };
+    let cluster = conformance_tests::harness::redis_cluster::RedisCluster::start()
+        .await
+        .expect("a Sentinel cluster");
+    let sentinels = cluster.sentinel_addrs();
+    let silent = FaultProxy::start(sentinels[0]).await.unwrap();
+    silent.blackhole();
+    let url = format!(
+        "redis+sentinel://{},{},{}/{}?connect_timeout_ms=400",
+        silent.addr(),
+        sentinels[1],
+        sentinels[2],
+        conformance_tests::harness::redis_cluster::PRIMARY_NAME
+    );
+    let c = RedisCoordinator::connect(RedisConfig::from_url(&url).unwrap())
+        .await
+        .expect("connected through the Sentinels that answer");
+    let k = key("silent-sentinel");
+    c.try_acquire(&k, &LeaseOptions::new(Duration::from_secs(5)))
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+}
