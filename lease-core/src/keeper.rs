@@ -112,12 +112,9 @@ pub enum KeeperStop {
 ///
 /// - The keeper renews when `renew_fraction` of the validity window (the TTL less the drift
 ///   margin; less up to `jitter` of that, at random) has passed since the last confirmed renewal
-///   was *sent*, or since the instant its validity counts from if the backend credited less (an
-///   etcd lease counts from the session's last acknowledged keepalive), so that the same part of
-///   the window is always left for retries. It retries failed renewals (with backoff), each try
-///   bounded by half the validity left so that a lost reply leaves time for another, until local
-///   validity ends; if no renewal is confirmed by then, the lease reports `Lost(Expired)` and the
-///   keeper exits.
+///   was *sent*. It retries failed renewals (with backoff), each try bounded by half the
+///   validity left so that a lost reply leaves time for another, until local validity ends; if
+///   no renewal is confirmed by then, the lease reports `Lost(Expired)` and the keeper exits.
 /// - It stops when the lease is lost or released, when [`Kept`] is dropped (a renewal under way
 ///   is aborted and the lease dropped with it), on [`Kept::stop`], when the maximum hold passes,
 ///   or when progress is required and none was reported. It never outlives its `Kept`.
@@ -195,15 +192,13 @@ pub fn keep(lease: Box<dyn Lease>, options: KeeperOptions) -> Result<Kept> {
     let hold_until = options
         .max_hold
         .and_then(|max| acquired_at.checked_add(max));
-    let next_due = credited_from(acquired_at, lease.valid_until(), window)
-        + jittered(interval, options.jitter);
+    let next_due = acquired_at + jittered(interval, options.jitter);
     let keeping = Arc::new(Keeping {
         seen_progress: AtomicU64::new(progress.count()),
         lease,
         options,
         hold_until,
         interval,
-        window,
         progress,
         runtime,
         state: Mutex::new(KeepState {
@@ -291,8 +286,6 @@ struct Keeping {
     hold_until: Option<Instant>,
     /// `renew_fraction` of the validity window (the TTL less the drift margin).
     interval: Duration,
-    /// The validity window: what a renewal confirmed at once buys.
-    window: Duration,
     progress: Progress,
     /// The progress count at the previous renewal.
     seen_progress: AtomicU64,
@@ -418,9 +411,8 @@ impl Keeping {
             // Stopped meanwhile: running out is already scheduled.
             Renewal::MaxHold if state.stop.is_some() => {}
             Renewal::MaxHold => self.stop_renewing(state, KeeperStop::MaxHold),
-            Renewal::Confirmed { sent, until } => {
-                state.next_due = credited_from(sent, until, self.window)
-                    + jittered(self.interval, self.options.jitter);
+            Renewal::Confirmed { sent } => {
+                state.next_due = sent + jittered(self.interval, self.options.jitter);
                 if state.stop.is_none() {
                     let due = state.next_due;
                     self.schedule(&mut state, due, Wake::Renew);
@@ -429,15 +421,6 @@ impl Keeping {
             Renewal::Ended => state.done = true,
         }
     }
-}
-
-/// The instant a validity ending at `until` counts from, for a request sent at `sent`: `sent`,
-/// or earlier when the backend credited less than the whole `window` (validity counted from an
-/// earlier confirmation).
-fn credited_from(sent: Instant, until: Instant, window: Duration) -> Instant {
-    until
-        .checked_sub(window)
-        .map_or(sent, |from| from.min(sent))
 }
 
 /// Whether a renewal sent at `now` would let the lock outlive `hold_until` (the server counts
@@ -651,8 +634,8 @@ const MIN_TRY: Duration = Duration::from_millis(100);
 
 /// How a renewal (with its retries) ended.
 enum Renewal {
-    /// Confirmed for the request sent at `sent`, valid until `until`.
-    Confirmed { sent: Instant, until: Instant },
+    /// Confirmed for the request sent at `sent`.
+    Confirmed { sent: Instant },
     /// The next try would let the lock outlive `max_hold`: none was sent.
     MaxHold,
     /// The lease is lost (validity passed, or the backend said so), or the renewal panicked.
@@ -682,12 +665,12 @@ async fn renew_until_confirmed(
         let left = deadline.saturating_duration_since(sent);
         let bound = deadline.min(sent + (left / 2).max(MIN_TRY));
         match tokio::time::timeout_at(bound, lease.renew()).await {
-            Ok(Ok(until)) => {
+            Ok(Ok(_)) => {
                 crate::metrics::renew_validity_left(
                     lease.state().backend(),
                     deadline.saturating_duration_since(Instant::now()),
                 );
-                return Renewal::Confirmed { sent, until };
+                return Renewal::Confirmed { sent };
             }
             Ok(Err(e @ (Error::Lost { .. } | Error::Stale { .. }))) => {
                 tracing::warn!(key = %lease.key(), error = %e, "keeper: renewal refused, lease lost");

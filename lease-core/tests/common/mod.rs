@@ -74,11 +74,11 @@ pub(crate) enum RenewScript {
     Revoked,
     /// Panic (an adapter's bug).
     Panic,
-    /// Confirm, crediting validity from this long before the send (as etcd counts from the
-    /// session's last acknowledged keepalive).
-    Credited(Duration),
     /// The first call never answers (a lost reply); later calls confirm.
     HangFirst,
+    /// Confirm, with validity capped this long after the send (as a session bound caps a
+    /// ZooKeeper or Consul lease, which the session's own heartbeat then extends).
+    CappedAt(Duration),
 }
 
 /// A hand-written `Lease` over `LeaseTracker`, with a scripted `renew` and counters.
@@ -137,9 +137,12 @@ impl Lease for ScriptedLease {
             RenewScript::Lost => Err(self.tracker.lost_error(lease_core::LostReason::Superseded)),
             RenewScript::Revoked => Err(self.tracker.lost_error(lease_core::LostReason::Revoked)),
             RenewScript::Panic => panic!("scripted panic in renew"),
-            RenewScript::Credited(d) => self.tracker.renewed_from(sent - d),
             RenewScript::HangFirst if n == 0 => std::future::pending().await,
             RenewScript::HangFirst => self.tracker.renewed_from(sent),
+            RenewScript::CappedAt(d) => {
+                self.tracker.renewed(sent + d);
+                Ok(sent + d)
+            }
         }
     }
 
