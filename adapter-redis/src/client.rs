@@ -54,8 +54,10 @@ impl CachedFailure {
 /// reconfiguring the server) only when a request fails on it, and a request that fails that way
 /// may or may not have been sent. An idempotent request is then sent again on a new connection,
 /// but such a write can only report `OutcomeUnknown`, although nothing left the process. The
-/// check costs a round trip, paid only by these writes, and only after a pause; a close in the
-/// instant between the `PING` and the write still leaves that write's outcome unknown.
+/// check costs a round trip, paid only by these writes, and only after a pause (a fence write
+/// that waits for replicas goes on a connection of its own, usually idle, so it mostly pays it).
+/// A close less than this before the write (while requests still answered), or between the
+/// `PING` and the write, still leaves that write's outcome unknown.
 const IDLE_CHECK: Duration = Duration::from_secs(1);
 
 #[derive(Default)]
@@ -73,7 +75,7 @@ pub(crate) struct Connection {
     config: RedisConfig,
     /// The client of the server the current connection goes to (with Sentinel: the primary the
     /// last successful open found).
-    client: Mutex<redis::Client>,
+    client: Arc<Mutex<redis::Client>>,
     /// The most replicas a primary reported streaming (`state=online`) at any open so far.
     replicas: AtomicUsize,
     /// The Sentinel that answered last (asked first next time).
@@ -93,6 +95,14 @@ pub(crate) struct Connection {
     /// opened on first use, and which of them goes next.
     waiting: Vec<Connection>,
     next_waiting: AtomicUsize,
+    /// One permit per connection of `waiting` not in use.
+    free_waiting: tokio::sync::Semaphore,
+    /// Held while a write waits on this connection (one of `waiting`): at most one at a time,
+    /// since Redis reads nothing more from a client blocked in `WAIT`.
+    busy: tokio::sync::Mutex<()>,
+    /// One of `waiting`: opens to the server the shared connection last found (with Sentinel)
+    /// instead of asking the Sentinels itself, so that it never writes to another primary.
+    follows: bool,
 }
 
 /// How many connections of their own writes followed by `WAIT` get ([`Connection::eval_and_wait`]).
@@ -101,8 +111,10 @@ pub(crate) struct Connection {
 /// request shares, one grant waiting for a slow replica held up releases, reads and renewals
 /// behind it for up to half the request timeout (long enough for a request queued behind two
 /// of them to time out, which marks every lease in doubt). Writes that wait go on these instead,
-/// in turn; the shared connection never waits.
-const WAITING_CONNECTIONS: usize = 2;
+/// one at a time on each; the shared connection never waits. A write that finds none free within
+/// the request timeout (earlier ones all still waiting for a slow replica) is `Unavailable`,
+/// sent nowhere.
+pub(crate) const WAITING_CONNECTIONS: usize = 2;
 
 impl Connection {
     /// Opens the first connection (and checks durability unless the config opts out).
@@ -117,9 +129,10 @@ impl Connection {
             .set_connection_timeout(Some(config.connect_timeout()))
             .set_response_timeout(Some(config.request_timeout()));
         let on_break = Arc::new(std::sync::OnceLock::new());
-        let lazy = |client: redis::Client, waiting: Vec<Connection>| Connection {
+        let client = Arc::new(Mutex::new(client));
+        let lazy = |waiting: Vec<Connection>| Connection {
             config: config.clone(),
-            client: Mutex::new(client),
+            client: client.clone(),
             replicas: AtomicUsize::new(0),
             sentinel_first: AtomicUsize::new(0),
             async_config: async_config.clone(),
@@ -130,13 +143,14 @@ impl Connection {
             opened: Instant::now(),
             connecting: tokio::sync::Mutex::new(ConnectState::default()),
             on_break: on_break.clone(),
+            follows: waiting.is_empty(),
+            free_waiting: tokio::sync::Semaphore::new(waiting.len()),
             waiting,
             next_waiting: AtomicUsize::new(0),
+            busy: tokio::sync::Mutex::new(()),
         };
-        let waiting = (0..WAITING_CONNECTIONS)
-            .map(|_| lazy(client.clone(), Vec::new()))
-            .collect();
-        let conn = lazy(client, waiting);
+        let waiting = (0..WAITING_CONNECTIONS).map(|_| lazy(Vec::new())).collect();
+        let conn = lazy(waiting);
         conn.get().await?;
         Ok(conn)
     }
@@ -238,8 +252,8 @@ impl Connection {
 
     async fn connect(&self) -> Result<MultiplexedConnection> {
         let client = match self.config.sentinel() {
-            None => self.client(),
-            Some(s) => self.ask_sentinels(s).await?,
+            Some(s) if !self.follows => self.ask_sentinels(s).await?,
+            _ => self.client(),
         };
         let mut conn = tokio::time::timeout(
             self.connect_timeout,
@@ -277,9 +291,11 @@ impl Connection {
                 problems.push(format!("{host}:{port}: not asked (connect timeout spent)"));
                 continue;
             }
-            // An equal share of what is left for each Sentinel not asked yet: one that drops
-            // packets must not spend the whole connect timeout before the others are asked.
-            let share = left / (n - asked) as u32;
+            // An equal share of what is left for each Sentinel not asked yet, so that one that
+            // drops packets does not spend the whole connect timeout before the others are
+            // asked; but never less than half of what is left, or a short timeout over many
+            // Sentinels would leave each too little to answer at all.
+            let share = (left / (n - asked) as u32).max(left / 2);
             let answer = tokio::time::timeout(share, primary_of(host, *port, &s.primary)).await;
             if !matches!(answer, Ok(Ok(Some(_)))) {
                 // Ask it last next time (unless another caller already moved on).
@@ -480,30 +496,49 @@ impl Connection {
         wait: Duration,
     ) -> Result<(redis::Value, i64)> {
         let wait_ms = wait.as_millis().max(1) as u64;
-        let lane = match self.waiting.len() {
-            0 => self,
-            n => &self.waiting[self.next_waiting.fetch_add(1, Ordering::Relaxed) % n],
-        };
-        // A connection of its own reports its primary's replicas as the shared one does: the
-        // count that decides `auto` is never lowered by any of them.
-        let result = lane
-            .run(op, |mut c| async move {
-                let mut pipe = redis::pipe();
-                pipe.cmd("EVALSHA")
-                    .arg(script.get_hash())
-                    .arg(keys.len())
-                    .arg(keys)
-                    .arg(args);
-                pipe.cmd("WAIT").arg(replicas).arg(wait_ms);
-                match pipe.query_async::<(redis::Value, i64)>(&mut c).await {
-                    Err(e) if e.code() == Some("NOSCRIPT") => {
-                        script.load_async(&mut c).await?;
-                        pipe.query_async(&mut c).await
-                    }
-                    other => other,
+        let pipeline = |mut c: MultiplexedConnection| async move {
+            let mut pipe = redis::pipe();
+            pipe.cmd("EVALSHA")
+                .arg(script.get_hash())
+                .arg(keys.len())
+                .arg(keys)
+                .arg(args);
+            pipe.cmd("WAIT").arg(replicas).arg(wait_ms);
+            match pipe.query_async::<(redis::Value, i64)>(&mut c).await {
+                Err(e) if e.code() == Some("NOSCRIPT") => {
+                    script.load_async(&mut c).await?;
+                    pipe.query_async(&mut c).await
                 }
-            })
-            .await;
+                other => other,
+            }
+        };
+        let n = self.waiting.len();
+        if n == 0 {
+            // Called on one of the waiting connections itself (the adapter never does).
+            return self.run(op, pipeline).await;
+        }
+        let bound = self.config.request_timeout();
+        let Ok(Ok(_free)) = tokio::time::timeout(bound, self.free_waiting.acquire()).await else {
+            return Err(Error::Unavailable {
+                backend: BACKEND,
+                message: format!(
+                    "{}: no connection free for a write that waits for replicas within \
+                     {bound:?} (the earlier ones are all still waiting for a replica's \
+                     acknowledgement); nothing was sent",
+                    op.name
+                ),
+                source: None,
+            });
+        };
+        // A permit means one of them is free.
+        let first = self.next_waiting.fetch_add(1, Ordering::Relaxed);
+        let (lane, _busy) = (0..n)
+            .map(|i| &self.waiting[(first + i) % n])
+            .find_map(|c| c.busy.try_lock().ok().map(|g| (c, g)))
+            .expect("a free connection for each permit");
+        let result = lane.run(op, pipeline).await;
+        // A waiting connection counts its primary's replicas as the shared one does: the count
+        // that decides `auto` is never lowered by any of them.
         self.replicas.fetch_max(lane.replicas(), Ordering::Relaxed);
         result
     }

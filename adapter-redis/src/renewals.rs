@@ -24,7 +24,7 @@ use std::time::Duration;
 use lease_core::adapter::batch::{Rounds, RoundsConfig};
 use lease_core::{Error, Result};
 
-use crate::client::Connection;
+use crate::client::{Connection, WAITING_CONNECTIONS};
 use crate::config::ReplicaAcks;
 use crate::error::{bad_reply, ops, wrong_type, BACKEND};
 use crate::keys::LockKeys;
@@ -52,7 +52,9 @@ impl Renewals {
         Renewals {
             rounds: Rounds::new(
                 BACKEND,
-                RoundsConfig::new(ROUND_SPACING, MAX_PER_SCRIPT),
+                // As many scripts in flight as there are connections for writes that wait
+                // (`replica_acks`): more would only queue for them.
+                RoundsConfig::new(ROUND_SPACING, MAX_PER_SCRIPT).parallel(WAITING_CONNECTIONS),
                 move |chunk| {
                     let conn = conn.clone();
                     async move { renew_chunk(&conn, acks, wait, chunk).await }

@@ -148,7 +148,8 @@ async fn grants_wait_for_replica_acknowledgements_and_are_undone_without_them() 
         .query_async(&mut p)
         .await
         .unwrap();
-    // A read first, so the acquire below counts its acknowledgements on the new connection.
+    // A read first, so that the shared connection reconnects (and counts the replicas it finds
+    // now) before the acquire decides how many acknowledgements to wait for.
     assert!(before_kill.inspect(&k3).await.unwrap().is_none());
     match before_kill.try_acquire(&k3, &LeaseOptions::new(ttl)).await {
         Err(Error::Unavailable { message, .. }) => {
@@ -315,14 +316,19 @@ async fn a_grant_waiting_for_replicas_does_not_hold_up_other_requests() {
     // `WAIT` gives up after half of this: 1.5 s.
     let c = Arc::new(coordinator(&primary, "request_timeout_ms=3000").await);
     let ttl = Duration::from_secs(30);
-    let (k1, k2) = (key("held-while-frozen"), key("granted-while-frozen"));
+    let k1 = key("held-while-frozen");
     let held = c.try_acquire(&k1, &LeaseOptions::new(ttl)).await.unwrap();
     // Frozen, the replica stays connected (online) as far as the primary knows.
     replica.pause().unwrap();
-    let pending = {
-        let (c, k2) = (c.clone(), k2.clone());
-        tokio::spawn(async move { c.try_acquire(&k2, &LeaseOptions::new(ttl)).await })
-    };
+    // More grants than connections for writes that wait: each waits its turn on one (at most
+    // one `WAIT` per connection), none queues behind another's `WAIT` until its own request
+    // times out (which would also mark every lease of the coordinator in doubt).
+    let pending: Vec<_> = (0..6)
+        .map(|_| {
+            let (c, k) = (c.clone(), key("granted-while-frozen"));
+            tokio::spawn(async move { c.try_acquire(&k, &LeaseOptions::new(ttl)).await })
+        })
+        .collect();
     let mut admin = raw(&primary).await;
     let blocked = eventually(Duration::from_secs(5), || {
         let mut admin = admin.clone();
@@ -345,16 +351,25 @@ async fn a_grant_waiting_for_replicas_does_not_hold_up_other_requests() {
         c.inspect(&k1).await.unwrap().map(|h| h.token),
         Some(held.token())
     );
-    held.release().await.unwrap();
     let took = asked.elapsed();
     assert!(
         took < Duration::from_millis(700),
-        "inspect and release took {took:?} while a grant waited in WAIT"
+        "inspect took {took:?} while grants waited in WAIT"
     );
-    assert!(matches!(
-        pending.await.unwrap(),
-        Err(Error::Unavailable { .. })
-    ));
+    for p in pending {
+        match p.await.unwrap() {
+            Err(Error::Unavailable { .. }) => {}
+            other => panic!("a grant while the replica is frozen: {other:?}"),
+        }
+    }
+    assert_eq!(
+        held.status(),
+        lease_core::LeaseStatus::Held,
+        "a grant's request timed out behind another's WAIT and marked the leases in doubt"
+    );
+    let asked = Instant::now();
+    held.release().await.unwrap();
+    assert!(asked.elapsed() < Duration::from_millis(700));
     replica.resume().unwrap();
     let _: () = redis::cmd("PING").query_async(&mut admin).await.unwrap();
 }
