@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use adapter_redis::{RedisConfig, RedisCoordinator};
-use conformance_tests::harness::{RedisServer, ServerControl};
+use conformance_tests::harness::RedisServer;
 use conformance_tests::proxy::FaultProxy;
 use lease_core::{Coordinator, Error, Fence, Lease, LeaseOptions, ResourceId, Token};
 use tokio::time::Instant;
