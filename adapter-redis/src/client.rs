@@ -100,9 +100,6 @@ pub(crate) struct Connection {
     /// Held while a write waits on this connection (one of `waiting`): at most one at a time,
     /// since Redis reads nothing more from a client blocked in `WAIT`.
     busy: tokio::sync::Mutex<()>,
-    /// One of `waiting`: opens to the server the shared connection last found (with Sentinel)
-    /// instead of asking the Sentinels itself, so that it never writes to another primary.
-    follows: bool,
 }
 
 /// How many connections of their own writes followed by `WAIT` get ([`Connection::eval_and_wait`]).
@@ -143,7 +140,6 @@ impl Connection {
             opened: Instant::now(),
             connecting: tokio::sync::Mutex::new(ConnectState::default()),
             on_break: on_break.clone(),
-            follows: waiting.is_empty(),
             free_waiting: tokio::sync::Semaphore::new(waiting.len()),
             waiting,
             next_waiting: AtomicUsize::new(0),
@@ -251,9 +247,13 @@ impl Connection {
     }
 
     async fn connect(&self) -> Result<MultiplexedConnection> {
+        // Each connection asks the Sentinels itself (a connection for writes that wait too: one
+        // that only followed the shared connection's primary stayed on a dead primary for as
+        // long as no request of the shared connection failed). The primary found is shared, so
+        // the pub/sub and tracking connections follow whichever connection found it last.
         let client = match self.config.sentinel() {
-            Some(s) if !self.follows => self.ask_sentinels(s).await?,
-            _ => self.client(),
+            Some(s) => self.ask_sentinels(s).await?,
+            None => self.client(),
         };
         let mut conn = tokio::time::timeout(
             self.connect_timeout,
@@ -275,8 +275,9 @@ impl Connection {
     }
 
     /// Asks the Sentinels, in order starting with the one that answered last, where the primary
-    /// is; the whole round is bounded by the connect timeout, each Sentinel by an equal share of
-    /// what is left, and one that fails is asked after the others next time. A Sentinel that
+    /// is; the whole round is bounded by the connect timeout, each Sentinel by a share of what is
+    /// left (equal among those not asked yet, but at least half), and one that fails is asked
+    /// after the others next time. A Sentinel that
     /// does not know the primary's name is a configuration error only when none knows it.
     async fn ask_sentinels(&self, s: &SentinelConfig) -> Result<redis::Client> {
         let n = s.sentinels.len();

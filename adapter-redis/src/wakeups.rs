@@ -197,9 +197,10 @@ async fn pause(cmds: &mut mpsc::UnboundedReceiver<Cmd>, delay: Duration) -> bool
 }
 
 /// The server refused to subscribe to `channel` (`NOPERM`: an ACL user without the channel, as
-/// Redis 7's default `acl-pubsub-default resetchannels` gives): said once per channel at `warn`.
-fn refused(channel: &str, e: &redis::RedisError, warned: &mut HashSet<String>) {
-    if warned.insert(channel.to_owned()) {
+/// Redis 7's default `acl-pubsub-default resetchannels` gives): said at `warn` the first time
+/// (an ACL refuses every channel of the prefix alike; remembering each would grow with the keys).
+fn refused(channel: &str, e: &redis::RedisError, warned: &mut bool) {
+    if !std::mem::replace(warned, true) {
         tracing::warn!(
             backend = BACKEND,
             channel,
@@ -218,8 +219,8 @@ async fn run(
     request_timeout: Duration,
 ) {
     let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
-    // Channels the server refused, each logged once.
-    let mut warned: HashSet<String> = HashSet::new();
+    // Whether a refused subscription was logged.
+    let mut warned = false;
     loop {
         // Connect (the first connection comes from `start`).
         let (mut sink, mut stream) = match first.take() {
