@@ -140,9 +140,9 @@ pub trait Coordinator: Send + Sync + fmt::Debug {
 
     /// Removes the lock on `key` whoever holds it, recording `request`'s actor and reason (in
     /// the backend's audit trail, read with [`audit_trail`](Coordinator::audit_trail), and in a
-    /// `warn` log event and the `fenced_forced_releases_total` counter when a holder was
-    /// removed). Returns the holder that was removed, or `None` if the key was free (counted
-    /// nowhere: nothing was removed).
+    /// `warn` log event, and in the `fenced_forced_releases_total` counter when a holder was
+    /// removed). Returns the holder that was removed, or `None` if the key was free (logged, not
+    /// counted: nothing was removed).
     ///
     /// One removal is not `Ok`: on Redis, a value something else wrote under a key for which no
     /// token was ever issued has no holder to report; it is removed, audited, logged and

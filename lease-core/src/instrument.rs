@@ -130,8 +130,15 @@ impl<C: Coordinator> Coordinator for Instrumented<C> {
             .instrument(tracing::info_span!("lease.force_release", backend, key = %key))
             .await;
         if let Ok(None) = &result {
-            // The key was free: nothing was removed, nothing to count or warn about.
-            tracing::info!(backend, key = %key, actor = request.actor(), "force-release found the key free");
+            // The key was free: an operator's action all the same (one warning, as for every
+            // force-release), but nothing was removed, so the counter does not move.
+            tracing::warn!(
+                backend,
+                key = %key,
+                actor = request.actor(),
+                reason = request.reason(),
+                "force-release found the key free; nothing removed"
+            );
         }
         if let Ok(Some(removed)) = &result {
             metrics::forced_release(backend);

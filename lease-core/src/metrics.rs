@@ -386,8 +386,8 @@ mod tests {
             .collect()
     }
 
-    /// A force-release that finds the key free removed nothing: it is neither counted nor
-    /// logged as a forced release (an alerting counter must not move on a no-op).
+    /// A force-release that finds the key free removed nothing: it is not counted as a forced
+    /// release (an alerting counter must not move on a no-op).
     #[test]
     fn a_force_release_of_a_free_key_is_not_counted() {
         let seen = record(|| async {
