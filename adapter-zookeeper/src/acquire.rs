@@ -80,6 +80,17 @@ enum Mode {
     Wait(Instant),
 }
 
+impl Mode {
+    /// Whether a waiter's bound has passed (never for `try_acquire`, which gives up at once by
+    /// other means).
+    fn expired(&self) -> bool {
+        match self {
+            Mode::Try => false,
+            Mode::Wait(d) => Instant::now() >= *d,
+        }
+    }
+}
+
 enum Turn {
     /// First among the contenders: as a `getChildren` sent at `sent` in connection `epoch` saw,
     /// or (`watch` given) as the deletion of the holder we waited behind showed, our node
@@ -149,11 +160,7 @@ impl ZkCoordinator {
                 }
                 Turn::Vanished => {
                     restarts += 1;
-                    let expired = match mode {
-                        Mode::Try => false,
-                        Mode::Wait(d) => Instant::now() >= d,
-                    };
-                    if restarts > MAX_RESTARTS || expired {
+                    if restarts > MAX_RESTARTS || mode.expired() {
                         return Err(busy(key, &mode, start));
                     }
                     tracing::debug!(key = %key, node = %node.path, "contender node vanished; starting over");
@@ -188,11 +195,7 @@ impl ZkCoordinator {
                 }
                 Err(None) => {
                     restarts += 1;
-                    let expired = match mode {
-                        Mode::Try => false,
-                        Mode::Wait(d) => Instant::now() >= d,
-                    };
-                    if restarts > MAX_RESTARTS || expired {
+                    if restarts > MAX_RESTARTS || mode.expired() {
                         return Err(busy(key, &mode, start));
                     }
                     continue;
