@@ -1,6 +1,7 @@
-//! The command connection: one multiplexed connection, reopened after it breaks, checked for
-//! durability and replication every time it is opened. With `redis+sentinel://`, every open asks
-//! the Sentinels for the primary first and checks that it answers `ROLE master`.
+//! The command connection: one multiplexed connection every request shares, and two more for
+//! writes followed by `WAIT`. Each is reopened after it breaks and checked for durability and
+//! replication every time it is opened. With `redis+sentinel://`, every open asks the Sentinels
+//! for the primary first and checks that it answers `ROLE master`.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -60,48 +61,6 @@ impl CachedFailure {
 /// `PING` and the write, still leaves that write's outcome unknown.
 const IDLE_CHECK: Duration = Duration::from_secs(1);
 
-#[derive(Default)]
-struct ConnectState {
-    generation: u64,
-    last_failure: Option<(Instant, CachedFailure)>,
-}
-
-/// One multiplexed command connection, opened lazily again after it broke.
-///
-/// Every request goes through [`Connection::run`], which maps errors in one place
-/// ([`crate::error`]) and drops a connection that redis-rs reports as unusable (or that timed
-/// out: a half-open TCP connection never recovers by itself).
-pub(crate) struct Connection {
-    config: RedisConfig,
-    /// The client of the server the current connection goes to (with Sentinel: the primary the
-    /// last successful open found).
-    client: Arc<Mutex<redis::Client>>,
-    /// The most replicas a primary reported streaming (`state=online`) at any open so far.
-    replicas: AtomicUsize,
-    /// The Sentinel that answered last (asked first next time).
-    sentinel_first: AtomicUsize,
-    async_config: AsyncConnectionConfig,
-    connect_timeout: Duration,
-    verify_durability: bool,
-    current: Mutex<Option<(u64, MultiplexedConnection)>>,
-    /// When the connection last answered, in nanoseconds since `opened` (see [`IDLE_CHECK`]).
-    answered: AtomicU64,
-    opened: Instant,
-    connecting: tokio::sync::Mutex<ConnectState>,
-    /// Called when a request finds the connection broken (no reply in time, or dropped): the
-    /// coordinator marks its leases in doubt.
-    on_break: Arc<std::sync::OnceLock<Box<dyn Fn() + Send + Sync>>>,
-    /// The connections [`Self::eval_and_wait`] runs on (empty on those connections themselves),
-    /// opened on first use, and which of them goes next.
-    waiting: Vec<Connection>,
-    next_waiting: AtomicUsize,
-    /// One permit per connection of `waiting` not in use.
-    free_waiting: tokio::sync::Semaphore,
-    /// Held while a write waits on this connection (one of `waiting`): at most one at a time,
-    /// since Redis reads nothing more from a client blocked in `WAIT`.
-    busy: tokio::sync::Mutex<()>,
-}
-
 /// How many connections of their own writes followed by `WAIT` get ([`Connection::eval_and_wait`]).
 ///
 /// Redis reads nothing more from a client blocked in `WAIT`: on the connection every other
@@ -113,6 +72,60 @@ pub(crate) struct Connection {
 /// sent nowhere.
 pub(crate) const WAITING_CONNECTIONS: usize = 2;
 
+/// The command connection: the one every request shares, and [`WAITING_CONNECTIONS`] more for
+/// writes followed by `WAIT`, each opened on first use.
+///
+/// Every request goes through [`Connection::run`] (or the `eval` methods), which maps errors in
+/// one place ([`crate::error`]) and drops a connection that redis-rs reports as unusable (or
+/// that timed out: a half-open TCP connection never recovers by itself).
+pub(crate) struct Connection {
+    shared: Arc<Shared>,
+    /// The connection every request but those of [`Self::eval_and_wait`] goes on.
+    main: Lane,
+    /// The connections [`Self::eval_and_wait`] runs on, each with the lock held while a write
+    /// waits on it (one at a time: Redis reads nothing more from a client blocked in `WAIT`).
+    waiting: Vec<(Lane, tokio::sync::Mutex<()>)>,
+    /// Which of `waiting` is tried first next.
+    next_waiting: AtomicUsize,
+    /// One permit per connection of `waiting` not in use.
+    free_waiting: tokio::sync::Semaphore,
+}
+
+/// What every connection of a [`Connection`] shares.
+struct Shared {
+    config: RedisConfig,
+    /// The client of the primary the last successful open found (without Sentinel: the one
+    /// server). Each connection asks the Sentinels itself (one that only followed another's
+    /// primary stayed on a dead primary for as long as no request of the other failed); the
+    /// pub/sub and tracking connections follow whichever found it last.
+    client: Mutex<redis::Client>,
+    /// The most replicas a primary reported streaming (`state=online`) at any open so far.
+    replicas: AtomicUsize,
+    /// The Sentinel that answered last (asked first next time).
+    sentinel_first: AtomicUsize,
+    async_config: AsyncConnectionConfig,
+    verify_durability: bool,
+    /// Called when a request finds a connection broken (no reply in time, or dropped): the
+    /// coordinator marks its leases in doubt.
+    on_break: std::sync::OnceLock<Box<dyn Fn() + Send + Sync>>,
+}
+
+/// One multiplexed connection, opened lazily again after it broke.
+struct Lane {
+    shared: Arc<Shared>,
+    current: Mutex<Option<(u64, MultiplexedConnection)>>,
+    /// When the connection last answered, in nanoseconds since `opened` (see [`IDLE_CHECK`]).
+    answered: AtomicU64,
+    opened: Instant,
+    connecting: tokio::sync::Mutex<ConnectState>,
+}
+
+#[derive(Default)]
+struct ConnectState {
+    generation: u64,
+    last_failure: Option<(Instant, CachedFailure)>,
+}
+
 impl Connection {
     /// Opens the first connection (and checks durability unless the config opts out).
     pub(crate) async fn open(config: &RedisConfig) -> Result<Self> {
@@ -122,48 +135,40 @@ impl Connection {
     /// Like [`Connection::open`], through `client` (an application's own redis-rs client; with
     /// Sentinel, only until the first reconnect asks the Sentinels).
     pub(crate) async fn open_with(config: &RedisConfig, client: redis::Client) -> Result<Self> {
-        let async_config = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(config.connect_timeout()))
-            .set_response_timeout(Some(config.request_timeout()));
-        let on_break = Arc::new(std::sync::OnceLock::new());
-        let client = Arc::new(Mutex::new(client));
-        let lazy = |waiting: Vec<Connection>| Connection {
+        let shared = Arc::new(Shared {
             config: config.clone(),
-            client: client.clone(),
+            client: Mutex::new(client),
             replicas: AtomicUsize::new(0),
             sentinel_first: AtomicUsize::new(0),
-            async_config: async_config.clone(),
-            connect_timeout: config.connect_timeout(),
+            async_config: AsyncConnectionConfig::new()
+                .set_connection_timeout(Some(config.connect_timeout()))
+                .set_response_timeout(Some(config.request_timeout())),
             verify_durability: !config.volatile_tokens(),
-            current: Mutex::new(None),
-            answered: AtomicU64::new(0),
-            opened: Instant::now(),
-            connecting: tokio::sync::Mutex::new(ConnectState::default()),
-            on_break: on_break.clone(),
-            free_waiting: tokio::sync::Semaphore::new(waiting.len()),
-            waiting,
+            on_break: std::sync::OnceLock::new(),
+        });
+        let conn = Connection {
+            main: Lane::new(&shared),
+            waiting: (0..WAITING_CONNECTIONS)
+                .map(|_| (Lane::new(&shared), tokio::sync::Mutex::new(())))
+                .collect(),
             next_waiting: AtomicUsize::new(0),
-            busy: tokio::sync::Mutex::new(()),
+            free_waiting: tokio::sync::Semaphore::new(WAITING_CONNECTIONS),
+            shared,
         };
-        let waiting = (0..WAITING_CONNECTIONS).map(|_| lazy(Vec::new())).collect();
-        let conn = lazy(waiting);
-        conn.get().await?;
+        conn.main.get().await?;
         Ok(conn)
     }
 
-    /// The redis-rs client of the server the command connection last opened to (for the pub/sub
-    /// and tracking connections: with Sentinel, the current primary as last found).
+    /// The redis-rs client of the server a connection last opened to (for the pub/sub and
+    /// tracking connections: with Sentinel, the current primary as last found).
     pub(crate) fn client(&self) -> redis::Client {
-        self.client
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.shared.client()
     }
 
     /// The most replicas a primary reported streaming (`state=online`) when a connection was
     /// opened (never lowered by a later open).
     pub(crate) fn replicas(&self) -> usize {
-        self.replicas.load(Ordering::Relaxed)
+        self.shared.replicas.load(Ordering::Relaxed)
     }
 
     /// How many replica acknowledgements a write waits for under `asked` (`replica_acks`;
@@ -175,10 +180,147 @@ impl Connection {
         }
     }
 
-    /// Sets what to do when a request finds the connection broken (once; later calls are
+    /// Sets what to do when a request finds a connection broken (once; later calls are
     /// ignored).
     pub(crate) fn set_on_break(&self, f: Box<dyn Fn() + Send + Sync>) {
-        let _ = self.on_break.set(f);
+        let _ = self.shared.on_break.set(f);
+    }
+
+    /// The current shared connection and its generation (for [`Self::discard`]), opening one
+    /// if needed.
+    pub(crate) async fn raw(&self) -> Result<(u64, MultiplexedConnection)> {
+        self.main.get().await
+    }
+
+    /// The connect timeout.
+    pub(crate) fn connect_timeout(&self) -> Duration {
+        self.shared.config.connect_timeout()
+    }
+
+    /// Forgets the shared connection of `generation` (or any, for `None`) so the next request
+    /// opens a new one. Requests in flight on it finish or fail by themselves.
+    pub(crate) fn discard(&self, generation: Option<u64>) {
+        self.main.discard(generation);
+    }
+
+    /// Runs one request on the shared connection and maps its error.
+    ///
+    /// A connection found dropped (the server closed it, for example on a restart, before or
+    /// while the request was sent) is replaced, and an idempotent request is sent once more on the
+    /// new connection. A non-idempotent write, or a retry that cannot connect, reports the first
+    /// failure (`OutcomeUnknown` for a write).
+    pub(crate) async fn run<T, F, Fut>(&self, op: Op, f: F) -> Result<T>
+    where
+        F: Fn(MultiplexedConnection) -> Fut,
+        Fut: Future<Output = RedisResult<T>>,
+    {
+        self.main.run_noting_resend(op, f).await.0
+    }
+
+    /// Runs `script` (`EVALSHA`, loading it on `NOSCRIPT`) with `keys` and `args`.
+    pub(crate) async fn eval(
+        &self,
+        op: Op,
+        script: &redis::Script,
+        keys: &[&str],
+        args: &[&[u8]],
+    ) -> Result<redis::Value> {
+        self.eval_noting_resend(op, script, keys, args).await.0
+    }
+
+    /// [`Self::eval`], also saying whether the reply is that of a write sent again after its
+    /// first send's connection dropped (the first send may have applied: an answer of "not
+    /// ours" may be its own doing).
+    pub(crate) async fn eval_noting_resend(
+        &self,
+        op: Op,
+        script: &redis::Script,
+        keys: &[&str],
+        args: &[&[u8]],
+    ) -> (Result<redis::Value>, bool) {
+        // One `EVALSHA` command built in place: redis-rs's `ScriptInvocation` copies every key
+        // and argument into a vector of its own, then again into the command (measured with
+        // lease-bench under `perf`: the largest allocation site of an acquire+release).
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(script.get_hash())
+            .arg(keys.len())
+            .arg(keys)
+            .arg(args);
+        let cmd = &cmd;
+        self.main
+            .run_noting_resend(op, |mut c| async move {
+                match cmd.query_async(&mut c).await {
+                    Err(e) if e.code() == Some("NOSCRIPT") => {
+                        script.load_async(&mut c).await?;
+                        cmd.query_async(&mut c).await
+                    }
+                    other => other,
+                }
+            })
+            .await
+    }
+
+    /// Like [`Self::eval`], then `WAIT replicas wait_ms` in the same pipeline (one round trip,
+    /// the same connection, so the `WAIT` covers the script's writes): the script's reply and how
+    /// many replicas acknowledged. Runs on one of the connections kept for this
+    /// ([`WAITING_CONNECTIONS`]), never on the one every other request shares.
+    pub(crate) async fn eval_and_wait(
+        &self,
+        op: Op,
+        script: &redis::Script,
+        keys: &[&str],
+        args: &[&[u8]],
+        replicas: usize,
+        wait: Duration,
+    ) -> Result<(redis::Value, i64)> {
+        let bound = self.shared.config.request_timeout();
+        let Ok(Ok(_free)) = tokio::time::timeout(bound, self.free_waiting.acquire()).await else {
+            return Err(Error::Unavailable {
+                backend: BACKEND,
+                message: format!(
+                    "{}: no connection free for a write that waits for replicas within \
+                     {bound:?} (the earlier ones are all still waiting for a replica's \
+                     acknowledgement); nothing was sent",
+                    op.name
+                ),
+                source: None,
+            });
+        };
+        // A permit means one of them is free.
+        let n = self.waiting.len();
+        let first = self.next_waiting.fetch_add(1, Ordering::Relaxed);
+        let (lane, _busy) = (0..n)
+            .map(|i| &self.waiting[(first + i) % n])
+            .find_map(|(lane, busy)| busy.try_lock().ok().map(|g| (lane, g)))
+            .expect("a free connection for each permit");
+        let wait_ms = wait.as_millis().max(1) as u64;
+        lane.run_noting_resend(op, |mut c| async move {
+            let mut pipe = redis::pipe();
+            pipe.cmd("EVALSHA")
+                .arg(script.get_hash())
+                .arg(keys.len())
+                .arg(keys)
+                .arg(args);
+            pipe.cmd("WAIT").arg(replicas).arg(wait_ms);
+            match pipe.query_async::<(redis::Value, i64)>(&mut c).await {
+                Err(e) if e.code() == Some("NOSCRIPT") => {
+                    script.load_async(&mut c).await?;
+                    pipe.query_async(&mut c).await
+                }
+                other => other,
+            }
+        })
+        .await
+        .0
+    }
+}
+
+impl Shared {
+    fn client(&self) -> redis::Client {
+        self.client
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     fn broke(&self, e: &redis::RedisError) {
@@ -189,78 +331,20 @@ impl Connection {
         }
     }
 
-    /// The current connection and its generation (for [`Self::discard`]), opening one if needed.
-    pub(crate) async fn raw(&self) -> Result<(u64, MultiplexedConnection)> {
-        self.get().await
-    }
-
-    /// The connect timeout.
-    pub(crate) fn connect_timeout(&self) -> Duration {
-        self.connect_timeout
-    }
-
-    fn lock_current(&self) -> std::sync::MutexGuard<'_, Option<(u64, MultiplexedConnection)>> {
-        self.current.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Records that the connection answered now.
-    fn note_answer(&self) {
-        let since = self.opened.elapsed().as_nanos() as u64;
-        self.answered.fetch_max(since, Ordering::Relaxed);
-    }
-
-    /// How long since the connection last answered (or was opened).
-    fn idle(&self) -> Duration {
-        let answered = Duration::from_nanos(self.answered.load(Ordering::Relaxed));
-        self.opened.elapsed().saturating_sub(answered)
-    }
-
-    /// The current connection, opening (and checking) a new one if there is none.
-    async fn get(&self) -> Result<(u64, MultiplexedConnection)> {
-        if let Some(c) = self.lock_current().clone() {
-            return Ok(c);
-        }
-        let started = Instant::now();
-        let mut state = self.connecting.lock().await;
-        if let Some(c) = self.lock_current().clone() {
-            return Ok(c);
-        }
-        if let Some((at, failure)) = &state.last_failure {
-            if *at >= started {
-                return Err(failure.to_error());
-            }
-        }
-        match self.connect().await {
-            Ok(conn) => {
-                state.generation += 1;
-                state.last_failure = None;
-                let entry = (state.generation, conn);
-                *self.lock_current() = Some(entry.clone());
-                self.note_answer();
-                Ok(entry)
-            }
-            Err(e) => {
-                state.last_failure = Some((Instant::now(), CachedFailure::of(&e)));
-                Err(e)
-            }
-        }
-    }
-
+    /// Opens a connection to the primary (with Sentinel: asking the Sentinels where it is) and
+    /// checks it, raising the replica count to what it reports.
     async fn connect(&self) -> Result<MultiplexedConnection> {
-        // Each connection asks the Sentinels itself (a connection for writes that wait too: one
-        // that only followed the shared connection's primary stayed on a dead primary for as
-        // long as no request of the shared connection failed). The primary found is shared, so
-        // the pub/sub and tracking connections follow whichever connection found it last.
         let client = match self.config.sentinel() {
             Some(s) => self.ask_sentinels(s).await?,
             None => self.client(),
         };
+        let connect_timeout = self.config.connect_timeout();
         let mut conn = tokio::time::timeout(
-            self.connect_timeout,
+            connect_timeout,
             client.get_multiplexed_async_connection_with_config(&self.async_config),
         )
         .await
-        .map_err(|_| error::connect_timed_out(self.connect_timeout))?
+        .map_err(|_| error::connect_timed_out(connect_timeout))?
         .map_err(error::connect_failed)?;
         if self.verify_durability {
             check_durability(&mut conn).await?;
@@ -282,7 +366,7 @@ impl Connection {
     async fn ask_sentinels(&self, s: &SentinelConfig) -> Result<redis::Client> {
         let n = s.sentinels.len();
         let first = self.sentinel_first.load(Ordering::Relaxed) % n;
-        let deadline = Instant::now() + self.connect_timeout;
+        let deadline = Instant::now() + self.config.connect_timeout();
         let mut problems = Vec::new();
         let mut unknown = 0;
         for (asked, i) in (0..n).map(|i| (i, (first + i) % n)) {
@@ -340,10 +424,69 @@ impl Connection {
             source: None,
         })
     }
+}
 
-    /// Forgets the connection of `generation` (or any, for `None`) so the next request opens a
-    /// new one. Requests in flight on it finish or fail by themselves.
-    pub(crate) fn discard(&self, generation: Option<u64>) {
+impl Lane {
+    fn new(shared: &Arc<Shared>) -> Self {
+        Lane {
+            shared: shared.clone(),
+            current: Mutex::new(None),
+            answered: AtomicU64::new(0),
+            opened: Instant::now(),
+            connecting: tokio::sync::Mutex::new(ConnectState::default()),
+        }
+    }
+
+    fn lock_current(&self) -> std::sync::MutexGuard<'_, Option<(u64, MultiplexedConnection)>> {
+        self.current.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Records that the connection answered now.
+    fn note_answer(&self) {
+        let since = self.opened.elapsed().as_nanos() as u64;
+        self.answered.fetch_max(since, Ordering::Relaxed);
+    }
+
+    /// How long since the connection last answered (or was opened).
+    fn idle(&self) -> Duration {
+        let answered = Duration::from_nanos(self.answered.load(Ordering::Relaxed));
+        self.opened.elapsed().saturating_sub(answered)
+    }
+
+    /// The current connection and its generation, opening (and checking) a new one if there is
+    /// none. Callers queued behind a failed open get its failure at once.
+    async fn get(&self) -> Result<(u64, MultiplexedConnection)> {
+        if let Some(c) = self.lock_current().clone() {
+            return Ok(c);
+        }
+        let started = Instant::now();
+        let mut state = self.connecting.lock().await;
+        if let Some(c) = self.lock_current().clone() {
+            return Ok(c);
+        }
+        if let Some((at, failure)) = &state.last_failure {
+            if *at >= started {
+                return Err(failure.to_error());
+            }
+        }
+        match self.shared.connect().await {
+            Ok(conn) => {
+                state.generation += 1;
+                state.last_failure = None;
+                let entry = (state.generation, conn);
+                *self.lock_current() = Some(entry.clone());
+                self.note_answer();
+                Ok(entry)
+            }
+            Err(e) => {
+                state.last_failure = Some((Instant::now(), CachedFailure::of(&e)));
+                Err(e)
+            }
+        }
+    }
+
+    /// Forgets the connection of `generation` (or any, for `None`).
+    fn discard(&self, generation: Option<u64>) {
         let mut current = self.lock_current();
         if current
             .as_ref()
@@ -353,24 +496,9 @@ impl Connection {
         }
     }
 
-    /// Runs one request on the connection and maps its error.
-    ///
-    /// A connection found dropped (the server closed it, for example on a restart, before or
-    /// while the request was sent) is replaced, and an idempotent request is sent once more on the
-    /// new connection. A non-idempotent write, or a retry that cannot connect, reports the first
-    /// failure (`OutcomeUnknown` for a write).
-    pub(crate) async fn run<T, F, Fut>(&self, op: Op, f: F) -> Result<T>
-    where
-        F: Fn(MultiplexedConnection) -> Fut,
-        Fut: Future<Output = RedisResult<T>>,
-    {
-        self.run_noting_resend(op, f).await.0
-    }
-
-    /// [`Self::run`], also saying whether the outcome is that of a write sent again after its
-    /// first send's connection dropped (the first send may have applied: an answer of "not
-    /// ours" may be its own doing).
-    pub(crate) async fn run_noting_resend<T, F, Fut>(&self, op: Op, f: F) -> (Result<T>, bool)
+    /// [`Connection::run`] on this connection, also saying whether the outcome is that of a
+    /// write sent again after its first send's connection dropped.
+    async fn run_noting_resend<T, F, Fut>(&self, op: Op, f: F) -> (Result<T>, bool)
     where
         F: Fn(MultiplexedConnection) -> Fut,
         Fut: Future<Output = RedisResult<T>>,
@@ -384,7 +512,7 @@ impl Connection {
                 Ok(()) => self.note_answer(),
                 Err(e) if e.is_timeout() || e.is_io_error() || e.is_connection_dropped() => {
                     tracing::debug!(backend = BACKEND, error = %e, "idle command connection found closed; opening a new one");
-                    self.broke(&e);
+                    self.shared.broke(&e);
                     self.discard(Some(generation));
                     (generation, conn) = match self.get().await {
                         Ok(c) => c,
@@ -402,7 +530,7 @@ impl Connection {
             }
             Err(e) => e,
         };
-        self.broke(&first);
+        self.shared.broke(&first);
         if first.is_unrecoverable_error() || first.is_timeout() || demoted(&first) {
             self.discard(Some(generation));
         }
@@ -422,7 +550,7 @@ impl Connection {
                 (Ok(v), op.writes)
             }
             Err(e) => {
-                self.broke(&e);
+                self.shared.broke(&e);
                 if e.is_unrecoverable_error() || e.is_timeout() {
                     self.discard(Some(generation));
                 }
@@ -436,112 +564,6 @@ impl Connection {
                 }
             }
         }
-    }
-}
-
-impl Connection {
-    /// Runs `script` (`EVALSHA`, loading it on `NOSCRIPT`) with `keys` and `args`.
-    pub(crate) async fn eval(
-        &self,
-        op: Op,
-        script: &redis::Script,
-        keys: &[&str],
-        args: &[&[u8]],
-    ) -> Result<redis::Value> {
-        self.eval_noting_resend(op, script, keys, args).await.0
-    }
-
-    /// [`Self::eval`], also saying whether the reply is that of a resend after the first send's
-    /// connection dropped ([`Self::run_noting_resend`]).
-    pub(crate) async fn eval_noting_resend(
-        &self,
-        op: Op,
-        script: &redis::Script,
-        keys: &[&str],
-        args: &[&[u8]],
-    ) -> (Result<redis::Value>, bool) {
-        // One `EVALSHA` command built in place: redis-rs's `ScriptInvocation` copies every key
-        // and argument into a vector of its own, then again into the command (measured with
-        // lease-bench under `perf`: the largest allocation site of an acquire+release).
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(script.get_hash())
-            .arg(keys.len())
-            .arg(keys)
-            .arg(args);
-        let cmd = &cmd;
-        self.run_noting_resend(op, |mut c| async move {
-            match cmd.query_async(&mut c).await {
-                Err(e) if e.code() == Some("NOSCRIPT") => {
-                    script.load_async(&mut c).await?;
-                    cmd.query_async(&mut c).await
-                }
-                other => other,
-            }
-        })
-        .await
-    }
-}
-
-impl Connection {
-    /// Like [`Self::eval`], then `WAIT replicas wait_ms` in the same pipeline (one round trip,
-    /// the same connection, so the `WAIT` covers the script's writes): the script's reply and how
-    /// many replicas acknowledged. Runs on one of the connections kept for this
-    /// ([`WAITING_CONNECTIONS`]), never on the one every other request shares.
-    pub(crate) async fn eval_and_wait(
-        &self,
-        op: Op,
-        script: &redis::Script,
-        keys: &[&str],
-        args: &[&[u8]],
-        replicas: usize,
-        wait: Duration,
-    ) -> Result<(redis::Value, i64)> {
-        let wait_ms = wait.as_millis().max(1) as u64;
-        let pipeline = |mut c: MultiplexedConnection| async move {
-            let mut pipe = redis::pipe();
-            pipe.cmd("EVALSHA")
-                .arg(script.get_hash())
-                .arg(keys.len())
-                .arg(keys)
-                .arg(args);
-            pipe.cmd("WAIT").arg(replicas).arg(wait_ms);
-            match pipe.query_async::<(redis::Value, i64)>(&mut c).await {
-                Err(e) if e.code() == Some("NOSCRIPT") => {
-                    script.load_async(&mut c).await?;
-                    pipe.query_async(&mut c).await
-                }
-                other => other,
-            }
-        };
-        let n = self.waiting.len();
-        if n == 0 {
-            // Called on one of the waiting connections itself (the adapter never does).
-            return self.run(op, pipeline).await;
-        }
-        let bound = self.config.request_timeout();
-        let Ok(Ok(_free)) = tokio::time::timeout(bound, self.free_waiting.acquire()).await else {
-            return Err(Error::Unavailable {
-                backend: BACKEND,
-                message: format!(
-                    "{}: no connection free for a write that waits for replicas within \
-                     {bound:?} (the earlier ones are all still waiting for a replica's \
-                     acknowledgement); nothing was sent",
-                    op.name
-                ),
-                source: None,
-            });
-        };
-        // A permit means one of them is free.
-        let first = self.next_waiting.fetch_add(1, Ordering::Relaxed);
-        let (lane, _busy) = (0..n)
-            .map(|i| &self.waiting[(first + i) % n])
-            .find_map(|c| c.busy.try_lock().ok().map(|g| (c, g)))
-            .expect("a free connection for each permit");
-        let result = lane.run(op, pipeline).await;
-        // A waiting connection counts its primary's replicas as the shared one does: the count
-        // that decides `auto` is never lowered by any of them.
-        self.replicas.fetch_max(lane.replicas(), Ordering::Relaxed);
-        result
     }
 }
 
