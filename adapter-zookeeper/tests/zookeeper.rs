@@ -26,9 +26,14 @@ async fn server(test: &str) -> Option<ZooKeeperServer> {
 /// A config for the harness server, whose `tickTime` (200 ms) is known: the follower-touch
 /// margin (decision 0017) need not assume half the session timeout.
 fn config(addr: impl std::fmt::Display, session_ms: u64) -> ZkConfig {
+    config_with(addr, session_ms, "")
+}
+
+/// [`config`] with more URL options (`&name=value...`).
+fn config_with(addr: impl std::fmt::Display, session_ms: u64, more: &str) -> ZkConfig {
     let base = format!("/adapter-test-{:08x}", rand::random::<u32>());
     ZkConfig::from_url(&format!(
-        "zk://{addr}{base}?session_timeout_ms={session_ms}&tick_ms=200&digest=alice:{PASSWORD}"
+        "zk://{addr}{base}?session_timeout_ms={session_ms}&tick_ms=200&digest=alice:{PASSWORD}{more}"
     ))
     .expect("valid url")
 }
@@ -743,12 +748,7 @@ async fn only_a_sync_extends_validity_never_a_read_answered_alone() {
         return;
     };
     let proxy = SyncSwallower::start(server.addr()).await;
-    let base = format!("/adapter-test-{:08x}", rand::random::<u32>());
-    let cfg = ZkConfig::from_url(&format!(
-        "zk://{}{base}?session_timeout_ms=2000&request_timeout_ms=400&tick_ms=200&digest=alice:{PASSWORD}",
-        proxy.addr
-    ))
-    .unwrap();
+    let cfg = config_with(proxy.addr, 2000, "&request_timeout_ms=400");
     let coord = ZkCoordinator::connect(cfg).await.unwrap();
     let session = coord.session_timeout();
     let key: LockKey = "sync-only".parse().unwrap();
@@ -1384,12 +1384,7 @@ async fn a_lease_whose_check_after_a_reconnect_timed_out_is_checked_again() {
         return;
     };
     let proxy = FaultProxy::start(server.addr()).await.unwrap();
-    let base = format!("/adapter-test-{:08x}", rand::random::<u32>());
-    let cfg = ZkConfig::from_url(&format!(
-        "zk://{}{base}?session_timeout_ms=6000&tick_ms=200&request_timeout_ms=200&digest=alice:{PASSWORD}",
-        proxy.addr()
-    ))
-    .unwrap();
+    let cfg = config_with(proxy.addr(), 6000, "&request_timeout_ms=200");
     let coord = ZkCoordinator::connect(cfg).await.unwrap();
     let key: LockKey = "check-again".parse().unwrap();
     let lease = coord
@@ -1427,18 +1422,13 @@ async fn a_waiter_cut_off_returns_at_its_wait_bound() {
         return;
     };
     let proxy = FaultProxy::start(server.addr()).await.unwrap();
-    let base = format!("/adapter-test-{:08x}", rand::random::<u32>());
-    let url = |addr: std::net::SocketAddr| {
-        ZkConfig::from_url(&format!(
-            "zk://{addr}{base}?session_timeout_ms=6000&tick_ms=200&digest=alice:{PASSWORD}"
-        ))
-        .unwrap()
-    };
-    let holder = ZkCoordinator::connect(url(server.addr())).await.unwrap();
-    let waiter = Arc::new(ZkCoordinator::connect(url(proxy.addr())).await.unwrap());
+    let cfg = config(server.addr(), 6000);
+    let holder = ZkCoordinator::connect(cfg.clone()).await.unwrap();
+    let through_proxy = cfg.clone().with_hosts([proxy.addr().to_string()]).unwrap();
+    let waiter = Arc::new(ZkCoordinator::connect(through_proxy).await.unwrap());
     let observer = raw_client(server.addr(), Some(&format!("alice:{PASSWORD}"))).await;
     let key: LockKey = "cut-off-waiter".parse().unwrap();
-    let lock = url(server.addr()).lock_path(&key);
+    let lock = cfg.lock_path(&key);
     let held = holder
         .acquire(&key, &LeaseOptions::new(Duration::from_secs(6)))
         .await
