@@ -159,15 +159,17 @@ impl Lease for EtcdLease {
     /// call started (batched with other renewals, see the crate's `confirm` module), and validity counts
     /// from the earlier of the call's start and the session's last acknowledged keepalive, as
     /// at the grant. The session sends its keepalives every third of its TTL on its own; a
-    /// renewal asks for one only when the last acknowledged one is older than half the TTL (the
-    /// stream is slow or being re-opened), and then waits for it, so renewals cost no
-    /// keepalives of their own while the session is healthy.
+    /// renewal asks for one when the last acknowledged one is older than a twentieth of the TTL,
+    /// and then waits for it. So validity never counts from more than that before the call, and
+    /// a keeper renewing as late as 9/10 of the window (the most `renew_fraction` allows)
+    /// renews before it ends; the cost is one keepalive per session at most every twentieth of
+    /// the TTL while renewals run, whatever the number of leases (one in flight serves all).
     async fn renew(&self) -> Result<Instant> {
         self.tracker.ensure_not_lost()?;
         let sent = Instant::now();
         let timeout = self.shared.handle.config.request_timeout();
         let session = &self.shared.session;
-        let stale = sent.saturating_duration_since(session.acked_sent()) > session.ttl() / 2;
+        let stale = sent.saturating_duration_since(session.acked_sent()) > session.ttl() / 20;
         let (confirmed, read) = tokio::join!(
             async {
                 if stale {

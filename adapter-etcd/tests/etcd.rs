@@ -1599,3 +1599,32 @@ async fn a_key_detached_while_waiting_is_attached_again_once_granted() {
     assert_eq!(lease.status(), LeaseStatus::Held);
     lease.release().await.unwrap();
 }
+
+/// A keeper renewing late in the window (`renew_fraction` 0.9, the most allowed) keeps an etcd
+/// lease. A renewal's validity counts from the session's last acknowledged keepalive when that
+/// is older than the call; the session sends one every third of its TTL, and a renewal asked for
+/// one of its own only when the last was older than half the TTL. So a renewal could be credited
+/// from up to a third of the TTL before it was sent, and the next one, 9/10 of the window after
+/// the send, came after that validity had ended: the lease was lost between renewals.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_kept_with_a_late_renew_fraction_is_not_lost_between_renewals() {
+    let Some(server) = server("a_lease_kept_with_a_late_renew_fraction").await else {
+        return;
+    };
+    let c = coord(&server.url()).await;
+    let lease = c
+        .acquire(
+            &key("late-renewals"),
+            &LeaseOptions::new(Duration::from_secs(3)),
+        )
+        .await
+        .unwrap();
+    let options = lease_core::KeeperOptions::new().renew_fraction(0.9);
+    let kept = lease_core::keep(lease, options).unwrap();
+    let mut lost = kept.lost();
+    // Five renewals: before, most renewals were credited from early enough to be lost.
+    let held = tokio::time::timeout(Duration::from_secs(12), lost.wait()).await;
+    assert!(held.is_err(), "lost while kept: {:?}", held.unwrap());
+    assert_eq!(kept.lease().status(), LeaseStatus::Held);
+    kept.release().await.unwrap();
+}
