@@ -163,8 +163,7 @@ impl LeaseState {
             if self.tracker.status() != LeaseStatus::InDoubt || s.epoch() != epoch {
                 return;
             }
-            let sent = Instant::now();
-            match s.synced_read(sent, |c| c.check_stat(&self.path)).await {
+            match s.synced_exists(&self.path).await {
                 Some(Ok(Some(stat))) if stat.czxid == self.czxid => {
                     s.with_epoch(epoch, |bound| self.apply(bound, true));
                     return;
@@ -497,9 +496,10 @@ impl Lease for ZkLease {
         }
         let epoch = s.epoch();
         // Only a sync proves the leader still has the session: a follower cut off from the leader
-        // answers the exists alone. `synced_read` confirms the session only if the sync succeeded.
+        // answers the exists alone. `synced_exists` confirms the session only if the sync
+        // succeeded; the sync is sent after `sent`, so validity from `sent` is never too long.
         let sent = Instant::now();
-        match s.synced_read(sent, |c| c.check_stat(&st.path)).await {
+        match s.synced_exists(&st.path).await {
             None => Err(timed_out(ops::RENEW, s.request_timeout())),
             Some(Ok(Some(stat))) if stat.czxid == st.czxid => {
                 st.extend(sent);

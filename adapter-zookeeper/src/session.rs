@@ -13,7 +13,7 @@
 //! keeps answering reads (for up to `syncLimit × tickTime`) while the leader expires the session,
 //! so reads never confirm. The session keeps the largest confirmed `s` ("confirmed"), a heartbeat
 //! (a `sync` every `T / 3`) keeps it fresh while connected, and `renew` and the post-reconnect
-//! check send a `sync` pipelined in front of their `exists` ([`Session::synced_read`]); every
+//! check send a `sync` pipelined in front of their `exists` ([`Session::synced_exists`]); every
 //! lease's local validity is capped at `confirmed + T − session margin − drift margin`, where the
 //! session margin (one `tickTime` plus the heartbeat period, see [`session_margin`]) covers a
 //! follower's session-touch lag.
@@ -144,7 +144,7 @@ impl Session {
         let session = Arc::new(Session {
             timeout,
             margin,
-            coalesced: Coalesced::new(&client, config.request_timeout()),
+            coalesced: Coalesced::new(&client, config.request_timeout(), &config.base_path()),
             client,
             request_timeout: config.request_timeout(),
             secured: config.digest_auth().is_some(),
@@ -279,6 +279,23 @@ impl Session {
             }
             Err(e) => Some(Err(e)),
         }
+    }
+
+    /// Whether the node at `path` exists, read behind a `sync` sent after this call ([`Coalesced`]:
+    /// under load, one `sync` for many checks), waiting at most the request timeout; the `sync`
+    /// confirms the session if it succeeds. `None`: the request timeout passed first.
+    pub(crate) async fn synced_exists(
+        &self,
+        path: &str,
+    ) -> Option<std::result::Result<Option<zookeeper_client::Stat>, zookeeper_client::Error>> {
+        let checked =
+            tokio::time::timeout(self.request_timeout, self.coalesced.synced_exists(path))
+                .await
+                .ok()?;
+        Some(checked.map(|(synced, stat)| {
+            self.confirm(synced);
+            stat
+        }))
     }
 
     /// Runs `f` with the session bound (`confirmed + T − margin`) if the connection is up and still in

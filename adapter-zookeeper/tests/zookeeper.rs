@@ -1177,6 +1177,48 @@ async fn concurrent_listings_and_releases_share_requests_yet_each_lock_keeps_one
     assert!(granted > 0);
 }
 
+/// Renewals asked for at once go behind one `sync` (a `sync` and then each renewal's `exists`,
+/// pipelined), and each gets its own answer: held renewals are confirmed, one whose node was
+/// deleted is lost. Alone, each renewal is a `sync` and an `exists`: two packets.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_renewals_share_syncs_and_each_gets_its_own_answer() {
+    let Some(server) = server("concurrent_renewals_share_syncs").await else {
+        return;
+    };
+    const LEASES: usize = 200;
+    let cfg = config(server.addr(), 6000);
+    let c = ZkCoordinator::connect(cfg.clone()).await.unwrap();
+    let o = LeaseOptions::new(Duration::from_secs(6));
+    let mut leases = Vec::new();
+    for i in 0..LEASES {
+        let k: LockKey = format!("renew-{i}").parse().unwrap();
+        leases.push(c.acquire(&k, &o).await.unwrap());
+    }
+    // One node deleted from outside: its renewal must fail on its own.
+    let raw = raw_client(server.addr(), Some(&format!("alice:{PASSWORD}"))).await;
+    let gone = cfg.lock_path(&"renew-7".parse().unwrap());
+    let (node, _) = single_node(&raw, &gone).await;
+    raw.delete(&node, None).await.unwrap();
+    let before = packets_received(server.addr()).await;
+    let answers = futures::future::join_all(leases.iter().map(|l| l.renew())).await;
+    let packets = packets_received(server.addr()).await - before;
+    eprintln!("{LEASES} renewals in {packets} packets");
+    for (i, answer) in answers.iter().enumerate() {
+        if i == 7 {
+            assert!(matches!(answer, Err(Error::Lost { .. })), "{answer:?}");
+        } else {
+            assert!(answer.is_ok(), "renewal {i}: {answer:?}");
+        }
+    }
+    assert!(
+        packets < 3 * LEASES as u64 / 2,
+        "{packets} packets for {LEASES} renewals (2 each when sent alone): none shared a sync"
+    );
+    for l in leases {
+        let _ = l.release().await;
+    }
+}
+
 /// `from_client` builds a coordinator on the application's own ZooKeeper session: its leases
 /// live on that session, and the guarantees are those of a coordinator from a URL (the key is
 /// exclusive across the two, tokens increase).
