@@ -149,6 +149,10 @@ impl EtcdLease {
     }
 }
 
+/// How old, as a fraction `1 / KEEPALIVE_AGE` of the validity window, the keepalive a renewal's
+/// validity counts from may be (see [`EtcdLease::renew`]).
+const KEEPALIVE_AGE: u32 = 40;
+
 #[async_trait]
 impl Lease for EtcdLease {
     fn state(&self) -> &LeaseState {
@@ -159,21 +163,26 @@ impl Lease for EtcdLease {
     /// call started (batched with other renewals, see the crate's `confirm` module), and validity counts
     /// from the earlier of the call's start and the session's last acknowledged keepalive, as
     /// at the grant. The session sends its keepalives every third of its TTL on its own; a
-    /// renewal asks for one when the last acknowledged one is older than a twentieth of the TTL,
-    /// and then waits for it. So validity never counts from more than that before the call, and
-    /// a keeper renewing as late as 9/10 of the window (the most `renew_fraction` allows)
-    /// renews before it ends; the cost is one keepalive per session at most every twentieth of
-    /// the TTL while renewals run, whatever the number of leases (one in flight serves all).
+    /// renewal waits for one sent no more than 1/40 of the validity window before it (asking for
+    /// one unless such a one is acknowledged or in flight). So validity never
+    /// counts from more than that before the call, and a keeper renewing as late as 9/10 of the
+    /// window (the most `renew_fraction` allows) still has 3/40 of it left for the renewal's
+    /// round trip; the cost is at most one keepalive per session per that age while renewals
+    /// run, whatever the number of leases.
     async fn renew(&self) -> Result<Instant> {
         self.tracker.ensure_not_lost()?;
         let sent = Instant::now();
         let timeout = self.shared.handle.config.request_timeout();
         let session = &self.shared.session;
-        let stale = sent.saturating_duration_since(session.acked_sent()) > session.ttl() / 20;
+        let window = self
+            .tracker
+            .ttl()
+            .saturating_sub(self.tracker.drift_margin());
+        let since = sent.checked_sub(window / KEEPALIVE_AGE).unwrap_or(sent);
         let (confirmed, read) = tokio::join!(
             async {
-                if stale {
-                    session.confirm(sent, timeout).await
+                if session.acked_sent() < since {
+                    session.confirm(since, timeout).await
                 } else {
                     Ok(())
                 }
