@@ -359,20 +359,25 @@ impl ZkCoordinator {
         mode: &Mode,
         ttl: Duration,
     ) -> Result<Turn> {
+        // Whether a listing was answered: then the key was seen busy (otherwise the turn was
+        // ours and this returned).
+        let mut listed = false;
         loop {
             let deadline = match mode {
                 Mode::Try => None,
                 Mode::Wait(d) => Some(*d),
             };
             let past = deadline.is_none_or(|d| Instant::now() >= d);
-            // A request of a waiter gets the request timeout, but never runs more than
-            // `WAIT_GRACE` past the wait bound: a partition must not keep a waiter a request
-            // timeout (up to the session timeout) beyond it.
-            let request_bound = match deadline {
-                None => s.request_timeout(),
-                Some(d) => s
+            // A request of a waiter that has seen the key busy gets the request timeout, but
+            // never runs more than `WAIT_GRACE` past the wait bound: a partition must not keep a
+            // waiter a request timeout (up to the session timeout) beyond it. The first listing
+            // gets the request timeout: cut at the bound, a slow link would report a key it
+            // never saw as busy (decision 0036).
+            let request_bound = |listed: bool| match deadline {
+                Some(d) if listed => s
                     .request_timeout()
                     .min(d.saturating_duration_since(Instant::now()) + WAIT_GRACE),
+                _ => s.request_timeout(),
             };
             if !s.is_connected() {
                 if s.is_terminated() {
@@ -391,7 +396,8 @@ impl ZkCoordinator {
             // Reads: they do not confirm the session (our create did).
             let sent = Instant::now();
             let list = s.coalesced().children(dir);
-            let children = match tokio::time::timeout(request_bound, list).await {
+            let list_bound = request_bound(listed);
+            let children = match tokio::time::timeout(list_bound, list).await {
                 Ok(Ok(children)) => children,
                 Ok(Err(ZkError::NoNode)) => return Ok(Turn::Vanished),
                 Ok(Err(e)) if session_ended(&e) => return Err(from_zk(ops::WAIT, e)),
@@ -403,10 +409,11 @@ impl ZkCoordinator {
                 }
                 Err(_) if !past => continue,
                 Ok(Err(e)) => return Err(from_zk(ops::WAIT, e)),
-                // A waiter past its bound: it did not get the lock in time.
-                Err(_) if deadline.is_some() => return Ok(Turn::Busy),
-                Err(_) => return Err(timed_out(ops::WAIT, request_bound)),
+                // A waiter past its bound that saw the key busy: it did not get the lock in time.
+                Err(_) if deadline.is_some() && listed => return Ok(Turn::Busy),
+                Err(_) => return Err(timed_out(ops::WAIT, list_bound)),
             };
+            listed = true;
             let ordered = self.order(s, dir, children).await?;
             let Some(index) = ordered.iter().position(|c| c.name == node.name) else {
                 return Ok(Turn::Vanished);
@@ -443,7 +450,7 @@ impl ZkCoordinator {
                 }
             };
             let watched = tokio::time::timeout(
-                request_bound,
+                request_bound(listed),
                 futures::future::join(own, s.client().check_and_watch_stat(&predecessor)),
             )
             .await;

@@ -1111,15 +1111,20 @@ async fn an_outside_write_to_the_holders_node_changes_nothing_for_the_holder() {
 
 /// The number of packets ZooKeeper has received from clients (`mntr`).
 async fn packets_received(addr: std::net::SocketAddr) -> u64 {
+    mntr(addr, "zk_packets_received").await
+}
+
+/// One counter of ZooKeeper's `mntr`.
+async fn mntr(addr: std::net::SocketAddr, name: &str) -> u64 {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
     s.write_all(b"mntr").await.unwrap();
     let mut out = String::new();
     s.read_to_string(&mut out).await.unwrap();
     out.lines()
-        .find_map(|l| l.strip_prefix("zk_packets_received"))
+        .find_map(|l| l.strip_prefix(name))
         .and_then(|v| v.trim().parse().ok())
-        .expect("mntr shows zk_packets_received")
+        .unwrap_or_else(|| panic!("mntr shows {name}"))
 }
 
 /// Many tasks of one coordinator taking and releasing locks at once. On their own locks, their
@@ -1468,13 +1473,22 @@ async fn a_waiter_cut_off_returns_at_its_wait_bound() {
     let holder = ZkCoordinator::connect(cfg.clone()).await.unwrap();
     let through_proxy = cfg.clone().with_hosts([proxy.addr().to_string()]).unwrap();
     let waiter = Arc::new(ZkCoordinator::connect(through_proxy).await.unwrap());
-    let observer = raw_client(server.addr(), Some(&format!("alice:{PASSWORD}"))).await;
     let key: LockKey = "cut-off-waiter".parse().unwrap();
-    let lock = cfg.lock_path(&key);
     let held = holder
         .acquire(&key, &LeaseOptions::new(Duration::from_secs(6)))
         .await
         .unwrap();
+    // The watches on the server (`mntr`) before the waiter comes: the holder's guardian sets one
+    // on its node shortly after the grant.
+    let until = Instant::now() + Duration::from_secs(5);
+    while mntr(server.addr(), "zk_watch_count").await < 1 {
+        assert!(
+            Instant::now() < until,
+            "the holder's node was never watched"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let watches = mntr(server.addr(), "zk_watch_count").await;
     let wait = Duration::from_secs(1);
     let start = Instant::now();
     let pending = {
@@ -1485,27 +1499,49 @@ async fn a_waiter_cut_off_returns_at_its_wait_bound() {
                 .await
         })
     };
-    // The waiter's node is queued behind the holder's; then the waiter is cut off.
+    // The waiter has listed the queue and seen the holder (it watches the holder's node and its
+    // own, two more watches); then it is cut off. A waiter cut off before its first listing was
+    // answered never saw the key busy and returns an error instead (decision 0036).
     let until = Instant::now() + Duration::from_secs(5);
-    while observer
-        .list_children(&lock)
-        .await
-        .unwrap_or_default()
-        .len()
-        < 2
-    {
+    while mntr(server.addr(), "zk_watch_count").await < watches + 2 {
         assert!(Instant::now() < until, "the waiter never queued");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     proxy.blackhole();
     let r = pending.await.unwrap();
     let took = start.elapsed();
-    assert!(matches!(r, Err(Error::Timeout { .. })), "{r:?}");
+    assert!(
+        matches!(r, Err(Error::Timeout { .. })),
+        "{r:?} after {took:?}"
+    );
     assert!(
         took < wait + Duration::from_millis(600),
         "returned {took:?} after a wait of {wait:?}"
     );
     held.release().await.unwrap();
+}
+
+/// A free key is granted to `acquire` with a zero wait over a link slower than the grace a
+/// waiter's reads get past its bound: the first listing (which finds the turn) gets the request
+/// timeout. Before, it was cut 100 ms after the bound and the free key was reported `Timeout`,
+/// as if it had been seen busy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_free_key_is_granted_with_a_zero_wait_over_a_slow_link() {
+    let Some(server) = server("a_free_key_is_granted_with_a_zero_wait").await else {
+        return;
+    };
+    let proxy = FaultProxy::start(server.addr()).await.unwrap();
+    let coord = ZkCoordinator::connect(config(proxy.addr(), 6000))
+        .await
+        .unwrap();
+    // Every round trip now takes 300 ms.
+    proxy.delay(Duration::from_millis(150));
+    let key: LockKey = "zero-wait-slow-link".parse().unwrap();
+    let lease = coord
+        .acquire(&key, &LeaseOptions::new(Duration::from_secs(6)))
+        .await
+        .unwrap();
+    lease.release().await.unwrap();
 }
 
 /// When the sequence numbers cannot order the queue (a wrapped counter: a negative sequence),
