@@ -38,6 +38,11 @@ pub(crate) const MAX_PER_MULTI: usize = 64;
 /// Requests of one kind in flight at once before the next ones queue.
 pub(crate) const IN_FLIGHT: usize = 2;
 
+/// Checks behind one `sync`. They are requests of their own, pipelined, not a multi: a chunk
+/// this large lets the thousands of in-doubt leases of a reconnect be checked in a few round
+/// trips, before their validity runs out.
+pub(crate) const CHECKS_PER_SYNC: usize = 1024;
+
 type ZkResult<T> = std::result::Result<T, ZkError>;
 
 /// A delete of one node, with the version it must have (`None`: any).
@@ -80,9 +85,14 @@ impl Coalesced {
         });
         let on = client.clone();
         let base = base.to_owned();
-        let checks = Coalesce::new(BACKEND, config, move |paths| {
+        let checks_config = CoalesceConfig::new(IN_FLIGHT, CHECKS_PER_SYNC);
+        // A little past the callers' own bound (the same request timeout, from before they
+        // queued), so that a check sent alone and not answered is reported by its caller as the
+        // timeout it is, not as the connection loss the chunk's bound stands for.
+        let checks_bound = bound + Duration::from_millis(10);
+        let checks = Coalesce::new(BACKEND, checks_config, move |paths| {
             let (client, base) = (on.clone(), base.clone());
-            async move { Ok(check_chunk(&client, bound, &base, paths).await) }
+            async move { Ok(check_chunk(&client, checks_bound, &base, paths).await) }
         });
         Coalesced {
             lists,
