@@ -195,10 +195,10 @@ impl LeaseOptions {
 
     /// How long `acquire` may wait for the key to come free (ignored by `try_acquire`).
     ///
-    /// The request that puts the attempt in line keeps the coordinator's request timeout: against
-    /// an unreachable backend `acquire` may return `Unavailable` or `OutcomeUnknown` up to about
-    /// one request timeout after the wait, never `Timeout` for a key it could not see (decision
-    /// 0036). Waiting once in line is bounded by the wait.
+    /// Requests keep the coordinator's request timeout, the one that puts the attempt in line
+    /// included: against a slow or unreachable backend `acquire` may return up to about two
+    /// request timeouts after the wait, with `Unavailable` or `OutcomeUnknown` when it never saw
+    /// the key busy, never `Timeout` (decision 0036).
     pub fn wait(mut self, wait: Duration) -> Self {
         self.wait = wait;
         self
