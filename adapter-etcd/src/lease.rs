@@ -164,11 +164,11 @@ impl Lease for EtcdLease {
     /// from the earlier of the call's start and the session's last acknowledged keepalive, as
     /// at the grant. The session sends its keepalives every third of its TTL on its own; a
     /// renewal waits for one sent no more than 1/40 of the validity window before it (asking for
-    /// one unless such a one is acknowledged or in flight). So validity never
-    /// counts from more than that before the call, and a keeper renewing as late as 9/10 of the
-    /// window (the most `renew_fraction` allows) still has 3/40 of it left for the renewal's
-    /// round trip; the cost is at most one keepalive per session per that age while renewals
-    /// run, whatever the number of leases.
+    /// one unless such a one is acknowledged or in flight). So validity never counts from more
+    /// than that before the call, and a keeper renewing as late as 9/10 of the window (the most
+    /// `renew_fraction` allows) still has 3/40 of it left for the renewal's round trip; the cost
+    /// is at most one keepalive per session per that age while renewals run, whatever the
+    /// number of leases.
     async fn renew(&self) -> Result<Instant> {
         self.tracker.ensure_not_lost()?;
         let sent = Instant::now();

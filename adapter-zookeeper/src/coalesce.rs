@@ -124,9 +124,7 @@ impl Coalesced {
             .await
             .unwrap_or(Err(ZkError::ConnectionLoss))
     }
-}
 
-impl Coalesced {
     /// `sync(<base>)` and then `exists(path)`, pipelined, alone or behind one `sync` with other
     /// checks. A failed `sync` is the error of every check behind it, whatever their answers.
     pub(crate) async fn synced_exists(&self, path: &str) -> ZkResult<Checked> {
