@@ -359,8 +359,7 @@ impl ZkCoordinator {
         mode: &Mode,
         ttl: Duration,
     ) -> Result<Turn> {
-        // Whether a listing was answered: then the key was seen busy (otherwise the turn was
-        // ours and this returned).
+        // Whether a listing showed another contender ahead of our node: the key was seen busy.
         let mut listed = false;
         loop {
             let deadline = match mode {
@@ -407,13 +406,14 @@ impl ZkCoordinator {
                     tokio::time::sleep(Duration::from_millis(10)).await;
                     continue;
                 }
-                Err(_) if !past => continue,
+                // Not answered in time, and the bound has not passed since (`past` was read
+                // before the listing): look again.
+                Err(_) if deadline.is_some_and(|d| Instant::now() < d) => continue,
                 Ok(Err(e)) => return Err(from_zk(ops::WAIT, e)),
                 // A waiter past its bound that saw the key busy: it did not get the lock in time.
                 Err(_) if deadline.is_some() && listed => return Ok(Turn::Busy),
                 Err(_) => return Err(timed_out(ops::WAIT, list_bound)),
             };
-            listed = true;
             let ordered = self.order(s, dir, children).await?;
             let Some(index) = ordered.iter().position(|c| c.name == node.name) else {
                 return Ok(Turn::Vanished);
@@ -437,6 +437,7 @@ impl ZkCoordinator {
                     watch: None,
                 });
             }
+            listed = true;
             let Some(deadline) = deadline.filter(|d| Instant::now() < *d) else {
                 return Ok(Turn::Busy);
             };
