@@ -90,6 +90,9 @@ impl RedisCoordinator {
         // The send time of the earliest request of this call whose outcome was not seen.
         let mut unseen_since: Option<Instant> = None;
         let mut retries_left = 1u8;
+        // Whether an attempt found the key held by someone else: only then is `Timeout` the
+        // answer at the wait bound (decision 0036).
+        let mut seen_busy = false;
         let mut unavailable_pause = Backoff::new(UNAVAILABLE_FIRST_PAUSE, UNAVAILABLE_MAX_PAUSE);
         loop {
             let attempt = match self
@@ -113,12 +116,17 @@ impl RedisCoordinator {
                     guard.pending = false;
                     return Ok(Box::new(lease));
                 }
-                Attempt::Held(ttl) => ttl,
+                Attempt::Held(ttl) => {
+                    seen_busy = true;
+                    ttl
+                }
                 Attempt::Unknown(e) => return Err(e),
                 Attempt::Again(e) => {
-                    // `try_acquire` runs the (idempotent) script once more; `acquire` keeps
-                    // trying within its wait bound. Giving up leaves the guard armed.
-                    if wait.is_none() {
+                    // `try_acquire`, and an `acquire` past its bound that never found the key
+                    // held, run the (idempotent) script once more: `Timeout` would report a key
+                    // found free as busy. Otherwise `acquire` keeps trying within its wait bound.
+                    // Giving up leaves the guard armed.
+                    if wait.is_none() || (!seen_busy && Instant::now() >= deadline) {
                         if retries_left == 0 {
                             return Err(e);
                         }

@@ -594,3 +594,28 @@ async fn a_silent_sentinel_does_not_spend_the_whole_connect_timeout() {
         .await
         .unwrap();
 }
+
+/// An `acquire` whose wait ends while its script's outcome is unknown, on a key it never found
+/// held, runs the (idempotent) script once more: the re-read found the key free, so nothing was
+/// seen ahead of it. Before, it returned `Timeout`, reporting a free key as busy (decision 0036).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_reply_at_the_wait_bound_on_a_free_key_is_not_reported_busy() {
+    let Some(srv) = server("a_lost_reply_at_the_wait_bound_on_a_free_key", durable()) else {
+        return;
+    };
+    let proxy = FaultProxy::start(srv.addr()).await.unwrap();
+    let c = via(&proxy, "request_timeout_ms=300&poll_interval_ms=50").await;
+    let k = key("lost-reply-free-key");
+    // The connections open now forward nothing (never healed): the script never reaches the
+    // server and its reply never comes; the re-read goes on a new connection and finds the key
+    // free.
+    proxy.stall_open();
+    let accepted = proxy.accepted_connections();
+    let r = c.acquire(&k, &LeaseOptions::new(10 * SEC)).await;
+    assert!(
+        proxy.accepted_connections() > accepted,
+        "the script's reply was not lost: no new connection"
+    );
+    let lease = r.unwrap_or_else(|e| panic!("a free key with a zero wait: {e}"));
+    lease.release().await.unwrap();
+}
