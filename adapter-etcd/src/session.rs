@@ -397,7 +397,11 @@ async fn keepalive(mut ka: KeepAlive) {
                 },
                 k = ka.kick_rx.recv() => match k {
                     None => break 'session End::Closed,
-                    Some(since) => !inflight.iter().any(|s| *s >= since),
+                    // Not when one sent since then is acknowledged or in flight.
+                    Some(since) => {
+                        ka.state.borrow().acked_sent < since
+                            && !inflight.iter().any(|s| *s >= since)
+                    }
                 },
                 _ = tokio::time::sleep_until(next_tick) => true,
                 _ = tokio::time::sleep_until(deadline) => break 'session End::Lost(LostReason::Expired),
