@@ -360,7 +360,7 @@ impl ZkCoordinator {
         ttl: Duration,
     ) -> Result<Turn> {
         // Whether a listing showed another contender ahead of our node: the key was seen busy.
-        let mut listed = false;
+        let mut seen_busy = false;
         loop {
             let deadline = match mode {
                 Mode::Try => None,
@@ -372,8 +372,8 @@ impl ZkCoordinator {
             // waiter a request timeout (up to the session timeout) beyond it. The first listing
             // gets the request timeout: cut at the bound, a slow link would report a key it
             // never saw as busy (decision 0036).
-            let request_bound = |listed: bool| match deadline {
-                Some(d) if listed => s
+            let request_bound = |seen_busy: bool| match deadline {
+                Some(d) if seen_busy => s
                     .request_timeout()
                     .min(d.saturating_duration_since(Instant::now()) + WAIT_GRACE),
                 _ => s.request_timeout(),
@@ -395,7 +395,7 @@ impl ZkCoordinator {
             // Reads: they do not confirm the session (our create did).
             let sent = Instant::now();
             let list = s.coalesced().children(dir);
-            let list_bound = request_bound(listed);
+            let list_bound = request_bound(seen_busy);
             let children = match tokio::time::timeout(list_bound, list).await {
                 Ok(Ok(children)) => children,
                 Ok(Err(ZkError::NoNode)) => return Ok(Turn::Vanished),
@@ -411,7 +411,7 @@ impl ZkCoordinator {
                 Err(_) if deadline.is_some_and(|d| Instant::now() < d) => continue,
                 Ok(Err(e)) => return Err(from_zk(ops::WAIT, e)),
                 // A waiter past its bound that saw the key busy: it did not get the lock in time.
-                Err(_) if deadline.is_some() && listed => return Ok(Turn::Busy),
+                Err(_) if deadline.is_some() && seen_busy => return Ok(Turn::Busy),
                 Err(_) => return Err(timed_out(ops::WAIT, list_bound)),
             };
             let ordered = self.order(s, dir, children).await?;
@@ -437,7 +437,7 @@ impl ZkCoordinator {
                     watch: None,
                 });
             }
-            listed = true;
+            seen_busy = true;
             let Some(deadline) = deadline.filter(|d| Instant::now() < *d) else {
                 return Ok(Turn::Busy);
             };
@@ -451,7 +451,7 @@ impl ZkCoordinator {
                 }
             };
             let watched = tokio::time::timeout(
-                request_bound(listed),
+                request_bound(seen_busy),
                 futures::future::join(own, s.client().check_and_watch_stat(&predecessor)),
             )
             .await;
