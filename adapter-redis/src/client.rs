@@ -4,7 +4,7 @@
 //! for the primary first and checks that it answers `ROLE master`.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -79,8 +79,8 @@ pub(crate) const WAITING_CONNECTIONS: usize = 2;
 /// one place ([`crate::error`]) and drops a connection that redis-rs reports as unusable (or
 /// that timed out: a half-open TCP connection never recovers by itself).
 pub(crate) struct Connection {
-    shared: Arc<Shared>,
-    /// The connection every request but those of [`Self::eval_and_wait`] goes on.
+    /// The connection every request but those of [`Self::eval_and_wait`] goes on (its
+    /// [`Lane::shared`] is what every connection shares).
     main: Lane,
     /// The connections [`Self::eval_and_wait`] runs on, each with the lock held while a write
     /// waits on it (one at a time: Redis reads nothing more from a client blocked in `WAIT`).
@@ -108,16 +108,44 @@ struct Shared {
     /// Called when a request finds a connection broken (no reply in time, or dropped): the
     /// coordinator marks its leases in doubt.
     on_break: std::sync::OnceLock<Box<dyn Fn() + Send + Sync>>,
+    /// Whether [`Shared::warn_unsettled`] has logged.
+    warned_unsettled: AtomicBool,
 }
 
 /// One multiplexed connection, opened lazily again after it broke.
 struct Lane {
+    /// What every connection of the [`Connection`] shares.
     shared: Arc<Shared>,
-    current: Mutex<Option<(u64, MultiplexedConnection)>>,
+    current: Mutex<Option<Open>>,
     /// When the connection last answered, in nanoseconds since `opened` (see [`IDLE_CHECK`]).
     answered: AtomicU64,
     opened: Instant,
     connecting: tokio::sync::Mutex<ConnectState>,
+    /// The last connection [`Lane::end`] tried to end and how that went: the writes that were in
+    /// flight on it when it stopped answering share one `CLIENT KILL`.
+    ended: tokio::sync::Mutex<Option<(u64, std::result::Result<(), String>)>>,
+}
+
+/// An open connection of a [`Lane`].
+#[derive(Clone)]
+struct Open {
+    /// Which open of the lane this is (see [`Lane::discard`]).
+    generation: u64,
+    conn: MultiplexedConnection,
+    /// Who the connection is on its server, when the server said.
+    side: Option<Arc<ServerSide>>,
+}
+
+/// Who a connection is on its server, read when it opens (`CLIENT INFO` and `INFO server`):
+/// enough to end it from another connection to the same server process.
+#[derive(Debug)]
+struct ServerSide {
+    /// The server process (`run_id`: a restarted server, or another one, has another).
+    run_id: String,
+    /// The connection's `id` as the server numbers it.
+    id: u64,
+    /// The connection's peer address as the server sees it (`addr`).
+    addr: String,
 }
 
 #[derive(Default)]
@@ -145,6 +173,7 @@ impl Connection {
                 .set_response_timeout(Some(config.request_timeout())),
             verify_durability: !config.volatile_tokens(),
             on_break: std::sync::OnceLock::new(),
+            warned_unsettled: AtomicBool::new(false),
         });
         let conn = Connection {
             main: Lane::new(&shared),
@@ -153,7 +182,6 @@ impl Connection {
                 .collect(),
             next_waiting: AtomicUsize::new(0),
             free_waiting: tokio::sync::Semaphore::new(WAITING_CONNECTIONS),
-            shared,
         };
         conn.main.get().await?;
         Ok(conn)
@@ -162,13 +190,13 @@ impl Connection {
     /// The redis-rs client of the server a connection last opened to (for the pub/sub and
     /// tracking connections: with Sentinel, the current primary as last found).
     pub(crate) fn client(&self) -> redis::Client {
-        self.shared.client()
+        self.main.shared.client()
     }
 
     /// The most replicas a primary reported streaming (`state=online`) when a connection was
     /// opened (never lowered by a later open).
     pub(crate) fn replicas(&self) -> usize {
-        self.shared.replicas.load(Ordering::Relaxed)
+        self.main.shared.replicas.load(Ordering::Relaxed)
     }
 
     /// How many replica acknowledgements a write waits for under `asked` (`replica_acks`;
@@ -183,18 +211,18 @@ impl Connection {
     /// Sets what to do when a request finds a connection broken (once; later calls are
     /// ignored).
     pub(crate) fn set_on_break(&self, f: Box<dyn Fn() + Send + Sync>) {
-        let _ = self.shared.on_break.set(f);
+        let _ = self.main.shared.on_break.set(f);
     }
 
     /// The current shared connection and its generation (for [`Self::discard`]), opening one
     /// if needed.
     pub(crate) async fn raw(&self) -> Result<(u64, MultiplexedConnection)> {
-        self.main.get().await
+        self.main.get().await.map(|o| (o.generation, o.conn))
     }
 
     /// The connect timeout.
     pub(crate) fn connect_timeout(&self) -> Duration {
-        self.shared.config.connect_timeout()
+        self.main.shared.config.connect_timeout()
     }
 
     /// Forgets the shared connection of `generation` (or any, for `None`) so the next request
@@ -273,7 +301,7 @@ impl Connection {
         replicas: usize,
         wait: Duration,
     ) -> Result<(redis::Value, i64)> {
-        let bound = self.shared.config.request_timeout();
+        let bound = self.main.shared.config.request_timeout();
         let Ok(Ok(_free)) = tokio::time::timeout(bound, self.free_waiting.acquire()).await else {
             return Err(Error::Unavailable {
                 backend: BACKEND,
@@ -324,7 +352,7 @@ impl Shared {
     }
 
     fn broke(&self, e: &redis::RedisError) {
-        if e.is_timeout() || e.is_io_error() || e.is_connection_dropped() {
+        if unanswered(e) {
             if let Some(f) = self.on_break.get() {
                 f();
             }
@@ -333,7 +361,7 @@ impl Shared {
 
     /// Opens a connection to the primary (with Sentinel: asking the Sentinels where it is) and
     /// checks it, raising the replica count to what it reports.
-    async fn connect(&self) -> Result<MultiplexedConnection> {
+    async fn connect(&self) -> Result<(MultiplexedConnection, Option<ServerSide>)> {
         let client = match self.config.sentinel() {
             Some(s) => self.ask_sentinels(s).await?,
             None => self.client(),
@@ -353,9 +381,18 @@ impl Shared {
         // Never lowered: a primary cut off from its replicas still has them as far as a
         // failover is concerned (Sentinel may promote one), so `auto` keeps waiting for one.
         self.replicas.fetch_max(replicas, Ordering::Relaxed);
+        let side = server_side(&mut conn, self).await?;
         *self.client.lock().unwrap_or_else(|p| p.into_inner()) = client;
         tracing::debug!(backend = BACKEND, replicas, "command connection opened");
-        Ok(conn)
+        Ok((conn, side))
+    }
+
+    /// Logs, once per coordinator, that a write whose answer is lost cannot have its connection
+    /// ended on the server (`e`: `CLIENT INFO`, `INFO` or `CLIENT KILL` refused).
+    fn warn_unsettled(&self, e: &redis::RedisError) {
+        if !self.warned_unsettled.swap(true, Ordering::Relaxed) {
+            tracing::warn!(backend = BACKEND, error = %e, "the Redis user may not run CLIENT INFO, INFO or CLIENT KILL: a write whose answer is lost cannot be kept from applying late (grant +client|info +info +client|kill to settle it)");
+        }
     }
 
     /// Asks the Sentinels, in order starting with the one that answered last, where the primary
@@ -434,10 +471,11 @@ impl Lane {
             answered: AtomicU64::new(0),
             opened: Instant::now(),
             connecting: tokio::sync::Mutex::new(ConnectState::default()),
+            ended: tokio::sync::Mutex::new(None),
         }
     }
 
-    fn lock_current(&self) -> std::sync::MutexGuard<'_, Option<(u64, MultiplexedConnection)>> {
+    fn lock_current(&self) -> std::sync::MutexGuard<'_, Option<Open>> {
         self.current.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -453,9 +491,9 @@ impl Lane {
         self.opened.elapsed().saturating_sub(answered)
     }
 
-    /// The current connection and its generation, opening (and checking) a new one if there is
-    /// none. Callers queued behind a failed open get its failure at once.
-    async fn get(&self) -> Result<(u64, MultiplexedConnection)> {
+    /// The current connection, opening (and checking) a new one if there is none. Callers
+    /// queued behind a failed open get its failure at once.
+    async fn get(&self) -> Result<Open> {
         if let Some(c) = self.lock_current().clone() {
             return Ok(c);
         }
@@ -470,13 +508,17 @@ impl Lane {
             }
         }
         match self.shared.connect().await {
-            Ok(conn) => {
+            Ok((conn, side)) => {
                 state.generation += 1;
                 state.last_failure = None;
-                let entry = (state.generation, conn);
-                *self.lock_current() = Some(entry.clone());
+                let open = Open {
+                    generation: state.generation,
+                    conn,
+                    side: side.map(Arc::new),
+                };
+                *self.lock_current() = Some(open.clone());
                 self.note_answer();
-                Ok(entry)
+                Ok(open)
             }
             Err(e) => {
                 state.last_failure = Some((Instant::now(), CachedFailure::of(&e)));
@@ -490,31 +532,113 @@ impl Lane {
         let mut current = self.lock_current();
         if current
             .as_ref()
-            .is_some_and(|(g, _)| generation.is_none_or(|want| *g == want))
+            .is_some_and(|o| generation.is_none_or(|want| o.generation == want))
         {
             *current = None;
         }
     }
 
+    /// Ends the connection of `generation` (discarded already; `side` on its server) on its
+    /// server, from a new connection, so that nothing sent on it and not yet run (held in a
+    /// stalled network path, say) runs later: `CLIENT KILL` of its `id` and `addr`, on a
+    /// connection to the same server process. Redis runs nothing more from a client it kills,
+    /// and bytes that reach a closed socket are refused. Bounded by the request timeout (once
+    /// per connection: the writes in flight on it share the answer). `Err` says why the
+    /// connection could not be ended.
+    async fn end(
+        &self,
+        generation: u64,
+        side: Option<&ServerSide>,
+    ) -> std::result::Result<(), String> {
+        let Some(side) = side else {
+            return Err(
+                "the server did not say who the connection was at its open (CLIENT \
+                        INFO and INFO server)"
+                    .into(),
+            );
+        };
+        let bound = self.shared.config.request_timeout();
+        let ended = async {
+            let mut last = self.ended.lock().await;
+            if let Some((g, r)) = &*last {
+                if *g == generation {
+                    return r.clone();
+                }
+            }
+            let r = self.kill(generation, side).await;
+            *last = Some((generation, r.clone()));
+            r
+        };
+        match tokio::time::timeout(bound, ended).await {
+            Ok(r) => r,
+            Err(_) => Err(format!("no answer within {bound:?}")),
+        }
+    }
+
+    /// [`Self::end`]'s `CLIENT KILL`, from the lane's connection (a new one).
+    async fn kill(&self, generation: u64, side: &ServerSide) -> std::result::Result<(), String> {
+        let now = self.get().await.map_err(|e| e.to_string())?;
+        if now.generation == generation {
+            return Err("no other connection to end it from".to_owned());
+        }
+        match &now.side {
+            Some(s) if s.run_id == side.run_id => {}
+            // After a restart the old connection went with the old process; after a failover
+            // the old primary may still hold it (and refuses writes once it is a replica).
+            Some(_) => {
+                return Err(
+                    "a new connection reached another server process (a restart or a \
+                            failover)"
+                        .into(),
+                )
+            }
+            None => return Err("the new connection's server did not say who it is".into()),
+        }
+        let mut conn = now.conn.clone();
+        redis::cmd("CLIENT")
+            .arg("KILL")
+            .arg("ID")
+            .arg(side.id)
+            .arg("ADDR")
+            .arg(&side.addr)
+            .arg("SKIPME")
+            .arg("yes")
+            .query_async::<i64>(&mut conn)
+            .await
+            .map(|_| ())
+            .map_err(|e| {
+                if e.code() == Some("NOPERM") {
+                    self.shared.warn_unsettled(&e);
+                }
+                format!("CLIENT KILL failed: {e}")
+            })
+    }
+
     /// [`Connection::run`] on this connection, also saying whether the outcome is that of a
     /// write sent again after its first send's connection dropped.
+    ///
+    /// A write whose request got no answer (a timeout, or its connection dropped) has its
+    /// connection ended on the server ([`Self::end`]) before anything else is sent about it: a
+    /// resend, or the caller's re-read after `OutcomeUnknown`, then sees everything that request
+    /// will ever do. The error says whether it could be ended.
     async fn run_noting_resend<T, F, Fut>(&self, op: Op, f: F) -> (Result<T>, bool)
     where
         F: Fn(MultiplexedConnection) -> Fut,
         Fut: Future<Output = RedisResult<T>>,
     {
-        let (mut generation, mut conn) = match self.get().await {
+        let mut open = match self.get().await {
             Ok(c) => c,
             Err(e) => return (Err(e), false),
         };
         if op.writes && !op.idempotent && self.idle() >= IDLE_CHECK {
+            let mut conn = open.conn.clone();
             match redis::cmd("PING").query_async::<()>(&mut conn).await {
                 Ok(()) => self.note_answer(),
-                Err(e) if e.is_timeout() || e.is_io_error() || e.is_connection_dropped() => {
+                Err(e) if unanswered(&e) => {
                     tracing::debug!(backend = BACKEND, error = %e, "idle command connection found closed; opening a new one");
                     self.shared.broke(&e);
-                    self.discard(Some(generation));
-                    (generation, conn) = match self.get().await {
+                    self.discard(Some(open.generation));
+                    open = match self.get().await {
                         Ok(c) => c,
                         Err(e) => return (Err(e), false),
                     };
@@ -523,6 +647,11 @@ impl Lane {
                 Err(_) => {}
             }
         }
+        let Open {
+            generation,
+            conn,
+            side,
+        } = open;
         let first = match f(conn).await {
             Ok(v) => {
                 self.note_answer();
@@ -530,47 +659,166 @@ impl Lane {
             }
             Err(e) => e,
         };
-        self.shared.broke(&first);
-        if first.is_unrecoverable_error() || first.is_timeout() || demoted(&first) {
-            self.discard(Some(generation));
-        }
         let dropped = first.is_connection_dropped() && !first.is_timeout();
+        let (first, ended) = self.failed(op, generation, side, first).await;
         if !(dropped && op.idempotent) {
-            return (Err(error::from_redis(op, first)), false);
+            return (Err(noted(first, &ended)), false);
         }
-        let first = error::from_redis(op, first);
-        let (generation, conn) = match self.get().await {
+        let open = match self.get().await {
             Ok(c) => c,
             // Cannot reconnect: for a write the first request's fate stays unknown.
-            Err(e) => return (Err(if op.writes { first } else { e }), false),
+            Err(e) => return (Err(if op.writes { noted(first, &ended) } else { e }), false),
         };
+        let Open {
+            generation,
+            conn,
+            side,
+        } = open;
         match f(conn).await {
             Ok(v) => {
                 self.note_answer();
                 (Ok(v), op.writes)
             }
             Err(e) => {
-                self.shared.broke(&e);
-                if e.is_unrecoverable_error() || e.is_timeout() {
-                    self.discard(Some(generation));
-                }
+                let (e, ended_again) = self.failed(op, generation, side, e).await;
                 // The retry failing (for example `LOADING` just after a restart) says nothing
                 // about the first request: a write's outcome stays unknown, so the caller keeps
-                // its cleanup armed.
-                if op.writes {
-                    (Err(first), false)
-                } else {
-                    (Err(error::from_redis(op, e)), false)
+                // its cleanup armed. A retry that got no answer either is one more request that
+                // may apply: the error then speaks for both.
+                if !op.writes {
+                    return (Err(e), false);
+                }
+                match (first, ended_again) {
+                    (
+                        Error::OutcomeUnknown {
+                            backend,
+                            operation,
+                            message,
+                            source,
+                        },
+                        Some(again),
+                    ) => {
+                        let first = Error::OutcomeUnknown {
+                            backend,
+                            operation,
+                            message: format!("{message}; sent again, and again no answer: {e}"),
+                            source,
+                        };
+                        let both = match (ended, again) {
+                            (Some(Ok(())), Ok(())) => Some(Ok(())),
+                            (Some(Err(why)), _) | (_, Err(why)) => Some(Err(why)),
+                            (None, r) => Some(r),
+                        };
+                        (Err(noted(first, &both)), false)
+                    }
+                    (first, _) => (Err(noted(first, &ended)), false),
                 }
             }
         }
     }
+
+    /// After `e` failed a request on the connection of `generation` (`side` on its server):
+    /// marks the leases in doubt if the connection broke, drops a connection that is unusable
+    /// (or timed out: a half-open TCP connection never recovers by itself), and ends it on the
+    /// server when a write got no answer ([`Self::end`]). Returns the mapped error and, for such
+    /// a write, whether its connection was ended (for [`noted`]).
+    async fn failed(
+        &self,
+        op: Op,
+        generation: u64,
+        side: Option<Arc<ServerSide>>,
+        e: redis::RedisError,
+    ) -> (Error, Option<std::result::Result<(), String>>) {
+        self.shared.broke(&e);
+        let unsettled = op.writes && (unanswered(&e) || e.is_unrecoverable_error());
+        if unsettled || e.is_unrecoverable_error() || e.is_timeout() || demoted(&e) {
+            self.discard(Some(generation));
+        }
+        let ended = if unsettled {
+            Some(self.end(generation, side.as_deref()).await)
+        } else {
+            None
+        };
+        (error::from_redis(op, e), ended)
+    }
+}
+
+/// `e` with, for an unknown outcome, whether the connection of the request was ended on the
+/// server (`ended`, from [`Lane::failed`]).
+fn noted(e: Error, ended: &Option<std::result::Result<(), String>>) -> Error {
+    match (e, ended) {
+        (
+            Error::OutcomeUnknown {
+                backend,
+                operation,
+                message,
+                source,
+            },
+            Some(ended),
+        ) => Error::OutcomeUnknown {
+            backend,
+            operation,
+            message: match ended {
+                Ok(()) => format!(
+                    "{message}; its connection was ended on the server, so a read now shows \
+                     everything it did"
+                ),
+                Err(why) => format!(
+                    "{message}; its connection could not be ended on the server ({why}), so it \
+                     may still apply later"
+                ),
+            },
+            source,
+        },
+        (e, _) => e,
+    }
+}
+
+/// The request got no answer: it timed out, or its connection dropped or failed.
+fn unanswered(e: &redis::RedisError) -> bool {
+    e.is_timeout() || e.is_io_error() || e.is_connection_dropped()
 }
 
 /// The server is no longer the primary (a failover demoted it): open a new connection, which
 /// asks the Sentinels again.
 fn demoted(e: &redis::RedisError) -> bool {
     matches!(e.code(), Some("READONLY" | "MASTERDOWN"))
+}
+
+/// Who `conn` is on its server ([`ServerSide`]), or `None` when the server does not say (a
+/// server older than 6.2 has no `CLIENT INFO`; an ACL may refuse it or `INFO`): a write on it
+/// whose answer is lost then cannot be ended on the server, and says so. No answer fails the
+/// open, as the other checks' do.
+async fn server_side(
+    conn: &mut MultiplexedConnection,
+    shared: &Shared,
+) -> Result<Option<ServerSide>> {
+    let mut pipe = redis::pipe();
+    pipe.cmd("CLIENT").arg("INFO").cmd("INFO").arg("server");
+    let (client, server): (String, String) = match pipe.query_async(conn).await {
+        Ok(v) => v,
+        Err(e) if e.code().is_some() => {
+            shared.warn_unsettled(&e);
+            return Ok(None);
+        }
+        Err(e) => return Err(error::from_redis(ops::CHECK, e)),
+    };
+    let field = |name: &str| {
+        client
+            .split_whitespace()
+            .find_map(|f| f.strip_prefix(name)?.strip_prefix('='))
+    };
+    let side = (|| {
+        Some(ServerSide {
+            run_id: server
+                .lines()
+                .find_map(|l| l.trim().strip_prefix("run_id:"))?
+                .to_owned(),
+            id: field("id")?.parse().ok()?,
+            addr: field("addr")?.to_owned(),
+        })
+    })();
+    Ok(side)
 }
 
 /// `SENTINEL get-master-addr-by-name` of one Sentinel: `Some((host, port))`, or `None` when it

@@ -619,3 +619,59 @@ async fn a_lost_reply_at_the_wait_bound_on_a_free_key_is_not_reported_busy() {
     let lease = r.unwrap_or_else(|e| panic!("a free key with a zero wait: {e}"));
     lease.release().await.unwrap();
 }
+
+/// An acquire whose script is stalled in the network (its connection forwards nothing; new ones
+/// pass) is granted on a new connection, and released. The stalled copy of the script then
+/// reaches the server: it must not lock the key again for a nonce nobody holds. The adapter
+/// ended the stalled connection on the server before it re-read, so the copy never runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_acquire_does_not_lock_the_key_after_its_lease_was_released() {
+    let Some(srv) = server("a_stalled_acquire_does_not_lock_the_key", durable()) else {
+        return;
+    };
+    let proxy = FaultProxy::start(srv.addr()).await.unwrap();
+    let c = via(&proxy, "request_timeout_ms=300&poll_interval_ms=50").await;
+    let k = key("stalled-acquire");
+    proxy.stall_open();
+    let accepted = proxy.accepted_connections();
+    let lease = c
+        .acquire(&k, &LeaseOptions::new(10 * SEC))
+        .await
+        .unwrap_or_else(|e| panic!("a free key: {e}"));
+    assert!(
+        proxy.accepted_connections() > accepted,
+        "the script was not stalled: no new connection"
+    );
+    let token = lease.token();
+    lease.release().await.unwrap();
+    let keys = adapter_redis::storage_keys(c.config(), &k);
+    // Every connection of the coordinator closes (nothing holds one once both are dropped); the
+    // proxy then delivers what it held on the stalled one, and closes each once the server has
+    // closed its side (the server runs what it received on a connection before it reads the end
+    // of it).
+    drop((lease, c));
+    proxy.heal();
+    let settled = eventually(10 * SEC, || async {
+        (proxy.open_connections() == 0).then_some(())
+    })
+    .await;
+    assert!(settled.is_some(), "the proxy's connections never closed");
+    let mut conn = raw(&srv).await;
+    let (value, counter): (Option<String>, String) = redis::pipe()
+        .cmd("GET")
+        .arg(&keys[0])
+        .cmd("GET")
+        .arg(&keys[1])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(
+        value, None,
+        "the stalled acquire ran after the release and locked the key"
+    );
+    assert_eq!(
+        counter,
+        token.get().to_string(),
+        "a token was issued after ours"
+    );
+}

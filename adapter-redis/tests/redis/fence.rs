@@ -256,3 +256,44 @@ async fn a_write_after_an_idle_connection_was_closed_goes_on_a_new_one() {
     assert_eq!(v.value, Some((t(2), Bytes::from_static(b"v2"))));
     assert_eq!(proxy.accepted_connections(), 2);
 }
+
+/// A write stalled in the network (its connection forwards nothing; new ones pass) is
+/// `OutcomeUnknown`, and its connection was ended on the server: the caller's re-read tells the
+/// truth, and the write it then makes again under the same token stands. Before, the stalled
+/// copy reached the server later and replaced it (as decision 0034 found for PostgreSQL).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_write_is_ended_and_never_replaces_a_later_one() {
+    let Some(srv) = server("a_stalled_write_is_ended", durable()) else {
+        return;
+    };
+    let proxy = FaultProxy::start(srv.addr()).await.unwrap();
+    let direct = fence(&srv, "").await;
+    let via = RedisFence::connect_url(&format!("redis://{}/?request_timeout_ms=300", proxy.addr()))
+        .await
+        .unwrap();
+    let r = ResourceId::from(&key("stalled-write"));
+    proxy.stall_open();
+    match via.write(&r, t(4), Bytes::from_static(b"stalled")).await {
+        Err(Error::OutcomeUnknown { message, .. }) => assert!(
+            message.contains("its connection was ended on the server"),
+            "{message}"
+        ),
+        other => panic!("expected OutcomeUnknown, got {other:?}"),
+    }
+    // The re-read the error asks for.
+    assert_eq!(direct.read(&r).await.unwrap(), None);
+    via.write(&r, t(4), Bytes::from_static(b"again"))
+        .await
+        .unwrap();
+    // The proxy delivers what it held once healed, and closes each connection once the server
+    // has closed its side (having run what it received on it).
+    drop(via);
+    proxy.heal();
+    let settled = eventually(10 * SEC, || async {
+        (proxy.open_connections() == 0).then_some(())
+    })
+    .await;
+    assert!(settled.is_some(), "the proxy's connections never closed");
+    let v = direct.read(&r).await.unwrap().unwrap();
+    assert_eq!(v.value, Some((t(4), Bytes::from_static(b"again"))));
+}
