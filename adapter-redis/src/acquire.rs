@@ -57,6 +57,7 @@ enum Attempt {
     /// request did not apply yet; it may still be pending at the server), or ours while replicas
     /// must acknowledge it (the re-read proves no replica has it). The acquire script is
     /// idempotent per nonce, so running it again is safe, and it answers for the grant then.
+    /// Also a grant of ours whose validity ended before it was seen, given back: the key is free.
     Again(Error),
     /// The reply was lost and the re-read failed too.
     Unknown(Error),
@@ -388,7 +389,17 @@ impl RedisCoordinator {
                 );
                 return Err(e);
             }
-            return Ok(Attempt::Held(None));
+            // Ours, and given back: the key is free, not busy. Another run of the script makes
+            // a grant whose validity counts from its own send.
+            return Ok(Attempt::Again(Error::Unavailable {
+                backend: BACKEND,
+                message: format!(
+                    "acquire: the grant's validity ({ttl:?} less a {margin:?} drift margin, \
+                     counted from the send of the request that may have made it) ended before \
+                     the grant was seen; the lock was given back"
+                ),
+                source: None,
+            }));
         }
         let nonce = parts.nonce;
         let tracker = LeaseTracker::new(BACKEND, key.clone(), token, ttl, margin, sent_at);

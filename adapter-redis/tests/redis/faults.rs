@@ -675,3 +675,29 @@ async fn a_stalled_acquire_does_not_lock_the_key_after_its_lease_was_released() 
         "a token was issued after ours"
     );
 }
+
+/// A grant whose reply is lost is found by the re-read after its validity (counted from the lost
+/// request's send) has already ended: the adapter gives it back, and `try_acquire` must then
+/// run the script again for a grant of its own, not report the key it held itself as `Held`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_found_expired_after_a_lost_reply_is_tried_again_not_reported_held() {
+    let Some(srv) = server("a_grant_found_expired_after_a_lost_reply", durable()) else {
+        return;
+    };
+    let proxy = FaultProxy::start(srv.addr()).await.unwrap();
+    let c = via(&proxy, "request_timeout_ms=400").await;
+    let k = key("grant-found-expired");
+    // The script applies, its reply is lost: the re-read comes at least 400 ms after the send,
+    // while the key lives (2 s) but past the lease's validity (2 s less a 1.8 s drift margin).
+    let options = LeaseOptions::new(2 * SEC).drift_margin(Duration::from_millis(1800));
+    // The script loaded (a first `EVALSHA` would be refused `NOSCRIPT`, applying nothing).
+    let warm = c.try_acquire(&k, &options).await.unwrap();
+    warm.release().await.unwrap();
+    proxy.drop_replies_on_open();
+    let lease = c
+        .try_acquire(&k, &options)
+        .await
+        .unwrap_or_else(|e| panic!("the key was free (our own grant, given back): {e}"));
+    assert_eq!(lease.status(), LeaseStatus::Held);
+    lease.release().await.unwrap();
+}
