@@ -278,7 +278,8 @@ impl RedisCoordinator {
                 let granted = self
                     .grant(key, keys, parts, token, options, validity_from)
                     .await;
-                if granted.is_ok() {
+                // Not after a grant found expired (`Again`): its give-back may have failed.
+                if matches!(granted, Ok(Attempt::Granted(_))) {
                     guard.pending = was_pending;
                 }
                 granted
@@ -378,7 +379,7 @@ impl RedisCoordinator {
         if Instant::now() >= valid_until || regression.is_some() {
             // Either the lease expired before we could use it (a very slow reply), or the token
             // went backwards: give the lock back either way.
-            let _ = self.inner.release_by_head(keys, &parts.head).await;
+            let (gave_back, _) = self.inner.release_by_head(keys, &parts.head).await;
             if let Some(e) = regression {
                 tracing::error!(
                     backend = BACKEND,
@@ -390,13 +391,20 @@ impl RedisCoordinator {
                 return Err(e);
             }
             // Ours, and given back: the key is free, not busy. Another run of the script makes
-            // a grant whose validity counts from its own send.
+            // a grant whose validity counts from its own send. (Not given back: the call's
+            // guard stays armed and deletes it.)
+            let gave_back = match gave_back {
+                Ok(_) => "the lock was given back".to_owned(),
+                Err(e) => {
+                    format!("giving the lock back failed ({e}); it is deleted in the background")
+                }
+            };
             return Ok(Attempt::Again(Error::Unavailable {
                 backend: BACKEND,
                 message: format!(
                     "acquire: the grant's validity ({ttl:?} less a {margin:?} drift margin, \
                      counted from the send of the request that may have made it) ended before \
-                     the grant was seen; the lock was given back"
+                     the grant was seen; {gave_back}"
                 ),
                 source: None,
             }));

@@ -121,9 +121,9 @@ struct Lane {
     answered: AtomicU64,
     opened: Instant,
     connecting: tokio::sync::Mutex<ConnectState>,
-    /// The last connection [`Lane::end`] tried to end and how that went: the writes that were in
-    /// flight on it when it stopped answering share one `CLIENT KILL`.
-    ended: tokio::sync::Mutex<Option<(u64, std::result::Result<(), String>)>>,
+    /// The last connection [`Lane::end`] ended: the writes that were in flight on it when it
+    /// stopped answering share one `CLIENT KILL`.
+    ended: tokio::sync::Mutex<Option<u64>>,
 }
 
 /// An open connection of a [`Lane`].
@@ -391,7 +391,7 @@ impl Shared {
     /// ended on the server (`e`: `CLIENT INFO`, `INFO` or `CLIENT KILL` refused).
     fn warn_unsettled(&self, e: &redis::RedisError) {
         if !self.warned_unsettled.swap(true, Ordering::Relaxed) {
-            tracing::warn!(backend = BACKEND, error = %e, "the Redis user may not run CLIENT INFO, INFO or CLIENT KILL: a write whose answer is lost cannot be kept from applying late (grant +client|info +info +client|kill to settle it)");
+            tracing::warn!(backend = BACKEND, error = %e, "CLIENT INFO, INFO or CLIENT KILL refused or unsupported (Redis 6.2 or later, and +client|info +info +client|kill for an ACL user, are needed): a write whose answer is lost cannot be kept from applying late");
         }
     }
 
@@ -542,14 +542,11 @@ impl Lane {
     /// server, from a new connection, so that nothing sent on it and not yet run (held in a
     /// stalled network path, say) runs later: `CLIENT KILL` of its `id` and `addr`, on a
     /// connection to the same server process. Redis runs nothing more from a client it kills,
-    /// and bytes that reach a closed socket are refused. Bounded by the request timeout (once
-    /// per connection: the writes in flight on it share the answer). `Err` says why the
+    /// and bytes that reach a closed socket are refused. Bounded by the connect timeout plus the
+    /// request timeout (the new connection's open and checks, then the kill); once ended, the
+    /// other writes that were in flight on it need no kill of their own. `Err` says why the
     /// connection could not be ended.
-    async fn end(
-        &self,
-        generation: u64,
-        side: Option<&ServerSide>,
-    ) -> std::result::Result<(), String> {
+    async fn end(&self, generation: u64, side: Option<&ServerSide>) -> Ended {
         let Some(side) = side else {
             return Err(
                 "the server did not say who the connection was at its open (CLIENT \
@@ -557,16 +554,16 @@ impl Lane {
                     .into(),
             );
         };
-        let bound = self.shared.config.request_timeout();
+        let bound = self.shared.config.connect_timeout() + self.shared.config.request_timeout();
         let ended = async {
             let mut last = self.ended.lock().await;
-            if let Some((g, r)) = &*last {
-                if *g == generation {
-                    return r.clone();
-                }
+            if *last == Some(generation) {
+                return Ok(());
             }
             let r = self.kill(generation, side).await;
-            *last = Some((generation, r.clone()));
+            if r.is_ok() {
+                *last = Some(generation);
+            }
             r
         };
         match tokio::time::timeout(bound, ended).await {
@@ -576,7 +573,7 @@ impl Lane {
     }
 
     /// [`Self::end`]'s `CLIENT KILL`, from the lane's connection (a new one).
-    async fn kill(&self, generation: u64, side: &ServerSide) -> std::result::Result<(), String> {
+    async fn kill(&self, generation: u64, side: &ServerSide) -> Ended {
         let now = self.get().await.map_err(|e| e.to_string())?;
         if now.generation == generation {
             return Err("no other connection to end it from".to_owned());
@@ -662,12 +659,13 @@ impl Lane {
         let dropped = first.is_connection_dropped() && !first.is_timeout();
         let (first, ended) = self.failed(op, generation, side, first).await;
         if !(dropped && op.idempotent) {
-            return (Err(noted(first, &ended)), false);
+            return (Err(noted(first, ended, None)), false);
         }
         let open = match self.get().await {
             Ok(c) => c,
             // Cannot reconnect: for a write the first request's fate stays unknown.
-            Err(e) => return (Err(if op.writes { noted(first, &ended) } else { e }), false),
+            Err(_) if op.writes => return (Err(noted(first, ended, None)), false),
+            Err(e) => return (Err(e), false),
         };
         let Open {
             generation,
@@ -681,38 +679,19 @@ impl Lane {
             }
             Err(e) => {
                 let (e, ended_again) = self.failed(op, generation, side, e).await;
+                if !op.writes {
+                    return (Err(e), false);
+                }
                 // The retry failing (for example `LOADING` just after a restart) says nothing
                 // about the first request: a write's outcome stays unknown, so the caller keeps
                 // its cleanup armed. A retry that got no answer either is one more request that
                 // may apply: the error then speaks for both.
-                if !op.writes {
-                    return (Err(e), false);
-                }
-                match (first, ended_again) {
-                    (
-                        Error::OutcomeUnknown {
-                            backend,
-                            operation,
-                            message,
-                            source,
-                        },
-                        Some(again),
-                    ) => {
-                        let first = Error::OutcomeUnknown {
-                            backend,
-                            operation,
-                            message: format!("{message}; sent again, and again no answer: {e}"),
-                            source,
-                        };
-                        let both = match (ended, again) {
-                            (Some(Ok(())), Ok(())) => Some(Ok(())),
-                            (Some(Err(why)), _) | (_, Err(why)) => Some(Err(why)),
-                            (None, r) => Some(r),
-                        };
-                        (Err(noted(first, &both)), false)
-                    }
-                    (first, _) => (Err(noted(first, &ended)), false),
-                }
+                let first = match (ended, ended_again) {
+                    (Some(Ok(())), Some(again)) => noted(first, Some(again), Some(&e)),
+                    (ended, Some(_)) => noted(first, ended, Some(&e)),
+                    (ended, None) => noted(first, ended, None),
+                };
+                (Err(first), false)
             }
         }
     }
@@ -728,7 +707,7 @@ impl Lane {
         generation: u64,
         side: Option<Arc<ServerSide>>,
         e: redis::RedisError,
-    ) -> (Error, Option<std::result::Result<(), String>>) {
+    ) -> (Error, Option<Ended>) {
         self.shared.broke(&e);
         let unsettled = op.writes && (unanswered(&e) || e.is_unrecoverable_error());
         if unsettled || e.is_unrecoverable_error() || e.is_timeout() || demoted(&e) {
@@ -743,33 +722,41 @@ impl Lane {
     }
 }
 
-/// `e` with, for an unknown outcome, whether the connection of the request was ended on the
-/// server (`ended`, from [`Lane::failed`]).
-fn noted(e: Error, ended: &Option<std::result::Result<(), String>>) -> Error {
+/// Whether a write's connection was ended on the server ([`Lane::end`]), or why not.
+type Ended = std::result::Result<(), String>;
+
+/// `e` with, for an unknown outcome, the failure of a second send (`again`) and whether the
+/// connection of each send was ended on the server (`ended`, from [`Lane::failed`]).
+fn noted(e: Error, ended: Option<Ended>, again: Option<&Error>) -> Error {
     match (e, ended) {
         (
             Error::OutcomeUnknown {
                 backend,
                 operation,
-                message,
+                mut message,
                 source,
             },
             Some(ended),
-        ) => Error::OutcomeUnknown {
-            backend,
-            operation,
-            message: match ended {
-                Ok(()) => format!(
-                    "{message}; its connection was ended on the server, so a read now shows \
-                     everything it did"
-                ),
+        ) => {
+            if let Some(again) = again {
+                message += &format!("; sent again: {again}");
+            }
+            message += &match ended {
+                Ok(()) => "; its connection was ended on the server, so a read now shows \
+                           everything it did"
+                    .to_owned(),
                 Err(why) => format!(
-                    "{message}; its connection could not be ended on the server ({why}), so it \
-                     may still apply later"
+                    "; its connection could not be ended on the server ({why}), so it may still \
+                     apply later"
                 ),
-            },
-            source,
-        },
+            };
+            Error::OutcomeUnknown {
+                backend,
+                operation,
+                message,
+                source,
+            }
+        }
         (e, _) => e,
     }
 }
@@ -797,11 +784,11 @@ async fn server_side(
     pipe.cmd("CLIENT").arg("INFO").cmd("INFO").arg("server");
     let (client, server): (String, String) = match pipe.query_async(conn).await {
         Ok(v) => v,
-        Err(e) if e.code().is_some() => {
+        Err(e) if unanswered(&e) => return Err(error::from_redis(ops::CHECK, e)),
+        Err(e) => {
             shared.warn_unsettled(&e);
             return Ok(None);
         }
-        Err(e) => return Err(error::from_redis(ops::CHECK, e)),
     };
     let field = |name: &str| {
         client

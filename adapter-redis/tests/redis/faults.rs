@@ -630,7 +630,7 @@ async fn a_stalled_acquire_does_not_lock_the_key_after_its_lease_was_released() 
         return;
     };
     let proxy = FaultProxy::start(srv.addr()).await.unwrap();
-    let c = via(&proxy, "request_timeout_ms=300&poll_interval_ms=50").await;
+    let c = via(&proxy, "request_timeout_ms=1000&poll_interval_ms=50").await;
     let k = key("stalled-acquire");
     proxy.stall_open();
     let accepted = proxy.accepted_connections();
@@ -685,11 +685,11 @@ async fn a_grant_found_expired_after_a_lost_reply_is_tried_again_not_reported_he
         return;
     };
     let proxy = FaultProxy::start(srv.addr()).await.unwrap();
-    let c = via(&proxy, "request_timeout_ms=400").await;
+    let c = via(&proxy, "request_timeout_ms=1000").await;
     let k = key("grant-found-expired");
-    // The script applies, its reply is lost: the re-read comes at least 400 ms after the send,
-    // while the key lives (2 s) but past the lease's validity (2 s less a 1.8 s drift margin).
-    let options = LeaseOptions::new(2 * SEC).drift_margin(Duration::from_millis(1800));
+    // The script applies, its reply is lost: the re-read comes at least 1 s after the send,
+    // while the key lives (3 s) but past the lease's validity (3 s less a 2.2 s drift margin).
+    let options = LeaseOptions::new(3 * SEC).drift_margin(Duration::from_millis(2200));
     // The script loaded (a first `EVALSHA` would be refused `NOSCRIPT`, applying nothing).
     let warm = c.try_acquire(&k, &options).await.unwrap();
     warm.release().await.unwrap();

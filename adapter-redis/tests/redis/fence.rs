@@ -268,10 +268,19 @@ async fn a_stalled_write_is_ended_and_never_replaces_a_later_one() {
     };
     let proxy = FaultProxy::start(srv.addr()).await.unwrap();
     let direct = fence(&srv, "").await;
-    let via = RedisFence::connect_url(&format!("redis://{}/?request_timeout_ms=300", proxy.addr()))
+    let via = RedisFence::connect_url(&format!(
+        "redis://{}/?request_timeout_ms=1000",
+        proxy.addr()
+    ))
+    .await
+    .unwrap();
+    let r = ResourceId::from(&key("stalled-write"));
+    // A write just before: the script is loaded, and the connection answered less than a second
+    // ago, so the stalled write is sent on it without a `PING` first.
+    let warm = ResourceId::from(&key("stalled-write-warm-up"));
+    via.write(&warm, t(1), Bytes::from_static(b"warm"))
         .await
         .unwrap();
-    let r = ResourceId::from(&key("stalled-write"));
     proxy.stall_open();
     match via.write(&r, t(4), Bytes::from_static(b"stalled")).await {
         Err(Error::OutcomeUnknown { message, .. }) => assert!(
