@@ -112,6 +112,9 @@ impl RedisCoordinator {
                 }
                 Err(e) => return Err(e),
             };
+            // One reading for the whole round: read twice, the bound could pass between the
+            // two, and a key never found busy would end in `Timeout` (decision 0036).
+            let now = Instant::now();
             let holder_ttl = match attempt {
                 Attempt::Granted(lease) => {
                     guard.pending = false;
@@ -127,7 +130,7 @@ impl RedisCoordinator {
                     // held, run the (idempotent) script once more: `Timeout` would report a key
                     // found free as busy. Otherwise `acquire` keeps trying within its wait bound.
                     // Giving up leaves the guard armed.
-                    if wait.is_none() || (!seen_busy && Instant::now() >= deadline) {
+                    if wait.is_none() || (!seen_busy && now >= deadline) {
                         if retries_left == 0 {
                             return Err(e);
                         }
@@ -137,7 +140,6 @@ impl RedisCoordinator {
                     Some(Duration::ZERO)
                 }
             };
-            let now = Instant::now();
             let Some(_) = wait else {
                 return Err(Error::Held {
                     key: key.to_string(),
