@@ -266,24 +266,14 @@ impl Connection {
         keys: &[&str],
         args: &[&[u8]],
     ) -> (Result<redis::Value>, bool) {
-        // One `EVALSHA` command built in place: redis-rs's `ScriptInvocation` copies every key
-        // and argument into a vector of its own, then again into the command (measured with
-        // lease-bench under `perf`: the largest allocation site of an acquire+release).
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(script.get_hash())
-            .arg(keys.len())
-            .arg(keys)
-            .arg(args);
-        let cmd = &cmd;
+        let cmd = &evalsha(script, keys, args);
         self.main
-            .run_noting_resend(op, |mut c| async move {
-                match cmd.query_async(&mut c).await {
-                    Err(e) if e.code() == Some("NOSCRIPT") => {
-                        script.load_async(&mut c).await?;
-                        cmd.query_async(&mut c).await
-                    }
-                    other => other,
-                }
+            .run_noting_resend(op, |c| {
+                loading(
+                    script,
+                    c,
+                    |mut c| async move { cmd.query_async(&mut c).await },
+                )
             })
             .await
     }
@@ -322,24 +312,53 @@ impl Connection {
             .find_map(|(lane, busy)| busy.try_lock().ok().map(|g| (lane, g)))
             .expect("a free connection for each permit");
         let wait_ms = wait.as_millis().max(1) as u64;
-        lane.run_noting_resend(op, |mut c| async move {
-            let mut pipe = redis::pipe();
-            pipe.cmd("EVALSHA")
-                .arg(script.get_hash())
-                .arg(keys.len())
-                .arg(keys)
-                .arg(args);
-            pipe.cmd("WAIT").arg(replicas).arg(wait_ms);
-            match pipe.query_async::<(redis::Value, i64)>(&mut c).await {
-                Err(e) if e.code() == Some("NOSCRIPT") => {
-                    script.load_async(&mut c).await?;
-                    pipe.query_async(&mut c).await
-                }
-                other => other,
-            }
+        let mut pipe = redis::pipe();
+        pipe.add_command(evalsha(script, keys, args))
+            .cmd("WAIT")
+            .arg(replicas)
+            .arg(wait_ms);
+        let pipe = &pipe;
+        lane.run_noting_resend(op, |c| {
+            loading(
+                script,
+                c,
+                |mut c| async move { pipe.query_async(&mut c).await },
+            )
         })
         .await
         .0
+    }
+}
+
+/// `EVALSHA` of `script` with `keys` and `args`, built in place: redis-rs's `ScriptInvocation`
+/// copies every key and argument into a vector of its own, then again into the command
+/// (measured with lease-bench under `perf`: the largest allocation site of an acquire+release).
+fn evalsha(script: &redis::Script, keys: &[&str], args: &[&[u8]]) -> redis::Cmd {
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(script.get_hash())
+        .arg(keys.len())
+        .arg(keys)
+        .arg(args);
+    cmd
+}
+
+/// Runs `query` (an `EVALSHA` of `script`, alone or in a pipeline) on `c`; when the server does
+/// not know the script (`NOSCRIPT`: restarted, failed over, `SCRIPT FLUSH`), loads it on the
+/// same connection and runs `query` once more.
+async fn loading<T, Fut>(
+    script: &redis::Script,
+    c: MultiplexedConnection,
+    query: impl Fn(MultiplexedConnection) -> Fut,
+) -> RedisResult<T>
+where
+    Fut: Future<Output = RedisResult<T>>,
+{
+    match query(c.clone()).await {
+        Err(e) if e.code() == Some("NOSCRIPT") => {
+            script.load_async(&mut c.clone()).await?;
+            query(c).await
+        }
+        other => other,
     }
 }
 
