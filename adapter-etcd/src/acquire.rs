@@ -19,7 +19,7 @@ use crate::coordinator::{EtcdCoordinator, Inner};
 use crate::error::{retry_resendable, retry_unapplied, Failure, BACKEND};
 use crate::keys::{self, Slot};
 use crate::lease::EtcdLease;
-use crate::session::{Cleaner, Cleanup, Session, Unconfirmed};
+use crate::session::{Cleaner, Cleanup, Session, SessionGrant, Unconfirmed};
 use crate::watch::{Lock, Range};
 
 /// A waiter's or holder's key that must not outlive the attempt unless handed to a lease:
@@ -191,19 +191,32 @@ fn enqueue_txn(prefix: &str, pending: &PendingKey, record: &[u8]) -> Txn {
 }
 
 impl Inner {
-    /// The live session for `secs`, granting one if there is none (or it ended).
+    /// The live session for `secs`, granting one if there is none (or it ended, or its grant
+    /// failed). Every caller asking while a grant is under way awaits that one: one request,
+    /// and a failure reaches them all at once, each within one request timeout of asking.
     async fn session(&self, secs: i64) -> Result<Arc<Session>> {
-        let mut sessions = self.sessions.lock().await;
-        if let Some(s) = sessions.get(&secs) {
-            if !s.is_dead() {
-                return Ok(s.clone());
+        let grant = {
+            let mut sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
+            match sessions.get(&secs) {
+                Some(grant) if grant.usable() => grant.clone(),
+                _ => {
+                    let grant = SessionGrant::start(&self.handle.client, secs, self.timeout());
+                    sessions.insert(secs, grant.clone());
+                    grant
+                }
             }
-        }
-        let s = Session::grant(&self.handle.client, secs, self.timeout())
+        };
+        grant
             .await
-            .map_err(|f| f.into_error(Op::read("grant session lease")))?;
-        sessions.insert(secs, s.clone());
-        Ok(s)
+            .map_err(|f| f.into_error(Op::read("grant session lease")))
+    }
+
+    /// The session for `secs` if one was granted and has not ended (for tests).
+    #[cfg(test)]
+    pub(crate) fn live_session(&self, secs: i64) -> Option<Arc<Session>> {
+        let sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
+        let granted = sessions.get(&secs)?.granted()?;
+        (!granted.is_dead()).then(|| granted.clone())
     }
 
     /// A new attempt on `lock` in `session`: its own key under `prefix`, and its marker.
@@ -954,7 +967,7 @@ mod tests {
         .await
         .unwrap();
         // Another copy of that cleanup arrives now.
-        let state = coord.inner.sessions.lock().await[&20].watch_state();
+        let state = coord.inner.live_session(20).unwrap().watch_state();
         let late = Cleanup::abandoned(name.clone(), marker, session, state);
         raw.txn(late.txn()).await.unwrap();
         let after = raw.get(name, None).await.unwrap().take_kvs();
@@ -1017,7 +1030,7 @@ mod tests {
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         };
-        let session = coord.inner.sessions.lock().await.get(&20).cloned().unwrap();
+        let session = coord.inner.live_session(20).unwrap();
         for marker in &retired {
             assert_eq!(
                 marker.lease(),
@@ -1071,7 +1084,7 @@ mod tests {
         // Open the session.
         let warm = coord.try_acquire(&key, &options).await.unwrap();
         warm.release().await.unwrap();
-        let session = coord.inner.sessions.lock().await[&20].clone();
+        let session = coord.inner.live_session(20).unwrap();
 
         let pending = coord.inner.pending(&key, &prefix, &session);
         let (name, marker, resent) = (

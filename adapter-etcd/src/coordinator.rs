@@ -20,7 +20,7 @@ use crate::core::Handle;
 use crate::error::{retry_unapplied, BACKEND};
 use crate::keys::{self, Slots};
 use crate::lease::GUARD_DELAY;
-use crate::session::{Cleaner, Session};
+use crate::session::{Cleaner, SessionGrant};
 use crate::watch::Watcher;
 
 /// etcd's smallest lease TTL with its default election timeout (1 s): a 1 s request is
@@ -31,8 +31,9 @@ pub(crate) struct Inner {
     pub(crate) handle: Arc<Handle>,
     pub(crate) caps: Capabilities,
     pub(crate) owner: OwnerId,
-    /// One session per granted TTL, in whole seconds.
-    pub(crate) sessions: tokio::sync::Mutex<HashMap<i64, Arc<Session>>>,
+    /// One session per granted TTL, in whole seconds, or its grant under way (locked only to
+    /// look up or start one, never across a request).
+    pub(crate) sessions: std::sync::Mutex<HashMap<i64, SessionGrant>>,
     /// Numbers each acquisition attempt, so that every attempt has its own abandonment marker.
     pub(crate) attempts: AtomicU64,
     /// The slots of holders' and waiters' own key names ([`Slots`]).
@@ -120,7 +121,7 @@ impl EtcdCoordinator {
                 }),
                 caps: capabilities(),
                 owner,
-                sessions: tokio::sync::Mutex::new(HashMap::new()),
+                sessions: std::sync::Mutex::new(HashMap::new()),
                 attempts: AtomicU64::new(rand::random::<u32>() as u64),
                 slots: Default::default(),
                 tokens,

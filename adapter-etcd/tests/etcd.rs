@@ -1628,3 +1628,47 @@ async fn a_lease_kept_with_a_late_renew_fraction_is_not_lost_between_renewals() 
     assert_eq!(kept.lease().status(), LeaseStatus::Held);
     kept.release().await.unwrap();
 }
+
+/// Concurrent acquires on a coordinator with no live session share one grant. Before, the grant
+/// of a TTL's session held the coordinator's map of sessions locked across its request: with
+/// etcd unreachable, each of N concurrent acquires (on any TTL) waited for the grants of those
+/// ahead of it and then sent its own, so the last returned N request timeouts late, far past
+/// its bound. Now a grant under way is awaited by every caller asking for that TTL (one request,
+/// one failure for all) and the map is not locked across it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_acquires_share_a_session_grant_and_fail_within_their_bound() {
+    let Some(server) = server("concurrent_acquires_share_a_session_grant").await else {
+        return;
+    };
+    let proxy = FaultProxy::start(server.addr()).await.unwrap();
+    let timeout = Duration::from_millis(200);
+    let through = coord(&format!(
+        "etcd://{}?request_timeout_ms={}",
+        proxy.addr(),
+        timeout.as_millis()
+    ))
+    .await;
+    proxy.blackhole();
+    let started = Instant::now();
+    let calls: Vec<_> = (0..16)
+        .map(|i| {
+            let (c, k) = (through.clone(), key(&format!("shared-grant/{i}")));
+            // Two TTLs: two sessions, neither waiting for the other's grant.
+            let ttl = Duration::from_secs(if i % 2 == 0 { 5 } else { 7 });
+            tokio::spawn(async move {
+                let r = c.try_acquire(&k, &LeaseOptions::new(ttl)).await;
+                (r.map(|l| l.token()), started.elapsed())
+            })
+        })
+        .collect();
+    for call in calls {
+        let (r, took) = call.await.unwrap();
+        assert!(r.is_err(), "granted through a blackholed proxy: {r:?}");
+        // One grant's bound each (a little more on a loaded machine); queued grants took up to
+        // sixteen.
+        assert!(
+            took < 8 * timeout,
+            "a try_acquire returned {took:?} after the start, with a {timeout:?} request timeout"
+        );
+    }
+}
