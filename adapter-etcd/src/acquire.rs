@@ -26,6 +26,12 @@ use crate::watch::{Lock, Range};
 /// dropping it armed queues its deletion. Until the request that writes it was answered
 /// (`revision` unknown), the deletion also writes the attempt's `marker`, which the request
 /// requires to be absent, so a request applied late writes nothing.
+///
+/// A waiter whose session ended queues again with its key still armed: etcd removes with the
+/// lease only the keys still on it, and a write from outside without the lease detaches a key,
+/// which would otherwise stay in the queue, ahead of every later attempt, for good. The deletion
+/// compares the key's create revision, so a key already gone (or a newer one by that name) is
+/// left alone, at the cost of one request.
 struct PendingKey {
     cleaner: Cleaner,
     key: String,
@@ -490,9 +496,9 @@ impl Inner {
                             // Our key goes with the session, but maybe only at the server's
                             // expiry of its lease (a revoke that could not be sent): queue again
                             // on a new session now, rather than re-read a queue that still shows
-                            // our key, with nothing more to wait for, until then.
+                            // our key, with nothing more to wait for, until then. `pending` stays
+                            // armed (see `PendingKey`).
                             tracing::debug!(key = %key, "etcd waiter's session ended; queueing again");
-                            pending.armed = false;
                             if Instant::now() >= deadline {
                                 return Err(timed_out());
                             }
@@ -540,8 +546,8 @@ impl Inner {
             drop(watch);
             let mut confirmed_sent = last.sent;
             if session.is_dead() {
-                // Our key went with the session (or is about to): queue again.
-                pending.armed = false;
+                // Our key went with the session (or is about to): queue again, `pending` armed
+                // (see `PendingKey`).
                 continue 'enqueue;
             }
             self.tokens.admit(key, revision)?;
@@ -597,9 +603,14 @@ impl Inner {
                     Err(_) => None,
                 };
                 match (confirmed, ours) {
-                    (Err(Unconfirmed::Dead(_)), _) | (_, Some(false)) => {
-                        tracing::debug!(key = %key, "etcd grant could not be confirmed: our key or session is gone; queueing again");
+                    (_, Some(false)) => {
+                        tracing::debug!(key = %key, "etcd grant could not be confirmed: our key is gone; queueing again");
                         pending.armed = false;
+                        continue 'enqueue;
+                    }
+                    (Err(Unconfirmed::Dead(_)), _) => {
+                        // `pending` stays armed (see `PendingKey`).
+                        tracing::debug!(key = %key, "etcd grant could not be confirmed: our session is gone; queueing again");
                         continue 'enqueue;
                     }
                     (Ok(()), Some(true)) => {

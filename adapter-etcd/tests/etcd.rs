@@ -1672,3 +1672,77 @@ async fn concurrent_acquires_share_a_session_grant_and_fail_within_their_bound()
         );
     }
 }
+
+/// While B waits behind A, another tool writes B's queued key without the lease (detaching it
+/// from B's session), and then B's session ends (revoked here; a partition longer than the TTL
+/// does the same). etcd removes only the keys still on the lease, so the detached key stays in
+/// the queue. B queues again on a new session and must delete its old key (by its create
+/// revision, which the write kept): before, B took for granted that the key went with the
+/// session, queued behind its own orphan, and the lock stayed taken for good once A released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiters_detached_key_is_deleted_when_its_session_ends() {
+    let Some(server) = server("a_waiters_detached_key_is_deleted_when_its_session_ends").await
+    else {
+        return;
+    };
+    let (a, b) = (coord(&server.url()).await, coord(&server.url()).await);
+    let etcd = EtcdCoordinator::connect_url(&server.url()).await.unwrap();
+    let mut raw = etcd.client();
+    let k = key("detached-waiter-ended");
+    let held = a
+        .acquire(&k, &LeaseOptions::new(Duration::from_secs(20)))
+        .await
+        .unwrap();
+    let waiter = {
+        let (b, k) = (b.clone(), k.clone());
+        tokio::spawn(async move {
+            b.acquire(
+                &k,
+                &LeaseOptions::new(Duration::from_secs(20)).wait(Duration::from_secs(15)),
+            )
+            .await
+        })
+    };
+    let prefix = etcd.lock_prefix(&k);
+    let queue = |mut raw: Client| {
+        let prefix = prefix.clone();
+        async move {
+            raw.get(prefix, Some(GetOptions::new().with_prefix()))
+                .await
+                .unwrap()
+                .kvs()
+                .to_vec()
+        }
+    };
+    let queued = loop {
+        let kvs = queue(raw.clone()).await;
+        if kvs.len() == 2 {
+            break kvs
+                .iter()
+                .find(|kv| kv.create_revision() != held.token().get() as i64)
+                .expect("a key besides A's")
+                .clone();
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    raw.put(queued.key(), "written by another tool", None)
+        .await
+        .unwrap();
+    raw.lease_revoke(queued.lease()).await.unwrap();
+    // B hears its session ended and queues again on a new one: three keys, or two once its old
+    // one is deleted.
+    eventually(Duration::from_secs(10), "B queues again", || {
+        let raw = raw.clone();
+        let old = queued.create_revision();
+        async move { queue(raw).await.iter().any(|kv| kv.create_revision() > old) }
+    })
+    .await;
+    held.release().await.unwrap();
+    let lease = waiter
+        .await
+        .unwrap()
+        .expect("B is granted once A releases: its old key does not stand in its way");
+    lease.release().await.unwrap();
+    let left = queue(raw.clone()).await;
+    assert!(left.is_empty(), "keys left in the lock's range: {left:?}");
+}
