@@ -588,18 +588,35 @@ pub(crate) struct Cleaner {
 impl Cleaner {
     /// Starts the worker on the current runtime.
     pub(crate) fn start(client: Client, request_timeout: Duration) -> Cleaner {
+        Cleaner::spawn(client, request_timeout, LINGER).0
+    }
+
+    /// Starts the worker, which gives up `linger` after every handle on it is dropped.
+    fn spawn(
+        client: Client,
+        request_timeout: Duration,
+        linger: Duration,
+    ) -> (Cleaner, tokio::task::JoinHandle<()>) {
         let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(cleaner(client, request_timeout, rx));
-        Cleaner { tx }
+        let task = tokio::spawn(cleaner(client, request_timeout, linger, rx));
+        (Cleaner { tx }, task)
     }
 
     /// Deletes `c.key` in the background, retrying until it is gone: a created key until its
     /// compare-and-delete applies or finds another key (even after its session ended: the key
-    /// may have been detached from it), an abandoned one until its session is over.
+    /// may have been detached from it), an abandoned one until its session is over. Once the
+    /// coordinator and all its leases are dropped, retries end after [`LINGER`].
     pub(crate) fn delete(&self, c: Cleanup) {
         let _ = self.tx.send(c);
     }
 }
+
+/// How long the deletion worker keeps retrying once every handle on it is dropped (the
+/// coordinator and all its leases). Its sessions are revoked or expire by then, taking their
+/// keys; only a key detached from its session by a write from outside outlives them, and that
+/// one is left (with a `warn` naming it) rather than retried for as long as the process lives
+/// while etcd is unreachable.
+const LINGER: Duration = Duration::from_secs(30);
 
 struct Pending {
     c: Cleanup,
@@ -611,10 +628,13 @@ struct Pending {
 async fn cleaner(
     client: Client,
     request_timeout: Duration,
+    linger: Duration,
     mut rx: mpsc::UnboundedReceiver<Cleanup>,
 ) {
     let mut pending: Vec<Pending> = Vec::new();
     let mut open = true;
+    // When every handle was dropped: retries end `linger` after it.
+    let mut closed_at: Option<Instant> = None;
     loop {
         if !open && pending.is_empty() {
             return;
@@ -627,7 +647,10 @@ async fn cleaner(
                     due: Instant::now(),
                     backoff: Backoff::new(Duration::from_millis(100), Duration::from_millis(1600)),
                 }),
-                None => open = false,
+                None => {
+                    open = false;
+                    closed_at = Some(Instant::now());
+                }
             },
             _ = tokio::time::sleep_until(next_due.unwrap_or_else(Instant::now)), if next_due.is_some() => {}
         }
@@ -663,10 +686,57 @@ async fn cleaner(
         let now = Instant::now();
         for (mut p, ok) in results {
             if !ok {
+                if closed_at.is_some_and(|closed| now >= closed + linger) {
+                    tracing::warn!(
+                        key = %p.c.key,
+                        "etcd cleanup given up {linger:?} after its coordinator was dropped \
+                         (etcd unreachable): if a write from outside detached this key from its \
+                         session, it stays and holds the lock; delete it by hand, or with \
+                         `fenced force-release`"
+                    );
+                    continue;
+                }
                 p.due = now + p.backoff.next_delay();
                 tracing::debug!(key = %p.c.key, "etcd cleanup failed; retrying");
                 pending.push(p);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Once every handle on the deletion worker is dropped (the coordinator and all its
+    /// leases), a deletion that keeps failing (etcd unreachable) is given up after the linger
+    /// and the task ends. Before, it retried a created key's deletion for as long as the runtime
+    /// lived.
+    #[tokio::test]
+    async fn the_cleaner_gives_up_once_its_coordinator_is_dropped() {
+        // A loopback port nothing listens on: every request is refused.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let client = Client::connect([format!("127.0.0.1:{port}")], None)
+            .await
+            .unwrap();
+        let linger = Duration::from_millis(500);
+        let (cleaner, task) = Cleaner::spawn(client, Duration::from_millis(100), linger);
+        let now = Instant::now();
+        let (_state, session) = watch::channel(SessionState {
+            acked_sent: now,
+            deadline: now,
+            dead: Some(LostReason::SessionEnded),
+            breaks: 0,
+        });
+        cleaner.delete(Cleanup::created("fenced/lock/k/x".into(), 7, session));
+        drop(cleaner);
+        tokio::time::timeout(linger + Duration::from_secs(10), task)
+            .await
+            .expect("the worker ends after its linger")
+            .unwrap();
     }
 }
