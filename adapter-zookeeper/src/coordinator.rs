@@ -6,12 +6,13 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::FutureExt;
 use lease_core::adapter::{Op, TokenAdmission};
 use lease_core::{Capabilities, LockKey, OwnerId, Result};
 use zookeeper_client::Error as ZkError;
 
 use crate::config::ZkConfig;
-use crate::core::Inner;
+use crate::core::{Inner, Opening, SessionSlot};
 use crate::error::{timed_out, BACKEND};
 use crate::session::Session;
 
@@ -81,7 +82,7 @@ impl ZkCoordinator {
                 config,
                 caps,
                 local_waiters: Default::default(),
-                session: tokio::sync::Mutex::new(Some(session)),
+                session: std::sync::Mutex::new(SessionSlot::Open(session)),
                 client_id: rand::random(),
                 attempts: AtomicU64::new(0),
                 owner,
@@ -120,31 +121,48 @@ impl ZkCoordinator {
     /// log it. Opens no session and sends nothing.
     #[doc(hidden)]
     pub async fn current_session(&self) -> Option<zookeeper_client::SessionInfo> {
-        let slot = self.inner.session.lock().await;
-        slot.as_ref()
-            .filter(|s| !s.is_terminated())
-            .map(|s| s.client().session().clone())
+        let slot = self.inner.session.lock().unwrap_or_else(|p| p.into_inner());
+        slot.open().map(|s| s.client().session().clone())
     }
 
-    /// The live session, or a new one if the last one ended.
+    /// The live session, or a new one if the last one ended: callers asking while one is being
+    /// opened await that opening ([`SessionSlot`]).
     pub(crate) async fn session(&self) -> Result<Arc<Session>> {
-        let mut slot = self.inner.session.lock().await;
-        if let Some(s) = slot.as_ref() {
-            if !s.is_terminated() {
+        let opening = {
+            let mut slot = self.inner.session.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(s) = slot.open() {
                 return Ok(s.clone());
             }
+            match slot.opening() {
+                Some(opening) => opening.clone(),
+                None => {
+                    let opening = self.open_session();
+                    *slot = SessionSlot::Opening(opening.clone());
+                    opening
+                }
+            }
+        };
+        opening.await.map_err(|e| e.replicate())
+    }
+
+    /// Opens a new session ([`Session::connect`]) when first awaited.
+    fn open_session(&self) -> Opening {
+        let config = self.inner.config.clone();
+        let declared = self.inner.caps.min_ttl;
+        async move {
+            let s = Session::connect(&config).await.map_err(Arc::new)?;
+            if s.timeout() != declared {
+                tracing::warn!(
+                    negotiated = ?s.timeout(),
+                    ?declared,
+                    "the new zookeeper session negotiated another timeout than the first one; \
+                     leases use the new one for validity"
+                );
+            }
+            Ok(s)
         }
-        let s = Session::connect(&self.inner.config).await?;
-        if s.timeout() != self.inner.caps.min_ttl {
-            tracing::warn!(
-                negotiated = ?s.timeout(),
-                declared = ?self.inner.caps.min_ttl,
-                "the new zookeeper session negotiated another timeout than the first one; \
-                 leases use the new one for validity"
-            );
-        }
-        *slot = Some(s.clone());
-        Ok(s)
+        .boxed()
+        .shared()
     }
 
     /// Runs one read request with the request timeout. It does not confirm the session: the

@@ -1588,3 +1588,57 @@ async fn a_contender_that_cannot_be_read_is_not_left_out_of_the_order() {
         .await
         .unwrap();
 }
+
+/// Once the session has ended and the ensemble is unreachable, concurrent calls share one
+/// attempt to open a new session. Before, the coordinator held its session slot locked across
+/// the attempt (which retries up to the connect timeout), so each of N concurrent calls waited
+/// for the attempts of those ahead of it and then made its own: the last one failed after N
+/// connect timeouts, whatever its wait bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_calls_share_one_attempt_to_open_a_new_session() {
+    let Some(server) = server("concurrent_calls_share_one_attempt_to_open_a_new_session").await
+    else {
+        return;
+    };
+    let proxy = FaultProxy::start(server.addr()).await.unwrap();
+    // 1 s sessions: the connect timeout is 2 s.
+    let coord = Arc::new(
+        ZkCoordinator::connect(config(proxy.addr(), 1000))
+            .await
+            .unwrap(),
+    );
+    proxy.blackhole();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while coord.current_session().await.is_some() {
+        assert!(Instant::now() < deadline, "the session never ended");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let started = Instant::now();
+    let calls: Vec<_> = (0..5)
+        .map(|i| {
+            let (c, k) = (
+                coord.clone(),
+                format!("shared-open/{i}").parse::<LockKey>().unwrap(),
+            );
+            tokio::spawn(async move {
+                let r = c
+                    .try_acquire(&k, &LeaseOptions::new(Duration::from_secs(5)))
+                    .await;
+                (r.map(|l| l.token()), started.elapsed())
+            })
+        })
+        .collect();
+    for call in calls {
+        let (r, took) = call.await.unwrap();
+        assert!(
+            matches!(r, Err(Error::Unavailable { .. })),
+            "not Unavailable through a blackholed proxy: {r:?}"
+        );
+        // One connect timeout (2 s) each, a little more on a loaded machine; queued attempts
+        // took 2, 4, 6, 8 and 10 s.
+        assert!(
+            took < Duration::from_millis(3500),
+            "a try_acquire failed {took:?} after the start"
+        );
+    }
+}
