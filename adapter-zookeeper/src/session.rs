@@ -12,11 +12,11 @@
 //! A plain read proves nothing of the kind: in an ensemble, a follower cut off from the leader
 //! keeps answering reads (for up to `syncLimit × tickTime`) while the leader expires the session,
 //! so reads never confirm. The session keeps the largest confirmed `s` ("confirmed"), a heartbeat
-//! (a `sync` every `T / 3`) keeps it fresh while connected, and `renew` and the post-reconnect
-//! check send a `sync` pipelined in front of their `exists` ([`Session::synced_exists`]); every
-//! lease's local validity is capped at `confirmed + T − session margin − drift margin`, where the
-//! session margin (one `tickTime` plus the heartbeat period, see [`session_margin`]) covers a
-//! follower's session-touch lag.
+//! (a `sync` every `T / 6`, [`heartbeat_period`]) keeps it fresh while connected, and `renew`
+//! and the post-reconnect check send a `sync` pipelined in front of their `exists`
+//! ([`Session::synced_exists`]); every lease's local validity is capped at
+//! `confirmed + T − session margin − drift margin`, where the session margin (one `tickTime`
+//! plus the heartbeat period, see [`session_margin`]) covers a follower's session-touch lag.
 //!
 //! Connection events:
 //!
