@@ -223,7 +223,12 @@ impl ZkCoordinator {
         loop {
             tries += 1;
             if !s.is_connected() {
-                return Err(disconnected(ops::ACQUIRE));
+                // After a create whose answer was lost, that create may have applied.
+                return Err(if guard.unsure {
+                    create_in_doubt()
+                } else {
+                    disconnected(ops::ACQUIRE)
+                });
             }
             guard.issued = true;
             let sent = Instant::now();
@@ -265,7 +270,12 @@ impl ZkCoordinator {
                 }
                 Ok(Err(e)) => {
                     guard.unsure |= lost;
-                    return Err(from_zk(ops::ACQUIRE, e));
+                    let e = from_zk(ops::ACQUIRE, e);
+                    return Err(if guard.unsure {
+                        ops::ACQUIRE.after_doubt(e)
+                    } else {
+                        e
+                    });
                 }
                 Err(_) => {
                     guard.unsure = true;
@@ -279,14 +289,7 @@ impl ZkCoordinator {
     async fn find_own(&self, s: &Session, dir: &str, prefix: &str) -> Result<Option<Node>> {
         s.wait_connected(s.request_timeout()).await;
         if !s.is_connected() {
-            return Err(Error::OutcomeUnknown {
-                backend: BACKEND,
-                operation: ops::ACQUIRE.name,
-                message: "the connection was lost while creating the contender node; it is \
-                          removed in the background if it was created"
-                    .into(),
-                source: None,
-            });
+            return Err(create_in_doubt());
         }
         let children = match self
             .read(s, ops::ACQUIRE, s.client().list_children(dir))
@@ -346,7 +349,8 @@ impl ZkCoordinator {
     /// behind the holder watches its own node too (both `exists` pipelined): no node can come
     /// before ours later (sequence numbers and creation order only grow), so the holder's
     /// deletion makes us first unless ours was deleted before it, and ZooKeeper delivers a
-    /// session's watch events in the order of their transactions, ours first if it came first.
+    /// session's watch events in the order of their transactions, ours first if it came first
+    /// (not when one transaction deletes both, the holder's first: decision 0028's limit).
     /// That turn is taken without listing again (one round trip less on every hand-off) while
     /// the connection is the one the watches were set on and at least half of `ttl` is left
     /// since they were sent; otherwise the waiter lists again.
@@ -663,6 +667,19 @@ fn busy(key: &LockKey, mode: &Mode, start: Instant) -> Error {
             key: key.to_string(),
             waited: start.elapsed(),
         },
+    }
+}
+
+/// The error of an acquire whose contender `create` got no answer and whose node could not be
+/// looked for since (the connection is down): the create may have applied.
+fn create_in_doubt() -> Error {
+    Error::OutcomeUnknown {
+        backend: BACKEND,
+        operation: ops::ACQUIRE.name,
+        message: "the connection was lost while creating the contender node; it is removed in \
+                  the background if it was created"
+            .into(),
+        source: None,
     }
 }
 

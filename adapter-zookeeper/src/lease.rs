@@ -598,7 +598,14 @@ impl ZkLease {
             }
             Err(Some(e)) => {
                 st.tracker.mark_lost(LostReason::Released);
-                Err(from_zk(ops::RELEASE, e))
+                // A refusal of the resend says nothing of the earlier send, which may have
+                // deleted the node.
+                let e = from_zk(ops::RELEASE, e);
+                Err(if in_doubt {
+                    ops::RELEASE.after_doubt(e)
+                } else {
+                    e
+                })
             }
             Err(None) => {
                 st.tracker.mark_lost(LostReason::Released);
