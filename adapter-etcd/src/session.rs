@@ -80,18 +80,30 @@ impl std::fmt::Debug for Session {
 
 /// A session's grant, shared by every caller that asks for the session while it is under way
 /// (one request, one answer for all), and then the granted session.
+///
+/// The grant runs in a task of its own: it finishes on its own schedule whether or not anyone
+/// still awaits it (a caller whose future was dropped must not leave a half-run grant, its
+/// timeout long past, for the next caller), and a panic in it is an error for its callers, not
+/// a poisoned future that every later caller would hit.
 #[derive(Clone)]
 pub(crate) struct SessionGrant(Shared<BoxFuture<'static, Result<Arc<Session>, Failure>>>);
 
 impl SessionGrant {
-    /// Starts granting a session of `ttl_secs` ([`Session::grant`]); the request leaves when a
-    /// caller first awaits it.
+    /// Starts granting a session of `ttl_secs` ([`Session::grant`]) on the current runtime.
     pub(crate) fn start(client: &Client, ttl_secs: i64, request_timeout: Duration) -> SessionGrant {
         let client = client.clone();
+        let task =
+            tokio::spawn(async move { Session::grant(&client, ttl_secs, request_timeout).await });
         SessionGrant(
-            async move { Session::grant(&client, ttl_secs, request_timeout).await }
-                .boxed()
-                .shared(),
+            async move {
+                task.await.unwrap_or_else(|e| {
+                    Err(Failure::NoAnswer(format!(
+                        "the session grant's task failed: {e}"
+                    )))
+                })
+            }
+            .boxed()
+            .shared(),
         )
     }
 
@@ -612,10 +624,10 @@ impl Cleaner {
 }
 
 /// How long the deletion worker keeps retrying once every handle on it is dropped (the
-/// coordinator and all its leases). Its sessions are revoked or expire by then, taking their
-/// keys; only a key detached from its session by a write from outside outlives them, and that
-/// one is left (with a `warn` naming it) rather than retried for as long as the process lives
-/// while etcd is unreachable.
+/// coordinator and all its leases). Its sessions are revoked then, or expire at their TTL when
+/// the revoke cannot be sent, taking their keys; only a key detached from its session by a
+/// write from outside outlives them, and that one is left (with a `warn` naming it) rather
+/// than retried for as long as the process lives while etcd is unreachable.
 const LINGER: Duration = Duration::from_secs(30);
 
 struct Pending {

@@ -145,12 +145,15 @@ impl ZkCoordinator {
         opening.await.map_err(|e| e.replicate())
     }
 
-    /// Opens a new session ([`Session::connect`]) when first awaited.
+    /// Opens a new session ([`Session::connect`]) in a task of its own: it finishes on its own
+    /// schedule whether or not anyone still awaits it (a caller whose future was dropped must
+    /// not leave a half-run opening, its connect deadline long past, for the next caller), and
+    /// a panic in it is an error for its callers, not a poisoned future every later call hits.
     fn open_session(&self) -> Opening {
         let config = self.inner.config.clone();
         let declared = self.inner.caps.min_ttl;
-        async move {
-            let s = Session::connect(&config).await.map_err(Arc::new)?;
+        let task = tokio::spawn(async move {
+            let s = Session::connect(&config).await?;
             if s.timeout() != declared {
                 tracing::warn!(
                     negotiated = ?s.timeout(),
@@ -160,6 +163,17 @@ impl ZkCoordinator {
                 );
             }
             Ok(s)
+        });
+        async move {
+            task.await
+                .unwrap_or_else(|e| {
+                    Err(lease_core::Error::Unavailable {
+                        backend: BACKEND,
+                        message: format!("opening a zookeeper session: its task failed: {e}"),
+                        source: None,
+                    })
+                })
+                .map_err(Arc::new)
         }
         .boxed()
         .shared()
