@@ -256,26 +256,25 @@ impl ZkCoordinator {
                 }
                 Ok(Err(ZkError::NoNode)) if tries <= MAX_RESTARTS => {
                     s.confirm(sent);
-                    self.ensure_lock_dir(s, dir).await?;
+                    let unsure = guard.unsure;
+                    self.ensure_lock_dir(s, dir)
+                        .await
+                        .map_err(|e| after_doubt(unsure, e))?;
                 }
                 _ if lost && tries <= MAX_RESTARTS => {
                     // The create may have applied: look for our node before creating another.
                     // A server that does not show it yet lets the next create make a second
                     // node for this attempt; `wait_turn`, `withdraw` and the cleanup remove it.
                     guard.unsure = true;
-                    if let Some(node) = self.find_own(s, dir, prefix).await? {
+                    let found = self.find_own(s, dir, prefix).await;
+                    if let Some(node) = found.map_err(|e| after_doubt(true, e))? {
                         tracing::debug!(node = %node.path, "adopted a contender node whose create answer was lost");
                         return Ok(node);
                     }
                 }
                 Ok(Err(e)) => {
                     guard.unsure |= lost;
-                    let e = from_zk(ops::ACQUIRE, e);
-                    return Err(if guard.unsure {
-                        ops::ACQUIRE.after_doubt(e)
-                    } else {
-                        e
-                    });
+                    return Err(after_doubt(guard.unsure, from_zk(ops::ACQUIRE, e)));
                 }
                 Err(_) => {
                     guard.unsure = true;
@@ -680,6 +679,16 @@ fn create_in_doubt() -> Error {
                   the background if it was created"
             .into(),
         source: None,
+    }
+}
+
+/// An acquire's error `e`, saying the outcome is unknown when an earlier create of the attempt
+/// got no answer (`unsure`): that create may have applied.
+fn after_doubt(unsure: bool, e: Error) -> Error {
+    if unsure {
+        ops::ACQUIRE.after_doubt(e)
+    } else {
+        e
     }
 }
 
