@@ -1671,6 +1671,34 @@ async fn concurrent_acquires_share_a_session_grant_and_fail_within_their_bound()
             "a try_acquire returned {took:?} after the start, with a {timeout:?} request timeout"
         );
     }
+    // Reachable: concurrent callers on a new coordinator all get the one session granted.
+    let fresh = EtcdCoordinator::connect_url(&server.url()).await.unwrap();
+    let calls: Vec<_> = (0..8)
+        .map(|i| {
+            let (c, k) = (fresh.clone(), key(&format!("shared-grant/ok/{i}")));
+            tokio::spawn(async move { c.try_acquire(&k, &LeaseOptions::new(TTL)).await })
+        })
+        .collect();
+    let mut sessions = Vec::new();
+    let mut raw = fresh.client();
+    for (i, call) in calls.into_iter().enumerate() {
+        let lease = call.await.unwrap().unwrap();
+        let prefix = fresh.lock_prefix(&key(&format!("shared-grant/ok/{i}")));
+        let kvs = raw
+            .get(prefix, Some(GetOptions::new().with_prefix()))
+            .await
+            .unwrap()
+            .kvs()
+            .to_vec();
+        sessions.push(kvs[0].lease());
+        lease.release().await.unwrap();
+    }
+    sessions.dedup();
+    assert_eq!(
+        sessions.len(),
+        1,
+        "more than one session granted: {sessions:?}"
+    );
 }
 
 /// While B waits behind A, another tool writes B's queued key without the lease (detaching it
@@ -1693,12 +1721,13 @@ async fn a_waiters_detached_key_is_deleted_when_its_session_ends() {
         .acquire(&k, &LeaseOptions::new(Duration::from_secs(20)))
         .await
         .unwrap();
+    // B's session TTL of 6 s: it hears of the revoke at its next keepalive, within 2 s.
     let waiter = {
         let (b, k) = (b.clone(), k.clone());
         tokio::spawn(async move {
             b.acquire(
                 &k,
-                &LeaseOptions::new(Duration::from_secs(20)).wait(Duration::from_secs(15)),
+                &LeaseOptions::new(Duration::from_secs(6)).wait(Duration::from_secs(30)),
             )
             .await
         })
@@ -1714,6 +1743,7 @@ async fn a_waiters_detached_key_is_deleted_when_its_session_ends() {
                 .to_vec()
         }
     };
+    let deadline = Instant::now() + Duration::from_secs(10);
     let queued = loop {
         let kvs = queue(raw.clone()).await;
         if kvs.len() == 2 {
@@ -1723,6 +1753,7 @@ async fn a_waiters_detached_key_is_deleted_when_its_session_ends() {
                 .expect("a key besides A's")
                 .clone();
         }
+        assert!(Instant::now() < deadline, "B never queued");
         tokio::time::sleep(Duration::from_millis(10)).await;
     };
     raw.put(queued.key(), "written by another tool", None)
@@ -1731,7 +1762,7 @@ async fn a_waiters_detached_key_is_deleted_when_its_session_ends() {
     raw.lease_revoke(queued.lease()).await.unwrap();
     // B hears its session ended and queues again on a new one: three keys, or two once its old
     // one is deleted.
-    eventually(Duration::from_secs(10), "B queues again", || {
+    eventually(Duration::from_secs(20), "B queues again", || {
         let raw = raw.clone();
         let old = queued.create_revision();
         async move { queue(raw).await.iter().any(|kv| kv.create_revision() > old) }
