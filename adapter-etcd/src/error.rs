@@ -3,7 +3,7 @@
 //! | what etcd-client reports | read-only call | call that may write |
 //! |---|---|---|
 //! | transport error, gRPC `Unavailable` while connecting | `Unavailable` | `Unavailable` (nothing was sent) |
-//! | a refusal etcd makes before proposing anything ([`REFUSED_BEFORE_PROPOSING`]: `etcdserver: no leader`, `not capable`, `rpc not supported for learner`, `too many requests`, `raft proposal dropped`) | `Unavailable` | `Unavailable` (nothing was applied) |
+//! | a refusal etcd makes before proposing anything ([`REFUSED_BEFORE_PROPOSING`]: `etcdserver: no leader`, `not capable`, `rpc not supported for learner`, `too many requests`, `raft proposal dropped`, `request is too large`) | `Unavailable` | `Unavailable` (nothing was applied) |
 //! | gRPC `Unavailable` after sending, `Unknown`, `Cancelled`, `DeadlineExceeded`, our own timeout | `Unavailable` | `OutcomeUnknown` |
 //! | gRPC `Unauthenticated`, `PermissionDenied`, "authentication failed" | `Misconfigured` (credentials or roles) | same |
 //! | TLS handshake refused: the member's certificate is not trusted or not for the name (`invalid peer certificate`), or the member refused ours (`received fatal alert`, e.g. no client certificate under `--client-cert-auth`) | `Misconfigured` naming the TLS problem | same (nothing was processed: the handshake failed) |
@@ -197,6 +197,10 @@ impl Failure {
 ///   between committed and applied index before proposing.
 /// - `raft proposal dropped`: Raft did not append the entry (no leader known, a leader
 ///   transfer under way); the server returns it from `Propose` itself.
+/// - `etcdserver: request is too large` (`ErrGRPCRequestTooLarge`): the encoded request is
+///   longer than `--max-request-bytes`, checked before proposing. (Longer still, gRPC itself
+///   refuses it before any handler runs: `grpc: received message larger than max (...)`,
+///   matched by its prefix.)
 ///
 /// Deliberately absent, because etcd also answers them after the request was proposed and it
 /// may still apply: `etcdserver: request timed out` (and its variants `, possibly due to
@@ -209,6 +213,7 @@ pub(crate) const REFUSED_BEFORE_PROPOSING: &[&str] = &[
     "etcdserver: rpc not supported for learner",
     "etcdserver: too many requests",
     "raft proposal dropped",
+    "etcdserver: request is too large",
 ];
 
 /// Whether a gRPC status `code` and `message` (the client's own, for a connection it could not
@@ -229,7 +234,10 @@ fn status_not_sent(code: i32, message: &str) -> bool {
 /// message: etcd sends these texts as they are, and a longer text such as `etcdserver: request
 /// timed out, possibly due to previous leader failure` must not match a shorter one).
 fn is_refused_before_proposing(message: &str) -> bool {
-    REFUSED_BEFORE_PROPOSING.contains(&message.trim())
+    let message = message.trim();
+    // gRPC's own refusal of a request longer than the server takes, before any handler runs.
+    REFUSED_BEFORE_PROPOSING.contains(&message)
+        || message.starts_with("grpc: received message larger than max")
 }
 
 /// The gRPC status codes the mapping looks at (numbers from the gRPC spec, so that the adapter
@@ -342,6 +350,7 @@ mod tests {
     const UNKNOWN: i32 = 2;
     const DEADLINE_EXCEEDED: i32 = 4;
     const CANCELLED: i32 = 1;
+    const INVALID_ARGUMENT: i32 = 3;
 
     fn not_applied(code: i32, message: &str) -> bool {
         status_not_sent(code, message) || is_refused_before_proposing(message)
@@ -358,6 +367,11 @@ mod tests {
             ),
             (RESOURCE_EXHAUSTED, "etcdserver: too many requests"),
             (UNKNOWN, "raft proposal dropped"),
+            (INVALID_ARGUMENT, "etcdserver: request is too large"),
+            (
+                RESOURCE_EXHAUSTED,
+                "grpc: received message larger than max (2097424 vs. 2097152)",
+            ),
         ] {
             assert!(
                 not_applied(code, message),

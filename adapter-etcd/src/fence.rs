@@ -20,12 +20,19 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bytes::Bytes;
 use etcd_client::{Client, Compare, CompareOp, GetOptions, Txn, TxnOp, TxnOpResponse};
-use lease_core::adapter::{Backoff, Op};
+use lease_core::adapter::{check_fence_value_len, Backoff, Op};
 use lease_core::{Accepted, Error, Fence, FencedValue, ResourceId, Result, Token};
 
 use crate::config::EtcdConfig;
 use crate::error::{retry_unapplied, Failure, BACKEND};
 use crate::keys;
+
+/// The longest value an [`EtcdFence`] writes: 1 MiB, leaving room for the rest of the
+/// transaction under etcd's default request limit (`--max-request-bytes`, 1.5 MiB). A longer
+/// one is refused with `InvalidInput` before anything is sent. (A server configured with a
+/// lower limit refuses a large write itself, `etcdserver: request is too large`, before
+/// proposing it: `Unavailable`, nothing applied.)
+pub const MAX_FENCE_VALUE_BYTES: usize = 1024 * 1024;
 
 /// A [`Fence`] whose state lives in etcd (see the module docs for the layout and transaction).
 ///
@@ -36,6 +43,8 @@ use crate::keys;
 /// let that copy apply after a later write with the same token and replay the older value.
 /// etcd may still apply the lost request itself for a few seconds (it applies a proposal after
 /// the client gave up); read the resource to see which value stands.
+///
+/// Values are at most [`MAX_FENCE_VALUE_BYTES`]; a longer one is `InvalidInput`, nothing sent.
 #[derive(Clone)]
 pub struct EtcdFence {
     client: Client,
@@ -214,6 +223,7 @@ impl Fence for EtcdFence {
     }
 
     async fn write(&self, resource: &ResourceId, token: Token, value: Bytes) -> Result<Accepted> {
+        check_fence_value_len(value.len(), MAX_FENCE_VALUE_BYTES)?;
         self.accept("write", resource, token, Some(value)).await
     }
 

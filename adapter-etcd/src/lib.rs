@@ -21,7 +21,7 @@ pub use config::{
     MAX_KEY_PREFIX_BYTES,
 };
 pub use coordinator::{EtcdCoordinator, MIN_TTL};
-pub use fence::EtcdFence;
+pub use fence::{EtcdFence, MAX_FENCE_VALUE_BYTES};
 pub use lease::EtcdLease;
 
 /// The etcd client library this adapter is built on, re-exported so that operator tooling and

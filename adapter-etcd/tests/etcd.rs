@@ -1777,3 +1777,47 @@ async fn a_waiters_detached_key_is_deleted_when_its_session_ends() {
     let left = queue(raw.clone()).await;
     assert!(left.is_empty(), "keys left in the lock's range: {left:?}");
 }
+
+/// A fence value longer than the fence takes is `InvalidInput` naming its length, and nothing
+/// is sent. Before, a value over etcd's request limit was sent, refused by the server
+/// (`request is too large`, a refusal the adapter did not know to be one before proposing) and
+/// reported `OutcomeUnknown`: "may have applied" for a write that certainly did not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fence_value_too_long_is_invalid_input_and_nothing_is_sent() {
+    let Some(server) = server("a_fence_value_too_long_is_invalid_input").await else {
+        return;
+    };
+    let proxy = FaultProxy::start(server.addr()).await.unwrap();
+    let fence = EtcdFence::connect_url(&format!("etcd://{}?key_prefix=longvalue", proxy.addr()))
+        .await
+        .unwrap();
+    let resource = lease_core::ResourceId::from(&key("long-value"));
+    let token = Token::new(3).unwrap();
+    let longest = adapter_etcd::MAX_FENCE_VALUE_BYTES;
+    fence
+        .write(
+            &resource,
+            token,
+            lease_core::Bytes::from(vec![b'a'; longest]),
+        )
+        .await
+        .expect("the longest value is written");
+    let before = proxy.request_bytes();
+    let err = fence
+        .write(
+            &resource,
+            token,
+            lease_core::Bytes::from(vec![b'b'; 2 * longest]),
+        )
+        .await
+        .unwrap_err();
+    match err {
+        Error::InvalidInput(lease_core::InvalidInput::TooLong { len, max, .. }) => {
+            assert_eq!((len, max), (2 * longest, longest));
+        }
+        other => panic!("expected InvalidInput, got {other:?}"),
+    }
+    assert_eq!(proxy.request_bytes(), before, "bytes were sent");
+    let stored = fence.read(&resource).await.unwrap().unwrap();
+    assert_eq!(stored.value.map(|(_, v)| v.len()), Some(longest));
+}

@@ -11,7 +11,7 @@ use crate::config::RedisConfig;
 use crate::error::{bad_reply, ops, BACKEND};
 use crate::keys::fence_key;
 use crate::scripts::{self, reply};
-use lease_core::adapter::Op;
+use lease_core::adapter::{check_fence_value_len, Op};
 
 /// A fenced store on Redis: each resource is a hash `<prefix>:{<resource>}:fence` holding the
 /// newest accepted token, the last value and the token that wrote it.
@@ -36,12 +36,20 @@ use lease_core::adapter::Op;
 /// Of a coordinator URL's options, those that only shape leases (`token_floor`, `owner`,
 /// `poll_interval_ms`) are read and have no effect on a fence, so one URL can serve both.
 ///
+/// Values are at most [`MAX_FENCE_VALUE_BYTES`]; a longer one is `InvalidInput`, nothing sent.
+///
 /// Cloning is cheap and shares the connection.
 #[derive(Clone)]
 pub struct RedisFence {
     conn: Arc<Connection>,
     config: Arc<RedisConfig>,
 }
+
+/// The longest value a [`RedisFence`] writes: Redis's default `proto-max-bulk-len` (512 MiB), the
+/// most one argument of a command may hold. A longer one is refused with `InvalidInput` before
+/// anything is sent: the server would answer it with a protocol error and close the connection,
+/// leaving every other request in flight on it in doubt.
+pub const MAX_FENCE_VALUE_BYTES: usize = 512 * 1024 * 1024;
 
 impl fmt::Debug for RedisFence {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -157,6 +165,7 @@ impl Fence for RedisFence {
     }
 
     async fn write(&self, resource: &ResourceId, token: Token, value: Bytes) -> Result<Accepted> {
+        check_fence_value_len(value.len(), MAX_FENCE_VALUE_BYTES)?;
         self.accept(ops::FENCE_WRITE, resource, token, Some(&value))
             .await
     }

@@ -24,7 +24,7 @@ pub use config::{
     MAX_KEY_PREFIX_BYTES, MAX_REPLICA_ACKS,
 };
 pub use coordinator::{RedisCoordinator, MIN_TTL};
-pub use fence::RedisFence;
+pub use fence::{RedisFence, MAX_FENCE_VALUE_BYTES};
 pub use lease::RedisLease;
 /// The redis-rs crate this adapter is built on, so that [`RedisCoordinator::from_client`] is
 /// given a client of the same version.

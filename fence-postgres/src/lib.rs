@@ -1532,16 +1532,7 @@ impl Fence for PgFence {
 pub const MAX_VALUE_BYTES: usize = 512 * 1024 * 1024;
 
 fn check_value_len(len: usize) -> Result<()> {
-    if len > MAX_VALUE_BYTES {
-        return Err(InvalidInput::TooLong {
-            what: "fence value",
-            value: format!("<{len} bytes>"),
-            len,
-            max: MAX_VALUE_BYTES,
-        }
-        .into());
-    }
-    Ok(())
+    lease_core::adapter::check_fence_value_len(len, MAX_VALUE_BYTES)
 }
 
 #[cfg(test)]

@@ -49,6 +49,7 @@ pub use crate::connect::{
 };
 pub use crate::delayed::DelayedStarts;
 pub use crate::dependents::{ended_during_acquire, fresh_id, Dependents};
+pub use crate::fence::check_fence_value_len;
 pub use crate::guardian::{retry_until_settled, spawn_guardian, CleanupFailures};
 pub use crate::lease::LeaseTracker;
 pub use crate::local_waiters::{in_turn, LocalWaiters, Turn};

@@ -74,9 +74,14 @@ pub trait Fence: Send + Sync + fmt::Debug {
     /// # Cancel safety
     ///
     /// A dropped future may have committed the value with its token, or changed nothing; never
-    /// half of it. [`read`](Fence::read) tells: if the value and token are yours, it was written;
-    /// otherwise write again with the same token (an equal token is accepted; `Err(Stale)` then
-    /// means a newer holder has written or claimed since).
+    /// half of it. It may also commit *later*: a request already on its way can still reach the
+    /// store and be applied after the caller gave up, and nothing is left to stop it (a fence
+    /// that ends an unanswered write's connection or session does so only for a write whose
+    /// outcome it reports, not for one whose future was dropped). So a [`read`](Fence::read)
+    /// showing your value and token proves it was written, but one that does not show it proves
+    /// nothing yet: writing again under the same token could be replaced by the late copy.
+    /// Write again under a newer token (a new acquisition), which the late copy can never
+    /// overwrite, or only after the fence's documented bound for late writes has passed.
     async fn write(&self, resource: &ResourceId, token: Token, value: Bytes) -> Result<Accepted>;
 
     /// Advances the newest accepted token to `token` without writing, if `token >= newest`.
@@ -94,6 +99,23 @@ pub trait Fence: Send + Sync + fmt::Debug {
     ///
     /// Cancel-safe: read-only, a dropped future changed nothing; call again.
     async fn read(&self, resource: &ResourceId) -> Result<Option<FencedValue>>;
+}
+
+/// Checks a fence value's length against `max`, the most the fence's store takes in one write:
+/// a longer value is [`InvalidInput::TooLong`](crate::InvalidInput::TooLong), before anything is
+/// sent (a store refusing it halfway, or closing the connection, would leave the outcome of
+/// this and other requests in doubt).
+pub fn check_fence_value_len(len: usize, max: usize) -> Result<()> {
+    if len > max {
+        return Err(crate::InvalidInput::TooLong {
+            what: "fence value",
+            value: format!("<{len} bytes>"),
+            len,
+            max,
+        }
+        .into());
+    }
+    Ok(())
 }
 
 macro_rules! forward_fence {
@@ -123,3 +145,23 @@ macro_rules! forward_fence {
 
 forward_fence!(Arc<F>);
 forward_fence!(Box<F>);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Error, InvalidInput};
+
+    #[test]
+    fn a_value_longer_than_the_store_takes_is_invalid_input_naming_its_length() {
+        assert!(check_fence_value_len(10, 10).is_ok());
+        match check_fence_value_len(11, 10) {
+            Err(Error::InvalidInput(InvalidInput::TooLong {
+                len, max, value, ..
+            })) => {
+                assert_eq!((len, max), (11, 10));
+                assert_eq!(value, "<11 bytes>");
+            }
+            other => panic!("expected TooLong, got {other:?}"),
+        }
+    }
+}
