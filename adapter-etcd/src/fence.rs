@@ -13,13 +13,22 @@
 //!
 //! The comparison and the write are one atomic step, and the newest token is as durable as
 //! etcd's data.
+//!
+//! A write's transaction is nested in one that requires the write's own marker
+//! ([`keys::retired_write_key`]) to be absent. When the write gets no answer, the fence puts
+//! that marker (on a new connection, attached to a lease of [`RETIRED_TTL`]) before it returns
+//! `OutcomeUnknown`: once the marker is written, a copy of the write that reaches etcd later
+//! (a stalled path delivering it, a proposal applied after the client gave up) writes nothing,
+//! so a read then shows everything the write did, and a write made after it is never replaced.
 
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use etcd_client::{Client, Compare, CompareOp, GetOptions, Txn, TxnOp, TxnOpResponse};
+use etcd_client::{Client, Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse};
 use lease_core::adapter::{check_fence_value_len, Backoff, Op};
 use lease_core::{Accepted, Error, Fence, FencedValue, ResourceId, Result, Token};
 
@@ -41,15 +50,26 @@ pub const MAX_FENCE_VALUE_BYTES: usize = 1024 * 1024;
 /// (connection refused, or refused by etcd before proposing it: `etcdserver: no leader`): a write whose answer was lost (no answer within the request timeout, a
 /// stream broken after sending) returns `Error::OutcomeUnknown` at once. Retrying it blind could
 /// let that copy apply after a later write with the same token and replay the older value.
-/// etcd may still apply the lost request itself for a few seconds (it applies a proposal after
-/// the client gave up); read the resource to see which value stands.
+/// Before returning `OutcomeUnknown` the write is retired (see the module docs), and the message
+/// says whether it was: if so, a read shows which value stands and a write made after it is never
+/// replaced by the lost one; if not (etcd unreachable), the lost write may still apply later, so
+/// write again under a newer token.
 ///
 /// Values are at most [`MAX_FENCE_VALUE_BYTES`]; a longer one is `InvalidInput`, nothing sent.
 #[derive(Clone)]
 pub struct EtcdFence {
     client: Client,
     config: EtcdConfig,
+    /// This fence's writes: a random id for the fence, and the number of its next write (each
+    /// write has its own retirement marker).
+    writes: Arc<(u64, AtomicU64)>,
 }
+
+/// How long a retired write's marker lives: a copy of the write delivered later than this could
+/// still apply. Far beyond the time TCP keeps retransmitting unsent data after a connection is
+/// given up (about 15 minutes with Linux's defaults) and etcd's own budget for applying a
+/// proposal (seconds).
+pub(crate) const RETIRED_TTL: Duration = Duration::from_secs(3600);
 
 impl fmt::Debug for EtcdFence {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -98,7 +118,11 @@ impl EtcdFence {
     /// A fence on a client the application already has; `config` gives the key prefix and
     /// timeouts. Sends nothing.
     pub fn from_client(client: etcd_client::Client, config: EtcdConfig) -> Self {
-        EtcdFence { client, config }
+        EtcdFence {
+            client,
+            config,
+            writes: Arc::new((rand::random(), AtomicU64::new(0))),
+        }
     }
 
     /// Parses `url` ([`EtcdConfig::from_url`]) and connects.
@@ -163,33 +187,24 @@ impl EtcdFence {
         value: Option<Bytes>,
     ) -> Result<Accepted> {
         let base = keys::fence_prefix(self.config.key_prefix(), resource);
-        let newest = format!("{base}{NEWEST}");
-        let presented = keys::token_bytes(token);
         let write = value.is_some();
-        let mut accept = vec![
-            TxnOp::get(newest.clone(), None),
-            TxnOp::put(newest.clone(), presented.clone(), None),
-        ];
-        if let Some(v) = value {
-            let mut stored = format!("{presented}:").into_bytes();
-            stored.extend_from_slice(&v);
-            accept.push(TxnOp::put(format!("{base}{VALUE}"), stored, None));
-        }
-        let txn = Txn::new()
-            .when([Compare::value(
-                newest.clone(),
-                CompareOp::Greater,
-                presented,
-            )])
-            .and_then([TxnOp::get(newest, None)])
-            .or_else(accept);
+        let marker = write.then(|| {
+            let (fence, writes) = &*self.writes;
+            let attempt = writes.fetch_add(1, Ordering::Relaxed);
+            keys::retired_write_key(self.config.key_prefix(), resource, *fence, attempt)
+        });
+        let txn = accept_txn(&base, token, value);
+        let txn = match &marker {
+            Some(marker) => unless_retired(marker, txn),
+            None => txn,
+        };
         let timeout = self.config.request_timeout();
         let retry = if write {
             Retry::UnlessSent
         } else {
             Retry::Always
         };
-        let resp = self
+        let sent = self
             .retrying(operation, retry, |c| {
                 let txn = txn.clone();
                 async move {
@@ -200,12 +215,59 @@ impl EtcdFence {
                     .await
                 }
             })
-            .await?;
-        let stored = match resp.op_responses().into_iter().next() {
+            .await;
+        let resp = match (sent, &marker) {
+            (Ok(resp), _) => resp,
+            (
+                Err(Error::OutcomeUnknown {
+                    backend,
+                    operation,
+                    message,
+                    source,
+                }),
+                Some(marker),
+            ) => {
+                let verdict = match self.retire(marker).await {
+                    Ok(()) => "the write was retired (a copy of it that reaches etcd later \
+                               writes nothing), so a read now shows everything it did"
+                        .to_owned(),
+                    Err(why) => format!(
+                        "the write could not be retired ({why}): it may still apply later; \
+                         write again under a newer token"
+                    ),
+                };
+                return Err(Error::OutcomeUnknown {
+                    backend,
+                    operation,
+                    message: format!("{message}; {verdict}"),
+                    source,
+                });
+            }
+            (Err(e), _) => return Err(e),
+        };
+        let (succeeded, responses) = match &marker {
+            None => (resp.succeeded(), resp.op_responses()),
+            Some(_) => match (resp.succeeded(), resp.op_responses().into_iter().next()) {
+                (true, Some(TxnOpResponse::Txn(inner))) => {
+                    (inner.succeeded(), inner.op_responses())
+                }
+                // The marker exists only once the write was given up: never for a write whose
+                // answer this is.
+                _ => {
+                    return Err(Error::OutcomeUnknown {
+                        backend: BACKEND,
+                        operation,
+                        message: "the write's answer is not that of its transaction".into(),
+                        source: None,
+                    })
+                }
+            },
+        };
+        let stored = match responses.into_iter().next() {
             Some(TxnOpResponse::Get(g)) => g.kvs().first().and_then(|kv| parse_token(kv.value())),
             _ => None,
         };
-        if resp.succeeded() {
+        if succeeded {
             return Err(Error::Stale {
                 resource: resource.to_string(),
                 presented: token,
@@ -214,6 +276,72 @@ impl EtcdFence {
         }
         Ok(Accepted::new(stored))
     }
+}
+
+impl EtcdFence {
+    /// Retires a write that got no answer: puts its `marker`, attached to a lease of
+    /// [`RETIRED_TTL`], on a new connection (the old one may be the stalled path holding the
+    /// write), within the connect timeout plus twice the request timeout. `Err` says why not.
+    async fn retire(&self, marker: &str) -> std::result::Result<(), String> {
+        let timeout = self.config.request_timeout();
+        let bound = self.config.connect_timeout() + 2 * timeout;
+        let retire = async {
+            let fresh = crate::client::client_for(&self.config)
+                .await
+                .map_err(|e| e.to_string())?;
+            let ttl = RETIRED_TTL.as_secs() as i64;
+            let lease = retry_unapplied(timeout, || {
+                let mut c = fresh.clone();
+                async move { c.lease_grant(ttl, None).await }
+            })
+            .await
+            .map_err(|f| f.to_string())?;
+            let attached = PutOptions::new().with_lease(lease.id());
+            // A put is the same whether it applies once or twice.
+            crate::error::retry_resendable(timeout, |_| {
+                let (mut c, attached) = (fresh.clone(), attached.clone());
+                async move { c.put(marker, "", Some(attached)).await }
+            })
+            .await
+            .0
+            .map_err(|f| f.to_string())?;
+            Ok(())
+        };
+        tokio::time::timeout(bound, retire)
+            .await
+            .unwrap_or_else(|_| Err(format!("no answer within {bound:?}")))
+    }
+}
+
+/// The transaction of a write (`value`) or claim of `token` on the resource whose range is
+/// `base` (see the module docs).
+fn accept_txn(base: &str, token: Token, value: Option<Bytes>) -> Txn {
+    let newest = format!("{base}{NEWEST}");
+    let presented = keys::token_bytes(token);
+    let mut accept = vec![
+        TxnOp::get(newest.clone(), None),
+        TxnOp::put(newest.clone(), presented.clone(), None),
+    ];
+    if let Some(v) = value {
+        let mut stored = format!("{presented}:").into_bytes();
+        stored.extend_from_slice(&v);
+        accept.push(TxnOp::put(format!("{base}{VALUE}"), stored, None));
+    }
+    Txn::new()
+        .when([Compare::value(
+            newest.clone(),
+            CompareOp::Greater,
+            presented,
+        )])
+        .and_then([TxnOp::get(newest, None)])
+        .or_else(accept)
+}
+
+/// `txn`, applied only while `marker` is absent (nested: etcd 3.3 and later).
+fn unless_retired(marker: &str, txn: Txn) -> Txn {
+    Txn::new()
+        .when([Compare::create_revision(marker, CompareOp::Equal, 0)])
+        .and_then([TxnOp::txn(txn)])
 }
 
 #[async_trait]
@@ -263,6 +391,58 @@ impl Fence for EtcdFence {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A write retired after its answer was lost writes nothing when a copy of it reaches etcd
+    /// later (here: its exact transaction, sent after the retirement); the same transaction
+    /// under a marker not retired applies.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_retired_write_that_arrives_late_writes_nothing() {
+        use conformance_tests::harness::{start_or_skip_async, Backend, EtcdServer};
+
+        let test = "a_retired_write_that_arrives_late_writes_nothing";
+        let Some(server) = start_or_skip_async(test, Backend::Etcd, EtcdServer::start).await else {
+            return;
+        };
+        let fence = EtcdFence::connect_url(&server.url()).await.unwrap();
+        let mut raw = fence.client.clone();
+        let resource: ResourceId = "late-copy".parse().unwrap();
+        let token = Token::new(5).unwrap();
+        fence
+            .write(&resource, token, Bytes::from_static(b"first"))
+            .await
+            .unwrap();
+        let prefix = fence.config.key_prefix().to_owned();
+        let base = keys::fence_prefix(&prefix, &resource);
+        let copy = |marker: &str, value: &'static [u8]| {
+            unless_retired(
+                marker,
+                accept_txn(&base, token, Some(Bytes::from_static(value))),
+            )
+        };
+        let stored = |fence: EtcdFence, resource: ResourceId| async move {
+            fence
+                .read(&resource)
+                .await
+                .unwrap()
+                .unwrap()
+                .value
+                .unwrap()
+                .1
+        };
+
+        let retired = keys::retired_write_key(&prefix, &resource, 1, 1);
+        fence.retire(&retired).await.unwrap();
+        let late = raw.txn(copy(&retired, b"late")).await.unwrap();
+        assert!(!late.succeeded(), "the late copy passed its marker");
+        assert_eq!(stored(fence.clone(), resource.clone()).await, "first");
+        let lease = raw.get(retired.as_str(), None).await.unwrap().kvs()[0].lease();
+        assert_ne!(lease, 0, "the marker lives on a lease");
+
+        let live = keys::retired_write_key(&prefix, &resource, 1, 2);
+        let applied = raw.txn(copy(&live, b"second")).await.unwrap();
+        assert!(applied.succeeded());
+        assert_eq!(stored(fence.clone(), resource.clone()).await, "second");
+    }
 
     #[test]
     fn stored_values_round_trip() {

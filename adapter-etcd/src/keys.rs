@@ -38,6 +38,21 @@ pub fn fence_prefix(key_prefix: &str, resource: &ResourceId) -> String {
     format!("{key_prefix}/fence/{}/", encode_name(resource.as_str()))
 }
 
+/// The marker that retires one fence write whose outcome was not seen:
+/// `<key_prefix>/fence-retired/<encoded resource>/<fence id>-<attempt>`, outside the resource's
+/// range, so a read of its state never shows it. The write requires it to be absent.
+pub(crate) fn retired_write_key(
+    key_prefix: &str,
+    resource: &ResourceId,
+    fence: u64,
+    attempt: u64,
+) -> String {
+    format!(
+        "{key_prefix}/fence-retired/{}/{fence:016x}-{attempt:x}",
+        encode_name(resource.as_str())
+    )
+}
+
 /// The key recording the forced releases of `key`: `<key_prefix>/audit/<encoded key>`, a JSON
 /// array of the newest [`lease_core::AuditRecord::MAX_LIMIT`] records, oldest first (a key
 /// written by an earlier version holds one record as a JSON object).

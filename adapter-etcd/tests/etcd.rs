@@ -1821,3 +1821,95 @@ async fn a_fence_value_too_long_is_invalid_input_and_nothing_is_sent() {
     let stored = fence.read(&resource).await.unwrap().unwrap();
     assert_eq!(stored.value.map(|(_, v)| v.len()), Some(longest));
 }
+
+/// A fence write whose path stalls (held by the network, delivered later) gets no answer. The
+/// caller reads (the old value), writes again under the same token, and then the stalled copy
+/// arrives: before, etcd applied it and it replaced the later value (`"stalled"` in place of
+/// `"again"`, in each of five runs at the parent). Now the fence retires the write on a new
+/// connection before it reports `OutcomeUnknown` (the message says so), and the late copy
+/// writes nothing. The retirement's effect is also pinned, without timing, by the adapter's unit
+/// test `a_retired_write_that_arrives_late_writes_nothing`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_fence_write_is_retired_before_it_is_reported_unknown() {
+    let Some(server) = server("a_stalled_fence_write_is_retired").await else {
+        return;
+    };
+    let proxy = FaultProxy::start(server.addr()).await.unwrap();
+    let prefix = "stalledfence";
+    let through = EtcdFence::connect_url(&format!(
+        "etcd://{}?request_timeout_ms=1000&key_prefix={prefix}",
+        proxy.addr()
+    ))
+    .await
+    .unwrap();
+    let direct = EtcdFence::connect_url(&format!("{}?key_prefix={prefix}", server.url()))
+        .await
+        .unwrap();
+    let resource = lease_core::ResourceId::from(&key("stalled-fence"));
+    let token = Token::new(9).unwrap();
+    let value = |v: &'static str| lease_core::Bytes::from_static(v.as_bytes());
+    through
+        .write(&resource, token, value("warm"))
+        .await
+        .unwrap();
+    proxy.stall_open();
+    let err = through
+        .write(&resource, token, value("stalled"))
+        .await
+        .unwrap_err();
+    match &err {
+        Error::OutcomeUnknown { message, .. } => {
+            assert!(message.contains("the write was retired"), "{message}")
+        }
+        other => panic!("expected OutcomeUnknown, got {other:?}"),
+    }
+    let mut raw = Client::connect([server.addr().to_string()], None)
+        .await
+        .unwrap();
+    let markers = raw
+        .get(
+            format!("{prefix}/fence-retired/"),
+            Some(GetOptions::new().with_prefix()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(markers.kvs().len(), 1, "one retirement marker");
+    assert_eq!(
+        direct
+            .read(&resource)
+            .await
+            .unwrap()
+            .unwrap()
+            .value
+            .unwrap()
+            .1,
+        value("warm"),
+        "the stalled write has not applied: a read shows it"
+    );
+    direct
+        .write(&resource, token, value("again"))
+        .await
+        .unwrap();
+    proxy.heal();
+    drop(through);
+    eventually(
+        Duration::from_secs(10),
+        "the stalled connection closes",
+        || {
+            let open = proxy.open_connections();
+            async move { open == 0 }
+        },
+    )
+    .await;
+    assert_eq!(
+        direct
+            .read(&resource)
+            .await
+            .unwrap()
+            .unwrap()
+            .value
+            .unwrap()
+            .1,
+        value("again")
+    );
+}
