@@ -1367,7 +1367,9 @@ async fn first_poll<F: Future + Unpin>(f: &mut F) -> Option<F::Output> {
 /// - a commit that waits at least for the local flush and any synchronous standby:
 ///   `synchronous_commit` `off`, `local` or `remote_write` (a standby that has the commit only
 ///   in memory) would let a crash or a failover forget a token the fence accepted, and a stale
-///   writer's older token be accepted after it (`on` and `remote_apply` are kept);
+///   writer's older token be accepted after it (`on` and `remote_apply` are kept). It waits
+///   for a standby only when `synchronous_standby_names` names one: with asynchronous
+///   replication, a failover can still forget the newest tokens (see the README);
 /// - a lock wait bounded by the request timeout: a write queued behind a row lock is cancelled
 ///   by the server about when the client gives up on it, rather than committed long after.
 fn begin_sql(timeout: Duration) -> String {
