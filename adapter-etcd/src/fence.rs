@@ -46,7 +46,8 @@ pub const MAX_FENCE_VALUE_BYTES: usize = 1024 * 1024;
 /// A [`Fence`] whose state lives in etcd (see the module docs for the layout and transaction).
 ///
 /// Reads and claims that fail are retried a few times (a claim is idempotent, and one applied
-/// late changes nothing). A **write** is sent again only when it certainly did not apply
+/// late changes nothing): up to four tries of one request timeout each, with pauses of at most
+/// 0.7 s in all between them, so such a call can take about four request timeouts. A **write** is sent again only when it certainly did not apply
 /// (connection refused, or refused by etcd before proposing it: `etcdserver: no leader`): a write whose answer was lost (no answer within the request timeout, a
 /// stream broken after sending) returns `Error::OutcomeUnknown` at once. Retrying it blind could
 /// let that copy apply after a later write with the same token and replay the older value.
