@@ -129,6 +129,24 @@ impl Failure {
         self.tls_problem().is_some()
     }
 
+    /// The problem, when etcd (or gRPC in front of it) refused the request as too large: the
+    /// same request will be refused again, so it is not sent again, and the error names the
+    /// server's limit (`Misconfigured`: nothing was applied).
+    pub(crate) fn too_large_problem(&self) -> Option<String> {
+        let Some(etcd_client::Error::GRpcStatus(s)) = self.etcd() else {
+            return None;
+        };
+        let message = s.message().trim();
+        (message == "etcdserver: request is too large"
+            || message.starts_with("grpc: received message larger than max"))
+        .then(|| {
+            format!(
+                "etcd refused the request as too large ({message}); nothing was applied: the \
+                 server's --max-request-bytes (1.5 MiB by default) is below what it needs"
+            )
+        })
+    }
+
     /// Whether the connection was closed or reset under the request without an answer (as a
     /// member refusing a client certificate does right after the TLS handshake, and as a
     /// member that is going down does).
@@ -163,7 +181,11 @@ impl Failure {
     /// did not apply (never sent, refused before proposing, or putting on a missing lease, which
     /// rejects it as a whole) is delivery `NotSent`, anything else `Unanswered`.
     pub(crate) fn into_error(self, op: Op) -> Error {
-        if let Some(problem) = self.tls_problem().or_else(|| self.auth_problem()) {
+        if let Some(problem) = self
+            .tls_problem()
+            .or_else(|| self.auth_problem())
+            .or_else(|| self.too_large_problem())
+        {
             return Error::Misconfigured {
                 backend: BACKEND,
                 problems: vec![problem],
@@ -305,7 +327,7 @@ where
     F: std::future::Future<Output = Result<T, E>>,
 {
     let again = |f: &Failure| {
-        if f.certainly_not_applied() && !f.is_tls_problem() {
+        if f.certainly_not_applied() && !f.is_tls_problem() && f.too_large_problem().is_none() {
             Some(SendAgain::Unapplied)
         } else if resendable && f.closed_after_handshake() {
             Some(SendAgain::InDoubt)

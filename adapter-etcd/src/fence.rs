@@ -47,20 +47,29 @@ pub const MAX_FENCE_VALUE_BYTES: usize = 1024 * 1024;
 ///
 /// Reads and claims that fail are retried a few times (a claim is idempotent, and one applied
 /// late changes nothing): up to four tries of one request timeout each, with pauses of at most
-/// 0.7 s in all between them, so such a call can take about four request timeouts. A **write** is sent again only when it certainly did not apply
-/// (connection refused, or refused by etcd before proposing it: `etcdserver: no leader`): a write whose answer was lost (no answer within the request timeout, a
-/// stream broken after sending) returns `Error::OutcomeUnknown` at once. Retrying it blind could
-/// let that copy apply after a later write with the same token and replay the older value.
-/// Before returning `OutcomeUnknown` the write is retired (see the module docs), and the message
-/// says whether it was: if so, a read shows which value stands and a write made after it is never
-/// replaced by the lost one; if not (etcd unreachable), the lost write may still apply later, so
-/// write again under a newer token.
+/// 0.7 s in all between them, so such a call can take about four request timeouts.
+///
+/// A **write** is sent again only when it certainly did not apply (connection refused, or
+/// refused by etcd before proposing it: `etcdserver: no leader`), within the same bound. A write
+/// whose answer was lost (no answer within the request timeout, a stream broken after sending)
+/// is never sent again: a blind retry could apply after a later write with the same token and
+/// replay the older value. It is retired instead (see the module docs), which takes up to a
+/// connect timeout plus two request timeouts more, and then returns `Error::OutcomeUnknown`,
+/// saying whether it was retired: if so, a read shows which value stands and a write made after
+/// it is never replaced by the lost one; if not (etcd unreachable), the lost write may still
+/// apply later, so write again under a newer token. A write whose future is dropped while a send
+/// may be on its way is retired in the background. A write refused as too large (a server whose
+/// `--max-request-bytes` is below [`MAX_FENCE_VALUE_BYTES`] plus the transaction) is
+/// `Misconfigured`, not sent again.
+///
+/// Besides `<prefix>/fence/`, the fence's etcd user needs read and write on
+/// `<prefix>/fence-retired/`, and to grant leases (as a coordinator's user does).
 ///
 /// Values are at most [`MAX_FENCE_VALUE_BYTES`]; a longer one is `InvalidInput`, nothing sent.
 #[derive(Clone)]
 pub struct EtcdFence {
     client: Client,
-    config: EtcdConfig,
+    config: Arc<EtcdConfig>,
     /// This fence's writes: a random id for the fence, and the number of its next write (each
     /// write has its own retirement marker).
     writes: Arc<(u64, AtomicU64)>,
@@ -121,7 +130,7 @@ impl EtcdFence {
     pub fn from_client(client: etcd_client::Client, config: EtcdConfig) -> Self {
         EtcdFence {
             client,
-            config,
+            config: Arc::new(config),
             writes: Arc::new((rand::random(), AtomicU64::new(0))),
         }
     }
@@ -161,8 +170,10 @@ impl EtcdFence {
                 Ok(t) => return Ok(t),
                 Err(f) => {
                     let blind = retry == Retry::UnlessSent && !f.certainly_not_applied();
+                    // Refused as too large: the same request is refused every time.
+                    let again_refused = f.too_large_problem().is_some();
                     last = Some(f);
-                    if blind {
+                    if blind || again_refused {
                         break;
                     }
                     if attempt + 1 < ATTEMPTS {
@@ -205,6 +216,11 @@ impl EtcdFence {
         } else {
             Retry::Always
         };
+        // Retires the write if the caller drops this future while a send may be on its way.
+        let mut unsettled = Unsettled {
+            config: self.config.clone(),
+            marker: marker.clone(),
+        };
         let sent = self
             .retrying(operation, retry, |c| {
                 let txn = txn.clone();
@@ -217,6 +233,7 @@ impl EtcdFence {
                 }
             })
             .await;
+        unsettled.marker = None;
         let resp = match (sent, &marker) {
             (Ok(resp), _) => resp,
             (
@@ -228,7 +245,12 @@ impl EtcdFence {
                 }),
                 Some(marker),
             ) => {
-                let verdict = match self.retire(marker).await {
+                // In a task of its own: a caller that drops this future now does not stop it.
+                let retiring = tokio::spawn(retire(self.config.clone(), marker.clone()));
+                let retired = retiring
+                    .await
+                    .unwrap_or_else(|e| Err(format!("its task failed: {e}")));
+                let verdict = match retired {
                     Ok(()) => "the write was retired (a copy of it that reaches etcd later \
                                writes nothing), so a read now shows everything it did"
                         .to_owned(),
@@ -279,39 +301,76 @@ impl EtcdFence {
     }
 }
 
-impl EtcdFence {
-    /// Retires a write that got no answer: puts its `marker`, attached to a lease of
-    /// [`RETIRED_TTL`], on a new connection (the old one may be the stalled path holding the
-    /// write), within the connect timeout plus twice the request timeout. `Err` says why not.
-    async fn retire(&self, marker: &str) -> std::result::Result<(), String> {
-        let timeout = self.config.request_timeout();
-        let bound = self.config.connect_timeout() + 2 * timeout;
-        let retire = async {
-            let fresh = crate::client::client_for(&self.config)
-                .await
-                .map_err(|e| e.to_string())?;
-            let ttl = RETIRED_TTL.as_secs() as i64;
-            let lease = retry_unapplied(timeout, || {
-                let mut c = fresh.clone();
-                async move { c.lease_grant(ttl, None).await }
-            })
-            .await
-            .map_err(|f| f.to_string())?;
-            let attached = PutOptions::new().with_lease(lease.id());
-            // A put is the same whether it applies once or twice.
-            crate::error::retry_resendable(timeout, |_| {
-                let (mut c, attached) = (fresh.clone(), attached.clone());
-                async move { c.put(marker, "", Some(attached)).await }
-            })
-            .await
-            .0
-            .map_err(|f| f.to_string())?;
-            Ok(())
+/// A write whose outcome is not settled yet: dropped with its `marker` (the caller dropped the
+/// write's future while a send may have been on its way), it retires the write in the
+/// background, as a write that got no answer is retired before it is reported.
+struct Unsettled {
+    config: Arc<EtcdConfig>,
+    marker: Option<String>,
+}
+
+impl Drop for Unsettled {
+    fn drop(&mut self) {
+        let Some(marker) = self.marker.take() else {
+            return;
         };
-        tokio::time::timeout(bound, retire)
-            .await
-            .unwrap_or_else(|_| Err(format!("no answer within {bound:?}")))
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let config = self.config.clone();
+        runtime.spawn(async move {
+            if let Err(why) = retire(config, marker.clone()).await {
+                tracing::warn!(
+                    backend = BACKEND,
+                    marker = %marker,
+                    "a fence write whose caller went away could not be retired ({why}): it may \
+                     still apply later"
+                );
+            }
+        });
     }
+}
+
+/// Retires a write that got no answer: puts its `marker`, attached to a lease of
+/// [`RETIRED_TTL`], on a new connection (the old one may be the stalled path holding the write),
+/// within the connect timeout plus twice the request timeout. `Err` says why not. A lease whose
+/// marker certainly was not put is revoked (best effort), not left for its hour.
+async fn retire(config: Arc<EtcdConfig>, marker: String) -> std::result::Result<(), String> {
+    let timeout = config.request_timeout();
+    let bound = config.connect_timeout() + 2 * timeout;
+    let marker = marker.as_str();
+    let retire = async {
+        let fresh = crate::client::client_for(&config)
+            .await
+            .map_err(|e| e.to_string())?;
+        let ttl = RETIRED_TTL.as_secs() as i64;
+        let lease = retry_unapplied(timeout, || {
+            let mut c = fresh.clone();
+            async move { c.lease_grant(ttl, None).await }
+        })
+        .await
+        .map_err(|f| f.to_string())?
+        .id();
+        let attached = PutOptions::new().with_lease(lease);
+        // A put is the same whether it applies once or twice.
+        let (put, _) = crate::error::retry_resendable(timeout, |_| {
+            let (mut c, attached) = (fresh.clone(), attached.clone());
+            async move { c.put(marker, "", Some(attached)).await }
+        })
+        .await;
+        if let Err(f) = put {
+            // A put that may have applied keeps its lease: the marker may be there, and helps.
+            if f.certainly_not_applied() {
+                let mut c = fresh.clone();
+                let _ = tokio::time::timeout(timeout, c.lease_revoke(lease)).await;
+            }
+            return Err(f.to_string());
+        }
+        Ok(())
+    };
+    tokio::time::timeout(bound, retire)
+        .await
+        .unwrap_or_else(|_| Err(format!("no answer within {bound:?}")))
 }
 
 /// The transaction of a write (`value`) or claim of `token` on the resource whose range is
@@ -432,7 +491,7 @@ mod tests {
         };
 
         let retired = keys::retired_write_key(&prefix, &resource, 1, 1);
-        fence.retire(&retired).await.unwrap();
+        retire(fence.config.clone(), retired.clone()).await.unwrap();
         let late = raw.txn(copy(&retired, b"late")).await.unwrap();
         assert!(!late.succeeded(), "the late copy passed its marker");
         assert_eq!(stored(fence.clone(), resource.clone()).await, "first");

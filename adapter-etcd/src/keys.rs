@@ -7,6 +7,7 @@
 //! <prefix>/audit/<name>                                             the last forced release of a lock
 //! <prefix>/abandoned/<name>/<session lease id>-<attempt>            an attempt whose outcome was not seen
 //! <prefix>/abandoned/<name>/<session lease id>-<attempt>/resent     a try_acquire sent again in doubt
+//! <prefix>/fence-retired/<resource>/<fence id, 16 hex>-<n, hex>      a fence write retired unanswered
 //! ```
 //!
 //! An `abandoned` marker is written (attached to the session lease) by the client when it gives

@@ -1890,6 +1890,9 @@ async fn a_stalled_fence_write_is_retired_before_it_is_reported_unknown() {
         .write(&resource, token, value("again"))
         .await
         .unwrap();
+    // Dropped, the fence's stalled connection is closed once healed: etcd then has what the
+    // proxy held. (At the parent, the stalled write replaced "again" here in each of five runs;
+    // now a late copy writes nothing, whenever it is applied, if at all.)
     proxy.heal();
     drop(through);
     eventually(

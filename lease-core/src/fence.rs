@@ -75,13 +75,13 @@ pub trait Fence: Send + Sync + fmt::Debug {
     ///
     /// A dropped future may have committed the value with its token, or changed nothing; never
     /// half of it. It may also commit *later*: a request already on its way can still reach the
-    /// store and be applied after the caller gave up, and nothing is left to stop it (a fence
-    /// that ends an unanswered write's connection or session does so only for a write whose
-    /// outcome it reports, not for one whose future was dropped). So a [`read`](Fence::read)
-    /// showing your value and token proves it was written, but one that does not show it proves
-    /// nothing yet: writing again under the same token could be replaced by the late copy.
-    /// Write again under a newer token (a new acquisition), which the late copy can never
-    /// overwrite, or only after the fence's documented bound for late writes has passed.
+    /// store and be applied after the caller gave up. The fences that stop an unanswered write
+    /// (ending its connection or session, or retiring it) do so for a write whose outcome they
+    /// report; for a dropped future only where their docs say so. So, unless the fence's docs
+    /// say a dropped write is stopped, a [`read`](Fence::read) showing your value and token
+    /// proves it was written, but one that does not show it proves nothing yet: writing again
+    /// under the same token could be replaced by the late copy. Write again under a newer token
+    /// (a new acquisition), which the late copy can never overwrite.
     async fn write(&self, resource: &ResourceId, token: Token, value: Bytes) -> Result<Accepted>;
 
     /// Advances the newest accepted token to `token` without writing, if `token >= newest`.
