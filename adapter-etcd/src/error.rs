@@ -3,7 +3,8 @@
 //! | what etcd-client reports | read-only call | call that may write |
 //! |---|---|---|
 //! | transport error, gRPC `Unavailable` while connecting | `Unavailable` | `Unavailable` (nothing was sent) |
-//! | a refusal etcd makes before proposing anything ([`REFUSED_BEFORE_PROPOSING`]: `etcdserver: no leader`, `not capable`, `rpc not supported for learner`, `too many requests`, `raft proposal dropped`, `request is too large`) | `Unavailable` | `Unavailable` (nothing was applied) |
+//! | a refusal etcd makes before proposing anything ([`REFUSED_BEFORE_PROPOSING`]: `etcdserver: no leader`, `not capable`, `rpc not supported for learner`, `too many requests`, `raft proposal dropped`) | `Unavailable` | `Unavailable` (nothing was applied) |
+//! | refused as too large (`etcdserver: request is too large`, gRPC's `received message larger than max`) | `Misconfigured` naming `--max-request-bytes` | same (nothing was applied; never sent again) |
 //! | gRPC `Unavailable` after sending, `Unknown`, `Cancelled`, `DeadlineExceeded`, our own timeout | `Unavailable` | `OutcomeUnknown` |
 //! | gRPC `Unauthenticated`, `PermissionDenied`, "authentication failed" | `Misconfigured` (credentials or roles) | same |
 //! | TLS handshake refused: the member's certificate is not trusted or not for the name (`invalid peer certificate`), or the member refused ours (`received fatal alert`, e.g. no client certificate under `--client-cert-auth`) | `Misconfigured` naming the TLS problem | same (nothing was processed: the handshake failed) |

@@ -40,7 +40,7 @@ use crate::keys;
 /// transaction under etcd's default request limit (`--max-request-bytes`, 1.5 MiB). A longer
 /// one is refused with `InvalidInput` before anything is sent. (A server configured with a
 /// lower limit refuses a large write itself, `etcdserver: request is too large`, before
-/// proposing it: `Unavailable`, nothing applied.)
+/// proposing it: `Misconfigured`, nothing applied.)
 pub const MAX_FENCE_VALUE_BYTES: usize = 1024 * 1024;
 
 /// A [`Fence`] whose state lives in etcd (see the module docs for the layout and transaction).

@@ -1530,36 +1530,36 @@ async fn a_detached_key_of_an_ended_session_is_still_deleted() {
     next.release().await.unwrap();
 }
 
-/// While B waits behind A, another tool writes B's queued key without the lease, which detaches
-/// it from B's session (the watch on the lock's range ignores puts). Once B holds the lock, its
-/// key must be attached to its session again, as it is for a write after the grant: otherwise a
-/// crash of B would leave the lock taken for good. (Before, the guardian watched from the grant's
-/// last read, after that write, and never saw it.)
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_key_detached_while_waiting_is_attached_again_once_granted() {
-    let Some(server) = server("a_key_detached_while_waiting_is_attached_again_once_granted").await
-    else {
-        return;
-    };
+/// A holding lock `name` (20 s), B waiting for it (`ttl`, `wait`) on a coordinator of its own,
+/// and B's queued key as a raw client sees it.
+struct Waiting {
+    raw: Client,
+    prefix: String,
+    held: Box<dyn Lease>,
+    waiter: tokio::task::JoinHandle<lease_core::Result<Box<dyn Lease>>>,
+    queued: etcd_client::KeyValue,
+}
+
+async fn behind_a_holder(
+    server: &EtcdServer,
+    name: &str,
+    ttl: Duration,
+    wait: Duration,
+) -> Waiting {
     let (a, b) = (coord(&server.url()).await, coord(&server.url()).await);
     let etcd = EtcdCoordinator::connect_url(&server.url()).await.unwrap();
     let mut raw = etcd.client();
-    let k = key("detached-waiter");
+    let k = key(name);
     let held = a
         .acquire(&k, &LeaseOptions::new(Duration::from_secs(20)))
         .await
         .unwrap();
     let waiter = {
-        let (b, k) = (b.clone(), k.clone());
-        tokio::spawn(async move {
-            b.acquire(
-                &k,
-                &LeaseOptions::new(Duration::from_secs(20)).wait(Duration::from_secs(10)),
-            )
-            .await
-        })
+        let k = k.clone();
+        tokio::spawn(async move { b.acquire(&k, &LeaseOptions::new(ttl).wait(wait)).await })
     };
     let prefix = etcd.lock_prefix(&k);
+    let deadline = Instant::now() + Duration::from_secs(10);
     let queued = loop {
         let kvs = raw
             .get(prefix.clone(), Some(GetOptions::new().with_prefix()))
@@ -1575,8 +1575,42 @@ async fn a_key_detached_while_waiting_is_attached_again_once_granted() {
                 .expect("a key besides A's")
                 .clone();
         }
+        assert!(Instant::now() < deadline, "B never queued");
         tokio::time::sleep(Duration::from_millis(10)).await;
     };
+    Waiting {
+        raw,
+        prefix,
+        held,
+        waiter,
+        queued,
+    }
+}
+
+/// While B waits behind A, another tool writes B's queued key without the lease, which detaches
+/// it from B's session (the watch on the lock's range ignores puts). Once B holds the lock, its
+/// key must be attached to its session again, as it is for a write after the grant: otherwise a
+/// crash of B would leave the lock taken for good. (Before, the guardian watched from the grant's
+/// last read, after that write, and never saw it.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_detached_while_waiting_is_attached_again_once_granted() {
+    let Some(server) = server("a_key_detached_while_waiting_is_attached_again_once_granted").await
+    else {
+        return;
+    };
+    let Waiting {
+        mut raw,
+        held,
+        waiter,
+        queued,
+        ..
+    } = behind_a_holder(
+        &server,
+        "detached-waiter",
+        Duration::from_secs(20),
+        Duration::from_secs(10),
+    )
+    .await;
     assert_ne!(queued.lease(), 0);
     raw.put(queued.key(), "written by another tool", None)
         .await
@@ -1713,26 +1747,20 @@ async fn a_waiters_detached_key_is_deleted_when_its_session_ends() {
     else {
         return;
     };
-    let (a, b) = (coord(&server.url()).await, coord(&server.url()).await);
-    let etcd = EtcdCoordinator::connect_url(&server.url()).await.unwrap();
-    let mut raw = etcd.client();
-    let k = key("detached-waiter-ended");
-    let held = a
-        .acquire(&k, &LeaseOptions::new(Duration::from_secs(20)))
-        .await
-        .unwrap();
     // B's session TTL of 6 s: it hears of the revoke at its next keepalive, within 2 s.
-    let waiter = {
-        let (b, k) = (b.clone(), k.clone());
-        tokio::spawn(async move {
-            b.acquire(
-                &k,
-                &LeaseOptions::new(Duration::from_secs(6)).wait(Duration::from_secs(30)),
-            )
-            .await
-        })
-    };
-    let prefix = etcd.lock_prefix(&k);
+    let Waiting {
+        mut raw,
+        prefix,
+        held,
+        waiter,
+        queued,
+    } = behind_a_holder(
+        &server,
+        "detached-waiter-ended",
+        Duration::from_secs(6),
+        Duration::from_secs(30),
+    )
+    .await;
     let queue = |mut raw: Client| {
         let prefix = prefix.clone();
         async move {
@@ -1742,19 +1770,6 @@ async fn a_waiters_detached_key_is_deleted_when_its_session_ends() {
                 .kvs()
                 .to_vec()
         }
-    };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let queued = loop {
-        let kvs = queue(raw.clone()).await;
-        if kvs.len() == 2 {
-            break kvs
-                .iter()
-                .find(|kv| kv.create_revision() != held.token().get() as i64)
-                .expect("a key besides A's")
-                .clone();
-        }
-        assert!(Instant::now() < deadline, "B never queued");
-        tokio::time::sleep(Duration::from_millis(10)).await;
     };
     raw.put(queued.key(), "written by another tool", None)
         .await
@@ -1874,7 +1889,7 @@ async fn a_stalled_fence_write_is_retired_before_it_is_reported_unknown() {
         .await
         .unwrap();
     assert_eq!(markers.kvs().len(), 1, "one retirement marker");
-    assert_eq!(
+    let stored = || async {
         direct
             .read(&resource)
             .await
@@ -1882,7 +1897,10 @@ async fn a_stalled_fence_write_is_retired_before_it_is_reported_unknown() {
             .unwrap()
             .value
             .unwrap()
-            .1,
+            .1
+    };
+    assert_eq!(
+        stored().await,
         value("warm"),
         "the stalled write has not applied: a read shows it"
     );
@@ -1904,15 +1922,5 @@ async fn a_stalled_fence_write_is_retired_before_it_is_reported_unknown() {
         },
     )
     .await;
-    assert_eq!(
-        direct
-            .read(&resource)
-            .await
-            .unwrap()
-            .unwrap()
-            .value
-            .unwrap()
-            .1,
-        value("again")
-    );
+    assert_eq!(stored().await, value("again"));
 }
