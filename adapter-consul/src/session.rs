@@ -238,7 +238,8 @@ pub(crate) struct SessionManager {
     lock_delay: Duration,
     name: String,
     current: Mutex<Option<Arc<Session>>>,
-    create: tokio::sync::Mutex<()>,
+    /// Held while a session is created; inside, the last creation's failure and when it came.
+    create: tokio::sync::Mutex<Option<(Instant, lease_core::Error)>>,
 }
 
 impl std::fmt::Debug for SessionManager {
@@ -258,7 +259,7 @@ impl SessionManager {
             lock_delay,
             name,
             current: Mutex::new(None),
-            create: tokio::sync::Mutex::new(()),
+            create: tokio::sync::Mutex::new(None),
         }
     }
 
@@ -275,14 +276,22 @@ impl SessionManager {
             .filter(|s| !s.is_ended())
     }
 
-    /// The current session, creating one (one round trip) if there is none.
+    /// The current session, creating one (one round trip) if there is none. Callers queued
+    /// behind a creation that failed get its failure at once, rather than each making an attempt
+    /// of its own in turn (the k-th of them would wait k request timeouts).
     pub(crate) async fn session(self: &Arc<Self>) -> Result<Arc<Session>> {
         if let Some(s) = self.peek() {
             return Ok(s);
         }
-        let _creating = self.create.lock().await;
+        let asked = Instant::now();
+        let mut creating = self.create.lock().await;
         if let Some(s) = self.peek() {
             return Ok(s);
+        }
+        if let Some((failed, e)) = creating.as_ref() {
+            if *failed >= asked {
+                return Err(e.replicate());
+            }
         }
         let body = serde_json::json!({
             "Name": self.name,
@@ -296,7 +305,14 @@ impl SessionManager {
             "ServiceChecks": [],
         });
         let sent = Instant::now();
-        let id = self.http.session_create(&body).await?;
+        let id = match self.http.session_create(&body).await {
+            Ok(id) => id,
+            Err(e) => {
+                *creating = Some((Instant::now(), e.replicate()));
+                return Err(e);
+            }
+        };
+        *creating = None;
         let session = Arc::new(Session::new(id, self.ttl, self.margin(), sent));
         tracing::debug!(session = %session.id, ttl = ?self.ttl, "consul session created");
         tokio::spawn(renewer(Arc::downgrade(self), session.clone()));

@@ -1009,3 +1009,47 @@ async fn a_session_renewed_after_twice_its_ttl_is_not_used_again() {
     assert_ne!(c.session_id().as_deref(), Some(old.as_str()));
     next.release().await.unwrap();
 }
+
+/// Concurrent calls on a client with no session share the outcome of one attempt to create it.
+/// Before, the client held a lock across the creation and each caller queued behind it made its
+/// own attempt once the previous failed: with Consul unreachable, the k-th of N concurrent calls
+/// failed after k request timeouts, whatever its wait bound (the bug class fixed for etcd and
+/// ZooKeeper in the same stop; Redis's connection open already works this way).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_calls_share_the_failure_of_one_session_creation() {
+    let s = standin();
+    let proxy = FaultProxy::start(s.addr()).await.unwrap();
+    let timeout = Duration::from_millis(300);
+    let c = Arc::new(
+        client(&format!(
+            "consul://{}?token={TOKEN}&session_ttl_ms=4000&request_timeout_ms={}&key_prefix=t{:08x}",
+            proxy.addr(),
+            timeout.as_millis(),
+            rand::random::<u32>()
+        ))
+        .await,
+    );
+    proxy.blackhole();
+    let started = Instant::now();
+    let calls: Vec<_> = (0..8)
+        .map(|i| {
+            let (c, k) = (c.clone(), key(&format!("shared-create/{i}")));
+            tokio::spawn(async move {
+                let r = c
+                    .try_acquire(&k, &LeaseOptions::new(Duration::from_secs(5)))
+                    .await;
+                (r.map(|l| l.token()), started.elapsed())
+            })
+        })
+        .collect();
+    for call in calls {
+        let (r, took) = call.await.unwrap();
+        assert!(r.is_err(), "granted through a blackholed proxy: {r:?}");
+        // One creation's bound each, more on a loaded machine; queued creations took up to
+        // eight.
+        assert!(
+            took < 5 * timeout,
+            "a try_acquire returned {took:?} after the start, with a {timeout:?} request timeout"
+        );
+    }
+}
