@@ -635,7 +635,10 @@ async fn a_create_whose_answer_was_lost_is_adopted_or_cleaned_up_never_duplicate
     lease.release().await.unwrap();
 
     // Now the listing times out too: the acquire fails, and the cleanup task removes the node
-    // once the held-back create has been applied.
+    // once the held-back create has been applied. An empty listing alone proves nothing: it may
+    // come before the held-back create is applied. The directory's child version counts its
+    // children's creates and deletes, so the ghost is gone once it counts both.
+    let (_, before) = observer.get_children(&lock).await.unwrap();
     proxy.blackhole();
     let failed = coord.try_acquire(&key, &o).await;
     assert!(
@@ -646,16 +649,23 @@ async fn a_create_whose_answer_was_lost_is_adopted_or_cleaned_up_never_duplicate
         "{failed:?}"
     );
     proxy.heal();
-    let until = Instant::now() + Duration::from_secs(4);
+    let until = Instant::now() + Duration::from_secs(8);
     loop {
-        let children = observer.list_children(&lock).await.unwrap_or_default();
-        if children.is_empty() {
+        let (children, now) = observer.get_children(&lock).await.unwrap();
+        if children.is_empty() && now.cversion >= before.cversion + 2 {
             break;
         }
-        assert!(
-            Instant::now() < until,
-            "a ghost contender stayed: {children:?}"
-        );
+        if Instant::now() >= until {
+            // Past the bound, only a create that never applied (its connection was closed
+            // before the heal delivered it) leaves nothing to remove.
+            assert!(
+                children.is_empty() && now.cversion == before.cversion,
+                "a ghost contender stayed: {children:?} (child version {} then {})",
+                before.cversion,
+                now.cversion
+            );
+            break;
+        }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     // Nothing blocks the next contender.
