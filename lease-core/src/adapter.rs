@@ -3,7 +3,8 @@
 //! ([`TokenAdmission`], [`Watermarks`]), the one rule for a failed request's error ([`Op`]), the
 //! retry backoff ([`Backoff`]), the guardian that cleans up after an ended lease
 //! ([`spawn_guardian`], [`retry_until_settled`]) and the queue that starts a lease's task only if
-//! the lease outlives its first moment ([`DelayedStarts`]), the leases that live on one session
+//! the lease outlives its first moment ([`DelayedStarts`]), a connection or session opened once
+//! for every caller asking meanwhile ([`SharedOpening`]), the leases that live on one session
 //! ([`Dependents`]), the stored holder and audit records ([`HolderRecord`], [`StoredAudit`]),
 //! credentials that never show in `Debug` ([`Secret`]), the TLS options and the PEM files they
 //! name ([`TlsFiles`], [`read_pem`]), the round scheduler ([`batch`]), clock helpers
@@ -53,6 +54,7 @@ pub use crate::fence::check_fence_value_len;
 pub use crate::guardian::{retry_until_settled, spawn_guardian, CleanupFailures};
 pub use crate::lease::LeaseTracker;
 pub use crate::local_waiters::{in_turn, LocalWaiters, Turn};
+pub use crate::opening::SharedOpening;
 pub use crate::options::{duration_in_range, parse_millis};
 pub use crate::outcome::{resend, Delivery, Op, SendAgain};
 pub use crate::records::{HolderRecord, StoredAudit};

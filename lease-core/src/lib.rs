@@ -57,6 +57,7 @@ mod local_waiters;
 pub mod memory;
 pub mod metrics;
 mod multi;
+mod opening;
 mod options;
 mod outcome;
 mod records;
