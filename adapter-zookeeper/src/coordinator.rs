@@ -6,13 +6,12 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::FutureExt;
-use lease_core::adapter::{Op, TokenAdmission};
+use lease_core::adapter::{Op, SharedOpening, TokenAdmission};
 use lease_core::{Capabilities, LockKey, OwnerId, Result};
 use zookeeper_client::Error as ZkError;
 
 use crate::config::ZkConfig;
-use crate::core::{Inner, Opening, SessionSlot};
+use crate::core::Inner;
 use crate::error::{timed_out, BACKEND};
 use crate::session::Session;
 
@@ -82,7 +81,7 @@ impl ZkCoordinator {
                 config,
                 caps,
                 local_waiters: Default::default(),
-                session: std::sync::Mutex::new(SessionSlot::Open(session)),
+                session: SharedOpening::with_open(BACKEND, session),
                 client_id: rand::random(),
                 attempts: AtomicU64::new(0),
                 owner,
@@ -121,62 +120,35 @@ impl ZkCoordinator {
     /// log it. Opens no session and sends nothing.
     #[doc(hidden)]
     pub async fn current_session(&self) -> Option<zookeeper_client::SessionInfo> {
-        let slot = self.inner.session.lock().unwrap_or_else(|p| p.into_inner());
-        slot.open().map(|s| s.client().session().clone())
+        let session = self.inner.session.current(|s| !s.is_terminated())?;
+        Some(session.client().session().clone())
     }
 
     /// The live session, or a new one if the last one ended: callers asking while one is being
-    /// opened await that opening ([`SessionSlot`]).
+    /// opened await that opening ([`SharedOpening`]).
     pub(crate) async fn session(&self) -> Result<Arc<Session>> {
-        let opening = {
-            let mut slot = self.inner.session.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(s) = slot.open() {
-                return Ok(s.clone());
-            }
-            match slot.opening() {
-                Some(opening) => opening.clone(),
-                None => {
-                    let opening = self.open_session();
-                    *slot = SessionSlot::Opening(opening.clone());
-                    opening
-                }
-            }
-        };
-        opening.await.map_err(|e| e.replicate())
-    }
-
-    /// Opens a new session ([`Session::connect`]) in a task of its own: it finishes on its own
-    /// schedule whether or not anyone still awaits it (a caller whose future was dropped must
-    /// not leave a half-run opening, its connect deadline long past, for the next caller), and
-    /// a panic in it is an error for its callers, not a poisoned future every later call hits.
-    fn open_session(&self) -> Opening {
-        let config = self.inner.config.clone();
-        let declared = self.inner.caps.min_ttl;
-        let task = tokio::spawn(async move {
-            let s = Session::connect(&config).await?;
-            if s.timeout() != declared {
-                tracing::warn!(
-                    negotiated = ?s.timeout(),
-                    ?declared,
-                    "the new zookeeper session negotiated another timeout than the first one; \
-                     leases use the new one for validity"
-                );
-            }
-            Ok(s)
-        });
-        async move {
-            task.await
-                .unwrap_or_else(|e| {
-                    Err(lease_core::Error::Unavailable {
-                        backend: BACKEND,
-                        message: format!("opening a zookeeper session: its task failed: {e}"),
-                        source: None,
-                    })
-                })
-                .map_err(Arc::new)
-        }
-        .boxed()
-        .shared()
+        let inner = &self.inner;
+        inner
+            .session
+            .get(
+                |s| !s.is_terminated(),
+                || {
+                    let (config, declared) = (inner.config.clone(), inner.caps.min_ttl);
+                    async move {
+                        let s = Session::connect(&config).await?;
+                        if s.timeout() != declared {
+                            tracing::warn!(
+                                negotiated = ?s.timeout(),
+                                ?declared,
+                                "the new zookeeper session negotiated another timeout than the \
+                                 first one; leases use the new one for validity"
+                            );
+                        }
+                        Ok(s)
+                    }
+                },
+            )
+            .await
     }
 
     /// Runs one read request with the request timeout. It does not confirm the session: the
