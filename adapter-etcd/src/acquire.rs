@@ -10,7 +10,9 @@ use std::time::Duration;
 use etcd_client::{
     Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
 };
-use lease_core::adapter::{ended_during_acquire, Backoff, HolderRecord, LeaseTracker, Op};
+use lease_core::adapter::{
+    ended_during_acquire, Backoff, HolderRecord, LeaseTracker, Op, SharedOpening,
+};
 use lease_core::{Error, Lease, LeaseOptions, LeaseStatus, LockKey, LostReason, Result, Token};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
@@ -19,7 +21,7 @@ use crate::coordinator::{EtcdCoordinator, Inner};
 use crate::error::{retry_resendable, retry_unapplied, Failure, BACKEND};
 use crate::keys::{self, Slot};
 use crate::lease::EtcdLease;
-use crate::session::{Cleaner, Cleanup, Session, SessionGrant, Unconfirmed};
+use crate::session::{Cleaner, Cleanup, Session, Unconfirmed};
 use crate::watch::{Lock, Range};
 
 /// A waiter's or holder's key that must not outlive the attempt unless handed to a lease:
@@ -201,28 +203,31 @@ impl Inner {
     /// failed). Every caller asking while a grant is under way awaits that one: one request,
     /// and a failure reaches them all at once, each within one request timeout of asking.
     async fn session(&self, secs: i64) -> Result<Arc<Session>> {
-        let grant = {
+        let slot = {
             let mut sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
-            match sessions.get(&secs) {
-                Some(grant) if grant.usable() => grant.clone(),
-                _ => {
-                    let grant = SessionGrant::start(&self.handle.client, secs, self.timeout());
-                    sessions.insert(secs, grant.clone());
-                    grant
-                }
-            }
+            let slot = sessions.entry(secs);
+            slot.or_insert_with(|| Arc::new(SharedOpening::new(BACKEND)))
+                .clone()
         };
-        grant
-            .await
-            .map_err(|f| f.into_error(Op::read("grant session lease")))
+        slot.get(
+            |s| !s.is_dead(),
+            || {
+                let (client, timeout) = (self.handle.client.clone(), self.timeout());
+                async move {
+                    Session::grant(&client, secs, timeout)
+                        .await
+                        .map_err(|f| f.into_error(Op::read("grant session lease")))
+                }
+            },
+        )
+        .await
     }
 
     /// The session for `secs` if one was granted and has not ended (for tests).
     #[cfg(test)]
     pub(crate) fn live_session(&self, secs: i64) -> Option<Arc<Session>> {
         let sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
-        let granted = sessions.get(&secs)?.granted()?;
-        (!granted.is_dead()).then(|| granted.clone())
+        sessions.get(&secs)?.current(|s| !s.is_dead())
     }
 
     /// A new attempt on `lock` in `session`: its own key under `prefix`, and its marker.

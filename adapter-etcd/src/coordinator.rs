@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::Client;
-use lease_core::adapter::{DelayedStarts, Op, StoredAudit, TokenAdmission};
+use lease_core::adapter::{DelayedStarts, Op, SharedOpening, StoredAudit, TokenAdmission};
 use lease_core::{Capabilities, LockKey, OwnerId, Result};
 
 use crate::client::client_for;
@@ -20,7 +20,7 @@ use crate::core::Handle;
 use crate::error::{retry_unapplied, BACKEND};
 use crate::keys::{self, Slots};
 use crate::lease::GUARD_DELAY;
-use crate::session::{Cleaner, SessionGrant};
+use crate::session::{Cleaner, Session};
 use crate::watch::Watcher;
 
 /// etcd's smallest lease TTL with its default election timeout (1 s): a 1 s request is
@@ -31,9 +31,9 @@ pub(crate) struct Inner {
     pub(crate) handle: Arc<Handle>,
     pub(crate) caps: Capabilities,
     pub(crate) owner: OwnerId,
-    /// One session per granted TTL, in whole seconds, or its grant under way (locked only to
-    /// look up or start one, never across a request).
-    pub(crate) sessions: std::sync::Mutex<HashMap<i64, SessionGrant>>,
+    /// One session per granted TTL, in whole seconds, or its grant under way, which every
+    /// caller asking for that TTL meanwhile awaits (the map is locked only to look one up).
+    pub(crate) sessions: std::sync::Mutex<HashMap<i64, Arc<SharedOpening<Arc<Session>>>>>,
     /// Numbers each acquisition attempt, so that every attempt has its own abandonment marker.
     pub(crate) attempts: AtomicU64,
     /// The slots of holders' and waiters' own key names ([`Slots`]).

@@ -27,7 +27,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{Client, Compare, CompareOp, PutOptions, Txn, TxnOp};
-use futures::future::{BoxFuture, FutureExt, Shared};
 use lease_core::adapter::{fresh_id, Backoff, Dependents, LeaseTracker};
 use lease_core::{LeaseStatus, LostReason};
 use tokio::sync::{mpsc, watch};
@@ -75,61 +74,6 @@ impl std::fmt::Debug for Session {
             .field("ttl", &self.ttl)
             .field("dead", &self.state.borrow().dead)
             .finish()
-    }
-}
-
-/// A session's grant, shared by every caller that asks for the session while it is under way
-/// (one request, one answer for all), and then the granted session.
-///
-/// The grant runs in a task of its own: it finishes on its own schedule whether or not anyone
-/// still awaits it (a caller whose future was dropped must not leave a half-run grant, its
-/// timeout long past, for the next caller), and a panic in it is an error for its callers, not
-/// a poisoned future that every later caller would hit.
-#[derive(Clone)]
-pub(crate) struct SessionGrant(Shared<BoxFuture<'static, Result<Arc<Session>, Failure>>>);
-
-impl SessionGrant {
-    /// Starts granting a session of `ttl_secs` ([`Session::grant`]) on the current runtime.
-    pub(crate) fn start(client: &Client, ttl_secs: i64, request_timeout: Duration) -> SessionGrant {
-        let client = client.clone();
-        let task =
-            tokio::spawn(async move { Session::grant(&client, ttl_secs, request_timeout).await });
-        SessionGrant(
-            async move {
-                task.await.unwrap_or_else(|e| {
-                    Err(Failure::NoAnswer(format!(
-                        "the session grant's task failed: {e}"
-                    )))
-                })
-            }
-            .boxed()
-            .shared(),
-        )
-    }
-
-    /// Whether it may still serve a caller: under way, or granted a session that has not ended
-    /// (a failed grant is not asked again; a new one is started).
-    pub(crate) fn usable(&self) -> bool {
-        match self.0.peek() {
-            None => true,
-            Some(Ok(session)) => !session.is_dead(),
-            Some(Err(_)) => false,
-        }
-    }
-
-    /// The session, once granted (for tests).
-    #[cfg(test)]
-    pub(crate) fn granted(&self) -> Option<&Arc<Session>> {
-        self.0.peek()?.as_ref().ok()
-    }
-}
-
-impl std::future::IntoFuture for SessionGrant {
-    type Output = Result<Arc<Session>, Failure>;
-    type IntoFuture = Shared<BoxFuture<'static, Result<Arc<Session>, Failure>>>;
-
-    fn into_future(self) -> Self::IntoFuture {
-        self.0
     }
 }
 
