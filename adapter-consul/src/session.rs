@@ -11,7 +11,9 @@ use std::ops::ControlFlow;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
-use lease_core::adapter::{retry_until_settled, Backoff, CleanupFailures, Dependents};
+use lease_core::adapter::{
+    retry_until_settled, Backoff, CleanupFailures, Dependents, SharedOpening,
+};
 use lease_core::{Error, Result};
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -237,9 +239,10 @@ pub(crate) struct SessionManager {
     ttl: Duration,
     lock_delay: Duration,
     name: String,
-    current: Mutex<Option<Arc<Session>>>,
-    /// Held while a session is created; inside, the last creation's failure and when it came.
-    create: tokio::sync::Mutex<Option<(Instant, lease_core::Error)>>,
+    /// The current session, or its creation under way, which every caller asking meanwhile
+    /// awaits (one request; its failure reaches them all at once, rather than each making an
+    /// attempt of its own in turn, the k-th of them waiting k request timeouts).
+    current: SharedOpening<Arc<Session>>,
 }
 
 impl std::fmt::Debug for SessionManager {
@@ -258,8 +261,7 @@ impl SessionManager {
             ttl,
             lock_delay,
             name,
-            current: Mutex::new(None),
-            create: tokio::sync::Mutex::new(None),
+            current: SharedOpening::new(crate::BACKEND),
         }
     }
 
@@ -269,30 +271,17 @@ impl SessionManager {
 
     /// The current session, if one is live.
     pub(crate) fn peek(&self) -> Option<Arc<Session>> {
-        self.current
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-            .filter(|s| !s.is_ended())
+        self.current.current(|s| !s.is_ended())
     }
 
-    /// The current session, creating one (one round trip) if there is none. Callers queued
-    /// behind a creation that failed get its failure at once, rather than each making an attempt
-    /// of its own in turn (the k-th of them would wait k request timeouts).
+    /// The current session, creating one (one round trip) if there is none; callers asking
+    /// while one is being created await that creation.
     pub(crate) async fn session(self: &Arc<Self>) -> Result<Arc<Session>> {
-        if let Some(s) = self.peek() {
-            return Ok(s);
-        }
-        let asked = Instant::now();
-        let mut creating = self.create.lock().await;
-        if let Some(s) = self.peek() {
-            return Ok(s);
-        }
-        if let Some((failed, e)) = creating.as_ref() {
-            if *failed >= asked {
-                return Err(e.replicate());
-            }
-        }
+        self.current.get(|s| !s.is_ended(), || self.create()).await
+    }
+
+    /// Creates a session and starts its renewer.
+    fn create(self: &Arc<Self>) -> impl std::future::Future<Output = Result<Arc<Session>>> {
         let body = serde_json::json!({
             "Name": self.name,
             "TTL": format!("{}ms", self.ttl.as_millis()),
@@ -304,29 +293,26 @@ impl SessionManager {
             "NodeChecks": [],
             "ServiceChecks": [],
         });
-        let sent = Instant::now();
-        let id = match self.http.session_create(&body).await {
-            Ok(id) => id,
-            Err(e) => {
-                *creating = Some((Instant::now(), e.replicate()));
-                return Err(e);
-            }
-        };
-        *creating = None;
-        let session = Arc::new(Session::new(id, self.ttl, self.margin(), sent));
-        tracing::debug!(session = %session.id, ttl = ?self.ttl, "consul session created");
-        tokio::spawn(renewer(Arc::downgrade(self), session.clone()));
-        *self.current.lock().unwrap_or_else(|p| p.into_inner()) = Some(session.clone());
-        Ok(session)
+        let (http, ttl, margin, manager) = (
+            self.http.clone(),
+            self.ttl,
+            self.margin(),
+            Arc::downgrade(self),
+        );
+        async move {
+            let sent = Instant::now();
+            let id = http.session_create(&body).await?;
+            let session = Arc::new(Session::new(id, ttl, margin, sent));
+            tracing::debug!(session = %session.id, ?ttl, "consul session created");
+            tokio::spawn(renewer(manager, session.clone()));
+            Ok(session)
+        }
     }
 
     /// Marks `session` ended (its leases are lost) and stops using it.
     pub(crate) fn ended(&self, session: &Arc<Session>) {
         session.end();
-        let mut cur = self.current.lock().unwrap_or_else(|p| p.into_inner());
-        if cur.as_ref().is_some_and(|c| Arc::ptr_eq(c, session)) {
-            *cur = None;
-        }
+        self.current.discard(|c| Arc::ptr_eq(c, session));
     }
 
     /// The bound on one session renewal.
@@ -412,12 +398,7 @@ impl SessionManager {
 
 impl Drop for SessionManager {
     fn drop(&mut self) {
-        let current = self
-            .current
-            .get_mut()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
-        if let Some(session) = current {
+        if let Some(session) = self.current.current(|_| true) {
             session.end();
             // Best effort: the session expires at its TTL anyway.
             if let Ok(handle) = tokio::runtime::Handle::try_current() {
