@@ -15,38 +15,7 @@ use tokio::time::Instant;
 
 use crate::config::{RedisConfig, ReplicaAcks, SentinelConfig};
 use crate::error::{self, ops, BACKEND};
-use lease_core::adapter::Op;
-
-/// A failure of the last connect attempt, kept so that callers queued behind it fail fast instead
-/// of each waiting a whole connect timeout.
-#[derive(Debug, Clone)]
-enum CachedFailure {
-    Unavailable(String),
-    Misconfigured(Vec<String>),
-}
-
-impl CachedFailure {
-    fn of(e: &Error) -> Self {
-        match e {
-            Error::Misconfigured { problems, .. } => CachedFailure::Misconfigured(problems.clone()),
-            other => CachedFailure::Unavailable(other.to_string()),
-        }
-    }
-
-    fn to_error(&self) -> Error {
-        match self {
-            CachedFailure::Unavailable(m) => Error::Unavailable {
-                backend: BACKEND,
-                message: m.clone(),
-                source: None,
-            },
-            CachedFailure::Misconfigured(p) => Error::Misconfigured {
-                backend: BACKEND,
-                problems: p.clone(),
-            },
-        }
-    }
-}
+use lease_core::adapter::{Op, SharedOpening};
 
 /// A write that cannot be sent twice (a fence write, a force-release) first checks, with a
 /// `PING`, a connection that has not answered for this long.
@@ -110,17 +79,21 @@ struct Shared {
     on_break: std::sync::OnceLock<Box<dyn Fn() + Send + Sync>>,
     /// Whether [`Shared::warn_unsettled`] has logged.
     warned_unsettled: AtomicBool,
+    /// Numbers the connections opened ([`Open::generation`]).
+    opens: AtomicU64,
 }
 
 /// One multiplexed connection, opened lazily again after it broke.
 struct Lane {
     /// What every connection of the [`Connection`] shares.
     shared: Arc<Shared>,
-    current: Mutex<Option<Open>>,
+    /// The open connection, or its opening under way, which every request asking meanwhile
+    /// awaits (one attempt; its failure reaches them all at once, rather than each waiting a
+    /// whole connect timeout in turn).
+    current: SharedOpening<Open>,
     /// When the connection last answered, in nanoseconds since `opened` (see [`IDLE_CHECK`]).
     answered: AtomicU64,
     opened: Instant,
-    connecting: tokio::sync::Mutex<ConnectState>,
     /// The last connection [`Lane::end`] ended: the writes that were in flight on it when it
     /// stopped answering share one `CLIENT KILL`.
     ended: tokio::sync::Mutex<Option<u64>>,
@@ -134,6 +107,8 @@ struct Open {
     conn: MultiplexedConnection,
     /// Who the connection is on its server, when the server said.
     side: Option<Arc<ServerSide>>,
+    /// When it opened: its open counts as an answer ([`Lane::idle`]).
+    opened: Instant,
 }
 
 /// Who a connection is on its server, read when it opens (`CLIENT INFO` and `INFO server`):
@@ -146,12 +121,6 @@ struct ServerSide {
     id: u64,
     /// The connection's peer address as the server sees it (`addr`).
     addr: String,
-}
-
-#[derive(Default)]
-struct ConnectState {
-    generation: u64,
-    last_failure: Option<(Instant, CachedFailure)>,
 }
 
 impl Connection {
@@ -174,6 +143,7 @@ impl Connection {
             verify_durability: !config.volatile_tokens(),
             on_break: std::sync::OnceLock::new(),
             warned_unsettled: AtomicBool::new(false),
+            opens: AtomicU64::new(0),
         });
         let conn = Connection {
             main: Lane::new(&shared),
@@ -486,16 +456,11 @@ impl Lane {
     fn new(shared: &Arc<Shared>) -> Self {
         Lane {
             shared: shared.clone(),
-            current: Mutex::new(None),
+            current: SharedOpening::new(BACKEND),
             answered: AtomicU64::new(0),
             opened: Instant::now(),
-            connecting: tokio::sync::Mutex::new(ConnectState::default()),
             ended: tokio::sync::Mutex::new(None),
         }
-    }
-
-    fn lock_current(&self) -> std::sync::MutexGuard<'_, Option<Open>> {
-        self.current.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Records that the connection answered now.
@@ -504,57 +469,39 @@ impl Lane {
         self.answered.fetch_max(since, Ordering::Relaxed);
     }
 
-    /// How long since the connection last answered (or was opened).
-    fn idle(&self) -> Duration {
+    /// How long since `open` last answered (or was opened).
+    fn idle(&self, open: &Open) -> Duration {
         let answered = Duration::from_nanos(self.answered.load(Ordering::Relaxed));
-        self.opened.elapsed().saturating_sub(answered)
+        let since_answer = self.opened.elapsed().saturating_sub(answered);
+        since_answer.min(open.opened.elapsed())
     }
 
-    /// The current connection, opening (and checking) a new one if there is none. Callers
-    /// queued behind a failed open get its failure at once.
+    /// The current connection, opening (and checking) a new one if there is none. Requests
+    /// asking while one is being opened await that opening.
     async fn get(&self) -> Result<Open> {
-        if let Some(c) = self.lock_current().clone() {
-            return Ok(c);
-        }
-        let started = Instant::now();
-        let mut state = self.connecting.lock().await;
-        if let Some(c) = self.lock_current().clone() {
-            return Ok(c);
-        }
-        if let Some((at, failure)) = &state.last_failure {
-            if *at >= started {
-                return Err(failure.to_error());
-            }
-        }
-        match self.shared.connect().await {
-            Ok((conn, side)) => {
-                state.generation += 1;
-                state.last_failure = None;
-                let open = Open {
-                    generation: state.generation,
-                    conn,
-                    side: side.map(Arc::new),
-                };
-                *self.lock_current() = Some(open.clone());
-                self.note_answer();
-                Ok(open)
-            }
-            Err(e) => {
-                state.last_failure = Some((Instant::now(), CachedFailure::of(&e)));
-                Err(e)
-            }
-        }
+        self.current
+            .get(
+                |_| true,
+                || {
+                    let shared = self.shared.clone();
+                    async move {
+                        let (conn, side) = shared.connect().await?;
+                        Ok(Open {
+                            generation: shared.opens.fetch_add(1, Ordering::Relaxed) + 1,
+                            conn,
+                            side: side.map(Arc::new),
+                            opened: Instant::now(),
+                        })
+                    }
+                },
+            )
+            .await
     }
 
     /// Forgets the connection of `generation` (or any, for `None`).
     fn discard(&self, generation: Option<u64>) {
-        let mut current = self.lock_current();
-        if current
-            .as_ref()
-            .is_some_and(|o| generation.is_none_or(|want| o.generation == want))
-        {
-            *current = None;
-        }
+        self.current
+            .discard(|o| generation.is_none_or(|want| o.generation == want));
     }
 
     /// Ends the connection of `generation` (discarded already; `side` on its server) on its
@@ -646,7 +593,7 @@ impl Lane {
             Ok(c) => c,
             Err(e) => return (Err(e), false),
         };
-        if op.writes && !op.idempotent && self.idle() >= IDLE_CHECK {
+        if op.writes && !op.idempotent && self.idle(&open) >= IDLE_CHECK {
             let mut conn = open.conn.clone();
             match redis::cmd("PING").query_async::<()>(&mut conn).await {
                 Ok(()) => self.note_answer(),
@@ -667,6 +614,7 @@ impl Lane {
             generation,
             conn,
             side,
+            ..
         } = open;
         let first = match f(conn).await {
             Ok(v) => {
@@ -690,6 +638,7 @@ impl Lane {
             generation,
             conn,
             side,
+            ..
         } = open;
         match f(conn).await {
             Ok(v) => {

@@ -701,3 +701,50 @@ async fn a_grant_found_expired_after_a_lost_reply_is_tried_again_not_reported_he
     assert_eq!(lease.status(), LeaseStatus::Held);
     lease.release().await.unwrap();
 }
+
+/// With the server unreachable, requests that find the connection broken share one attempt to
+/// open a new one, and its failure: each call fails within a few bounds of its start, not after
+/// the opens of every call queued before it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_calls_share_the_failure_of_one_connection_open() {
+    let Some(srv) = server(
+        "concurrent_calls_share_the_failure_of_one_connection_open",
+        durable(),
+    ) else {
+        return;
+    };
+    let proxy = FaultProxy::start(srv.addr()).await.unwrap();
+    let bound = Duration::from_millis(300);
+    let c = Arc::new(
+        via(
+            &proxy,
+            &format!(
+                "request_timeout_ms={0}&connect_timeout_ms={0}",
+                bound.as_millis()
+            ),
+        )
+        .await,
+    );
+    // New connections are accepted and never answered; the one open now is reset.
+    proxy.blackhole();
+    proxy.cut();
+    let started = Instant::now();
+    let calls: Vec<_> = (0..8)
+        .map(|i| {
+            let (c, k) = (c.clone(), key(&format!("shared-open/{i}")));
+            tokio::spawn(async move {
+                let r = c.try_acquire(&k, &LeaseOptions::new(5 * SEC)).await;
+                (r.map(|l| l.token()), started.elapsed())
+            })
+        })
+        .collect();
+    for call in calls {
+        let (r, took) = call.await.unwrap();
+        assert!(r.is_err(), "granted through a blackholed proxy: {r:?}");
+        assert!(
+            took < 6 * bound,
+            "a try_acquire returned {took:?} after the start, with {bound:?} connect and \
+             request timeouts"
+        );
+    }
+}
