@@ -302,6 +302,18 @@ impl SessionManager {
         async move {
             let sent = Instant::now();
             let id = http.session_create(&body).await?;
+            if manager.strong_count() == 0 {
+                // Created after the coordinator was dropped (the creation outlives its
+                // callers): nobody will use or end it.
+                if let Err(e) = http.session_destroy(&id).await {
+                    tracing::debug!(error = %e, "consul session destroy failed");
+                }
+                return Err(Error::Unavailable {
+                    backend: crate::BACKEND,
+                    message: "the coordinator was dropped while its session was created".into(),
+                    source: None,
+                });
+            }
             let session = Arc::new(Session::new(id, ttl, margin, sent));
             tracing::debug!(session = %session.id, ?ttl, "consul session created");
             tokio::spawn(renewer(manager, session.clone()));

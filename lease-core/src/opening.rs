@@ -28,12 +28,17 @@ enum Slot<T> {
 ///
 /// The opening runs in a Tokio task of its own: it finishes on its own schedule whether or not
 /// anyone still awaits it (a caller whose future was dropped must not leave a half-run opening,
-/// its deadlines long past, for the next caller), and a panic in it is an
-/// [`Error::Unavailable`] for its callers, not a poisoned future every later caller would hit.
+/// its deadlines long past, for the next caller), its outcome is recorded when it finishes
+/// (a failure that nobody awaited is not handed to a caller that asks later), and a panic in it
+/// is an [`Error::Unavailable`] for its callers, not a poisoned future every later caller would
+/// hit.
 ///
 /// Every caller of an opening that failed gets a copy of its error ([`Error::replicate`]: the
 /// client library's source is kept as text). The slot is locked only to look up the value or
-/// start an opening, never across a request.
+/// start an opening, never across a request: the `usable`, `which` and `open` closures run
+/// under that lock, so they must be cheap and must not call this `SharedOpening` again. The
+/// opening itself must be bounded in time (a connect timeout): callers asking while it runs
+/// wait for it.
 ///
 /// ```
 /// use lease_core::adapter::SharedOpening;
@@ -118,6 +123,8 @@ impl<T: Clone + Send + Sync + 'static> SharedOpening<T> {
 
     /// The open value if `usable` accepts it; otherwise the opening under way, or a new one:
     /// `open()`'s future, run in a task of its own. `open` is called only to start an opening.
+    /// The value an opening yields is handed to the callers that awaited it as it is; `usable`
+    /// judges it at later calls.
     ///
     /// Must be called within a Tokio runtime.
     pub async fn get<F, Fut>(&self, usable: impl FnOnce(&T) -> bool, open: F) -> Result<T>
@@ -152,7 +159,7 @@ impl<T: Clone + Send + Sync + 'static> SharedOpening<T> {
     fn start(&self, open: impl Future<Output = Result<T>> + Send + 'static) -> Opening<T> {
         let backend = self.backend;
         let task = tokio::spawn(open);
-        async move {
+        let opening = async move {
             task.await
                 .unwrap_or_else(|e| {
                     Err(Error::Unavailable {
@@ -164,7 +171,11 @@ impl<T: Clone + Send + Sync + 'static> SharedOpening<T> {
                 .map_err(Arc::new)
         }
         .boxed()
-        .shared()
+        .shared();
+        // A `Shared` records its outcome (`peek`) only once a clone polled it to the end: this
+        // one does, so a finished opening is seen as finished even when no caller awaits it.
+        tokio::spawn(opening.clone());
+        opening
     }
 }
 
@@ -220,6 +231,44 @@ mod tests {
         // A caller asking after the failure opens again.
         let v = opening.get(|_| true, || async { Ok(5) }).await.unwrap();
         assert_eq!((v, opening.current(|_| true)), (5, Some(5)));
+    }
+
+    #[tokio::test]
+    async fn an_opening_that_failed_while_nobody_awaited_it_is_not_handed_out_later() {
+        let opening = Arc::new(SharedOpening::<u32>::new("test"));
+        let (release, released) = tokio::sync::watch::channel(false);
+        let caller = {
+            let opening = opening.clone();
+            tokio::spawn(async move {
+                opening
+                    .get(
+                        |_| true,
+                        || async move {
+                            let mut released = released;
+                            released.wait_for(|r| *r).await.unwrap();
+                            Err::<u32, _>(unavailable("refused long ago"))
+                        },
+                    )
+                    .await
+            })
+        };
+        while !format!("{opening:?}").contains("\"opening\"") {
+            tokio::task::yield_now().await;
+        }
+        // The only caller gives up; the opening then fails with nobody awaiting it.
+        caller.abort();
+        let _ = caller.await;
+        release.send(true).unwrap();
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while format!("{opening:?}").contains("\"opening\"") {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .expect("the finished opening is still seen as under way");
+        // A caller asking now gets a new opening, not the old failure.
+        let v = opening.get(|_| true, || async { Ok(8) }).await.unwrap();
+        assert_eq!(v, 8);
     }
 
     #[tokio::test]
