@@ -196,10 +196,11 @@ impl RedisCoordinator {
         } else {
             b"0"
         };
+        // Before anything is sent: a refusal here leaves nothing pending.
+        let acks = self.inner.replica_acks().await?;
         let sent_at = Instant::now();
         let was_pending = guard.pending;
         guard.pending = true;
-        let acks = self.inner.replica_acks();
         let script_keys = [keys.lock(), keys.counter()];
         let script_args = [
             parts.head.as_bytes(),
@@ -326,7 +327,9 @@ impl RedisCoordinator {
         let read_sent = Instant::now();
         match self.read_lock(keys, ops::RESOLVE).await {
             Ok(Some((value, pttl))) => match LockValue::parse(&value) {
-                Some(_) if value.starts_with(&parts.head) && self.inner.replica_acks() > 0 => {
+                Some(_)
+                    if value.starts_with(&parts.head) && self.inner.replica_acks_known() > 0 =>
+                {
                     Ok(Attempt::Again(original))
                 }
                 Some(v) if value.starts_with(&parts.head) => {

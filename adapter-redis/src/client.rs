@@ -30,6 +30,13 @@ use lease_core::adapter::{Op, SharedOpening};
 /// `PING` and the write, still leaves that write's outcome unknown.
 const IDLE_CHECK: Duration = Duration::from_secs(1);
 
+/// How often `replica_acks=auto`, while it has seen no streaming replica, counts the primary's
+/// replicas again before a write ([`Connection::acks_for`]): a replica that was still in its
+/// first full sync at the connect, or was added later, is waited for from the first write after
+/// the next count. At most one `INFO replication` per interval, and none once a replica was seen
+/// (the count is never lowered).
+const REPLICA_RECHECK: Duration = Duration::from_secs(1);
+
 /// How many connections of their own writes followed by `WAIT` get ([`Connection::eval_and_wait`]).
 ///
 /// Redis reads nothing more from a client blocked in `WAIT`: on the connection every other
@@ -68,8 +75,15 @@ struct Shared {
     /// primary stayed on a dead primary for as long as no request of the other failed); the
     /// pub/sub and tracking connections follow whichever found it last.
     client: Mutex<redis::Client>,
-    /// The most replicas a primary reported streaming (`state=online`) at any open so far.
+    /// The most replicas a primary reported streaming (`state=online`) at any open or
+    /// [`Connection::recheck_replicas`] so far.
     replicas: AtomicUsize,
+    /// When the replicas were last counted (an open, or a recheck started), in nanoseconds
+    /// since `created`.
+    replicas_counted: AtomicU64,
+    /// Set once `INFO` was refused at a recheck: there is nothing to look at again.
+    recheck_refused: AtomicBool,
+    created: Instant,
     /// The Sentinel that answered last (asked first next time).
     sentinel_first: AtomicUsize,
     async_config: AsyncConnectionConfig,
@@ -102,7 +116,7 @@ struct Lane {
 /// An open connection of a [`Lane`].
 #[derive(Clone)]
 struct Open {
-    /// Which open of the lane this is (see [`Lane::discard`]).
+    /// Which open this is, unique among the connection's lanes (see [`Lane::discard`]).
     generation: u64,
     conn: MultiplexedConnection,
     /// Who the connection is on its server, when the server said.
@@ -136,6 +150,9 @@ impl Connection {
             config: config.clone(),
             client: Mutex::new(client),
             replicas: AtomicUsize::new(0),
+            replicas_counted: AtomicU64::new(0),
+            recheck_refused: AtomicBool::new(false),
+            created: Instant::now(),
             sentinel_first: AtomicUsize::new(0),
             async_config: AsyncConnectionConfig::new()
                 .set_connection_timeout(Some(config.connect_timeout()))
@@ -164,18 +181,59 @@ impl Connection {
     }
 
     /// The most replicas a primary reported streaming (`state=online`) when a connection was
-    /// opened (never lowered by a later open).
+    /// opened or at a recheck (never lowered).
     pub(crate) fn replicas(&self) -> usize {
         self.main.shared.replicas.load(Ordering::Relaxed)
     }
 
     /// How many replica acknowledgements a write waits for under `asked` (`replica_acks`;
-    /// `auto` is one once a primary reported a connected replica at any connect).
-    pub(crate) fn acks_for(&self, asked: ReplicaAcks) -> usize {
+    /// `auto` is one once a primary reported a streaming replica), as known now.
+    pub(crate) fn acks_known(&self, asked: ReplicaAcks) -> usize {
         match asked {
             ReplicaAcks::Auto => self.replicas().min(1),
             ReplicaAcks::Exactly(n) => usize::from(n),
         }
+    }
+
+    /// [`Self::acks_known`], for a write about to be sent: under `auto`, while no replica was
+    /// seen, the replicas are counted again first when the last count is [`REPLICA_RECHECK`]
+    /// old (one caller at a time; the others use the count they find).
+    pub(crate) async fn acks_for(&self, asked: ReplicaAcks) -> Result<usize> {
+        if asked == ReplicaAcks::Auto && self.replicas() == 0 && self.main.shared.recheck_due() {
+            self.recheck_replicas().await?;
+        }
+        Ok(self.acks_known(asked))
+    }
+
+    /// Counts the streaming replicas again (`INFO replication`, one round trip). A primary
+    /// found with replicas while `clock_tokens` is off is refused as at a connect; a refused
+    /// `INFO` ends the rechecks; any other failure keeps the count (the write that follows meets
+    /// the same trouble and reports it).
+    async fn recheck_replicas(&self) -> Result<()> {
+        let shared = &self.main.shared;
+        let (_, mut conn) = self.raw().await?;
+        match redis::cmd("INFO")
+            .arg("replication")
+            .query_async::<String>(&mut conn)
+            .await
+        {
+            Ok(info) => {
+                refuse_unguarded_replicas(connected_replicas(&info), &shared.config)?;
+                let online = online_replicas(&info);
+                if online > 0 {
+                    tracing::info!(backend = BACKEND, replicas = online, "the primary has a streaming replica now: writes wait for one (replica_acks=auto)");
+                }
+                shared.replicas.fetch_max(online, Ordering::Relaxed);
+            }
+            Err(e) if e.code().is_some() => {
+                shared.recheck_refused.store(true, Ordering::Relaxed);
+                tracing::debug!(backend = BACKEND, error = %e, "INFO replication refused; replicas are not counted again");
+            }
+            Err(e) => {
+                tracing::debug!(backend = BACKEND, error = %e, "counting replicas again failed");
+            }
+        }
+        Ok(())
     }
 
     /// Sets what to do when a request finds a connection broken (once; later calls are
@@ -370,10 +428,33 @@ impl Shared {
         // Never lowered: a primary cut off from its replicas still has them as far as a
         // failover is concerned (Sentinel may promote one), so `auto` keeps waiting for one.
         self.replicas.fetch_max(replicas, Ordering::Relaxed);
+        self.replicas_counted
+            .fetch_max(self.since_created(), Ordering::Relaxed);
         let side = server_side(&mut conn, self).await?;
         *self.client.lock().unwrap_or_else(|p| p.into_inner()) = client;
         tracing::debug!(backend = BACKEND, replicas, "command connection opened");
         Ok((conn, side))
+    }
+
+    fn since_created(&self) -> u64 {
+        self.created.elapsed().as_nanos() as u64
+    }
+
+    /// Whether the replicas should be counted again ([`REPLICA_RECHECK`] since the last count,
+    /// and `INFO` not refused); true for one caller only, which must count them.
+    fn recheck_due(&self) -> bool {
+        if self.recheck_refused.load(Ordering::Relaxed) {
+            return false;
+        }
+        let (last, now) = (
+            self.replicas_counted.load(Ordering::Relaxed),
+            self.since_created(),
+        );
+        now.saturating_sub(last) >= REPLICA_RECHECK.as_nanos() as u64
+            && self
+                .replicas_counted
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
     }
 
     /// Logs, once per coordinator, that a write whose answer is lost cannot have its connection
@@ -829,9 +910,7 @@ async fn check_replication(
             .map(str::to_owned)
     };
     let role = field("role").unwrap_or_default();
-    let replicas: usize = field("connected_slaves")
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0);
+    let replicas = connected_replicas(&info);
     if role != "master" {
         return Err(match config.sentinel() {
             // A Sentinel's answer can be stale for a moment during a failover: try again.
@@ -853,6 +932,13 @@ async fn check_replication(
             },
         });
     }
+    refuse_unguarded_replicas(replicas, config)?;
+    Ok(online_replicas(&info))
+}
+
+/// Refuses a primary with replicas while `clock_tokens` is off (a failover to a replica that
+/// missed the last grants would issue their tokens again), unless the operator opted in.
+fn refuse_unguarded_replicas(replicas: usize, config: &RedisConfig) -> Result<()> {
     if replicas > 0 && !config.clock_tokens() && !config.unguarded_replicas() {
         return Err(Error::Misconfigured {
             backend: BACKEND,
@@ -864,16 +950,28 @@ async fn check_replication(
             )],
         });
     }
-    // `auto` waits for replicas that are streaming, not for one still in its first full sync.
-    let online = info
-        .lines()
+    Ok(())
+}
+
+/// The replicas connected to a primary (streaming or still syncing), from its
+/// `INFO replication`.
+fn connected_replicas(info: &str) -> usize {
+    info.lines()
+        .find_map(|l| l.trim().strip_prefix("connected_slaves:"))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+/// The replicas streaming from a primary, from its `INFO replication`: `auto` waits for those,
+/// not for one still in its first full sync.
+fn online_replicas(info: &str) -> usize {
+    info.lines()
         .filter(|l| {
             l.strip_prefix("slave")
                 .is_some_and(|rest| rest.starts_with(|c: char| c.is_ascii_digit()))
                 && l.contains("state=online")
         })
-        .count();
-    Ok(online)
+        .count()
 }
 
 /// Refuses a server that would lose the token counter (or a fence's newest token) in a crash or

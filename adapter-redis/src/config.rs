@@ -48,8 +48,9 @@ pub const MAX_REPLICA_ACKS: u8 = 16;
 /// (`replica_acks`; see [`RedisConfig`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReplicaAcks {
-    /// One when the primary reports a streaming (online) replica at connect, none otherwise (the
-    /// default).
+    /// One once the primary reported a streaming (online) replica, at a connect or at a count
+    /// made again (at most once a second, before a write) while none was seen; none otherwise
+    /// (the default).
     Auto,
     /// Exactly this many (`0` never waits).
     Exactly(u8),
@@ -84,7 +85,7 @@ pub struct SentinelConfig {
 /// | `volatile_tokens` | `false` | `true` accepts a server that cannot keep the token counter across a crash (see the crate docs); the durability check at connect is skipped |
 /// | `token_floor` | none | every token issued is above this value (raise it after a restore or failover) |
 /// | `clock_tokens` | `true` | every token is at least the server's clock in microseconds (`max(counter + 1, TIME)`), so tokens keep increasing when the counter is lost or a failover promotes a replica that missed the last grants; `false`: the counter alone (tokens 1, 2, 3, ...), refused on a primary with replicas unless `unguarded_replicas=true` |
-/// | `replica_acks` | `auto` | after a grant, and with each renewal, `WAIT` until this many replicas have it (bounded by half the request timeout); fewer in time: the grant is undone and the acquire fails `Unavailable`, or the renewal fails `Unavailable` and extends nothing. A fence write or claim accepted on the primary waits the same way; fewer in time: `OutcomeUnknown` (a failover may lose it). `auto`: 1 once the primary had a streaming (online) replica at a connect of this coordinator or fence (a later connect that finds none does not lower it: a primary cut off from its replicas keeps refusing), else 0; `0..=16` |
+/// | `replica_acks` | `auto` | after a grant, and with each renewal, `WAIT` until this many replicas have it (bounded by half the request timeout); fewer in time: the grant is undone and the acquire fails `Unavailable`, or the renewal fails `Unavailable` and extends nothing. A fence write or claim accepted on the primary waits the same way; fewer in time: `OutcomeUnknown` (a failover may lose it). `auto`: 1 once the primary had a streaming (online) replica at a connect of this coordinator or fence, or at a count made again before a write (at most once a second, while none was seen: a replica still in its first sync at the connect, or added later, is waited for from then on); a later count that finds none does not lower it (a primary cut off from its replicas keeps refusing); else 0; `0..=16` |
 /// | `unguarded_replicas` | `false` | `true` accepts a primary with replicas while `clock_tokens=false` (tokens can then repeat after a failover) |
 /// | `request_timeout_ms` | `2000` | bound on each command's response |
 /// | `connect_timeout_ms` | `2000` | bound on opening a connection |

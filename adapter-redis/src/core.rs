@@ -125,10 +125,16 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Inner {
-    /// How many replica acknowledgements a grant waits for (`replica_acks`; `auto` is one when
-    /// the primary reported a connected replica at the last connect).
-    pub(crate) fn replica_acks(&self) -> usize {
-        self.conn.acks_for(self.config.replica_acks())
+    /// How many replica acknowledgements a grant about to be sent waits for (`replica_acks`;
+    /// `auto` is one once the primary reported a streaming replica, counted again now and then
+    /// while it has not: [`Connection::acks_for`]).
+    pub(crate) async fn replica_acks(&self) -> Result<usize> {
+        self.conn.acks_for(self.config.replica_acks()).await
+    }
+
+    /// [`Self::replica_acks`] as known now, counting nothing.
+    pub(crate) fn replica_acks_known(&self) -> usize {
+        self.conn.acks_known(self.config.replica_acks())
     }
 
     /// Compare-and-delete by nonce (`head`), then wake waiters: the script's code (`1` when

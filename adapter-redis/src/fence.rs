@@ -109,7 +109,7 @@ impl RedisFence {
         let args = [token_s.as_bytes(), mode, value];
         // With replicas, an accepted write counts only once `replica_acks` of them have it: a
         // failover to one that missed it would take the resource back to an older token.
-        let acks = self.conn.acks_for(self.config.replica_acks());
+        let acks = self.conn.acks_for(self.config.replica_acks()).await?;
         let wait = self.config.request_timeout() / 2;
         let (v, acked) = if acks == 0 {
             (

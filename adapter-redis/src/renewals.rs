@@ -97,7 +97,7 @@ async fn renew_chunk(
     } else {
         &scripts::RENEW_MANY
     };
-    let replicas = conn.acks_for(acks);
+    let replicas = conn.acks_for(acks).await?;
     let v = if replicas == 0 {
         conn.eval(ops::RENEW, script, &keys, &args).await?
     } else {

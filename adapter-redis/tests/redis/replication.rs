@@ -17,8 +17,14 @@ use crate::common::{blocking, coordinator, durable, eventually, fence, key, raw,
 async fn primary_with_replica(test: &str) -> Option<(RedisServer, RedisServer)> {
     let primary = server(test, durable())?;
     let replica = server(test, durable())?;
+    follow(&primary, &replica).await;
+    Some((primary, replica))
+}
+
+/// Makes `replica` follow `primary`; returns once the primary reports it streaming.
+async fn follow(primary: &RedisServer, replica: &RedisServer) {
     let pw = primary.config().requirepass.clone();
-    let mut conn = raw(&replica).await;
+    let mut conn = raw(replica).await;
     if let Some(pw) = pw {
         let _: () = redis::cmd("CONFIG")
             .arg("SET")
@@ -34,7 +40,7 @@ async fn primary_with_replica(test: &str) -> Option<(RedisServer, RedisServer)> 
         .query_async(&mut conn)
         .await
         .unwrap();
-    let mut p = raw(&primary).await;
+    let p = raw(primary).await;
     let linked = eventually(Duration::from_secs(20), || {
         let mut p = p.clone();
         async move {
@@ -47,9 +53,56 @@ async fn primary_with_replica(test: &str) -> Option<(RedisServer, RedisServer)> 
         }
     })
     .await;
-    let _ = &mut p;
     assert!(linked.is_some(), "the replica never connected");
-    Some((primary, replica))
+}
+
+/// A replica that starts streaming after the coordinator and the fence connected is waited for:
+/// `replica_acks=auto` counts the replicas again, at most once a second before a write, while it
+/// has seen none. With that replica frozen, a fence write is then `OutcomeUnknown` and a grant
+/// is undone, rather than accepted on the primary alone (a failover could lose them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_that_starts_streaming_later_is_waited_for() {
+    let test = "a_replica_that_starts_streaming_later_is_waited_for";
+    let Some(primary) = server(test, durable()) else {
+        return;
+    };
+    let options = "request_timeout_ms=400";
+    let f = fence(&primary, options).await;
+    let c = coordinator(&primary, options).await;
+    let r = ResourceId::new("late-replica").unwrap();
+    let k = key("late-replica");
+    let ttl = LeaseOptions::new(Duration::from_secs(30));
+    f.write(&r, Token::new(5).unwrap(), "v5".into())
+        .await
+        .unwrap();
+    c.try_acquire(&k, &ttl)
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    // The replicas were last counted (at a connect, or before one of these writes) by now.
+    let counted = Instant::now();
+
+    let replica = server(test, durable()).unwrap();
+    follow(&primary, &replica).await;
+    // The documented interval between counts (`REPLICA_RECHECK`), on this process's clock.
+    tokio::time::sleep_until(counted + Duration::from_secs(1)).await;
+    // Returns once every thread of the replica shows stopped.
+    replica.pause().unwrap();
+    match f.write(&r, Token::new(6).unwrap(), "v6".into()).await {
+        Err(Error::OutcomeUnknown { message, .. }) => {
+            assert!(message.contains("replica_acks"), "{message}")
+        }
+        other => panic!("a fence write the frozen replica never had: {other:?}"),
+    }
+    match c.try_acquire(&k, &ttl).await.map(|l| l.token()) {
+        Err(Error::Unavailable { message, .. }) => {
+            assert!(message.contains("replica_acks"), "{message}")
+        }
+        other => panic!("a grant the frozen replica never had: {other:?}"),
+    }
+    replica.resume().unwrap();
 }
 
 /// Counter-only tokens on a primary with a replica would repeat after a failover to a replica
