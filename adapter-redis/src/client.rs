@@ -78,8 +78,8 @@ struct Shared {
     /// The most replicas a primary reported streaming (`state=online`) at any open or
     /// [`Connection::recheck_replicas`] so far.
     replicas: AtomicUsize,
-    /// When the replicas were last counted (an open, or a recheck started), in nanoseconds
-    /// since `created`.
+    /// When the replicas were last counted (an open's count answered, or a recount started), in
+    /// nanoseconds since `created`.
     replicas_counted: AtomicU64,
     /// Set once `INFO` was refused at a recheck: there is nothing to look at again.
     recheck_refused: AtomicBool,
@@ -205,29 +205,54 @@ impl Connection {
         Ok(self.acks_known(asked))
     }
 
-    /// Counts the streaming replicas again (`INFO replication`, one round trip). A primary
-    /// found with replicas while `clock_tokens` is off is refused as at a connect; a refused
-    /// `INFO` ends the rechecks; any other failure keeps the count (the write that follows meets
-    /// the same trouble and reports it).
+    /// Counts the streaming replicas again (`INFO replication`, one round trip on the shared
+    /// connection, as any request: a broken connection is replaced and reported).
+    ///
+    /// - A primary found with replicas while `clock_tokens` is off is refused as at a connect:
+    ///   every connection is discarded, so that every later request's open refuses it too.
+    /// - `INFO` refused for good (no permission, or renamed) ends the recounts.
+    /// - Any other failure keeps the count (the write that follows meets the same trouble and
+    ///   reports it).
     async fn recheck_replicas(&self) -> Result<()> {
         let shared = &self.main.shared;
-        let (_, mut conn) = self.raw().await?;
-        match redis::cmd("INFO")
-            .arg("replication")
-            .query_async::<String>(&mut conn)
-            .await
-        {
-            Ok(info) => {
-                refuse_unguarded_replicas(connected_replicas(&info), &shared.config)?;
+        let answer = self
+            .run(ops::RECOUNT, |mut c| async move {
+                match redis::cmd("INFO")
+                    .arg("replication")
+                    .query_async::<String>(&mut c)
+                    .await
+                {
+                    Ok(info) => Ok(Ok(info)),
+                    // The server's refusal, kept apart from transport failures.
+                    Err(e) if e.code().is_some() => Ok(Err(e)),
+                    Err(e) => Err(e),
+                }
+            })
+            .await;
+        match answer {
+            Ok(Ok(info)) => {
                 let online = online_replicas(&info);
+                shared.replicas.fetch_max(online, Ordering::Relaxed);
+                if let Err(e) = refuse_unguarded_replicas(connected_replicas(&info), &shared.config)
+                {
+                    self.main.discard(None);
+                    for (lane, _) in &self.waiting {
+                        lane.discard(None);
+                    }
+                    return Err(e);
+                }
                 if online > 0 {
                     tracing::info!(backend = BACKEND, replicas = online, "the primary has a streaming replica now: writes wait for one (replica_acks=auto)");
                 }
-                shared.replicas.fetch_max(online, Ordering::Relaxed);
             }
-            Err(e) if e.code().is_some() => {
+            Ok(Err(e))
+                if e.code() == Some("NOPERM") || e.to_string().contains("unknown command") =>
+            {
                 shared.recheck_refused.store(true, Ordering::Relaxed);
                 tracing::debug!(backend = BACKEND, error = %e, "INFO replication refused; replicas are not counted again");
+            }
+            Ok(Err(e)) => {
+                tracing::debug!(backend = BACKEND, error = %e, "counting replicas again was refused");
             }
             Err(e) => {
                 tracing::debug!(backend = BACKEND, error = %e, "counting replicas again failed");

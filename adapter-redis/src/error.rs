@@ -39,6 +39,7 @@ pub(crate) mod ops {
     pub(crate) const FENCE_READ: Op = Op::read("read");
     pub(crate) const RESOLVE: Op = Op::read("re-read after an unseen acquire outcome");
     pub(crate) const CHECK: Op = Op::read("durability check");
+    pub(crate) const RECOUNT: Op = Op::read("count of replicas");
     pub(crate) const AUDIT: Op = Op::read("audit trail read");
 }
 

@@ -59,28 +59,33 @@ async fn follow(primary: &RedisServer, replica: &RedisServer) {
 /// A replica that starts streaming after the coordinator and the fence connected is waited for:
 /// `replica_acks=auto` counts the replicas again, at most once a second before a write, while it
 /// has seen none. With that replica frozen, a fence write is then `OutcomeUnknown` and a grant
-/// is undone, rather than accepted on the primary alone (a failover could lose them).
+/// is undone, rather than accepted on the primary alone (a failover could lose them). A
+/// coordinator with counter-only tokens is refused from then on, as at a connect.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_that_starts_streaming_later_is_waited_for() {
     let test = "a_replica_that_starts_streaming_later_is_waited_for";
     let Some(primary) = server(test, durable()) else {
         return;
     };
-    let options = "request_timeout_ms=400";
+    // `WAIT` gets half the request timeout, well inside the reply's timeout.
+    let options = "request_timeout_ms=1000";
     let f = fence(&primary, options).await;
     let c = coordinator(&primary, options).await;
+    let counter_only = coordinator(&primary, "request_timeout_ms=1000&clock_tokens=false").await;
     let r = ResourceId::new("late-replica").unwrap();
     let k = key("late-replica");
     let ttl = LeaseOptions::new(Duration::from_secs(30));
     f.write(&r, Token::new(5).unwrap(), "v5".into())
         .await
         .unwrap();
-    c.try_acquire(&k, &ttl)
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    for c in [&c, &counter_only] {
+        c.try_acquire(&k, &ttl)
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+    }
     // The replicas were last counted (at a connect, or before one of these writes) by now.
     let counted = Instant::now();
 
@@ -101,6 +106,18 @@ async fn a_replica_that_starts_streaming_later_is_waited_for() {
             assert!(message.contains("replica_acks"), "{message}")
         }
         other => panic!("a grant the frozen replica never had: {other:?}"),
+    }
+    // Refused at the count, then at every connect that follows, not once a second.
+    for _ in 0..3 {
+        match counter_only.try_acquire(&k, &ttl).await.map(|l| l.token()) {
+            Err(Error::Misconfigured { problems, .. }) => {
+                assert!(
+                    problems.iter().any(|p| p.contains("clock_tokens")),
+                    "{problems:?}"
+                )
+            }
+            other => panic!("counter-only tokens with a replica: {other:?}"),
+        }
     }
     replica.resume().unwrap();
 }
