@@ -316,7 +316,7 @@ impl SessionManager {
             }
             let session = Arc::new(Session::new(id, ttl, margin, sent));
             tracing::debug!(session = %session.id, ?ttl, "consul session created");
-            tokio::spawn(renewer(manager, session.clone()));
+            tokio::spawn(renewer(manager, http, session.clone()));
             Ok(session)
         }
     }
@@ -429,7 +429,7 @@ impl Drop for SessionManager {
 /// retries sooner and marks the leases in doubt. A third, not a half: the session then stays
 /// "fresh" (half its TTL of validity left, [`Session::fresh_at`]) through a renewal's round trip
 /// of up to a sixth of the TTL, so lease renewals need no session renewal of their own.
-async fn renewer(manager: Weak<SessionManager>, session: Arc<Session>) {
+async fn renewer(manager: Weak<SessionManager>, http: Arc<Http>, session: Arc<Session>) {
     let half = session.ttl / 3;
     let mut backoff = Backoff::new((session.ttl / 20).max(Duration::from_millis(20)), half);
     let mut ended = session.ended_signal();
@@ -439,7 +439,14 @@ async fn renewer(manager: Weak<SessionManager>, session: Arc<Session>) {
             _ = tokio::time::sleep_until(next) => {}
             _ = ended.wait_for(|e| *e) => return,
         }
-        let Some(m) = manager.upgrade() else { return };
+        let Some(m) = manager.upgrade() else {
+            // The coordinator is gone; its drop missed this session if it was still being
+            // created then: nobody will use it.
+            if let Err(e) = http.session_destroy(&session.id).await {
+                tracing::debug!(error = %e, "consul session destroy failed");
+            }
+            return;
+        };
         let sent = Instant::now();
         match m.renew_after(&session, sent).await {
             Ok(true) => {
