@@ -280,7 +280,8 @@ impl SessionManager {
         self.current.get(|s| !s.is_ended(), || self.create()).await
     }
 
-    /// Creates a session and starts its renewer.
+    /// Creates a session and starts its renewer; destroys it again if the coordinator was
+    /// dropped meanwhile (the creation outlives its callers).
     fn create(self: &Arc<Self>) -> impl std::future::Future<Output = Result<Arc<Session>>> {
         let body = serde_json::json!({
             "Name": self.name,
@@ -425,7 +426,8 @@ impl Drop for SessionManager {
     }
 }
 
-/// Renews `session` every third of its TTL until it ends or the manager is gone; on failure,
+/// Renews `session` every third of its TTL until it ends or the manager is gone (then destroys
+/// it, in case the manager's drop missed it while it was being created); on failure,
 /// retries sooner and marks the leases in doubt. A third, not a half: the session then stays
 /// "fresh" (half its TTL of validity left, [`Session::fresh_at`]) through a renewal's round trip
 /// of up to a sixth of the TTL, so lease renewals need no session renewal of their own.

@@ -32,8 +32,8 @@ const IDLE_CHECK: Duration = Duration::from_secs(1);
 
 /// How often `replica_acks=auto`, while it has seen no streaming replica, counts the primary's
 /// replicas again before a write ([`Connection::acks_for`]): a replica that was still in its
-/// first full sync at the connect, or was added later, is waited for from the first write after
-/// the next count. At most one `INFO replication` per interval, and none once a replica was seen
+/// first full sync at the connect, or was added later, is waited for from the write whose count
+/// finds it on. At most one `INFO replication` per interval, and none once a replica was seen
 /// (the count is never lowered).
 const REPLICA_RECHECK: Duration = Duration::from_secs(1);
 
@@ -105,7 +105,8 @@ struct Lane {
     /// awaits (one attempt; its failure reaches them all at once, rather than each waiting a
     /// whole connect timeout in turn).
     current: SharedOpening<Open>,
-    /// When the connection last answered, in nanoseconds since `opened` (see [`IDLE_CHECK`]).
+    /// When the connection last answered, in nanoseconds since the lane was created (`opened`;
+    /// see [`IDLE_CHECK`]).
     answered: AtomicU64,
     opened: Instant,
     /// The last connection [`Lane::end`] ended: the writes that were in flight on it when it

@@ -107,6 +107,10 @@ async fn a_replica_that_starts_streaming_later_is_waited_for() {
         }
         other => panic!("a grant the frozen replica never had: {other:?}"),
     }
+    assert!(
+        c.inspect(&k).await.unwrap().is_none(),
+        "the grant was not undone"
+    );
     // Refused at the count, then at every connect that follows, not once a second.
     for _ in 0..3 {
         match counter_only.try_acquire(&k, &ttl).await.map(|l| l.token()) {
@@ -118,6 +122,12 @@ async fn a_replica_that_starts_streaming_later_is_waited_for() {
             }
             other => panic!("counter-only tokens with a replica: {other:?}"),
         }
+    }
+    // Its shared connection, which read nothing wrong, was dropped too: a read reconnects and
+    // is refused.
+    match counter_only.inspect(&k).await {
+        Err(Error::Misconfigured { .. }) => {}
+        other => panic!("a read on the dropped shared connection: {other:?}"),
     }
     replica.resume().unwrap();
 }
