@@ -12,8 +12,9 @@ use lease_core::{Error, Lease, LeaseOptions, LockKey, LostReason, Result};
 use tokio::time::Instant;
 
 use crate::client::{Http, KvEntry, TxnOp, TxnOutcome};
-use crate::coordinator::{ConsulCoordinator, BUSY_WAIT, MAX_WAITING_QUERIES};
+use crate::coordinator::ConsulCoordinator;
 use crate::core::SlotGuard;
+use crate::core::{BUSY_WAIT, MAX_WAITING_QUERIES};
 use crate::lease::{start_guardian, ConsulLease, LeaseShared};
 use crate::monitor::Watched;
 use crate::session::{Session, SessionLease};

@@ -1,10 +1,7 @@
-//! [`ConsulCoordinator`]: construction, the state it shares with the acquire recipe
-//! (`acquire.rs`) and the operator actions (`operator.rs`), and the hooks the `Coordinator`
-//! impl is generated from.
+//! [`ConsulCoordinator`]: construction and the hooks the `Coordinator` impl is generated from.
 
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
 
 use lease_core::adapter::TokenAdmission;
 use lease_core::{Capabilities, LeaseOptions, OwnerId, Result};
@@ -12,41 +9,12 @@ use lease_core::{Capabilities, LeaseOptions, OwnerId, Result};
 use crate::client::Http;
 use crate::config::ConsulConfig;
 use crate::confirm::Confirmer;
-use crate::core::Slots;
+use crate::core::{Inner, Slots, MAX_WAITING_QUERIES};
 use crate::monitor::Monitor;
 use crate::session::SessionManager;
 use crate::BACKEND;
 
 // ---------------------------------------------------------------------------- the coordinator
-
-/// At most this many blocking queries of waiting acquires are in flight per coordinator (each
-/// holds one connection of the long-poll pool). A waiter beyond them waits for a slot (within its
-/// own deadline); its next query resumes from the last index it saw, so it misses no change,
-/// only sees it later.
-pub(crate) const MAX_WAITING_QUERIES: usize = 64;
-
-/// While fewer than a quarter of the waiting slots are free, a waiter's blocking query waits at
-/// most this long, so the slots go round.
-pub(crate) const BUSY_WAIT: Duration = Duration::from_secs(2);
-
-pub(crate) struct Inner {
-    pub(crate) config: ConsulConfig,
-    pub(crate) caps: Capabilities,
-    /// The turns of this coordinator's waiting acquires.
-    pub(crate) local_waiters: lease_core::adapter::LocalWaiters,
-    pub(crate) http: Arc<Http>,
-    pub(crate) confirmer: Arc<Confirmer>,
-    /// The one blocking query that watches every held key (loss detection).
-    pub(crate) monitor: Arc<Monitor>,
-    /// Slots for waiting acquires' blocking queries (see [`MAX_WAITING_QUERIES`]).
-    pub(crate) waits: Arc<tokio::sync::Semaphore>,
-    pub(crate) sessions: Arc<SessionManager>,
-    pub(crate) slots: Arc<Slots>,
-    pub(crate) default_owner: OwnerId,
-    /// Admits grants; the watermark's scope is agent, datacenter and key prefix (each
-    /// datacenter has its own Raft index; two prefixes are two lock namespaces).
-    pub(crate) tokens: TokenAdmission,
-}
 
 /// A Consul coordinator: one session per client, locks on KV keys, tokens from the Raft index.
 ///

@@ -17,7 +17,8 @@ use lease_core::{Error, Lease, LeaseOptions, LeaseStatus, LockKey, LostReason, R
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use crate::coordinator::{EtcdCoordinator, Inner};
+use crate::coordinator::EtcdCoordinator;
+use crate::core::Inner;
 use crate::error::{retry_resendable, retry_unapplied, Failure, BACKEND};
 use crate::keys::{self, Slot};
 use crate::lease::EtcdLease;

@@ -1,6 +1,4 @@
-//! [`EtcdCoordinator`]: construction, the state it shares with the acquire recipe
-//! (`acquire.rs`) and the operator actions (`operator.rs`), and the hooks the `Coordinator`
-//! impl is generated from.
+//! [`EtcdCoordinator`]: construction and the hooks the `Coordinator` impl is generated from.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -9,39 +7,23 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::Client;
-use lease_core::adapter::{DelayedStarts, Op, SharedOpening, StoredAudit, TokenAdmission};
+use lease_core::adapter::{DelayedStarts, Op, StoredAudit, TokenAdmission};
 use lease_core::{Capabilities, LockKey, OwnerId, Result};
 
 use crate::client::client_for;
 use crate::coalesce::Txns;
 use crate::config::EtcdConfig;
 use crate::confirm::Confirmer;
-use crate::core::Handle;
+use crate::core::{Handle, Inner};
 use crate::error::{retry_unapplied, BACKEND};
-use crate::keys::{self, Slots};
+use crate::keys;
 use crate::lease::GUARD_DELAY;
-use crate::session::{Cleaner, Session};
+use crate::session::Cleaner;
 use crate::watch::Watcher;
 
 /// etcd's smallest lease TTL with its default election timeout (1 s): a 1 s request is
 /// granted 2 s. The adapter rejects smaller TTLs rather than hand out a longer lease than asked.
 pub const MIN_TTL: Duration = Duration::from_secs(2);
-
-pub(crate) struct Inner {
-    pub(crate) handle: Arc<Handle>,
-    pub(crate) caps: Capabilities,
-    pub(crate) owner: OwnerId,
-    /// One session per granted TTL, in whole seconds, or its grant under way, which every
-    /// caller asking for that TTL meanwhile awaits (the map is locked only to look one up).
-    pub(crate) sessions: std::sync::Mutex<HashMap<i64, Arc<SharedOpening<Arc<Session>>>>>,
-    /// Numbers each acquisition attempt, so that every attempt has its own abandonment marker.
-    pub(crate) attempts: AtomicU64,
-    /// The slots of holders' and waiters' own key names ([`Slots`]).
-    pub(crate) slots: Arc<Slots>,
-    /// Admits grants: in range, above the floor and above every token granted for the lock in
-    /// this process on this cluster and key prefix.
-    pub(crate) tokens: TokenAdmission,
-}
 
 /// A coordinator on an etcd cluster.
 ///

@@ -1,13 +1,19 @@
-//! The state an etcd coordinator shares with its leases and background tasks (so that
-//! `lease.rs` and the tasks import it from here, not from `coordinator.rs`).
+//! The state an etcd coordinator shares with its acquire recipe, operator actions, leases and
+//! background tasks (so that they import it from here, not from `coordinator.rs`).
+
+use std::collections::HashMap;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
 
 use etcd_client::Client;
-use lease_core::adapter::DelayedStarts;
+use lease_core::adapter::{DelayedStarts, SharedOpening, TokenAdmission};
+use lease_core::{Capabilities, OwnerId};
 
 use crate::coalesce::Txns;
 use crate::config::EtcdConfig;
 use crate::confirm::Confirmer;
-use crate::session::Cleaner;
+use crate::keys::Slots;
+use crate::session::{Cleaner, Session};
 use crate::watch::Watcher;
 
 /// What a coordinator shares with its leases.
@@ -23,4 +29,21 @@ pub(crate) struct Handle {
     pub(crate) txns: Txns,
     /// The guardians of leases still held a moment after their grant (`lease.rs`).
     pub(crate) guardians: DelayedStarts,
+}
+
+/// What a coordinator shares with its acquire recipe and operator actions.
+pub(crate) struct Inner {
+    pub(crate) handle: Arc<Handle>,
+    pub(crate) caps: Capabilities,
+    pub(crate) owner: OwnerId,
+    /// One session per granted TTL, in whole seconds, or its grant under way, which every
+    /// caller asking for that TTL meanwhile awaits (the map is locked only to look one up).
+    pub(crate) sessions: std::sync::Mutex<HashMap<i64, Arc<SharedOpening<Arc<Session>>>>>,
+    /// Numbers each acquisition attempt, so that every attempt has its own abandonment marker.
+    pub(crate) attempts: AtomicU64,
+    /// The slots of holders' and waiters' own key names ([`Slots`]).
+    pub(crate) slots: Arc<Slots>,
+    /// Admits grants: in range, above the floor and above every token granted for the lock in
+    /// this process on this cluster and key prefix.
+    pub(crate) tokens: TokenAdmission,
 }

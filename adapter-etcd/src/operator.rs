@@ -9,6 +9,7 @@ use lease_core::adapter::{Backoff, HolderRecord, Op, StoredAudit};
 use lease_core::{AuditRecord, ForceRelease, HolderInfo, LockKey, Result};
 
 use crate::coordinator::*;
+use crate::core::Inner;
 use crate::error::{retry_unapplied, Failure, BACKEND};
 use crate::keys::{self};
 
