@@ -12,7 +12,7 @@ use std::time::Duration;
 use adapter_consul::hyper_util::client::legacy::connect::HttpConnector;
 use adapter_consul::{ConsulConfig, ConsulCoordinator};
 use conformance_tests::consul_standin::{ConsulStandIn, StandInOptions};
-use conformance_tests::contend::one_holder_across;
+use conformance_tests::contend::{concurrent_try_acquires, one_holder_across};
 use conformance_tests::proxy::FaultProxy;
 use conformance_tests::status::{sample_until_lost, Sampled};
 use conformance_tests::subjects::consul::consul_http;
@@ -1030,20 +1030,13 @@ async fn concurrent_calls_share_the_failure_of_one_session_creation() {
         .await,
     );
     proxy.blackhole();
-    let started = Instant::now();
-    let calls: Vec<_> = (0..8)
+    let calls = (0..8)
         .map(|i| {
-            let (c, k) = (c.clone(), key(&format!("shared-create/{i}")));
-            tokio::spawn(async move {
-                let r = c
-                    .try_acquire(&k, &LeaseOptions::new(Duration::from_secs(5)))
-                    .await;
-                (r.map(|l| l.token()), started.elapsed())
-            })
+            let k = key(&format!("shared-create/{i}"));
+            (k, LeaseOptions::new(Duration::from_secs(5)))
         })
         .collect();
-    for call in calls {
-        let (r, took) = call.await.unwrap();
+    for (r, took) in concurrent_try_acquires(c.clone(), calls).await {
         assert!(r.is_err(), "granted through a blackholed proxy: {r:?}");
         // One creation's bound each, more on a loaded machine; queued creations took up to
         // eight.

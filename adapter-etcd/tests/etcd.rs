@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use adapter_etcd::etcd_client::{self, Client, GetOptions};
 use adapter_etcd::{EtcdConfig, EtcdCoordinator, EtcdFence};
-use conformance_tests::contend::one_holder_across;
+use conformance_tests::contend::{concurrent_try_acquires, one_holder_across};
 use conformance_tests::harness::{start_or_skip_async, Backend, EtcdServer};
 use conformance_tests::proxy::FaultProxy;
 use conformance_tests::status::{sample_until_lost, Sampled};
@@ -1683,20 +1683,14 @@ async fn concurrent_acquires_share_a_session_grant_and_fail_within_their_bound()
     ))
     .await;
     proxy.blackhole();
-    let started = Instant::now();
-    let calls: Vec<_> = (0..16)
+    let calls = (0..16)
         .map(|i| {
-            let (c, k) = (through.clone(), key(&format!("shared-grant/{i}")));
             // Two TTLs: two sessions, neither waiting for the other's grant.
             let ttl = Duration::from_secs(if i % 2 == 0 { 5 } else { 7 });
-            tokio::spawn(async move {
-                let r = c.try_acquire(&k, &LeaseOptions::new(ttl)).await;
-                (r.map(|l| l.token()), started.elapsed())
-            })
+            (key(&format!("shared-grant/{i}")), LeaseOptions::new(ttl))
         })
         .collect();
-    for call in calls {
-        let (r, took) = call.await.unwrap();
+    for (r, took) in concurrent_try_acquires(through.clone(), calls).await {
         assert!(r.is_err(), "granted through a blackholed proxy: {r:?}");
         // One grant's bound each (a little more on a loaded machine); queued grants took up to
         // sixteen.

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use adapter_zookeeper::zookeeper_client as zk;
 use adapter_zookeeper::{ZkConfig, ZkCoordinator};
-use conformance_tests::contend::one_holder_across;
+use conformance_tests::contend::{concurrent_try_acquires, one_holder_across};
 use conformance_tests::harness::{start_or_skip_async, Backend, ZooKeeperServer};
 use conformance_tests::proxy::FaultProxy;
 use lease_core::{
@@ -1633,23 +1633,13 @@ async fn concurrent_calls_share_one_attempt_to_open_a_new_session() {
         assert!(Instant::now() < deadline, "the session never ended");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let started = Instant::now();
-    let calls: Vec<_> = (0..5)
+    let calls = (0..5)
         .map(|i| {
-            let (c, k) = (
-                coord.clone(),
-                format!("shared-open/{i}").parse::<LockKey>().unwrap(),
-            );
-            tokio::spawn(async move {
-                let r = c
-                    .try_acquire(&k, &LeaseOptions::new(Duration::from_secs(5)))
-                    .await;
-                (r.map(|l| l.token()), started.elapsed())
-            })
+            let k = format!("shared-open/{i}").parse::<LockKey>().unwrap();
+            (k, LeaseOptions::new(Duration::from_secs(5)))
         })
         .collect();
-    for call in calls {
-        let (r, took) = call.await.unwrap();
+    for (r, took) in concurrent_try_acquires(coord.clone(), calls).await {
         assert!(
             matches!(r, Err(Error::Unavailable { .. })),
             "not Unavailable through a blackholed proxy: {r:?}"

@@ -120,3 +120,31 @@ pub async fn one_holder_across(
     );
     next.release().await.expect("second release");
 }
+
+/// Sends one `try_acquire` per `(key, options)` through `coordinator`, all at once, and returns
+/// each call's outcome (its token when granted) with how long after their common start it
+/// returned, in the order given. For tests that bound every call of a burst: with the backend
+/// unreachable, the calls share one attempt to open a connection or session and its failure
+/// ([`SharedOpening`](lease_core::adapter::SharedOpening)), rather than queue behind each
+/// other's.
+pub async fn concurrent_try_acquires(
+    coordinator: Arc<dyn Coordinator>,
+    calls: Vec<(LockKey, LeaseOptions)>,
+) -> Vec<(lease_core::Result<lease_core::Token>, Duration)> {
+    let started = tokio::time::Instant::now();
+    let handles: Vec<_> = calls
+        .into_iter()
+        .map(|(key, options)| {
+            let c = coordinator.clone();
+            tokio::spawn(async move {
+                let r = c.try_acquire(&key, &options).await;
+                (r.map(|l| l.token()), started.elapsed())
+            })
+        })
+        .collect();
+    let mut outcomes = Vec::with_capacity(handles.len());
+    for h in handles {
+        outcomes.push(h.await.expect("a try_acquire task panicked"));
+    }
+    outcomes
+}

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use adapter_redis::{RedisConfig, RedisCoordinator};
+use conformance_tests::contend::concurrent_try_acquires;
 use conformance_tests::proxy::FaultProxy;
 use lease_core::{
     Coordinator, Error, ForceRelease, Lease, LeaseOptions, LeaseStatus, LostReason, Token,
@@ -728,18 +729,10 @@ async fn concurrent_calls_share_the_failure_of_one_connection_open() {
     // New connections are accepted and never answered; the one open now is reset.
     proxy.blackhole();
     proxy.cut();
-    let started = Instant::now();
-    let calls: Vec<_> = (0..8)
-        .map(|i| {
-            let (c, k) = (c.clone(), key(&format!("shared-open/{i}")));
-            tokio::spawn(async move {
-                let r = c.try_acquire(&k, &LeaseOptions::new(5 * SEC)).await;
-                (r.map(|l| l.token()), started.elapsed())
-            })
-        })
+    let calls = (0..8)
+        .map(|i| (key(&format!("shared-open/{i}")), LeaseOptions::new(5 * SEC)))
         .collect();
-    for call in calls {
-        let (r, took) = call.await.unwrap();
+    for (r, took) in concurrent_try_acquires(c.clone(), calls).await {
         assert!(r.is_err(), "granted through a blackholed proxy: {r:?}");
         assert!(
             took < 6 * bound,
