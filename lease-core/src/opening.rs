@@ -193,6 +193,36 @@ mod tests {
         }
     }
 
+    /// A caller of `opening` whose opening yields `outcome` once the returned sender sends
+    /// `true`; returns when that opening is under way.
+    async fn held_opening(
+        opening: &Arc<SharedOpening<u32>>,
+        outcome: Result<u32>,
+    ) -> (
+        tokio::task::JoinHandle<Result<u32>>,
+        tokio::sync::watch::Sender<bool>,
+    ) {
+        let (release, mut released) = tokio::sync::watch::channel(false);
+        let caller = {
+            let opening = opening.clone();
+            tokio::spawn(async move {
+                opening
+                    .get(
+                        |_| true,
+                        || async move {
+                            released.wait_for(|r| *r).await.unwrap();
+                            outcome
+                        },
+                    )
+                    .await
+            })
+        };
+        while !format!("{opening:?}").contains("\"opening\"") {
+            tokio::task::yield_now().await;
+        }
+        (caller, release)
+    }
+
     #[tokio::test]
     async fn callers_asking_meanwhile_share_one_opening_and_its_failure() {
         let opening: Arc<SharedOpening<u32>> = Arc::new(SharedOpening::new("test"));
@@ -236,25 +266,7 @@ mod tests {
     #[tokio::test]
     async fn an_opening_that_failed_while_nobody_awaited_it_is_not_handed_out_later() {
         let opening = Arc::new(SharedOpening::<u32>::new("test"));
-        let (release, released) = tokio::sync::watch::channel(false);
-        let caller = {
-            let opening = opening.clone();
-            tokio::spawn(async move {
-                opening
-                    .get(
-                        |_| true,
-                        || async move {
-                            let mut released = released;
-                            released.wait_for(|r| *r).await.unwrap();
-                            Err::<u32, _>(unavailable("refused long ago"))
-                        },
-                    )
-                    .await
-            })
-        };
-        while !format!("{opening:?}").contains("\"opening\"") {
-            tokio::task::yield_now().await;
-        }
+        let (caller, release) = held_opening(&opening, Err(unavailable("refused long ago"))).await;
         // The only caller gives up; the opening then fails with nobody awaiting it.
         caller.abort();
         let _ = caller.await;
@@ -287,25 +299,7 @@ mod tests {
     #[tokio::test]
     async fn an_opening_outlives_a_dropped_caller_and_a_panic_is_an_error() {
         let opening = Arc::new(SharedOpening::<u32>::new("test"));
-        let (release, released) = tokio::sync::watch::channel(false);
-        let first = {
-            let opening = opening.clone();
-            tokio::spawn(async move {
-                opening
-                    .get(
-                        |_| true,
-                        || async move {
-                            let mut released = released;
-                            released.wait_for(|r| *r).await.unwrap();
-                            Ok(9)
-                        },
-                    )
-                    .await
-            })
-        };
-        while format!("{opening:?}").contains("empty") {
-            tokio::task::yield_now().await;
-        }
+        let (first, release) = held_opening(&opening, Ok(9)).await;
         first.abort();
         let _ = first.await;
         release.send(true).unwrap();
