@@ -222,6 +222,8 @@ impl RedisCoordinator {
                 &script_args,
                 acks,
                 self.inner.config.request_timeout() / 2,
+                // A lost grant's reply is settled by `resolve` (the script runs again).
+                None,
             )
             .await
         };

@@ -296,7 +296,7 @@ impl Connection {
         F: Fn(MultiplexedConnection) -> Fut,
         Fut: Future<Output = RedisResult<T>>,
     {
-        self.main.run_noting_resend(op, f).await.0
+        self.main.run_noting_resend(op, f, None).await.0
     }
 
     /// Runs `script` (`EVALSHA`, loading it on `NOSCRIPT`) with `keys` and `args`.
@@ -322,13 +322,17 @@ impl Connection {
     ) -> (Result<redis::Value>, bool) {
         let cmd = &evalsha(script, keys, args);
         self.main
-            .run_noting_resend(op, |c| {
-                loading(
-                    script,
-                    c,
-                    |mut c| async move { cmd.query_async(&mut c).await },
-                )
-            })
+            .run_noting_resend(
+                op,
+                |c| {
+                    loading(
+                        script,
+                        c,
+                        |mut c| async move { cmd.query_async(&mut c).await },
+                    )
+                },
+                None,
+            )
             .await
     }
 
@@ -336,6 +340,17 @@ impl Connection {
     /// the same connection, so the `WAIT` covers the script's writes): the script's reply and how
     /// many replicas acknowledged. Runs on one of the connections kept for this
     /// ([`WAITING_CONNECTIONS`]), never on the one every other request shares.
+    ///
+    /// `settle`: the arguments of a run of the same script, on the same keys, that writes again,
+    /// unchanged, what this one may have written. When the write gets no answer and its
+    /// connection is ended on the server, that run and a `WAIT` for the same replicas follow on
+    /// a new connection ([`Lane::settle`]): the connection that was ended may have applied the
+    /// write without its `WAIT` reaching the replicas, and a read would then show, on the
+    /// primary alone, a write that a failover loses. The error then says whether the replicas
+    /// have everything the write did. Without `settle` (a grant or a renewal, whose callers
+    /// never take a lost reply's outcome from a read), the error says only whether the
+    /// connection was ended.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) async fn eval_and_wait(
         &self,
         op: Op,
@@ -344,6 +359,7 @@ impl Connection {
         args: &[&[u8]],
         replicas: usize,
         wait: Duration,
+        settle: Option<&[&[u8]]>,
     ) -> Result<(redis::Value, i64)> {
         let bound = self.main.shared.config.request_timeout();
         let Ok(Ok(_free)) = tokio::time::timeout(bound, self.free_waiting.acquire()).await else {
@@ -365,23 +381,52 @@ impl Connection {
             .map(|i| &self.waiting[(first + i) % n])
             .find_map(|(lane, busy)| busy.try_lock().ok().map(|g| (lane, g)))
             .expect("a free connection for each permit");
-        let wait_ms = wait.as_millis().max(1) as u64;
-        let mut pipe = redis::pipe();
-        pipe.add_command(evalsha(script, keys, args))
-            .cmd("WAIT")
-            .arg(replicas)
-            .arg(wait_ms);
-        let pipe = &pipe;
-        lane.run_noting_resend(op, |c| {
-            loading(
-                script,
-                c,
-                |mut c| async move { pipe.query_async(&mut c).await },
-            )
-        })
+        let pipe = &waited(evalsha(script, keys, args), replicas, wait);
+        let settle = settle.map(|args| Settle {
+            script,
+            pipe: waited(evalsha(script, keys, args), replicas, wait),
+            replicas,
+            wait,
+        });
+        lane.run_noting_resend(
+            op,
+            |c| {
+                loading(
+                    script,
+                    c,
+                    |mut c| async move { pipe.query_async(&mut c).await },
+                )
+            },
+            settle.as_ref(),
+        )
         .await
         .0
     }
+}
+
+/// `cmd`, then `WAIT replicas wait` (in milliseconds, at least one), as one pipeline: the `WAIT`
+/// covers `cmd`'s writes and everything before them.
+fn waited(cmd: redis::Cmd, replicas: usize, wait: Duration) -> redis::Pipeline {
+    let mut pipe = redis::pipe();
+    pipe.add_command(cmd)
+        .cmd("WAIT")
+        .arg(replicas)
+        .arg(wait.as_millis().max(1) as u64);
+    pipe
+}
+
+/// What follows a write that waits for replicas when it gets no answer and its connection is
+/// ended ([`Connection::eval_and_wait`], [`Lane::settle`]).
+struct Settle<'a> {
+    /// The script of the write and of `pipe`, loaded on `NOSCRIPT`.
+    script: &'a redis::Script,
+    /// The script's run that writes again, unchanged, what the write may have written, then the
+    /// `WAIT`.
+    pipe: redis::Pipeline,
+    /// How many replicas the write waited for.
+    replicas: usize,
+    /// The `WAIT`'s bound.
+    wait: Duration,
 }
 
 /// `EVALSHA` of `script` with `keys` and `args`, built in place: redis-rs's `ScriptInvocation`
@@ -619,7 +664,7 @@ impl Lane {
     /// request timeout (the new connection's open and checks, then the kill); once ended, the
     /// other writes that were in flight on it need no kill of their own. `Err` says why the
     /// connection could not be ended.
-    async fn end(&self, generation: u64, side: Option<&ServerSide>) -> Ended {
+    async fn end(&self, generation: u64, side: Option<&ServerSide>) -> Result<(), String> {
         let Some(side) = side else {
             return Err(
                 "the server did not say who the connection was at its open (CLIENT \
@@ -646,7 +691,7 @@ impl Lane {
     }
 
     /// [`Self::end`]'s `CLIENT KILL`, from the lane's connection (a new one).
-    async fn kill(&self, generation: u64, side: &ServerSide) -> Ended {
+    async fn kill(&self, generation: u64, side: &ServerSide) -> Result<(), String> {
         let now = self.get().await.map_err(|e| e.to_string())?;
         if now.generation == generation {
             return Err("no other connection to end it from".to_owned());
@@ -684,14 +729,63 @@ impl Lane {
             })
     }
 
+    /// After a write that waits for replicas got no answer and its connection was ended: runs
+    /// `settle`'s write and `WAIT` on this lane's connection (a new one), within the request
+    /// timeout. That write comes after everything the ended connection's write did in the
+    /// replication stream, so once the replicas acknowledge it they have that too.
+    async fn settle(&self, settle: &Settle<'_>) -> Ending {
+        let bound = self.shared.config.request_timeout();
+        let pipe = &settle.pipe;
+        let acked = tokio::time::timeout(bound, async {
+            let open = self.get().await.map_err(|e| e.to_string())?;
+            let answer: RedisResult<(redis::Value, i64)> =
+                loading(settle.script, open.conn, |mut c| async move {
+                    pipe.query_async(&mut c).await
+                })
+                .await;
+            match answer {
+                Ok((_, acked)) => {
+                    self.note_answer();
+                    Ok(acked)
+                }
+                Err(e) => {
+                    self.shared.broke(&e);
+                    if unanswered(&e) || e.is_unrecoverable_error() {
+                        self.discard(Some(open.generation));
+                    }
+                    Err(e.to_string())
+                }
+            }
+        })
+        .await
+        .unwrap_or_else(|_| Err(format!("no answer within {bound:?}")));
+        match acked {
+            Ok(n) if n >= 0 && n as usize >= settle.replicas => Ending::Replicated(settle.replicas),
+            Ok(n) => Ending::Unreplicated(format!(
+                "{n} of the {} replica(s) replica_acks asks for acknowledged a write made after \
+                 it within {:?}",
+                settle.replicas, settle.wait
+            )),
+            Err(why) => Ending::Unreplicated(format!(
+                "the write made after it to wait for the replicas failed ({why})"
+            )),
+        }
+    }
+
     /// [`Connection::run`] on this connection, also saying whether the outcome is that of a
     /// write sent again after its first send's connection dropped.
     ///
     /// A write whose request got no answer (a timeout, or its connection dropped) has its
     /// connection ended on the server ([`Self::end`]) before anything else is sent about it: a
     /// resend, or the caller's re-read after `OutcomeUnknown`, then sees everything that request
-    /// will ever do. The error says whether it could be ended.
-    async fn run_noting_resend<T, F, Fut>(&self, op: Op, f: F) -> (Result<T>, bool)
+    /// will ever do. With `settle` ([`Connection::eval_and_wait`]), the replicas are then waited
+    /// for ([`Self::settle`]). The error says whether it could be ended, and replicated.
+    async fn run_noting_resend<T, F, Fut>(
+        &self,
+        op: Op,
+        f: F,
+        settle: Option<&Settle<'_>>,
+    ) -> (Result<T>, bool)
     where
         F: Fn(MultiplexedConnection) -> Fut,
         Fut: Future<Output = RedisResult<T>>,
@@ -731,8 +825,11 @@ impl Lane {
             Err(e) => e,
         };
         let dropped = first.is_connection_dropped() && !first.is_timeout();
-        let (first, ended) = self.failed(op, generation, side, first).await;
+        let (first, mut ended) = self.failed(op, generation, side, first).await;
         if !(dropped && op.idempotent) {
+            if let (Some(Ending::Ended), Some(settle)) = (&ended, settle) {
+                ended = Some(self.settle(settle).await);
+            }
             return (Err(noted(first, ended, None)), false);
         }
         let open = match self.get().await {
@@ -762,7 +859,7 @@ impl Lane {
                 // its cleanup armed. A retry that got no answer either is one more request that
                 // may apply: the error then speaks for both.
                 let first = match (ended, ended_again) {
-                    (Some(Ok(())), Some(again)) => noted(first, Some(again), Some(&e)),
+                    (Some(Ending::Ended), Some(again)) => noted(first, Some(again), Some(&e)),
                     (ended, Some(_)) => noted(first, ended, Some(&e)),
                     (ended, None) => noted(first, ended, None),
                 };
@@ -782,14 +879,17 @@ impl Lane {
         generation: u64,
         side: Option<Arc<ServerSide>>,
         e: redis::RedisError,
-    ) -> (Error, Option<Ended>) {
+    ) -> (Error, Option<Ending>) {
         self.shared.broke(&e);
         let unsettled = op.writes && (unanswered(&e) || e.is_unrecoverable_error());
         if unsettled || e.is_unrecoverable_error() || e.is_timeout() || demoted(&e) {
             self.discard(Some(generation));
         }
         let ended = if unsettled {
-            Some(self.end(generation, side.as_deref()).await)
+            Some(match self.end(generation, side.as_deref()).await {
+                Ok(()) => Ending::Ended,
+                Err(why) => Ending::NotEnded(why),
+            })
         } else {
             None
         };
@@ -797,12 +897,24 @@ impl Lane {
     }
 }
 
-/// Whether a write's connection was ended on the server ([`Lane::end`]), or why not.
-type Ended = std::result::Result<(), String>;
+/// What became of the connection of a write that got no answer ([`Lane::end`]) and, for one
+/// that waits for replicas with a way to settle, of the replicas ([`Lane::settle`]).
+enum Ending {
+    /// Ended on the server: a read now shows everything the write did.
+    Ended,
+    /// Ended, and then this many replicas acknowledged a write made after it: a read shows
+    /// everything the write did, and they have it too.
+    Replicated(usize),
+    /// Ended, but the replicas were not found to have what it did (why): a read shows it on the
+    /// primary, where a failover may lose it.
+    Unreplicated(String),
+    /// Not ended on the server (why): it may still apply later.
+    NotEnded(String),
+}
 
 /// `e` with, for an unknown outcome, the failure of a second send (`again`) and whether the
 /// connection of each send was ended on the server (`ended`, from [`Lane::failed`]).
-fn noted(e: Error, ended: Option<Ended>, again: Option<&Error>) -> Error {
+fn noted(e: Error, ended: Option<Ending>, again: Option<&Error>) -> Error {
     match (e, ended) {
         (
             Error::OutcomeUnknown {
@@ -817,10 +929,20 @@ fn noted(e: Error, ended: Option<Ended>, again: Option<&Error>) -> Error {
                 message += &format!("; sent again: {again}");
             }
             message += &match ended {
-                Ok(()) => "; its connection was ended on the server, so a read now shows \
-                           everything it did"
+                Ending::Ended => "; its connection was ended on the server, so a read now shows \
+                                 everything it did"
                     .to_owned(),
-                Err(why) => format!(
+                Ending::Replicated(n) => format!(
+                    "; its connection was ended on the server, and {n} replica(s) then \
+                     acknowledged a write made after it, so a read now shows everything it did, \
+                     and the replicas have it too"
+                ),
+                Ending::Unreplicated(why) => format!(
+                    "; its connection was ended on the server, but {why}: a read shows what it \
+                     did on the primary, and a failover may still lose that; write again under \
+                     a new token rather than re-read"
+                ),
+                Ending::NotEnded(why) => format!(
                     "; its connection could not be ended on the server ({why}), so it may still \
                      apply later"
                 ),

@@ -23,7 +23,11 @@ use lease_core::adapter::{check_fence_value_len, Op};
 /// A write whose reply is not seen (no reply within the request timeout, or the connection
 /// dropped after sending) returns `OutcomeUnknown` and is never re-sent by the fence: a blind
 /// re-send could apply after a later write with the same token and replace its value. A claim
-/// found on a dropped connection is re-sent once (a late claim cannot undo anything).
+/// found on a dropped connection is re-sent once (a late claim cannot undo anything). Its
+/// connection is ended on the server first (decision 0037); with replicas, the newest token is
+/// then written again, unchanged, and waited for, so the message says whether a read now shows
+/// what the write did on the replicas too, or only on the primary (then write again under a new
+/// token).
 ///
 /// The newest accepted token is as durable as the server: `connect` runs the same durability
 /// check as the coordinator (`appendonly yes`, `appendfsync always`, `maxmemory-policy
@@ -118,7 +122,16 @@ impl RedisFence {
             )
         } else {
             self.conn
-                .eval_and_wait(op, &scripts::FENCE, &[&key], &args, acks, wait)
+                .eval_and_wait(
+                    op,
+                    &scripts::FENCE,
+                    &[&key],
+                    &args,
+                    acks,
+                    wait,
+                    // Writes `newest` again, unchanged (see `scripts::FENCE`).
+                    Some(&[b"", b"s", b""]),
+                )
                 .await?
         };
         let items = reply::array(v).ok_or_else(|| bad_reply(op, "not an array"))?;

@@ -102,7 +102,7 @@ async fn renew_chunk(
         conn.eval(ops::RENEW, script, &keys, &args).await?
     } else {
         let (v, acked) = conn
-            .eval_and_wait(ops::RENEW, script, &keys, &args, replicas, wait)
+            .eval_and_wait(ops::RENEW, script, &keys, &args, replicas, wait, None)
             .await?;
         if (acked as usize) < replicas {
             return Err(Error::Unavailable {

@@ -216,8 +216,18 @@ return {}
 /// nothing and returns `{0, newest}`. A claim with the current token writes `newest` again, so
 /// that a `WAIT` after it (with `replica_acks`) covers it even when this connection had not
 /// written it: a resend on a new connection, or a claim repeated after one too few replicas had.
+///
+/// `ARGV = ['', 's', '']` settles instead: it writes `newest` again, unchanged, when there is
+/// one, and returns `{1, newest or ''}`. Sent after a write whose reply was lost and whose
+/// connection was ended, it makes a `WAIT` after it cover whatever that write did (the
+/// replication stream is ordered; see [`crate::client::Connection::eval_and_wait`]). A fence
+/// without `newest` had nothing written, so there is nothing to wait for.
 const FENCE_BODY: &str = r"
 local newest = redis.call('HGET', KEYS[1], 'newest')
+if ARGV[2] == 's' then
+  if newest then redis.call('HSET', KEYS[1], 'newest', newest) end
+  return {1, newest or ''}
+end
 if newest and lt(ARGV[1], newest) then return {0, newest} end
 if ARGV[2] == 'w' then
   redis.call('HSET', KEYS[1], 'newest', ARGV[1], 'vtoken', ARGV[1], 'value', ARGV[3])

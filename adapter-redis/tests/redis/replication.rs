@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use adapter_redis::{RedisConfig, RedisCoordinator};
+use adapter_redis::{RedisConfig, RedisCoordinator, RedisFence};
 use conformance_tests::harness::RedisServer;
 use conformance_tests::proxy::FaultProxy;
 use lease_core::{Coordinator, Error, Fence, Lease, LeaseOptions, ResourceId, Token};
@@ -348,21 +348,8 @@ async fn fence_writes_wait_for_replica_acknowledgements() {
     f.write(&r, Token::new(5).unwrap(), "v5".into())
         .await
         .unwrap();
-    let mut conn = raw(&replica).await;
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg("*replicated*fence")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    assert_eq!(keys.len(), 1, "{keys:?}");
-    let newest: Option<String> = redis::cmd("HGET")
-        .arg(&keys[0])
-        .arg("newest")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
     assert_eq!(
-        newest.as_deref(),
+        newest_on(&replica, "replicated").await.as_deref(),
         Some("5"),
         "the replica did not have the write when it returned"
     );
@@ -379,6 +366,82 @@ async fn fence_writes_wait_for_replica_acknowledgements() {
         f.write(&r, Token::new(5).unwrap(), "again".into()).await,
         Err(Error::Stale { .. })
     ));
+}
+
+/// The newest token `server` holds for the fence resource `resource` (one key matches).
+async fn newest_on(server: &RedisServer, resource: &str) -> Option<String> {
+    let mut conn = raw(server).await;
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("*{resource}*fence"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    redis::cmd("HGET")
+        .arg(&keys[0])
+        .arg("newest")
+        .query_async(&mut conn)
+        .await
+        .unwrap()
+}
+
+/// A fence write on a primary with a replica whose reply was lost says whether the replicas have
+/// what it did. Its connection is ended on the server (decision 0037), but it may have applied
+/// on the primary without its `WAIT` reaching the replicas: a re-read then shows, on the primary
+/// alone, a write that a failover loses. The fence now writes the newest token again, unchanged,
+/// on a new connection and waits for the replicas: with a live replica the error says the
+/// replicas have it (and the replica does, when the write returns); with the replica frozen, it
+/// says a failover may still lose it and to write again under a new token. Before, both said
+/// only that a read now shows everything the write did.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fence_write_whose_reply_was_lost_says_whether_the_replicas_have_it() {
+    let Some((primary, replica)) = primary_with_replica("a_fence_write_whose_reply_was_lost").await
+    else {
+        return;
+    };
+    let proxy = FaultProxy::start(primary.addr()).await.unwrap();
+    let via = url(&primary, "request_timeout_ms=1000")
+        .replace(&primary.addr().to_string(), &proxy.addr().to_string());
+    // auto: one acknowledgement (one replica is connected).
+    let f = RedisFence::connect_url(&via).await.unwrap();
+    let r = ResourceId::new("settled").unwrap();
+    // Opens both connections kept for writes that wait (writes take them in turn), and loads
+    // the script.
+    for t in 1..=2 {
+        f.write(&r, Token::new(t).unwrap(), "warm".into())
+            .await
+            .unwrap();
+    }
+    proxy.drop_replies_on_open();
+    match f.write(&r, Token::new(3).unwrap(), "v3".into()).await {
+        Err(Error::OutcomeUnknown { message, .. }) => assert!(
+            message.contains("ended on the server") && message.contains("the replicas have it"),
+            "{message}"
+        ),
+        other => panic!("expected OutcomeUnknown, got {other:?}"),
+    }
+    assert_eq!(
+        newest_on(&replica, "settled").await.as_deref(),
+        Some("3"),
+        "the error said the replicas have the write, but the replica does not"
+    );
+
+    // Returns once every thread of the replica shows stopped.
+    replica.pause().unwrap();
+    proxy.drop_replies_on_open();
+    match f.write(&r, Token::new(4).unwrap(), "v4".into()).await {
+        Err(Error::OutcomeUnknown { message, .. }) => assert!(
+            message.contains("0 of the 1 replica(s)")
+                && message.contains("a failover may still lose")
+                && message.contains("new token"),
+            "{message}"
+        ),
+        other => panic!("expected OutcomeUnknown, got {other:?}"),
+    }
+    // Applied on the primary: a read there shows it, which is why the error must not say that a
+    // read tells the write's outcome.
+    assert_eq!(newest_on(&primary, "settled").await.as_deref(), Some("4"));
+    replica.resume().unwrap();
 }
 
 /// A grant waiting for a frozen replica's acknowledgement does not hold up the requests that do
