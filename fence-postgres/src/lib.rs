@@ -21,6 +21,7 @@ use lease_core::{
 use tokio::sync::OnceCell;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, GenericClient, Transaction};
+use tokio_postgres_rustls::MakeRustlsConnect;
 
 mod options;
 mod recipes;
@@ -674,6 +675,13 @@ impl FencedTable {
 ///   whether it did. The error's message says whether the session was ended; if not (for
 ///   example the ending connection reached another host of a multi-host URL), retry under a
 ///   new token (a new lease) rather than re-read.
+/// - A session ended while its `COMMIT` waited for a synchronous standby has committed on the
+///   primary without the standby's word, and a read there shows it. So the same connection then
+///   commits a transaction of its own that writes WAL, with `synchronous_commit` `on`, within one
+///   more `timeout_ms`: once it returns, the standbys `synchronous_standby_names` asks for have
+///   the ended one too. If it does not return in time, its wait is cancelled and the message
+///   says that no synchronous standby confirmed it: write again under a new token rather than
+///   re-read.
 ///   Behind a transaction-pooling proxy (PgBouncer's `pool_mode=transaction`) a connection's
 ///   server session is not its own: set `end_unknown_sessions=false` there. Fencing between
 ///   holders is unaffected either way: a late write still loses to any newer token.
@@ -690,10 +698,10 @@ pub struct PgFence {
     own: Pool,
     /// The connections [`PgFence::pool`] lends.
     pool: Pool,
-    /// When `end_unknown_sessions` is on: the pool whose connections end the server session
-    /// of an unknown write (never the fence's own, see [`end_session`]), and the session of
-    /// each of the fence's own connections.
-    sessions: Option<Arc<(Pool, Sessions)>>,
+    /// When `end_unknown_sessions` is on: what ends the server session of an unknown write
+    /// (never through the fence's own pool, see [`end_session`]), and the session of each of
+    /// the fence's own connections.
+    sessions: Option<Arc<(Ender, Sessions)>>,
     timeout: Duration,
     pool_size: usize,
     ssl_mode: SslMode,
@@ -899,9 +907,15 @@ impl PgFence {
         let fence = PgFence {
             own,
             pool: lent,
-            sessions: o
-                .end_unknown_sessions
-                .then(|| Arc::new((ends, Sessions::default()))),
+            sessions: o.end_unknown_sessions.then(|| {
+                Arc::new((
+                    Ender {
+                        pool: ends,
+                        tls: tls.clone(),
+                    },
+                    Sessions::default(),
+                ))
+            }),
             timeout: o.timeout,
             pool_size: o.pool_size,
             ssl_mode: o.ssl_mode,
@@ -1061,11 +1075,11 @@ impl PgFence {
             }
         };
         drop(held);
-        let Some((pool, session, timeout)) = unsettled.end.take() else {
+        let Some((ender, session, timeout)) = unsettled.end.take() else {
             return Err(error);
         };
         // In a task of its own, so that it finishes even if this future is dropped meanwhile.
-        let ended = tokio::spawn(end_session(pool, session, timeout))
+        let ended = tokio::spawn(end_session(ender, session, timeout))
             .await
             .unwrap_or_else(|e| Err(NotEnded::Failed(format!("the task ending it failed: {e}"))));
         Err(session_note(error, ended))
@@ -1189,13 +1203,13 @@ impl Sessions {
 /// What [`PgFence::run`] has to do if its future is dropped: end the session of a connection
 /// whose `COMMIT` may have been sent.
 struct Unsettled<'a> {
-    end: Option<(Pool, Session, Duration)>,
+    end: Option<(Ender, Session, Duration)>,
     committing: &'a AtomicBool,
 }
 
 impl Drop for Unsettled<'_> {
     fn drop(&mut self) {
-        let Some((pool, session, timeout)) = self.end.take() else {
+        let Some((ender, session, timeout)) = self.end.take() else {
             return;
         };
         if !self.committing.load(Ordering::SeqCst) {
@@ -1203,17 +1217,44 @@ impl Drop for Unsettled<'_> {
         }
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
-                if let Err(why) = end_session(pool, session.clone(), timeout).await {
-                    tracing::warn!(
+                match end_session(ender, session.clone(), timeout).await {
+                    Ok(Ended::Confirmed) => {}
+                    Ok(Ended::Unconfirmed(why)) => tracing::warn!(
+                        backend = BACKEND,
+                        pid = session.pid,
+                        "a cancelled write's session was ended, but {why}: what it committed may \
+                         be on the primary alone"
+                    ),
+                    Err(why) => tracing::warn!(
                         backend = BACKEND,
                         pid = session.pid,
                         "a cancelled write's session could not be ended ({why}): its COMMIT may \
                          still arrive"
-                    );
+                    ),
                 }
             });
         }
     }
+}
+
+/// What ends the server session of an unknown write: a pool of its own (see [`end_session`])
+/// and the TLS setup, for the cancel request [`settle`] may send.
+#[derive(Clone)]
+struct Ender {
+    pool: Pool,
+    tls: MakeRustlsConnect,
+}
+
+/// How [`end_session`] ended a session.
+#[derive(Debug)]
+enum Ended {
+    /// Ended, and then a commit made after it returned with `synchronous_commit` `on`: every
+    /// synchronous standby `synchronous_standby_names` asks for has what the session committed
+    /// (none asked for: the server's own flush).
+    Confirmed,
+    /// Ended, but a commit made after it did not return in time, or failed (why): what the
+    /// session committed may be on the primary alone, where a failover may lose it.
+    Unconfirmed(String),
 }
 
 /// Why [`end_session`] could not end a session.
@@ -1270,7 +1311,12 @@ const REMAINS: &str = concat!(
 /// A connection that reached another server than the session's (a multi-host URL), or a
 /// server that restarted since, cannot tell whether the session is gone: that is
 /// [`NotEnded::ServerChanged`], never taken for "gone".
-async fn end_session(pool: Pool, session: Session, timeout: Duration) -> Result<(), NotEnded> {
+///
+/// Once it is gone, the same connection [`settle`]s, within one more `timeout`: a session ended
+/// while its `COMMIT` waited for a synchronous standby has committed on the primary (a read
+/// there sees it) without the standby's word.
+async fn end_session(ender: Ender, session: Session, timeout: Duration) -> Result<Ended, NotEnded> {
+    let Ender { pool, tls } = ender;
     let params: [(&(dyn ToSql + Sync), Type); 3] = [
         (&session.pid, Type::INT4),
         (&session.started, Type::INT8),
@@ -1309,15 +1355,52 @@ async fn end_session(pool: Pool, session: Session, timeout: Duration) -> Result<
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     })
-    .await;
+    .await
+    .unwrap_or_else(|_| Err(NotEnded::Failed(format!("not gone within {timeout:?}"))));
+    let settled = match (&ended, held.as_deref()) {
+        (Ok(()), Some(client)) => Some(settle(client, &tls, timeout).await),
+        _ => None,
+    };
     if let Some(client) = held.take() {
         drop(Object::take(client));
     }
-    ended.unwrap_or_else(|_| Err(NotEnded::Failed(format!("not gone within {timeout:?}"))))
+    ended.map(|()| match settled {
+        Some(Err(why)) => Ended::Unconfirmed(why),
+        _ => Ended::Confirmed,
+    })
 }
 
-/// `error` (an `OutcomeUnknown`), saying whether its session was ended.
-fn session_note(error: Error, ended: Result<(), NotEnded>) -> Error {
+/// The transaction [`settle`] commits: a logical decoding message (`pg_logical_emit_message`,
+/// transactional: it writes WAL, which a commit waits for standbys only after, and no table
+/// sees it), in a read-write transaction whatever the role's defaults, with
+/// `synchronous_commit` `on`.
+const SETTLE: &str = "BEGIN READ WRITE; SET LOCAL synchronous_commit = on; \
+                      SELECT pg_logical_emit_message(true, 'lease_fence_settle', ''); COMMIT";
+
+/// Commits [`SETTLE`] on `client` within `timeout`. WAL is ordered, so its commit returns only
+/// once every synchronous standby `synchronous_standby_names` asks for has everything committed
+/// before it (none asked for: at once, after the local flush). Not within `timeout`: `Err`, and
+/// a cancel request (sent with `tls`, in the background) ends the wait, so that no session is
+/// left waiting for a standby with its transaction open.
+async fn settle(client: &Client, tls: &MakeRustlsConnect, timeout: Duration) -> Result<(), String> {
+    match tokio::time::timeout(timeout, client.batch_execute(SETTLE)).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(format!("a commit made after it failed ({})", chain(&e))),
+        Err(_) => {
+            let cancel = client.cancel_token();
+            let tls = tls.clone();
+            tokio::spawn(async move {
+                let _ = tokio::time::timeout(timeout, cancel.cancel_query(tls)).await;
+            });
+            Err(format!(
+                "no synchronous standby confirmed a commit made after it within {timeout:?}"
+            ))
+        }
+    }
+}
+
+/// `error` (an `OutcomeUnknown`), saying whether its session was ended, and confirmed.
+fn session_note(error: Error, ended: Result<Ended, NotEnded>) -> Error {
     match error {
         Error::OutcomeUnknown {
             backend,
@@ -1328,9 +1411,16 @@ fn session_note(error: Error, ended: Result<(), NotEnded>) -> Error {
             backend,
             operation,
             message: match ended {
-                Ok(()) => format!(
+                Ok(Ended::Confirmed) => format!(
                     "{message}; its server session has since been ended, so nothing more of \
-                     it can commit: a read now shows whether it was committed"
+                     it can commit, and a commit made after it was confirmed by the synchronous \
+                     standbys, if any: a read now shows whether it was committed"
+                ),
+                Ok(Ended::Unconfirmed(why)) => format!(
+                    "{message}; its server session has since been ended, so nothing more of \
+                     it can commit, but {why}: a read shows what it committed on the primary, \
+                     and a failover may still lose that; write again under a new token rather \
+                     than re-read"
                 ),
                 Err(why @ NotEnded::ServerChanged) => format!(
                     "{message}; its server session could not be ended ({why}): whether it \

@@ -634,6 +634,11 @@ async fn a_stalled_write_cannot_commit_after_its_outcome_unknown() {
     match fence.write(&r, t(6), Bytes::from_static(b"late")).await {
         Err(Error::OutcomeUnknown { message, .. }) => {
             assert!(message.contains(SESSION_ENDED), "{message}");
+            // No synchronous standby is configured: the commit after it returns at once.
+            assert!(
+                message.contains("confirmed by the synchronous standbys, if any"),
+                "{message}"
+            );
         }
         other => panic!("a stalled write must be OutcomeUnknown: {other:?}"),
     }
@@ -658,6 +663,96 @@ async fn a_stalled_write_cannot_commit_after_its_outcome_unknown() {
         .await
         .unwrap();
     assert_eq!(read().await, Some((t(6), Bytes::from_static(b"six"))));
+}
+
+/// A write whose `COMMIT` waits for a synchronous standby past the timeout has committed on the
+/// primary once its session is ended (PostgreSQL's documented behaviour), so a read there shows
+/// it although no standby has it, and a failover would lose it. Before, the error said that a
+/// read now shows whether the write committed; now the fence commits once more after ending the
+/// session, which waits for the standbys, and the error says that none confirmed it, and to
+/// write again under a new token. The standby is one `synchronous_standby_names` names and
+/// that never connects (as one that is down), so every commit waits for it; the wait of the
+/// fence's own commit is cancelled when it gives up, leaving no session waiting. The fence's
+/// role is an ordinary one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_ended_while_waiting_for_a_standby_says_a_failover_may_lose_it() {
+    let Some(pg) = server("a_write_ended_while_waiting_for_a_standby").await else {
+        return;
+    };
+    let url = pg.connection_url();
+    let r = ResourceId::new("standby/1").unwrap();
+    // The owner creates the table (and the row) while commits need no standby; the fence under
+    // test runs as a role with no more than it needs (it ends sessions of its own role).
+    PgFence::connect(&format!("{url}?table=standby"))
+        .await
+        .unwrap()
+        .write(&r, t(1), Bytes::from_static(b"one"))
+        .await
+        .unwrap();
+    let admin = client(&url).await;
+    admin
+        .batch_execute(
+            "CREATE ROLE fence_app LOGIN; \
+             GRANT SELECT, INSERT, UPDATE ON standby TO fence_app",
+        )
+        .await
+        .unwrap();
+    let app_url = url.replacen("postgres://postgres@", "postgres://fence_app@", 1);
+    let fence = PgFence::connect(&format!("{app_url}?table=standby&timeout_ms=1000"))
+        .await
+        .unwrap();
+    // (`ALTER SYSTEM` cannot share a query string: it would run in a transaction.)
+    for sql in [
+        "ALTER SYSTEM SET synchronous_standby_names = 'never_connects'",
+        "SELECT pg_reload_conf()",
+    ] {
+        admin.batch_execute(sql).await.unwrap();
+    }
+    // The postmaster signals every session as it reloads; a new session showing the setting
+    // means that it did.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let fresh = client(&url).await;
+        let names: String = fresh
+            .query_one("SHOW synchronous_standby_names", &[])
+            .await
+            .unwrap()
+            .get(0);
+        if names == "never_connects" {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "never reloaded");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    match fence.write(&r, t(2), Bytes::from_static(b"two")).await {
+        Err(Error::OutcomeUnknown { message, .. }) => assert!(
+            message.contains(SESSION_ENDED)
+                && message.contains("no synchronous standby confirmed")
+                && message.contains("a failover may still lose")
+                && message.contains("new token"),
+            "{message}"
+        ),
+        other => panic!("expected OutcomeUnknown, got {other:?}"),
+    }
+    // Committed on the primary all the same: a read there shows it.
+    assert_eq!(fence.read(&r).await.unwrap().unwrap().newest, t(2));
+    // Nothing is left waiting for the standby (the write's session was ended, the fence's own
+    // commit after it cancelled).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while sessions(&admin, "wait_event = 'SyncRep'").await > 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "a session is still waiting for the standby"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    for sql in [
+        "ALTER SYSTEM RESET synchronous_standby_names",
+        "SELECT pg_reload_conf()",
+    ] {
+        admin.batch_execute(sql).await.unwrap();
+    }
 }
 
 /// Makes a `COMMIT` that wrote the value `slow` to `table` sleep 30 s in a deferred trigger
