@@ -290,10 +290,7 @@ impl ZkCoordinator {
         if !s.is_connected() {
             return Err(create_in_doubt());
         }
-        let children = match self
-            .read(s, ops::ACQUIRE, s.client().list_children(dir))
-            .await?
-        {
+        let children = match s.read(ops::ACQUIRE, s.client().list_children(dir)).await? {
             Ok(c) => c,
             Err(ZkError::NoNode) => return Ok(None),
             Err(e) => return Err(from_zk(ops::ACQUIRE, e)),
@@ -302,10 +299,7 @@ impl ZkCoordinator {
             return Ok(None);
         };
         let path = format!("{dir}/{name}");
-        match self
-            .read(s, ops::ACQUIRE, s.client().check_stat(&path))
-            .await?
-        {
+        match s.read(ops::ACQUIRE, s.client().check_stat(&path)).await? {
             Ok(Some(stat)) => Ok(Some(Node {
                 name,
                 path,
@@ -536,7 +530,7 @@ impl ZkCoordinator {
                 for p in &paths {
                     reader.add_get_data(p).map_err(|e| from_zk(ops::WAIT, e))?;
                 }
-                match self.read(s, ops::WAIT, reader.commit()).await? {
+                match s.read(ops::WAIT, reader.commit()).await? {
                     Ok(r) => r,
                     Err(e) => return Err(from_zk(ops::WAIT, e)),
                 }
@@ -641,10 +635,7 @@ impl ZkCoordinator {
             Err(regression @ Error::TokenRegression { floor: bound, .. })
                 if Some(bound) != tokens.floor() =>
             {
-                return match self
-                    .read(s, ops::WAIT, s.client().check_stat(&node.path))
-                    .await
-                {
+                return match s.read(ops::WAIT, s.client().check_stat(&node.path)).await {
                     Ok(Ok(Some(stat))) if stat.czxid == node.czxid => Err(Some(regression)),
                     Ok(Ok(_)) => Err(None),
                     Ok(Err(e)) => Err(Some(from_zk(ops::WAIT, e))),

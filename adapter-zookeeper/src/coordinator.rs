@@ -6,13 +6,12 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lease_core::adapter::{Op, SharedOpening, TokenAdmission};
+use lease_core::adapter::{SharedOpening, TokenAdmission};
 use lease_core::{Capabilities, LockKey, OwnerId, Result};
-use zookeeper_client::Error as ZkError;
 
 use crate::config::ZkConfig;
 use crate::core::Inner;
-use crate::error::{timed_out, BACKEND};
+use crate::error::BACKEND;
 use crate::session::Session;
 
 /// A [`Coordinator`](lease_core::Coordinator) on ZooKeeper: one session per coordinator, one ephemeral sequential node per
@@ -149,20 +148,6 @@ impl ZkCoordinator {
                 },
             )
             .await
-    }
-
-    /// Runs one read request with the request timeout. It does not confirm the session: the
-    /// server that answers a read may be a follower cut off from the leader. The outer error is
-    /// the adapter's (timed out); the inner result is the server's answer.
-    pub(crate) async fn read<T>(
-        &self,
-        s: &Session,
-        op: Op,
-        request: impl std::future::Future<Output = std::result::Result<T, ZkError>>,
-    ) -> Result<std::result::Result<T, ZkError>> {
-        tokio::time::timeout(s.request_timeout(), request)
-            .await
-            .map_err(|_| timed_out(op, s.request_timeout()))
     }
 }
 

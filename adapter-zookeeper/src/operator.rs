@@ -61,54 +61,59 @@ impl ZkCoordinator {
         Err(request.kept_changing(BACKEND, key))
     }
 
-    /// [`Coordinator::audit_trail`](lease_core::Coordinator::audit_trail):
-    ///
-    /// Lists the audit nodes (`<base>/audit/forced-<encoded key>-<sequence>`, every key's in one
-    /// directory), keeps `key`'s by name (and any older ones named without a key), and reads
-    /// them newest sequence first until `limit` records of `key` are found.
+    /// [`Coordinator::audit_trail`](lease_core::Coordinator::audit_trail): see
+    /// [`audit_records`].
     pub(crate) async fn audit_trail_of(
         &self,
         key: &LockKey,
         limit: usize,
     ) -> Result<Vec<AuditRecord>> {
         let limit = AuditRecord::check_limit(limit)?;
-        let s = self.session().await?;
-        let dir = s.paths().audit();
-        let names = match self
-            .read(&s, ops::AUDIT_READ, s.client().list_children(&dir))
-            .await?
-        {
-            Ok(n) => n,
-            Err(ZkError::NoNode) => return Ok(Vec::new()),
-            Err(e) => return Err(from_zk(ops::AUDIT_READ, e)),
-        };
-        let prefix = audit_prefix(key);
-        let mut names: Vec<(i64, String)> = names
-            .into_iter()
-            .filter_map(|n| Some((audit_sequence(&n, &prefix)?, n)))
-            .collect();
-        names.sort_by_key(|(sequence, _)| std::cmp::Reverse(*sequence));
-        let mut out = Vec::new();
-        for (_, n) in names {
-            if out.len() == limit {
-                break;
-            }
-            let path = format!("{dir}/{n}");
-            match self
-                .read(&s, ops::AUDIT_READ, s.client().get_data(&path))
-                .await?
-            {
-                Ok((data, stat)) => {
-                    if let Some(r) = parse_audit(key, &data, &stat) {
-                        out.push(r);
-                    }
-                }
-                Err(ZkError::NoNode) => {}
-                Err(e) => return Err(from_zk(ops::AUDIT_READ, e)),
-            }
-        }
-        Ok(out)
+        audit_records(&*self.session().await?, key, limit).await
     }
+}
+
+/// Up to `limit` of `key`'s audit records, newest first: lists the audit nodes
+/// (`<base>/audit/forced-<encoded key>-<sequence>`, every key's in one directory), keeps `key`'s
+/// by name (and any older ones named without a key), and reads them newest sequence first until
+/// `limit` records of `key` are found.
+pub(crate) async fn audit_records(
+    s: &Session,
+    key: &LockKey,
+    limit: usize,
+) -> Result<Vec<AuditRecord>> {
+    let dir = s.paths().audit();
+    let names = match s
+        .read(ops::AUDIT_READ, s.client().list_children(&dir))
+        .await?
+    {
+        Ok(n) => n,
+        Err(ZkError::NoNode) => return Ok(Vec::new()),
+        Err(e) => return Err(from_zk(ops::AUDIT_READ, e)),
+    };
+    let prefix = audit_prefix(key);
+    let mut names: Vec<(i64, String)> = names
+        .into_iter()
+        .filter_map(|n| Some((audit_sequence(&n, &prefix)?, n)))
+        .collect();
+    names.sort_by_key(|(sequence, _)| std::cmp::Reverse(*sequence));
+    let mut out = Vec::new();
+    for (_, n) in names {
+        if out.len() == limit {
+            break;
+        }
+        let path = format!("{dir}/{n}");
+        match s.read(ops::AUDIT_READ, s.client().get_data(&path)).await? {
+            Ok((data, stat)) => {
+                if let Some(r) = parse_audit(key, &data, &stat) {
+                    out.push(r);
+                }
+            }
+            Err(ZkError::NoNode) => {}
+            Err(e) => return Err(from_zk(ops::AUDIT_READ, e)),
+        }
+    }
+    Ok(out)
 }
 
 impl ZkCoordinator {
@@ -120,10 +125,7 @@ impl ZkCoordinator {
     ) -> Result<Option<(String, Vec<u8>, Stat)>> {
         let dir = s.paths().lock_dir(key);
         for _ in 0..5 {
-            let children = match self
-                .read(s, ops::INSPECT, s.client().list_children(&dir))
-                .await?
-            {
+            let children = match s.read(ops::INSPECT, s.client().list_children(&dir)).await? {
                 Ok(c) => c,
                 Err(ZkError::NoNode) => return Ok(None),
                 Err(e) => return Err(from_zk(ops::INSPECT, e)),
@@ -133,10 +135,7 @@ impl ZkCoordinator {
                 return Ok(None);
             };
             let path = format!("{dir}/{}", first.name);
-            match self
-                .read(s, ops::INSPECT, s.client().get_data(&path))
-                .await?
-            {
+            match s.read(ops::INSPECT, s.client().get_data(&path)).await? {
                 Ok((data, stat)) => return Ok(Some((path, data, stat))),
                 Err(ZkError::NoNode) => continue,
                 Err(e) => return Err(from_zk(ops::INSPECT, e)),

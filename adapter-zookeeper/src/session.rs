@@ -35,11 +35,13 @@
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
-use lease_core::adapter::{DelayedStarts, Dependents};
+use lease_core::adapter::{DelayedStarts, Dependents, Op};
 use lease_core::Result;
 use tokio::sync::watch;
 use tokio::time::Instant;
-use zookeeper_client::{Acl, Acls, Client, CreateMode, Permission, SessionState, StateWatcher};
+use zookeeper_client::{
+    Acl, Acls, Client, CreateMode, Error as ZkError, Permission, SessionState, StateWatcher,
+};
 
 use crate::client::open;
 use crate::coalesce::Coalesced;
@@ -346,6 +348,19 @@ impl Session {
     /// Forgets a lease (its guardian ended).
     pub(crate) fn unregister(&self, id: u64) {
         self.leases.remove(id);
+    }
+
+    /// Runs one read request with the request timeout. It does not confirm the session: the
+    /// server that answers a read may be a follower cut off from the leader. The outer error is
+    /// the adapter's (timed out); the inner result is the server's answer.
+    pub(crate) async fn read<T>(
+        &self,
+        op: Op,
+        request: impl std::future::Future<Output = std::result::Result<T, ZkError>>,
+    ) -> Result<std::result::Result<T, ZkError>> {
+        tokio::time::timeout(self.request_timeout(), request)
+            .await
+            .map_err(|_| timed_out(op, self.request_timeout()))
     }
 
     /// Creates `path` and its missing ancestors as persistent nodes with the adapter's ACL.
