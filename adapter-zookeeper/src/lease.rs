@@ -22,6 +22,10 @@ use crate::error::{
 };
 use crate::session::{Session, SessionLease};
 
+/// How many of a key's newest audit records a release that found its node gone after a resend
+/// reads, looking for a force-release of its node ([`ZkLease::forced`]).
+const FORCED_LOOKBACK: usize = 8;
+
 /// The shared state of one held lock node.
 pub(crate) struct LeaseState {
     pub(crate) id: u64,
@@ -130,18 +134,16 @@ impl LeaseState {
         self.tracker.mark_lost(LostReason::SessionEnded);
     }
 
-    /// Our node is gone: by our own release while one runs, else revoked. Marked lost either
-    /// way (the first reason recorded wins): a release that never finishes (its future dropped
-    /// after the delete was sent) must not leave the lease reporting `Held` on a node that is
-    /// gone and a key someone else may hold.
+    /// Our node is gone: revoked, unless a release runs. A release decides the reason itself
+    /// (its delete, or a force-release it finds recorded, see [`ZkLease::forced`]); one that
+    /// never finishes (its future dropped after the delete was sent) marks the lease released
+    /// as it is dropped ([`ReleaseGuard`]), so that the lease never reports `Held` on a node that
+    /// is gone and a key someone else may hold.
     fn on_node_gone(&self) {
         self.node_gone.store(true, Ordering::SeqCst);
-        let reason = if self.releasing.load(Ordering::SeqCst) {
-            LostReason::Released
-        } else {
-            LostReason::Revoked
-        };
-        self.tracker.mark_lost(reason);
+        if !self.releasing.load(Ordering::SeqCst) {
+            self.tracker.mark_lost(LostReason::Revoked);
+        }
     }
 
     /// The `Lost` error with the reason recorded (or `fallback`).
@@ -532,7 +534,7 @@ impl Lease for ZkLease {
         st.releasing.store(true, Ordering::SeqCst);
         // A release dropped before it ended is not one: a later loss of the node is revoked.
         let mut unfinished = ReleaseGuard {
-            releasing: &st.releasing,
+            state: st,
             armed: true,
         };
         let result = self.release_node().await;
@@ -541,16 +543,23 @@ impl Lease for ZkLease {
     }
 }
 
-/// Clears `releasing` when the release future is dropped before it ended.
+/// Clears `releasing` when the release future is dropped before it ended, and marks the lease
+/// released if its node was found gone meanwhile (by its delete, as far as anyone can tell:
+/// [`LeaseState::on_node_gone`] left the reason to the release).
 struct ReleaseGuard<'a> {
-    releasing: &'a AtomicBool,
+    state: &'a LeaseState,
     armed: bool,
 }
 
 impl Drop for ReleaseGuard<'_> {
     fn drop(&mut self) {
         if self.armed {
-            self.releasing.store(false, Ordering::SeqCst);
+            // Both flags are sequentially consistent: of this and a concurrent `on_node_gone`,
+            // at least one sees the other's write and marks the lease.
+            self.state.releasing.store(false, Ordering::SeqCst);
+            if self.state.node_gone.load(Ordering::SeqCst) {
+                self.state.tracker.mark_lost(LostReason::Released);
+            }
         }
     }
 }
@@ -586,8 +595,12 @@ impl ZkLease {
             Err(Some(ZkError::NoNode)) => {
                 st.node_gone.store(true, Ordering::SeqCst);
                 // Deleted by an earlier send whose answer was lost, or else not by us: revoked
-                // (or expired by our own guardian, whose reason was recorded first).
-                if in_doubt && st.tracker.released_by_earlier_send(s.is_terminated()) {
+                // (or expired by our own guardian, whose reason was recorded first). A
+                // force-release says so in its audit record.
+                if in_doubt
+                    && !self.forced().await
+                    && st.tracker.released_by_earlier_send(s.is_terminated())
+                {
                     return Ok(());
                 }
                 Err(st.tracker.lose(LostReason::Revoked))
@@ -616,6 +629,22 @@ impl ZkLease {
 }
 
 impl ZkLease {
+    /// Whether a force-release removed our node, as its audit record says (the key's newest
+    /// [`FORCED_LOOKBACK`] records are read): a release sent again after its first send's answer
+    /// was lost, finding the node gone, cannot otherwise tell a force-release from its own first
+    /// send. A read that fails says no (the release is then taken for done, as before).
+    async fn forced(&self) -> bool {
+        let st = &self.state;
+        let (key, token) = (st.tracker.key(), st.tracker.token());
+        match crate::operator::audit_records(&st.session, key, FORCED_LOOKBACK).await {
+            Ok(records) => records.iter().any(|r| r.removed_token == Some(token)),
+            Err(e) => {
+                tracing::debug!(backend = BACKEND, key = %key, error = %e, "could not read the audit records after a release found its node gone");
+                false
+            }
+        }
+    }
+
     /// One send of the release's delete, within `left`: `Ok` when it deleted our node, else the
     /// client's error (`None`: no answer in time). A resend first waits for the session's
     /// connection to be back. A `BadVersion` (someone changed our node's data) is sent again

@@ -1441,6 +1441,76 @@ async fn a_dropped_release_does_not_leave_the_lease_held_on_a_gone_node() {
     );
 }
 
+/// A release whose first delete got no answer (its connection was reset) and that, sent again,
+/// finds its node gone reports `Lost(Revoked)` when a force-release removed the node in between,
+/// as the force-release's audit record says. Before, a node found gone after a resend was taken
+/// for the first send's doing, and the release reported `Ok` (Redis already told the two apart
+/// by its force-release record). The first delete is held in the proxy (its connection stalled)
+/// and dropped with the connection, so it never reaches the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_sent_again_after_a_force_release_reports_revoked() {
+    let Some(server) = server("a_release_sent_again_after_a_force_release").await else {
+        return;
+    };
+    let proxy = FaultProxy::start(server.addr()).await.unwrap();
+    let base = format!("/adapter-test-{:08x}", rand::random::<u32>());
+    let url = |addr: std::net::SocketAddr| {
+        format!("zk://{addr}{base}?session_timeout_ms=6000&tick_ms=200&digest=alice:{PASSWORD}")
+    };
+    let coord = ZkCoordinator::connect_url(&url(proxy.addr()))
+        .await
+        .unwrap();
+    let operator = ZkCoordinator::connect_url(&url(server.addr()))
+        .await
+        .unwrap();
+    let key: LockKey = "revoked-during-release".parse().unwrap();
+    let lease = coord
+        .acquire(&key, &LeaseOptions::new(Duration::from_secs(6)))
+        .await
+        .unwrap();
+    let token = lease.token();
+
+    proxy.stall_open();
+    let release = tokio::spawn(async move {
+        let result = lease.release().await;
+        (result, lease.status())
+    });
+    // The delete is held in the proxy: more than a few pings' worth of bytes (12 each).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while proxy.held_request_bytes().unwrap() < 40 {
+        assert!(
+            Instant::now() < deadline,
+            "the delete never reached the proxy"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let removed = operator
+        .force_release(
+            &key,
+            &ForceRelease::new("ops", "revoked while its holder released").unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(removed.map(|h| h.token), Some(token));
+    // The held delete goes with its connection; the client reconnects and sends it again.
+    proxy.cut();
+    let (result, status) = tokio::time::timeout(Duration::from_secs(20), release)
+        .await
+        .expect("the release never returned")
+        .unwrap();
+    assert!(
+        matches!(
+            result,
+            Err(Error::Lost {
+                reason: LostReason::Revoked,
+                ..
+            })
+        ),
+        "{result:?}"
+    );
+    assert_eq!(status, LeaseStatus::Lost(LostReason::Revoked));
+}
+
 /// A lease in doubt after a reconnect whose first check (sync + exists) got no answer in time is
 /// checked again, and held again once the connection answers. Before, the check ran once per
 /// reconnect and the heartbeat never moves an in-doubt lease, so a healthy lease (session and

@@ -247,24 +247,37 @@ impl FaultProxy {
     /// its end, rather than sleeping for a time that is usually long enough.
     pub fn client_sockets(&self) -> io::Result<Vec<u64>> {
         let mut inodes = Vec::new();
-        for table in ["/proc/self/net/tcp", "/proc/self/net/tcp6"] {
-            let text = match std::fs::read_to_string(table) {
-                Ok(t) => t,
-                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-                Err(e) => return Err(e),
-            };
-            for line in text.lines().skip(1) {
-                let fields: Vec<&str> = line.split_whitespace().collect();
-                if fields.len() > 9 && proc_net_addr(fields[2]) == Some(self.addr) {
-                    if let Ok(inode) = fields[9].parse::<u64>() {
-                        if inode != 0 {
-                            inodes.push(inode);
-                        }
+        for fields in tcp_sockets()? {
+            if fields.len() > 9 && proc_net_addr(&fields[2]) == Some(self.addr) {
+                if let Ok(inode) = fields[9].parse::<u64>() {
+                    if inode != 0 {
+                        inodes.push(inode);
                     }
                 }
             }
         }
         Ok(inodes)
+    }
+
+    /// How many request bytes the proxy holds unread now, summed over its connections: bytes a
+    /// client sent that wait in the kernel's queue because the proxy forwards nothing on that
+    /// connection (a [`stall_open`](Self::stall_open) or a blackhole; read from
+    /// `/proc/self/net/tcp` and `tcp6`, Linux only). Wait on it to know that a request reached
+    /// the proxy and is held there, never reaching the server if the connection is then
+    /// [`cut`](Self::cut).
+    pub fn held_request_bytes(&self) -> io::Result<u64> {
+        let mut held = 0;
+        for fields in tcp_sockets()? {
+            // `sl local remote state tx_queue:rx_queue ...`: the proxy's end of a connection it
+            // accepted (established), and what it has not read.
+            if fields.len() > 4 && fields[3] == "01" && proc_net_addr(&fields[1]) == Some(self.addr)
+            {
+                if let Some((_, rx)) = fields[4].split_once(':') {
+                    held += u64::from_str_radix(rx, 16).unwrap_or(0);
+                }
+            }
+        }
+        Ok(held)
     }
 
     /// Resets every connection open now (both the client and the upstream side see `RST`).
@@ -300,6 +313,25 @@ pub fn sockets_closed(inodes: &[u64]) -> io::Result<bool> {
         }
     }
     Ok(true)
+}
+
+/// This network namespace's TCP sockets, a row of fields each (`/proc/self/net/tcp` and
+/// `tcp6`, without their headers).
+fn tcp_sockets() -> io::Result<Vec<Vec<String>>> {
+    let mut rows = Vec::new();
+    for table in ["/proc/self/net/tcp", "/proc/self/net/tcp6"] {
+        let text = match std::fs::read_to_string(table) {
+            Ok(t) => t,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(e),
+        };
+        rows.extend(
+            text.lines()
+                .skip(1)
+                .map(|line| line.split_whitespace().map(str::to_owned).collect()),
+        );
+    }
+    Ok(rows)
 }
 
 /// An address as `/proc/net/tcp{,6}` prints it: the address's bytes in network order, written as
