@@ -15,6 +15,7 @@ use tokio::time::Instant;
 
 use crate::config::{RedisConfig, ReplicaAcks, SentinelConfig};
 use crate::error::{self, ops, BACKEND};
+use crate::scripts::reply;
 use lease_core::adapter::{Op, SharedOpening};
 
 /// A write that cannot be sent twice (a fence write, a force-release) first checks, with a
@@ -729,28 +730,35 @@ impl Lane {
             })
     }
 
-    /// After a write that waits for replicas got no answer and its connection was ended: runs
-    /// `settle`'s write and `WAIT` on this lane's connection (a new one), within the request
-    /// timeout. That write comes after everything the ended connection's write did in the
-    /// replication stream, so once the replicas acknowledge it they have that too.
-    async fn settle(&self, settle: &Settle<'_>) -> Ending {
+    /// After a write that waits for replicas got no answer and its connection (on the server
+    /// process `run_id`) was ended: runs `settle`'s write and `WAIT` on this lane's connection
+    /// (the new one that ended it), within the request timeout. That write comes after
+    /// everything the ended connection's write did in the replication stream, so once the
+    /// replicas acknowledge it they have that too. A write that finds nothing to write again
+    /// (the fence has no token: the lost write did not apply) has nothing to wait for.
+    async fn settle(&self, settle: &Settle<'_>, run_id: &str) -> Ending {
         let bound = self.shared.config.request_timeout();
         let pipe = &settle.pipe;
-        let acked = tokio::time::timeout(bound, async {
+        let mut used = None;
+        let answer = tokio::time::timeout(bound, async {
             let open = self.get().await.map_err(|e| e.to_string())?;
+            used = Some(open.generation);
+            if open.side.as_ref().is_none_or(|s| s.run_id != run_id) {
+                return Err("the connection to wait from reached another server process".into());
+            }
             let answer: RedisResult<(redis::Value, i64)> =
                 loading(settle.script, open.conn, |mut c| async move {
                     pipe.query_async(&mut c).await
                 })
                 .await;
             match answer {
-                Ok((_, acked)) => {
+                Ok(answer) => {
                     self.note_answer();
-                    Ok(acked)
+                    Ok(answer)
                 }
                 Err(e) => {
                     self.shared.broke(&e);
-                    if unanswered(&e) || e.is_unrecoverable_error() {
+                    if unanswered(&e) || e.is_unrecoverable_error() || demoted(&e) {
                         self.discard(Some(open.generation));
                     }
                     Err(e.to_string())
@@ -758,10 +766,24 @@ impl Lane {
             }
         })
         .await
-        .unwrap_or_else(|_| Err(format!("no answer within {bound:?}")));
-        match acked {
-            Ok(n) if n >= 0 && n as usize >= settle.replicas => Ending::Replicated(settle.replicas),
-            Ok(n) => Ending::Unreplicated(format!(
+        .unwrap_or_else(|_| {
+            // A half-open connection never recovers by itself.
+            if let Some(generation) = used {
+                self.discard(Some(generation));
+            }
+            Err(format!("no answer within {bound:?}"))
+        });
+        let wrote = |v: &redis::Value| {
+            reply::array(v.clone())
+                .and_then(|items| items.get(1).and_then(reply::text))
+                .is_none_or(|newest| !newest.is_empty())
+        };
+        match answer {
+            Ok((v, _)) if !wrote(&v) => Ending::Ended,
+            Ok((_, n)) if usize::try_from(n).is_ok_and(|n| n >= settle.replicas) => {
+                Ending::Replicated(settle.replicas)
+            }
+            Ok((_, n)) => Ending::Unreplicated(format!(
                 "{n} of the {} replica(s) replica_acks asks for acknowledged a write made after \
                  it within {:?}",
                 settle.replicas, settle.wait
@@ -769,6 +791,22 @@ impl Lane {
             Err(why) => Ending::Unreplicated(format!(
                 "the write made after it to wait for the replicas failed ({why})"
             )),
+        }
+    }
+
+    /// `ending` once the replicas were waited for ([`Self::settle`]), when it says that the
+    /// connection of `side` was ended and the write has a `settle`.
+    async fn settled(
+        &self,
+        ending: Option<Ending>,
+        settle: Option<&Settle<'_>>,
+        side: Option<&ServerSide>,
+    ) -> Option<Ending> {
+        match (ending, settle, side) {
+            (Some(Ending::Ended), Some(settle), Some(side)) => {
+                Some(self.settle(settle, &side.run_id).await)
+            }
+            (ending, ..) => ending,
         }
     }
 
@@ -825,17 +863,19 @@ impl Lane {
             Err(e) => e,
         };
         let dropped = first.is_connection_dropped() && !first.is_timeout();
-        let (first, mut ended) = self.failed(op, generation, side, first).await;
+        let first_side = side.clone();
+        let (first, ended) = self.failed(op, generation, side, first).await;
         if !(dropped && op.idempotent) {
-            if let (Some(Ending::Ended), Some(settle)) = (&ended, settle) {
-                ended = Some(self.settle(settle).await);
-            }
+            let ended = self.settled(ended, settle, first_side.as_deref()).await;
             return (Err(noted(first, ended, None)), false);
         }
         let open = match self.get().await {
             Ok(c) => c,
             // Cannot reconnect: for a write the first request's fate stays unknown.
-            Err(_) if op.writes => return (Err(noted(first, ended, None)), false),
+            Err(_) if op.writes => {
+                let ended = self.settled(ended, settle, first_side.as_deref()).await;
+                return (Err(noted(first, ended, None)), false);
+            }
             Err(e) => return (Err(e), false),
         };
         let Open {
@@ -850,6 +890,7 @@ impl Lane {
                 (Ok(v), op.writes)
             }
             Err(e) => {
+                let again_side = side.clone();
                 let (e, ended_again) = self.failed(op, generation, side, e).await;
                 if !op.writes {
                     return (Err(e), false);
@@ -857,11 +898,18 @@ impl Lane {
                 // The retry failing (for example `LOADING` just after a restart) says nothing
                 // about the first request: a write's outcome stays unknown, so the caller keeps
                 // its cleanup armed. A retry that got no answer either is one more request that
-                // may apply: the error then speaks for both.
+                // may apply: the error then speaks for both. Waiting for the replicas after the
+                // last connection was ended covers both sends.
                 let first = match (ended, ended_again) {
-                    (Some(Ending::Ended), Some(again)) => noted(first, Some(again), Some(&e)),
+                    (Some(Ending::Ended), Some(again)) => {
+                        let again = self.settled(Some(again), settle, again_side.as_deref());
+                        noted(first, again.await, Some(&e))
+                    }
                     (ended, Some(_)) => noted(first, ended, Some(&e)),
-                    (ended, None) => noted(first, ended, None),
+                    (ended, None) => {
+                        let ended = self.settled(ended, settle, first_side.as_deref()).await;
+                        noted(first, ended, None)
+                    }
                 };
                 (Err(first), false)
             }
@@ -913,7 +961,8 @@ enum Ending {
 }
 
 /// `e` with, for an unknown outcome, the failure of a second send (`again`) and whether the
-/// connection of each send was ended on the server (`ended`, from [`Lane::failed`]).
+/// connection of each send was ended on the server, and the replicas waited for (`ended`, from
+/// [`Lane::failed`] and [`Lane::settled`]).
 fn noted(e: Error, ended: Option<Ending>, again: Option<&Error>) -> Error {
     match (e, ended) {
         (

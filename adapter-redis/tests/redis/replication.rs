@@ -349,6 +349,42 @@ async fn a_grant_whose_reply_was_lost_waits_for_replicas_as_any_other() {
     replica.resume().unwrap();
 }
 
+/// A fence write on a primary with a replica is accepted only once `replica_acks` replicas have
+/// it, as a grant is: with `auto` (one replica connected) the replica has the newest token when
+/// the write returns; asking for two, the write is applied on the primary but reported
+/// `OutcomeUnknown`, naming the setting, since a failover may still lose it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fence_writes_wait_for_replica_acknowledgements() {
+    let Some((primary, replica)) =
+        primary_with_replica("fence_writes_wait_for_replica_acknowledgements").await
+    else {
+        return;
+    };
+    let f = fence(&primary, "").await;
+    let r = ResourceId::new("replicated").unwrap();
+    f.write(&r, Token::new(5).unwrap(), "v5".into())
+        .await
+        .unwrap();
+    assert_eq!(
+        newest_on(&replica, "replicated").await.as_deref(),
+        Some("5"),
+        "the replica did not have the write when it returned"
+    );
+
+    let strict = fence(&primary, "replica_acks=2&request_timeout_ms=400").await;
+    match strict.write(&r, Token::new(6).unwrap(), "v6".into()).await {
+        Err(Error::OutcomeUnknown { message, .. }) => {
+            assert!(message.contains("replica_acks"), "{message}")
+        }
+        other => panic!("expected OutcomeUnknown, got {other:?}"),
+    }
+    // Applied on the primary all the same: an older token is refused.
+    assert!(matches!(
+        f.write(&r, Token::new(5).unwrap(), "again".into()).await,
+        Err(Error::Stale { .. })
+    ));
+}
+
 /// The newest token `server` holds for the fence resource `resource` (one key matches).
 async fn newest_on(server: &RedisServer, resource: &str) -> Option<String> {
     let mut conn = raw(server).await;
@@ -373,7 +409,8 @@ async fn newest_on(server: &RedisServer, resource: &str) -> Option<String> {
 /// on a new connection and waits for the replicas: with a live replica the error says the
 /// replicas have it (and the replica does, when the write returns); with the replica frozen, it
 /// says a failover may still lose it and to write again under a new token. Before, both said
-/// only that a read now shows everything the write did.
+/// only that a read now shows everything the write did. A write that never applied, to a
+/// resource with no token, has nothing to wait for.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fence_write_whose_reply_was_lost_says_whether_the_replicas_have_it() {
     let Some((primary, replica)) = primary_with_replica("a_fence_write_whose_reply_was_lost").await
@@ -401,6 +438,8 @@ async fn a_fence_write_whose_reply_was_lost_says_whether_the_replicas_have_it() 
         ),
         other => panic!("expected OutcomeUnknown, got {other:?}"),
     }
+    // (A live replica gets the write anyway: without the settle, this check passes and the
+    // message's fails.)
     assert_eq!(
         newest_on(&replica, "settled").await.as_deref(),
         Some("3"),
@@ -423,6 +462,40 @@ async fn a_fence_write_whose_reply_was_lost_says_whether_the_replicas_have_it() 
     // read tells the write's outcome.
     assert_eq!(newest_on(&primary, "settled").await.as_deref(), Some("4"));
     replica.resume().unwrap();
+
+    // A write that never reached the server (held in the proxy, then its connection ended) to a
+    // resource with no token: nothing to write again, so nothing to wait for, even where the
+    // replicas could never acknowledge one (two asked of one replica).
+    let strict = RedisFence::connect_url(&format!("{via}&replica_acks=2"))
+        .await
+        .unwrap();
+    let other = ResourceId::new("other").unwrap();
+    for t in 1..=2 {
+        // Opens both connections for writes that wait; each write is applied on the primary
+        // and reported `OutcomeUnknown` (one replica of two).
+        let written = strict
+            .write(&other, Token::new(t).unwrap(), "x".into())
+            .await;
+        assert!(
+            matches!(written, Err(Error::OutcomeUnknown { .. })),
+            "{written:?}"
+        );
+    }
+    let never = ResourceId::new("never-written").unwrap();
+    proxy.stall_open();
+    match strict
+        .write(&never, Token::new(1).unwrap(), "held".into())
+        .await
+    {
+        Err(Error::OutcomeUnknown { message, .. }) => assert!(
+            message.contains("ended on the server, so a read now shows everything it did")
+                && !message.contains("failover"),
+            "{message}"
+        ),
+        other => panic!("expected OutcomeUnknown, got {other:?}"),
+    }
+    let direct = fence(&primary, "").await;
+    assert!(direct.read(&never).await.unwrap().is_none());
 }
 
 /// A grant waiting for a frozen replica's acknowledgement does not hold up the requests that do
