@@ -675,16 +675,17 @@ impl FencedTable {
 ///   whether it did. The error's message says whether the session was ended; if not (for
 ///   example the ending connection reached another host of a multi-host URL), retry under a
 ///   new token (a new lease) rather than re-read.
-/// - A session ended while its `COMMIT` waited for a synchronous standby has committed on the
-///   primary without the standby's word, and a read there shows it. So the same connection then
-///   commits a transaction of its own that writes WAL, with `synchronous_commit` `on`, within one
-///   more `timeout_ms`: once it returns, the standbys `synchronous_standby_names` asks for have
-///   the ended one too. If it does not return in time, its wait is cancelled and the message
-///   says that no synchronous standby confirmed it: write again under a new token rather than
-///   re-read.
 ///   Behind a transaction-pooling proxy (PgBouncer's `pool_mode=transaction`) a connection's
 ///   server session is not its own: set `end_unknown_sessions=false` there. Fencing between
 ///   holders is unaffected either way: a late write still loses to any newer token.
+/// - A session ended while its `COMMIT` waited for a synchronous standby has committed on the
+///   primary without the standby's word, and a read there shows it. So the same connection then
+///   commits a transaction of its own that, with synchronous standbys configured, writes WAL
+///   (a logical decoding message: `pg_logical_emit_message` must not be revoked from the role),
+///   waiting for them as the fence's writes do, within one more `timeout_ms`: once it returns,
+///   they have the ended one too. If it does not return in time, its wait is cancelled and the
+///   message says that no synchronous standby confirmed it: write again under a new token rather
+///   than re-read.
 /// - Values are at most [`MAX_VALUE_BYTES`]; a longer one is `InvalidInput`, nothing sent.
 /// - Connections: up to `pool_size` ([`DEFAULT_POOL_SIZE`] by default) at once for the fence's
 ///   own operations (plus up to two, each opened for one termination and then closed, that end
@@ -1218,8 +1219,8 @@ impl Drop for Unsettled<'_> {
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
                 match end_session(ender, session.clone(), timeout).await {
-                    Ok(Ended::Confirmed) => {}
-                    Ok(Ended::Unconfirmed(why)) => tracing::warn!(
+                    Ok(Ended::Replicated) => {}
+                    Ok(Ended::Unreplicated(why)) => tracing::warn!(
                         backend = BACKEND,
                         pid = session.pid,
                         "a cancelled write's session was ended, but {why}: what it committed may \
@@ -1248,13 +1249,13 @@ struct Ender {
 /// How [`end_session`] ended a session.
 #[derive(Debug)]
 enum Ended {
-    /// Ended, and then a commit made after it returned with `synchronous_commit` `on`: every
-    /// synchronous standby `synchronous_standby_names` asks for has what the session committed
-    /// (none asked for: the server's own flush).
-    Confirmed,
+    /// Ended, and then a commit made after it returned, waiting for the synchronous standbys:
+    /// every one `synchronous_standby_names` asks for has what the session committed (none asked
+    /// for: the server's own flush).
+    Replicated,
     /// Ended, but a commit made after it did not return in time, or failed (why): what the
     /// session committed may be on the primary alone, where a failover may lose it.
-    Unconfirmed(String),
+    Unreplicated(String),
 }
 
 /// Why [`end_session`] could not end a session.
@@ -1357,33 +1358,59 @@ async fn end_session(ender: Ender, session: Session, timeout: Duration) -> Resul
     })
     .await
     .unwrap_or_else(|_| Err(NotEnded::Failed(format!("not gone within {timeout:?}"))));
-    let settled = match (&ended, held.as_deref()) {
-        (Ok(()), Some(client)) => Some(settle(client, &tls, timeout).await),
-        _ => None,
-    };
-    if let Some(client) = held.take() {
-        drop(Object::take(client));
+    // Out of the pool now (it is closed when dropped, as every ending connection is): the wait
+    // below may take a whole `timeout` (a synchronous standby that is down), and the pool's
+    // connections must stay free to end the sessions of other unknown writes meanwhile.
+    let client = held.take().map(Object::take);
+    match (ended, client) {
+        (Ok(()), Some(client)) => Ok(match settle(&client, &tls, timeout).await {
+            Ok(()) => Ended::Replicated,
+            Err(why) => Ended::Unreplicated(why),
+        }),
+        (Ok(()), None) => Ok(Ended::Unreplicated(
+            "no connection was left to make a commit after it".into(),
+        )),
+        (Err(why), _) => Err(why),
     }
-    ended.map(|()| match settled {
-        Some(Err(why)) => Ended::Unconfirmed(why),
-        _ => Ended::Confirmed,
-    })
 }
 
-/// The transaction [`settle`] commits: a logical decoding message (`pg_logical_emit_message`,
-/// transactional: it writes WAL, which a commit waits for standbys only after, and no table
-/// sees it), in a read-write transaction whatever the role's defaults, with
-/// `synchronous_commit` `on`.
-const SETTLE: &str = "BEGIN READ WRITE; SET LOCAL synchronous_commit = on; \
-                      SELECT pg_logical_emit_message(true, 'lease_fence_settle', ''); COMMIT";
+/// The transaction [`settle`] commits, in a read-write transaction whatever the role's
+/// defaults, with a commit that waits for the synchronous standbys as the fence's writes do
+/// (`synchronous_commit` raised to `on` from `off`, `local` or `remote_write`; `remote_apply`
+/// kept): when `synchronous_standby_names` names any, a logical decoding message
+/// (`pg_logical_emit_message`, transactional: it writes WAL, which a commit waits for standbys
+/// only after; no table sees it, a logical decoding consumer that asks for messages does, under
+/// the prefix `lease_fence_settle`). Without synchronous standbys it writes nothing and its
+/// commit returns at once.
+const SETTLE: &str = "BEGIN READ WRITE; \
+     SELECT set_config('synchronous_commit', 'on', true) \
+     WHERE current_setting('synchronous_commit') IN ('off', 'local', 'remote_write'); \
+     SELECT pg_logical_emit_message(true, 'lease_fence_settle', '') \
+     WHERE current_setting('synchronous_standby_names') <> ''; \
+     COMMIT";
+
+/// How much longer than the client's own bound the server lets [`settle`]'s statements run
+/// (`statement_timeout`), so that a session whose wait the cancel request missed (sent before
+/// the commit arrived, or lost) does not wait for a standby that is down, with its transaction
+/// open, for as long as the standby stays down; and so that the client has given up first: a
+/// wait cut short by that timeout commits all the same, which must not be taken for the
+/// standbys' confirmation.
+const SETTLE_BACKSTOP: Duration = Duration::from_secs(1);
 
 /// Commits [`SETTLE`] on `client` within `timeout`. WAL is ordered, so its commit returns only
 /// once every synchronous standby `synchronous_standby_names` asks for has everything committed
-/// before it (none asked for: at once, after the local flush). Not within `timeout`: `Err`, and
-/// a cancel request (sent with `tls`, in the background) ends the wait, so that no session is
-/// left waiting for a standby with its transaction open.
+/// before it. Not within `timeout`: `Err`, and a cancel request (sent with `tls`, in the
+/// background) ends the wait; the server ends it [`SETTLE_BACKSTOP`] later in any case.
 async fn settle(client: &Client, tls: &MakeRustlsConnect, timeout: Duration) -> Result<(), String> {
-    match tokio::time::timeout(timeout, client.batch_execute(SETTLE)).await {
+    let backstop = format!(
+        "SET statement_timeout = {}",
+        (timeout + SETTLE_BACKSTOP).as_millis()
+    );
+    let commit = async {
+        client.batch_execute(&backstop).await?;
+        client.batch_execute(SETTLE).await
+    };
+    match tokio::time::timeout(timeout, commit).await {
         Ok(Ok(())) => Ok(()),
         Ok(Err(e)) => Err(format!("a commit made after it failed ({})", chain(&e))),
         Err(_) => {
@@ -1393,7 +1420,8 @@ async fn settle(client: &Client, tls: &MakeRustlsConnect, timeout: Duration) -> 
                 let _ = tokio::time::timeout(timeout, cancel.cancel_query(tls)).await;
             });
             Err(format!(
-                "no synchronous standby confirmed a commit made after it within {timeout:?}"
+                "a commit made after it did not return within {timeout:?} (no synchronous \
+                 standby confirmed it)"
             ))
         }
     }
@@ -1411,12 +1439,12 @@ fn session_note(error: Error, ended: Result<Ended, NotEnded>) -> Error {
             backend,
             operation,
             message: match ended {
-                Ok(Ended::Confirmed) => format!(
+                Ok(Ended::Replicated) => format!(
                     "{message}; its server session has since been ended, so nothing more of \
                      it can commit, and a commit made after it was confirmed by the synchronous \
                      standbys, if any: a read now shows whether it was committed"
                 ),
-                Ok(Ended::Unconfirmed(why)) => format!(
+                Ok(Ended::Unreplicated(why)) => format!(
                     "{message}; its server session has since been ended, so nothing more of \
                      it can commit, but {why}: a read shows what it committed on the primary, \
                      and a failover may still lose that; write again under a new token rather \
