@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lease_core::adapter::{
-    fresh_id, resend, retry_until_settled, Backoff, CleanupFailures, LeaseTracker, SendAgain,
+    forced_release_of, fresh_id, resend, retry_until_settled, Backoff, CleanupFailures,
+    LeaseTracker, SendAgain, FORCED_LOOKBACK,
 };
 use lease_core::{Error, Lease, LeaseStatus, LostReason, Result};
 use tokio::sync::oneshot;
@@ -21,10 +22,6 @@ use crate::error::{
     connection_lost, disconnected, from_zk, ops, session_ended, timed_out, BACKEND,
 };
 use crate::session::{Session, SessionLease};
-
-/// How many of a key's newest audit records a release that found its node gone after a resend
-/// reads, looking for a force-release of its node ([`ZkLease::forced`]).
-const FORCED_LOOKBACK: usize = 8;
 
 /// The shared state of one held lock node.
 pub(crate) struct LeaseState {
@@ -629,15 +626,14 @@ impl ZkLease {
 }
 
 impl ZkLease {
-    /// Whether a force-release removed our node, as its audit record says (the key's newest
-    /// [`FORCED_LOOKBACK`] records are read): a release sent again after its first send's answer
-    /// was lost, finding the node gone, cannot otherwise tell a force-release from its own first
-    /// send. A read that fails says no (the release is then taken for done, as before).
+    /// Whether a force-release removed our node, as its audit record says
+    /// ([`forced_release_of`]). A read that fails says no (the release is then taken for done,
+    /// as before).
     async fn forced(&self) -> bool {
         let st = &self.state;
-        let (key, token) = (st.tracker.key(), st.tracker.token());
+        let key = st.tracker.key();
         match crate::operator::audit_records(&st.session, key, FORCED_LOOKBACK).await {
-            Ok(records) => records.iter().any(|r| r.removed_token == Some(token)),
+            Ok(records) => forced_release_of(&records, st.tracker.token()),
             Err(e) => {
                 tracing::debug!(backend = BACKEND, key = %key, error = %e, "could not read the audit records after a release found its node gone");
                 false

@@ -57,7 +57,7 @@ pub use crate::local_waiters::{in_turn, LocalWaiters, Turn};
 pub use crate::opening::SharedOpening;
 pub use crate::options::{duration_in_range, parse_millis};
 pub use crate::outcome::{resend, Delivery, Op, SendAgain};
-pub use crate::records::{HolderRecord, StoredAudit};
+pub use crate::records::{forced_release_of, HolderRecord, StoredAudit, FORCED_LOOKBACK};
 pub use crate::secret::Secret;
 pub use crate::tls::{read_pem, server_name, PemKind, TlsFiles, TlsRefusal};
 pub use crate::tokens::{NativeToken, TokenAdmission};

@@ -101,6 +101,18 @@ impl HolderRecord {
     }
 }
 
+/// How many of a key's newest audit records a release reads when, sent again after its first
+/// send's answer was lost, it finds its lock gone ([`forced_release_of`]).
+pub const FORCED_LOOKBACK: usize = 8;
+
+/// Whether `records` (a key's newest audit records) show a force-release that removed the lock
+/// of `token`. A release sent again after its first send's answer was lost, finding its lock
+/// gone, cannot otherwise tell an operator's force-release (its lease is `Lost(Revoked)`) from
+/// its own first send (released); a force-release records the token it removed.
+pub fn forced_release_of(records: &[AuditRecord], token: Token) -> bool {
+    records.iter().any(|r| r.removed_token == Some(token))
+}
+
 /// One forced release as an audit trail stores it:
 /// `{"key":"…","actor":"…","reason":"…","removed_token":…,"removed_owner":"…","at_ms":…}`.
 ///
