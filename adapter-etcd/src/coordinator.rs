@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::Client;
-use lease_core::adapter::{DelayedStarts, Op, StoredAudit, TokenAdmission};
+use lease_core::adapter::{DelayedStarts, TokenAdmission};
 use lease_core::{Capabilities, LockKey, OwnerId, Result};
 
 use crate::client::client_for;
@@ -15,7 +15,7 @@ use crate::coalesce::Txns;
 use crate::config::EtcdConfig;
 use crate::confirm::Confirmer;
 use crate::core::{Handle, Inner};
-use crate::error::{retry_unapplied, BACKEND};
+use crate::error::BACKEND;
 use crate::keys;
 use crate::lease::GUARD_DELAY;
 use crate::session::Cleaner;
@@ -119,25 +119,6 @@ impl EtcdCoordinator {
     /// The configuration.
     pub fn config(&self) -> &EtcdConfig {
         &self.inner.handle.config
-    }
-
-    /// The audit key's mod revision (0 when it does not exist) and its records, oldest first.
-    pub(crate) async fn read_audit(
-        &self,
-        audit_key: &str,
-        operation: &'static str,
-    ) -> Result<(i64, Vec<StoredAudit>)> {
-        let client = &self.inner.handle.client;
-        let mut got = retry_unapplied(self.inner.timeout(), || {
-            let mut c = client.clone();
-            async move { c.get(audit_key, None).await }
-        })
-        .await
-        .map_err(|f| f.into_error(Op::read(operation)))?;
-        Ok(match got.take_kvs().into_iter().next() {
-            Some(kv) => (kv.mod_revision(), StoredAudit::parse_trail(kv.value())),
-            None => (0, Vec::new()),
-        })
     }
 
     /// The etcd key range holding `key`'s holder and waiters (see [`crate::keys`]).

@@ -6,12 +6,13 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use etcd_client::Client;
-use lease_core::adapter::{DelayedStarts, SharedOpening, TokenAdmission};
-use lease_core::{Capabilities, OwnerId};
+use lease_core::adapter::{DelayedStarts, Op, SharedOpening, StoredAudit, TokenAdmission};
+use lease_core::{Capabilities, OwnerId, Result};
 
 use crate::coalesce::Txns;
 use crate::config::EtcdConfig;
 use crate::confirm::Confirmer;
+use crate::error::retry_unapplied;
 use crate::keys::Slots;
 use crate::session::{Cleaner, Session};
 use crate::watch::Watcher;
@@ -29,6 +30,27 @@ pub(crate) struct Handle {
     pub(crate) txns: Txns,
     /// The guardians of leases still held a moment after their grant (`lease.rs`).
     pub(crate) guardians: DelayedStarts,
+}
+
+impl Handle {
+    /// The audit key's mod revision (0 when it does not exist) and its records, oldest first.
+    pub(crate) async fn read_audit(
+        &self,
+        audit_key: &str,
+        operation: &'static str,
+    ) -> Result<(i64, Vec<StoredAudit>)> {
+        let client = &self.client;
+        let mut got = retry_unapplied(self.config.request_timeout(), || {
+            let mut c = client.clone();
+            async move { c.get(audit_key, None).await }
+        })
+        .await
+        .map_err(|f| f.into_error(Op::read(operation)))?;
+        Ok(match got.take_kvs().into_iter().next() {
+            Some(kv) => (kv.mod_revision(), StoredAudit::parse_trail(kv.value())),
+            None => (0, Vec::new()),
+        })
+    }
 }
 
 /// What a coordinator shares with its acquire recipe and operator actions.

@@ -8,13 +8,15 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
-use lease_core::adapter::{Backoff, LeaseTracker, Op};
+use lease_core::adapter::{
+    forced_release_of, Backoff, LeaseTracker, Op, StoredAudit, FORCED_LOOKBACK,
+};
 use lease_core::{Lease, LeaseState, LeaseStatus, LostReason, Result};
 use tokio::time::Instant;
 
 use crate::core::Handle;
-use crate::error::{retry_resendable, retry_unapplied};
-use crate::keys::Slot;
+use crate::error::{retry_resendable, retry_unapplied, BACKEND};
+use crate::keys::{self, Slot};
 use crate::session::{Cleanup, Session, Unconfirmed};
 use crate::watch::Seen;
 
@@ -31,9 +33,11 @@ pub(crate) struct LeaseShared {
     revision: i64,
     /// Set once the key is deleted or its deletion is queued (so it happens once).
     retired: AtomicBool,
-    /// Set when `release` sends its delete: the deletion the guardian then sees is ours, not
-    /// news about the session.
+    /// Set while `release` runs: the deletion the guardian then sees is its to judge (its own
+    /// delete, or an operator's force-release), not news about the session.
     releasing: AtomicBool,
+    /// Set once the guardian saw our key deleted.
+    deleted: AtomicBool,
 }
 
 impl LeaseShared {
@@ -115,6 +119,7 @@ impl EtcdLease {
             revision,
             retired: AtomicBool::new(false),
             releasing: AtomicBool::new(false),
+            deleted: AtomicBool::new(false),
         });
         // Registered now, so that the session's end reaches the lease from the start; the
         // guardian starts a moment later, unless the lease is over and its key gone by then.
@@ -146,6 +151,25 @@ impl EtcdLease {
 
     fn lost_now(&self, reason: LostReason) -> lease_core::Error {
         self.tracker.lose(reason)
+    }
+
+    /// Whether a force-release removed our key, as its audit record says
+    /// ([`forced_release_of`]). A read that fails says no (the release is then taken for done,
+    /// as before).
+    async fn forced(&self) -> bool {
+        let handle = &self.shared.handle;
+        let key = self.tracker.key();
+        let audit_key = keys::audit_key(handle.config.key_prefix(), key);
+        match handle.read_audit(&audit_key, "release").await {
+            Ok((_, trail)) => forced_release_of(
+                &StoredAudit::newest_first(&trail, key, FORCED_LOOKBACK),
+                self.tracker.token(),
+            ),
+            Err(e) => {
+                tracing::debug!(backend = BACKEND, key = %key, error = %e, "could not read the audit record after a release found its key gone");
+                false
+            }
+        }
     }
 }
 
@@ -223,6 +247,40 @@ impl Lease for EtcdLease {
             return Err(self.tracker.lost_error(reason));
         }
         self.shared.releasing.store(true, Ordering::SeqCst);
+        let mut unfinished = ReleaseGuard {
+            lease: self,
+            armed: true,
+        };
+        let result = self.release_key().await;
+        unfinished.armed = false;
+        result
+    }
+}
+
+/// Clears `releasing` when the release future is dropped before it ended (a later deletion of
+/// the key is then revoked), and marks the lease released if the guardian saw the key deleted
+/// meanwhile (by the release's delete, as far as anyone can tell; the guardian left the reason
+/// to the release).
+struct ReleaseGuard<'a> {
+    lease: &'a EtcdLease,
+    armed: bool,
+}
+
+impl Drop for ReleaseGuard<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            let shared = &self.lease.shared;
+            shared.releasing.store(false, Ordering::SeqCst);
+            if shared.deleted.load(Ordering::SeqCst) {
+                self.lease.tracker.mark_lost(LostReason::Released);
+            }
+        }
+    }
+}
+
+impl EtcdLease {
+    /// The body of `release`, once `releasing` is set.
+    async fn release_key(&self) -> Result<()> {
         let key = self.shared.key.clone();
         let txn = Txn::new()
             .when([Compare::create_revision(
@@ -248,19 +306,17 @@ impl Lease for EtcdLease {
             }
             // An earlier send in doubt deleted it, unless the session ended meanwhile (its keys
             // go with it; our validity, which the session bounds, has not passed) or an
-            // operator deleted it within the same moment (a force-release leaves its audit
-            // record, and the lock is free either way).
-            Ok(_)
-                if in_doubt
-                    && self
-                        .tracker
-                        .released_by_earlier_send(self.shared.session.dead_reason().is_some()) =>
-            {
-                self.shared.gone();
-                Ok(())
-            }
+            // operator's force-release removed it (its audit record names our token).
             Ok(_) => {
                 self.shared.gone();
+                if in_doubt
+                    && !self.forced().await
+                    && self
+                        .tracker
+                        .released_by_earlier_send(self.shared.session.dead_reason().is_some())
+                {
+                    return Ok(());
+                }
                 Err(self.lost_now(self.shared.vanished_reason()))
             }
             Err(f) => {
@@ -367,16 +423,18 @@ async fn guard(shared: Arc<LeaseShared>, tracker: LeaseTracker, mut from: i64, s
             tracker.mark_lost(reason);
             shared.retire();
         }
-        Watched::Deleted if shared.releasing.load(Ordering::SeqCst) => {
-            // Our own release's delete, seen before its answer: released, nothing to probe.
-            shared.gone();
-            tracker.mark_lost(LostReason::Released);
-        }
         Watched::Deleted => {
             shared.gone();
-            // If the session lease was revoked, this makes the session find out now.
-            shared.session.probe();
-            tracker.mark_lost(shared.vanished_reason());
+            // Before `releasing` is read, as `ReleaseGuard` writes `releasing` before it reads
+            // this: of the two, at least one sees the other's write.
+            shared.deleted.store(true, Ordering::SeqCst);
+            // While a release runs it judges the deletion: its own delete, seen before its
+            // answer, or an operator's, which it tells apart by the audit record.
+            if !shared.releasing.load(Ordering::SeqCst) {
+                // If the session lease was revoked, this makes the session find out now.
+                shared.session.probe();
+                tracker.mark_lost(shared.vanished_reason());
+            }
         }
     }
     shared.session.unregister(slot);

@@ -77,7 +77,11 @@ impl EtcdCoordinator {
                 return Ok(None);
             };
             let audit_key = keys::audit_key(&prefix, key);
-            let (audit_rev, trail) = self.read_audit(&audit_key, "force_release").await?;
+            let (audit_rev, trail) = self
+                .inner
+                .handle
+                .read_audit(&audit_key, "force_release")
+                .await?;
             let trail = StoredAudit::new(request, Some(&info)).appended_to(trail);
             let txn = Txn::new()
                 .when([
@@ -114,7 +118,11 @@ impl EtcdCoordinator {
     ) -> Result<Vec<AuditRecord>> {
         let limit = AuditRecord::check_limit(limit)?;
         let audit_key = keys::audit_key(self.config().key_prefix(), key);
-        let (_, trail) = self.read_audit(&audit_key, "audit_trail").await?;
+        let (_, trail) = self
+            .inner
+            .handle
+            .read_audit(&audit_key, "audit_trail")
+            .await?;
         Ok(StoredAudit::newest_first(&trail, key, limit))
     }
 }
