@@ -525,6 +525,7 @@ impl ConsulCoordinator {
         let shared = Arc::new(LeaseShared::new(
             fresh_id(),
             kv_key.to_owned(),
+            inner.config.audit_key(key),
             tracker,
             own_until,
             session.clone(),

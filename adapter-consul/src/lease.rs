@@ -5,7 +5,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
-use lease_core::adapter::{spawn_guardian, CleanupFailures, LeaseTracker, Op};
+use lease_core::adapter::{
+    forced_release_of, spawn_guardian, CleanupFailures, LeaseTracker, Op, StoredAudit,
+    FORCED_LOOKBACK,
+};
 use lease_core::{Error, Lease, LeaseState, LeaseStatus, LockKey, LostReason, Result, Token};
 use tokio::time::Instant;
 
@@ -28,6 +31,8 @@ pub(crate) enum Released {
 pub(crate) struct LeaseShared {
     pub(crate) id: u64,
     pub(crate) kv_key: String,
+    /// The key of the lock's audit trail, where a force-release records the token it removed.
+    audit_key: String,
     pub(crate) token: Token,
     pub(crate) tracker: LeaseTracker,
     pub(crate) session: Arc<Session>,
@@ -56,6 +61,7 @@ impl LeaseShared {
     pub(crate) fn new(
         id: u64,
         kv_key: String,
+        audit_key: String,
         tracker: LeaseTracker,
         own_until: Instant,
         session: Arc<Session>,
@@ -68,6 +74,7 @@ impl LeaseShared {
         LeaseShared {
             id,
             kv_key,
+            audit_key,
             token: tracker.token(),
             own_until: Mutex::new(own_until),
             tracker,
@@ -240,8 +247,10 @@ impl LeaseShared {
             }
             self.resolved.store(true, Ordering::SeqCst);
             // The earlier send deleted it, unless the session ended meanwhile (its locks go
-            // with it) or the lease was already lost.
+            // with it), the lease was already lost, or an operator's force-release removed it
+            // (its audit record names our token).
             if in_doubt
+                && !self.forced(operation).await
                 && self
                     .tracker
                     .released_by_earlier_send(self.session.is_ended())
@@ -250,6 +259,31 @@ impl LeaseShared {
             }
             let missing = read_missing || errors.iter().any(|e| e.contains("doesn't exist"));
             return Ok(Released::NotOurs(self.reason_gone(missing)));
+        }
+    }
+}
+
+impl LeaseShared {
+    /// Whether a force-release removed our key, as its audit record says
+    /// ([`forced_release_of`]; one `?consistent` read). A read that fails says no (the release
+    /// is then taken for done, as before).
+    async fn forced(&self, operation: &'static str) -> bool {
+        match self
+            .http
+            .kv_get(&self.audit_key, true, None, operation)
+            .await
+        {
+            Ok((_, entry)) => {
+                let trail = entry
+                    .map(|e| StoredAudit::parse_trail(&e.value_bytes()))
+                    .unwrap_or_default();
+                let newest = StoredAudit::newest_first(&trail, self.tracker.key(), FORCED_LOOKBACK);
+                forced_release_of(&newest, self.token)
+            }
+            Err(e) => {
+                tracing::debug!(backend = BACKEND, key = %self.kv_key, error = %e, "could not read the audit record after a release found its key gone");
+                false
+            }
         }
     }
 }
