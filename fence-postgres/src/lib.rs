@@ -13,7 +13,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use deadpool_postgres::{
-    Manager, ManagerConfig, Object, ObjectId, Pool, PoolError, RecyclingMethod, Runtime,
+    ClientWrapper, Manager, ManagerConfig, Object, ObjectId, Pool, PoolError, RecyclingMethod,
+    Runtime,
 };
 use lease_core::{
     Accepted, Bytes, Error, Fence, FencedValue, InvalidInput, ResourceId, Result, Token,
@@ -21,7 +22,6 @@ use lease_core::{
 use tokio::sync::OnceCell;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, GenericClient, Transaction};
-use tokio_postgres_rustls::MakeRustlsConnect;
 
 mod options;
 mod recipes;
@@ -683,9 +683,10 @@ impl FencedTable {
 ///   commits a transaction of its own that, with synchronous standbys configured, writes WAL
 ///   (a logical decoding message: `pg_logical_emit_message` must not be revoked from the role),
 ///   waiting for them as the fence's writes do, within one more `timeout_ms`: once it returns,
-///   they have the ended one too. If it does not return in time, its wait is cancelled and the
-///   message says that no synchronous standby confirmed it: write again under a new token rather
-///   than re-read.
+///   they have the ended one too. If it does not return in time, its session is ended in the
+///   background (a session waiting for a standby that is down keeps its transaction open) and
+///   the message says that no synchronous standby confirmed it: write again under a new token
+///   rather than re-read.
 /// - Values are at most [`MAX_VALUE_BYTES`]; a longer one is `InvalidInput`, nothing sent.
 /// - Connections: up to `pool_size` ([`DEFAULT_POOL_SIZE`] by default) at once for the fence's
 ///   own operations (plus up to two, each opened for one termination and then closed, that end
@@ -702,7 +703,7 @@ pub struct PgFence {
     /// When `end_unknown_sessions` is on: what ends the server session of an unknown write
     /// (never through the fence's own pool, see [`end_session`]), and the session of each of
     /// the fence's own connections.
-    sessions: Option<Arc<(Ender, Sessions)>>,
+    sessions: Option<Arc<(Pool, Sessions)>>,
     timeout: Duration,
     pool_size: usize,
     ssl_mode: SslMode,
@@ -908,15 +909,9 @@ impl PgFence {
         let fence = PgFence {
             own,
             pool: lent,
-            sessions: o.end_unknown_sessions.then(|| {
-                Arc::new((
-                    Ender {
-                        pool: ends,
-                        tls: tls.clone(),
-                    },
-                    Sessions::default(),
-                ))
-            }),
+            sessions: o
+                .end_unknown_sessions
+                .then(|| Arc::new((ends, Sessions::default()))),
             timeout: o.timeout,
             pool_size: o.pool_size,
             ssl_mode: o.ssl_mode,
@@ -1076,11 +1071,11 @@ impl PgFence {
             }
         };
         drop(held);
-        let Some((ender, session, timeout)) = unsettled.end.take() else {
+        let Some((pool, session, timeout)) = unsettled.end.take() else {
             return Err(error);
         };
         // In a task of its own, so that it finishes even if this future is dropped meanwhile.
-        let ended = tokio::spawn(end_session(ender, session, timeout))
+        let ended = tokio::spawn(end_session(pool, session, timeout))
             .await
             .unwrap_or_else(|e| Err(NotEnded::Failed(format!("the task ending it failed: {e}"))));
         Err(session_note(error, ended))
@@ -1204,13 +1199,13 @@ impl Sessions {
 /// What [`PgFence::run`] has to do if its future is dropped: end the session of a connection
 /// whose `COMMIT` may have been sent.
 struct Unsettled<'a> {
-    end: Option<(Ender, Session, Duration)>,
+    end: Option<(Pool, Session, Duration)>,
     committing: &'a AtomicBool,
 }
 
 impl Drop for Unsettled<'_> {
     fn drop(&mut self) {
-        let Some((ender, session, timeout)) = self.end.take() else {
+        let Some((pool, session, timeout)) = self.end.take() else {
             return;
         };
         if !self.committing.load(Ordering::SeqCst) {
@@ -1218,7 +1213,7 @@ impl Drop for Unsettled<'_> {
         }
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
-                match end_session(ender, session.clone(), timeout).await {
+                match end_session(pool, session.clone(), timeout).await {
                     Ok(Ended::Replicated) => {}
                     Ok(Ended::Unreplicated(why)) => tracing::warn!(
                         backend = BACKEND,
@@ -1236,14 +1231,6 @@ impl Drop for Unsettled<'_> {
             });
         }
     }
-}
-
-/// What ends the server session of an unknown write: a pool of its own (see [`end_session`])
-/// and the TLS setup, for the cancel request [`settle`] may send.
-#[derive(Clone)]
-struct Ender {
-    pool: Pool,
-    tls: MakeRustlsConnect,
 }
 
 /// How [`end_session`] ended a session.
@@ -1299,9 +1286,28 @@ const REMAINS: &str = concat!(
     " = $2)"
 );
 
+/// Ends `session` ([`terminate`]) and then, on the same connection, [`settle`]s: a session ended
+/// while its `COMMIT` waited for a synchronous standby has committed on the primary (a read
+/// there sees it) without the standby's word.
+async fn end_session(pool: Pool, session: Session, timeout: Duration) -> Result<Ended, NotEnded> {
+    let (ended, client) = terminate(&pool, &session, timeout).await;
+    ended?;
+    let Some(client) = client else {
+        return Ok(Ended::Unreplicated(
+            "no connection was left to make a commit after it".into(),
+        ));
+    };
+    Ok(match settle(&client, &pool, timeout).await {
+        Ok(()) => Ended::Replicated,
+        Err(why) => Ended::Unreplicated(why),
+    })
+}
+
 /// Ends `session` (`pg_terminate_backend`) and waits until it is gone, all within `timeout`
 /// (the wait for a connection of `pool` included). Once it is gone nothing sent on it can
 /// commit any more. Allowed for a session of the same role; a session already gone is fine.
+/// Also returns the connection it used, taken out of the pool (closed when dropped, never
+/// returned).
 ///
 /// `pool` must not be the fence's own: when a write's outcome is unknown its session may still
 /// hold the row lock that the fence's other connections are all waiting on. The connection is
@@ -1312,19 +1318,18 @@ const REMAINS: &str = concat!(
 /// A connection that reached another server than the session's (a multi-host URL), or a
 /// server that restarted since, cannot tell whether the session is gone: that is
 /// [`NotEnded::ServerChanged`], never taken for "gone".
-///
-/// Once it is gone, the same connection [`settle`]s, within one more `timeout`: a session ended
-/// while its `COMMIT` waited for a synchronous standby has committed on the primary (a read
-/// there sees it) without the standby's word.
-async fn end_session(ender: Ender, session: Session, timeout: Duration) -> Result<Ended, NotEnded> {
-    let Ender { pool, tls } = ender;
+async fn terminate(
+    pool: &Pool,
+    session: &Session,
+    timeout: Duration,
+) -> (Result<(), NotEnded>, Option<ClientWrapper>) {
     let params: [(&(dyn ToSql + Sync), Type); 3] = [
         (&session.pid, Type::INT4),
         (&session.started, Type::INT8),
         (&session.server_started, Type::INT8),
     ];
     let failed = |e: tokio_postgres::Error| NotEnded::Failed(chain(&e));
-    // Held out here so that the connection is closed however this ends.
+    // Held out here so that the connection leaves the pool however this ends.
     let mut held: Option<Object> = None;
     let ended = tokio::time::timeout(timeout, async {
         let client = held.insert(
@@ -1358,73 +1363,82 @@ async fn end_session(ender: Ender, session: Session, timeout: Duration) -> Resul
     })
     .await
     .unwrap_or_else(|_| Err(NotEnded::Failed(format!("not gone within {timeout:?}"))));
-    // Out of the pool now (it is closed when dropped, as every ending connection is): the wait
-    // below may take a whole `timeout` (a synchronous standby that is down), and the pool's
-    // connections must stay free to end the sessions of other unknown writes meanwhile.
-    let client = held.take().map(Object::take);
-    match (ended, client) {
-        (Ok(()), Some(client)) => Ok(match settle(&client, &tls, timeout).await {
-            Ok(()) => Ended::Replicated,
-            Err(why) => Ended::Unreplicated(why),
-        }),
-        (Ok(()), None) => Ok(Ended::Unreplicated(
-            "no connection was left to make a commit after it".into(),
-        )),
-        (Err(why), _) => Err(why),
-    }
+    // Out of the pool now: the caller's settle may take a whole `timeout` (a synchronous
+    // standby that is down), and the pool's connections must stay free to end the sessions of
+    // other unknown writes meanwhile.
+    (ended, held.take().map(Object::take))
 }
 
 /// The transaction [`settle`] commits, in a read-write transaction whatever the role's
 /// defaults, with a commit that waits for the synchronous standbys as the fence's writes do
 /// (`synchronous_commit` raised to `on` from `off`, `local` or `remote_write`; `remote_apply`
-/// kept): when `synchronous_standby_names` names any, a logical decoding message
-/// (`pg_logical_emit_message`, transactional: it writes WAL, which a commit waits for standbys
-/// only after; no table sees it, a logical decoding consumer that asks for messages does, under
-/// the prefix `lease_fence_settle`). Without synchronous standbys it writes nothing and its
-/// commit returns at once.
+/// kept): a logical decoding message (`pg_logical_emit_message`, transactional: it writes WAL,
+/// which a commit waits for standbys only after; no table sees it, a logical decoding consumer
+/// that asks for messages does, under the prefix `lease_fence_settle`).
 const SETTLE: &str = "BEGIN READ WRITE; \
      SELECT set_config('synchronous_commit', 'on', true) \
      WHERE current_setting('synchronous_commit') IN ('off', 'local', 'remote_write'); \
-     SELECT pg_logical_emit_message(true, 'lease_fence_settle', '') \
-     WHERE current_setting('synchronous_standby_names') <> ''; \
+     SELECT pg_logical_emit_message(true, 'lease_fence_settle', ''); \
      COMMIT";
 
-/// How much longer than the client's own bound the server lets [`settle`]'s statements run
-/// (`statement_timeout`), so that a session whose wait the cancel request missed (sent before
-/// the commit arrived, or lost) does not wait for a standby that is down, with its transaction
-/// open, for as long as the standby stays down; and so that the client has given up first: a
-/// wait cut short by that timeout commits all the same, which must not be taken for the
-/// standbys' confirmation.
-const SETTLE_BACKSTOP: Duration = Duration::from_secs(1);
-
-/// Commits [`SETTLE`] on `client` within `timeout`. WAL is ordered, so its commit returns only
-/// once every synchronous standby `synchronous_standby_names` asks for has everything committed
-/// before it. Not within `timeout`: `Err`, and a cancel request (sent with `tls`, in the
-/// background) ends the wait; the server ends it [`SETTLE_BACKSTOP`] later in any case.
-async fn settle(client: &Client, tls: &MakeRustlsConnect, timeout: Duration) -> Result<(), String> {
-    let backstop = format!(
-        "SET statement_timeout = {}",
-        (timeout + SETTLE_BACKSTOP).as_millis()
-    );
-    let commit = async {
-        client.batch_execute(&backstop).await?;
-        client.batch_execute(SETTLE).await
+/// With synchronous standbys configured (`synchronous_standby_names` is not empty), commits
+/// [`SETTLE`] on `client`, within `timeout`. WAL is ordered, so its commit returns only once
+/// every synchronous standby `synchronous_standby_names` asks for has everything committed
+/// before it. Without them there is nothing to wait for. Not within `timeout` (or failed):
+/// `Err`, and the session waiting for the standbys, its transaction open, is ended from `pool`
+/// in the background (a cancel request could arrive before the commit does; the server's
+/// `statement_timeout` is off during a commit).
+async fn settle(client: &Client, pool: &Pool, timeout: Duration) -> Result<(), String> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let late = || {
+        format!(
+            "a commit made after it did not return within {timeout:?} (no synchronous standby \
+             confirmed it)"
+        )
     };
-    match tokio::time::timeout(timeout, commit).await {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(e)) => Err(format!("a commit made after it failed ({})", chain(&e))),
-        Err(_) => {
-            let cancel = client.cancel_token();
-            let tls = tls.clone();
-            tokio::spawn(async move {
-                let _ = tokio::time::timeout(timeout, cancel.cancel_query(tls)).await;
-            });
-            Err(format!(
-                "a commit made after it did not return within {timeout:?} (no synchronous \
-                 standby confirmed it)"
-            ))
+    // Whether there are standbys to wait for and, if so, who this connection is (to end its
+    // session should the wait outlast `timeout`).
+    let found = tokio::time::timeout_at(deadline, async {
+        let names: String = client
+            .query_one("SELECT current_setting('synchronous_standby_names')", &[])
+            .await
+            .and_then(|row| row.try_get(0))
+            .map_err(|e| format!("reading synchronous_standby_names failed ({})", chain(&e)))?;
+        if names.trim().is_empty() {
+            return Ok(None);
         }
-    }
+        Session::of(client)
+            .await
+            .map(Some)
+            .map_err(|e| e.to_string())
+    })
+    .await
+    .unwrap_or_else(|_| Err(late()))?;
+    let Some(me) = found else {
+        return Ok(());
+    };
+    let why = match tokio::time::timeout_at(deadline, client.batch_execute(SETTLE)).await {
+        Ok(Ok(())) => return Ok(()),
+        // Refused (the function revoked, say): nothing waits.
+        Ok(Err(e)) if e.as_db_error().is_some() => {
+            return Err(format!("a commit made after it failed ({})", chain(&e)))
+        }
+        Ok(Err(e)) => format!("a commit made after it failed ({})", chain(&e)),
+        Err(_) => late(),
+    };
+    // The commit may still be waiting for a standby that is down, its transaction open.
+    let pool = pool.clone();
+    tokio::spawn(async move {
+        if let (Err(e), _) = terminate(&pool, &me, timeout).await {
+            tracing::warn!(
+                backend = BACKEND,
+                pid = me.pid,
+                "the session of a commit made to wait for the synchronous standbys could not be \
+                 ended ({e}): it may keep waiting for them, its transaction open"
+            );
+        }
+    });
+    Err(why)
 }
 
 /// `error` (an `OutcomeUnknown`), saying whether its session was ended, and confirmed.
