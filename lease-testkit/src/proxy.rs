@@ -17,7 +17,10 @@
 //! | [`refuse_new`](FaultProxy::refuse_new) | until `heal`, every new connection is reset as soon as it is accepted, never opened upstream; the connections open now carry on in the current mode (a host that went away for new clients: a client with several hosts moves on to the next) |
 //!
 //! **Healing keeps held bytes.** While black-holed the proxy stops reading, so bytes wait in
-//! kernel buffers (and at most one chunk per direction inside the proxy); after `heal()` they are
+//! kernel buffers (the proxy only peeks at a connection before it reads, and reads only while it
+//! forwards: bytes that arrive once it stopped stay in the kernel, where
+//! [`held_request_bytes`](FaultProxy::held_request_bytes) counts them; at most one chunk per
+//! direction read just before the switch stays inside the proxy); after `heal()` they are
 //! delivered, late and in order, like TCP retransmissions after a short partition. Nothing is
 //! dropped silently: to model a partition that outlived the connections, call `cut()` and then
 //! `heal()`.
@@ -540,9 +543,18 @@ async fn pump(
         let mut buf = vec![0u8; 16 * 1024];
         loop {
             forwarding(&mut read_ctl, pumped.serial).await?;
+            // Waits for bytes without taking them: if the connection stopped forwarding
+            // meanwhile, they stay in the kernel's queue (counted by `held_request_bytes`,
+            // discarded by a `cut`) until it forwards again.
+            if from.peek(&mut buf[..1]).await? == 0 {
+                return Ok(()); // drops `tx`: the writer shuts down after the queue drains
+            }
+            if !read_ctl.borrow().forwards(pumped.serial) {
+                continue;
+            }
             let n = from.read(&mut buf).await?;
             if n == 0 {
-                return Ok(()); // drops `tx`: the writer shuts down after the queue drains
+                return Ok(());
             }
             cut(&read_ctl)?;
             let (mode, discards) = {
