@@ -7,7 +7,6 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use lease_core::adapter::{
     forced_release_of, spawn_guardian, CleanupFailures, LeaseTracker, Op, StoredAudit,
-    FORCED_LOOKBACK,
 };
 use lease_core::{Error, Lease, LeaseState, LeaseStatus, LockKey, LostReason, Result, Token};
 use tokio::time::Instant;
@@ -245,17 +244,22 @@ impl LeaseShared {
                     continue;
                 }
             }
+            let answered = Instant::now();
             self.resolved.store(true, Ordering::SeqCst);
             // The earlier send deleted it, unless the session ended meanwhile (its locks go
             // with it), the lease was already lost, or an operator's force-release removed it
-            // (its audit record names our token).
+            // (its audit record names our token: revoked, whoever locked the key since).
+            let forced = in_doubt && self.forced(operation).await;
             if in_doubt
-                && !self.forced(operation).await
+                && !forced
                 && self
                     .tracker
-                    .released_by_earlier_send(self.session.is_ended())
+                    .released_by_earlier_send(self.session.is_ended(), answered)
             {
                 return Ok(Released::Deleted);
+            }
+            if forced && !self.session.is_ended() {
+                return Ok(Released::NotOurs(LostReason::Revoked));
             }
             let missing = read_missing || errors.iter().any(|e| e.contains("doesn't exist"));
             return Ok(Released::NotOurs(self.reason_gone(missing)));
@@ -274,11 +278,12 @@ impl LeaseShared {
             .await
         {
             Ok((_, entry)) => {
+                // The whole trail, read anyway (at most `AuditRecord::MAX_LIMIT` records).
                 let trail = entry
                     .map(|e| StoredAudit::parse_trail(&e.value_bytes()))
                     .unwrap_or_default();
-                let newest = StoredAudit::newest_first(&trail, self.tracker.key(), FORCED_LOOKBACK);
-                forced_release_of(&newest, self.token)
+                let all = StoredAudit::newest_first(&trail, self.tracker.key(), trail.len());
+                forced_release_of(&all, self.token)
             }
             Err(e) => {
                 tracing::debug!(backend = BACKEND, key = %self.kv_key, error = %e, "could not read the audit record after a release found its key gone");
@@ -471,6 +476,37 @@ impl Lease for ConsulLease {
         if s.releasing.swap(true, Ordering::SeqCst) {
             return Err(s.tracker.lost_error(LostReason::Released));
         }
+        // A release dropped before it ends (a caller's timeout around it) ends the lease as a
+        // failed one does: `releasing` stays set, so no later news of the key would.
+        let mut unfinished = ReleaseGuard {
+            shared: s,
+            armed: true,
+        };
+        let result = self.release_key().await;
+        unfinished.armed = false;
+        result
+    }
+}
+
+/// Marks the lease released when its release future is dropped before it ended: the guardian,
+/// woken by the loss, deletes the key if it is still ours.
+struct ReleaseGuard<'a> {
+    shared: &'a LeaseShared,
+    armed: bool,
+}
+
+impl Drop for ReleaseGuard<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.shared.tracker.mark_lost(LostReason::Released);
+        }
+    }
+}
+
+impl ConsulLease {
+    /// The body of `release`, once `releasing` is set.
+    async fn release_key(&self) -> Result<()> {
+        let s = &self.shared;
         match s.release_on_server("release").await {
             Ok(Released::Deleted) => {
                 s.tracker.mark_lost(LostReason::Released);

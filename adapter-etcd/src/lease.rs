@@ -8,9 +8,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
-use lease_core::adapter::{
-    forced_release_of, Backoff, LeaseTracker, Op, StoredAudit, FORCED_LOOKBACK,
-};
+use lease_core::adapter::{forced_release_of, Backoff, LeaseTracker, Op, StoredAudit};
 use lease_core::{Lease, LeaseState, LeaseStatus, LostReason, Result};
 use tokio::time::Instant;
 
@@ -161,8 +159,9 @@ impl EtcdLease {
         let key = self.tracker.key();
         let audit_key = keys::audit_key(handle.config.key_prefix(), key);
         match handle.read_audit(&audit_key, "release").await {
+            // The whole trail, read anyway (at most `AuditRecord::MAX_LIMIT` records).
             Ok((_, trail)) => forced_release_of(
-                &StoredAudit::newest_first(&trail, key, FORCED_LOOKBACK),
+                &StoredAudit::newest_first(&trail, key, trail.len()),
                 self.tracker.token(),
             ),
             Err(e) => {
@@ -308,12 +307,17 @@ impl EtcdLease {
             // go with it; our validity, which the session bounds, has not passed) or an
             // operator's force-release removed it (its audit record names our token).
             Ok(_) => {
+                let answered = Instant::now();
                 self.shared.gone();
+                // A release dropped while the audit trail is read counts the key's deletion as
+                // its own (`ReleaseGuard`), as the guardian would have.
+                self.shared.deleted.store(true, Ordering::SeqCst);
                 if in_doubt
                     && !self.forced().await
-                    && self
-                        .tracker
-                        .released_by_earlier_send(self.shared.session.dead_reason().is_some())
+                    && self.tracker.released_by_earlier_send(
+                        self.shared.session.dead_reason().is_some(),
+                        answered,
+                    )
                 {
                     return Ok(());
                 }

@@ -117,7 +117,12 @@ impl Lease for RedisLease {
         }
         // Sent again after its connection dropped, and the lock is not ours: the first send
         // deleted it, unless a force-release record names this lease (`-2`).
-        if code == 1 || (resent && self.tracker.released_by_earlier_send(code == -2)) {
+        if code == 1
+            || (resent
+                && self
+                    .tracker
+                    .released_by_earlier_send(code == -2, Instant::now()))
+        {
             self.tracker.mark_lost(LostReason::Released);
             Ok(())
         } else {

@@ -387,7 +387,7 @@ impl SessionLease for LeaseState {
 ///   acquisition, so it can never name another holder's node). A delete whose connection was
 ///   lost is sent again once the session is connected again, and a resend that finds the node
 ///   gone while the lease was valid and the session alive reports `Ok` (the first send deleted
-///   it).
+///   it), unless a force-release's audit record names our token (`Lost(Revoked)`).
 /// - Dropping it releases best-effort: a background task deletes the node (and in any case the
 ///   session's end removes it).
 pub struct ZkLease {
@@ -590,13 +590,16 @@ impl ZkLease {
                 Ok(())
             }
             Err(Some(ZkError::NoNode)) => {
+                let answered = Instant::now();
                 st.node_gone.store(true, Ordering::SeqCst);
                 // Deleted by an earlier send whose answer was lost, or else not by us: revoked
                 // (or expired by our own guardian, whose reason was recorded first). A
                 // force-release says so in its audit record.
                 if in_doubt
                     && !self.forced().await
-                    && st.tracker.released_by_earlier_send(s.is_terminated())
+                    && st
+                        .tracker
+                        .released_by_earlier_send(s.is_terminated(), answered)
                 {
                     return Ok(());
                 }

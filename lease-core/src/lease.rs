@@ -210,19 +210,19 @@ impl LeaseTracker {
     /// ([`crate::adapter::resend`]) and whose resend found the lock no longer this lease's (gone,
     /// or another holder's). The earlier send deleted it, unless something is known to have
     /// ended the lease first (`known_ended`: a force-release record naming this lease, the end of
-    /// the session that held it, a loss already recorded) or the lease's validity has passed (the
-    /// server may have expired it). Then the lease is marked released and this returns true: the
-    /// release succeeded. Otherwise it returns false and changes nothing; the caller reports the
-    /// loss it knows of.
+    /// the session that held it, a loss already recorded) or the lease's validity had passed when
+    /// the resend's answer came (`answered`: the server may have expired it). Then the lease is
+    /// marked released and this returns true: the release succeeded. Otherwise it returns false
+    /// and changes nothing; the caller reports the loss it knows of.
     ///
     /// While the lease was valid nobody else could take the lock unless it was deleted, and
     /// the only delete of this lease's own value that leaves no record is its own release.
-    pub fn released_by_earlier_send(&self, known_ended: bool) -> bool {
+    pub fn released_by_earlier_send(&self, known_ended: bool, answered: Instant) -> bool {
         let lost_otherwise = matches!(
             self.status(),
             LeaseStatus::Lost(reason) if reason != LostReason::Released
         );
-        if known_ended || lost_otherwise || Instant::now() >= self.valid_until() {
+        if known_ended || lost_otherwise || answered >= self.valid_until() {
             return false;
         }
         self.mark_lost(LostReason::Released);
@@ -704,21 +704,21 @@ mod tests {
     async fn a_resent_release_is_released_only_while_valid_and_nothing_else_ended_it() {
         // Valid, nothing known: the earlier send deleted it.
         let t = tracker(Duration::from_secs(10));
-        assert!(t.released_by_earlier_send(false));
+        assert!(t.released_by_earlier_send(false, Instant::now()));
         assert_eq!(t.status(), LeaseStatus::Lost(LostReason::Released));
         // Something known ended it (a revocation record, the session's end).
         let t = tracker(Duration::from_secs(10));
-        assert!(!t.released_by_earlier_send(true));
+        assert!(!t.released_by_earlier_send(true, Instant::now()));
         assert_eq!(t.status(), LeaseStatus::Held);
         // A loss already recorded wins.
         let t = tracker(Duration::from_secs(10));
         t.mark_lost(LostReason::Revoked);
-        assert!(!t.released_by_earlier_send(false));
+        assert!(!t.released_by_earlier_send(false, Instant::now()));
         assert_eq!(t.status(), LeaseStatus::Lost(LostReason::Revoked));
         // Past its validity the server may have expired it.
         let t = tracker(Duration::from_secs(10));
         tokio::time::sleep(Duration::from_secs(10)).await;
-        assert!(!t.released_by_earlier_send(false));
+        assert!(!t.released_by_earlier_send(false, Instant::now()));
         assert_eq!(t.status(), LeaseStatus::Lost(LostReason::Expired));
     }
 

@@ -102,7 +102,8 @@ impl HolderRecord {
 }
 
 /// How many of a key's newest audit records a release reads when, sent again after its first
-/// send's answer was lost, it finds its lock gone ([`forced_release_of`]).
+/// send's answer was lost, it finds its lock gone ([`forced_release_of`]), on a backend that
+/// reads records one by one (ZooKeeper's audit nodes); a trail kept in one value is read whole.
 pub const FORCED_LOOKBACK: usize = 8;
 
 /// Whether `records` (a key's newest audit records) show a force-release that removed the lock
