@@ -16,9 +16,7 @@ use conformance_tests::contend::{concurrent_try_acquires, one_holder_across};
 use conformance_tests::proxy::FaultProxy;
 use conformance_tests::status::{sample_until_lost, Sampled};
 use conformance_tests::subjects::consul::consul_http;
-use lease_core::{
-    Coordinator, Error, ForceRelease, Lease, LeaseOptions, LeaseStatus, LockKey, LostReason,
-};
+use lease_core::{Coordinator, Error, Lease, LeaseOptions, LeaseStatus, LockKey};
 use serde_json::{json, Value};
 use tokio::time::Instant;
 
@@ -826,73 +824,6 @@ async fn resends_that_all_applied_end_in_a_lease_not_an_error() {
         .map(|h| h.token);
     assert_eq!(shown, Some(lease.token()));
     lease.release().await.unwrap();
-}
-
-/// A release whose first delete got no answer (its connection was reset) and that, sent again,
-/// finds its key gone reports `Lost(Revoked)` when a force-release removed the key in between,
-/// as the force-release's audit record says. Before, it was taken for the first send's doing,
-/// and the release reported `Ok`. The first delete is held in the proxy (a blackhole: the client
-/// may send it on a connection of its pool or on a new one) and dropped with its connection, so
-/// it never reaches the agent. (Sessions of 30 s: no renewal is sent, and held, while the test
-/// waits for the delete.)
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_release_sent_again_after_a_force_release_reports_revoked() {
-    let s = standin();
-    let proxy = FaultProxy::start(s.addr()).await.unwrap();
-    let prefix = format!("t{:08x}", rand::random::<u32>());
-    let at = |addr| {
-        format!(
-            "consul://{addr}?token={TOKEN}&session_ttl_ms=30000&request_timeout_ms=5000&key_prefix={prefix}"
-        )
-    };
-    let through = client(&at(proxy.addr())).await;
-    let operator = client(&at(s.addr())).await;
-    let k = key("revoked-release");
-    let lease = through
-        .try_acquire(&k, &LeaseOptions::new(Duration::from_secs(30)))
-        .await
-        .unwrap();
-    let token = lease.token();
-    proxy.blackhole();
-    let release = tokio::spawn(async move {
-        let result = lease.release().await;
-        (result, lease.status())
-    });
-    // The delete is held in the proxy.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while proxy.held_request_bytes().unwrap() < 40 {
-        assert!(
-            Instant::now() < deadline,
-            "the delete never reached the proxy"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    let removed = operator
-        .force_release(
-            &k,
-            &ForceRelease::new("ops", "revoked while its holder released").unwrap(),
-        )
-        .await
-        .unwrap();
-    assert_eq!(removed.map(|h| h.token), Some(token));
-    // The held delete goes with its connection; the client sends it again on a new one.
-    proxy.cut();
-    proxy.heal();
-    let (result, status) = tokio::time::timeout(Duration::from_secs(20), release)
-        .await
-        .expect("the release never returned")
-        .unwrap();
-    assert!(
-        matches!(
-            result,
-            Err(Error::Lost {
-                reason: LostReason::Revoked,
-                ..
-            })
-        ),
-        "{result:?}"
-    );
-    assert_eq!(status, LeaseStatus::Lost(LostReason::Revoked));
 }
 
 /// A key that exists before the lock (an operator's leftover value) is rewritten from outside

@@ -1152,64 +1152,6 @@ async fn a_release_whose_connection_is_reset_after_sending_is_sent_again() {
         .unwrap();
 }
 
-/// A release whose first delete got no answer (its connection was reset) and that, sent again,
-/// finds its key gone reports `Lost(Revoked)` when a force-release removed the key in between,
-/// as the force-release's audit record says. Before, it was taken for the first send's doing,
-/// and the release reported `Ok`. The first delete is held in the proxy (its connection
-/// stalled) and dropped with the connection, so it never reaches etcd.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_release_sent_again_after_a_force_release_reports_revoked() {
-    let Some(server) = server("a_release_sent_again_after_a_force_release").await else {
-        return;
-    };
-    let (proxy, holder, direct) = behind_a_proxy(&server, "revoked-release").await;
-    let k = key("revoked-release");
-    let lease = holder
-        .try_acquire(&k, &LeaseOptions::new(Duration::from_secs(10)))
-        .await
-        .unwrap();
-    let token = lease.token();
-    proxy.stall_open();
-    let release = tokio::spawn(async move {
-        let result = lease.release().await;
-        (result, lease.status())
-    });
-    // The delete is held in the proxy: more bytes than a keepalive's.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while proxy.held_request_bytes().unwrap() < 40 {
-        assert!(
-            Instant::now() < deadline,
-            "the delete never reached the proxy"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    let removed = direct
-        .force_release(
-            &k,
-            &ForceRelease::new("ops", "revoked while its holder released").unwrap(),
-        )
-        .await
-        .unwrap();
-    assert_eq!(removed.map(|h| h.token), Some(token));
-    // The held delete goes with its connection; the client reconnects and sends it again.
-    proxy.cut();
-    let (result, status) = tokio::time::timeout(Duration::from_secs(20), release)
-        .await
-        .expect("the release never returned")
-        .unwrap();
-    assert!(
-        matches!(
-            result,
-            Err(Error::Lost {
-                reason: LostReason::Revoked,
-                ..
-            })
-        ),
-        "{result:?}"
-    );
-    assert_eq!(status, LeaseStatus::Lost(LostReason::Revoked));
-}
-
 /// The same for `try_acquire`: its transaction creates our key, its reply is lost and the
 /// connection reset. Sent again, it finds the lock taken by its own key (the transaction reads
 /// our key when the lock is not free) and returns that lease, with that key's token, instead of

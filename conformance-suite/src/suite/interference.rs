@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use lease_core::{
     keep, Bytes, Coordinator, Error, ForceRelease, KeeperOptions, Lease, LeaseOptions, LeaseStatus,
-    LockKey, Token,
+    LockKey, LostReason, Token,
 };
 use tokio::time::Instant;
 
@@ -28,6 +28,12 @@ pub(super) fn cases() -> Vec<Case> {
             &[Need::Proxy],
             40,
             |c| boxed(release_connection_reset(c)),
+        ),
+        Case::new(
+            "release_sent_again_after_a_force_release",
+            &[Need::Proxy],
+            40,
+            |c| boxed(release_after_force_release(c)),
         ),
         Case::new(
             "try_acquire_connection_reset_after_applied",
@@ -324,6 +330,73 @@ async fn release_connection_reset(ctx: Arc<Ctx>) -> CaseResult {
         next.token()
     );
     next.release().await?;
+    Ok(Verdict::Passed)
+}
+
+/// The release's first send is held in the network (the proxy forwards nothing) while an
+/// operator force-releases the lock; the held send is then dropped with its connection, and the
+/// release, sent again, finds the lock gone. Not its own doing: the lease was revoked, and the
+/// release reports `Lost(Revoked)`, as the force-release's record shows, never `Ok` (which
+/// `release_connection_reset_after_applied` rightly gets when the first send did delete it).
+async fn release_after_force_release(ctx: Arc<Ctx>) -> CaseResult {
+    let (proxy, a) = client_behind_proxy(&ctx).await?;
+    // Warm A up (connections, scripts, sessions) so the release below is one request.
+    a.acquire(&ctx.key("warm-up"), &LeaseOptions::new(ctx.ttl()))
+        .await?
+        .release()
+        .await?;
+    let key = ctx.key("release-forced");
+    let lease = a.acquire(&key, &LeaseOptions::new(ctx.ttl() * 20)).await?;
+    let token = lease.token();
+    let operator = ctx.client().await?;
+    proxy.blackhole();
+    let releasing = tokio::spawn(async move {
+        let outcome = lease.release().await;
+        (outcome, lease.status())
+    });
+    // Until the release's request is held in the proxy: more bytes than a keep-alive's or a
+    // ping's. (A background request held first ends this wait early; the release then goes out
+    // after the force-release, and must report the same.)
+    let held = Instant::now() + ctx.ttl() * 10;
+    while proxy.held_request_bytes()? < 40 {
+        check!(
+            Instant::now() < held,
+            "the release's request never reached the proxy"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let removed = operator
+        .force_release(
+            &key,
+            &ForceRelease::new("conformance", "revoked while its holder released")?,
+        )
+        .await?;
+    check!(
+        removed.as_ref().map(|h| h.token) == Some(token),
+        "the force-release removed {removed:?}, not the holder of token {token}"
+    );
+    // The held request goes with its connection; the client sends it again on a new one.
+    proxy.cut();
+    proxy.heal();
+    let (outcome, status) = tokio::time::timeout(ctx.ttl() * 20, releasing)
+        .await
+        .map_err(|_| Failure("release after a connection reset did not return".into()))?
+        .map_err(|e| Failure(format!("release panicked: {e}")))?;
+    check!(
+        matches!(
+            outcome,
+            Err(Error::Lost {
+                reason: LostReason::Revoked,
+                ..
+            })
+        ),
+        "a release whose lock an operator force-released before its resend returned \
+         {outcome:?}, not Lost(Revoked)"
+    );
+    check!(
+        status == LeaseStatus::Lost(LostReason::Revoked),
+        "the lease reports {status:?} after a force-release, not Lost(Revoked)"
+    );
     Ok(Verdict::Passed)
 }
 
