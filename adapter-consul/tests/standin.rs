@@ -951,6 +951,45 @@ async fn a_release_outrun_by_outside_writes_still_frees_the_key() {
     next.release().await.unwrap();
 }
 
+/// A release whose future is dropped before it ends (a caller's timeout around it) ends the
+/// lease as a failed release does: the lease reports `Lost(Released)`, never `Held` again, and
+/// the key is freed (by the release's delete, or else by the guardian). Before, `releasing`
+/// stayed set, so no later news of the key reached the lease, which reported `Held` until its
+/// validity ran out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_dropped_before_it_ends_leaves_the_lease_released() {
+    let s = standin();
+    let proxy = FaultProxy::start(s.addr()).await.unwrap();
+    let prefix = format!("t{:08x}", rand::random::<u32>());
+    let at =
+        |addr| format!("consul://{addr}?token={TOKEN}&session_ttl_ms=4000&key_prefix={prefix}");
+    let a = client(&at(proxy.addr())).await;
+    let b = client(&at(s.addr())).await;
+    let k = key("dropped-release");
+    let lease = a
+        .acquire(&k, &LeaseOptions::new(Duration::from_secs(30)))
+        .await
+        .unwrap();
+    // The release gets no answer; the caller's own timeout drops it.
+    proxy.blackhole();
+    let dropped = tokio::time::timeout(Duration::from_millis(200), lease.release()).await;
+    assert!(dropped.is_err(), "{dropped:?}");
+    assert_eq!(
+        lease.status(),
+        LeaseStatus::Lost(lease_core::LostReason::Released)
+    );
+    proxy.heal();
+    let next = b
+        .acquire(
+            &k,
+            &LeaseOptions::new(Duration::from_secs(30)).wait(Duration::from_secs(10)),
+        )
+        .await
+        .expect("the key stayed locked after a dropped release");
+    assert!(next.token() > lease.token());
+    next.release().await.unwrap();
+}
+
 /// A client cut off from Consul for more than twice its session TTL: Consul's timer may have
 /// fired, and the destroy it starts still lands after a renewal that then succeeds (Consul
 /// retries it), so a session renewed that late must not be used again. Here the stand-in ends
