@@ -9,6 +9,7 @@ use lease_core::adapter::{
     forced_release_of, spawn_guardian, CleanupFailures, LeaseTracker, Op, StoredAudit,
 };
 use lease_core::{Error, Lease, LeaseState, LeaseStatus, LockKey, LostReason, Result, Token};
+use scopeguard::ScopeGuard;
 use tokio::time::Instant;
 
 use crate::client::{Http, KvEntry, TxnOp, TxnOutcome};
@@ -478,28 +479,13 @@ impl Lease for ConsulLease {
         }
         // A release dropped before it ends (a caller's timeout around it) ends the lease as a
         // failed one does: `releasing` stays set, so no later news of the key would.
-        let mut unfinished = ReleaseGuard {
-            shared: s,
-            armed: true,
-        };
+        // The guardian, woken by the loss, deletes the key if it is still ours.
+        let unfinished = scopeguard::guard(s, |s| {
+            s.tracker.mark_lost(LostReason::Released);
+        });
         let result = self.release_key().await;
-        unfinished.armed = false;
+        ScopeGuard::into_inner(unfinished);
         result
-    }
-}
-
-/// Marks the lease released when its release future is dropped before it ended: the guardian,
-/// woken by the loss, deletes the key if it is still ours.
-struct ReleaseGuard<'a> {
-    shared: &'a LeaseShared,
-    armed: bool,
-}
-
-impl Drop for ReleaseGuard<'_> {
-    fn drop(&mut self) {
-        if self.armed {
-            self.shared.tracker.mark_lost(LostReason::Released);
-        }
     }
 }
 

@@ -10,6 +10,7 @@ use async_trait::async_trait;
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
 use lease_core::adapter::{forced_release_of, Backoff, LeaseTracker, Op, StoredAudit};
 use lease_core::{Lease, LeaseState, LeaseStatus, LostReason, Result};
+use scopeguard::ScopeGuard;
 use tokio::time::Instant;
 
 use crate::core::Handle;
@@ -246,34 +247,19 @@ impl Lease for EtcdLease {
             return Err(self.tracker.lost_error(reason));
         }
         self.shared.releasing.store(true, Ordering::SeqCst);
-        let mut unfinished = ReleaseGuard {
-            lease: self,
-            armed: true,
-        };
-        let result = self.release_key().await;
-        unfinished.armed = false;
-        result
-    }
-}
-
-/// Clears `releasing` when the release future is dropped before it ended (a later deletion of
-/// the key is then revoked), and marks the lease released if the guardian saw the key deleted
-/// meanwhile (by the release's delete, as far as anyone can tell; the guardian left the reason
-/// to the release).
-struct ReleaseGuard<'a> {
-    lease: &'a EtcdLease,
-    armed: bool,
-}
-
-impl Drop for ReleaseGuard<'_> {
-    fn drop(&mut self) {
-        if self.armed {
-            let shared = &self.lease.shared;
+        // A release dropped before it ended clears `releasing` (a later deletion of the key is
+        // then revoked), and marks the lease released if the guardian saw the key deleted
+        // meanwhile (by the release's delete, as far as anyone can tell: the guardian left the
+        // reason to the release).
+        let unfinished = scopeguard::guard(&self.shared, |shared| {
             shared.releasing.store(false, Ordering::SeqCst);
             if shared.deleted.load(Ordering::SeqCst) {
-                self.lease.tracker.mark_lost(LostReason::Released);
+                self.tracker.mark_lost(LostReason::Released);
             }
-        }
+        });
+        let result = self.release_key().await;
+        ScopeGuard::into_inner(unfinished);
+        result
     }
 }
 
@@ -310,7 +296,7 @@ impl EtcdLease {
                 let answered = Instant::now();
                 self.shared.gone();
                 // A release dropped while the audit trail is read counts the key's deletion as
-                // its own (`ReleaseGuard`), as the guardian would have.
+                // its own, as the guardian would have.
                 self.shared.deleted.store(true, Ordering::SeqCst);
                 if in_doubt
                     && !self.forced().await
@@ -429,8 +415,8 @@ async fn guard(shared: Arc<LeaseShared>, tracker: LeaseTracker, mut from: i64, s
         }
         Watched::Deleted => {
             shared.gone();
-            // Before `releasing` is read, as `ReleaseGuard` writes `releasing` before it reads
-            // this: of the two, at least one sees the other's write.
+            // Before `releasing` is read, as a dropped release writes `releasing` before it
+            // reads this: of the two, at least one sees the other's write.
             shared.deleted.store(true, Ordering::SeqCst);
             // While a release runs it judges the deletion: its own delete, seen before its
             // answer, or an operator's, which it tells apart by the audit record.

@@ -14,6 +14,7 @@ use lease_core::adapter::{
     LeaseTracker, SendAgain, FORCED_LOOKBACK,
 };
 use lease_core::{Error, Lease, LeaseStatus, LostReason, Result};
+use scopeguard::ScopeGuard;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 use zookeeper_client::{Error as ZkError, EventType, WatchedEvent};
@@ -134,7 +135,7 @@ impl LeaseState {
     /// Our node is gone: revoked, unless a release runs. A release decides the reason itself
     /// (its delete, or a force-release it finds recorded, see [`ZkLease::forced`]); one that
     /// never finishes (its future dropped after the delete was sent) marks the lease released
-    /// as it is dropped ([`ReleaseGuard`]), so that the lease never reports `Held` on a node that
+    /// as it is dropped (see `release`), so that the lease never reports `Held` on a node that
     /// is gone and a key someone else may hold.
     fn on_node_gone(&self) {
         self.node_gone.store(true, Ordering::SeqCst);
@@ -529,35 +530,20 @@ impl Lease for ZkLease {
         let st = &self.state;
         st.tracker.ensure_not_lost()?;
         st.releasing.store(true, Ordering::SeqCst);
-        // A release dropped before it ended is not one: a later loss of the node is revoked.
-        let mut unfinished = ReleaseGuard {
-            state: st,
-            armed: true,
-        };
-        let result = self.release_node().await;
-        unfinished.armed = false;
-        result
-    }
-}
-
-/// Clears `releasing` when the release future is dropped before it ended, and marks the lease
-/// released if its node was found gone meanwhile (by its delete, as far as anyone can tell:
-/// [`LeaseState::on_node_gone`] left the reason to the release).
-struct ReleaseGuard<'a> {
-    state: &'a LeaseState,
-    armed: bool,
-}
-
-impl Drop for ReleaseGuard<'_> {
-    fn drop(&mut self) {
-        if self.armed {
-            // Both flags are sequentially consistent: of this and a concurrent `on_node_gone`,
-            // at least one sees the other's write and marks the lease.
-            self.state.releasing.store(false, Ordering::SeqCst);
-            if self.state.node_gone.load(Ordering::SeqCst) {
-                self.state.tracker.mark_lost(LostReason::Released);
+        // A release dropped before it ended is not one: a later loss of the node is revoked. If
+        // its node was found gone meanwhile, that was its delete as far as anyone can tell
+        // (`on_node_gone` left the reason to the release). Both flags are sequentially
+        // consistent: of this and a concurrent `on_node_gone`, at least one sees the other's
+        // write and marks the lease.
+        let unfinished = scopeguard::guard(st, |st| {
+            st.releasing.store(false, Ordering::SeqCst);
+            if st.node_gone.load(Ordering::SeqCst) {
+                st.tracker.mark_lost(LostReason::Released);
             }
-        }
+        });
+        let result = self.release_node().await;
+        ScopeGuard::into_inner(unfinished);
+        result
     }
 }
 
