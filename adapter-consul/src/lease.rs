@@ -9,7 +9,6 @@ use lease_core::adapter::{
     forced_release_of, spawn_guardian, CleanupFailures, LeaseTracker, Op, StoredAudit,
 };
 use lease_core::{Error, Lease, LeaseState, LeaseStatus, LockKey, LostReason, Result, Token};
-use scopeguard::ScopeGuard;
 use tokio::time::Instant;
 
 use crate::client::{Http, KvEntry, TxnOp, TxnOutcome};
@@ -47,8 +46,6 @@ pub(crate) struct LeaseShared {
     own_until: Mutex<Instant>,
     /// The server side is settled: released by us, or known not to be ours.
     resolved: AtomicBool,
-    /// `release` was called: the key's disappearance is ours, not news for the monitor.
-    releasing: AtomicBool,
     /// Held by whoever deletes the key (`release`, the guardian), so that neither frees the slot
     /// while the other's delete, keyed only on our session, may still be sent again.
     deleting: tokio::sync::Mutex<()>,
@@ -84,7 +81,6 @@ impl LeaseShared {
             confirmer,
             monitor,
             resolved: AtomicBool::new(false),
-            releasing: AtomicBool::new(false),
             deleting: tokio::sync::Mutex::new(()),
             slot: Mutex::new(Some(slot)),
         }
@@ -168,7 +164,7 @@ impl LeaseShared {
     /// session is known gone) or not locked by the lease's session (`Superseded`); nothing if it
     /// is, or if the lease is being released (the key's disappearance is then ours) or settled.
     pub(crate) fn seen(&self, entry: Option<&KvEntry>) {
-        if self.releasing.load(Ordering::SeqCst) || self.resolved.load(Ordering::SeqCst) {
+        if self.tracker.is_releasing() || self.resolved.load(Ordering::SeqCst) {
             return;
         }
         match entry {
@@ -474,23 +470,14 @@ impl Lease for ConsulLease {
     async fn release(&self) -> Result<()> {
         let s = &self.shared;
         s.tracker.ensure_not_lost()?;
-        if s.releasing.swap(true, Ordering::SeqCst) {
-            return Err(s.tracker.lost_error(LostReason::Released));
-        }
         // A release dropped before it ends (a caller's timeout around it) ends the lease as a
-        // failed one does: `releasing` stays set, so no later news of the key would.
-        // The guardian, woken by the loss, deletes the key if it is still ours.
-        let unfinished = scopeguard::guard(s, |s| {
-            s.tracker.mark_lost(LostReason::Released);
-        });
-        let result = self.release_key().await;
-        ScopeGuard::into_inner(unfinished);
-        result
+        // failed one does: the guardian, woken by the loss, deletes the key if it is still ours.
+        s.tracker.release_with(self.release_key(), || {}).await
     }
 }
 
 impl ConsulLease {
-    /// The body of `release`, once `releasing` is set.
+    /// The body of `release`.
     async fn release_key(&self) -> Result<()> {
         let s = &self.shared;
         match s.release_on_server("release").await {

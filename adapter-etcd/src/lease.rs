@@ -10,7 +10,6 @@ use async_trait::async_trait;
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
 use lease_core::adapter::{forced_release_of, Backoff, LeaseTracker, Op, StoredAudit};
 use lease_core::{Lease, LeaseState, LeaseStatus, LostReason, Result};
-use scopeguard::ScopeGuard;
 use tokio::time::Instant;
 
 use crate::core::Handle;
@@ -32,11 +31,6 @@ pub(crate) struct LeaseShared {
     revision: i64,
     /// Set once the key is deleted or its deletion is queued (so it happens once).
     retired: AtomicBool,
-    /// Set while `release` runs: the deletion the guardian then sees is its to judge (its own
-    /// delete, or an operator's force-release), not news about the session.
-    releasing: AtomicBool,
-    /// Set once the guardian saw our key deleted.
-    deleted: AtomicBool,
 }
 
 impl LeaseShared {
@@ -117,8 +111,6 @@ impl EtcdLease {
             slot: std::sync::Mutex::new(Some(slot)),
             revision,
             retired: AtomicBool::new(false),
-            releasing: AtomicBool::new(false),
-            deleted: AtomicBool::new(false),
         });
         // Registered now, so that the session's end reaches the lease from the start; the
         // guardian starts a moment later, unless the lease is over and its key gone by then.
@@ -246,25 +238,16 @@ impl Lease for EtcdLease {
             self.shared.retire();
             return Err(self.tracker.lost_error(reason));
         }
-        self.shared.releasing.store(true, Ordering::SeqCst);
-        // A release dropped before it ended clears `releasing` (a later deletion of the key is
-        // then revoked), and marks the lease released if the guardian saw the key deleted
-        // meanwhile (by the release's delete, as far as anyone can tell: the guardian left the
-        // reason to the release).
-        let unfinished = scopeguard::guard(&self.shared, |shared| {
-            shared.releasing.store(false, Ordering::SeqCst);
-            if shared.deleted.load(Ordering::SeqCst) {
-                self.tracker.mark_lost(LostReason::Released);
-            }
-        });
-        let result = self.release_key().await;
-        ScopeGuard::into_inner(unfinished);
-        result
+        // A release dropped before it ends leaves the lease released and our key to delete in
+        // the background (compare-and-delete on the create revision).
+        self.tracker
+            .release_with(self.release_key(), || self.shared.retire())
+            .await
     }
 }
 
 impl EtcdLease {
-    /// The body of `release`, once `releasing` is set.
+    /// The body of `release`.
     async fn release_key(&self) -> Result<()> {
         let key = self.shared.key.clone();
         let txn = Txn::new()
@@ -295,9 +278,6 @@ impl EtcdLease {
             Ok(_) => {
                 let answered = Instant::now();
                 self.shared.gone();
-                // A release dropped while the audit trail is read counts the key's deletion as
-                // its own, as the guardian would have.
-                self.shared.deleted.store(true, Ordering::SeqCst);
                 if in_doubt
                     && !self.forced().await
                     && self.tracker.released_by_earlier_send(
@@ -415,15 +395,12 @@ async fn guard(shared: Arc<LeaseShared>, tracker: LeaseTracker, mut from: i64, s
         }
         Watched::Deleted => {
             shared.gone();
-            // Before `releasing` is read, as a dropped release writes `releasing` before it
-            // reads this: of the two, at least one sees the other's write.
-            shared.deleted.store(true, Ordering::SeqCst);
-            // While a release runs it judges the deletion: its own delete, seen before its
+            // Once a release began it judges the deletion: its own delete, seen before its
             // answer, or an operator's, which it tells apart by the audit record.
-            if !shared.releasing.load(Ordering::SeqCst) {
+            if !tracker.is_releasing() {
                 // If the session lease was revoked, this makes the session find out now.
                 shared.session.probe();
-                tracker.mark_lost(shared.vanished_reason());
+                tracker.gone_unless_releasing(shared.vanished_reason());
             }
         }
     }

@@ -90,8 +90,19 @@ impl Lease for RedisLease {
             return Err(self.tracker.lost_error(reason));
         }
         // The lease ends with this request whatever its outcome: the holder monitor stops
-        // judging it, so our own delete is never taken for an outside one.
+        // judging it, so our own delete is never taken for an outside one. A release dropped
+        // before it ends leaves the lease released and the delete to the background.
         self.inner.forget(self.nonce);
+        self.tracker
+            .release_with(self.release_lock(status), || self.clean_up())
+            .await
+    }
+}
+
+impl RedisLease {
+    /// The body of `release`: the compare-and-delete, sent again after a dropped connection.
+    /// `status` is the lease's status before it.
+    async fn release_lock(&self, status: LeaseStatus) -> Result<()> {
         let (code, resent) = self.inner.release_by_head(&self.keys, &self.head).await;
         let code = match code {
             Ok(code) => code,
@@ -100,13 +111,7 @@ impl Lease for RedisLease {
                 // is over for it either way. The delete is retried in the background (a no-op if
                 // it applied), so the key does not stay locked until its TTL.
                 self.tracker.mark_lost(LostReason::Released);
-                spawn_cleanup(
-                    self.inner.clone(),
-                    self.keys.clone(),
-                    self.head.clone(),
-                    self.tracker.ttl(),
-                    Cleanup::Once,
-                );
+                self.clean_up();
                 return Err(e);
             }
         };
@@ -129,6 +134,18 @@ impl Lease for RedisLease {
             Err(self.lost(code))
         }
     }
+
+    /// Deletes our lock in the background if it is still ours (compare-and-delete), retrying
+    /// while the server cannot be reached.
+    fn clean_up(&self) {
+        spawn_cleanup(
+            self.inner.clone(),
+            self.keys.clone(),
+            self.head.clone(),
+            self.tracker.ttl(),
+            Cleanup::Once,
+        );
+    }
 }
 
 impl Drop for RedisLease {
@@ -140,12 +157,6 @@ impl Drop for RedisLease {
         }
         // Expired locally or still held: delete it if it is still ours (compare-and-delete).
         self.tracker.mark_lost(LostReason::Released);
-        spawn_cleanup(
-            self.inner.clone(),
-            self.keys.clone(),
-            self.head.clone(),
-            self.tracker.ttl(),
-            Cleanup::Once,
-        );
+        self.clean_up();
     }
 }

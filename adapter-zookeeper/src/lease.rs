@@ -14,7 +14,6 @@ use lease_core::adapter::{
     LeaseTracker, SendAgain, FORCED_LOOKBACK,
 };
 use lease_core::{Error, Lease, LeaseStatus, LostReason, Result};
-use scopeguard::ScopeGuard;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 use zookeeper_client::{Error as ZkError, EventType, WatchedEvent};
@@ -39,9 +38,6 @@ pub(crate) struct LeaseState {
     /// The lease's own deadline: the send time of the last confirmed acquire or renew plus the
     /// TTL asked for (before the drift margin).
     deadline: Mutex<Instant>,
-    /// Set while `release` deletes the node, so that the deletion event is not taken for a
-    /// revocation.
-    releasing: AtomicBool,
     /// Set once our node is known to be gone.
     node_gone: AtomicBool,
     /// `(lock dir, attempt prefix)` when a create of this acquisition had its answer lost: a
@@ -82,7 +78,6 @@ impl LeaseState {
             version,
             margin,
             deadline: Mutex::new(deadline),
-            releasing: AtomicBool::new(false),
             node_gone: AtomicBool::new(false),
             sweep,
         })
@@ -132,16 +127,11 @@ impl LeaseState {
         self.tracker.mark_lost(LostReason::SessionEnded);
     }
 
-    /// Our node is gone: revoked, unless a release runs. A release decides the reason itself
-    /// (its delete, or a force-release it finds recorded, see [`ZkLease::forced`]); one that
-    /// never finishes (its future dropped after the delete was sent) marks the lease released
-    /// as it is dropped (see `release`), so that the lease never reports `Held` on a node that
-    /// is gone and a key someone else may hold.
+    /// Our node is gone: revoked, unless a release began, which decides the reason itself (its
+    /// delete, or a force-release it finds recorded, see [`ZkLease::forced`]).
     fn on_node_gone(&self) {
         self.node_gone.store(true, Ordering::SeqCst);
-        if !self.releasing.load(Ordering::SeqCst) {
-            self.tracker.mark_lost(LostReason::Revoked);
-        }
+        self.tracker.gone_unless_releasing(LostReason::Revoked);
     }
 
     /// The `Lost` error with the reason recorded (or `fallback`).
@@ -529,26 +519,14 @@ impl Lease for ZkLease {
     async fn release(&self) -> Result<()> {
         let st = &self.state;
         st.tracker.ensure_not_lost()?;
-        st.releasing.store(true, Ordering::SeqCst);
-        // A release dropped before it ended is not one: a later loss of the node is revoked. If
-        // its node was found gone meanwhile, that was its delete as far as anyone can tell
-        // (`on_node_gone` left the reason to the release). Both flags are sequentially
-        // consistent: of this and a concurrent `on_node_gone`, at least one sees the other's
-        // write and marks the lease.
-        let unfinished = scopeguard::guard(st, |st| {
-            st.releasing.store(false, Ordering::SeqCst);
-            if st.node_gone.load(Ordering::SeqCst) {
-                st.tracker.mark_lost(LostReason::Released);
-            }
-        });
-        let result = self.release_node().await;
-        ScopeGuard::into_inner(unfinished);
-        result
+        // A release dropped before it ends leaves the lease released; its guardian, woken by
+        // that, deletes the node if it is still there.
+        st.tracker.release_with(self.release_node(), || {}).await
     }
 }
 
 impl ZkLease {
-    /// The body of `release`, once `releasing` is set.
+    /// The body of `release`.
     async fn release_node(&self) -> Result<()> {
         let st = &self.state;
         let s = &st.session;

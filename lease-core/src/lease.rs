@@ -1,6 +1,7 @@
 //! The [`Lease`] trait, its status, and the [`LostSignal`] that fires when ownership goes.
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -51,7 +52,7 @@ struct Signal {
     /// Woken on every change, and when the tracker is gone.
     changed: Notify,
     /// Set once the tracker (so the lease object) is gone.
-    closed: std::sync::atomic::AtomicBool,
+    closed: AtomicBool,
 }
 
 impl Signal {
@@ -79,14 +80,14 @@ struct TrackerInner {
     signal: Arc<Signal>,
     /// This lease in `fenced_leases_held`, until lost or dropped.
     held: crate::metrics::HeldLease,
+    /// Set once its release began ([`LeaseTracker::release_with`]); never cleared.
+    releasing: AtomicBool,
 }
 
 impl Drop for TrackerInner {
     fn drop(&mut self) {
         // The signals outlive the lease: wake them, they report it gone.
-        self.signal
-            .closed
-            .store(true, std::sync::atomic::Ordering::Release);
+        self.signal.closed.store(true, Ordering::Release);
         self.signal.changed.notify_waiters();
     }
 }
@@ -156,7 +157,7 @@ impl LeaseTracker {
                 runs_out_as: LostReason::Expired,
             }),
             changed: Notify::new(),
-            closed: std::sync::atomic::AtomicBool::new(false),
+            closed: AtomicBool::new(false),
         });
         LeaseTracker {
             state: LeaseState {
@@ -169,6 +170,7 @@ impl LeaseTracker {
                     acquired_at: sent_at,
                     signal,
                     held: crate::metrics::HeldLease::new(backend),
+                    releasing: AtomicBool::new(false),
                 }),
             },
         }
@@ -227,6 +229,55 @@ impl LeaseTracker {
         }
         self.mark_lost(LostReason::Released);
         true
+    }
+
+    /// Runs `release`, the adapter's body of [`Lease::release`], as this lease's one release.
+    ///
+    /// - From the start, [`gone_unless_releasing`](Self::gone_unless_releasing) records nothing:
+    ///   the release decides why the lock went (its own delete, or an operator's force-release
+    ///   it finds recorded), so a guardian that sees the deletion first cannot record the wrong
+    ///   reason.
+    /// - A second call, while one runs or after, returns `Err(Lost)` without running anything:
+    ///   the first decides.
+    /// - If the future is dropped before `release` ends (a caller's timeout around
+    ///   [`Lease::release`]), the lease is marked `Lost(Released)` at once, as after a release
+    ///   whose outcome is unknown, and `abandoned` runs: the adapter's background
+    ///   compare-and-delete of the lock, if it has to start one (an adapter whose guardian
+    ///   deletes the lock once the lease is lost passes nothing to do). The holder asked for the
+    ///   release: the lease never reports `Held` again, whatever the dropped request did, and the
+    ///   lock does not stay taken until its TTL.
+    pub async fn release_with<F, A>(&self, release: F, abandoned: A) -> Result<()>
+    where
+        F: std::future::Future<Output = Result<()>>,
+        A: FnOnce(),
+    {
+        if self.inner.releasing.swap(true, Ordering::SeqCst) {
+            return Err(self.lost_error(LostReason::Released));
+        }
+        let unfinished = scopeguard::guard(abandoned, |abandoned| {
+            self.mark_lost(LostReason::Released);
+            abandoned();
+        });
+        let outcome = release.await;
+        scopeguard::ScopeGuard::into_inner(unfinished);
+        outcome
+    }
+
+    /// The adapter learned that the lock is gone (a watch, a read) and `reason` says why:
+    /// records it unless a release began ([`release_with`](Self::release_with)), which decides
+    /// the reason itself. Returns whether it was recorded now (false also when an earlier
+    /// reason was).
+    ///
+    /// The release sets its mark before it sends anything, and this reads the mark before it
+    /// records: a deletion seen without the mark was not the release's doing.
+    pub fn gone_unless_releasing(&self, reason: LostReason) -> bool {
+        !self.is_releasing() && self.mark_lost(reason)
+    }
+
+    /// Whether this lease's release began ([`release_with`](Self::release_with)). It stays so:
+    /// a release ends the lease whatever its outcome.
+    pub fn is_releasing(&self) -> bool {
+        self.inner.releasing.load(Ordering::SeqCst)
     }
 
     /// Marks the lease lost for `reason` (unless it already was: the first cause wins) and
@@ -474,11 +525,7 @@ impl LostSignal {
             if let Some(t) = pick(view.status_now()) {
                 return t;
             }
-            if self
-                .signal
-                .closed
-                .load(std::sync::atomic::Ordering::Acquire)
-            {
+            if self.signal.closed.load(Ordering::Acquire) {
                 // The tracker is gone: the lease object was dropped.
                 return match view.status {
                     LeaseStatus::Lost(r) => T::from(r),
@@ -550,10 +597,11 @@ pub trait Lease: Send + Sync + fmt::Debug {
     ///
     /// # Cancel safety
     ///
-    /// A dropped future may or may not have deleted the lock. Call `release` again, or drop the
-    /// lease: both are compare-and-delete, so they never remove another holder's lock
-    /// (`Err(Lost)` then means it is gone or no longer ours). At the latest it expires at its
-    /// TTL.
+    /// A future dropped once polled (a caller's timeout around `release`) ends the lease as a
+    /// release whose outcome is unknown does: the lease is `Lost(Released)` at once and never
+    /// `Held` again, whatever its request did, and the lock is deleted in the background if it
+    /// is still this lease's (compare-and-delete, so never another holder's), at the latest
+    /// expiring at its TTL. A later `release` returns `Err(Lost)`.
     async fn release(&self) -> Result<()>;
 
     /// The key.
@@ -681,6 +729,69 @@ mod tests {
         assert_eq!(t.status(), LeaseStatus::Held);
         assert_eq!(sig.wait().await, LostReason::KeeperStopped);
         assert_eq!(t.status(), LeaseStatus::Lost(LostReason::KeeperStopped));
+    }
+
+    /// Once a release began, a deletion seen elsewhere records nothing; the release decides,
+    /// and a second release runs nothing.
+    #[tokio::test]
+    async fn a_release_decides_why_the_lock_went() {
+        let t = tracker(Duration::from_secs(10));
+        let outcome = t
+            .release_with(
+                async {
+                    assert!(!t.gone_unless_releasing(LostReason::Revoked));
+                    assert_eq!(t.status(), LeaseStatus::Held);
+                    Err(t.lose(LostReason::Revoked))
+                },
+                || panic!("a release that ended is not abandoned"),
+            )
+            .await;
+        assert!(matches!(
+            outcome,
+            Err(Error::Lost {
+                reason: LostReason::Revoked,
+                ..
+            })
+        ));
+        let again = t
+            .release_with(async { panic!("a second release runs nothing") }, || {})
+            .await;
+        assert!(matches!(
+            again,
+            Err(Error::Lost {
+                reason: LostReason::Revoked,
+                ..
+            })
+        ));
+        // Without a release, the deletion is recorded.
+        let other = tracker(Duration::from_secs(10));
+        assert!(other.gone_unless_releasing(LostReason::Revoked));
+        assert_eq!(other.status(), LeaseStatus::Lost(LostReason::Revoked));
+    }
+
+    /// A release whose future is dropped before it ends leaves the lease released at once and
+    /// hands the lock to the adapter's background delete.
+    #[tokio::test]
+    async fn a_release_dropped_before_it_ends_leaves_the_lease_released() {
+        let t = tracker(Duration::from_secs(10));
+        let abandoned = AtomicBool::new(false);
+        let started = Notify::new();
+        let release = t.release_with(
+            async {
+                started.notify_one();
+                std::future::pending::<()>().await;
+                Ok(())
+            },
+            || abandoned.store(true, Ordering::SeqCst),
+        );
+        tokio::select! {
+            _ = release => unreachable!("the release never ends"),
+            _ = started.notified() => {}
+        }
+        assert!(abandoned.load(Ordering::SeqCst));
+        assert_eq!(t.status(), LeaseStatus::Lost(LostReason::Released));
+        assert!(!t.gone_unless_releasing(LostReason::Revoked));
+        assert_eq!(t.status(), LeaseStatus::Lost(LostReason::Released));
     }
 
     #[tokio::test(start_paused = true)]

@@ -35,6 +35,9 @@ pub(super) fn cases() -> Vec<Case> {
             40,
             |c| boxed(release_after_force_release(c)),
         ),
+        Case::new("release_dropped_before_it_ends", &[Need::Proxy], 40, |c| {
+            boxed(release_dropped(c))
+        }),
         Case::new(
             "try_acquire_connection_reset_after_applied",
             &[Need::Proxy],
@@ -397,6 +400,75 @@ async fn release_after_force_release(ctx: Arc<Ctx>) -> CaseResult {
         status == LeaseStatus::Lost(LostReason::Revoked),
         "the lease reports {status:?} after a force-release, not Lost(Revoked)"
     );
+    Ok(Verdict::Passed)
+}
+
+/// A release's future is dropped while its request is held in the network (a caller's timeout
+/// around `release`). The holder asked for the release: the lease is `Lost(Released)` at once
+/// and never `Held` again, and once the network is back the lock is deleted in the background
+/// (the held request goes with its connection), long before its TTL would free it.
+async fn release_dropped(ctx: Arc<Ctx>) -> CaseResult {
+    let (proxy, a) = client_behind_proxy(&ctx).await?;
+    // Warm A up (connections, scripts, sessions) so the release below is one request.
+    a.acquire(&ctx.key("warm-up"), &LeaseOptions::new(ctx.ttl()))
+        .await?
+        .release()
+        .await?;
+    let key = ctx.key("release-dropped");
+    let ttl = ctx.ttl() * 40;
+    let lease: Arc<dyn Lease> = Arc::from(a.acquire(&key, &LeaseOptions::new(ttl)).await?);
+    let token = lease.token();
+    proxy.blackhole();
+    // Polled (so started) first, then dropped once its request is held in the proxy: more
+    // bytes than a keep-alive's or a ping's. (A background request held first ends the wait
+    // early; the release is then dropped before its request was sent, which must end the lease
+    // the same way.)
+    let held = async {
+        let until = Instant::now() + ctx.ttl() * 10;
+        while proxy.held_request_bytes()? < 40 {
+            check!(
+                Instant::now() < until,
+                "the release's request never reached the proxy"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        Ok::<_, Failure>(())
+    };
+    tokio::select! {
+        biased;
+        outcome = lease.release() => {
+            return Err(Failure(format!(
+                "the release returned {outcome:?} while its request was held"
+            )));
+        }
+        held = held => held?,
+    }
+    let status = lease.status();
+    check!(
+        status == LeaseStatus::Lost(LostReason::Released),
+        "a lease whose release was dropped before it ended reports {status:?}, not \
+         Lost(Released)"
+    );
+    proxy.cut();
+    proxy.heal();
+    // Freed by the background delete, well within its TTL; never Held again meanwhile.
+    let b = ctx.client().await?;
+    let next = acquire_within(&*b, &key, ctx.ttl() * 20, ttl / 4).await?;
+    check!(
+        lease.status() == LeaseStatus::Lost(LostReason::Released),
+        "the lease whose release was dropped reports {:?} once its lock was freed",
+        lease.status()
+    );
+    check!(
+        next.token() > token,
+        "next holder's token {} not above {token}",
+        next.token()
+    );
+    check!(
+        matches!(lease.renew().await, Err(Error::Lost { .. })),
+        "renew of a lease whose release was dropped did not report Lost"
+    );
+    next.release().await?;
     Ok(Verdict::Passed)
 }
 
