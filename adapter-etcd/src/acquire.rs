@@ -106,6 +106,39 @@ struct Read {
     revision: i64,
     sent: Instant,
     ahead: Ahead,
+    /// The keys ahead of ours with no lease (see [`Detached`]).
+    detached: Vec<Detached>,
+}
+
+/// A key in a lock's queue with no lease: a write from outside without the lease detached it
+/// from the session that created it, so etcd never removes it, and unless that session's owner
+/// attaches it again (its guardian does, for as long as it runs) it stays ahead of every later
+/// attempt for good. Its name says which session created it ([`keys::session_lease_of`]); once
+/// that session is over, nobody holds or waits on it (a holder's validity and a waiter's place
+/// end with their session), and [`Inner::clear_orphans`] deletes it.
+#[derive(Debug, Clone)]
+struct Detached {
+    key: Vec<u8>,
+    create_revision: i64,
+    /// The lease of the session that created the key.
+    session_lease: i64,
+}
+
+impl Detached {
+    /// The keys of `kvs` (a read of the lock at `prefix`) other than `own` that have no lease
+    /// and are named as this adapter names them.
+    fn among(prefix: &str, own: &str, kvs: &[KeyValue]) -> Vec<Detached> {
+        kvs.iter()
+            .filter(|kv| kv.lease() == 0 && kv.key() != own.as_bytes())
+            .filter_map(|kv| {
+                Some(Detached {
+                    key: kv.key().to_vec(),
+                    create_revision: kv.create_revision(),
+                    session_lease: keys::session_lease_of(prefix, kv.key())?,
+                })
+            })
+            .collect()
+    }
 }
 
 /// How a wait for our turn ended.
@@ -166,7 +199,20 @@ fn try_txn(prefix: &str, pending: &PendingKey, record: &[u8], in_doubt: bool) ->
             Compare::create_revision(pending.resent.clone(), CompareOp::Equal, 0),
         ])
         .and_then(writes)
-        .or_else([TxnOp::get(pending.key.clone(), None)])
+        .or_else([
+            TxnOp::get(pending.key.clone(), None),
+            // The holder (the oldest key): if it has no lease, maybe an orphan to delete.
+            TxnOp::get(
+                prefix,
+                Some(
+                    GetOptions::new()
+                        .with_prefix()
+                        .with_sort(SortTarget::Create, SortOrder::Ascend)
+                        .with_limit(1)
+                        .with_keys_only(),
+                ),
+            ),
+        ])
 }
 
 /// How many of the queue's newest keys, up to ours, a waiter reads: its own and up to 31 ahead of
@@ -303,6 +349,7 @@ impl Inner {
         let prefix = keys::lock_prefix(self.handle.config.key_prefix(), key);
         let secs = ttl_secs(options.ttl_value());
         let record = holder_record(self, options);
+        let mut orphaned_before = false;
         for _ in 0..3 {
             let session = self.session(secs).await?;
             let mut pending = self.pending(key, &prefix, &session);
@@ -343,6 +390,14 @@ impl Inner {
                         // (forwarded by a member, say) could still create our key, which the
                         // background retirement then deletes.
                         pending.armed = in_doubt;
+                        let mut orphans = Detached::among(&prefix, &pending.key, resp.range(1));
+                        if !orphans.is_empty() && !orphaned_before {
+                            // A holder nobody holds any more: try again once it is deleted.
+                            orphaned_before = true;
+                            if self.clear_orphans(&mut orphans).await.is_none() {
+                                continue;
+                            }
+                        }
                         return Err(Error::Held {
                             key: key.to_string(),
                         });
@@ -454,6 +509,7 @@ impl Inner {
                 revision: resp.revision,
                 sent,
                 ahead: Ahead::of(&own, kvs),
+                detached: Detached::among(&prefix, &own, kvs),
             };
             let (Some(mine), false) = (kvs.first(), matches!(last.ahead, Ahead::Gone)) else {
                 return Err(Error::Unavailable {
@@ -476,15 +532,29 @@ impl Inner {
             let mut backoff = Backoff::new(Duration::from_millis(20), Duration::from_millis(500));
             // Joined once a key is ahead of ours (an uncontended acquire sends no watch).
             let mut watch: Option<Lock> = None;
+            // When to look again at keys ahead with no lease whose session still lives (`None`:
+            // at once, after each read that shows some).
+            let mut orphans_at: Option<Instant> = None;
             loop {
+                if !last.detached.is_empty() && orphans_at.is_none_or(|t| Instant::now() >= t) {
+                    // Their deletion reaches the wait below as any other. Within the wait
+                    // bound: past it, the wait below reports the deadline.
+                    let orphans = self.clear_orphans(&mut last.detached);
+                    orphans_at = tokio::time::timeout_at(deadline, orphans)
+                        .await
+                        .unwrap_or(None);
+                }
+                let recheck_at = orphans_at.filter(|_| !last.detached.is_empty());
                 let wait = match &last.ahead {
                     Ahead::Keys { keys, all: true } if keys.is_empty() => Wait::Ready,
                     _ => {
                         let lock = watch.get_or_insert_with(|| {
                             self.handle.watcher.lock(prefix.as_bytes().to_vec())
                         });
-                        self.wait_turn(&session, &queue, lock, &mut last, deadline, caller)
-                            .await
+                        self.wait_turn(
+                            &session, &queue, lock, &mut last, deadline, recheck_at, caller,
+                        )
+                        .await
                     }
                 };
                 match wait {
@@ -518,7 +588,10 @@ impl Inner {
                         // (a waiter whose session ended must not report acquired), and the keys
                         // below ours are the ones to see go.
                         match self.read_queue(&queue).await {
-                            Ok(read) => last = read,
+                            Ok(read) => {
+                                last = read;
+                                orphans_at = None;
+                            }
                             Err(f) => {
                                 tracing::debug!(key = %key, error = %f, "etcd waiter could not re-read its queue; retrying");
                                 tokio::select! {
@@ -641,7 +714,9 @@ impl Inner {
     /// once it has told it: when that is after `last`'s read, the deletions in between are not
     /// delivered, and the wait asks for one more read ([`Wait::Recheck`]). Deletions at or
     /// before `last`'s read are already in it. The session ending also ends the wait (our key
-    /// went with it): the re-read then queues again.
+    /// went with it): the re-read then queues again, as does `recheck_at` passing (keys with no
+    /// lease ahead to look at again, see [`Detached`]).
+    #[allow(clippy::too_many_arguments)]
     async fn wait_turn(
         &self,
         session: &Session,
@@ -649,6 +724,7 @@ impl Inner {
         lock: &mut Lock,
         last: &mut Read,
         deadline: Instant,
+        recheck_at: Option<Instant>,
         caller: &mut oneshot::Sender<Result<EtcdLease>>,
     ) -> Wait {
         if lock.from().is_some_and(|f| f > last.revision) {
@@ -665,10 +741,17 @@ impl Inner {
                 }
                 Ahead::Keys { .. } => {}
             }
+            let recheck = async {
+                match recheck_at {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
             let event = tokio::select! {
                 _ = caller.closed() => return Wait::Cancelled,
                 _ = tokio::time::sleep_until(deadline) => return Wait::Deadline,
                 _ = &mut dead => return Wait::Recheck,
+                _ = recheck => return Wait::Recheck,
                 event = lock.next() => event,
             };
             match event {
@@ -718,11 +801,78 @@ impl Inner {
             async move { kv.get(prefix, Some(upto)).await }
         })
         .await?;
+        let kvs = got.take_kvs();
         Ok(Read {
             revision: header_revision(got.header()),
             sent,
-            ahead: Ahead::of(queue.own, &got.take_kvs()),
+            ahead: Ahead::of(queue.own, &kvs),
+            detached: Detached::among(queue.prefix, queue.own, &kvs),
         })
+    }
+
+    /// Deletes the keys of `detached` whose session is over (see [`Detached`]): each only while
+    /// it is still the same key and still has no lease (create revision and lease compared in
+    /// the delete's transaction), so a key its owner attached again, or a newer key by its name,
+    /// stays. Keeps in `detached` those whose session still lives and those it could not settle,
+    /// and returns when to look at them again: once the session's TTL left has passed, plus a
+    /// second (its owner attaches the key again meanwhile, or dies), or a second from now after a
+    /// failed request; `None` once none is left.
+    async fn clear_orphans(&self, detached: &mut Vec<Detached>) -> Option<Instant> {
+        let timeout = self.timeout();
+        let client = &self.handle.client;
+        let mut next: Option<Instant> = None;
+        let mut kept = Vec::new();
+        for orphan in detached.drain(..) {
+            let lease = orphan.session_lease;
+            let ttl = retry_unapplied(timeout, || {
+                let mut c = client.clone();
+                async move { c.lease_time_to_live(lease, None).await }
+            })
+            .await;
+            let again = match ttl {
+                // The session lives: its owner may still hold or wait on the key.
+                Ok(r) if r.ttl() >= 0 => Duration::from_secs(r.ttl() as u64 + 1),
+                Ok(_) => {
+                    let txn = Txn::new()
+                        .when([
+                            Compare::create_revision(
+                                orphan.key.clone(),
+                                CompareOp::Equal,
+                                orphan.create_revision,
+                            ),
+                            Compare::lease(orphan.key.clone(), CompareOp::Equal, 0),
+                        ])
+                        .and_then([TxnOp::delete(orphan.key.clone(), None)]);
+                    match retry_unapplied(timeout, || {
+                        let (mut c, txn) = (client.clone(), txn.clone());
+                        async move { c.txn(txn).await }
+                    })
+                    .await
+                    {
+                        Ok(resp) => {
+                            if resp.succeeded() {
+                                tracing::warn!(
+                                    backend = BACKEND,
+                                    key = %String::from_utf8_lossy(&orphan.key),
+                                    "deleted a lock key that a write from outside had detached \
+                                     from its session, which has ended: nobody held it, and it \
+                                     would have kept the lock taken for good"
+                                );
+                            }
+                            // Deleted, or changed since the read: either way not an orphan.
+                            continue;
+                        }
+                        Err(_) => Duration::from_secs(1),
+                    }
+                }
+                Err(_) => Duration::from_secs(1),
+            };
+            let at = Instant::now() + again;
+            next = Some(next.map_or(at, |n| n.min(at)));
+            kept.push(orphan);
+        }
+        *detached = kept;
+        next
     }
 
     /// Deletes a waiter's key now (compare-and-delete on its create revision); if that fails,
@@ -908,6 +1058,7 @@ mod tests {
                             &mut $lock,
                             &mut $last,
                             $deadline,
+                            None,
                             &mut caller,
                         )
                         .await

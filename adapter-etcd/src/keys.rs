@@ -69,6 +69,17 @@ pub(crate) fn own_key(lock_prefix: &str, lease_id: i64, attempt: u64) -> String 
     format!("{lock_prefix}{:016x}-{attempt:x}", lease_id as u64)
 }
 
+/// The lease id of the session that created `key`, a key of the lock at `lock_prefix` named by
+/// [`own_key`]; `None` for a key not named so (written by another tool).
+pub(crate) fn session_lease_of(lock_prefix: &str, key: &[u8]) -> Option<i64> {
+    let name = key.strip_prefix(lock_prefix.as_bytes())?;
+    let (lease, attempt) = std::str::from_utf8(name).ok()?.split_once('-')?;
+    if lease.len() != 16 || attempt.is_empty() || !attempt.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    u64::from_str_radix(lease, 16).ok().map(|l| l as i64)
+}
+
 /// The resend marker of the attempt whose abandonment marker is `abandoned` (see the module
 /// docs).
 pub(crate) fn resent_key(abandoned: &str) -> String {
@@ -204,6 +215,23 @@ mod tests {
         assert!(k.starts_with(&p("x")));
         // Negative lease ids (never issued by etcd, but the type allows them) stay 16 digits.
         assert_eq!(own_key("q/", -1, 1), "q/ffffffffffffffff-1");
+    }
+
+    #[test]
+    fn an_own_key_names_its_session_lease() {
+        for lease in [0x1234, -1, i64::MAX] {
+            let k = own_key(&p("x"), lease, 10);
+            assert_eq!(session_lease_of(&p("x"), k.as_bytes()), Some(lease));
+        }
+        for other in [
+            "fenced/lock/x/1234-a",
+            "fenced/lock/x/0000000000001234",
+            "fenced/lock/y/0000000000001234-a",
+            "fenced/lock/x/000000000000123g-a",
+            "fenced/lock/x/0000000000001234-",
+        ] {
+            assert_eq!(session_lease_of(&p("x"), other.as_bytes()), None, "{other}");
+        }
     }
 
     #[test]

@@ -1787,6 +1787,103 @@ async fn a_waiters_detached_key_is_deleted_when_its_session_ends() {
     assert!(left.is_empty(), "keys left in the lock's range: {left:?}");
 }
 
+/// A key in `prefix`'s queue, named as the adapter names a key of the session lease `lease`
+/// (slot 0), written with that lease and then again without one by another tool: detached, as
+/// after a holder or waiter that died before it could attach it again. Returns the key and its
+/// create revision.
+async fn detached_key(raw: &mut Client, prefix: &str, lease: i64) -> (String, i64) {
+    let name = format!("{prefix}{:016x}-0", lease as u64);
+    let attached = etcd_client::PutOptions::new().with_lease(lease);
+    raw.put(name.clone(), "a holder", Some(attached))
+        .await
+        .unwrap();
+    raw.put(name.clone(), "written by another tool", None)
+        .await
+        .unwrap();
+    let kv = raw.get(name.clone(), None).await.unwrap().kvs()[0].clone();
+    assert_eq!(kv.lease(), 0, "the key is detached");
+    (name, kv.create_revision())
+}
+
+/// A holder's key detached by a write from outside, whose owner died before attaching it again:
+/// etcd never removes a key with no lease, so before, the lock stayed taken for good. Once the
+/// session the key's name gives is over, `try_acquire` deletes it (only while it still has no
+/// lease) and takes the lock; while that session lives, it reports `Held` and deletes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_detached_key_whose_session_is_over_does_not_keep_the_lock_taken() {
+    let Some(server) = server("a_detached_key_whose_session_is_over_does_not_keep_the_lock").await
+    else {
+        return;
+    };
+    let etcd = EtcdCoordinator::connect_url(&server.url()).await.unwrap();
+    let c = coord(&server.url()).await;
+    let mut raw = etcd.client();
+    let k = key("detached-orphan");
+    let prefix = etcd.lock_prefix(&k);
+    let lease = raw.lease_grant(60, None).await.unwrap().id();
+    let (name, created) = detached_key(&mut raw, &prefix, lease).await;
+    // Its session lives: its owner may still hold it.
+    assert!(matches!(
+        c.try_acquire(&k, &LeaseOptions::new(TTL)).await,
+        Err(Error::Held { .. })
+    ));
+    assert_eq!(raw.get(name.clone(), None).await.unwrap().kvs().len(), 1);
+    // Its owner died: the session ends (revoked here; its TTL passing does the same).
+    raw.lease_revoke(lease).await.unwrap();
+    let next = c
+        .try_acquire(&k, &LeaseOptions::new(TTL))
+        .await
+        .expect("the key of an ended session no longer keeps the lock taken");
+    assert!(next.token().get() as i64 > created);
+    assert!(raw.get(name, None).await.unwrap().kvs().is_empty());
+    next.release().await.unwrap();
+}
+
+/// A waiter queued behind a detached key (see above) waits while the key's session lives, and
+/// takes the lock once that session's TTL has run out, without anyone deleting a key: it looks
+/// at the session again when its TTL left has passed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_behind_a_detached_key_takes_the_lock_once_its_session_is_over() {
+    let Some(server) =
+        server("a_waiter_behind_a_detached_key_takes_the_lock_once_its_session_is_over").await
+    else {
+        return;
+    };
+    let etcd = EtcdCoordinator::connect_url(&server.url()).await.unwrap();
+    let c = coord(&server.url()).await;
+    let mut raw = etcd.client();
+    let k = key("detached-ahead");
+    let prefix = etcd.lock_prefix(&k);
+    // Nobody keeps it alive: it ends 8 s from now.
+    let lease = raw.lease_grant(8, None).await.unwrap().id();
+    let (name, created) = detached_key(&mut raw, &prefix, lease).await;
+    let waiter = {
+        let (c, k) = (c.clone(), k.clone());
+        tokio::spawn(async move {
+            c.acquire(&k, &LeaseOptions::new(TTL).wait(Duration::from_secs(40)))
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        !waiter.is_finished(),
+        "the waiter waits while the session lives"
+    );
+    assert_eq!(
+        raw.get(name.clone(), None).await.unwrap().kvs().len(),
+        1,
+        "a detached key whose session lives is left alone"
+    );
+    let lease = tokio::time::timeout(Duration::from_secs(30), waiter)
+        .await
+        .expect("the waiter takes the lock once the key's session is over")
+        .unwrap()
+        .unwrap();
+    assert!(lease.token().get() as i64 > created);
+    assert!(raw.get(name, None).await.unwrap().kvs().is_empty());
+    lease.release().await.unwrap();
+}
+
 /// A fence value longer than the fence takes is `InvalidInput` naming its length, and nothing
 /// is sent. Before, a value over etcd's request limit was sent, refused by the server
 /// (`request is too large`, a refusal the adapter did not know to be one before proposing) and
