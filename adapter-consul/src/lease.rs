@@ -133,6 +133,13 @@ impl LeaseShared {
         self.tracker.lose(reason)
     }
 
+    /// [`Self::lost`] for a renewal that found the key not ours: a release that runs decides the
+    /// reason (see [`LeaseTracker::lose_unless_releasing`]).
+    fn lost_unless_releasing(&self, reason: LostReason) -> Error {
+        self.resolved.store(true, Ordering::SeqCst);
+        self.tracker.lose_unless_releasing(reason)
+    }
+
     /// Gives up this client's claim on the key (idempotent).
     pub(crate) fn free_slot(&self) {
         self.slot.lock().unwrap_or_else(|p| p.into_inner()).take();
@@ -440,8 +447,8 @@ impl Lease for ConsulLease {
         }
         match owned? {
             Ownership::Ours => {}
-            Ownership::NotOurs => return Err(s.lost(s.reason_gone(false))),
-            Ownership::Missing => return Err(s.lost(s.reason_gone(true))),
+            Ownership::NotOurs => return Err(s.lost_unless_releasing(s.reason_gone(false))),
+            Ownership::Missing => return Err(s.lost_unless_releasing(s.reason_gone(true))),
         }
         let own = lease_core::adapter::clock::valid_until(
             sent,

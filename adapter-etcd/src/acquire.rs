@@ -349,8 +349,10 @@ impl Inner {
         let prefix = keys::lock_prefix(self.handle.config.key_prefix(), key);
         let secs = ttl_secs(options.ttl_value());
         let record = holder_record(self, options);
-        let mut orphaned_before = false;
-        for _ in 0..3 {
+        // Sends with a new session after the last one's lease was found gone, and once more
+        // after an orphaned holder was deleted (each has its own budget).
+        let (mut lease_gone, mut orphaned_before) = (0, false);
+        while lease_gone < 3 {
             let session = self.session(secs).await?;
             let mut pending = self.pending(key, &prefix, &session);
             // Validity counts from the first send, which may be the one that applied.
@@ -364,6 +366,7 @@ impl Inner {
             let resp = match resp {
                 Ok(r) => r,
                 Err(f) if f.is_lease_not_found() => {
+                    lease_gone += 1;
                     pending.armed = false;
                     session.mark_dead(LostReason::SessionEnded);
                     continue;
@@ -540,9 +543,10 @@ impl Inner {
                     // Their deletion reaches the wait below as any other. Within the wait
                     // bound: past it, the wait below reports the deadline.
                     let orphans = self.clear_orphans(&mut last.detached);
-                    orphans_at = tokio::time::timeout_at(deadline, orphans)
-                        .await
-                        .unwrap_or(None);
+                    orphans_at = tokio::select! {
+                        _ = caller.closed() => return Err(timed_out()),
+                        next = tokio::time::timeout_at(deadline, orphans) => next.unwrap_or(None),
+                    };
                 }
                 let recheck_at = orphans_at.filter(|_| !last.detached.is_empty());
                 let wait = match &last.ahead {
@@ -822,17 +826,30 @@ impl Inner {
         let client = &self.handle.client;
         let mut next: Option<Instant> = None;
         let mut kept = Vec::new();
-        for orphan in detached.drain(..) {
+        // What each session's lease answered (keys of one session share one request).
+        let mut ttls = std::collections::HashMap::new();
+        for orphan in std::mem::take(detached) {
             let lease = orphan.session_lease;
-            let ttl = retry_unapplied(timeout, || {
-                let mut c = client.clone();
-                async move { c.lease_time_to_live(lease, None).await }
-            })
-            .await;
+            let ttl = match ttls.get(&lease) {
+                Some(ttl) => *ttl,
+                None => {
+                    let ttl = retry_unapplied(timeout, || {
+                        let mut c = client.clone();
+                        async move { c.lease_time_to_live(lease, None).await }
+                    })
+                    .await
+                    // etcd answers a remaining TTL of about 2^63 ns for a lease whose expiry a
+                    // new leader has not set yet: no more than the TTL it was granted.
+                    .map(|r| r.ttl().min(r.granted_ttl()))
+                    .ok();
+                    ttls.insert(lease, ttl);
+                    ttl
+                }
+            };
             let again = match ttl {
                 // The session lives: its owner may still hold or wait on the key.
-                Ok(r) if r.ttl() >= 0 => Duration::from_secs(r.ttl() as u64 + 1),
-                Ok(_) => {
+                Some(ttl) if ttl >= 0 => Duration::from_secs(ttl as u64 + 1),
+                Some(_) => {
                     let txn = Txn::new()
                         .when([
                             Compare::create_revision(
@@ -865,7 +882,7 @@ impl Inner {
                         Err(_) => Duration::from_secs(1),
                     }
                 }
-                Err(_) => Duration::from_secs(1),
+                None => Duration::from_secs(1),
             };
             let at = Instant::now() + again;
             next = Some(next.map_or(at, |n| n.min(at)));

@@ -74,7 +74,8 @@ pub(crate) fn own_key(lock_prefix: &str, lease_id: i64, attempt: u64) -> String 
 pub(crate) fn session_lease_of(lock_prefix: &str, key: &[u8]) -> Option<i64> {
     let name = key.strip_prefix(lock_prefix.as_bytes())?;
     let (lease, attempt) = std::str::from_utf8(name).ok()?.split_once('-')?;
-    if lease.len() != 16 || attempt.is_empty() || !attempt.bytes().all(|b| b.is_ascii_hexdigit()) {
+    let hex = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_hexdigit());
+    if lease.len() != 16 || !hex(lease) || !hex(attempt) {
         return None;
     }
     u64::from_str_radix(lease, 16).ok().map(|l| l as i64)
@@ -229,6 +230,7 @@ mod tests {
             "fenced/lock/y/0000000000001234-a",
             "fenced/lock/x/000000000000123g-a",
             "fenced/lock/x/0000000000001234-",
+            "fenced/lock/x/+000000000001234-a",
         ] {
             assert_eq!(session_lease_of(&p("x"), other.as_bytes()), None, "{other}");
         }

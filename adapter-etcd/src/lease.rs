@@ -211,7 +211,10 @@ impl Lease for EtcdLease {
         if !read? {
             self.shared.gone();
             session.probe();
-            return Err(self.lost_now(self.shared.vanished_reason()));
+            // Our own release's delete, if one runs: it decides.
+            return Err(self
+                .tracker
+                .lose_unless_releasing(self.shared.vanished_reason()));
         }
         match confirmed {
             Ok(()) => {
@@ -412,7 +415,8 @@ async fn guard(shared: Arc<LeaseShared>, tracker: LeaseTracker, mut from: i64, s
 ///
 /// A key of ours found detached from its session (an outside `put` without the lease) is
 /// attached to it again, its value kept, unless it changed since the read: left detached, it
-/// would outlive a holder that dies, and stay locked until someone deleted it by hand.
+/// would outlive a holder that dies, and keep the lock taken until the session is over and a
+/// later attempt deletes it (see `acquire::Detached`).
 async fn recheck(shared: &LeaseShared, key: &[u8], timeout: Duration) -> Option<Option<i64>> {
     let client = &shared.handle.client;
     let resp = retry_unapplied(timeout, || {

@@ -647,8 +647,8 @@ async fn cleaner(
                         key = %p.c.key,
                         "etcd cleanup given up {linger:?} after its coordinator was dropped \
                          (etcd unreachable): if a write from outside detached this key from its \
-                         session, it stays and holds the lock; delete it by hand, or with \
-                         `fenced force-release`"
+                         session, it holds the lock until that session is over and the next \
+                         attempt deletes it, or until `fenced force-release`"
                     );
                     continue;
                 }

@@ -54,12 +54,16 @@ impl RedisLease {
     /// Records why the lock is not ours (from a script's code) and returns the `Lost` error with
     /// the first recorded reason.
     fn lost(&self, code: i64) -> Error {
-        let reason = match code {
-            -2 => LostReason::Revoked,
-            -1 => LostReason::Superseded,
-            _ => LostReason::Expired,
-        };
-        self.tracker.lose(reason)
+        self.tracker.lose(lost_reason(code))
+    }
+}
+
+/// Why the lock is not ours, from a script's code.
+fn lost_reason(code: i64) -> LostReason {
+    match code {
+        -2 => LostReason::Revoked,
+        -1 => LostReason::Superseded,
+        _ => LostReason::Expired,
     }
 }
 
@@ -80,7 +84,8 @@ impl Lease for RedisLease {
             .await?;
         match code {
             1 => self.tracker.renewed_from(sent_at),
-            code => Err(self.lost(code)),
+            // Our own release's delete, if one runs: it decides.
+            code => Err(self.tracker.lose_unless_releasing(lost_reason(code))),
         }
     }
 

@@ -506,7 +506,8 @@ impl Lease for ZkLease {
             }
             Some(Ok(_)) => {
                 st.on_node_gone();
-                Err(st.lost_error(LostReason::Revoked))
+                // Our own release's delete, if one runs: it decides.
+                Err(st.tracker.lose_unless_releasing(LostReason::Revoked))
             }
             Some(Err(e)) if session_ended(&e) => {
                 st.on_session_ended();

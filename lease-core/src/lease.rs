@@ -274,6 +274,20 @@ impl LeaseTracker {
         !self.is_releasing() && self.mark_lost(reason)
     }
 
+    /// What a renewal reports when it finds the lock gone or not its own: records `reason` unless
+    /// a release began ([`gone_unless_releasing`](Self::gone_unless_releasing): a renewal racing
+    /// with the holder's own release must not record the release's delete as a revocation), and
+    /// returns the `Lost` error with the reason recorded, or `Released` while the release runs.
+    pub fn lose_unless_releasing(&self, reason: LostReason) -> Error {
+        self.gone_unless_releasing(reason);
+        let fallback = if self.is_releasing() {
+            LostReason::Released
+        } else {
+            reason
+        };
+        self.lost_error(fallback)
+    }
+
     /// Whether this lease's release began ([`release_with`](Self::release_with)). It stays so:
     /// a release ends the lease whatever its outcome.
     pub fn is_releasing(&self) -> bool {
@@ -740,6 +754,14 @@ mod tests {
             .release_with(
                 async {
                     assert!(!t.gone_unless_releasing(LostReason::Revoked));
+                    // A renewal racing with the release reports it, and records nothing.
+                    assert!(matches!(
+                        t.lose_unless_releasing(LostReason::Revoked),
+                        Error::Lost {
+                            reason: LostReason::Released,
+                            ..
+                        }
+                    ));
                     assert_eq!(t.status(), LeaseStatus::Held);
                     Err(t.lose(LostReason::Revoked))
                 },
