@@ -115,7 +115,9 @@ struct Read {
 /// attaches it again (its guardian does, for as long as it runs) it stays ahead of every later
 /// attempt for good. Its name says which session created it ([`keys::session_lease_of`]); once
 /// that session is over, nobody holds or waits on it (a holder's validity and a waiter's place
-/// end with their session), and [`Inner::clear_orphans`] deletes it.
+/// end with their session), and [`Inner::clear_orphans`] deletes it. A waiter reads its queue
+/// again once per session TTL however long it waits, so a key detached after its read (whose
+/// deletion never comes) is found there too.
 #[derive(Debug, Clone)]
 struct Detached {
     key: Vec<u8>,
@@ -548,7 +550,15 @@ impl Inner {
                         next = tokio::time::timeout_at(deadline, orphans) => next.unwrap_or(None),
                     };
                 }
-                let recheck_at = orphans_at.filter(|_| !last.detached.is_empty());
+                // However long the wait, the queue is read again once per session TTL: a key
+                // ahead that a write from outside detached after our read never goes, and its
+                // session's end is not an event the watch delivers (see `Detached`). The read
+                // shows it with no lease.
+                let reread_at = last.sent + session.ttl();
+                let recheck_at = match orphans_at.filter(|_| !last.detached.is_empty()) {
+                    Some(at) => at.min(reread_at),
+                    None => reread_at,
+                };
                 let wait = match &last.ahead {
                     Ahead::Keys { keys, all: true } if keys.is_empty() => Wait::Ready,
                     _ => {
@@ -718,8 +728,8 @@ impl Inner {
     /// once it has told it: when that is after `last`'s read, the deletions in between are not
     /// delivered, and the wait asks for one more read ([`Wait::Recheck`]). Deletions at or
     /// before `last`'s read are already in it. The session ending also ends the wait (our key
-    /// went with it): the re-read then queues again, as does `recheck_at` passing (keys with no
-    /// lease ahead to look at again, see [`Detached`]).
+    /// went with it): the re-read then queues again. `recheck_at` passing also asks for a read
+    /// (keys with no lease ahead to look at again, or the periodic read, see [`Detached`]).
     #[allow(clippy::too_many_arguments)]
     async fn wait_turn(
         &self,
@@ -728,7 +738,7 @@ impl Inner {
         lock: &mut Lock,
         last: &mut Read,
         deadline: Instant,
-        recheck_at: Option<Instant>,
+        recheck_at: Instant,
         caller: &mut oneshot::Sender<Result<EtcdLease>>,
     ) -> Wait {
         if lock.from().is_some_and(|f| f > last.revision) {
@@ -745,17 +755,11 @@ impl Inner {
                 }
                 Ahead::Keys { .. } => {}
             }
-            let recheck = async {
-                match recheck_at {
-                    Some(at) => tokio::time::sleep_until(at).await,
-                    None => std::future::pending().await,
-                }
-            };
             let event = tokio::select! {
                 _ = caller.closed() => return Wait::Cancelled,
                 _ = tokio::time::sleep_until(deadline) => return Wait::Deadline,
                 _ = &mut dead => return Wait::Recheck,
-                _ = recheck => return Wait::Recheck,
+                _ = tokio::time::sleep_until(recheck_at) => return Wait::Recheck,
                 event = lock.next() => event,
             };
             match event {
@@ -1075,7 +1079,8 @@ mod tests {
                             &mut $lock,
                             &mut $last,
                             $deadline,
-                            None,
+                            // No periodic read within these waits.
+                            $deadline + Duration::from_secs(3600),
                             &mut caller,
                         )
                         .await

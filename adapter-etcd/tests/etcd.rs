@@ -1884,6 +1884,65 @@ async fn a_waiter_behind_a_detached_key_takes_the_lock_once_its_session_is_over(
     lease.release().await.unwrap();
 }
 
+/// A waiter queued *before* a write from outside detaches the key ahead of it: the key's
+/// deletion never comes (its session's end removes only the keys still on it), and the watch
+/// delivers no event for the write or the session's end. Before, the waiter waited out its whole
+/// bound. It reads its queue once per session TTL, finds the key with no lease, and takes the
+/// lock once that key's session is over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_queued_before_the_key_ahead_is_detached_takes_the_lock_once_its_session_is_over()
+{
+    let Some(server) =
+        server("a_waiter_queued_before_the_key_ahead_is_detached_takes_the_lock").await
+    else {
+        return;
+    };
+    let etcd = EtcdCoordinator::connect_url(&server.url()).await.unwrap();
+    let c = coord(&server.url()).await;
+    let mut raw = etcd.client();
+    let k = key("detached-after-queueing");
+    let prefix = etcd.lock_prefix(&k);
+    // A holder nobody keeps alive: its session ends 6 s from now.
+    let lease = raw.lease_grant(6, None).await.unwrap().id();
+    let name = format!("{prefix}{:016x}-0", lease as u64);
+    let attached = etcd_client::PutOptions::new().with_lease(lease);
+    raw.put(name.clone(), "a holder", Some(attached))
+        .await
+        .unwrap();
+    let waiter = {
+        let (c, k) = (c.clone(), k.clone());
+        tokio::spawn(async move {
+            c.acquire(&k, &LeaseOptions::new(TTL).wait(Duration::from_secs(60)))
+                .await
+        })
+    };
+    eventually(Duration::from_secs(10), "the waiter queues", || {
+        let mut raw = raw.clone();
+        let prefix = prefix.clone();
+        async move {
+            let kvs = raw
+                .get(prefix, Some(GetOptions::new().with_prefix()))
+                .await
+                .unwrap();
+            kvs.kvs().len() == 2
+        }
+    })
+    .await;
+    // Detached after the waiter read its queue, as by another tool; the holder then dies.
+    raw.put(name.clone(), "written by another tool", None)
+        .await
+        .unwrap();
+    let created = raw.get(name.clone(), None).await.unwrap().kvs()[0].create_revision();
+    let lease = tokio::time::timeout(Duration::from_secs(30), waiter)
+        .await
+        .expect("the waiter takes the lock once the detached key's session is over")
+        .unwrap()
+        .unwrap();
+    assert!(lease.token().get() as i64 > created);
+    assert!(raw.get(name, None).await.unwrap().kvs().is_empty());
+    lease.release().await.unwrap();
+}
+
 /// A fence value longer than the fence takes is `InvalidInput` naming its length, and nothing
 /// is sent. Before, a value over etcd's request limit was sent, refused by the server
 /// (`request is too large`, a refusal the adapter did not know to be one before proposing) and
