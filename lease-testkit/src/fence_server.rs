@@ -301,6 +301,14 @@ async fn handle(line: &str, fence: &dyn Fence) -> Result<String, String> {
 }
 
 /// A [`Fence`] client of a [`FenceServer`] (one connection, requests in turn).
+///
+/// It sets no time limit of its own (a case may hold a request in a [`FaultProxy`] for as long as
+/// a takeover takes): bound a request with the caller's timeout. Every request is cancel-safe:
+/// one dropped before its reply arrived closes its connection (its outcome is then unknown, as
+/// after `OutcomeUnknown`), and the next request opens another, so it never reads the reply
+/// meant for the dropped one.
+///
+/// [`FaultProxy`]: crate::proxy::FaultProxy
 pub struct RemoteFence {
     addr: SocketAddr,
     conn: tokio::sync::Mutex<Option<BufReader<TcpStream>>>,
@@ -327,12 +335,12 @@ impl RemoteFence {
         let mut guard = self.conn.lock().await;
         let unavailable =
             |e: std::io::Error| Error::unavailable("remote-fence", "fence server unreachable", e);
-        if guard.is_none() {
-            *guard = Some(BufReader::new(
-                TcpStream::connect(self.addr).await.map_err(unavailable)?,
-            ));
-        }
-        let conn = guard.as_mut().expect("connected");
+        // Out of the slot for the request: a request dropped midway drops (closes) its
+        // connection with it, rather than leave its reply unread for the next request.
+        let mut conn = match guard.take() {
+            Some(conn) => conn,
+            None => BufReader::new(TcpStream::connect(self.addr).await.map_err(unavailable)?),
+        };
         let result = async {
             conn.get_mut().write_all(request.as_bytes()).await?;
             conn.get_mut().write_all(b"\n").await?;
@@ -347,16 +355,16 @@ impl RemoteFence {
         }
         .await;
         match result {
-            Ok(line) => Ok(line),
-            Err(e) => {
-                *guard = None;
-                Err(Error::OutcomeUnknown {
-                    backend: "remote-fence",
-                    operation: "fence request",
-                    message: e.to_string(),
-                    source: None,
-                })
+            Ok(line) => {
+                *guard = Some(conn);
+                Ok(line)
             }
+            Err(e) => Err(Error::OutcomeUnknown {
+                backend: "remote-fence",
+                operation: "fence request",
+                message: e.to_string(),
+                source: None,
+            }),
         }
     }
 
@@ -571,6 +579,47 @@ mod tests {
             .await
             .unwrap()
             .is_none());
+    }
+
+    /// A request dropped after it was sent and before its reply arrived (a caller's timeout)
+    /// leaves nothing for the next request to read: before, the connection stayed in use, and
+    /// the next request read the dropped one's reply as its own.
+    #[tokio::test]
+    async fn a_request_dropped_before_its_reply_leaves_no_reply_for_the_next() {
+        let server = FenceServer::start(Arc::new(MemoryFence::new()))
+            .await
+            .unwrap();
+        let proxy = crate::proxy::FaultProxy::start(server.addr())
+            .await
+            .unwrap();
+        let remote = RemoteFence::new(proxy.addr());
+        let r = ResourceId::new("dropped").unwrap();
+        let t = |n| Token::new(n).unwrap();
+        remote.claim(&r, t(5)).await.unwrap();
+        // The write is held in the proxy, then dropped by its caller.
+        proxy.stall_open();
+        {
+            let write = remote.write(&r, t(7), Bytes::from_static(b"dropped"));
+            tokio::pin!(write);
+            let held = async {
+                while proxy.held_request_bytes().unwrap() == 0 {
+                    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                }
+            };
+            tokio::select! {
+                biased;
+                done = &mut write => panic!("the write ended while held: {done:?}"),
+                _ = held => {}
+            }
+        }
+        // The held write may still reach the server (its connection is closed: before or
+        // after the requests below, in any order) and its reply goes nowhere.
+        proxy.heal();
+        let read = remote.read(&r).await.unwrap().unwrap();
+        assert!([t(5), t(7)].contains(&read.newest), "{read:?}");
+        let claimed = remote.claim(&r, t(9)).await.unwrap().previous.unwrap();
+        assert!([t(5), t(7)].contains(&claimed) && claimed >= read.newest);
+        assert_eq!(remote.read(&r).await.unwrap().unwrap().newest, t(9));
     }
 
     #[test]
