@@ -136,8 +136,9 @@ impl LeaseScope {
 ///
 /// # Behaviour
 ///
-/// - The key is validated first ([`IntoLockKey`]): a bad key is `Err(InvalidInput)` and nothing
-///   is sent. The options are validated by the coordinator, as for every acquire.
+/// - The key is validated first ([`IntoLockKey`]), then the options (as every acquire does),
+///   and then that the section's margin (a tenth of the TTL) leaves a validity window after the
+///   drift margin: a bad value is `Err(InvalidInput)` naming it, and nothing is sent.
 /// - Acquisition waits up to `options.wait` ([`Coordinator::acquire`]): `Err(Timeout)` if the key
 ///   stayed busy, `Err(Unavailable)` / `Err(OutcomeUnknown)` as the backend reports them. The
 ///   body does not run then.
@@ -176,6 +177,14 @@ where
     F: Future<Output = T>,
 {
     let key = key.into_lock_key()?;
+    // The section's margin is checked against the TTL asked for before anything is sent, so a
+    // body that could never run costs no lock and no token (a TTL the backend rounds up is
+    // checked again, against the granted TTL, by `bounded_with`).
+    options.validate(coord.capabilities())?;
+    SectionOptions::new().margin_for(
+        options.ttl_value(),
+        options.drift_margin_for(options.ttl_value()),
+    )?;
     let lease = coord.acquire(&key, options).await?;
     let kept = keep(lease, KeeperOptions::new())?;
     let progress = kept.progress();
@@ -304,6 +313,38 @@ mod tests {
             .await
             .unwrap_err();
         assert!(matches!(e, Error::InvalidInput(_)), "{e:?}");
+    }
+
+    /// A drift margin that leaves the section no validity window is refused before the lock is
+    /// taken: before, the lock was acquired (a token spent), released, and only then refused.
+    #[tokio::test]
+    async fn a_margin_that_leaves_no_window_is_rejected_before_anything_is_sent() {
+        let coord = MemoryCoordinator::new();
+        let key = LockKey::new("jobs/margin").unwrap();
+        let tight = options().drift_margin(Duration::from_millis(9_500));
+        let e = with_lease(&coord, &key, &tight, |_| async {})
+            .await
+            .unwrap_err();
+        match e {
+            Error::InvalidInput(InvalidInput::OutOfRange { field, .. }) => {
+                assert_eq!(field, "margin")
+            }
+            other => panic!("expected InvalidInput for the margin, got {other:?}"),
+        }
+        assert_eq!(coord.last_token(&key), None, "no lock was taken");
+        // A zero TTL is the options' own error, named as such, not the margin's.
+        let e = with_lease(
+            &coord,
+            &key,
+            &LeaseOptions::new(Duration::ZERO),
+            |_| async {},
+        )
+        .await
+        .unwrap_err();
+        assert!(
+            matches!(e, Error::InvalidInput(InvalidInput::ZeroTtl)),
+            "{e:?}"
+        );
     }
 
     #[tokio::test]

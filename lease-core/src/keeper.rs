@@ -62,8 +62,11 @@ impl KeeperOptions {
     }
 
     /// Never hold the lease longer than this in total (counted from acquisition): the keeper sends
-    /// no renewal (first try or retry) that would let the lock outlive `acquired_at + max`, so the
-    /// lease runs out at or before that point and reports `Lost(KeeperStopped)`. A limit too large
+    /// no renewal (first try or retry) whose TTL, counted from its sending, would reach past
+    /// `acquired_at + max`, so the lease's validity runs out at or before that point and it
+    /// reports `Lost(KeeperStopped)`. The server counts a TTL from when it applies the renewal, so
+    /// the lock itself may outlive that point by as long as the last renewal took to reach it (at
+    /// most the backend's request timeout): a limit for holders, not a promise to waiters. A limit too large
     /// to add to the clock (`Duration::MAX`, say) is no limit; one shorter than the lease's TTL
     /// is refused by [`keep`] (`InvalidInput`), since the grant alone holds the lock that long.
     pub fn max_hold(mut self, max: Duration) -> Self {

@@ -606,7 +606,9 @@ pub trait Lease: Send + Sync + fmt::Debug {
     ///
     /// # Behaviour
     /// - `Ok(())`: the lock was ours and is deleted; waiters are woken.
-    /// - `Err(Lost)`: it was not ours any more (or already released); nothing was deleted.
+    /// - `Err(Lost)`: the lease was already lost (expired, revoked, superseded, released). Nothing
+    ///   of another holder's is deleted; a lock still this lease's on the server (lost by its
+    ///   local validity only) may be deleted, compared on its owner.
     /// - `Err(Unavailable)` / `Err(OutcomeUnknown)`: the lock expires at its TTL in any case.
     ///
     /// # Cancel safety
@@ -633,13 +635,19 @@ pub trait Lease: Send + Sync + fmt::Debug {
         self.state().ttl()
     }
 
-    /// The local monotonic validity deadline.
+    /// The local monotonic validity deadline: past it the lease is no longer held. It says
+    /// nothing of a loss before it (revoked, superseded, released): read
+    /// [`status`](Lease::status) or [`remaining`](Lease::remaining) for that.
     fn valid_until(&self) -> Instant {
         self.state().valid_until()
     }
 
-    /// Validity left now (zero once passed).
+    /// Validity left now: zero once it has passed, and zero for a lost lease (revoked,
+    /// superseded, released) whatever its local deadline says.
     fn remaining(&self) -> Duration {
+        if let LeaseStatus::Lost(_) = self.status() {
+            return Duration::ZERO;
+        }
         self.valid_until().saturating_duration_since(Instant::now())
     }
 

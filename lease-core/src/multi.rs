@@ -8,7 +8,7 @@ use tokio::time::Instant;
 use crate::coordinator::Coordinator;
 use crate::error::{Error, LostReason, Result};
 use crate::key::LockKey;
-use crate::lease::Lease;
+use crate::lease::{Lease, LeaseStatus};
 use crate::options::LeaseOptions;
 use crate::token::Token;
 
@@ -32,8 +32,10 @@ impl fmt::Debug for MultiLease {
 /// - `options.wait` bounds the *total* wait: each key gets what is left of it, and never more
 ///   than the leases already taken stay valid (they are not renewed while the call waits): a
 ///   wait that reaches the earliest of their validities ends in `Err(Timeout)`.
-/// - Every lease in an `Ok` was held when the call returned: a lease already taken that is lost
-///   meanwhile (revoked, expired) ends the call with its `Err(Lost)`.
+/// - Every lease in an `Ok` was [`Held`](LeaseStatus::Held) when the call returned. A lease
+///   already taken that is lost while the call waits for a later key (revoked, expired) ends the
+///   call at once with its `Err(Lost)`, the wait for the later key abandoned; one in doubt at
+///   the end (its connection broken) ends it with a retryable `Err(Unavailable)`.
 /// - If a key cannot be had (timeout or any error), every lease already taken is released (in
 ///   reverse order) before the error is returned; nothing stays held.
 /// - An empty `keys` is invalid input.
@@ -64,8 +66,21 @@ pub async fn acquire_many(
         let earliest_end = held.iter().map(|l| l.valid_until()).min();
         let until = earliest_end.map_or(deadline, |end| end.min(deadline));
         let left = until.saturating_duration_since(Instant::now());
-        let got = coordinator.acquire(key, &options.clone().wait(left)).await;
-        // A lease taken earlier may have been lost while this one was awaited.
+        let bounded = options.clone().wait(left);
+        let acquire = coordinator.acquire(key, &bounded);
+        tokio::pin!(acquire);
+        // A lease taken earlier lost while this one is awaited ends the wait (dropping an
+        // acquire is cancel-safe: a lock granted meanwhile is deleted in the background). One
+        // whose validity ran out is the wait's own bound (`until`), which the acquire reports
+        // as its timeout.
+        let got = tokio::select! {
+            biased;
+            got = &mut acquire => got,
+            (i, reason) = first_lost(&held) => match reason {
+                LostReason::Expired => acquire.await,
+                reason => Err(held[i].state().lost_error(reason)),
+            },
+        };
         let got = got.and_then(|lease| {
             held.push(lease);
             held.iter().try_for_each(|l| l.state().ensure_not_lost())
@@ -75,7 +90,24 @@ pub async fn acquire_many(
             return Err(e);
         }
     }
-    Ok(MultiLease { leases: held })
+    let multi = MultiLease { leases: held };
+    if let Err(e) = multi.ensure_held() {
+        release_all(multi.leases).await;
+        return Err(e);
+    }
+    Ok(multi)
+}
+
+/// Resolves when one of `leases` is lost, with its index and the reason; never, for none.
+async fn first_lost(leases: &[Box<dyn Lease>]) -> (usize, LostReason) {
+    if leases.is_empty() {
+        return std::future::pending().await;
+    }
+    let waits = leases.iter().enumerate().map(|(i, l)| {
+        let mut s = l.lost();
+        Box::pin(async move { (i, s.wait().await) })
+    });
+    select_all(waits).await.0
 }
 
 async fn release_all(leases: Vec<Box<dyn Lease>>) -> Option<Error> {
@@ -103,7 +135,32 @@ impl MultiLease {
             .collect()
     }
 
-    /// The earliest local validity among the leases.
+    /// The status of the set: the first lost lease's (in key order) if one is lost, else
+    /// `InDoubt` if one is in doubt, else `Held`. One key lost does not end the others: release
+    /// the set.
+    pub fn status(&self) -> LeaseStatus {
+        let mut status = LeaseStatus::Held;
+        for l in &self.leases {
+            match l.status() {
+                lost @ LeaseStatus::Lost(_) => return lost,
+                LeaseStatus::InDoubt => status = LeaseStatus::InDoubt,
+                LeaseStatus::Held => {}
+            }
+        }
+        status
+    }
+
+    /// `Ok` only while every lease is held: the first lost lease's `Err(Lost)` (in key order),
+    /// else a retryable `Err(Unavailable)` for one in doubt (see [`Lease::ensure_held`]).
+    pub fn ensure_held(&self) -> Result<()> {
+        self.leases
+            .iter()
+            .try_for_each(|l| l.state().ensure_not_lost())?;
+        self.leases.iter().try_for_each(|l| l.ensure_held())
+    }
+
+    /// The earliest local validity among the leases. Like [`Lease::valid_until`], it says
+    /// nothing of a lease lost before it: read [`status`](Self::status).
     pub fn valid_until(&self) -> Instant {
         self.leases
             .iter()
@@ -133,12 +190,8 @@ impl MultiLease {
 
     /// Resolves when any of the leases is lost, with its key and the reason. Cancel-safe (local).
     pub async fn lost(&self) -> (LockKey, LostReason) {
-        let waits = self.leases.iter().map(|l| {
-            let mut s = l.lost();
-            let key = l.key().clone();
-            Box::pin(async move { (key, s.wait().await) })
-        });
-        select_all(waits).await.0
+        let (i, reason) = first_lost(&self.leases).await;
+        (self.leases[i].key().clone(), reason)
     }
 
     /// Releases every lease (reverse order). All are attempted; the first error is returned.

@@ -43,6 +43,27 @@ impl SectionOptions {
         self.max_duration = Some(d);
         self
     }
+
+    /// The margin a section keeps for a lease of `ttl` whose validity ends `drift` short of it:
+    /// the one set, or a tenth of the TTL (at least 1 ms). `Err(InvalidInput)` when it leaves no
+    /// validity window (the guard would refuse even a fresh lease).
+    pub(crate) fn margin_for(&self, ttl: Duration, drift: Duration) -> Result<Duration> {
+        let margin = self
+            .margin
+            .unwrap_or_else(|| (ttl / 10).max(Duration::from_millis(1)));
+        // The guard refuses once less than `margin` of validity is left; validity is the TTL
+        // less the drift margin, so a margin that leaves nothing would refuse a fresh lease.
+        if margin >= ttl.saturating_sub(drift) {
+            return Err(crate::InvalidInput::OutOfRange {
+                field: "margin",
+                value: format!("{margin:?}"),
+                expected:
+                    "smaller than the lease's validity window (its TTL less its drift margin)",
+            }
+            .into());
+        }
+        Ok(margin)
+    }
 }
 
 /// Given to the work inside [`bounded_with`]: lets it check, before starting each piece of
@@ -119,20 +140,7 @@ where
     W: FnOnce(SectionGuard) -> F,
     F: Future<Output = Result<T>>,
 {
-    let margin = options
-        .margin
-        .unwrap_or_else(|| (lease.ttl() / 10).max(Duration::from_millis(1)));
-    // The guard refuses once less than `margin` of validity is left; validity is the TTL less
-    // the lease's drift margin, so a margin that leaves nothing would refuse a fresh lease.
-    let window = lease.ttl().saturating_sub(lease.state().drift_margin());
-    if margin >= window {
-        return Err(crate::InvalidInput::OutOfRange {
-            field: "margin",
-            value: format!("{margin:?}"),
-            expected: "smaller than the lease's validity window (its TTL less its drift margin)",
-        }
-        .into());
-    }
+    let margin = options.margin_for(lease.ttl(), lease.state().drift_margin())?;
     let guard = SectionGuard {
         signal: lease.lost(),
         margin,

@@ -359,8 +359,9 @@ async fn the_wait_ends_before_a_lease_already_taken_runs_out() {
     assert_eq!(c.waiters(&key("b")), 0);
 }
 
-/// A lease already taken that is revoked while the call waits for the next key ends the call
-/// with its loss, after the others are given back.
+/// A lease already taken that is revoked while the call waits for the next key ends the call at
+/// once with its loss: the wait for the next key is abandoned (before, the call waited on, took
+/// the next key when it came free, and only then gave both back), and nothing is left held.
 #[tokio::test(start_paused = true)]
 async fn a_lease_lost_while_waiting_for_the_next_key_fails_the_call() {
     let c = MemoryCoordinator::new();
@@ -382,8 +383,41 @@ async fn a_lease_lost_while_waiting_for_the_next_key_fails_the_call() {
         }
         other => panic!("{other:?}"),
     }
-    assert_eq!(Instant::now() - t0, secs(2));
-    // `b` was taken (token 2) and given back.
-    assert_eq!(c.last_token(&key("b")), Some(tok(2)));
+    assert_eq!(Instant::now() - t0, secs(1));
+    // The wait for `b` ended with the call: no waiter is left, and `b` was never ours.
+    assert_eq!(c.waiters(&key("b")), 0);
+    tokio::time::sleep(secs(2)).await;
+    assert_eq!(c.last_token(&key("b")), Some(tok(1)));
     assert!(c.inspect(&key("b")).await.unwrap().is_none());
+}
+
+/// One key of a set lost is the set's status, and its lease reports no validity left, while
+/// its local deadline is still ahead; the other keys stay held until the set is released.
+#[tokio::test(start_paused = true)]
+async fn one_key_lost_is_the_status_of_the_set() {
+    let c = MemoryCoordinator::new();
+    let m = acquire_many(&c, &keys(&["a", "b"]), &exact(secs(30)))
+        .await
+        .unwrap();
+    assert_eq!(m.status(), lease_core::LeaseStatus::Held);
+    m.ensure_held().unwrap();
+    c.force_release(&key("b"), &ForceRelease::new("alice", "drill").unwrap())
+        .await
+        .unwrap();
+    assert_eq!(
+        m.status(),
+        lease_core::LeaseStatus::Lost(LostReason::Revoked)
+    );
+    match m.ensure_held() {
+        Err(Error::Lost { key, reason, .. }) => {
+            assert_eq!((key.as_str(), reason), ("b", LostReason::Revoked));
+        }
+        other => panic!("{other:?}"),
+    }
+    let b = &m.leases()[1];
+    assert!(b.valid_until() > Instant::now());
+    assert_eq!(b.remaining(), Duration::ZERO);
+    assert_eq!(m.leases()[0].status(), lease_core::LeaseStatus::Held);
+    m.release().await.unwrap_err();
+    assert!(c.inspect(&key("a")).await.unwrap().is_none());
 }
