@@ -106,10 +106,15 @@ fn map_err(operation: &'static str, e: tokio_postgres::Error) -> Error {
 }
 
 /// Maps a client error of a statement that commits when it succeeds (`COMMIT`, or a statement
-/// run outside a transaction): a database error means it did not apply (see [`map_err`]); a lost
-/// connection or a timeout after it was sent leaves the outcome unknown.
+/// run outside a transaction): a statement's own error means it did not apply (see
+/// [`map_err`]); a lost connection, a timeout after it was sent, or an error that ends the
+/// session ([`ends_session`]) leaves the outcome unknown.
 fn map_commit_err(operation: &'static str, e: tokio_postgres::Error) -> Error {
-    if e.as_db_error().is_some() || is_parameter_error(&e) {
+    let refused = match e.as_db_error() {
+        Some(db) => !ends_session(db),
+        None => is_parameter_error(&e),
+    };
+    if refused {
         return map_err(operation, e);
     }
     Error::OutcomeUnknown {
@@ -118,6 +123,23 @@ fn map_commit_err(operation: &'static str, e: tokio_postgres::Error) -> Error {
         message: format!("{operation}: {}", chain(&e)),
         source: Some(Box::new(e)),
     }
+}
+
+/// Whether a server's error ends the session rather than refuses one statement: severity FATAL
+/// or PANIC, or SQLSTATE class 08 (connection exception), 57P (shutdown, terminated), 58 (system
+/// error) or XX (internal error). Such an error says nothing of the statements before it was
+/// raised: a pooler (PgBouncer) whose server connection died sends `FATAL 08P01` for every
+/// request still waiting for its reply, a COMMIT that applied included.
+fn ends_session(db: &tokio_postgres::error::DbError) -> bool {
+    use tokio_postgres::error::Severity;
+    let code = db.code().code();
+    matches!(
+        db.parsed_severity(),
+        Some(Severity::Fatal | Severity::Panic)
+    ) || matches!(db.severity(), "FATAL" | "PANIC")
+        || ["08", "57P", "58", "XX"]
+            .iter()
+            .any(|class| code.starts_with(class))
 }
 
 /// A parameter that could not be encoded for its column: refused before anything was sent.
@@ -197,28 +219,8 @@ impl fmt::Debug for Ident {
 /// `newest INTEGER`, which would accept writes and then fail to read them back, and overflow
 /// past 2^31) is `Misconfigured`, naming each column that differs.
 pub async fn migrate(client: &impl GenericClient, table: &Ident) -> Result<()> {
-    let columns = client
-        .query(
-            "SELECT a.attname::text, format_type(a.atttypid, NULL) \
-             FROM pg_attribute a \
-             WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped",
-            &[&table.quoted()],
-        )
-        .await
-        .map_err(|e| map_err("migrate", e))?;
-    if !columns.is_empty() {
-        let found: Vec<(String, String)> = columns
-            .iter()
-            .map(|r| (r.get::<_, String>(0), r.get::<_, String>(1)))
-            .collect();
-        let problems = table_shape_problems(table, &found);
-        if problems.is_empty() {
-            return Ok(());
-        }
-        return Err(Error::Misconfigured {
-            backend: BACKEND,
-            problems,
-        });
+    if check_table(client, table).await? {
+        return Ok(());
     }
     let sql = format!(
         "CREATE TABLE IF NOT EXISTS {t} (
@@ -235,8 +237,40 @@ pub async fn migrate(client: &impl GenericClient, table: &Ident) -> Result<()> {
         .map_err(|e| map_err("migrate", e))
 }
 
-/// What differs between an existing fence table's columns (`(name, type)`) and the ones the
-/// fence reads and writes.
+/// Checks an existing fence table's columns against the catalog (what [`migrate`] does first, and
+/// what [`PgFence::connect`] does with `migrate=false`): `Ok(false)` if there is no such table,
+/// `Ok(true)` if it has the shape the fence reads and writes, `Misconfigured` naming each column
+/// that differs otherwise. A table of another shape would accept a write, commit it, and fail
+/// only when its row is read back, or refuse the longest resource ids.
+async fn check_table(client: &impl GenericClient, table: &Ident) -> Result<bool> {
+    let columns = client
+        .query(
+            "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod) \
+             FROM pg_attribute a \
+             WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped",
+            &[&table.quoted()],
+        )
+        .await
+        .map_err(|e| map_err("check the fence table", e))?;
+    if columns.is_empty() {
+        return Ok(false);
+    }
+    let found: Vec<(String, String)> = columns
+        .iter()
+        .map(|r| (r.get::<_, String>(0), r.get::<_, String>(1)))
+        .collect();
+    let problems = table_shape_problems(table, &found);
+    if problems.is_empty() {
+        return Ok(true);
+    }
+    Err(Error::Misconfigured {
+        backend: BACKEND,
+        problems,
+    })
+}
+
+/// What differs between an existing fence table's columns (`(name, type)`, the type with its
+/// modifier as `format_type` prints it) and the ones the fence reads and writes.
 fn table_shape_problems(table: &Ident, found: &[(String, String)]) -> Vec<String> {
     const WANTED: &[(&str, &[&str])] = &[
         ("resource", &["text", "character varying"]),
@@ -253,9 +287,25 @@ fn table_shape_problems(table: &Ident, found: &[(String, String)]) -> Vec<String
                     "the fence table {table:?} has no column {name} ({want}); create it as \
                      migrations/0001_fence_tokens.sql does"
                 )),
-                Some((_, t)) if !types.contains(&t.as_str()) => Some(format!(
-                    "the fence table {table:?} has column {name} of type {t}, not {want}"
-                )),
+                Some((_, t)) if !types.contains(&t.as_str()) => {
+                    // `character varying(n)`: long enough for every resource id?
+                    let limit = t
+                        .strip_prefix("character varying(")
+                        .and_then(|n| n.strip_suffix(')'))
+                        .and_then(|n| n.parse::<usize>().ok())
+                        .filter(|_| *name == "resource");
+                    match limit {
+                        Some(n) if n >= lease_core::MAX_NAME_BYTES => None,
+                        Some(_) => Some(format!(
+                            "the fence table {table:?} has column {name} of type {t}, shorter \
+                             than the longest resource id ({} bytes); make it {want}",
+                            lease_core::MAX_NAME_BYTES
+                        )),
+                        None => Some(format!(
+                            "the fence table {table:?} has column {name} of type {t}, not {want}"
+                        )),
+                    }
+                }
                 Some(_) => None,
             }
         })
@@ -660,8 +710,9 @@ impl FencedTable {
 /// - Each write runs [`begin`] + store value + commit: the comparison and the write are one
 ///   transaction on a locked row; the newest accepted token is as durable as PostgreSQL's commit.
 /// - `claim` is the same without the value.
-/// - Each operation is bounded by the URL's `timeout_ms` ([`DEFAULT_TIMEOUT`] by default): the
-///   wait for a pooled connection (or a new one) and the statements each get that bound. A
+/// - Each operation is bounded by the URL's `timeout_ms` ([`DEFAULT_TIMEOUT`] by default) twice
+///   over: the wait for a pooled connection (or a new one, and its session's lookup on first
+///   use) gets that bound, then the statements get it. A
 ///   failure before `COMMIT` was sent is `Unavailable` (nothing was committed); a timeout or a
 ///   lost connection after `COMMIT` was sent is `OutcomeUnknown`. Nothing is retried: a write
 ///   whose outcome is unknown is never sent again by the fence.
@@ -920,12 +971,19 @@ impl PgFence {
             url: o.redacted,
         };
         let first = fence.checkout().await.map_err(|e| fence.scrubbed(url, e))?;
+        // Bounded like every operation; on a timeout `first` is dropped unfinished, so the
+        // connection (whose replies are unknown) leaves the pool.
         if o.migrate {
-            // Bounded like every operation; on a timeout `first` is dropped unfinished, so the
-            // connection (whose replies are unknown) leaves the pool.
             tokio::time::timeout(fence.timeout, migrate(first.client(), &fence.table))
                 .await
                 .map_err(|_| timed_out("migrate", false, fence.timeout))??;
+        } else {
+            // Not created here, but one of another shape is refused now rather than at a write
+            // that commits and then fails to read its row back. One not there yet is left to the
+            // first write (`Misconfigured`, undefined table).
+            tokio::time::timeout(fence.timeout, check_table(first.client(), &fence.table))
+                .await
+                .map_err(|_| timed_out("check the fence table", false, fence.timeout))??;
         }
         first.finish();
         Ok(fence)
@@ -991,6 +1049,22 @@ impl PgFence {
     /// A pooled connection (a new one if none is idle; a closed one is replaced), waiting at
     /// most the timeout.
     async fn checkout(&self) -> Result<Checkout> {
+        // One bound over the whole checkout: the wait for a pooled connection, a new one's
+        // connect, and a first use's session lookup together (each has the same bound of its
+        // own too). Dropped unfinished, a connection being made or asked is closed.
+        tokio::time::timeout(self.timeout, self.checkout_unbounded())
+            .await
+            .map_err(|_| Error::Unavailable {
+                backend: BACKEND,
+                message: format!(
+                    "connect: no usable connection within {:?} (pool of {}); nothing was sent",
+                    self.timeout, self.pool_size
+                ),
+                source: None,
+            })?
+    }
+
+    async fn checkout_unbounded(&self) -> Result<Checkout> {
         let client = self.own.get().await.map_err(|e| match e {
             PoolError::Backend(e) => map_connect_err(e, self.ssl_mode, self.ssl_cert.as_deref()),
             PoolError::Timeout(_) => Error::Unavailable {
@@ -1502,16 +1576,26 @@ async fn first_poll<F: Future + Unpin>(f: &mut F) -> Option<F::Output> {
 ///   writer's older token be accepted after it (`on` and `remote_apply` are kept). It waits
 ///   for a standby only when `synchronous_standby_names` names one: with asynchronous
 ///   replication, a failover can still forget the newest tokens (see the README);
-/// - a lock wait bounded by the request timeout: a write queued behind a row lock is cancelled
-///   by the server about when the client gives up on it, rather than committed long after.
+/// - a lock wait bounded by three quarters of the request timeout ([`lock_timeout`]): a write
+///   queued behind a row lock is refused by the server before the client gives up on it, rather
+///   than committed long after.
 fn begin_sql(timeout: Duration) -> String {
     format!(
         "BEGIN ISOLATION LEVEL READ COMMITTED; \
          SELECT set_config('synchronous_commit', 'on', true) \
          WHERE current_setting('synchronous_commit') IN ('off', 'local', 'remote_write'); \
          SET LOCAL lock_timeout = {}",
-        timeout.as_millis().max(1)
+        lock_timeout(timeout).as_millis().max(1)
     )
+}
+
+/// The server's bound on a fence write's row-lock wait for a request `timeout`: three quarters of
+/// it. The client's bound starts before the request is sent and the server's only once the wait
+/// begins, so with the same value the client always gave up first (`OutcomeUnknown`, and the
+/// session ended) on a write that the server would have refused; a quarter of the bound is left
+/// for the refusal to travel back (`Unavailable`, nothing applied).
+fn lock_timeout(timeout: Duration) -> Duration {
+    timeout * 3 / 4
 }
 
 /// The fence write as one pipelined transaction: `BEGIN` ([`begin_sql`]), ensure the row, lock it, the fenced
@@ -1694,6 +1778,26 @@ mod tests {
         assert_eq!(problems.len(), 2, "{problems:?}");
         assert!(problems[0].contains("newest of type integer, not bigint"));
         assert!(problems[1].contains("no column value_token"));
+        // A length limit on `resource` passes only if every resource id fits.
+        let with_resource = |t: &str| {
+            let mut cols = good.to_vec();
+            cols[0] = col("resource", t);
+            table_shape_problems(&table, &cols)
+        };
+        assert!(with_resource("character varying").is_empty());
+        assert!(with_resource("character varying(256)").is_empty());
+        let short = with_resource("character varying(32)");
+        assert_eq!(short.len(), 1, "{short:?}");
+        assert!(short[0].contains("character varying(32), shorter than the longest resource id"));
+    }
+
+    #[test]
+    fn the_server_refuses_a_lock_wait_before_the_client_gives_up() {
+        assert_eq!(
+            lock_timeout(Duration::from_secs(2)),
+            Duration::from_millis(1500)
+        );
+        assert!(begin_sql(Duration::from_secs(2)).contains("lock_timeout = 1500"));
     }
 
     #[test]

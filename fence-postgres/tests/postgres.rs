@@ -1086,3 +1086,240 @@ async fn a_callers_session_state_never_reaches_the_fence() {
         .get(0);
     assert_eq!(left, None, "the lent connection was not reset");
 }
+
+/// A stand-in for a connection pooler (PgBouncer) between the fence and PostgreSQL: it forwards
+/// both ways until [`Pooler::hold_replies`]; from then on the server's replies on the
+/// connections open at that moment are read and dropped, and [`Pooler::crash`] sends each of
+/// them what a pooler sends its clients when its server connection dies (an `ErrorResponse`
+/// `FATAL 08P01`, severity in the `S` field only, as PgBouncer writes it) and closes it.
+/// Connections accepted later pass through.
+struct Pooler {
+    addr: std::net::SocketAddr,
+    accepted: Arc<std::sync::atomic::AtomicU64>,
+    held_below: Arc<std::sync::atomic::AtomicU64>,
+    crash: tokio::sync::watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Pooler {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Pooler {
+    async fn start(upstream: std::net::SocketAddr) -> Pooler {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let accepted = Arc::new(AtomicU64::new(0));
+        let held_below = Arc::new(AtomicU64::new(0));
+        let (crash, crashed) = tokio::sync::watch::channel(false);
+        let task = tokio::spawn({
+            let (accepted, held_below) = (accepted.clone(), held_below.clone());
+            async move {
+                while let Ok((client, _)) = listener.accept().await {
+                    let n = accepted.fetch_add(1, Ordering::SeqCst);
+                    let Ok(server) = tokio::net::TcpStream::connect(upstream).await else {
+                        continue;
+                    };
+                    let (mut client_read, mut client_write) = client.into_split();
+                    let (mut server_read, mut server_write) = server.into_split();
+                    tokio::spawn(async move {
+                        let _ = tokio::io::copy(&mut client_read, &mut server_write).await;
+                    });
+                    let (held_below, mut crashed) = (held_below.clone(), crashed.clone());
+                    tokio::spawn(async move {
+                        let mut buf = vec![0u8; 64 * 1024];
+                        loop {
+                            let held = n < held_below.load(Ordering::SeqCst);
+                            tokio::select! {
+                                read = server_read.read(&mut buf) => match read {
+                                    Ok(0) | Err(_) => break,
+                                    Ok(_) if held => {}
+                                    Ok(k) => {
+                                        if client_write.write_all(&buf[..k]).await.is_err() {
+                                            break;
+                                        }
+                                    }
+                                },
+                                // The only change is to `true`.
+                                Ok(()) = crashed.changed(), if held => {
+                                    let fields = b"SFATAL\0C08P01\0Mserver conn crashed?\0\0";
+                                    let mut message = vec![b'E'];
+                                    message.extend_from_slice(&(fields.len() as i32 + 4).to_be_bytes());
+                                    message.extend_from_slice(fields);
+                                    let _ = client_write.write_all(&message).await;
+                                    let _ = client_write.shutdown().await;
+                                    break;
+                                }
+                            }
+                        }
+                    });
+                }
+            }
+        });
+        Pooler {
+            addr,
+            accepted,
+            held_below,
+            crash,
+            task,
+        }
+    }
+
+    /// From now on, drop the server's replies on the connections open now.
+    fn hold_replies(&self) {
+        use std::sync::atomic::Ordering;
+        self.held_below
+            .store(self.accepted.load(Ordering::SeqCst), Ordering::SeqCst);
+    }
+
+    /// The server connections behind the held connections die: each gets the pooler's FATAL.
+    fn crash(&self) {
+        self.crash.send_replace(true);
+    }
+}
+
+/// A write whose COMMIT applied, and then a pooler's `FATAL` instead of the replies (its server
+/// connection died after the commit): the error says nothing of what applied before it, so the
+/// write is `OutcomeUnknown`. Before, any error from the server was taken as "nothing written"
+/// (`Unavailable`), for a write that had committed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_poolers_fatal_error_after_the_commit_is_outcome_unknown() {
+    let Some(pg) = server("a_poolers_fatal_error_after_the_commit_is_outcome_unknown").await else {
+        return;
+    };
+    let pooler = Pooler::start(pg.addr()).await;
+    let fence = Arc::new(
+        PgFence::connect(&format!(
+            "postgres://postgres@{}/postgres?table=pooled&timeout_ms=20000&pool_size=1",
+            pooler.addr
+        ))
+        .await
+        .unwrap(),
+    );
+    let direct = PgFence::connect(&format!("{}?table=pooled", pg.connection_url()))
+        .await
+        .unwrap();
+    let r = ResourceId::new("pooled/1").unwrap();
+    fence
+        .write(&r, t(5), Bytes::from_static(b"five"))
+        .await
+        .unwrap();
+    pooler.hold_replies();
+    let write = tokio::spawn({
+        let (fence, r) = (fence.clone(), r.clone());
+        async move { fence.write(&r, t(6), Bytes::from_static(b"six")).await }
+    });
+    // Committed on the server; its replies held by the pooler.
+    until_value(&direct, &r, t(6), b"six").await;
+    pooler.crash();
+    let got = tokio::time::timeout(Duration::from_secs(60), write)
+        .await
+        .expect("the write ends within its bounds")
+        .unwrap();
+    match got {
+        Err(Error::OutcomeUnknown { .. }) => {}
+        other => panic!("a write that committed, answered by a pooler's FATAL: {other:?}"),
+    }
+    // The fence goes on, on a new connection.
+    fence
+        .write(&r, t(6), Bytes::from_static(b"again"))
+        .await
+        .unwrap();
+}
+
+/// With `migrate=false` an existing table of another shape is refused when the fence connects,
+/// naming the column. Before, it was not checked: a table with `newest INTEGER` took a write,
+/// committed it, and then reported `InvalidInput` ("nothing sent") when reading its row back; a
+/// `resource VARCHAR(8)` passed and refused longer ids with a retryable `Unavailable`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_existing_table_of_another_shape_is_refused_without_migrate() {
+    let Some(pg) = server("an_existing_table_of_another_shape_is_refused_without_migrate").await
+    else {
+        return;
+    };
+    let url = pg.connection_url();
+    let c = client(&url).await;
+    c.batch_execute(
+        "CREATE TABLE handmade (resource text PRIMARY KEY, newest integer NOT NULL, \
+           value bytea, value_token integer, updated_at timestamptz NOT NULL DEFAULT now());
+         CREATE TABLE short_ids (resource varchar(8) PRIMARY KEY, newest bigint NOT NULL, \
+           value bytea, value_token bigint, updated_at timestamptz NOT NULL DEFAULT now());
+         CREATE TABLE long_ids (resource varchar(300) PRIMARY KEY, newest bigint NOT NULL, \
+           value bytea, value_token bigint, updated_at timestamptz NOT NULL DEFAULT now());",
+    )
+    .await
+    .unwrap();
+    for (table, named) in [
+        ("handmade", "newest of type integer"),
+        ("short_ids", "character varying(8)"),
+    ] {
+        for migrate in ["false", "true"] {
+            match PgFence::connect(&format!("{url}?table={table}&migrate={migrate}")).await {
+                Err(Error::Misconfigured { problems, .. }) => {
+                    assert!(problems.iter().any(|p| p.contains(named)), "{problems:?}")
+                }
+                other => panic!("{table}, migrate={migrate}: {other:?}"),
+            }
+        }
+    }
+    // A long enough limit is fine.
+    let fence = PgFence::connect(&format!("{url}?table=long_ids&migrate=false"))
+        .await
+        .unwrap();
+    let r = ResourceId::new("x".repeat(lease_core::MAX_NAME_BYTES)).unwrap();
+    fence.claim(&r, t(1)).await.unwrap();
+    // No table yet is left to the first write, which names it.
+    let fence = PgFence::connect(&format!("{url}?table=not_yet&migrate=false"))
+        .await
+        .unwrap();
+    match fence.claim(&r, t(1)).await {
+        Err(Error::Misconfigured { .. }) => {}
+        other => panic!("{other:?}"),
+    }
+}
+
+/// A write queued behind a row lock held past its bound is refused by the server (its
+/// `lock_timeout`): `Unavailable`, nothing applied, the connection kept. Before, the server's
+/// bound equalled the client's, which starts earlier, so the client always gave up first:
+/// `OutcomeUnknown`, and the session ended, for a write that could not have applied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_behind_a_held_row_lock_is_refused_by_the_server_in_time() {
+    let Some(pg) = server("a_write_behind_a_held_row_lock_is_refused_by_the_server").await else {
+        return;
+    };
+    let url = pg.connection_url();
+    let fence = PgFence::connect(&format!("{url}?table=locked&timeout_ms=2000"))
+        .await
+        .unwrap();
+    let r = ResourceId::new("locked/1").unwrap();
+    fence.claim(&r, t(1)).await.unwrap();
+    let mut c = client(&url).await;
+    let tx = c.transaction().await.unwrap();
+    tx.query(
+        "SELECT 1 FROM locked WHERE resource = $1 FOR UPDATE",
+        &[&r.as_str()],
+    )
+    .await
+    .unwrap();
+    let began = std::time::Instant::now();
+    match fence.write(&r, t(2), Bytes::from_static(b"two")).await {
+        Err(Error::Unavailable { message, .. }) => {
+            assert!(message.contains("55P03"), "{message}")
+        }
+        other => panic!("a lock wait the server refuses, nothing applied: {other:?}"),
+    }
+    assert!(
+        began.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        began.elapsed()
+    );
+    tx.rollback().await.unwrap();
+    fence
+        .write(&r, t(2), Bytes::from_static(b"two"))
+        .await
+        .unwrap();
+}
