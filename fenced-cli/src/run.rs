@@ -54,6 +54,14 @@ pub(crate) async fn run(url: Option<String>, args: RunArgs) -> Result<u8, Failur
     // The section's margin, as bounded_with would pick it: a tenth of the granted TTL.
     let margin = (kept.lease().ttl() / 10).max(Duration::from_millis(1));
     let left = kept.lease().remaining();
+    if let LeaseStatus::Lost(reason) = kept.lease().status() {
+        let token = kept.token();
+        let _ = kept.release().await;
+        return Err(Failure::new(
+            exit::LOST,
+            format!("lease on {key} (token {token}) was lost ({reason}) before the command could start; it was not started"),
+        ));
+    }
     if !matches!(kept.lease().status(), LeaseStatus::Held) || left <= margin {
         // The section would end at once: the command would be started only to be stopped.
         let token = kept.token();

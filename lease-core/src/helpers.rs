@@ -138,7 +138,9 @@ impl LeaseScope {
 ///
 /// - The key is validated first ([`IntoLockKey`]), then the options (as every acquire does),
 ///   and then that the section's margin (a tenth of the TTL) leaves a validity window after the
-///   drift margin: a bad value is `Err(InvalidInput)` naming it, and nothing is sent.
+///   drift margin: a bad value is `Err(InvalidInput)` naming it, and nothing is sent. The check
+///   uses the TTL asked for, on every backend alike, even where the backend would round it up
+///   (etcd, to whole seconds) and leave a window.
 /// - Acquisition waits up to `options.wait` ([`Coordinator::acquire`]): `Err(Timeout)` if the key
 ///   stayed busy, `Err(Unavailable)` / `Err(OutcomeUnknown)` as the backend reports them. The
 ///   body does not run then.

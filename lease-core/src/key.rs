@@ -6,7 +6,10 @@
 //! - no control characters (U+0000..U+001F, U+007F..U+009F), and no invisible formatting or
 //!   line-separating ones (Unicode Cf, Zl, Zp: U+202E RIGHT-TO-LEFT OVERRIDE, U+200B ZERO WIDTH
 //!   SPACE, U+2028 LINE SEPARATOR, ...), so that a key printed in a log or an operator's
-//!   listing is the key, and two keys that print alike are one key;
+//!   listing shows every character it has. Keys are compared byte for byte and not normalized:
+//!   `é` as one code point (NFC) and as `e` plus a combining accent (NFD) are two keys that
+//!   print alike, as are look-alike letters of two scripts. Normalize keys before naming them
+//!   if your sources may differ;
 //! - `/` separates segments: no leading or trailing `/`, no empty segment (`//`), no `.` or `..`
 //!   segment, so that a key maps onto a ZooKeeper path or an etcd prefix without escaping or
 //!   aliasing another key.

@@ -33,9 +33,10 @@ impl fmt::Debug for MultiLease {
 ///   than the leases already taken stay valid (they are not renewed while the call waits): a
 ///   wait that reaches the earliest of their validities ends in `Err(Timeout)`.
 /// - Every lease in an `Ok` was [`Held`](LeaseStatus::Held) when the call returned. A lease
-///   already taken that is lost while the call waits for a later key (revoked, expired) ends the
-///   call at once with its `Err(Lost)`, the wait for the later key abandoned; one in doubt at
-///   the end (its connection broken) ends it with a retryable `Err(Unavailable)`.
+///   already taken that is lost while the call waits for a later key (revoked, superseded) ends
+///   the call at once with its `Err(Lost)`, the wait for the later key abandoned; one whose
+///   validity runs out ends the wait at that bound (`Err(Timeout)`, above); one in doubt at the
+///   end (its connection broken) ends it with a retryable `Err(Unavailable)`.
 /// - If a key cannot be had (timeout or any error), every lease already taken is released (in
 ///   reverse order) before the error is returned; nothing stays held.
 /// - An empty `keys` is invalid input.

@@ -388,7 +388,8 @@ async fn failing_renewals_fire_lost_when_validity_ends_and_not_before() {
     });
 
     tokio::time::sleep(ms(2999)).await;
-    assert_eq!(kept.lease().status(), LeaseStatus::Held);
+    // Not lost before validity ends; in doubt since the first try failed.
+    assert_eq!(kept.lease().status(), LeaseStatus::InDoubt);
     assert!(!watcher.is_finished());
     let tries = renews.load(Ordering::SeqCst);
     assert!(tries >= 3, "the keeper retries failed renewals: {tries}");
@@ -415,6 +416,40 @@ async fn transient_renewal_failures_are_retried() {
     assert_eq!(kept.lease().status(), LeaseStatus::Held);
     assert!(renews.load(Ordering::SeqCst) > 3);
     assert!(kept.lease().remaining() >= secs(2));
+}
+
+/// A renewal that is not confirmed puts the lease in doubt: renewal has become uncertain, so a
+/// section's guard refuses new sub-work, until a later try confirms. Before, the lease stayed
+/// `Held` and the guard kept letting new sub-work start until validity less its margin.
+#[tokio::test(start_paused = true)]
+async fn an_unconfirmed_renewal_puts_the_lease_in_doubt_until_one_confirms() {
+    // Every try fails: in doubt from the first (due at 1 s) until validity ends.
+    let lease = ScriptedLease::new(secs(3), RenewScript::Unavailable);
+    let kept = keep(Box::new(lease), KeeperOptions::new().jitter(0.0)).unwrap();
+    let checked = lease_core::bounded_with(
+        kept.lease(),
+        lease_core::SectionOptions::new(),
+        |guard| async move {
+            guard.check()?;
+            tokio::time::sleep(ms(1500)).await;
+            Ok(guard.check())
+        },
+    )
+    .await
+    .expect("work already running goes on");
+    assert!(matches!(checked, Err(Error::Lost { .. })), "{checked:?}");
+    assert_eq!(kept.lease().status(), LeaseStatus::InDoubt);
+    tokio::time::sleep(secs(2)).await;
+    assert_eq!(
+        kept.lease().status(),
+        LeaseStatus::Lost(LostReason::Expired)
+    );
+
+    // The first try fails and the retry confirms: held again.
+    let lease = ScriptedLease::new(secs(3), RenewScript::FailFirst(1));
+    let kept = keep(Box::new(lease), KeeperOptions::new().jitter(0.0)).unwrap();
+    tokio::time::sleep(ms(1500)).await;
+    assert_eq!(kept.lease().status(), LeaseStatus::Held);
 }
 
 /// A renewal whose validity the backend capped short of the window (a session bound, which the
