@@ -106,12 +106,12 @@ fn map_err(operation: &'static str, e: tokio_postgres::Error) -> Error {
 }
 
 /// Maps a client error of a statement that commits when it succeeds (`COMMIT`, or a statement
-/// run outside a transaction): a statement's own error means it did not apply (see
-/// [`map_err`]); a lost connection, a timeout after it was sent, or an error that ends the
-/// session ([`ends_session`]) leaves the outcome unknown.
+/// run outside a transaction): the server's own error means it did not apply (see
+/// [`map_err`]); a lost connection, a timeout after it was sent, or an error that did not come
+/// from the server in reply ([`not_from_the_server`], a pooler's) leaves the outcome unknown.
 fn map_commit_err(operation: &'static str, e: tokio_postgres::Error) -> Error {
     let refused = match e.as_db_error() {
-        Some(db) => !ends_session(db),
+        Some(db) => !not_from_the_server(db),
         None => is_parameter_error(&e),
     };
     if refused {
@@ -125,21 +125,40 @@ fn map_commit_err(operation: &'static str, e: tokio_postgres::Error) -> Error {
     }
 }
 
-/// Whether a server's error ends the session rather than refuses one statement: severity FATAL
-/// or PANIC, or SQLSTATE class 08 (connection exception), 57P (shutdown, terminated), 58 (system
-/// error) or XX (internal error). Such an error says nothing of the statements before it was
-/// raised: a pooler (PgBouncer) whose server connection died sends `FATAL 08P01` for every
-/// request still waiting for its reply, a COMMIT that applied included.
-fn ends_session(db: &tokio_postgres::error::DbError) -> bool {
-    use tokio_postgres::error::Severity;
-    let code = db.code().code();
-    matches!(
-        db.parsed_severity(),
-        Some(Severity::Fatal | Severity::Panic)
-    ) || matches!(db.severity(), "FATAL" | "PANIC")
-        || ["08", "57P", "58", "XX"]
-            .iter()
-            .any(|class| code.starts_with(class))
+/// Whether an error that reached a statement which commits when it succeeds leaves its outcome
+/// unknown, although it came as an error message: one that did not come from PostgreSQL in reply
+/// to that request. PostgreSQL answers a pipeline in order, so its own error for a request (any
+/// severity, a FATAL for a terminated session included) means that request and every one after
+/// it, COMMIT included, did not apply. A pooler (PgBouncer) whose server connection dies sends
+/// `FATAL 08P01` for every request still waiting for its reply, a COMMIT that applied included.
+/// So: SQLSTATE class 08 (connection exception), or severity FATAL or PANIC without the
+/// nonlocalized severity field that PostgreSQL 9.6 and later always send (`V`), which a pooler
+/// does not.
+fn not_from_the_server(db: &tokio_postgres::error::DbError) -> bool {
+    db.code().code().starts_with("08")
+        || (db.parsed_severity().is_none() && matches!(db.severity(), "FATAL" | "PANIC"))
+}
+
+/// Whether `e` carries the server's error ending the session (severity FATAL or PANIC: a
+/// terminated backend, a shutdown): the connection is dead, whatever the pool's quick check says.
+fn ended_by_the_server(e: &Error) -> bool {
+    let Error::Unavailable {
+        source: Some(source),
+        ..
+    } = e
+    else {
+        return false;
+    };
+    source
+        .downcast_ref::<tokio_postgres::Error>()
+        .and_then(|e| e.as_db_error())
+        .is_some_and(|db| {
+            use tokio_postgres::error::Severity;
+            matches!(
+                db.parsed_severity(),
+                Some(Severity::Fatal | Severity::Panic)
+            ) || matches!(db.severity(), "FATAL" | "PANIC")
+        })
 }
 
 /// A parameter that could not be encoded for its column: refused before anything was sent.
@@ -245,8 +264,11 @@ pub async fn migrate(client: &impl GenericClient, table: &Ident) -> Result<()> {
 async fn check_table(client: &impl GenericClient, table: &Ident) -> Result<bool> {
     let columns = client
         .query(
-            "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod) \
-             FROM pg_attribute a \
+            // A domain counts as its base type (with the domain's modifier).
+            "SELECT a.attname::text, CASE WHEN t.typtype = 'd' \
+                 THEN format_type(t.typbasetype, t.typtypmod) \
+                 ELSE format_type(a.atttypid, a.atttypmod) END \
+             FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid \
              WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped",
             &[&table.quoted()],
         )
@@ -426,11 +448,12 @@ impl<'a> FencedTransaction<'a> {
 
     /// Commits the fence advance and the caller's writes together.
     ///
-    /// A database error (for example a serialization failure) means nothing was committed; so
-    /// does an error for a transaction that an earlier failed statement aborted (PostgreSQL
+    /// The server's own error (for example a serialization failure) means nothing was committed;
+    /// so does an error for a transaction that an earlier failed statement aborted (PostgreSQL
     /// answers `COMMIT` of such a transaction with `ROLLBACK`, not an error, so the fence row is
     /// read first: one more round trip). A connection lost after `COMMIT` was sent is
-    /// `OutcomeUnknown`: re-read before acting, and do not retry blind.
+    /// `OutcomeUnknown`, as is an error that did not come from the server in reply (a pooler's
+    /// `FATAL` when its server connection died): re-read before acting, and do not retry blind.
     pub async fn commit(self) -> Result<Accepted> {
         self.tx
             .query_one(
@@ -592,8 +615,10 @@ impl FencedTable {
     ///   `FencedTable`), or the statement matched more than one row (a unique index was dropped
     ///   since): nothing changed, the statement was rolled back (inside the caller's
     ///   transaction, that transaction is aborted and must be rolled back).
-    /// - `Err(OutcomeUnknown)`: the connection was lost after the statement was sent. Outside a
-    ///   transaction it may have committed: re-read, and do not retry blind.
+    /// - `Err(OutcomeUnknown)`: the connection was lost after the statement was sent, or a
+    ///   pooler answered it with its own `FATAL`. Outside a transaction it may have committed:
+    ///   re-read, and do not retry blind (inside one, nothing can have committed: the caller's
+    ///   transaction is gone with its connection).
     /// - `Err(Unavailable)`: the database refused for a transient reason, or the row appeared or
     ///   changed between the update and the read that explains it; nothing changed, retry.
     pub async fn update(
@@ -1133,7 +1158,14 @@ impl PgFence {
             Ok(Err(e @ Error::OutcomeUnknown { .. })) => e,
             Ok(r) => {
                 unsettled.end = None;
-                held.finish();
+                if matches!(&r, Err(e) if ended_by_the_server(e)) {
+                    // The server ended the session (its FATAL): `held` is dropped unfinished,
+                    // so the dead connection is closed rather than lent to the next operation,
+                    // whose pipeline would be written into it and end `OutcomeUnknown`.
+                    drop(held);
+                } else {
+                    held.finish();
+                }
                 return r;
             }
             Err(_) if committing.load(Ordering::SeqCst) => timed_out(operation, true, self.timeout),
@@ -1601,8 +1633,9 @@ fn lock_timeout(timeout: Duration) -> Duration {
 /// The fence write as one pipelined transaction: `BEGIN` ([`begin_sql`]), ensure the row, lock it, the fenced
 /// `UPDATE` and `COMMIT` are sent together (unnamed statements with typed parameters, no
 /// separate prepare), so the write is one request on the wire and one round trip. Any loss of
-/// the connection after that is `OutcomeUnknown`; a database error in any statement aborts the
-/// transaction (nothing applied).
+/// the connection after that is `OutcomeUnknown`, as is an error that did not come from the
+/// server in reply ([`not_from_the_server`]); the server's own error in any statement aborts
+/// the transaction (nothing applied).
 async fn pipelined_accept(
     client: &Client,
     table: &Ident,
