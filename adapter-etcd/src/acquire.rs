@@ -554,7 +554,9 @@ impl Inner {
                 // ahead that a write from outside detached after our read never goes, and its
                 // session's end is not an event the watch delivers (see `Detached`). The read
                 // shows it with no lease.
-                let reread_at = last.sent + session.ttl();
+                // (At least half a TTL from now: a read slower than the TTL does not make
+                // the next one follow at once.)
+                let reread_at = (last.sent + session.ttl()).max(Instant::now() + session.ttl() / 2);
                 let recheck_at = match orphans_at.filter(|_| !last.detached.is_empty()) {
                     Some(at) => at.min(reread_at),
                     None => reread_at,
@@ -601,7 +603,15 @@ impl Inner {
                         // Re-read the part of the queue up to our key: ours must still be there
                         // (a waiter whose session ended must not report acquired), and the keys
                         // below ours are the ones to see go.
-                        match self.read_queue(&queue).await {
+                        let read = tokio::select! {
+                            _ = caller.closed() => return Err(timed_out()),
+                            _ = tokio::time::sleep_until(deadline) => {
+                                self.delete_now(&mut pending).await;
+                                return Err(timed_out());
+                            }
+                            read = self.read_queue(&queue) => read,
+                        };
+                        match read {
                             Ok(read) => {
                                 last = read;
                                 orphans_at = None;

@@ -1902,8 +1902,8 @@ async fn a_waiter_queued_before_the_key_ahead_is_detached_takes_the_lock_once_it
     let mut raw = etcd.client();
     let k = key("detached-after-queueing");
     let prefix = etcd.lock_prefix(&k);
-    // A holder nobody keeps alive: its session ends 6 s from now.
-    let lease = raw.lease_grant(6, None).await.unwrap().id();
+    // A holder's session.
+    let lease = raw.lease_grant(60, None).await.unwrap().id();
     let name = format!("{prefix}{:016x}-0", lease as u64);
     let attached = etcd_client::PutOptions::new().with_lease(lease);
     raw.put(name.clone(), "a holder", Some(attached))
@@ -1928,11 +1928,18 @@ async fn a_waiter_queued_before_the_key_ahead_is_detached_takes_the_lock_once_it
         }
     })
     .await;
-    // Detached after the waiter read its queue, as by another tool; the holder then dies.
+    // Detached after the waiter read its queue, as by another tool; the holder then dies (its
+    // session ends: revoked here, its TTL passing does the same).
     raw.put(name.clone(), "written by another tool", None)
         .await
         .unwrap();
     let created = raw.get(name.clone(), None).await.unwrap().kvs()[0].create_revision();
+    raw.lease_revoke(lease).await.unwrap();
+    assert_eq!(
+        raw.get(name.clone(), None).await.unwrap().kvs().len(),
+        1,
+        "a detached key outlives its session"
+    );
     let lease = tokio::time::timeout(Duration::from_secs(30), waiter)
         .await
         .expect("the waiter takes the lock once the detached key's session is over")
