@@ -106,12 +106,12 @@ fn map_err(operation: &'static str, e: tokio_postgres::Error) -> Error {
 }
 
 /// Maps a client error of a statement that commits when it succeeds (`COMMIT`, or a statement
-/// run outside a transaction): the server's own error means it did not apply (see
-/// [`map_err`]); a lost connection, a timeout after it was sent, or an error that did not come
-/// from the server in reply ([`not_from_the_server`], a pooler's) leaves the outcome unknown.
+/// run outside a transaction): a statement's own error means it did not apply (see
+/// [`map_err`]); a lost connection, a timeout after it was sent, or an error that ends the
+/// session ([`leaves_outcome_unknown`]) leaves the outcome unknown.
 fn map_commit_err(operation: &'static str, e: tokio_postgres::Error) -> Error {
     let refused = match e.as_db_error() {
-        Some(db) => !not_from_the_server(db),
+        Some(db) => !leaves_outcome_unknown(db),
         None => is_parameter_error(&e),
     };
     if refused {
@@ -125,18 +125,25 @@ fn map_commit_err(operation: &'static str, e: tokio_postgres::Error) -> Error {
     }
 }
 
-/// Whether an error that reached a statement which commits when it succeeds leaves its outcome
-/// unknown, although it came as an error message: one that did not come from PostgreSQL in reply
-/// to that request. PostgreSQL answers a pipeline in order, so its own error for a request (any
-/// severity, a FATAL for a terminated session included) means that request and every one after
-/// it, COMMIT included, did not apply. A pooler (PgBouncer) whose server connection dies sends
-/// `FATAL 08P01` for every request still waiting for its reply, a COMMIT that applied included.
-/// So: SQLSTATE class 08 (connection exception), or severity FATAL or PANIC without the
-/// nonlocalized severity field that PostgreSQL 9.6 and later always send (`V`), which a pooler
-/// does not.
-fn not_from_the_server(db: &tokio_postgres::error::DbError) -> bool {
-    db.code().code().starts_with("08")
-        || (db.parsed_severity().is_none() && matches!(db.severity(), "FATAL" | "PANIC"))
+/// Whether an error message that reached a statement which commits when it succeeds leaves its
+/// outcome unknown: one that ends the session (severity FATAL or PANIC) or reports the connection
+/// itself (SQLSTATE class 08), whoever sent it. Such a message can stand for a COMMIT that
+/// applied: a pooler (PgBouncer, PgCat) whose server connection dies sends a FATAL for every
+/// request still waiting for its reply; PostgreSQL's crash shutdown (`57P02`) is sent from a
+/// signal handler, whatever the backend was doing; an error after the commit record is written
+/// is a PANIC. A statement's own error (severity ERROR: a serialization failure, a lock wait
+/// refused, an undefined column) means it, and the COMMIT after it, did not apply.
+fn leaves_outcome_unknown(db: &tokio_postgres::error::DbError) -> bool {
+    db.code().code().starts_with("08") || ends_session(db)
+}
+
+/// Whether the server's error message ends the session (severity FATAL or PANIC).
+fn ends_session(db: &tokio_postgres::error::DbError) -> bool {
+    use tokio_postgres::error::Severity;
+    matches!(
+        db.parsed_severity(),
+        Some(Severity::Fatal | Severity::Panic)
+    ) || matches!(db.severity(), "FATAL" | "PANIC")
 }
 
 /// Whether `e` carries the server's error ending the session (severity FATAL or PANIC: a
@@ -152,13 +159,7 @@ fn ended_by_the_server(e: &Error) -> bool {
     source
         .downcast_ref::<tokio_postgres::Error>()
         .and_then(|e| e.as_db_error())
-        .is_some_and(|db| {
-            use tokio_postgres::error::Severity;
-            matches!(
-                db.parsed_severity(),
-                Some(Severity::Fatal | Severity::Panic)
-            ) || matches!(db.severity(), "FATAL" | "PANIC")
-        })
+        .is_some_and(ends_session)
 }
 
 /// A parameter that could not be encoded for its column: refused before anything was sent.
@@ -448,12 +449,12 @@ impl<'a> FencedTransaction<'a> {
 
     /// Commits the fence advance and the caller's writes together.
     ///
-    /// The server's own error (for example a serialization failure) means nothing was committed;
-    /// so does an error for a transaction that an earlier failed statement aborted (PostgreSQL
+    /// A statement's own error (for example a serialization failure) means nothing was
+    /// committed; so does an error for a transaction that an earlier failed statement aborted (PostgreSQL
     /// answers `COMMIT` of such a transaction with `ROLLBACK`, not an error, so the fence row is
     /// read first: one more round trip). A connection lost after `COMMIT` was sent is
-    /// `OutcomeUnknown`, as is an error that did not come from the server in reply (a pooler's
-    /// `FATAL` when its server connection died): re-read before acting, and do not retry blind.
+    /// `OutcomeUnknown`, as is an error that ends the session (a pooler's `FATAL` when its server
+    /// connection died, a crash shutdown): re-read before acting, and do not retry blind.
     pub async fn commit(self) -> Result<Accepted> {
         self.tx
             .query_one(
@@ -615,8 +616,8 @@ impl FencedTable {
     ///   `FencedTable`), or the statement matched more than one row (a unique index was dropped
     ///   since): nothing changed, the statement was rolled back (inside the caller's
     ///   transaction, that transaction is aborted and must be rolled back).
-    /// - `Err(OutcomeUnknown)`: the connection was lost after the statement was sent, or a
-    ///   pooler answered it with its own `FATAL`. Outside a transaction it may have committed:
+    /// - `Err(OutcomeUnknown)`: the connection was lost after the statement was sent, or the
+    ///   answer was an error that ends the session (`FATAL`, as a pooler sends). Outside a transaction it may have committed:
     ///   re-read, and do not retry blind (inside one, nothing can have committed: the caller's
     ///   transaction is gone with its connection).
     /// - `Err(Unavailable)`: the database refused for a transient reason, or the row appeared or
@@ -1633,9 +1634,9 @@ fn lock_timeout(timeout: Duration) -> Duration {
 /// The fence write as one pipelined transaction: `BEGIN` ([`begin_sql`]), ensure the row, lock it, the fenced
 /// `UPDATE` and `COMMIT` are sent together (unnamed statements with typed parameters, no
 /// separate prepare), so the write is one request on the wire and one round trip. Any loss of
-/// the connection after that is `OutcomeUnknown`, as is an error that did not come from the
-/// server in reply ([`not_from_the_server`]); the server's own error in any statement aborts
-/// the transaction (nothing applied).
+/// the connection after that is `OutcomeUnknown`, as is an error that ends the session
+/// ([`leaves_outcome_unknown`]); a statement's own error in any statement aborts the
+/// transaction (nothing applied).
 async fn pipelined_accept(
     client: &Client,
     table: &Ident,
