@@ -1659,7 +1659,9 @@ async fn a_lease_kept_with_a_late_renew_fraction_is_not_lost_between_renewals() 
     // Five renewals: before, most renewals were credited from early enough to be lost.
     let held = tokio::time::timeout(Duration::from_secs(12), lost.wait()).await;
     assert!(held.is_err(), "lost while kept: {:?}", held.unwrap());
-    assert_eq!(kept.lease().status(), LeaseStatus::Held);
+    // (In doubt while a renewal try is slow is not a loss.)
+    let status = kept.lease().status();
+    assert!(!matches!(status, LeaseStatus::Lost(_)), "{status:?}");
     kept.release().await.unwrap();
 }
 

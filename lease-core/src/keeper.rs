@@ -119,7 +119,9 @@ pub enum KeeperStop {
 ///   validity left so that a lost reply leaves time for another, until local validity ends; if
 ///   no renewal is confirmed by then, the lease reports `Lost(Expired)` and the keeper exits.
 /// - A try that is not confirmed (the backend unavailable, an unknown outcome, no answer in its
-///   bound) marks the lease [`InDoubt`](LeaseStatus::InDoubt) until a later try confirms: renewal
+///   bound) marks the lease [`InDoubt`](LeaseStatus::InDoubt) until a renewal confirms (a later
+///   try, or where the backend renews a whole session, as etcd and Consul do, that session's
+///   own confirmed keepalive): renewal
 ///   has become uncertain, so a section's guard refuses new sub-work meanwhile
 ///   ([`SectionGuard::check`](crate::SectionGuard::check)), while work already running goes on
 ///   to the validity it has.

@@ -669,7 +669,11 @@ pub trait Lease: Send + Sync + fmt::Debug {
             LeaseStatus::Held => Ok(()),
             LeaseStatus::InDoubt => Err(Error::Unavailable {
                 backend: self.state().backend(),
-                message: format!("lease on {:?} is in doubt (connection lost)", self.key()),
+                message: format!(
+                    "lease on {:?} is in doubt (its connection was lost, or its last renewal was \
+                     not confirmed)",
+                    self.key()
+                ),
                 source: None,
             }),
             LeaseStatus::Lost(r) => Err(self.state().lost_error(r)),

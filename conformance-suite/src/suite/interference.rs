@@ -586,8 +586,9 @@ async fn acquire_reply_lost_while_held(ctx: Arc<Ctx>) -> CaseResult {
     // A holds on for several TTLs, renewed by its keeper.
     let hold_until = Instant::now() + ctx.ttl() * 3;
     while Instant::now() < hold_until {
+        // Not lost (in doubt while one of its renewal tries is slow is not a loss).
         check!(
-            held.lease().status() == LeaseStatus::Held,
+            !matches!(held.lease().status(), LeaseStatus::Lost(_)),
             "A's kept lease is {:?}",
             held.lease().status()
         );
