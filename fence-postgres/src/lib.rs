@@ -1130,8 +1130,9 @@ impl PgFence {
         Ok(held)
     }
 
-    /// Runs `op` on a pooled connection, bounded by the timeout. `committing` is set by `op`
-    /// just before it sends `COMMIT`: a timeout after that is `OutcomeUnknown`. After a timeout
+    /// Runs `op` on a pooled connection, bounded by the timeout. `op` reports through its
+    /// [`Progress`]: `COMMIT` sent (a timeout after that is `OutcomeUnknown`), and a session the
+    /// server ended behind a result that does not say so (the connection is then closed). After a timeout
     /// (or if this future is dropped) the connection is closed, not returned.
     ///
     /// When the outcome is unknown (a timeout or a lost connection after `COMMIT` was sent) the
@@ -1142,24 +1143,26 @@ impl PgFence {
     /// in the background.
     async fn run<T, F>(&self, operation: &'static str, op: F) -> Result<T>
     where
-        F: for<'c> FnOnce(&'c Client, &'c AtomicBool) -> BoxFuture<'c, Result<T>>,
+        F: for<'c> FnOnce(&'c Client, &'c Progress) -> BoxFuture<'c, Result<T>>,
     {
         let held = self.checkout().await?;
-        let committing = AtomicBool::new(false);
+        let progress = Progress::default();
         let mut unsettled = Unsettled {
             end: held
                 .session
                 .clone()
                 .zip(self.sessions.as_deref())
                 .map(|(s, (ends, _))| (ends.clone(), s, self.timeout)),
-            committing: &committing,
+            committing: &progress.commit_sent,
         };
-        let result = tokio::time::timeout(self.timeout, op(held.client(), &committing)).await;
+        let result = tokio::time::timeout(self.timeout, op(held.client(), &progress)).await;
         let error = match result {
             Ok(Err(e @ Error::OutcomeUnknown { .. })) => e,
             Ok(r) => {
                 unsettled.end = None;
-                if matches!(&r, Err(e) if ended_by_the_server(e)) {
+                if matches!(&r, Err(e) if ended_by_the_server(e))
+                    || progress.session_ended.load(Ordering::SeqCst)
+                {
                     // The server ended the session (its FATAL): `held` is dropped unfinished,
                     // so the dead connection is closed rather than lent to the next operation,
                     // whose pipeline would be written into it and end `OutcomeUnknown`.
@@ -1169,7 +1172,7 @@ impl PgFence {
                 }
                 return r;
             }
-            Err(_) if committing.load(Ordering::SeqCst) => timed_out(operation, true, self.timeout),
+            Err(_) if progress.commit_sent.load(Ordering::SeqCst) => timed_out(operation, true, self.timeout),
             // `held` is dropped unfinished: the connection is closed (the server aborts anything
             // uncommitted).
             Err(_) => {
@@ -1201,7 +1204,7 @@ impl PgFence {
         let resource = resource.clone();
         let operation = if value.is_some() { "write" } else { "claim" };
         let timeout = self.timeout;
-        self.run(operation, move |client, committing| {
+        self.run(operation, move |client, progress| {
             Box::pin(async move {
                 pipelined_accept(
                     client,
@@ -1210,7 +1213,7 @@ impl PgFence {
                     token,
                     value.as_deref(),
                     timeout,
-                    committing,
+                    progress,
                 )
                 .await
             })
@@ -1301,6 +1304,18 @@ impl Sessions {
         }
         map.insert(id, session);
     }
+}
+
+/// What an operation run by [`PgFence::run`] reports besides its result.
+#[derive(Debug, Default)]
+struct Progress {
+    /// `COMMIT` was sent (or may have been): from then on an unanswered operation's outcome is
+    /// unknown.
+    commit_sent: AtomicBool,
+    /// The server ended the connection's session (a FATAL) although the operation's result is
+    /// not that error (a `Stale` decided before the `COMMIT`'s reply): the connection is
+    /// closed, not returned to the pool.
+    session_ended: AtomicBool,
 }
 
 /// What [`PgFence::run`] has to do if its future is dropped: end the session of a connection
@@ -1644,7 +1659,7 @@ async fn pipelined_accept(
     token: Token,
     value: Option<&[u8]>,
     timeout: Duration,
-    committing: &AtomicBool,
+    progress: &Progress,
 ) -> Result<Accepted> {
     let t = table.quoted();
     let ins_sql = format!(
@@ -1681,7 +1696,7 @@ async fn pipelined_accept(
     let commit_early = first_poll(&mut commit).await;
     // Only a COMMIT refused before it was written (a closed connection) is known not to be sent.
     let commit_sent = !matches!(&commit_early, Some(Err(e)) if e.as_db_error().is_none());
-    committing.store(commit_sent, Ordering::SeqCst);
+    progress.commit_sent.store(commit_sent, Ordering::SeqCst);
     let step = |operation: &'static str, e: tokio_postgres::Error| {
         if commit_sent {
             map_commit_err(operation, e)
@@ -1718,7 +1733,14 @@ async fn pipelined_accept(
             .map_err(|e| step("fence read", e))?,
     )?;
     if advanced.is_empty() {
-        // The row's token is newer: nothing was changed (the COMMIT committed nothing).
+        // The row's token is newer: nothing was changed (the COMMIT committed nothing), whatever
+        // the COMMIT's reply. One that ended the session (a pooler's or the server's FATAL)
+        // leaves a dead connection behind the `Stale`.
+        if let Err(e) = &committed {
+            if e.as_db_error().is_some_and(ends_session) {
+                progress.session_ended.store(true, Ordering::SeqCst);
+            }
+        }
         return Err(Error::Stale {
             resource: resource.to_string(),
             presented: token,

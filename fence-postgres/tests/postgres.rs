@@ -1089,15 +1089,19 @@ async fn a_callers_session_state_never_reaches_the_fence() {
 
 /// A stand-in for a connection pooler (PgBouncer) between the fence and PostgreSQL: it forwards
 /// both ways until [`Pooler::hold_replies`]; from then on the server's replies on the
-/// connections open at that moment are read and dropped, and [`Pooler::crash`] sends each of
-/// them what a pooler sends its clients when its server connection dies (an `ErrorResponse`
-/// `FATAL 08P01`, severity in the `S` field only, as PgBouncer writes it) and closes it.
-/// Connections accepted later pass through.
+/// connections open at that moment are read and dropped (after the first `pass` whole replies,
+/// counted in `ReadyForQuery` messages), and [`Pooler::crash`] sends each of them what a pooler
+/// sends its clients when its server connection dies (an `ErrorResponse` `FATAL 08P01`,
+/// severity in the `S` field only, as PgBouncer writes it) and closes it, at once or (as a
+/// server process exits some time after its `FATAL`) a while later. Connections accepted later
+/// pass through.
 struct Pooler {
     addr: std::net::SocketAddr,
     accepted: Arc<std::sync::atomic::AtomicU64>,
     held_below: Arc<std::sync::atomic::AtomicU64>,
-    crash: tokio::sync::watch::Sender<bool>,
+    pass: Arc<std::sync::atomic::AtomicU64>,
+    dropped: Arc<std::sync::atomic::AtomicU64>,
+    crash: tokio::sync::watch::Sender<Option<Duration>>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -1115,9 +1119,12 @@ impl Pooler {
         let addr = listener.local_addr().unwrap();
         let accepted = Arc::new(AtomicU64::new(0));
         let held_below = Arc::new(AtomicU64::new(0));
-        let (crash, crashed) = tokio::sync::watch::channel(false);
+        let pass = Arc::new(AtomicU64::new(0));
+        let dropped = Arc::new(AtomicU64::new(0));
+        let (crash, crashed) = tokio::sync::watch::channel(None);
         let task = tokio::spawn({
             let (accepted, held_below) = (accepted.clone(), held_below.clone());
+            let (pass, dropped) = (pass.clone(), dropped.clone());
             async move {
                 while let Ok((client, _)) = listener.accept().await {
                     let n = accepted.fetch_add(1, Ordering::SeqCst);
@@ -1130,32 +1137,60 @@ impl Pooler {
                         let _ = tokio::io::copy(&mut client_read, &mut server_write).await;
                     });
                     let (held_below, mut crashed) = (held_below.clone(), crashed.clone());
+                    let (pass, dropped) = (pass.clone(), dropped.clone());
                     tokio::spawn(async move {
                         let mut buf = vec![0u8; 64 * 1024];
                         // Whether this connection's replies are held: read when each reply
                         // arrives and when the crash comes, not before waiting for either.
                         let held = || n < held_below.load(Ordering::SeqCst);
+                        // Once held: the bytes of a message not yet whole, and the replies
+                        // passed so far.
+                        let (mut partial, mut passed) = (Vec::new(), 0u64);
                         loop {
                             tokio::select! {
                                 read = server_read.read(&mut buf) => match read {
                                     Ok(0) | Err(_) => break,
-                                    Ok(_) if held() => {}
+                                    Ok(k) if held() => {
+                                        partial.extend_from_slice(&buf[..k]);
+                                        let mut out = Vec::new();
+                                        while partial.len() >= 5 {
+                                            let len = i32::from_be_bytes(
+                                                partial[1..5].try_into().unwrap(),
+                                            ) as usize;
+                                            if partial.len() < 1 + len {
+                                                break;
+                                            }
+                                            let message: Vec<u8> =
+                                                partial.drain(..1 + len).collect();
+                                            if passed < pass.load(Ordering::SeqCst) {
+                                                passed += u64::from(message[0] == b'Z');
+                                                out.extend_from_slice(&message);
+                                            } else {
+                                                dropped.fetch_add(1, Ordering::SeqCst);
+                                            }
+                                        }
+                                        if client_write.write_all(&out).await.is_err() {
+                                            break;
+                                        }
+                                    }
                                     Ok(k) => {
                                         if client_write.write_all(&buf[..k]).await.is_err() {
                                             break;
                                         }
                                     }
                                 },
-                                // The only change is to `true`.
+                                // The only change is to `Some`.
                                 Ok(()) = crashed.changed() => {
                                     if !held() {
                                         continue;
                                     }
+                                    let linger = crashed.borrow().unwrap_or_default();
                                     let fields = b"SFATAL\0C08P01\0Mserver conn crashed?\0\0";
                                     let mut message = vec![b'E'];
                                     message.extend_from_slice(&(fields.len() as i32 + 4).to_be_bytes());
                                     message.extend_from_slice(fields);
                                     let _ = client_write.write_all(&message).await;
+                                    tokio::time::sleep(linger).await;
                                     let _ = client_write.shutdown().await;
                                     break;
                                 }
@@ -1169,6 +1204,8 @@ impl Pooler {
             addr,
             accepted,
             held_below,
+            pass,
+            dropped,
             crash,
             task,
         }
@@ -1176,14 +1213,31 @@ impl Pooler {
 
     /// From now on, drop the server's replies on the connections open now.
     fn hold_replies(&self) {
+        self.hold_replies_after(0);
+    }
+
+    /// From now on, pass the next `pass` whole replies on each connection open now (each ends
+    /// with a `ReadyForQuery`), and drop the server's messages after them.
+    fn hold_replies_after(&self, pass: u64) {
         use std::sync::atomic::Ordering;
+        self.pass.store(pass, Ordering::SeqCst);
         self.held_below
             .store(self.accepted.load(Ordering::SeqCst), Ordering::SeqCst);
     }
 
+    /// How many of the server's messages were dropped so far.
+    fn dropped(&self) -> u64 {
+        self.dropped.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     /// The server connections behind the held connections die: each gets the pooler's FATAL.
     fn crash(&self) {
-        self.crash.send_replace(true);
+        self.crash_then_close_after(Duration::ZERO);
+    }
+
+    /// As [`Pooler::crash`], each held connection closed `linger` after its `FATAL`.
+    fn crash_then_close_after(&self, linger: Duration) {
+        self.crash.send_replace(Some(linger));
     }
 }
 
@@ -1234,6 +1288,66 @@ async fn a_poolers_fatal_error_after_the_commit_is_outcome_unknown() {
         .write(&r, t(6), Bytes::from_static(b"again"))
         .await
         .unwrap();
+}
+
+/// A stale write whose `COMMIT` is answered by a pooler's `FATAL`: the write is `Stale` (its
+/// `UPDATE` changed nothing, whatever the `COMMIT`'s reply) and the dead connection is closed,
+/// not lent to the next write. Before, the `Stale` returned it to the pool, and the next write,
+/// pipelined into it, ended `OutcomeUnknown` whenever the pool's check ran before the
+/// connection's end was seen (here it comes half a second after the FATAL). Five rounds, each
+/// with a new stand-in and fence.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_write_whose_commit_meets_a_fatal_does_not_lend_its_dead_connection() {
+    let Some(pg) =
+        server("a_stale_write_whose_commit_meets_a_fatal_does_not_lend_its_dead_connection").await
+    else {
+        return;
+    };
+    let direct = PgFence::connect(&format!("{}?table=stale_pooled", pg.connection_url()))
+        .await
+        .unwrap();
+    for round in 0..5u64 {
+        let pooler = Pooler::start(pg.addr()).await;
+        let fence = Arc::new(
+            PgFence::connect(&format!(
+                "postgres://postgres@{}/postgres?table=stale_pooled&timeout_ms=20000&pool_size=1",
+                pooler.addr
+            ))
+            .await
+            .unwrap(),
+        );
+        let r = ResourceId::new(format!("stale/{round}")).unwrap();
+        fence.claim(&r, t(5)).await.unwrap();
+        direct.claim(&r, t(7)).await.unwrap();
+        // The write's pipeline: BEGIN, the insert, the row lock and the UPDATE are answered;
+        // the COMMIT's reply is held, then replaced by the pooler's FATAL.
+        pooler.hold_replies_after(4);
+        let write = tokio::spawn({
+            let (fence, r) = (fence.clone(), r.clone());
+            async move { fence.write(&r, t(6), Bytes::from_static(b"six")).await }
+        });
+        let held = tokio::time::timeout(Duration::from_secs(30), async {
+            while pooler.dropped() == 0 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await;
+        assert!(held.is_ok(), "round {round}: the COMMIT's reply never came");
+        // As a server process's exit follows its FATAL: the connection ends a while after it.
+        pooler.crash_then_close_after(Duration::from_millis(500));
+        let got = tokio::time::timeout(Duration::from_secs(60), write)
+            .await
+            .expect("the write ends within its bounds")
+            .unwrap();
+        match got {
+            Err(Error::Stale { current, .. }) => assert_eq!(current, t(7), "round {round}"),
+            other => panic!("round {round}: a stale write answered by a FATAL: {other:?}"),
+        }
+        match fence.write(&r, t(8), Bytes::from_static(b"eight")).await {
+            Ok(_) => {}
+            other => panic!("round {round}: the write after it: {other:?}"),
+        }
+    }
 }
 
 /// With `migrate=false` an existing table of another shape is refused when the fence connects,
