@@ -1172,7 +1172,9 @@ impl PgFence {
                 }
                 return r;
             }
-            Err(_) if progress.commit_sent.load(Ordering::SeqCst) => timed_out(operation, true, self.timeout),
+            Err(_) if progress.commit_sent.load(Ordering::SeqCst) => {
+                timed_out(operation, true, self.timeout)
+            }
             // `held` is dropped unfinished: the connection is closed (the server aborts anything
             // uncommitted).
             Err(_) => {
