@@ -19,7 +19,8 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(250);
 /// The longest key prefix, in bytes.
 pub const MAX_KEY_PREFIX_BYTES: usize = 64;
-/// The largest request timeout, connect timeout or poll interval accepted.
+/// The largest poll interval accepted (`poll_interval_ms`, [`RedisConfig::with_poll_interval`]);
+/// request and connect timeouts take the common range, up to 600 s.
 pub const MAX_INTERVAL: Duration = Duration::from_secs(60);
 
 /// The URL options the adapter understands besides lease-core's common ones

@@ -73,7 +73,7 @@ enum Role {
 /// it. `None` for a scheme that does not serve `role` at all: the registry's error then says
 /// so, since no feature would help.
 fn disabled_feature(url: &str, role: Role) -> Option<&'static str> {
-    let scheme = scheme_of(url)?.to_ascii_lowercase();
+    let scheme = scheme_of(url)?;
     let other_role_only = match role {
         Role::Coordinator => FENCE_ONLY,
         Role::Fence => COORDINATOR_ONLY,
@@ -94,14 +94,21 @@ fn disabled_feature(url: &str, role: Role) -> Option<&'static str> {
 /// that backend instead.
 pub const BACKEND: &str = "fenced";
 
-/// The scheme of `url` as the registry's URL parser reads it: leading spaces and control
-/// characters are not part of it.
-fn scheme_of(url: &str) -> Option<&str> {
-    Some(
-        url.trim_start_matches(|c: char| c <= ' ')
-            .split_once("://")?
-            .0,
-    )
+/// The scheme of `url` as the registry's URL parser reads it, lower-cased: leading spaces and
+/// control characters, and every tab and newline, are not part of the URL; the scheme is what
+/// stands before the first `:` (`etcd:h:2379` too) when it is a valid scheme.
+fn scheme_of(url: &str) -> Option<String> {
+    let cleaned: String = url
+        .trim_start_matches(|c: char| c <= ' ')
+        .chars()
+        .filter(|c| !matches!(c, '\t' | '\n' | '\r'))
+        .take_while(|c| *c != ':')
+        .collect();
+    let valid = cleaned.starts_with(|c: char| c.is_ascii_alphabetic())
+        && cleaned
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'));
+    valid.then(|| cleaned.to_ascii_lowercase())
 }
 
 fn feature_error(feature: &'static str, url: &str) -> Error {
@@ -158,6 +165,9 @@ mod tests {
         for url in [
             "etcd://user:s3cret@127.0.0.1:2379",
             " \tetcd://user:s3cret@127.0.0.1:2379",
+            // Tabs and newlines anywhere are dropped by the URL parser; `//` is optional.
+            "et\tcd://user:s3cret@127.0.0.1:2379",
+            "ETCD:user:s3cret@127.0.0.1:2379",
         ] {
             let e = connect(url).await.unwrap_err();
             let shown = e.to_string();

@@ -12,6 +12,8 @@ use crate::error::{InvalidInput, Result};
 use crate::fence::Fence;
 use crate::instrument::Instrumented;
 use crate::memory::{MemoryCoordinator, MemoryFence};
+use crate::options::OwnerId;
+use crate::url_options::{OptionSpec, UrlOptions};
 
 /// A parsed backend URL such as `redis://user:pw@127.0.0.1:6379`, `memory://`, or a cluster
 /// `zk://h1:2181,h2:2181,h3:2181/base`.
@@ -109,7 +111,10 @@ impl BackendUrl {
         &self.url
     }
 
-    /// The URL with the password replaced by `***`.
+    /// The URL with its secrets replaced by `***`: the password, a user name given without one
+    /// (`consul://<token>@host` passes a token that way), the values of the query parameters
+    /// commonly holding secrets (`password`, `token`, `secret`, `auth`, `acl_token`, `digest`),
+    /// and a fragment (text after a `#`, which may be the rest of a secret holding one).
     pub fn redacted(&self) -> String {
         self.redacted_hiding(&[])
     }
@@ -117,6 +122,12 @@ impl BackendUrl {
     /// Like [`BackendUrl::redacted`], also hiding the values of the query parameters named in
     /// `secret` (an adapter's own secret options).
     pub fn redacted_hiding(&self, secret: &[&str]) -> String {
+        self.redacted_with(&|name| is_secret_param(name) || secret.contains(&name))
+    }
+
+    /// Like [`BackendUrl::redacted`], hiding the value of every query parameter for which
+    /// `hide` (given its decoded name) is true.
+    pub(crate) fn redacted_with(&self, hide: &dyn Fn(&str) -> bool) -> String {
         let mut u = self.url.clone();
         if u.cannot_be_a_base() && u.path().contains('@') {
             // No `//`: `user:password@host` without a scheme reads as scheme `user` and an
@@ -125,19 +136,21 @@ impl BackendUrl {
         }
         if u.password().is_some() {
             let _ = u.set_password(Some("***"));
+        } else if !u.username().is_empty() {
+            let _ = u.set_username("***");
         }
-        let mut pairs: Vec<(String, String)> = u
-            .query_pairs()
-            .map(|(k, v)| {
-                let secret = is_secret_param(&k) || secret.contains(&k.as_ref());
-                (
-                    k.into_owned(),
-                    if secret { "***".into() } else { v.into_owned() },
-                )
-            })
-            .collect();
-        if !pairs.is_empty() {
-            u.query_pairs_mut().clear().extend_pairs(pairs.drain(..));
+        if let Some(query) = u.query() {
+            let shown: Vec<String> = query
+                .split('&')
+                .map(|pair| match pair.split_once('=') {
+                    Some((name, _)) if hide(&decode_lossy(name)) => format!("{name}=***"),
+                    _ => pair.to_owned(),
+                })
+                .collect();
+            u.set_query(Some(&shown.join("&")));
+        }
+        if u.fragment().is_some() {
+            u.set_fragment(Some("***"));
         }
         let shown = u.to_string();
         if self.more_hosts.is_empty() {
@@ -164,6 +177,32 @@ impl BackendUrl {
             ),
             None => shown,
         }
+    }
+
+    /// The query's `name=value` pairs in order, each part percent-decoded as the user name and
+    /// the path are (RFC 3986: `+` is a plus sign, not a space); empty pairs are skipped and a
+    /// pair without `=` has an empty value. `InvalidInput` naming the URL (redacted) and the
+    /// option when a part has a malformed escape or is not UTF-8 once decoded.
+    pub fn query_pairs(&self) -> Result<Vec<(String, String)>, InvalidInput> {
+        let Some(query) = self.url.query() else {
+            return Ok(Vec::new());
+        };
+        query
+            .split('&')
+            .filter(|pair| !pair.is_empty())
+            .map(|pair| {
+                let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+                let name = percent_decode(name).ok_or_else(|| {
+                    self.invalid("a query option's name has a malformed percent escape")
+                })?;
+                let value = percent_decode(value).ok_or_else(|| {
+                    self.invalid(format!(
+                        "the value of query option {name:?} has a malformed percent escape"
+                    ))
+                })?;
+                Ok((name, value))
+            })
+            .collect()
     }
 
     /// An `InvalidInput::Url` naming this URL (redacted).
@@ -270,7 +309,8 @@ pub fn percent_encode(s: &str) -> String {
     percent_encoding::utf8_percent_encode(s, RESERVED).to_string()
 }
 
-/// Percent-decodes `s` (`%40` is `@`); `None` for a malformed escape or bytes that are not UTF-8.
+/// Percent-decodes `s` (`%40` is `@`; `+` stays `+`); `None` for a malformed escape (`%`
+/// not followed by two hex digits) or bytes that are not UTF-8.
 pub fn percent_decode(s: &str) -> Option<String> {
     let bytes = s.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
@@ -278,6 +318,9 @@ pub fn percent_decode(s: &str) -> Option<String> {
     while i < bytes.len() {
         if bytes[i] == b'%' {
             let hex = bytes.get(i + 1..i + 3)?;
+            if !hex.iter().all(u8::is_ascii_hexdigit) {
+                return None;
+            }
             out.push(u8::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok()?);
             i += 3;
         } else {
@@ -286,6 +329,11 @@ pub fn percent_decode(s: &str) -> Option<String> {
         }
     }
     String::from_utf8(out).ok()
+}
+
+/// [`percent_decode`], or `s` as written when it does not decode (for matching a name only).
+fn decode_lossy(s: &str) -> String {
+    percent_decode(s).unwrap_or_else(|| s.to_owned())
 }
 
 /// Splits `scheme://[userinfo@]h1[:p1],h2[:p2],...[/path][?query]` into the same URL with only
@@ -408,6 +456,47 @@ impl fmt::Display for BackendUrl {
     }
 }
 
+/// What a `memory://` URL is asked to make.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Role {
+    Coordinator,
+    Fence,
+}
+
+/// The options of a `memory://` URL: a coordinator's `owner`, nothing else (no option means
+/// anything to a map in this process).
+fn memory_options(url: &BackendUrl, role: Role) -> Result<Option<OwnerId>, InvalidInput> {
+    const SPEC: OptionSpec = OptionSpec {
+        backend: &[],
+        secret: &[],
+        key_prefix: |_| Ok(()),
+    };
+    let (common, _) = UrlOptions::parse(url, SPEC)?;
+    let given = [
+        ("key_prefix", common.key_prefix.is_some()),
+        ("token_floor", common.token_floor.is_some()),
+        ("request_timeout_ms", common.request_timeout.is_some()),
+        ("connect_timeout_ms", common.connect_timeout.is_some()),
+        ("owner", role == Role::Fence && common.owner.is_some()),
+    ];
+    if let Some((name, _)) = given.iter().find(|(_, given)| *given) {
+        return Err(url.invalid(format!(
+            "option {name:?} means nothing to an in-process {} (memory:// takes {})",
+            if role == Role::Fence {
+                "fence"
+            } else {
+                "coordinator"
+            },
+            if role == Role::Fence {
+                "no option"
+            } else {
+                "only owner="
+            }
+        )));
+    }
+    Ok(common.owner)
+}
+
 /// Makes a coordinator from a URL.
 pub type CoordinatorFactory =
     Arc<dyn Fn(BackendUrl) -> BoxFuture<'static, Result<Arc<dyn Coordinator>>> + Send + Sync>;
@@ -445,14 +534,25 @@ impl Default for Registry {
 }
 
 impl Registry {
-    /// A registry that knows `memory://` (a new in-process coordinator or fence per connect).
+    /// A registry that knows `memory://`: each connect makes a new in-process coordinator or
+    /// fence, shared with nobody (two components that each connect to `memory://` do not
+    /// exclude each other; share one handle instead). Its only option is a coordinator's
+    /// `owner`; any other option is `InvalidInput` naming it.
     pub fn new() -> Self {
         let mut r = Registry {
             coordinators: HashMap::new(),
             fences: HashMap::new(),
         };
-        r.register_coordinator_fn(&["memory"], |_url| async { Ok(MemoryCoordinator::new()) });
-        r.register_fence_fn(&["memory"], |_url| async { Ok(MemoryFence::new()) });
+        r.register_coordinator_fn(&["memory"], |url| async move {
+            Ok(match memory_options(&url, Role::Coordinator)? {
+                Some(owner) => MemoryCoordinator::with_owner(owner),
+                None => MemoryCoordinator::new(),
+            })
+        });
+        r.register_fence_fn(&["memory"], |url| async move {
+            memory_options(&url, Role::Fence)?;
+            Ok(MemoryFence::new())
+        });
         r
     }
 
@@ -570,6 +670,59 @@ mod tests {
             assert!(shown.contains("alice") && shown.contains("db=1"), "{shown}");
         }
         assert_eq!(u.expose().password(), Some("s3cret"));
+    }
+
+    /// A user name without a password is how some tools pass a token
+    /// (`consul://<token>@agent`): it is hidden as a password is.
+    #[test]
+    fn a_user_name_without_a_password_never_shows() {
+        let u = BackendUrl::parse("consul://0b2f5a3e-tok@127.0.0.1:8500?key_prefix=app").unwrap();
+        for shown in [format!("{u}"), format!("{u:?}"), u.invalid("x").to_string()] {
+            assert!(!shown.contains("0b2f5a3e"), "{shown}");
+            assert!(shown.contains("***@127.0.0.1"), "{shown}");
+        }
+    }
+
+    #[test]
+    fn a_malformed_escape_does_not_decode() {
+        for bad in ["%+1", "%-1", "% 1", "%1", "%", "%zz", "%FF"] {
+            assert_eq!(percent_decode(bad), None, "{bad}");
+        }
+        assert_eq!(percent_decode("a+b%2B").as_deref(), Some("a+b+"));
+    }
+
+    /// `memory://` makes a coordinator of this process: only `owner` means anything to it, and
+    /// any other option is refused by name rather than ignored.
+    #[tokio::test]
+    async fn memory_urls_take_an_owner_and_refuse_every_other_option() {
+        let r = Registry::new();
+        let c = r.connect("memory://?owner=billing").await.unwrap();
+        let key = crate::LockKey::new("k").unwrap();
+        let _lease = c
+            .try_acquire(
+                &key,
+                &crate::LeaseOptions::new(std::time::Duration::from_secs(5)),
+            )
+            .await
+            .unwrap();
+        let holder = c.inspect(&key).await.unwrap().unwrap();
+        assert_eq!(holder.owner.as_str(), "billing");
+        for url in [
+            "memory://?nosuch=1",
+            "memory://?token_floor=1000",
+            "memory://?key_prefix=app",
+            "memory://?request_timeout_ms=10",
+        ] {
+            let e = r.connect(url).await.unwrap_err().to_string();
+            let name = url.split_once('?').unwrap().1.split('=').next().unwrap();
+            assert!(e.contains(&format!("\"{name}\"")), "{url}: {e}");
+        }
+        let e = r
+            .connect_fence("memory://?owner=billing")
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("\"owner\""), "{e}");
+        r.connect_fence("memory://").await.unwrap();
     }
 
     #[test]

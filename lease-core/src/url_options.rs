@@ -5,6 +5,11 @@
 //! URL (secrets redacted) and the option, its value (`***` for a secret) and what was expected.
 //! Nothing is sent before the whole URL has parsed.
 //!
+//! Names and values are percent-decoded as the user name and the path are (RFC 3986): `%2B` and
+//! `+` are both a plus sign, `%20` a space, and an escape that is malformed or decodes to bytes
+//! that are not UTF-8 is refused. The values of unknown options, like those of secret ones, are
+//! never shown in an error (a misspelt `passwd=` may hold a password).
+//!
 //! The common options, accepted by every adapter:
 //!
 //! | option | meaning |
@@ -18,7 +23,7 @@
 use std::str::FromStr;
 use std::time::Duration;
 
-use crate::connect::BackendUrl;
+use crate::connect::{is_secret_param, BackendUrl};
 use crate::error::InvalidInput;
 use crate::options::OwnerId;
 use crate::token::Token;
@@ -301,9 +306,9 @@ impl<'u> UrlOptions<'u> {
             ));
         }
         let mut pairs: Vec<(String, String)> = Vec::new();
-        for (name, value) in url.expose().query_pairs() {
+        for (name, value) in url.query_pairs()? {
             let known =
-                COMMON_OPTIONS.contains(&name.as_ref()) || spec.backend.contains(&name.as_ref());
+                COMMON_OPTIONS.contains(&name.as_str()) || spec.backend.contains(&name.as_str());
             if !known {
                 let names: Vec<&str> = COMMON_OPTIONS.iter().chain(spec.backend).copied().collect();
                 return Err(invalid(
@@ -319,7 +324,7 @@ impl<'u> UrlOptions<'u> {
                     format!("option {name:?} is given twice"),
                 ));
             }
-            pairs.push((name.into_owned(), value.into_owned()));
+            pairs.push((name, value));
         }
         let mut options = UrlOptions { url, spec, pairs };
         let common = CommonOptions {
@@ -444,7 +449,7 @@ impl<'u> UrlOptions<'u> {
     /// The error for option `name` with value `value`: the URL (redacted), the option, its value
     /// (`***` when the option is a secret) and what was expected.
     pub fn bad(&self, name: &str, value: &str, expected: &str) -> InvalidInput {
-        let secret = self.spec.secret.contains(&name);
+        let secret = self.spec.secret.contains(&name) || is_secret_param(name);
         let shown = if secret {
             "\"***\"".to_owned()
         } else {
@@ -473,9 +478,16 @@ pub fn parse_flag(v: &str) -> Option<bool> {
     }
 }
 
+/// An `InvalidInput::Url` naming `url` with the values of its secret options hidden, and those
+/// of unknown options too (a misspelt `passwd=` may well hold a password).
 fn invalid(url: &BackendUrl, spec: &OptionSpec, problem: String) -> InvalidInput {
+    let shown = |name: &str| {
+        (COMMON_OPTIONS.contains(&name) || spec.backend.contains(&name))
+            && !spec.secret.contains(&name)
+            && !is_secret_param(name)
+    };
     InvalidInput::Url {
-        url: url.redacted_hiding(spec.secret),
+        url: url.redacted_with(&|name| !shown(name)),
         problem,
     }
 }
@@ -554,6 +566,43 @@ mod tests {
             assert!(!e.contains("pw"), "{url}: the password leaked: {e}");
             assert!(e.contains("***"), "{url}: {e}");
         }
+    }
+
+    /// Query values are decoded as the user name and the path are: `+` is a plus sign (form
+    /// decoding made it a space, so `?key_prefix=svc+locks` and a path `/svc+locks` named two
+    /// namespaces), and bytes that are not UTF-8 are refused rather than replaced.
+    #[test]
+    fn query_values_are_percent_decoded_as_the_rest_of_the_url() {
+        let c = parse("x://h:1?key_prefix=svc+locks&owner=a%2Bb%20c").unwrap();
+        assert_eq!(c.key_prefix.as_deref(), Some("svc+locks"));
+        assert_eq!(c.owner.as_ref().map(|o| o.as_str()), Some("a+b c"));
+        for (url, named) in [
+            ("x://h:1?key_prefix=%FF", "\"key_prefix\""),
+            ("x://h:1?owner=%+1", "\"owner\""),
+            ("x://h:1?own%Zr=1", "name"),
+        ] {
+            let e = parse(url).unwrap_err();
+            assert!(
+                e.contains("malformed percent escape") && e.contains(named),
+                "{url}: {e}"
+            );
+        }
+    }
+
+    /// An unknown option may be a misspelt secret: its value is not shown, nor is a fragment,
+    /// which may be the rest of a value holding a `#`.
+    #[test]
+    fn errors_show_no_value_of_an_unknown_option_nor_a_fragment() {
+        let e = parse("x://h:1?passwd=hunter2&flavour=mint").unwrap_err();
+        assert!(e.contains("unknown option \"passwd\""), "{e}");
+        assert!(!e.contains("hunter2") && e.contains("passwd=***"), "{e}");
+        assert!(
+            e.contains("flavour=mint"),
+            "a known option's value helps: {e}"
+        );
+        let e = parse("x://h:1/x?secret_thing=alice:pa#ssw0rd").unwrap_err();
+        assert!(e.contains("fragments are not supported"), "{e}");
+        assert!(!e.contains("pa#") && !e.contains("ssw0rd"), "{e}");
     }
 
     #[test]
