@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use lease_core::{
-    AuditRecord, ForceRelease, HolderInfo, LockKey, LostReason, OwnerId, Result, Token,
+    AuditRecord, Error, ForceRelease, HolderInfo, LockKey, LostReason, OwnerId, Result, Token,
 };
 
 use crate::coordinator::*;
@@ -45,25 +45,60 @@ impl RedisCoordinator {
         let expected = request
             .expected_token()
             .map_or_else(String::new, |t| t.to_string());
-        let v = self
-            .inner
-            .conn
-            .eval(
+        let script_keys = [keys.lock(), keys.revoked(), keys.audit(), keys.counter()];
+        let script_args: [&[u8]; 7] = [
+            keys.channel().as_bytes(),
+            request.actor().as_bytes(),
+            request.reason().as_bytes(),
+            at_ms.as_bytes(),
+            maxlen.as_bytes(),
+            marker.as_bytes(),
+            expected.as_bytes(),
+        ];
+        // With replicas, as a grant: the removal, its revoked marker and its audit entry count
+        // only once `replica_acks` of them have them, or a failover could bring the holder back
+        // (renewing on) with no record of the removal. Never sent again (the audit entry is not
+        // idempotent): a lost reply is `OutcomeUnknown`.
+        let acks = self.inner.replica_acks().await?;
+        let wait = self.inner.config.request_timeout() / 2;
+        let conn = &self.inner.conn;
+        let (v, acked) = if acks == 0 {
+            let v = conn
+                .eval(
+                    ops::FORCE_RELEASE,
+                    &scripts::FORCE_RELEASE,
+                    &script_keys,
+                    &script_args,
+                )
+                .await?;
+            (v, 0)
+        } else {
+            conn.eval_and_wait(
                 ops::FORCE_RELEASE,
                 &scripts::FORCE_RELEASE,
-                &[keys.lock(), keys.revoked(), keys.audit(), keys.counter()],
-                &[
-                    keys.channel().as_bytes(),
-                    request.actor().as_bytes(),
-                    request.reason().as_bytes(),
-                    at_ms.as_bytes(),
-                    maxlen.as_bytes(),
-                    marker.as_bytes(),
-                    expected.as_bytes(),
-                ],
+                &script_keys,
+                &script_args,
+                acks,
+                wait,
+                None,
             )
-            .await?;
+            .await?
+        };
         let items = reply::array(v).ok_or_else(|| bad_reply(ops::FORCE_RELEASE, "not an array"))?;
+        // Removed on the primary, but not on as many replicas as asked: the local lease is
+        // revoked all the same (below); the caller learns that a failover may undo it.
+        let unreplicated = |removed: String| {
+            ((acked as usize) < acks).then(|| Error::OutcomeUnknown {
+                backend: BACKEND,
+                operation: ops::FORCE_RELEASE.name,
+                message: format!(
+                    "key {key}: removed {removed} on the primary, but {acked} of the {acks} \
+                     replica(s) replica_acks asks for had the removal within {wait:?}: a \
+                     failover may still bring the holder back; inspect the key again"
+                ),
+                source: None,
+            })
+        };
         // The token the script found: the holder's, or for a value of another writer the newest
         // issued (`None` when none ever was).
         let found = |t: Option<&redis::Value>| -> Result<Option<Token>> {
@@ -76,6 +111,21 @@ impl RedisCoordinator {
                     .map_err(|_| bad_reply(ops::FORCE_RELEASE, "not a token")),
             }
         };
+        if let [first, kind] = items.as_slice() {
+            if reply::text(first).as_deref() == Some("audit_not_a_stream") {
+                return Err(Error::Misconfigured {
+                    backend: BACKEND,
+                    problems: vec![format!(
+                        "key {key}: its audit key {} holds a {} where a stream belongs, so a \
+                         force-release could not be recorded; nothing was removed. Something \
+                         else writes under the key prefix {:?}",
+                        keys.audit(),
+                        reply::text(kind).unwrap_or_default(),
+                        self.inner.config.key_prefix()
+                    )],
+                });
+            }
+        }
         if let (Some(expected), Some(first)) = (request.expected_token(), items.first()) {
             if reply::text(first).as_deref() == Some("refused") {
                 return Err(request.refused(BACKEND, key, expected, found(items.get(1))?));
@@ -106,10 +156,16 @@ impl RedisCoordinator {
                     ),
                 ));
             };
+            if let Some(e) = unreplicated("a value another writer put there".to_owned()) {
+                return Err(e);
+            }
             return Ok(Some(foreign_holder_info(key, token, pttl)));
         };
         if let Some(live) = lock(&self.inner.live).by_nonce.get(&v.nonce) {
             live.tracker.mark_lost(LostReason::Revoked);
+        }
+        if let Some(e) = unreplicated(format!("the holder with token {}", v.token)) {
+            return Err(e);
         }
         Ok(Some(v.holder_info(key, pttl)))
     }

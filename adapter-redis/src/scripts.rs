@@ -176,8 +176,17 @@ end
 /// lock value's token is exactly that decimal, nothing is deleted or audited and the reply is
 /// `{'refused', found_token}`, or `{'refused'}` when the key is free. A value this adapter did
 /// not write is taken to have the newest issued token (the counter), as `inspect` reports it;
-/// `found_token` is `''` when no token was ever issued for the key.
+/// `found_token` is `''` when no token was ever issued for the key; the audit entry names the
+/// same token the reply does.
+///
+/// An audit key holding anything but a stream (another tool's write) would fail the `XADD` after
+/// the `DEL` (a script's writes are not rolled back): the script then changes nothing and
+/// replies `{'audit_not_a_stream', type}`.
 const FORCE_RELEASE_SRC: &str = r"
+local audit_type = redis.call('TYPE', KEYS[3])['ok']
+if audit_type ~= 'none' and audit_type ~= 'stream' then
+  return {'audit_not_a_stream', audit_type}
+end
 local cur = redis.call('GET', KEYS[1])
 local tok, owner
 if cur then
@@ -199,7 +208,7 @@ if cur then
   if keep < 0 then keep = tonumber(ARGV[6]) end
   redis.call('SET', KEYS[2], cur, 'PX', keep + 1000)
   redis.pcall('PUBLISH', ARGV[1], 'forced')
-  removed_token = tok or ''
+  removed_token = found
   removed_owner = owner or ''
 end
 redis.call('XADD', KEYS[3], 'MAXLEN', ARGV[5], '*',

@@ -300,6 +300,9 @@ async fn outside_delete_or_overwrite_of_a_held_lock_is_noticed_promptly() {
         (info.token, "unknown (outside write)")
     );
     assert_eq!(c.inspect(&k).await.unwrap(), None);
+    // The audit entry names the token the call reported (before, none).
+    let trail = c.audit_trail(&k, 1).await.unwrap();
+    assert_eq!(trail[0].removed_token, Some(info.token), "{trail:?}");
     // On a key no token was ever issued for, an expected token is refused with none found.
     let never = key("never-locked");
     let never_key = adapter_redis::storage_keys(c.config(), &never).remove(0);
@@ -740,4 +743,45 @@ async fn concurrent_calls_share_the_failure_of_one_connection_open() {
              request timeouts"
         );
     }
+}
+
+/// A force-release whose audit key another tool overwrote with a string removes nothing and says
+/// so (`Misconfigured`, naming the key): the lock stays with its holder. Before, the script
+/// deleted the lock and then failed at the `XADD` (a script's writes are not rolled back): the
+/// key was freed with no audit entry, and the call reported an error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_force_release_whose_audit_key_holds_something_else_removes_nothing() {
+    let Some(srv) = server(
+        "a_force_release_whose_audit_key_holds_something_else_removes_nothing",
+        durable(),
+    ) else {
+        return;
+    };
+    let c = coordinator(&srv, "").await;
+    let mut conn = raw(&srv).await;
+    let k = key("audit-overwritten");
+    let lease = c
+        .try_acquire(&k, &LeaseOptions::new(30 * SEC))
+        .await
+        .unwrap();
+    let audit_key = adapter_redis::storage_keys(c.config(), &k).remove(3);
+    assert!(audit_key.ends_with(":audit"), "{audit_key}");
+    let _: () = redis::cmd("SET")
+        .arg(&audit_key)
+        .arg("not a stream")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let request = ForceRelease::new("oncall", "stuck").unwrap();
+    match c.force_release(&k, &request).await {
+        Err(Error::Misconfigured { problems, .. })
+            if problems
+                .iter()
+                .any(|p| p.contains(&audit_key) && p.contains("nothing was removed")) => {}
+        other => panic!("{other:?}"),
+    }
+    let holder = c.inspect(&k).await.unwrap().expect("still held");
+    assert_eq!(holder.token, lease.token());
+    assert_eq!(lease.status(), LeaseStatus::Held);
+    lease.release().await.unwrap();
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 use adapter_redis::{RedisConfig, RedisCoordinator, RedisFence};
 use conformance_tests::harness::RedisServer;
 use conformance_tests::proxy::FaultProxy;
-use lease_core::{Coordinator, Error, Fence, Lease, LeaseOptions, ResourceId, Token};
+use lease_core::{Coordinator, Error, Fence, ForceRelease, Lease, LeaseOptions, ResourceId, Token};
 use tokio::time::Instant;
 
 use crate::common::{blocking, coordinator, durable, eventually, fence, key, raw, server, url};
@@ -383,6 +383,82 @@ async fn fence_writes_wait_for_replica_acknowledgements() {
         f.write(&r, Token::new(5).unwrap(), "again".into()).await,
         Err(Error::Stale { .. })
     ));
+}
+
+/// A force-release on a primary with a replica counts only once `replica_acks` replicas have
+/// it, as a grant does: with `auto` (one replica connected) the replica no longer has the lock
+/// and has the audit entry when the call returns; asking for two, the holder is removed on the
+/// primary (and its lease in this process revoked) but the call is `OutcomeUnknown`, naming
+/// the setting, since a failover may still bring the holder back. Before, both returned the
+/// removed holder at once, whatever the replicas had.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn force_releases_wait_for_replica_acknowledgements() {
+    let Some((primary, replica)) =
+        primary_with_replica("force_releases_wait_for_replica_acknowledgements").await
+    else {
+        return;
+    };
+    let c = coordinator(&primary, "").await;
+    let ttl = LeaseOptions::new(Duration::from_secs(30));
+    let request = ForceRelease::new("ops", "replication test").unwrap();
+    let k = key("forced-replicated");
+    let lease = c.try_acquire(&k, &ttl).await.unwrap();
+    let removed = c.force_release(&k, &request).await.unwrap().unwrap();
+    assert_eq!(removed.token, lease.token());
+    let on_replica = raw_lock_and_audit(&replica, "forced-replicated").await;
+    assert_eq!(
+        on_replica,
+        (None, 1),
+        "the replica still had the lock, or not the audit entry, when the call returned"
+    );
+
+    let strict = coordinator(&primary, "replica_acks=2&request_timeout_ms=400").await;
+    let k = key("forced-strict");
+    let lease = strict.try_acquire(&k, &ttl).await;
+    // A grant waits for two replicas too, and gets one: take the lock with `c` instead.
+    assert!(matches!(lease, Err(Error::Unavailable { .. })), "{lease:?}");
+    let lease = c.try_acquire(&k, &ttl).await.unwrap();
+    match strict.force_release(&k, &request).await {
+        Err(Error::OutcomeUnknown { message, .. }) => {
+            assert!(message.contains("replica_acks"), "{message}")
+        }
+        other => panic!("expected OutcomeUnknown, got {other:?}"),
+    }
+    // Removed on the primary all the same.
+    assert!(c.inspect(&k).await.unwrap().is_none());
+    assert!(
+        lease.release().await.is_err(),
+        "the removed holder released"
+    );
+}
+
+/// What `server` holds for the lock `name`: its value, and how many audit entries it has.
+async fn raw_lock_and_audit(server: &RedisServer, name: &str) -> (Option<String>, usize) {
+    let mut conn = raw(server).await;
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("*{name}*"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let lock = keys.iter().find(|k| k.ends_with(":lock"));
+    let audit = keys.iter().find(|k| k.ends_with(":audit"));
+    let value = match lock {
+        Some(lock) => redis::cmd("GET")
+            .arg(lock)
+            .query_async(&mut conn)
+            .await
+            .unwrap(),
+        None => None,
+    };
+    let entries: usize = match audit {
+        Some(audit) => redis::cmd("XLEN")
+            .arg(audit)
+            .query_async(&mut conn)
+            .await
+            .unwrap(),
+        None => 0,
+    };
+    (value, entries)
 }
 
 /// The newest token `server` holds for the fence resource `resource` (one key matches).
