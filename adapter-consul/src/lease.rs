@@ -283,8 +283,9 @@ impl LeaseShared {
         {
             Ok((_, entry)) => {
                 // The whole trail, read anyway (at most `AuditRecord::MAX_LIMIT` records).
+                // An unreadable trail holds no record of ours.
                 let trail = entry
-                    .map(|e| StoredAudit::parse_trail(&e.value_bytes()))
+                    .and_then(|e| StoredAudit::parse_trail(&e.value_bytes()))
                     .unwrap_or_default();
                 let all = StoredAudit::newest_first(&trail, self.tracker.key(), trail.len());
                 forced_release_of(&all, self.token)

@@ -61,10 +61,11 @@ impl ConsulCoordinator {
                 .http
                 .kv_get(&audit_key, true, None, "force_release")
                 .await?;
-            let trail = audit_entry
-                .as_ref()
-                .map(|e| StoredAudit::parse_trail(&e.value_bytes()))
-                .unwrap_or_default();
+            let trail = match &audit_entry {
+                Some(e) => StoredAudit::parse_trail(&e.value_bytes())
+                    .ok_or_else(|| StoredAudit::unreadable(BACKEND, &audit_key))?,
+                None => Vec::new(),
+            };
             let trail = StoredAudit::new(request, Some(&info)).appended_to(trail);
             // The audit key is compared too, so that concurrent releases never drop a record.
             let audit_check = match &audit_entry {
@@ -118,9 +119,11 @@ impl ConsulCoordinator {
             .http
             .kv_get(&inner.config.audit_key(key), true, None, "audit_trail")
             .await?;
-        let trail = entry
-            .map(|e| StoredAudit::parse_trail(&e.value_bytes()))
-            .unwrap_or_default();
+        let trail = match entry {
+            Some(e) => StoredAudit::parse_trail(&e.value_bytes())
+                .ok_or_else(|| StoredAudit::unreadable(BACKEND, &inner.config.audit_key(key)))?,
+            None => Vec::new(),
+        };
         Ok(StoredAudit::newest_first(&trail, key, limit))
     }
 }

@@ -472,6 +472,46 @@ async fn an_outside_write_to_a_held_key_leaves_it_ours_and_release_deletes_it() 
     next.release().await.unwrap();
 }
 
+/// An audit trail another tool overwrote is not read as empty and overwritten: a force-release
+/// removes nothing and says so (`Misconfigured`, naming the audit key), `audit_trail` says the
+/// same, and the value stays. Before, the unreadable value counted as no record, the next
+/// force-release replaced it (up to 100 records erased), and `audit_trail` said none was kept.
+#[tokio::test]
+async fn an_audit_trail_written_by_another_tool_is_neither_read_as_empty_nor_overwritten() {
+    let s = standin();
+    let u = url(&s, "");
+    let c = client(&u).await;
+    let config = ConsulConfig::from_url(&u).unwrap();
+    let k = key("audit-overwritten");
+    let lease = c
+        .try_acquire(&k, &LeaseOptions::new(Duration::from_secs(5)))
+        .await
+        .unwrap();
+    let audit_key = config.audit_key(&k);
+    let path = format!("/v1/kv/{audit_key}");
+    let (st, _, _) = consul_http(s.addr(), "PUT", &path, Some(TOKEN), Some(b"another tool's"))
+        .await
+        .unwrap();
+    assert_eq!(st, 200);
+    let request = lease_core::ForceRelease::new("oncall", "stuck").unwrap();
+    for e in [
+        c.force_release(&k, &request).await.map(|_| ()),
+        c.audit_trail(&k, 10).await.map(|_| ()),
+    ] {
+        match e {
+            Err(Error::Misconfigured { problems, .. })
+                if problems.iter().any(|p| p.contains(&audit_key)) => {}
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(c.inspect(&k).await.unwrap().unwrap().token, lease.token());
+    let (st, _, body) = consul_http(s.addr(), "GET", &format!("{path}?raw"), Some(TOKEN), None)
+        .await
+        .unwrap();
+    assert_eq!((st, body.as_ref()), (200, &b"another tool's"[..]));
+    lease.release().await.unwrap();
+}
+
 /// A key that exists, unlocked, before the lock (an operator's leftover value) is deleted and
 /// locked afresh, so the holder's token is the key's `CreateIndex` that `inspect` shows.
 #[tokio::test]

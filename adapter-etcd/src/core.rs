@@ -12,7 +12,7 @@ use lease_core::{Capabilities, OwnerId, Result};
 use crate::coalesce::Txns;
 use crate::config::EtcdConfig;
 use crate::confirm::Confirmer;
-use crate::error::retry_unapplied;
+use crate::error::{retry_unapplied, BACKEND};
 use crate::keys::Slots;
 use crate::session::{Cleaner, Session};
 use crate::watch::Watcher;
@@ -47,7 +47,11 @@ impl Handle {
         .await
         .map_err(|f| f.into_error(Op::read(operation)))?;
         Ok(match got.take_kvs().into_iter().next() {
-            Some(kv) => (kv.mod_revision(), StoredAudit::parse_trail(kv.value())),
+            Some(kv) => (
+                kv.mod_revision(),
+                StoredAudit::parse_trail(kv.value())
+                    .ok_or_else(|| StoredAudit::unreadable(BACKEND, audit_key))?,
+            ),
             None => (0, Vec::new()),
         })
     }

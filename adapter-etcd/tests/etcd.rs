@@ -870,6 +870,46 @@ async fn an_outside_write_keeping_the_lease_changes_nothing_for_the_holder() {
     next.release().await.unwrap();
 }
 
+/// An audit trail another tool overwrote is not read as empty and overwritten: a force-release
+/// removes nothing and says so (`Misconfigured`, naming the audit key), `audit_trail` says the
+/// same, and the value stays. Before, the unreadable value counted as no record, the next
+/// force-release replaced it (up to 100 records erased), and `audit_trail` said none was kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_audit_trail_written_by_another_tool_is_neither_read_as_empty_nor_overwritten() {
+    let Some(server) = server("an_audit_trail_written_by_another_tool").await else {
+        return;
+    };
+    let etcd = EtcdCoordinator::connect_url(&server.url()).await.unwrap();
+    let k = key("audit-overwritten");
+    let lease = etcd
+        .try_acquire(&k, &LeaseOptions::new(Duration::from_secs(20)))
+        .await
+        .unwrap();
+    let audit_key = adapter_etcd::keys::audit_key(etcd.config().key_prefix(), &k);
+    let mut raw = etcd.client();
+    raw.put(audit_key.as_str(), "written by another tool", None)
+        .await
+        .unwrap();
+    let request = ForceRelease::new("oncall", "stuck").unwrap();
+    for e in [
+        etcd.force_release(&k, &request).await.map(|_| ()),
+        etcd.audit_trail(&k, 10).await.map(|_| ()),
+    ] {
+        match e {
+            Err(Error::Misconfigured { problems, .. })
+                if problems.iter().any(|p| p.contains(&audit_key)) => {}
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(
+        etcd.inspect(&k).await.unwrap().unwrap().token,
+        lease.token()
+    );
+    let kv = raw.get(audit_key.as_str(), None).await.unwrap().kvs()[0].clone();
+    assert_eq!(kv.value(), b"written by another tool");
+    lease.release().await.unwrap();
+}
+
 /// An outside `put` of the holder's key without its lease detaches the key from the session, so
 /// it would outlive a holder that dies, locked until someone deleted it by hand. The holder's
 /// guardian sees the write and attaches the key to its session again, keeping the value: the

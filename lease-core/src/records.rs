@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::audit::AuditRecord;
 use crate::coordinator::HolderInfo;
+use crate::error::Error;
 use crate::key::LockKey;
 use crate::options::{ForceRelease, LeaseOptions, OwnerId};
 use crate::token::Token;
@@ -169,11 +170,27 @@ impl StoredAudit {
         serde_json::from_slice(value).ok()
     }
 
-    /// The records a trail value holds, oldest first (none if it is unreadable).
-    pub fn parse_trail(value: &[u8]) -> Vec<Self> {
+    /// The records a trail value holds, oldest first; `None` when the value is not a trail (or
+    /// a single record) this library wrote. Never treat that as an empty trail to append to: the
+    /// write would erase whatever is there ([`StoredAudit::unreadable`] is the error to give).
+    pub fn parse_trail(value: &[u8]) -> Option<Vec<Self>> {
         serde_json::from_slice::<Vec<Self>>(value)
             .or_else(|_| serde_json::from_slice::<Self>(value).map(|r| vec![r]))
-            .unwrap_or_default()
+            .ok()
+    }
+
+    /// The error for a trail value under `audit_key` that [`StoredAudit::parse_trail`] cannot
+    /// read: `Misconfigured` naming the key. A force-release then removes nothing and the trail
+    /// is not overwritten.
+    pub fn unreadable(backend: &'static str, audit_key: &str) -> Error {
+        Error::Misconfigured {
+            backend,
+            problems: vec![format!(
+                "the audit trail under {audit_key:?} is not one this library wrote (another \
+                 tool wrote there?): nothing was removed or recorded; move that value away to \
+                 go on"
+            )],
+        }
     }
 
     /// `trail` with `self` appended, keeping the newest [`AuditRecord::MAX_LIMIT`], as stored.
@@ -242,10 +259,10 @@ mod tests {
         );
         let mut value = Vec::new();
         for _ in 0..AuditRecord::MAX_LIMIT + 3 {
-            let trail = StoredAudit::parse_trail(&value);
+            let trail = StoredAudit::parse_trail(&value).unwrap_or_default();
             value = StoredAudit::new(&request, Some(&holder)).appended_to(trail);
         }
-        let trail = StoredAudit::parse_trail(&value);
+        let trail = StoredAudit::parse_trail(&value).unwrap();
         assert_eq!(trail.len(), AuditRecord::MAX_LIMIT);
         let r = trail[0].to_record(&key, None);
         assert_eq!(r.removed_token, Some(Token::new(9).unwrap()));
@@ -253,11 +270,12 @@ mod tests {
         assert!(r.at.is_some());
         // etcd's earlier record, one object.
         let old = br#"{"actor":"a","reason":"r","token":4,"owner":"o","at_ms":5}"#;
-        let trail = StoredAudit::parse_trail(old);
+        let trail = StoredAudit::parse_trail(old).unwrap();
         assert_eq!(trail.len(), 1);
         assert_eq!(trail[0].removed_token, Some(4));
         assert_eq!(trail[0].removed_owner.as_deref(), Some("o"));
-        assert!(StoredAudit::parse_trail(b"not json").is_empty());
+        assert!(StoredAudit::parse_trail(b"not json").is_none());
+        assert!(StoredAudit::parse_trail(br#"[{"actor":"a","reason":"r"},7]"#).is_none());
         // A record of a free key, for one key of a shared trail.
         let free = StoredAudit::new(&request, None).for_key(&key);
         let back = StoredAudit::parse(&free.to_json()).unwrap();
