@@ -40,7 +40,8 @@ Exit statuses:
   69  the backend is unavailable
   70  the backend's answer was unknown or unexpected (re-read before acting)
   75  run: the lock was not acquired within --wait
-  76  run: the lease was lost while the command ran (the command was stopped);
+  76  run: the lease was lost while the command ran (the command was stopped, or it had
+      finished and its release found the lease lost);
       fence write: the token is stale (nothing was written)
   78  the backend is misconfigured for fenced leases
   126 run: the command could not be executed
@@ -138,7 +139,8 @@ pub(crate) enum Command {
     /// If the lease is lost, CMD gets SIGTERM and SIGCONT (so a stopped CMD acts on the SIGTERM
     /// too), then SIGKILL if it still runs after --grace, and fenced exits 76. Anything CMD writes
     /// after the loss carries the old token, which a fence rejects once a newer holder wrote.
-    /// When CMD exits, the lease is released and fenced exits with CMD's status. SIGTERM and
+    /// When CMD exits, the lease is released and fenced exits with CMD's status, or 76 if the
+    /// release finds the lease already lost (a loss not yet noticed when CMD exited). SIGTERM and
     /// SIGHUP sent to fenced are forwarded to CMD; SIGINT is not (from a terminal CMD gets it
     /// directly). Only CMD itself is signalled: a shell script should `exec` its last command or
     /// pass the signal on to its own children.
@@ -150,7 +152,8 @@ pub(crate) enum Command {
         "  N   CMD's own status when it exited under the lease (128+N if signal N killed it)\n",
         "  75  the lock was not acquired within --wait (the holder is named when known)\n",
         "  76  the lease was lost while CMD ran; CMD was stopped (SIGTERM and SIGCONT, then\n",
-        "      SIGKILL after --grace); or it was granted with no more validity than the margin\n",
+        "      SIGKILL after --grace), or it had just exited and the release found the lease\n",
+        "      lost; or it was granted with no more validity than the margin\n",
         "      (a tenth of the TTL), and CMD was not started\n",
         "  126 CMD could not be executed; 127 CMD was not found (the lease was released)\n",
         backend_statuses!()

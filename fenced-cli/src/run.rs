@@ -135,10 +135,20 @@ pub(crate) async fn run(url: Option<String>, args: RunArgs) -> Result<u8, Failur
     .await;
 
     match outcome {
-        Ok(Ok(status)) => {
-            release(kept, &key).await;
-            Ok(exit_status(status))
-        }
+        Ok(Ok(status)) => match release(kept, &key).await {
+            None => Ok(exit_status(status)),
+            // Lost before the command finished, noticed only by the release (a force-release or
+            // an expiry the lease had not heard of yet): the command may have ended without
+            // the lock, and its caller must know it as for a loss seen while it ran.
+            Some(lost) => Err(Failure::new(
+                exit::LOST,
+                format!(
+                    "{lost}: the lease was lost before the command finished (its release found \
+                     it so); the command {}",
+                    describe(status)
+                ),
+            )),
+        },
         Ok(Err(e)) => {
             let how = stop(&mut child, args.grace).await;
             release(kept, &key).await;
@@ -215,18 +225,30 @@ async fn stop(child: &mut Child, grace: Duration) -> String {
     }
 }
 
-/// Releases after the command finished under the lease. A failure is worth a warning (the lock
-/// then stays until its TTL), but the command's status stands.
-async fn release(kept: Kept, key: &LockKey) {
+/// Releases after the command finished under the lease; returns the `Lost` error when the
+/// release found the lease already lost. Any other failure is worth a warning (the lock then
+/// stays until its TTL), but the command's status stands.
+async fn release(kept: Kept, key: &LockKey) -> Option<Error> {
     match kept.release().await {
-        Ok(()) | Err(Error::Lost { .. }) => {}
+        Ok(()) => None,
+        Err(lost @ Error::Lost { .. }) => Some(lost),
         Err(e) => {
             let _ = writeln!(
                 std::io::stderr().lock(),
                 "fenced: warning: releasing {key} failed ({}); the lock expires at its TTL",
                 crate::exit::one_line(&e.to_string())
             );
+            None
         }
+    }
+}
+
+/// How the command ended, for messages: "exited with status N" or "was killed by signal N".
+fn describe(status: ExitStatus) -> String {
+    match (status.code(), status.signal()) {
+        (Some(code), _) => format!("exited with status {code}"),
+        (None, Some(sig)) => format!("was killed by signal {sig}"),
+        (None, None) => "ended".to_owned(),
     }
 }
 

@@ -16,6 +16,7 @@ on_every_backend!(
     a_held_key_is_shown_refused_and_force_released,
     a_stale_expect_token_is_refused_and_the_right_one_removes,
     audit_lists_forced_releases_newest_first,
+    a_lease_lost_just_before_the_command_exits_is_reported_lost,
 );
 
 fn inspect_of_a_free_key_exits_1(s: &Subject, _test: &str) {
@@ -40,6 +41,38 @@ fn inspect_of_a_free_key_exits_1(s: &Subject, _test: &str) {
 }
 
 // run ---
+
+/// A lease force-released by the command itself, which then exits at once: whether `run` hears
+/// of the loss while the command runs or only when its release finds the key gone, it exits 76
+/// and says so. Before, a loss found by the release was dropped without a word and `run` exited
+/// with the command's 0 (on Consul, whose monitor spaces its queries, nearly always).
+fn a_lease_lost_just_before_the_command_exits_is_reported_lost(s: &Subject, _test: &str) {
+    let out = fenced()
+        .env("FENCED_BIN", fenced_bin())
+        .env("OPERATOR_URL", s.url.as_str())
+        .args([
+            "--url",
+            s.url.as_str(),
+            "run",
+            "jobs/lost",
+            "--ttl",
+            "30s",
+            "--",
+        ])
+        .args([
+            "sh",
+            "-c",
+            r#""$FENCED_BIN" --url "$OPERATOR_URL" force-release "$FENCED_KEY" \
+                 --actor ops --reason test >/dev/null || exit 9; exit 0"#,
+        ])
+        .output()
+        .unwrap();
+    let err = stderr_of(&out);
+    assert_eq!(out.status.code(), Some(76), "{err}");
+    assert!(err.contains("lost") || err.contains("Lost"), "{err}");
+    let (code, v) = inspect_json(s.url.as_str(), "jobs/lost");
+    assert_eq!(code, 1, "the key is free: {v}");
+}
 
 fn run_passes_the_token_and_exits_with_the_child_status(s: &Subject, _test: &str) {
     let url = s.url.as_str();
