@@ -83,13 +83,14 @@ pub(crate) async fn audit_records(
     limit: usize,
 ) -> Result<Vec<AuditRecord>> {
     let dir = s.paths().audit();
-    let names = match s
-        .read(ops::AUDIT_READ, s.client().list_children(&dir))
-        .await?
-    {
-        Ok(n) => n,
-        Err(ZkError::NoNode) => return Ok(Vec::new()),
-        Err(e) => return Err(from_zk(ops::AUDIT_READ, e)),
+    // Behind a `sync`, as `holder` reads: a follower behind the leader would leave out a
+    // record just written.
+    let sent = Instant::now();
+    let names = match s.synced_read(sent, |c| c.list_children(&dir)).await {
+        None => return Err(timed_out(ops::AUDIT_READ, s.request_timeout())),
+        Some(Ok(n)) => n,
+        Some(Err(ZkError::NoNode)) => return Ok(Vec::new()),
+        Some(Err(e)) => return Err(from_zk(ops::AUDIT_READ, e)),
     };
     let prefix = audit_prefix(key);
     let mut names: Vec<(i64, String)> = names
@@ -117,7 +118,12 @@ pub(crate) async fn audit_records(
 }
 
 impl ZkCoordinator {
-    /// The current holder's node: `(path, data, stat)`.
+    /// The current holder's node: `(path, data, stat)`, read behind a `sync` so that it is at
+    /// least as new as the leader's state when the call began. A plain read may be answered by
+    /// a follower that has not applied a grant or a release yet: `inspect` would say free for
+    /// a held key, and `force-release` audit a free key and remove nothing. The reads after the
+    /// first see at least what it saw (one session's requests are answered in order by one
+    /// server).
     pub(crate) async fn holder(
         &self,
         s: &Session,
@@ -125,10 +131,12 @@ impl ZkCoordinator {
     ) -> Result<Option<(String, Vec<u8>, Stat)>> {
         let dir = s.paths().lock_dir(key);
         for _ in 0..5 {
-            let children = match s.read(ops::INSPECT, s.client().list_children(&dir)).await? {
-                Ok(c) => c,
-                Err(ZkError::NoNode) => return Ok(None),
-                Err(e) => return Err(from_zk(ops::INSPECT, e)),
+            let sent = Instant::now();
+            let children = match s.synced_read(sent, |c| c.list_children(&dir)).await {
+                None => return Err(timed_out(ops::INSPECT, s.request_timeout())),
+                Some(Ok(c)) => c,
+                Some(Err(ZkError::NoNode)) => return Ok(None),
+                Some(Err(e)) => return Err(from_zk(ops::INSPECT, e)),
             };
             let ordered = self.order(s, &dir, children).await?;
             let Some(first) = ordered.first() else {

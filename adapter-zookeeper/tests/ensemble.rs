@@ -398,3 +398,59 @@ async fn follower_cut_after_sync() {
     );
     ens.heal(follower).await.unwrap();
 }
+
+/// `inspect` and `force_release` read the holder behind a `sync`: on a follower cut from the
+/// leader (still answering reads until it gives up, `syncLimit` ticks later) they fail rather
+/// than report a key held through another server as free. Before, the plain read said free:
+/// `inspect` printed "free", and `force_release` audited a free key and removed nothing while
+/// reporting success.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operator_reads_on_a_follower_cut_from_the_leader_never_say_free() {
+    let Some(ens) = ensemble("operator_reads_on_a_follower_cut_from_the_leader").await else {
+        return;
+    };
+    let leader = ens.leader().await.unwrap();
+    let follower = (0..ens.members()).find(|m| *m != leader).unwrap();
+    let others = (0..ens.members())
+        .filter(|m| *m != follower)
+        .map(|m| ens.client_proxy_addr(m).to_string())
+        .collect::<Vec<_>>()
+        .join(",");
+    let base = format!("/ensemble-test-{:08x}", rand::random::<u32>());
+    let config = |hosts: &str| {
+        ZkConfig::from_url(&format!(
+            "zk://{hosts}{base}?request_timeout_ms=3000&digest=alice:{PASSWORD}"
+        ))
+        .expect("valid url")
+    };
+    let operator = ZkCoordinator::connect(config(&ens.client_proxy_addr(follower).to_string()))
+        .await
+        .unwrap();
+    let holder = ZkCoordinator::connect(config(&others)).await.unwrap();
+    let key: LockKey = "cut-follower".parse().unwrap();
+    assert!(operator.inspect(&key).await.unwrap().is_none());
+
+    ens.isolate_from_peers(follower).await.unwrap();
+    // Granted through the leader's side; the cut follower never hears of it.
+    let lease = holder
+        .try_acquire(&key, &LeaseOptions::new(Duration::from_secs(30)))
+        .await
+        .unwrap();
+    let inspected = operator.inspect(&key).await;
+    assert!(
+        !matches!(inspected, Ok(None)),
+        "inspect on the cut follower said free for a held key"
+    );
+    let request = lease_core::ForceRelease::new("ops", "cut follower test").unwrap();
+    let forced = operator.force_release(&key, &request).await;
+    assert!(
+        !matches!(forced, Ok(None)),
+        "force_release on the cut follower found a held key free"
+    );
+    ens.heal(follower).await.unwrap();
+    assert_eq!(
+        holder.inspect(&key).await.unwrap().map(|h| h.token),
+        Some(lease.token())
+    );
+    lease.release().await.unwrap();
+}
