@@ -640,6 +640,45 @@ async fn dropping_a_woken_head_passes_the_turn_on() {
     assert_eq!(c.waiters(&k), 0);
 }
 
+/// An `acquire` future kept but no longer polled (a `select!` that moved on without dropping
+/// it) holds up nobody past its wait: once its wait is over, the waiter behind it is served at
+/// the release and `try_acquire` succeeds. Its own late poll reports `Timeout`. Before, it stayed
+/// at the head until dropped: every later caller waited or was refused `Held`.
+#[tokio::test(start_paused = true)]
+async fn an_acquire_kept_but_not_polled_holds_up_nobody_past_its_wait() {
+    let c = coord();
+    let k = key("k");
+    let holder = c.try_acquire(&k, &exact(secs(3600))).await.unwrap();
+    let opts = exact(secs(10)).wait(secs(1));
+    let mut stalled = Box::pin(c.acquire(&k, &opts));
+    // Polled once: queued at the head.
+    assert!(futures::poll!(stalled.as_mut()).is_pending());
+    assert_eq!(c.waiters(&k), 1);
+    let (c2, k2) = (c.clone(), k.clone());
+    let behind = tokio::spawn(async move {
+        let l = c2
+            .acquire(&k2, &exact(secs(10)).wait(secs(3600)))
+            .await
+            .unwrap();
+        (l.token(), Instant::now())
+    });
+    wait_for_waiters(&c, &k, 2).await;
+    tokio::time::sleep(secs(5)).await;
+    let released = Instant::now();
+    holder.release().await.unwrap();
+    let (token, at) = behind.await.unwrap();
+    assert_eq!((token, at), (tok(2), released), "served at the release");
+    // Free again, with the stalled future still alive: try_acquire is not refused.
+    tokio::time::sleep(secs(20)).await;
+    let l = c.try_acquire(&k, &exact(secs(10))).await.unwrap();
+    assert_eq!(l.token(), tok(3));
+    match stalled.await {
+        Err(Error::Timeout { .. }) => {}
+        other => panic!("the stalled acquire, polled at last: {other:?}"),
+    }
+    assert_eq!(c.waiters(&k), 0);
+}
+
 #[tokio::test(start_paused = true)]
 async fn dropping_an_acquire_future_that_won_leaves_no_lock() {
     // A future dropped before it was polled, or after it completed, leaves nothing behind.

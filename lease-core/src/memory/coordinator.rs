@@ -48,6 +48,8 @@ struct Holder {
 struct Waiter {
     id: u64,
     notify: Arc<Notify>,
+    /// The end of its wait: past it, the entry holds up nobody (see [`KeyState::prune`]).
+    deadline: Instant,
 }
 
 #[derive(Default)]
@@ -59,16 +61,34 @@ struct KeyState {
 }
 
 impl KeyState {
-    /// Drops an expired holder (marking its lease lost) and wakes the head waiter.
+    /// Drops an expired holder (marking its lease lost) and waiters whose wait is over, and
+    /// wakes the head waiter.
     fn expire(&mut self, now: Instant) {
+        let pruned = self.prune(now);
         if self.holder.as_ref().is_some_and(|h| h.expires_at <= now) {
             let h = self.holder.take().expect("checked");
             h.tracker.mark_lost(LostReason::Expired);
             self.wake_head();
+        } else if pruned {
+            self.notify_head();
         }
     }
 
-    fn wake_head(&self) {
+    /// Removes the waiters at the head of the queue whose wait is over: an `acquire` future
+    /// that is kept but no longer polled (a `select!` that moved on without dropping it) would
+    /// otherwise stay at the head past its wait and hold up every later caller, `try_acquire`
+    /// included, until it is dropped. Its own next poll reports `Timeout` (or, should the key
+    /// be free with nobody queued, grants it as a `try_acquire` would). Whether any was removed.
+    fn prune(&mut self, now: Instant) -> bool {
+        let mut pruned = false;
+        while self.waiters.front().is_some_and(|w| w.deadline <= now) {
+            self.waiters.pop_front();
+            pruned = true;
+        }
+        pruned
+    }
+
+    fn wake_head(&mut self) {
         if self.holder.is_none() {
             self.notify_head();
         }
@@ -76,8 +96,9 @@ impl KeyState {
 
     /// Wakes the head waiter whatever the holder state, so that a waiter that has just become
     /// head re-arms its sleep to the current holder's expiry (a waiter behind the head sleeps
-    /// until its own deadline).
-    fn notify_head(&self) {
+    /// until its own deadline). Waiters whose wait is over are removed first.
+    fn notify_head(&mut self) {
+        self.prune(Instant::now());
         if let Some(w) = self.waiters.front() {
             w.notify.notify_one();
         }
@@ -125,7 +146,11 @@ impl Shared {
 /// - `try_acquire` fails with `Held` while anyone holds the key *or* waits for it (no barging).
 /// - Expiry uses the monotonic clock (tokio's, so tests may pause and advance time).
 /// - Dropping a lease releases it at once (the in-memory release cannot block).
-/// - Dropping an `acquire` future removes its waiter entry and passes the turn on.
+/// - Dropping an `acquire` future removes its waiter entry and passes the turn on; so does the
+///   end of its wait, even while the future is kept but no longer polled.
+/// - Each key ever locked keeps a small entry (its last token, which must never be issued
+///   again) for the coordinator's life: locking an unbounded number of distinct keys (one per
+///   request id) grows the map without bound.
 ///
 /// Cloning is cheap and shares the coordinator.
 #[derive(Clone)]
@@ -290,7 +315,7 @@ impl Coordinator for MemoryCoordinator {
                         // Already removed from the queue: disarm the guard.
                         t.shared = None;
                         // The next waiter is head now: wake it so it sleeps until our expiry.
-                        if let Some(ks) = st.keys.get(key) {
+                        if let Some(ks) = st.keys.get_mut(key) {
                             ks.notify_head();
                         }
                     }
@@ -315,6 +340,7 @@ impl Coordinator for MemoryCoordinator {
                         .push_back(Waiter {
                             id,
                             notify: notify.clone(),
+                            deadline,
                         });
                     ticket = Some(WaiterGuard {
                         shared: Some(self.shared.clone()),
