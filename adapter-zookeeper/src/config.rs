@@ -52,7 +52,7 @@ impl fmt::Debug for Digest {
 ///
 /// The path is the base znode under which everything lives (it acts as a chroot; default
 /// [`DEFAULT_BASE_PATH`]): lock nodes under `<base>/locks`, force-release audit records under
-/// `<base>/audit`.
+/// `<base>/audit-trails/<encoded key>` (earlier versions' under `<base>/audit`, read only).
 ///
 /// | option | default | meaning |
 /// |---|---|---|

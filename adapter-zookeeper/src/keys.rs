@@ -5,8 +5,13 @@
 //! <base>/locks/<encoded key>            container: one per lock, flat (so `a` and `a/b` never nest)
 //! <base>/locks/<encoded key>/c-<client>-<attempt>-<sequence>
 //!                                       ephemeral sequential: one per contender
+//! <base>/audit-trails/<encoded key>   persistent: one per key ever force-released
+//! <base>/audit-trails/<encoded key>/forced-<sequence>
+//!                                       persistent sequential: one per force_release, the
+//!                                       newest `AuditRecord::MAX_LIMIT` kept
 //! <base>/audit/forced-<encoded key>-<sequence>
-//!                                       persistent sequential: one per force_release
+//!                                       written by earlier versions (every key's records in
+//!                                       one directory); read, never written
 //! ```
 //!
 //! A key is percent-encoded into one node name: every byte outside `[A-Za-z0-9._~-]` becomes
@@ -18,8 +23,10 @@ use lease_core::LockKey;
 
 /// The child of `<base>` holding one node per lock.
 pub(crate) const LOCKS: &str = "locks";
-/// The child of `<base>` holding force-release audit records.
+/// The child of `<base>` holding earlier versions' force-release audit records, every key's.
 pub(crate) const AUDIT: &str = "audit";
+/// The child of `<base>` holding one directory of force-release audit records per key.
+pub(crate) const AUDIT_TRAILS: &str = "audit-trails";
 /// The name prefix of audit records.
 pub(crate) const AUDIT_PREFIX: &str = "forced-";
 
@@ -44,8 +51,14 @@ impl Paths {
         format!("{}/{LOCKS}", self.base)
     }
 
+    /// The directory of earlier versions' audit records (every key's, see the module docs).
     pub(crate) fn audit(&self) -> String {
         format!("{}/{AUDIT}", self.base)
+    }
+
+    /// The directory of `key`'s audit records.
+    pub(crate) fn audit_trail(&self, key: &LockKey) -> String {
+        format!("{}/{AUDIT_TRAILS}/{}", self.base, encode_key(key))
     }
 
     /// The lock's node: the parent of its contenders.

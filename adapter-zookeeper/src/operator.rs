@@ -11,7 +11,7 @@ use zookeeper_client::{CreateMode, Error as ZkError, MultiWriteError, Stat};
 
 use crate::coordinator::*;
 use crate::error::{disconnected, from_zk, ops, timed_out, BACKEND};
-use crate::keys::{audit_prefix, audit_sequence};
+use crate::keys::{audit_prefix, audit_sequence, AUDIT_PREFIX};
 use crate::session::Session;
 
 impl ZkCoordinator {
@@ -73,29 +73,56 @@ impl ZkCoordinator {
     }
 }
 
-/// Up to `limit` of `key`'s audit records, newest first: lists the audit nodes
-/// (`<base>/audit/forced-<encoded key>-<sequence>`, every key's in one directory), keeps `key`'s
-/// by name (and any older ones named without a key), and reads them newest sequence first until
-/// `limit` records of `key` are found.
+/// Up to `limit` of `key`'s audit records, newest first: lists the key's own directory
+/// (`<base>/audit-trails/<encoded key>`, behind a `sync`: a follower behind the leader would
+/// leave out a record just written) and reads its nodes newest sequence first; when that gives
+/// fewer than `limit`, earlier versions' records follow from the shared directory
+/// (`<base>/audit`, every key's records; skipped when it does not exist).
 pub(crate) async fn audit_records(
     s: &Session,
     key: &LockKey,
     limit: usize,
 ) -> Result<Vec<AuditRecord>> {
-    let dir = s.paths().audit();
-    // Behind a `sync`, as `holder` reads: a follower behind the leader would leave out a
-    // record just written.
+    let dir = s.paths().audit_trail(key);
     let sent = Instant::now();
     let names = match s.synced_read(sent, |c| c.list_children(&dir)).await {
         None => return Err(timed_out(ops::AUDIT_READ, s.request_timeout())),
         Some(Ok(n)) => n,
-        Some(Err(ZkError::NoNode)) => return Ok(Vec::new()),
+        Some(Err(ZkError::NoNode)) => Vec::new(),
         Some(Err(e)) => return Err(from_zk(ops::AUDIT_READ, e)),
     };
-    let prefix = audit_prefix(key);
+    let mut out = read_records(s, key, &dir, names, AUDIT_PREFIX, limit).await?;
+    if out.len() < limit {
+        // Read after the sync above, by the same server: at least as new.
+        let dir = s.paths().audit();
+        let names = match s
+            .read(ops::AUDIT_READ, s.client().list_children(&dir))
+            .await?
+        {
+            Ok(n) => n,
+            Err(ZkError::NoNode) => Vec::new(),
+            Err(e) => return Err(from_zk(ops::AUDIT_READ, e)),
+        };
+        let left = limit - out.len();
+        out.extend(read_records(s, key, &dir, names, &audit_prefix(key), left).await?);
+    }
+    Ok(out)
+}
+
+/// Reads up to `limit` of `key`'s records among the audit nodes `names` of `dir` (those named
+/// `prefix` and a sequence, or an earlier version's `forced-` and a sequence), newest sequence
+/// first.
+async fn read_records(
+    s: &Session,
+    key: &LockKey,
+    dir: &str,
+    names: Vec<String>,
+    prefix: &str,
+    limit: usize,
+) -> Result<Vec<AuditRecord>> {
     let mut names: Vec<(i64, String)> = names
         .into_iter()
-        .filter_map(|n| Some((audit_sequence(&n, &prefix)?, n)))
+        .filter_map(|n| Some((audit_sequence(&n, prefix)?, n)))
         .collect();
     names.sort_by_key(|(sequence, _)| std::cmp::Reverse(*sequence));
     let mut out = Vec::new();
@@ -115,6 +142,30 @@ pub(crate) async fn audit_records(
         }
     }
     Ok(out)
+}
+
+/// Deletes the oldest of the audit nodes in `dir` beyond the newest
+/// [`AuditRecord::MAX_LIMIT`], best-effort (a failure leaves them for the next force-release).
+async fn trim_audit_trail(s: &Session, dir: &str) {
+    let Ok(Ok(names)) = s
+        .read(ops::FORCE_RELEASE, s.client().list_children(dir))
+        .await
+    else {
+        return;
+    };
+    let mut names: Vec<(i64, String)> = names
+        .into_iter()
+        .filter_map(|n| Some((audit_sequence(&n, AUDIT_PREFIX)?, n)))
+        .collect();
+    if names.len() <= AuditRecord::MAX_LIMIT {
+        return;
+    }
+    names.sort_by_key(|(sequence, _)| *sequence);
+    let excess = names.len() - AuditRecord::MAX_LIMIT;
+    for (_, n) in names.into_iter().take(excess) {
+        let path = format!("{dir}/{n}");
+        let _ = tokio::time::timeout(s.request_timeout(), s.client().delete(&path, None)).await;
+    }
 }
 
 impl ZkCoordinator {
@@ -166,12 +217,12 @@ impl ZkCoordinator {
         request: &ForceRelease,
         node: Option<(&HolderInfo, &str, i32)>,
     ) -> Result<bool> {
-        let dir = s.paths().audit();
+        let dir = s.paths().audit_trail(key);
         let data = StoredAudit::new(request, node.map(|(target, ..)| target))
             .for_key(key)
             .to_json();
         let options = CreateMode::PersistentSequential.with_acls(s.acls());
-        let audit_path = format!("{dir}/{}", audit_prefix(key));
+        let audit_path = format!("{dir}/{AUDIT_PREFIX}");
         for _ in 0..2 {
             let mut writer = s.client().new_multi_writer();
             writer
@@ -187,6 +238,7 @@ impl ZkCoordinator {
                 Err(_) => return Err(timed_out(ops::FORCE_RELEASE, s.request_timeout())),
                 Ok(Ok(_)) => {
                     s.confirm(sent);
+                    trim_audit_trail(s, &dir).await;
                     return Ok(true);
                 }
                 // The audit directory is missing (nothing was applied): create it, send again.

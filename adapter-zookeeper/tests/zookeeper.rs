@@ -399,6 +399,66 @@ async fn a_force_release_whose_delete_is_refused_records_nothing() {
     assert_eq!(trail[0].removed_token, Some(lease.token()));
 }
 
+/// Each key's audit records live in a directory of their own, the newest
+/// `AuditRecord::MAX_LIMIT` kept: force-releases of one key never grow what another key's
+/// `audit_trail` (or a release looking for its forced-release record) lists. Records an earlier
+/// version wrote in the shared `<base>/audit` directory are still read, after the new ones.
+/// Before, every record of every key went to that one directory for good, and every read listed
+/// all of them (past the server's packet limit, every audit read failed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn audit_records_are_kept_per_key_and_capped() {
+    let Some(server) = server("audit_records_are_kept_per_key_and_capped").await else {
+        return;
+    };
+    let cfg = config(server.addr(), 4000);
+    let coord = ZkCoordinator::connect(cfg.clone()).await.unwrap();
+    let admin = raw_client(server.addr(), Some(&format!("alice:{PASSWORD}"))).await;
+    let (busy, quiet): (LockKey, LockKey) = ("busy/1".parse().unwrap(), "quiet".parse().unwrap());
+    // An earlier version's record of `quiet`, in the shared directory.
+    let legacy_dir = format!("{}/audit", cfg.base_path());
+    admin
+        .mkdir(
+            &legacy_dir,
+            &zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all()),
+        )
+        .await
+        .unwrap();
+    let legacy = br#"{"actor":"old-ops","reason":"before the upgrade","key":"quiet"}"#;
+    admin
+        .create(
+            &format!("{legacy_dir}/forced-quiet-"),
+            legacy,
+            &zk::CreateMode::PersistentSequential.with_acls(zk::Acls::anyone_all()),
+        )
+        .await
+        .unwrap();
+    let request = |i: usize| ForceRelease::new("ops", format!("round {i}")).unwrap();
+    let max = lease_core::AuditRecord::MAX_LIMIT;
+    for i in 0..max + 5 {
+        coord.force_release(&busy, &request(i)).await.unwrap();
+    }
+    coord.force_release(&quiet, &request(0)).await.unwrap();
+
+    let trail = coord.audit_trail(&busy, max).await.unwrap();
+    assert_eq!(trail.len(), max);
+    assert_eq!(
+        trail[0].reason,
+        format!("round {}", max + 4),
+        "newest first"
+    );
+    assert_eq!(
+        trail[max - 1].reason,
+        "round 5",
+        "the oldest five were dropped"
+    );
+    let dir = format!("{}/audit-trails/busy%2F1", cfg.base_path());
+    assert_eq!(admin.list_children(&dir).await.unwrap().len(), max);
+    // `quiet`: its own record, then the earlier version's; none of `busy`'s.
+    let trail = coord.audit_trail(&quiet, max).await.unwrap();
+    let reasons: Vec<&str> = trail.iter().map(|r| r.reason.as_str()).collect();
+    assert_eq!(reasons, ["round 0", "before the upgrade"]);
+}
+
 #[tokio::test]
 async fn secrets_never_show_in_configs_or_errors() {
     let url = format!("zk://127.0.0.1:1/x?digest=alice:{PASSWORD}&connect_timeout_ms=300");
