@@ -166,8 +166,9 @@ pub(crate) fn status(op: Op, code: u16, body: &[u8]) -> Error {
         403 => Error::Misconfigured {
             backend: BACKEND,
             problems: vec![format!(
-                "the ACL token was refused ({text}); it needs key:write on the key prefix and \
-                 session:write on the agent's node"
+                "the ACL token was refused ({text}); it needs key:write on the key prefix \
+                 (and key:list, where enable_key_list_policy is on) and session:write on the \
+                 agent's node"
             )],
         },
         429 => op.failed(

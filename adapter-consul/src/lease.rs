@@ -354,6 +354,10 @@ impl Watched for LeaseShared {
     fn seen(&self, entry: Option<&KvEntry>) {
         LeaseShared::seen(self, entry);
     }
+
+    fn in_doubt(&self) {
+        self.tracker.in_doubt();
+    }
 }
 
 /// Runs until the lease is lost (released, dropped, expired, revoked, session ended), then makes

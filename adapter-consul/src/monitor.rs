@@ -22,8 +22,13 @@
 //! - the index is reset to 0 when it goes backwards (a snapshot restore) and kept at least 1;
 //! - queries start at most once per [`spacing`] (100 ms plus 100 µs per entry of the previous
 //!   answer, at most 2 s), so other clients' writes under the prefix cost at most that rate;
-//! - errors back off from 20 ms to 1 s; the session renewer, not the monitor, decides when
-//!   leases are in doubt, and renewals (which read their key) stay the authority on ownership.
+//! - errors back off from 20 ms to 1 s. A query the agent does not answer (unreachable, a
+//!   timeout, a 5xx) puts every watched lease in doubt: an agent that leaves the cluster ends
+//!   its node's sessions, ours included, and stops answering, so a key may change hands unseen
+//!   before the next renewal would fail. The session's next renewal, and a read of the key,
+//!   make a lease held again (renewals stay the authority on ownership). A query refused by the
+//!   ACL (`Misconfigured`: the token lacks `key:list` on the prefix) is logged as a warning once
+//!   and does not put leases in doubt: loss is then noticed by renewals alone.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -60,6 +65,8 @@ pub(crate) trait Watched: Send + Sync {
     fn is_lost(&self) -> bool;
     /// What an answer showed of its key (`None`: gone).
     fn seen(&self, entry: Option<&KvEntry>);
+    /// A query went unanswered: the key may have changed hands unseen.
+    fn in_doubt(&self);
 }
 
 #[derive(Default)]
@@ -162,6 +169,7 @@ async fn run(http: Arc<Http>, prefix: String, max_block: Duration, state: Arc<St
     let mut index = 0u64;
     let mut backoff = Backoff::new(Duration::from_millis(20), Duration::from_secs(1));
     let mut next_start = Instant::now();
+    let mut warned = false;
     loop {
         if live(&state).is_none() {
             return;
@@ -182,8 +190,19 @@ async fn run(http: Arc<Http>, prefix: String, max_block: Duration, state: Arc<St
                 let Some(leases) = live(&state) else { return };
                 dispatch(&leases, seen, &entries);
             }
+            Err(e @ lease_core::Error::Misconfigured { .. }) => {
+                if !std::mem::replace(&mut warned, true) {
+                    tracing::warn!(prefix = %prefix, error = %e, "consul lock monitor refused (the token needs key:list on the prefix): a lost lock is noticed by renewals alone");
+                }
+                next_start = Instant::now() + backoff.next_delay();
+            }
             Err(e) => {
-                tracing::debug!(prefix = %prefix, error = %e, "consul lock monitor: read failed; retrying");
+                tracing::debug!(prefix = %prefix, error = %e, "consul lock monitor: read failed; its leases are in doubt; retrying");
+                if let Some(leases) = live(&state) {
+                    for lease in &leases {
+                        lease.in_doubt();
+                    }
+                }
                 next_start = Instant::now() + backoff.next_delay();
             }
         }

@@ -3,9 +3,12 @@
 //! and its last lease are gone.
 //!
 //! The session's **local validity** is the send time of its last confirmed renewal (or creation)
-//! plus its TTL minus the drift margin: Consul never invalidates a session before its TTL has
-//! passed since the last renewal it saw, so until then every lock the session holds stays held
-//! (unless someone deletes it). Each lease's validity is capped by it.
+//! plus its TTL minus the drift margin: Consul never invalidates a session by its TTL before the
+//! TTL has passed since the last renewal it saw, so until then every lock the session holds
+//! stays held, unless someone deletes it or ends the session early (`session destroy`, or its
+//! node deregistered by a client agent leaving the cluster). Those the lock monitor sees, or,
+//! when the agent stops answering, it puts the leases in doubt (`monitor.rs`). Each lease's
+//! validity is capped by it.
 
 use std::ops::ControlFlow;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};

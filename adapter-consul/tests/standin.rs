@@ -435,6 +435,54 @@ async fn a_session_destroyed_out_of_band_is_noticed_at_once_and_lock_delay_keeps
     next.release().await.unwrap();
 }
 
+/// The holder's agent leaves the cluster: Consul ends the sessions of its node (with or without
+/// checks) and the agent stops answering, so neither the lock monitor nor the renewer can hear
+/// of the loss. Another client then takes the key once the lock-delay passes. The holder's lease
+/// must not still say `Held` by then: the monitor's unanswered query puts it in doubt at once.
+/// Before, it stayed `Held` until the next renewal failed (half a session TTL, 5 s here), long
+/// after the other client held the key.
+#[tokio::test]
+async fn a_lease_whose_agent_leaves_is_in_doubt_before_another_client_holds_its_key() {
+    let s = standin();
+    let prefix = format!("t{:08x}", rand::random::<u32>());
+    let agent = FaultProxy::start(s.addr()).await.unwrap();
+    let via_agent = format!(
+        "consul://{}?token={TOKEN}&session_ttl_ms=10000&key_prefix={prefix}",
+        agent.addr()
+    );
+    let direct = format!(
+        "consul://{}?token={TOKEN}&session_ttl_ms=10000&key_prefix={prefix}",
+        s.addr()
+    );
+    let (a, b) = (client(&via_agent).await, client(&direct).await);
+    let k = key("agent-leaves");
+    let lease = a
+        .acquire(&k, &LeaseOptions::new(Duration::from_secs(30)))
+        .await
+        .unwrap();
+    let session = a.session_id().expect("a session");
+    monitor_parked(&s).await;
+    // The agent leaves: its node's sessions end, and it answers nothing more.
+    agent.refuse_new();
+    agent.cut();
+    let (st, _) = raw(&s, "PUT", &format!("/v1/session/destroy/{session}"), None).await;
+    assert_eq!(st, 200);
+    let next = b
+        .acquire(
+            &k,
+            &LeaseOptions::new(Duration::from_secs(10)).wait(Duration::from_secs(10)),
+        )
+        .await
+        .unwrap();
+    assert_ne!(
+        lease.status(),
+        LeaseStatus::Held,
+        "another client holds the key (token {}) while this lease says Held",
+        next.token()
+    );
+    next.release().await.unwrap();
+}
+
 /// A plain `PUT` to the held key (no `?acquire`) keeps the key's session: the lease stays held
 /// with its token, `inspect` shows that token (the key's `CreateIndex`), and release deletes
 /// the key.
