@@ -97,7 +97,7 @@ async fn chaos(ctx: Arc<Ctx>) -> CaseResult {
         let keys = keys.clone();
         let seed = ctx.fork_seed();
         let all_rounds = all_rounds.clone();
-        tasks.push(tokio::spawn(async move {
+        tasks.push(super::Scoped::spawn(async move {
             let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
             let mut rounds = 0u32;
             let go_on = |all: &std::sync::atomic::AtomicU32| {
@@ -215,7 +215,7 @@ async fn chaos(ctx: Arc<Ctx>) -> CaseResult {
             recorded.clone(),
             history.recorder("processes"),
         ));
-        tokio::spawn(async move { monkey(ctx, keys, fence, until, hard_until).await })
+        super::Scoped::spawn(async move { monkey(ctx, keys, fence, until, hard_until).await })
     };
     let mut rounds = 0;
     for t in tasks {

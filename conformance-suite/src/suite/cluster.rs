@@ -483,7 +483,7 @@ async fn rolling_restart(ctx: Arc<Ctx>) -> CaseResult {
             Arc::new(HistoryFence::new(ctx.fence().clone(), recorder.clone()));
         let (keys, stop) = (keys.clone(), stop.clone());
         let seed = ctx.fork_seed();
-        workers.push(tokio::spawn(async move {
+        workers.push(super::Scoped::spawn(async move {
             let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
             let mut grants = 0u32;
             while !stop.load(std::sync::atomic::Ordering::SeqCst) {

@@ -125,6 +125,17 @@ async fn takeover_via(
         .acquire(key, &LeaseOptions::new(ctx.ttl() * 20).wait(ctx.ttl() * 10))
         .await
         .map_err(|e| Failure(format!("takeover acquire failed: {e}")))?;
+    claim_as_new_owner(fence, key, after, lease).await
+}
+
+/// The new owner's part of a [`takeover`]: its token is above `after`, it claims the resource and
+/// writes.
+async fn claim_as_new_owner(
+    fence: &dyn Fence,
+    key: &LockKey,
+    after: Token,
+    lease: Box<dyn Lease>,
+) -> Result<Box<dyn Lease>, Failure> {
     check!(
         lease.token() > after,
         "takeover token {} not above the old holder's {after}",
@@ -385,11 +396,28 @@ async fn partitioned(ctx: Arc<Ctx>) -> CaseResult {
     // Cut the holder off from the coordinator, but not from the storage.
     proxy.blackhole();
     let mut lost = kept.lost();
+    // The next holder asks at once, and is granted the key as soon as the coordinator frees it
+    // on its own (the holder can tell it nothing). By then the holder must have stopped
+    // believing in its lease: its local validity ends no later than the server's expiry.
+    let b = ctx.client().await?;
+    let next = b
+        .acquire(
+            &key,
+            &LeaseOptions::new(ctx.ttl() * 20).wait(ctx.ttl() * 10),
+        )
+        .await
+        .map_err(|e| Failure(format!("takeover acquire failed: {e}")))?;
+    let granted_by = Instant::now();
+    let believed_until = kept.lease().valid_until();
+    check!(
+        believed_until <= granted_by,
+        "the partitioned holder's validity ran {:?} past the next holder's grant",
+        believed_until - granted_by
+    );
     let reason = tokio::time::timeout(ctx.ttl() * 5, lost.wait())
         .await
         .map_err(|_| Failure("a partitioned holder's lost() did not fire".into()))?;
-    let b = ctx.client().await?;
-    let new = takeover(&ctx, &*b, &key, token_a).await?;
+    let new = claim_as_new_owner(&**ctx.fence(), &key, token_a, next).await?;
     expect_stale(
         &**ctx.fence(),
         &key,

@@ -186,7 +186,28 @@ async fn outside_write(ctx: Arc<Ctx>) -> CaseResult {
     // Renewing either confirms (ownership is not the value) or reports the lease lost (the
     // backend cannot tell the outside value from another owner's): never `Held` on a lie.
     match lease.renew().await {
-        Ok(_) => inspect_shows(&*b, &key, token, "after a renew").await?,
+        Ok(_) => {
+            // Still ours, so still locked for everyone else: `inspect` shows the holder (not a
+            // free key) and another client is refused. Two holders would otherwise pass.
+            let shown = b.inspect(&key).await?.map(|h| h.token);
+            check!(
+                shown == Some(token),
+                "after a renew that kept the lease: inspect shows {shown:?}, not the holder's \
+                 token {token}"
+            );
+            match b.try_acquire(&key, &LeaseOptions::new(ctx.ttl())).await {
+                Err(Error::Held { .. }) => {}
+                Ok(other) => {
+                    let t = other.token();
+                    let _ = other.release().await;
+                    return Err(Failure(format!(
+                        "another client acquired the key (token {t}) while the holder's renew \
+                         after the outside write succeeded"
+                    )));
+                }
+                Err(e) => return Err(Failure(format!("try_acquire of the held key: {e}"))),
+            }
+        }
         Err(Error::Lost { .. }) => {}
         Err(e) => return Err(Failure(format!("renew after an outside write: {e}"))),
     }

@@ -449,6 +449,35 @@ impl Case {
     }
 }
 
+/// A task a case spawns, aborted when this handle is dropped: a case that returns early (a
+/// failure, a `?`) or is stopped at its budget leaves none of its workers (or its chaos monkey)
+/// running into the next case. Awaiting it gives the task's output, as a `JoinHandle` does.
+pub(crate) struct Scoped<T>(tokio::task::JoinHandle<T>);
+
+impl<T: Send + 'static> Scoped<T> {
+    /// Spawns `task` on the current runtime.
+    pub(crate) fn spawn(task: impl std::future::Future<Output = T> + Send + 'static) -> Self {
+        Scoped(tokio::spawn(task))
+    }
+}
+
+impl<T> std::future::Future for Scoped<T> {
+    type Output = Result<T, tokio::task::JoinError>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        std::pin::Pin::new(&mut self.0).poll(cx)
+    }
+}
+
+impl<T> Drop for Scoped<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// Boxes an async case function into the future a case runs.
 pub fn boxed<F>(f: F) -> BoxFuture<'static, CaseResult>
 where
