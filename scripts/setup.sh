@@ -10,6 +10,8 @@
 #   postgresql                   PostgreSQL 15 server (for the PostgreSQL backend work)
 #   iproute2                     `ip netns` and veth pairs for the etcd cluster's members (each in
 #                                its own network namespace, cut from its peers by blackhole routes)
+#   python3                      a many-threaded process the test kit's pause/resume tests stop
+#   openssl                      the `openssl` command the Redis TLS tests make certificates with
 #
 # The Redis Sentinels of the replicated-Redis cluster run as `redis-server <conf> --sentinel` (the
 # binary Debian's redis-sentinel package links to), so that package is not needed.
@@ -20,7 +22,8 @@
 #
 # Contract:
 #   - idempotent: installs only what is missing; runs `apt-get update` once, and only then;
-#   - must run as root (or with sudo available) on Debian 12;
+#   - needs root (or sudo) only when something is missing: with everything installed it runs as
+#     any user and changes nothing;
 #   - starts no service: a policy-rc.d answering 101 is in place during the install (the
 #     previous policy-rc.d, if any, is restored afterwards), so neither sysvinit scripts nor
 #     systemd units of the new packages are started; the harness starts its own servers on
@@ -39,15 +42,9 @@ PACKAGES=(
   libprotobuf-dev
   postgresql
   iproute2
+  python3
+  openssl
 )
-
-if [[ "$(id -u)" -ne 0 ]]; then
-  if command -v sudo >/dev/null 2>&1; then
-    exec sudo --preserve-env=DEBIAN_FRONTEND "$0" "$@"
-  fi
-  echo "setup.sh: must run as root (no sudo found)" >&2
-  exit 1
-fi
 
 if [[ ! -r /etc/debian_version ]] || ! command -v apt-get >/dev/null 2>&1; then
   echo "setup.sh: this script installs Debian packages; not a Debian system" >&2
@@ -63,6 +60,15 @@ for pkg in "${PACKAGES[@]}"; do
   installed "$pkg" || missing+=("$pkg")
 done
 
+# Root only to install: with nothing missing, any user goes on without sudo (or its prompt).
+if ((${#missing[@]} > 0)) && [[ "$(id -u)" -ne 0 ]]; then
+  if command -v sudo >/dev/null 2>&1; then
+    exec sudo --preserve-env=DEBIAN_FRONTEND "$0" "$@"
+  fi
+  echo "setup.sh: must run as root to install ${missing[*]} (no sudo found)" >&2
+  exit 1
+fi
+
 if ((${#missing[@]} == 0)); then
   echo "setup.sh: all packages already installed: ${PACKAGES[*]}"
 else
@@ -71,7 +77,8 @@ else
   # Keep services from starting during the install (exit 101 = "action forbidden").
   policy=/usr/sbin/policy-rc.d
   backup=""
-  if [[ -e "$policy" ]]; then
+  marker="# written by fenced-leases scripts/setup.sh during apt-get install"
+  if [[ -e "$policy" ]] && ! grep -qxF "$marker" "$policy"; then
     backup="$(mktemp)"
     cp -p "$policy" "$backup"
   fi
@@ -83,7 +90,8 @@ else
     fi
   }
   trap restore_policy EXIT
-  printf '#!/bin/sh\n# written by fenced-leases scripts/setup.sh during apt-get install\nexit 101\n' >"$policy"
+  # (Ours, left by an earlier run that was killed mid-install, is not saved as the admin's.)
+  printf '#!/bin/sh\n%s\nexit 101\n' "$marker" >"$policy"
   chmod 0755 "$policy"
 
   export DEBIAN_FRONTEND=noninteractive

@@ -30,8 +30,10 @@ step "cargo doc (every public item's docs build, links resolve)"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
 
 step "the test kit and the suite build without any adapter or backend client (decision 0020)"
-if cargo tree --locked -e normal --prefix none -p lease-testkit -p consul-standin -p conformance-suite \
-    | grep -E '^(adapter-[a-z]+|fenced|fence-postgres|etcd-client|redis|zookeeper[a-z-]*|tokio-postgres) v'; then
+# The tree first, as a command of its own: inside `if`, a failing `cargo tree` in a pipeline
+# would go unnoticed.
+deps="$(cargo tree --locked -e normal --prefix none -p lease-testkit -p consul-standin -p conformance-suite)"
+if grep -E '^(adapter-[a-z]+|fenced|fence-postgres|etcd-client|redis|zookeeper[a-z-]*|tokio-postgres) v' <<<"$deps"; then
   echo "lease-testkit, consul-standin or conformance-suite depends on the crates above" >&2
   exit 1
 fi

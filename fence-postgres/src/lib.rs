@@ -1132,8 +1132,8 @@ impl PgFence {
 
     /// Runs `op` on a pooled connection, bounded by the timeout. `op` reports through its
     /// [`Progress`]: `COMMIT` sent (a timeout after that is `OutcomeUnknown`), and a session the
-    /// server ended behind a result that does not say so (the connection is then closed). After a timeout
-    /// (or if this future is dropped) the connection is closed, not returned.
+    /// server ended behind a result that does not say so (the connection is then closed).
+    /// After a timeout (or if this future is dropped) the connection is closed, not returned.
     ///
     /// When the outcome is unknown (a timeout or a lost connection after `COMMIT` was sent) the
     /// `COMMIT` may still be on its way (held by a stalled network or proxy) and commit later.

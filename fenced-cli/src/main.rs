@@ -96,9 +96,9 @@
 //! running one, as systemd does when it stops a unit; whatever it writes on its way out carries
 //! the old token, which a fence rejects once the next holder has written or claimed. `fenced`
 //! then exits 76; so it does when the command exits on its own and the release finds the lease
-//! already lost (a loss not yet noticed). While `run` waits for the key on a terminal, a spinner shows the wait;
-//! otherwise nothing is printed. `--metrics-addr ADDR` serves the library's metrics
-//! (`fenced_*`, Prometheus text format) while the command runs.
+//! already lost (a loss not yet noticed). While `run` waits for the key on a terminal, a
+//! spinner shows the wait; otherwise nothing is printed. `--metrics-addr ADDR` serves the
+//! library's metrics (`fenced_*`, Prometheus text format) while the command runs.
 
 #![forbid(unsafe_code)]
 

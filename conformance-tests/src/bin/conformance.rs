@@ -117,6 +117,14 @@ fn main() -> ExitCode {
             .and_then(|p| p.parent().map(|d| d.join("conformance-worker")))
             .filter(|w| w.is_file());
         if worker.is_none() {
+            // Under CI=true a case that cannot run is a failure, never a silent skip.
+            if conformance_tests::harness::ci_requires_servers() {
+                eprintln!(
+                    "conformance-worker is not built (cargo build -p conformance-tests --bins): \
+                     the process cases cannot run, and CI=true does not skip them"
+                );
+                return ExitCode::from(2);
+            }
             println!("note: conformance-worker is not built; the process cases will be skipped");
         }
         let mut reports = Vec::new();

@@ -10,7 +10,9 @@
 //!         -c listen_addresses=127.0.0.1 -c fsync=on
 //! ```
 //!
-//! The temporary directory is handed to the `postgres` user. Readiness: a startup packet for user
+//! The temporary directory is handed to the `postgres` user. A harness that does not run as root
+//! (a developer's own account) runs both directly, as itself: it is unprivileged already, and
+//! could neither hand files to another user nor switch to one. Readiness: a startup packet for user
 //! `postgres` answered by an authentication message (`R`), not by "the database system is
 //! starting up" (or, on a server that accepts TCP only over TLS, by its `pg_hba.conf` refusal of
 //! the plain probe, which is only sent once the server takes connections).
@@ -51,6 +53,20 @@ fn bin_dir() -> Result<PathBuf, String> {
     })
 }
 
+/// Whom the server runs as: as root, the `postgres` system user (`Some` of its uid and gid;
+/// PostgreSQL refuses to run as root); as anyone else, that user itself (`None`: the harness's
+/// user is already unprivileged, and could neither hand files to another user nor switch to it).
+fn server_ids() -> Result<Option<(u32, u32)>, String> {
+    use std::os::unix::fs::MetadataExt;
+    // `/proc/self` belongs to the effective user.
+    let root = std::fs::metadata("/proc/self").map_or(true, |m| m.uid() == 0);
+    if root {
+        postgres_ids().map(Some)
+    } else {
+        Ok(None)
+    }
+}
+
 fn postgres_ids() -> Result<(u32, u32), String> {
     let passwd = std::fs::read_to_string("/etc/passwd").map_err(|e| format!("/etc/passwd: {e}"))?;
     passwd
@@ -64,7 +80,11 @@ fn postgres_ids() -> Result<(u32, u32), String> {
         .ok_or_else(|| "no `postgres` system user (Debian: apt-get install postgresql)".into())
 }
 
-fn as_postgres(program: &Path) -> Command {
+/// `program` run as the server's user: through `setpriv` when the harness runs as root.
+fn as_postgres(program: &Path, ids: Option<(u32, u32)>) -> Command {
+    if ids.is_none() {
+        return Command::new(program);
+    }
     let mut cmd = Command::new("setpriv");
     cmd.args([
         "--reuid",
@@ -146,18 +166,26 @@ fn children(pid: u32) -> Vec<u32> {
 
 struct PostgresLauncher {
     bin: PathBuf,
-    ids: (u32, u32),
+    ids: Option<(u32, u32)>,
     config: PostgresConfig,
 }
 
 impl PostgresLauncher {
-    /// Writes `contents` to `path`, owned by the `postgres` user, with `mode`.
+    /// Writes `contents` to `path`, owned by the server's user, with `mode`.
     fn write_owned(&self, path: &Path, contents: &str, mode: u32) -> io::Result<()> {
         use std::os::unix::fs::PermissionsExt;
-        let (uid, gid) = self.ids;
         std::fs::write(path, contents)?;
-        std::os::unix::fs::chown(path, Some(uid), Some(gid))?;
+        self.own(path)?;
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+    }
+
+    /// Hands `path` to the `postgres` user when the harness runs as root (else it is the
+    /// harness's own already).
+    fn own(&self, path: &Path) -> io::Result<()> {
+        match self.ids {
+            Some((uid, gid)) => std::os::unix::fs::chown(path, Some(uid), Some(gid)),
+            None => Ok(()),
+        }
     }
 }
 
@@ -171,14 +199,13 @@ impl Launcher for PostgresLauncher {
     }
 
     fn command(&self, root: &Path, data_dir: &Path, ports: &[u16]) -> io::Result<Command> {
-        let (uid, gid) = self.ids;
-        std::os::unix::fs::chown(root, Some(uid), Some(gid))?;
+        self.own(root)?;
         std::fs::create_dir_all(data_dir)?;
-        std::os::unix::fs::chown(data_dir, Some(uid), Some(gid))?;
+        self.own(data_dir)?;
         if !data_dir.join("PG_VERSION").exists() {
             use std::os::unix::fs::PermissionsExt;
             std::fs::set_permissions(data_dir, std::fs::Permissions::from_mode(0o700))?;
-            let out = as_postgres(&self.bin.join("initdb"))
+            let out = as_postgres(&self.bin.join("initdb"), self.ids)
                 .arg("-D")
                 .arg(data_dir)
                 .args(["-A", "trust", "-U", "postgres", "--no-sync", "-E", "UTF8"])
@@ -226,7 +253,7 @@ impl Launcher for PostgresLauncher {
             }
             self.write_owned(&data_dir.join("pg_hba.conf"), HBA_TLS_ONLY, 0o600)?;
         }
-        let mut cmd = as_postgres(&self.bin.join("postgres"));
+        let mut cmd = as_postgres(&self.bin.join("postgres"), self.ids);
         cmd.args(&tls_args);
         cmd.arg("-D")
             .arg(data_dir)
@@ -272,7 +299,8 @@ impl Launcher for PostgresLauncher {
 }
 
 /// A PostgreSQL server child process on a free loopback port with a temporary data directory,
-/// running as the `postgres` user with trust authentication for user `postgres`.
+/// running as the `postgres` system user (as the harness's own user when that is not root) with
+/// trust authentication for user `postgres`.
 #[derive(Debug)]
 pub struct PostgresServer {
     inner: ServerProcess,
@@ -281,7 +309,7 @@ pub struct PostgresServer {
 impl PostgresServer {
     /// The `postgres` binary that would run, or why it cannot.
     pub fn binary() -> Result<PathBuf, String> {
-        postgres_ids()?;
+        server_ids()?;
         bin_dir().map(|d| d.join("postgres"))
     }
 
@@ -299,7 +327,7 @@ impl PostgresServer {
             log_tail: String::new(),
         };
         let bin = bin_dir().map_err(startup)?;
-        let ids = postgres_ids().map_err(startup)?;
+        let ids = server_ids().map_err(startup)?;
         let inner = ServerProcess::start(Box::new(PostgresLauncher { bin, ids, config }))?;
         Ok(Self { inner })
     }
@@ -322,6 +350,14 @@ impl PostgresServer {
     /// A connection URL for user `postgres`, database `postgres`.
     pub fn connection_url(&self) -> String {
         format!("postgres://postgres@{}/postgres", self.addr())
+    }
+}
+
+/// As a [`Self::crash`]: killing the postmaster alone (what dropping the process does) would
+/// leave its backends and helper processes running until they notice it died.
+impl Drop for PostgresServer {
+    fn drop(&mut self) {
+        let _ = self.crash();
     }
 }
 
