@@ -94,19 +94,32 @@ pub(crate) async fn audit_records(
     let mut out = read_records(s, key, &dir, names, AUDIT_PREFIX, limit).await?;
     if out.len() < limit {
         // Read after the sync above, by the same server: at least as new.
-        let dir = s.paths().audit();
-        let names = match s
-            .read(ops::AUDIT_READ, s.client().list_children(&dir))
-            .await?
-        {
-            Ok(n) => n,
-            Err(ZkError::NoNode) => Vec::new(),
-            Err(e) => return Err(from_zk(ops::AUDIT_READ, e)),
-        };
-        let left = limit - out.len();
-        out.extend(read_records(s, key, &dir, names, &audit_prefix(key), left).await?);
+        match legacy_records(s, key, limit - out.len()).await {
+            Ok(older) => out.extend(older),
+            // The key's own records stand without the earlier version's (a shared directory
+            // grown past the server's packet limit cannot be listed at all).
+            Err(e) if !out.is_empty() => {
+                tracing::debug!(backend = BACKEND, key = %key, error = %e, "the earlier version's audit directory could not be read; its records are left out");
+            }
+            Err(e) => return Err(e),
+        }
     }
     Ok(out)
+}
+
+/// Up to `limit` of `key`'s records an earlier version wrote in the shared `<base>/audit`
+/// (none when it does not exist).
+async fn legacy_records(s: &Session, key: &LockKey, limit: usize) -> Result<Vec<AuditRecord>> {
+    let dir = s.paths().audit();
+    let names = match s
+        .read(ops::AUDIT_READ, s.client().list_children(&dir))
+        .await?
+    {
+        Ok(n) => n,
+        Err(ZkError::NoNode) => return Ok(Vec::new()),
+        Err(e) => return Err(from_zk(ops::AUDIT_READ, e)),
+    };
+    read_records(s, key, &dir, names, &audit_prefix(key), limit).await
 }
 
 /// Reads up to `limit` of `key`'s records among the audit nodes `names` of `dir` (those named
