@@ -181,8 +181,8 @@ impl BackendUrl {
 
     /// The query's `name=value` pairs in order, each part percent-decoded as the user name and
     /// the path are (RFC 3986: `+` is a plus sign, not a space); empty pairs are skipped and a
-    /// pair without `=` has an empty value. `InvalidInput` naming the URL (redacted) and the
-    /// option when a part has a malformed escape or is not UTF-8 once decoded.
+    /// pair without `=` has an empty value. `InvalidInput` naming the URL (every query value
+    /// hidden) and the option when a part has a malformed escape or is not UTF-8 once decoded.
     pub fn query_pairs(&self) -> Result<Vec<(String, String)>, InvalidInput> {
         let Some(query) = self.url.query() else {
             return Ok(Vec::new());
@@ -192,11 +192,16 @@ impl BackendUrl {
             .filter(|pair| !pair.is_empty())
             .map(|pair| {
                 let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+                // Every value hidden: which names are secrets is not known yet here.
+                let invalid = |problem: String| InvalidInput::Url {
+                    url: self.redacted_with(&|_| true),
+                    problem,
+                };
                 let name = percent_decode(name).ok_or_else(|| {
-                    self.invalid("a query option's name has a malformed percent escape")
+                    invalid("a query option's name has a malformed percent escape".into())
                 })?;
                 let value = percent_decode(value).ok_or_else(|| {
-                    self.invalid(format!(
+                    invalid(format!(
                         "the value of query option {name:?} has a malformed percent escape"
                     ))
                 })?;
@@ -471,6 +476,17 @@ fn memory_options(url: &BackendUrl, role: Role) -> Result<Option<OwnerId>, Inval
         secret: &[],
         key_prefix: |_| Ok(()),
     };
+    let raw = url.expose();
+    if raw.host_str().is_some_and(|h| !h.is_empty())
+        || !matches!(raw.path(), "" | "/")
+        || !raw.username().is_empty()
+        || raw.password().is_some()
+    {
+        return Err(url.invalid(
+            "memory:// names no server, path or user: each connect makes a new in-process \
+             coordinator or fence, shared with nobody (share one handle instead)",
+        ));
+    }
     let (common, _) = UrlOptions::parse(url, SPEC)?;
     let given = [
         ("key_prefix", common.key_prefix.is_some()),
@@ -683,6 +699,19 @@ mod tests {
         }
     }
 
+    /// A malformed escape is reported before the options are known, so no value is shown: a
+    /// misspelt secret option with a raw `%` in its value stays hidden.
+    #[test]
+    fn a_malformed_escape_in_the_query_shows_no_value() {
+        let u = BackendUrl::parse("redis://h:1?passwd=50%off&db=1").unwrap();
+        let e = u.query_pairs().unwrap_err().to_string();
+        assert!(
+            e.contains("malformed percent escape") && e.contains("\"passwd\""),
+            "{e}"
+        );
+        assert!(!e.contains("50%off") && !e.contains("db=1"), "{e}");
+    }
+
     #[test]
     fn a_malformed_escape_does_not_decode() {
         for bad in ["%+1", "%-1", "% 1", "%1", "%", "%zz", "%FF"] {
@@ -717,6 +746,12 @@ mod tests {
             let name = url.split_once('?').unwrap().1.split('=').next().unwrap();
             assert!(e.contains(&format!("\"{name}\"")), "{url}: {e}");
         }
+        // A name suggests a shared coordinator, which memory:// never is.
+        for url in ["memory://shared-name", "memory:///x", "memory://u:pw@h"] {
+            let e = r.connect(url).await.unwrap_err().to_string();
+            assert!(e.contains("shared with nobody"), "{url}: {e}");
+        }
+        r.connect("memory:///").await.unwrap();
         let e = r
             .connect_fence("memory://?owner=billing")
             .await

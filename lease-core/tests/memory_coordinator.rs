@@ -679,6 +679,40 @@ async fn an_acquire_kept_but_not_polled_holds_up_nobody_past_its_wait() {
     assert_eq!(c.waiters(&k), 0);
 }
 
+/// As above, with the key released while the stalled waiter's wait still runs: the wake-up goes
+/// to it and is never taken, yet the waiter behind it is served when that wait ends, not at its
+/// own (far later) deadline.
+#[tokio::test(start_paused = true)]
+async fn the_waiter_behind_a_stalled_head_is_served_when_the_heads_wait_ends() {
+    let c = coord();
+    let k = key("k");
+    let holder = c.try_acquire(&k, &exact(secs(3600))).await.unwrap();
+    let opts = exact(secs(10)).wait(secs(5));
+    let mut stalled = Box::pin(c.acquire(&k, &opts));
+    assert!(futures::poll!(stalled.as_mut()).is_pending());
+    let t0 = Instant::now();
+    let (c2, k2) = (c.clone(), k.clone());
+    let behind = tokio::spawn(async move {
+        let l = c2
+            .acquire(&k2, &exact(secs(10)).wait(secs(3600)))
+            .await
+            .unwrap();
+        (l.token(), Instant::now())
+    });
+    wait_for_waiters(&c, &k, 2).await;
+    tokio::time::sleep(secs(1)).await;
+    holder.release().await.unwrap();
+    let (token, at) = behind.await.unwrap();
+    assert_eq!(token, tok(2));
+    assert_eq!(
+        at - t0,
+        secs(5),
+        "served when the stalled head's wait ended"
+    );
+    drop(stalled);
+    assert_eq!(c.waiters(&k), 0);
+}
+
 #[tokio::test(start_paused = true)]
 async fn dropping_an_acquire_future_that_won_leaves_no_lock() {
     // A future dropped before it was polled, or after it completed, leaves nothing behind.

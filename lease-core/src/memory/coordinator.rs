@@ -64,7 +64,13 @@ impl KeyState {
     /// Drops an expired holder (marking its lease lost) and waiters whose wait is over, and
     /// wakes the head waiter.
     fn expire(&mut self, now: Instant) {
-        let pruned = self.prune(now);
+        self.expire_keeping(now, None);
+    }
+
+    /// [`Self::expire`], keeping the waiter `keep` (the one being polled: a waiter that runs
+    /// late, past its deadline, still takes a turn that is its own).
+    fn expire_keeping(&mut self, now: Instant, keep: Option<u64>) {
+        let pruned = self.prune(now, keep);
         if self.holder.as_ref().is_some_and(|h| h.expires_at <= now) {
             let h = self.holder.take().expect("checked");
             h.tracker.mark_lost(LostReason::Expired);
@@ -79,9 +85,13 @@ impl KeyState {
     /// otherwise stay at the head past its wait and hold up every later caller, `try_acquire`
     /// included, until it is dropped. Its own next poll reports `Timeout` (or, should the key
     /// be free with nobody queued, grants it as a `try_acquire` would). Whether any was removed.
-    fn prune(&mut self, now: Instant) -> bool {
+    fn prune(&mut self, now: Instant, keep: Option<u64>) -> bool {
         let mut pruned = false;
-        while self.waiters.front().is_some_and(|w| w.deadline <= now) {
+        while self
+            .waiters
+            .front()
+            .is_some_and(|w| w.deadline <= now && Some(w.id) != keep)
+        {
             self.waiters.pop_front();
             pruned = true;
         }
@@ -98,7 +108,7 @@ impl KeyState {
     /// head re-arms its sleep to the current holder's expiry (a waiter behind the head sleeps
     /// until its own deadline). Waiters whose wait is over are removed first.
     fn notify_head(&mut self) {
-        self.prune(Instant::now());
+        self.prune(Instant::now(), None);
         if let Some(w) = self.waiters.front() {
             w.notify.notify_one();
         }
@@ -299,8 +309,8 @@ impl Coordinator for MemoryCoordinator {
             let (notify, sleep_until) = {
                 let mut st = self.shared.lock();
                 let ks = st.keys.entry(key.clone()).or_default();
-                ks.expire(now);
                 let my_id = ticket.as_ref().map(|t| t.id);
+                ks.expire_keeping(now, my_id);
                 let my_turn = ks.holder.is_none()
                     && match ks.waiters.front() {
                         None => true,
@@ -352,11 +362,15 @@ impl Coordinator for MemoryCoordinator {
                 let t = ticket.as_ref().expect("set above");
                 let ks = st.keys.get(key).expect("entry exists");
                 let is_head = ks.waiters.front().is_some_and(|w| w.id == t.id);
-                let expiry = ks.holder.as_ref().map(|h| h.expires_at).filter(|_| is_head);
-                (
-                    t.notify.clone(),
-                    expiry.map_or(deadline, |e| e.min(deadline)),
-                )
+                // The head sleeps until the holder's expiry; a waiter behind it until the head's
+                // own deadline at the latest, when a head that is no longer polled leaves the
+                // queue (see `prune`) and this one may be next.
+                let wake = if is_head {
+                    ks.holder.as_ref().map(|h| h.expires_at)
+                } else {
+                    ks.waiters.front().map(|w| w.deadline)
+                };
+                (t.notify.clone(), wake.map_or(deadline, |e| e.min(deadline)))
             };
             tokio::select! {
                 _ = notify.notified() => {}
