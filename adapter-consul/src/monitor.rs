@@ -22,13 +22,14 @@
 //! - the index is reset to 0 when it goes backwards (a snapshot restore) and kept at least 1;
 //! - queries start at most once per [`spacing`] (100 ms plus 100 µs per entry of the previous
 //!   answer, at most 2 s), so other clients' writes under the prefix cost at most that rate;
-//! - errors back off from 20 ms to 1 s. A query the agent does not answer (unreachable, a
-//!   timeout, a 5xx) puts every watched lease in doubt: an agent that leaves the cluster ends
-//!   its node's sessions, ours included, and stops answering, so a key may change hands unseen
-//!   before the next renewal would fail. The session's next renewal, and a read of the key,
-//!   make a lease held again (renewals stay the authority on ownership). A query refused by the
-//!   ACL (`Misconfigured`: the token lacks `key:list` on the prefix) is logged as a warning once
-//!   and does not put leases in doubt: loss is then noticed by renewals alone.
+//! - errors back off from 20 ms to 1 s. A query that fails for any reason but a refusal (the
+//!   agent unreachable, a timeout, a 5xx, a 429) puts every watched lease in doubt: an agent
+//!   that leaves the cluster ends its node's sessions, ours included, and stops answering, so a
+//!   key may change hands unseen before the next renewal would fail. The session's next
+//!   renewal, and a read of the key, make a lease held again (renewals stay the authority on
+//!   ownership). A refused query (`Misconfigured`, such as a token without `key:list` on the
+//!   prefix) is logged as a warning once and puts no lease in doubt: loss is then noticed by
+//!   renewals alone.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -192,7 +193,7 @@ async fn run(http: Arc<Http>, prefix: String, max_block: Duration, state: Arc<St
             }
             Err(e @ lease_core::Error::Misconfigured { .. }) => {
                 if !std::mem::replace(&mut warned, true) {
-                    tracing::warn!(prefix = %prefix, error = %e, "consul lock monitor refused (the token needs key:list on the prefix): a lost lock is noticed by renewals alone");
+                    tracing::warn!(prefix = %prefix, error = %e, "consul lock monitor refused (a token without key:list on the prefix is refused so): a lost lock is noticed by renewals alone");
                 }
                 next_start = Instant::now() + backoff.next_delay();
             }
