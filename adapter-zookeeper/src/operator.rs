@@ -133,13 +133,8 @@ async fn read_records(
     prefix: &str,
     limit: usize,
 ) -> Result<Vec<AuditRecord>> {
-    let mut names: Vec<(i64, String)> = names
-        .into_iter()
-        .filter_map(|n| Some((audit_sequence(&n, prefix)?, n)))
-        .collect();
-    names.sort_by_key(|(sequence, _)| std::cmp::Reverse(*sequence));
     let mut out = Vec::new();
-    for (_, n) in names {
+    for n in newest_first(names, prefix) {
         if out.len() == limit {
             break;
         }
@@ -157,6 +152,17 @@ async fn read_records(
     Ok(out)
 }
 
+/// The audit node names among `names` that [`audit_sequence`] accepts for `prefix`, newest
+/// sequence first.
+fn newest_first(names: Vec<String>, prefix: &str) -> impl Iterator<Item = String> {
+    let mut names: Vec<(i64, String)> = names
+        .into_iter()
+        .filter_map(|n| Some((audit_sequence(&n, prefix)?, n)))
+        .collect();
+    names.sort_by_key(|(sequence, _)| std::cmp::Reverse(*sequence));
+    names.into_iter().map(|(_, n)| n)
+}
+
 /// Deletes the oldest of the audit nodes in `dir` beyond the newest
 /// [`AuditRecord::MAX_LIMIT`], best-effort (a failure leaves them for the next force-release).
 async fn trim_audit_trail(s: &Session, dir: &str) {
@@ -166,16 +172,7 @@ async fn trim_audit_trail(s: &Session, dir: &str) {
     else {
         return;
     };
-    let mut names: Vec<(i64, String)> = names
-        .into_iter()
-        .filter_map(|n| Some((audit_sequence(&n, AUDIT_PREFIX)?, n)))
-        .collect();
-    if names.len() <= AuditRecord::MAX_LIMIT {
-        return;
-    }
-    names.sort_by_key(|(sequence, _)| *sequence);
-    let excess = names.len() - AuditRecord::MAX_LIMIT;
-    for (_, n) in names.into_iter().take(excess) {
+    for n in newest_first(names, AUDIT_PREFIX).skip(AuditRecord::MAX_LIMIT) {
         let path = format!("{dir}/{n}");
         let _ = tokio::time::timeout(s.request_timeout(), s.client().delete(&path, None)).await;
     }
