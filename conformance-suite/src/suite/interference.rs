@@ -11,7 +11,10 @@ use lease_core::{
 };
 use tokio::time::Instant;
 
-use super::{boxed, Case, CaseResult, Ctx, Failure, Need, Operator, Verdict};
+use super::{
+    boxed, unless_stalled, Case, CaseResult, Ctx, Failure, Need, Operator, Scoped, StallWatch,
+    Verdict,
+};
 use crate::check;
 use lease_testkit::proxy::FaultProxy;
 
@@ -565,12 +568,23 @@ async fn try_acquire_connection_reset(ctx: Arc<Ctx>) -> CaseResult {
 /// A keeps the key for several TTLs, then releases. B acquires promptly, with a lease that is
 /// held with (nearly) its full validity, and leaves nothing behind.
 async fn acquire_reply_lost_while_held(ctx: Arc<Ctx>) -> CaseResult {
+    unless_stalled(&ctx, "acquire_reply_lost_while_held", |n| {
+        let ctx = ctx.clone();
+        async move { acquire_reply_lost_attempt(&ctx, n).await }
+    })
+    .await
+}
+
+/// One attempt of [`acquire_reply_lost_while_held`]. `Some(why)` when A's short kept lease
+/// expired, or B's hand-off ran late, while a stall at least a quarter TTL long was seen.
+async fn acquire_reply_lost_attempt(ctx: &Ctx, n: u32) -> Result<Option<String>, Failure> {
     let (upstream, connect_via) = ctx
         .subject
         .proxy
         .clone()
         .ok_or_else(|| Failure("no proxy".into()))?;
-    let key = ctx.key("acquire-reply-lost");
+    let key = ctx.key(&format!("acquire-reply-lost-{n}"));
+    let watch = StallWatch::start(ctx).await?;
     let a = ctx.client().await?;
     let held = keep(
         a.acquire(&key, &LeaseOptions::new(ctx.ttl())).await?,
@@ -593,7 +607,7 @@ async fn acquire_reply_lost_while_held(ctx: Arc<Ctx>) -> CaseResult {
     let waiter = {
         let (b, key) = (b.clone(), key.clone());
         let within = ctx.ttl() * 15;
-        tokio::spawn(async move {
+        Scoped::spawn(async move {
             let l = acquire_within(&*b, &key, ttl_b, within).await;
             (l, Instant::now())
         })
@@ -607,11 +621,18 @@ async fn acquire_reply_lost_while_held(ctx: Arc<Ctx>) -> CaseResult {
     // A holds on for several TTLs, renewed by its keeper.
     let hold_until = Instant::now() + ctx.ttl() * 3;
     while Instant::now() < hold_until {
-        // Not lost (in doubt while one of its renewal tries is slow is not a loss).
+        // Not lost (in doubt while one of its renewal tries is slow is not a loss), unless a
+        // stall kept its renewal from being answered in time.
+        if held.lease().status() == LeaseStatus::Lost(LostReason::Expired) {
+            if let Some(why) = watch.stalled(ctx.ttl() / 4) {
+                return Ok(Some(why));
+            }
+        }
         check!(
             !matches!(held.lease().status(), LeaseStatus::Lost(_)),
-            "A's kept lease is {:?}",
-            held.lease().status()
+            "A's kept lease is {:?} (longest stall seen: {:?})",
+            held.lease().status(),
+            watch.worst()
         );
         check!(
             !waiter.is_finished(),
@@ -620,15 +641,33 @@ async fn acquire_reply_lost_while_held(ctx: Arc<Ctx>) -> CaseResult {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let released_at = Instant::now();
-    held.release().await?;
+    match held.release().await {
+        Ok(()) => {}
+        Err(Error::Lost {
+            reason: LostReason::Expired,
+            ..
+        }) if watch.stalled(ctx.ttl() / 4).is_some() => {
+            return Ok(watch.stalled(ctx.ttl() / 4));
+        }
+        Err(e) => return Err(e.into()),
+    }
     let (got, got_at) = waiter
         .await
         .map_err(|e| Failure(format!("waiter panicked: {e}")))?;
-    let lease = got?;
     let took = got_at.saturating_duration_since(released_at);
+    if took > ctx.ttl() * 2 {
+        if let Some(why) = watch.stalled(ctx.ttl() / 4) {
+            if let Ok(lease) = got {
+                lease.release().await?;
+            }
+            return Ok(Some(why));
+        }
+    }
+    let lease = got?;
     check!(
         took <= ctx.ttl() * 2,
-        "B acquired {took:?} after A's release (expected promptly)"
+        "B acquired {took:?} after A's release (expected promptly; longest stall seen: {:?})",
+        watch.worst()
     );
     // Validity counts from the attempt that was granted, not from the lost one. (A backend
     // without per-lease TTLs caps validity at its session's, renewed at half its TTL.)
@@ -657,7 +696,7 @@ async fn acquire_reply_lost_while_held(ctx: Arc<Ctx>) -> CaseResult {
         .await
         .map_err(|e| Failure(format!("the key after B's release: {e}")))?;
     after.release().await?;
-    Ok(Verdict::Passed)
+    Ok(None)
 }
 
 /// An operator destroys the session, lease or node behind a held lock. The holder's `lost()`

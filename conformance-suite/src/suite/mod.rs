@@ -459,6 +459,11 @@ impl<T: Send + 'static> Scoped<T> {
     pub(crate) fn spawn(task: impl std::future::Future<Output = T> + Send + 'static) -> Self {
         Scoped(tokio::spawn(task))
     }
+
+    /// Whether the task has ended.
+    pub(crate) fn is_finished(&self) -> bool {
+        self.0.is_finished()
+    }
 }
 
 impl<T> std::future::Future for Scoped<T> {
@@ -476,6 +481,96 @@ impl<T> Drop for Scoped<T> {
     fn drop(&mut self) {
         self.0.abort();
     }
+}
+
+/// Watches, while a case runs, for stalls a correct adapter cannot ride out: a starved or
+/// stopped process (a 10 ms sleep that wakes late) or a stalled server (an `inspect` answered
+/// late, as every request is while a Redis fsync or an etcd apply is stuck). A step still under
+/// way counts for as long as it has taken, so a stall that has just ended is seen before the
+/// probe gets to run again. A case whose short lease was lost to one proves nothing about the
+/// adapter and may start again; see [`unless_stalled`].
+pub(crate) struct StallWatch {
+    state: Arc<std::sync::Mutex<Probe>>,
+    _probe: Scoped<()>,
+}
+
+/// What [`StallWatch`]'s probe has seen, and the step it is in.
+struct Probe {
+    worst: Duration,
+    step_started: tokio::time::Instant,
+}
+
+impl StallWatch {
+    /// How long a probe step (one `inspect`, or one sleep) takes on a machine that is not
+    /// stalled, at most: only the time beyond it counts.
+    const PERIOD: Duration = Duration::from_millis(10);
+
+    /// Starts probing through a client of its own.
+    pub(crate) async fn start(ctx: &Ctx) -> Result<Self, Failure> {
+        let probe = ctx.client().await?;
+        let key = ctx.key("stall-probe");
+        let state = Arc::new(std::sync::Mutex::new(Probe {
+            worst: Duration::ZERO,
+            step_started: tokio::time::Instant::now(),
+        }));
+        let shared = state.clone();
+        let step = move || {
+            let now = tokio::time::Instant::now();
+            let mut p = shared.lock().unwrap_or_else(|e| e.into_inner());
+            let over = now.saturating_duration_since(p.step_started);
+            p.worst = p.worst.max(over.saturating_sub(Self::PERIOD));
+            p.step_started = now;
+        };
+        let task = Scoped::spawn(async move {
+            loop {
+                // Errors count only by the time they took.
+                let _ = probe.inspect(&key).await;
+                step();
+                tokio::time::sleep(Self::PERIOD).await;
+                step();
+            }
+        });
+        Ok(StallWatch {
+            state,
+            _probe: task,
+        })
+    }
+
+    /// The longest stall seen so far, the step under way included.
+    pub(crate) fn worst(&self) -> Duration {
+        let p = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let current = p.step_started.elapsed().saturating_sub(Self::PERIOD);
+        p.worst.max(current)
+    }
+
+    /// A description of the longest stall when it reached `at_least`.
+    pub(crate) fn stalled(&self, at_least: Duration) -> Option<String> {
+        let worst = self.worst();
+        (worst >= at_least).then(|| format!("the machine or the server stalled for {worst:?}"))
+    }
+}
+
+/// Runs a case's `attempt` (given its number, from 1) up to three times while it returns
+/// `Ok(Some(why))`: an attempt whose short lease a stall of the machine or the server ended
+/// (see [`StallWatch`]), which proves nothing either way. `Ok(None)` passes; an error fails at
+/// once. Each restart is printed with its reason; three stalled attempts fail the case.
+pub(crate) async fn unless_stalled<F, Fut>(ctx: &Ctx, case: &str, mut attempt: F) -> CaseResult
+where
+    F: FnMut(u32) -> Fut,
+    Fut: Future<Output = Result<Option<String>, Failure>>,
+{
+    const ATTEMPTS: u32 = 3;
+    for n in 1..=ATTEMPTS {
+        match attempt(n).await? {
+            None => return Ok(Verdict::Passed),
+            Some(why) => println!("note: {case}: attempt {n} of {ATTEMPTS} cut short: {why}"),
+        }
+    }
+    Err(Failure(format!(
+        "each of {ATTEMPTS} attempts was cut short by a stall; the machine or the server is too \
+         slow for this TTL ({:?})",
+        ctx.ttl()
+    )))
 }
 
 /// Boxes an async case function into the future a case runs.
