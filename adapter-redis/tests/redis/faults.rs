@@ -99,10 +99,13 @@ async fn acquire_reply_lost_while_held_then_granted_with_full_validity() {
     let hand_off = got_at - released_at;
     assert!(hand_off < 2 * SEC, "hand-off took {hand_off:?}");
     assert_eq!(lease.status(), LeaseStatus::Held);
-    let left = lease.valid_until().saturating_duration_since(got_at);
+    // B's grant was sent after A's release began, so after `hold_until`: validity counted from
+    // that send ends past `hold_until + ttl / 2`, and from B's first send, 5 TTLs earlier, before
+    // it. (Measured from `hold_until`, not from B's return, so a slow reply cannot fail it.)
     assert!(
-        left > ttl / 2,
-        "B's lease has {left:?} of {ttl:?} left: validity counted from an old send"
+        lease.valid_until() > hold_until + ttl / 2,
+        "B's lease is valid until {:?} after A's holding ended: validity counted from an old send",
+        lease.valid_until().saturating_duration_since(hold_until)
     );
 
     // One real grant after A's: the counter moved by exactly one.

@@ -54,6 +54,28 @@ async fn follow(primary: &RedisServer, replica: &RedisServer) {
     })
     .await;
     assert!(linked.is_some(), "the replica never connected");
+    // Online is not yet acknowledging: a replica still loading the primary's snapshot (or
+    // rewriting its own AOF) acknowledges late, and a test's first `WAIT` would time out.
+    let acking = eventually(Duration::from_secs(20), || {
+        let mut p = p.clone();
+        async move {
+            let _: () = redis::cmd("SET")
+                .arg("follow-probe")
+                .arg(1)
+                .query_async(&mut p)
+                .await
+                .ok()?;
+            let acks: i64 = redis::cmd("WAIT")
+                .arg(1)
+                .arg(200)
+                .query_async(&mut p)
+                .await
+                .ok()?;
+            (acks >= 1).then_some(())
+        }
+    })
+    .await;
+    assert!(acking.is_some(), "the replica never acknowledged a write");
 }
 
 /// A replica that starts streaming after the coordinator and the fence connected is waited for:
@@ -312,10 +334,18 @@ async fn a_grant_whose_reply_was_lost_waits_for_replicas_as_any_other() {
     let c = RedisCoordinator::connect_url(&via).await.unwrap();
     let direct = coordinator(&primary, "").await;
     for warm in ["warm-up-1", "warm-up-2"] {
-        let lease = c
-            .try_acquire(&key(warm), &LeaseOptions::new(Duration::from_secs(30)))
-            .await
-            .unwrap();
+        // Retried: a replica slow to acknowledge (a loaded machine) fails a grant `Unavailable`,
+        // and the warm-up only has to open the connections.
+        let lease = eventually(Duration::from_secs(10), || {
+            let c = &c;
+            async move {
+                c.try_acquire(&key(warm), &LeaseOptions::new(Duration::from_secs(30)))
+                    .await
+                    .ok()
+            }
+        })
+        .await
+        .expect("the warm-up grants");
         lease.release().await.unwrap();
     }
     let k = key("lost-reply-acked");
@@ -502,9 +532,15 @@ async fn a_fence_write_whose_reply_was_lost_says_whether_the_replicas_have_it() 
     // Opens both connections kept for writes that wait (writes take them in turn), and loads
     // the script.
     for t in 1..=2 {
-        f.write(&r, Token::new(t).unwrap(), "warm".into())
-            .await
-            .unwrap();
+        // Retried: a replica slow to acknowledge (a loaded machine) fails a write, and the
+        // warm-up only has to open the connections (the same token may be written again).
+        let written = eventually(Duration::from_secs(10), || {
+            let f = &f;
+            let r = &r;
+            async move { f.write(r, Token::new(t).unwrap(), "warm".into()).await.ok() }
+        })
+        .await;
+        assert!(written.is_some(), "the warm-up writes");
     }
     proxy.drop_replies_on_open();
     match f.write(&r, Token::new(3).unwrap(), "v3".into()).await {
@@ -645,4 +681,57 @@ async fn a_grant_waiting_for_replicas_does_not_hold_up_other_requests() {
     assert!(asked.elapsed() < Duration::from_millis(700));
     replica.resume().unwrap();
     let _: () = redis::cmd("PING").query_async(&mut admin).await.unwrap();
+}
+
+/// A server refusing a write that waits for replicas is a retryable `Unavailable` naming the
+/// refusal, as it is without replicas: `OOM` (at `maxmemory` under `noeviction`, the policy the
+/// adapter requires) and `NOREPLICAS` (under `min-replicas-to-write`, the usual guard against a
+/// primary cut off from its replicas). Such a write goes with its `WAIT` as one pipeline, and
+/// redis-rs gives a pipeline's failure no code for errors it does not know: before, both were
+/// reported `Misconfigured` ("a different type of value"), so a waiting `acquire` gave up at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_write_that_waits_for_replicas_is_unavailable() {
+    let Some((primary, _replica)) = primary_with_replica("a_refused_write_that_waits").await else {
+        return;
+    };
+    // auto: one acknowledgement (one replica is connected).
+    let c = coordinator(&primary, "").await;
+    let k = key("refused");
+    let ttl = LeaseOptions::new(Duration::from_secs(30));
+    let mut p = raw(&primary).await;
+    for (setting, value, refusal) in [
+        ("maxmemory", "1", "OOM"),
+        ("min-replicas-to-write", "2", "NOREPLICAS"),
+    ] {
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg(setting)
+            .arg(value)
+            .query_async(&mut p)
+            .await
+            .unwrap();
+        match c.try_acquire(&k, &ttl).await.map(|l| l.token()) {
+            Err(e @ Error::Unavailable { .. }) => {
+                assert!(e.to_string().contains(refusal), "{refusal}: {e}")
+            }
+            other => panic!("{refusal}: expected Unavailable, got {other:?}"),
+        }
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg(setting)
+            .arg("0")
+            .query_async(&mut p)
+            .await
+            .unwrap();
+    }
+    assert!(
+        c.inspect(&k).await.unwrap().is_none(),
+        "a refused grant left the key locked"
+    );
+    c.try_acquire(&k, &ttl)
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
 }
