@@ -392,11 +392,9 @@ impl Connection {
         lane.run_noting_resend(
             op,
             |c| {
-                loading(
-                    script,
-                    c,
-                    |mut c| async move { pipe.query_async(&mut c).await },
-                )
+                loading(script, c, |mut c| async move {
+                    pipe.query_async(&mut c).await.map_err(error::unpipelined)
+                })
             },
             settle.as_ref(),
         )
@@ -748,7 +746,7 @@ impl Lane {
             }
             let answer: RedisResult<(redis::Value, i64)> =
                 loading(settle.script, open.conn, |mut c| async move {
-                    pipe.query_async(&mut c).await
+                    pipe.query_async(&mut c).await.map_err(error::unpipelined)
                 })
                 .await;
             match answer {

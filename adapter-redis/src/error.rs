@@ -9,7 +9,7 @@
 //! |---|---|---|
 //! | could not connect (refused, unreachable, connect timeout) | `Unavailable` | `Unavailable` |
 //! | response timeout, connection dropped after sending | `Unavailable` | `OutcomeUnknown` |
-//! | `LOADING`, `BUSY`, `MASTERDOWN`, `TRYAGAIN`, `CLUSTERDOWN`, `READONLY`, `OOM` | `Unavailable` | `Unavailable` (the server refused before running anything) |
+//! | `LOADING`, `BUSY`, `MASTERDOWN`, `TRYAGAIN`, `CLUSTERDOWN`, `READONLY`, `OOM`, `NOREPLICAS` (`min-replicas-to-write`) | `Unavailable` | `Unavailable` (the server refused before running anything) |
 //! | `MOVED` / `ASK` (a Redis Cluster node that does not own the slot) | `Unsupported` | `Unsupported` |
 //! | `NOPERM`, `NOAUTH`, `WRONGPASS`, unknown command (`CONFIG` renamed) | `Misconfigured` | `Misconfigured` |
 //! | TLS handshake refused: the server's certificate not trusted or not for the host (`invalid peer certificate`), or ours refused or missing under `tls-auth-clients` (`received fatal alert`) | `Misconfigured` naming the option to set | same (nothing was sent) |
@@ -41,6 +41,23 @@ pub(crate) mod ops {
     pub(crate) const CHECK: Op = Op::read("durability check");
     pub(crate) const RECOUNT: Op = Op::read("count of replicas");
     pub(crate) const AUDIT: Op = Op::read("audit trail read");
+}
+
+/// The server's error inside a pipeline's failure (a script and its `WAIT`), as if the script
+/// had been sent alone. redis-rs gives a pipeline's failure a code only when the code is one it
+/// knows, and never a detail: `OOM`, `BUSY` and `NOREPLICAS` would read as a foreign value in
+/// the adapter's keys. Any other error is returned as it is.
+pub(crate) fn unpipelined(err: RedisError) -> RedisError {
+    if err.is_io_error() || err.is_timeout() {
+        return err;
+    }
+    match err.clone().into_server_errors() {
+        Some(items) => match items.first() {
+            Some((_, first)) => RedisError::from(first.clone()),
+            None => err,
+        },
+        None => err,
+    }
 }
 
 /// Maps an error of a request that was handed to an established connection.
@@ -76,7 +93,7 @@ pub(crate) fn from_redis(op: Op, err: RedisError) -> Error {
     if matches!(code.as_str(), "NOAUTH" | "WRONGPASS") {
         return auth_failed(&err);
     }
-    if matches!(code.as_str(), "OOM" | "BUSY")
+    if matches!(code.as_str(), "OOM" | "BUSY" | "NOREPLICAS")
         || matches!(err.retry_method(), RetryMethod::WaitAndRetry)
     {
         return unavailable(
@@ -239,6 +256,12 @@ mod tests {
     #[test]
     fn server_refusals_are_unavailable() {
         let e = redis::make_extension_error("OOM".into(), Some("command not allowed".into()));
+        let mapped = from_redis(ops::ACQUIRE, e);
+        assert!(mapped.is_retryable(), "{mapped}");
+        let e = redis::make_extension_error(
+            "NOREPLICAS".into(),
+            Some("Not enough good replicas to write.".into()),
+        );
         let mapped = from_redis(ops::ACQUIRE, e);
         assert!(mapped.is_retryable(), "{mapped}");
         let e = redis::make_extension_error("WRONGTYPE".into(), Some("wrong kind".into()));
