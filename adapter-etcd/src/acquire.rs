@@ -13,7 +13,9 @@ use etcd_client::{
 use lease_core::adapter::{
     ended_during_acquire, Backoff, HolderRecord, LeaseTracker, Op, SharedOpening,
 };
-use lease_core::{Error, Lease, LeaseOptions, LeaseStatus, LockKey, LostReason, Result, Token};
+use lease_core::{
+    Error, InvalidInput, Lease, LeaseOptions, LeaseStatus, LockKey, LostReason, Result, Token,
+};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
@@ -263,9 +265,23 @@ impl Inner {
             || {
                 let (client, timeout) = (self.handle.client.clone(), self.timeout());
                 async move {
-                    Session::grant(&client, secs, timeout)
+                    let session = Session::grant(&client, secs, timeout)
                         .await
-                        .map_err(|f| f.into_error(Op::read("grant session lease")))
+                        .map_err(|f| f.into_error(Op::read("grant session lease")))?;
+                    let asked = Duration::from_secs(secs.unsigned_abs());
+                    if session.ttl() > asked {
+                        // etcd raised the TTL to its minimum, which depends on the cluster's
+                        // election timeout: a lease longer than asked would keep others waiting
+                        // after a crash longer than the caller agreed to. (Dropping the session
+                        // revokes its lease.)
+                        return Err(InvalidInput::TtlBelowMinimum {
+                            ttl: asked,
+                            min: session.ttl(),
+                            backend: BACKEND,
+                        }
+                        .into());
+                    }
+                    Ok(session)
                 }
             },
         )

@@ -22,7 +22,9 @@ use crate::session::Cleaner;
 use crate::watch::Watcher;
 
 /// etcd's smallest lease TTL with its default election timeout (1 s): a 1 s request is
-/// granted 2 s. The adapter rejects smaller TTLs rather than hand out a longer lease than asked.
+/// granted 2 s. The adapter rejects smaller TTLs rather than hand out a longer lease than asked;
+/// a cluster whose election timeout is longer has a larger minimum, and a TTL below that is
+/// refused (`TtlBelowMinimum` naming the server's minimum) once etcd's grant shows it.
 pub const MIN_TTL: Duration = Duration::from_secs(2);
 
 /// A coordinator on an etcd cluster.

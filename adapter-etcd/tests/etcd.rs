@@ -13,8 +13,8 @@ use conformance_tests::harness::{start_or_skip_async, Backend, EtcdServer};
 use conformance_tests::proxy::FaultProxy;
 use conformance_tests::status::{sample_until_lost, Sampled};
 use lease_core::{
-    Coordinator, Error, Fence, ForceRelease, Instrumented, Lease, LeaseOptions, LeaseStatus,
-    LockKey, LostReason, Token,
+    Coordinator, Error, Fence, ForceRelease, Instrumented, InvalidInput, Lease, LeaseOptions,
+    LeaseStatus, LockKey, LostReason, Token,
 };
 use tokio::time::Instant;
 
@@ -2122,4 +2122,50 @@ async fn a_stalled_fence_write_is_retired_before_it_is_reported_unknown() {
     )
     .await;
     assert_eq!(stored().await, value("again"));
+}
+
+/// etcd's smallest lease TTL follows the cluster's election timeout (one and a half of it): a
+/// cluster tuned for a slow network grants more than the adapter's documented 2 s minimum.
+/// Asked for less, etcd silently grants its minimum; the adapter used that longer lease (a crashed
+/// holder kept others waiting longer than the caller asked). It now refuses, naming the server's
+/// minimum, and a TTL at that minimum is granted as asked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ttl_below_the_clusters_minimum_is_refused_naming_it() {
+    let config = conformance_tests::harness::EtcdConfig {
+        heartbeat_interval_ms: 200,
+        election_timeout_ms: 2000,
+        ..Default::default()
+    };
+    let Some(server) = start_or_skip_async(
+        "a_ttl_below_the_clusters_minimum_is_refused_naming_it",
+        Backend::Etcd,
+        move || EtcdServer::start_with(config),
+    )
+    .await
+    else {
+        return;
+    };
+    let c = coord(&server.url()).await;
+    let k = key("cluster-minimum");
+    match c
+        .try_acquire(&k, &LeaseOptions::new(Duration::from_secs(2)))
+        .await
+        .map(|l| l.token())
+    {
+        Err(Error::InvalidInput(InvalidInput::TtlBelowMinimum { ttl, min, .. })) => {
+            assert_eq!(ttl, Duration::from_secs(2));
+            assert_eq!(min, Duration::from_secs(3));
+        }
+        other => panic!("expected TtlBelowMinimum, got {other:?}"),
+    }
+    assert!(
+        c.inspect(&k).await.unwrap().is_none(),
+        "the refusal left a key"
+    );
+    let lease = c
+        .try_acquire(&k, &LeaseOptions::new(Duration::from_secs(3)))
+        .await
+        .unwrap();
+    assert_eq!(lease.ttl(), Duration::from_secs(3));
+    lease.release().await.unwrap();
 }
