@@ -184,17 +184,32 @@ fn header_revision(h: Option<&etcd_client::ResponseHeader>) -> i64 {
 /// which exists only if an earlier send of this attempt applied (the name's slot is ours while
 /// the attempt runs), so the transaction can be sent again after a connection reset.
 ///
-/// A resend (`in_doubt`) that creates our key also writes the attempt's resend marker
-/// ([`keys::resent_key`]), which every send requires to be absent: a delayed copy of the
-/// earlier send (forwarded by a member, say) then writes nothing, even after our lease is
-/// released. (A send that finds our key needs none: the copy that made it has applied.) It is
-/// not the cleanup's marker: a resend applied without an answer must still leave the cleanup
-/// free to delete the key it created.
+/// A resend (`in_doubt`) writes the attempt's resend marker ([`keys::resent_key`]), which every
+/// send requires to be absent, whichever branch it takes: a delayed copy of any earlier send
+/// (forwarded by a member, say) then writes nothing, even after our lease is released. Written
+/// also when the resend finds our key (made by one earlier send) or the lock held: another
+/// earlier send may still be on its way. It is not the cleanup's marker: a resend applied
+/// without an answer must still leave the cleanup free to delete the key it created.
 fn try_txn(prefix: &str, pending: &PendingKey, record: &[u8], in_doubt: bool) -> Txn {
     let attached = || Some(PutOptions::new().with_lease(pending.session.id()));
     let mut writes = vec![TxnOp::put(pending.key.clone(), record, attached())];
+    let mut reads = vec![
+        TxnOp::get(pending.key.clone(), None),
+        // The holder (the oldest key): if it has no lease, maybe an orphan to delete.
+        TxnOp::get(
+            prefix,
+            Some(
+                GetOptions::new()
+                    .with_prefix()
+                    .with_sort(SortTarget::Create, SortOrder::Ascend)
+                    .with_limit(1)
+                    .with_keys_only(),
+            ),
+        ),
+    ];
     if in_doubt {
         writes.push(TxnOp::put(pending.resent.clone(), "", attached()));
+        reads.push(TxnOp::put(pending.resent.clone(), "", attached()));
     }
     Txn::new()
         .when([
@@ -203,20 +218,7 @@ fn try_txn(prefix: &str, pending: &PendingKey, record: &[u8], in_doubt: bool) ->
             Compare::create_revision(pending.resent.clone(), CompareOp::Equal, 0),
         ])
         .and_then(writes)
-        .or_else([
-            TxnOp::get(pending.key.clone(), None),
-            // The holder (the oldest key): if it has no lease, maybe an orphan to delete.
-            TxnOp::get(
-                prefix,
-                Some(
-                    GetOptions::new()
-                        .with_prefix()
-                        .with_sort(SortTarget::Create, SortOrder::Ascend)
-                        .with_limit(1)
-                        .with_keys_only(),
-                ),
-            ),
-        ])
+        .or_else(reads)
 }
 
 /// How many of the queue's newest keys, up to ours, a waiter reads: its own and up to 31 ahead of
@@ -1335,6 +1337,60 @@ mod tests {
         let copy = raw.txn(try_txn(&prefix, &late, b"{}", false)).await;
         assert!(!copy.unwrap().succeeded());
         assert!(raw.get(name, None).await.unwrap().kvs().is_empty());
+        let next = coord.try_acquire(&key, &options).await.unwrap();
+        next.release().await.unwrap();
+    }
+
+    /// The first send applies unanswered, a resend is held up on its way, and a second resend
+    /// finds our key: the lease is granted, used and released. The held-up resend, applied
+    /// last, must write nothing. Before, only a resend that created our key wrote the resend
+    /// marker, so the held-up one found the lock empty and locked the key again for a lease
+    /// nobody held, attached to a live session: every other client was refused for as long as
+    /// this process ran.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_resend_applied_after_the_lease_it_granted_was_released_writes_nothing() {
+        use conformance_tests::harness::{start_or_skip_async, Backend, EtcdServer};
+
+        let test = "a_resend_applied_after_the_lease_it_granted_was_released_writes_nothing";
+        let Some(server) = start_or_skip_async(test, Backend::Etcd, EtcdServer::start).await else {
+            return;
+        };
+        let coord = EtcdCoordinator::connect_url(&server.url()).await.unwrap();
+        let mut raw = coord.client();
+        let key: LockKey = "resent-held-up".parse().unwrap();
+        let prefix = coord.lock_prefix(&key);
+        let options = LeaseOptions::new(Duration::from_secs(20));
+        // Open the session.
+        let warm = coord.try_acquire(&key, &options).await.unwrap();
+        warm.release().await.unwrap();
+        let session = coord.inner.live_session(20).unwrap();
+
+        let mut pending = coord.inner.pending(&key, &prefix, &session);
+        let name = pending.key.clone();
+        // Send 1 applies; its answer never comes.
+        let first = raw.txn(try_txn(&prefix, &pending, b"{}", false)).await;
+        assert!(first.unwrap().succeeded());
+        // Send 2, in doubt, is held up on its way.
+        let held_up = try_txn(&prefix, &pending, b"{}", true);
+        // Send 3, in doubt, finds our key: what `try_once` grants on.
+        let third = raw
+            .txn(try_txn(&prefix, &pending, b"{}", true))
+            .await
+            .unwrap();
+        assert!(!third.succeeded());
+        let found = match &third.op_responses()[0] {
+            etcd_client::TxnOpResponse::Get(r) => r.kvs().first().map(|kv| kv.lease()),
+            other => panic!("unexpected {other:?}"),
+        };
+        assert_eq!(found, Some(session.id()));
+        // The lease is released (a compare-and-delete of our key).
+        raw.delete(name.clone(), None).await.unwrap();
+        // Send 2 arrives.
+        let late = raw.txn(held_up).await.unwrap();
+        assert!(!late.succeeded(), "the held-up resend locked the key again");
+        assert!(raw.get(name, None).await.unwrap().kvs().is_empty());
+        pending.armed = false;
+        drop(pending);
         let next = coord.try_acquire(&key, &options).await.unwrap();
         next.release().await.unwrap();
     }

@@ -13,9 +13,10 @@
 //! An `abandoned` marker is written (attached to the session lease) by the client when it gives
 //! up on an acquisition request whose answer it did not see; that request's transaction requires
 //! the marker to be absent, so if etcd applies it late it writes nothing. A `resent` marker is
-//! written by a `try_acquire` transaction sent again after a send in doubt, with the key: every
-//! send of the attempt requires it to be absent too, so the first send applied late writes
-//! nothing either, and the cleanup, which looks only at its own marker, still deletes the key.
+//! written by every `try_acquire` transaction sent again after a send in doubt, whether it
+//! creates the key, finds it, or finds the lock held: every send of the attempt requires it to
+//! be absent too, so an earlier send applied late writes nothing either, and the cleanup, which
+//! looks only at its own marker, still deletes the key.
 //!
 //! `<name>` and `<resource>` are percent-encoded: every byte other than `A-Z a-z 0-9 - . _ ~` is
 //! written `%XX`, so an encoded name never contains `/`. Followed by the `/` terminator, no
