@@ -96,6 +96,10 @@ struct Shared {
     warned_unsettled: AtomicBool,
     /// Numbers the connections opened ([`Open::generation`]).
     opens: AtomicU64,
+    /// Whether a server said it runs as a Redis Cluster node (`redis_mode:cluster` in `INFO
+    /// server`, read as each connection opens): keys of different locks are then in different
+    /// hash slots, which one script cannot touch.
+    cluster: AtomicBool,
 }
 
 /// One multiplexed connection, opened lazily again after it broke.
@@ -163,6 +167,7 @@ impl Connection {
             on_break: std::sync::OnceLock::new(),
             warned_unsettled: AtomicBool::new(false),
             opens: AtomicU64::new(0),
+            cluster: AtomicBool::new(false),
         });
         let conn = Connection {
             main: Lane::new(&shared),
@@ -195,6 +200,13 @@ impl Connection {
             ReplicaAcks::Auto => self.replicas().min(1),
             ReplicaAcks::Exactly(n) => usize::from(n),
         }
+    }
+
+    /// Whether the server is a Redis Cluster node (as far as it said: a server that refused
+    /// `CLIENT INFO` or `INFO` is taken for a standalone one), where one script can touch the
+    /// keys of one lock only.
+    pub(crate) fn cluster_mode(&self) -> bool {
+        self.main.shared.cluster.load(Ordering::Relaxed)
     }
 
     /// [`Self::acks_known`], for a write about to be sent: under `auto`, while no replica was
@@ -1034,6 +1046,8 @@ async fn server_side(
             return Ok(None);
         }
     };
+    let cluster = server.lines().any(|l| l.trim() == "redis_mode:cluster");
+    shared.cluster.store(cluster, Ordering::Relaxed);
     let field = |name: &str| {
         client
             .split_whitespace()

@@ -15,8 +15,8 @@
 //! replaced, cannot keep its leases held.
 //!
 //! A batch script touches keys of many locks, so it is for a standalone server or a Sentinel
-//! primary (what the adapter connects to), not for a Redis Cluster, where keys of different hash
-//! slots cannot meet in one script.
+//! primary. On a Redis Cluster node (the server says so in `INFO server`), where keys of
+//! different hash slots cannot meet in one script, a round sends one script per lock instead.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -76,9 +76,36 @@ impl Renewals {
     }
 }
 
+/// The renewals of `chunk`: one code per lock. On a Redis Cluster node, where the keys of
+/// different locks are in different hash slots and one script touching several is refused
+/// (`CROSSSLOT`), one script per lock, sent together.
+async fn renew_chunk(
+    conn: &Connection,
+    acks: ReplicaAcks,
+    wait: Duration,
+    chunk: Vec<Renewal>,
+) -> Result<Vec<Result<i64>>> {
+    if chunk.len() == 1 || !conn.cluster_mode() {
+        return renew_script(conn, acks, wait, chunk).await;
+    }
+    let each = chunk
+        .into_iter()
+        .map(|renewal| renew_script(conn, acks, wait, vec![renewal]));
+    Ok(futures::future::join_all(each)
+        .await
+        .into_iter()
+        .map(|answer| match answer {
+            Ok(mut codes) => codes
+                .pop()
+                .unwrap_or_else(|| Err(bad_reply(ops::RENEW, "no answer for the lock"))),
+            Err(e) => Err(e),
+        })
+        .collect())
+}
+
 /// One script for `chunk` (the single-lock script for a chunk of one): one code per lock, or
 /// `Unavailable` for all when fewer replicas than `acks` asks for acknowledged it within `wait`.
-async fn renew_chunk(
+async fn renew_script(
     conn: &Connection,
     acks: ReplicaAcks,
     wait: Duration,

@@ -816,3 +816,54 @@ async fn a_refused_subscription_makes_waiters_poll_without_reconnecting() {
     lease.release().await.unwrap();
     assert!(holder.inspect(&k).await.unwrap().is_none());
 }
+
+/// On a Redis Cluster node (here one node owning every slot, as a one-shard managed cluster is),
+/// the keys of different locks are in different hash slots, and a script touching several is
+/// refused with `CROSSSLOT`. Renewals asked for together used to share one batch script there:
+/// every renewal of the round failed `Unavailable`, and a process holding two locks could keep
+/// neither. A round now sends one script per lock on a cluster node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewals_asked_together_on_a_cluster_node_each_succeed() {
+    let mut config = durable();
+    config.extra_args = vec!["--cluster-enabled".into(), "yes".into()];
+    let Some(srv) = server("renewals_asked_together_on_a_cluster_node", config) else {
+        return;
+    };
+    let mut conn = raw(&srv).await;
+    let _: () = redis::cmd("CLUSTER")
+        .arg("ADDSLOTSRANGE")
+        .arg(0)
+        .arg(16383)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let ready = common::eventually(10 * SEC, || {
+        let mut conn = conn.clone();
+        async move {
+            let info: String = redis::cmd("CLUSTER")
+                .arg("INFO")
+                .query_async(&mut conn)
+                .await
+                .ok()?;
+            info.contains("cluster_state:ok").then_some(())
+        }
+    })
+    .await;
+    assert!(ready.is_some(), "the one-node cluster never came up");
+    let c = coordinator(&srv, "").await;
+    let mut leases = Vec::new();
+    for _ in 0..20 {
+        leases.push(
+            c.try_acquire(&key("cluster"), &opts(30 * SEC))
+                .await
+                .unwrap(),
+        );
+    }
+    let results = futures::future::join_all(leases.iter().map(|l| l.renew())).await;
+    for (i, r) in results.iter().enumerate() {
+        assert!(r.is_ok(), "renewal {i}: {r:?}");
+    }
+    for l in leases {
+        l.release().await.unwrap();
+    }
+}
