@@ -436,8 +436,11 @@ async fn keeper(ctx: Arc<Ctx>) -> CaseResult {
 }
 
 /// A kept lease holds `key` for three TTLs while `b` is refused, and dropping the keeper frees
-/// it. `Some(why)` when the lease expired while a stall at least a quarter TTL long was seen (a
-/// renewal answered after validity ended loses the lease, as it must).
+/// it. `Some(why)` when the lease expired while a stall at least half a TTL long was seen (the
+/// keeper renews a third of the way into each validity, so a stall that long can keep a correct
+/// renewal from being answered in time, and a renewal answered after validity ended loses the
+/// lease, as it must). Never when `b` was granted the key before that validity ended: two
+/// holders at once fail the case, stall or not.
 async fn keep_past_ttl(
     ctx: &Ctx,
     a: &Arc<dyn Coordinator>,
@@ -446,23 +449,28 @@ async fn keep_past_ttl(
 ) -> Result<Option<String>, Failure> {
     let watch = StallWatch::start(ctx).await?;
     let stalled = |lease: &dyn lease_core::Lease| match lease.status() {
-        LeaseStatus::Lost(LostReason::Expired) => watch.stalled(ctx.ttl() / 4),
+        LeaseStatus::Lost(LostReason::Expired) => watch.stalled(ctx.ttl() / 2),
         _ => None,
     };
     let kept = keep(a.acquire(key, &opts(ctx)).await?, KeeperOptions::new())?;
     let token = kept.token();
     let until = Instant::now() + ctx.ttl() * 3;
     while Instant::now() < until {
+        let sent = Instant::now();
         match b.try_acquire(key, &opts(ctx)).await {
             Err(Error::Held { .. }) => {}
             other => {
-                if let Some(why) = stalled(kept.lease()) {
+                let overlap = other.is_ok() && sent < kept.lease().valid_until();
+                if let (false, Some(why)) = (overlap, stalled(kept.lease())) {
                     if let Ok(taken) = other {
                         taken.release().await?;
                     }
                     return Ok(Some(why));
                 }
-                return Err(Failure(format!("kept lease lost the key: {other:?}")));
+                return Err(Failure(format!(
+                    "kept lease lost the key: {other:?} (longest stall seen: {:?})",
+                    watch.worst()
+                )));
             }
         }
         tokio::time::sleep(ctx.ttl() / 5).await;

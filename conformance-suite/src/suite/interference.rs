@@ -576,7 +576,8 @@ async fn acquire_reply_lost_while_held(ctx: Arc<Ctx>) -> CaseResult {
 }
 
 /// One attempt of [`acquire_reply_lost_while_held`]. `Some(why)` when A's short kept lease
-/// expired, or B's hand-off ran late, while a stall at least a quarter TTL long was seen.
+/// expired, or B's hand-off ran late, while a stall at least half a TTL long was seen (see
+/// `keep_past_ttl` in the basic cases for why half).
 async fn acquire_reply_lost_attempt(ctx: &Ctx, n: u32) -> Result<Option<String>, Failure> {
     let (upstream, connect_via) = ctx
         .subject
@@ -624,7 +625,7 @@ async fn acquire_reply_lost_attempt(ctx: &Ctx, n: u32) -> Result<Option<String>,
         // Not lost (in doubt while one of its renewal tries is slow is not a loss), unless a
         // stall kept its renewal from being answered in time.
         if held.lease().status() == LeaseStatus::Lost(LostReason::Expired) {
-            if let Some(why) = watch.stalled(ctx.ttl() / 4) {
+            if let Some(why) = watch.stalled(ctx.ttl() / 2) {
                 return Ok(Some(why));
             }
         }
@@ -646,8 +647,8 @@ async fn acquire_reply_lost_attempt(ctx: &Ctx, n: u32) -> Result<Option<String>,
         Err(Error::Lost {
             reason: LostReason::Expired,
             ..
-        }) if watch.stalled(ctx.ttl() / 4).is_some() => {
-            return Ok(watch.stalled(ctx.ttl() / 4));
+        }) if watch.stalled(ctx.ttl() / 2).is_some() => {
+            return Ok(watch.stalled(ctx.ttl() / 2));
         }
         Err(e) => return Err(e.into()),
     }
@@ -656,7 +657,7 @@ async fn acquire_reply_lost_attempt(ctx: &Ctx, n: u32) -> Result<Option<String>,
         .map_err(|e| Failure(format!("waiter panicked: {e}")))?;
     let took = got_at.saturating_duration_since(released_at);
     if took > ctx.ttl() * 2 {
-        if let Some(why) = watch.stalled(ctx.ttl() / 4) {
+        if let Some(why) = watch.stalled(ctx.ttl() / 2) {
             if let Ok(lease) = got {
                 lease.release().await?;
             }

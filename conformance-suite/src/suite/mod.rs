@@ -551,24 +551,31 @@ impl StallWatch {
 }
 
 /// Runs a case's `attempt` (given its number, from 1) up to three times while it returns
-/// `Ok(Some(why))`: an attempt whose short lease a stall of the machine or the server ended
-/// (see [`StallWatch`]), which proves nothing either way. `Ok(None)` passes; an error fails at
-/// once. Each restart is printed with its reason; three stalled attempts fail the case.
+/// `Ok(Some(why))`: an attempt whose outcome a stall of the machine or the server decided (a
+/// short lease lost, a hand-off late; see [`StallWatch`]), which proves nothing either way.
+/// `Ok(None)` passes; an error fails at once. Each restart is printed with its reason; three
+/// cut short fail the case, naming every reason (an adapter that fails every time, a stall or
+/// not, fails here too).
 pub(crate) async fn unless_stalled<F, Fut>(ctx: &Ctx, case: &str, mut attempt: F) -> CaseResult
 where
     F: FnMut(u32) -> Fut,
     Fut: Future<Output = Result<Option<String>, Failure>>,
 {
     const ATTEMPTS: u32 = 3;
+    let mut reasons = Vec::new();
     for n in 1..=ATTEMPTS {
         match attempt(n).await? {
             None => return Ok(Verdict::Passed),
-            Some(why) => println!("note: {case}: attempt {n} of {ATTEMPTS} cut short: {why}"),
+            Some(why) => {
+                println!("note: {case}: attempt {n} of {ATTEMPTS} cut short: {why}");
+                reasons.push(why);
+            }
         }
     }
     Err(Failure(format!(
-        "each of {ATTEMPTS} attempts was cut short by a stall; the machine or the server is too \
-         slow for this TTL ({:?})",
+        "each of {ATTEMPTS} attempts was cut short ({}): either the machine or the server is too \
+         slow for this TTL ({:?}), or the adapter fails this case every time",
+        reasons.join("; "),
         ctx.ttl()
     )))
 }
