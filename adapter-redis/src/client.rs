@@ -488,13 +488,44 @@ impl Shared {
         }
     }
 
-    /// Opens a connection to the primary (with Sentinel: asking the Sentinels where it is) and
-    /// checks it, raising the replica count to what it reports.
+    /// Opens a connection to the primary (with Sentinel: asking the Sentinels where it is, and
+    /// when the server one named cannot be opened as the primary, asking the next while the
+    /// connect timeout lasts) and checks it, raising the replica count to what it reports.
     async fn connect(&self) -> Result<(MultiplexedConnection, Option<ServerSide>)> {
-        let client = match self.config.sentinel() {
-            Some(s) => self.ask_sentinels(s).await?,
-            None => self.client(),
+        let Some(s) = self.config.sentinel() else {
+            return self.open_primary(self.client()).await;
         };
+        // Another Sentinel is asked while the connect timeout lasts, each at most once.
+        let deadline = Instant::now() + self.config.connect_timeout();
+        let mut tries = 0;
+        loop {
+            let (client, asked) = self.ask_sentinels(s).await?;
+            tries += 1;
+            let opened = self.open_primary(client).await;
+            if opened.is_ok() {
+                return opened;
+            }
+            // The server that Sentinel named cannot be reached, or is no primary: that Sentinel
+            // may be cut off from the others, which have failed over since. Ask it last (unless
+            // another caller already moved on), or every reconnect would go back to the same
+            // stale answer.
+            let _ = self.sentinel_first.compare_exchange(
+                asked,
+                (asked + 1) % s.sentinels.len(),
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            );
+            if tries >= s.sentinels.len() || Instant::now() >= deadline {
+                return opened;
+            }
+        }
+    }
+
+    /// Opens a connection to `client`'s server and checks that it is a primary fit for locks.
+    async fn open_primary(
+        &self,
+        client: redis::Client,
+    ) -> Result<(MultiplexedConnection, Option<ServerSide>)> {
         let connect_timeout = self.config.connect_timeout();
         let mut conn = tokio::time::timeout(
             connect_timeout,
@@ -552,7 +583,8 @@ impl Shared {
     /// left (equal among those not asked yet, but at least half), and one that fails is asked
     /// after the others next time. A Sentinel that
     /// does not know the primary's name is a configuration error only when none knows it.
-    async fn ask_sentinels(&self, s: &SentinelConfig) -> Result<redis::Client> {
+    /// Returns a client for the primary named and which Sentinel named it.
+    async fn ask_sentinels(&self, s: &SentinelConfig) -> Result<(redis::Client, usize)> {
         let n = s.sentinels.len();
         let first = self.sentinel_first.load(Ordering::Relaxed) % n;
         let deadline = Instant::now() + self.config.connect_timeout();
@@ -583,7 +615,7 @@ impl Shared {
             match answer {
                 Ok(Ok(Some((h, p)))) => {
                     self.sentinel_first.store(i, Ordering::Relaxed);
-                    return self.config.client_for(&h, p);
+                    return Ok((self.config.client_for(&h, p)?, i));
                 }
                 Ok(Ok(None)) => {
                     unknown += 1;

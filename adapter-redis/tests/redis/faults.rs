@@ -788,3 +788,106 @@ async fn a_force_release_whose_audit_key_holds_something_else_removes_nothing() 
     assert_eq!(lease.status(), LeaseStatus::Held);
     lease.release().await.unwrap();
 }
+
+/// A Sentinel of our own, monitoring the cluster's primary name at an address where nothing
+/// answers: what a Sentinel cut off from the others says after they failed over. Stopped (by the
+/// PID this test started) and its directory removed when dropped.
+struct StaleSentinel {
+    child: std::process::Child,
+    dir: std::path::PathBuf,
+    port: u16,
+}
+
+impl StaleSentinel {
+    async fn start() -> StaleSentinel {
+        use conformance_tests::harness::{find_in_path, free_ports, tcp_exchange};
+        let ports = free_ports(2).unwrap();
+        let (port, nobody) = (ports[0], ports[1]);
+        let dir = std::env::temp_dir().join(format!(
+            "fenced-stale-sentinel-{}-{port}",
+            std::process::id()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let conf = dir.join("sentinel.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "port {port}\nbind 127.0.0.1\ndir {}\nsentinel monitor {} 127.0.0.1 {nobody} 2\n",
+                dir.display(),
+                conformance_tests::harness::redis_cluster::PRIMARY_NAME
+            ),
+        )
+        .unwrap();
+        let child = std::process::Command::new(find_in_path("redis-server").unwrap())
+            .arg(&conf)
+            .arg("--sentinel")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let sentinel = StaleSentinel { child, dir, port };
+        let addr: std::net::SocketAddr = ([127, 0, 0, 1], port).into();
+        let ready = eventually(Duration::from_secs(15), || async move {
+            tokio::task::spawn_blocking(move || {
+                tcp_exchange(addr, b"PING\r\n", Duration::from_millis(250), |b| {
+                    b.ends_with(b"\r\n")
+                })
+            })
+            .await
+            .ok()?
+            .ok()
+            .filter(|reply| reply.starts_with(b"+PONG"))
+        })
+        .await;
+        assert!(ready.is_some(), "the stale Sentinel did not start");
+        sentinel
+    }
+}
+
+impl Drop for StaleSentinel {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A Sentinel cut off from the others still names the primary they failed over from, which no
+/// longer answers, while the others name the one serving. Before, the Sentinel that answered
+/// last was asked first at every connect whether or not the server it named could be opened:
+/// listed first, the stale one made every connect and reconnect fail. Now, when the server a
+/// Sentinel named cannot be opened as the primary, the next is asked (within the connect
+/// timeout), and the stale one is asked last from then on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_naming_a_primary_that_does_not_answer_is_passed_over() {
+    let Some(_srv) = server(
+        "a_sentinel_naming_a_primary_that_does_not_answer_is_passed_over",
+        durable(),
+    ) else {
+        return;
+    };
+    let cluster = conformance_tests::harness::redis_cluster::RedisCluster::start()
+        .await
+        .expect("a Sentinel cluster");
+    let sentinels = cluster.sentinel_addrs();
+    let stale = StaleSentinel::start().await;
+    let url = format!(
+        "redis+sentinel://127.0.0.1:{},{},{}/{}?connect_timeout_ms=2000",
+        stale.port,
+        sentinels[1],
+        sentinels[2],
+        conformance_tests::harness::redis_cluster::PRIMARY_NAME
+    );
+    let c = RedisCoordinator::connect(RedisConfig::from_url(&url).unwrap())
+        .await
+        .expect("connected through the Sentinels that name the serving primary");
+    let k = key("stale-sentinel");
+    for _ in 0..3 {
+        c.try_acquire(&k, &LeaseOptions::new(Duration::from_secs(5)))
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+    }
+}
