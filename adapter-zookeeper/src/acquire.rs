@@ -167,6 +167,28 @@ impl ZkCoordinator {
                     continue;
                 }
             };
+            // A turn found soon after a reconnect or a pause comes from reads, which confirm
+            // nothing: the session's last confirmation may be too old for the lease to start
+            // held, and it would be handed back already lost. Confirm the session first (a
+            // `sync`, with a read of our node) when its bound is less than half a heartbeat
+            // period away; heartbeats keep it at least a period away while the link is up, so
+            // this costs nothing then.
+            let heartbeat = crate::session::heartbeat_period(s.timeout());
+            if s.bound() < Instant::now() + heartbeat / 2 {
+                match s.synced_exists(&node.path).await {
+                    Some(Ok(Some(_))) => {}
+                    Some(Ok(None)) => {
+                        restarts += 1;
+                        if restarts > MAX_RESTARTS || mode.expired() {
+                            return Err(busy(key, &mode, start));
+                        }
+                        tracing::debug!(key = %key, node = %node.path, "contender node gone at its turn; starting over");
+                        continue;
+                    }
+                    Some(Err(e)) => return Err(from_zk(ops::WAIT, e)),
+                    None => return Err(timed_out(ops::WAIT, s.request_timeout())),
+                }
+            }
             match self.check_token(&s, key, &node).await {
                 Ok(token) => {
                     let ttl = options.ttl_value();

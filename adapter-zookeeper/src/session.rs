@@ -378,8 +378,12 @@ impl Session {
     }
 
     fn on_disconnected(&self) {
-        let leases = self.leases.live();
+        // The leases are listed under the connection's lock: a lease registered after the list
+        // is taken checks the epoch under the same lock (`with_epoch`), and so finds it moved.
+        // Listed before the lock, a lease granted in between was neither marked in doubt nor
+        // refused by the epoch, and stayed held with the link down.
         let mut c = self.conn();
+        let leases = self.leases.live();
         c.connected = false;
         c.epoch += 1;
         for l in &leases {

@@ -1715,3 +1715,72 @@ async fn concurrent_calls_share_one_attempt_to_open_a_new_session() {
         );
     }
 }
+
+/// A waiter whose turn comes right after its connection came back gets the lease. Cut off for
+/// longer than its session bound allows (a third of the session timeout without `tick_ms`) but
+/// less than the session timeout, it reconnects to the same session; the holder released
+/// meanwhile, so the waiter's turn comes from the deletion event and a listing, reads that
+/// confirm nothing. Before, the lease started capped by the session's last confirmation, from
+/// before the cut: it was handed back lost, the call failed ("the session ended during the
+/// acquire") with time left in its wait, and its node was deleted. Now a `sync` confirms the
+/// session first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_whose_turn_comes_right_after_a_reconnect_gets_the_lease() {
+    let Some(server) = server("a_waiter_whose_turn_comes_right_after_a_reconnect").await else {
+        return;
+    };
+    let proxy = FaultProxy::start(server.addr()).await.unwrap();
+    // No tick_ms: the session bound is the last confirmation plus a third of the timeout.
+    let via = ZkConfig::from_url(&format!(
+        "zk://{}/turn-after-reconnect-{:08x}?session_timeout_ms=4000&digest=alice:{PASSWORD}",
+        proxy.addr(),
+        rand::random::<u32>()
+    ))
+    .unwrap();
+    let waiter = Arc::new(ZkCoordinator::connect(via.clone()).await.unwrap());
+    let holder =
+        ZkCoordinator::connect(via.clone().with_hosts([server.addr().to_string()]).unwrap())
+            .await
+            .unwrap();
+    assert_eq!(waiter.session_timeout(), Duration::from_secs(4));
+    let key: LockKey = "turn-after-reconnect".parse().unwrap();
+    let ttl = LeaseOptions::new(Duration::from_secs(4));
+    let held = holder.acquire(&key, &ttl).await.unwrap();
+    let acquiring = {
+        let (w, k, o) = (
+            waiter.clone(),
+            key.clone(),
+            ttl.clone().wait(Duration::from_secs(20)),
+        );
+        tokio::spawn(async move { w.acquire(&k, &o).await })
+    };
+    // Queued behind the holder.
+    let observer = raw_client(server.addr(), Some(&format!("alice:{PASSWORD}"))).await;
+    let lock = via.lock_path(&key);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while observer.list_children(&lock).await.map_or(0, |c| c.len()) < 2 {
+        assert!(Instant::now() < deadline, "the waiter never queued");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Cut until the waiter's client gives its connection up and tries another: by then its
+    // last confirmation is older than the session bound allows.
+    let accepted = proxy.accepted_connections();
+    proxy.blackhole();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while proxy.accepted_connections() == accepted {
+        assert!(
+            Instant::now() < deadline,
+            "the waiter never noticed the cut"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    held.release().await.unwrap();
+    proxy.heal();
+    let lease = acquiring
+        .await
+        .unwrap()
+        .expect("the waiter gets the lease within its wait");
+    assert_eq!(lease.status(), LeaseStatus::Held);
+    assert!(lease.token() > held.token());
+    lease.release().await.unwrap();
+}
