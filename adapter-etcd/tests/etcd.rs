@@ -2162,6 +2162,19 @@ async fn a_ttl_below_the_clusters_minimum_is_refused_naming_it() {
         c.inspect(&k).await.unwrap().is_none(),
         "the refusal left a key"
     );
+    // The longer lease etcd granted is given back.
+    let raw = Client::connect([server.http_endpoint()], None)
+        .await
+        .unwrap();
+    eventually(
+        Duration::from_secs(10),
+        "the refused grant's lease is revoked",
+        || {
+            let mut raw = raw.clone();
+            async move { raw.leases().await.unwrap().leases().is_empty() }
+        },
+    )
+    .await;
     let lease = c
         .try_acquire(&k, &LeaseOptions::new(Duration::from_secs(3)))
         .await

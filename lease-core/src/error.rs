@@ -10,7 +10,7 @@
 //! | [`Error::Stale`] | the fence rejected an older token | stop: a newer holder has written or claimed |
 //! | [`Error::Unavailable`] | the backend could not be reached; nothing was applied | retry later ([`Error::is_retryable`]) |
 //! | [`Error::OutcomeUnknown`] | a request was sent and its outcome was not seen | re-read before acting |
-//! | [`Error::InvalidInput`] | the call itself is wrong; nothing was sent | fix the call |
+//! | [`Error::InvalidInput`] | the call itself is wrong; nothing was sent (but for a TTL below a server's own minimum, which only its grant shows: that grant is given back) | fix the call |
 //! | [`Error::Unsupported`] | the backend cannot do this | use another backend or another call |
 //! | [`Error::Misconfigured`] | the backend's settings cannot keep the guarantees | fix the server's configuration |
 //! | [`Error::NotFound`] | the thing to act on does not exist | create it first |
@@ -59,7 +59,10 @@ impl std::fmt::Display for LostReason {
     }
 }
 
-/// Input rejected before anything was sent to a backend.
+/// Input rejected before anything was sent to a backend, with one exception: a TTL below a
+/// server's own minimum where only the server's grant shows it (etcd raises a TTL below its
+/// cluster's minimum silently; the adapter gives that grant back and reports
+/// [`InvalidInput::TtlBelowMinimum`] naming the server's minimum).
 ///
 /// Every variant names the offending value (keys are shown escaped, so control characters are
 /// visible and cannot forge log lines).
@@ -130,7 +133,8 @@ pub enum InvalidInput {
         /// The maximum.
         max: Duration,
     },
-    /// A TTL below the backend's declared minimum.
+    /// A TTL below the backend's declared minimum, or below the server's own where only its
+    /// grant shows it (see [`InvalidInput`]).
     #[error("lease TTL {ttl:?} is below {backend}'s minimum {min:?}")]
     TtlBelowMinimum {
         /// The TTL asked for.
