@@ -228,8 +228,10 @@ async fn a_waiter_is_woken_by_the_release_through_a_blocking_query() {
     let (got_at, lease) = waiter.await.unwrap();
     let lease = lease.unwrap();
     assert!(lease.token() > held.token());
+    // The request count below proves the wake-up came from the blocking query, not a poll;
+    // this bound only catches a wake-up that never came (with room for a loaded machine).
     assert!(
-        got_at - released_at < Duration::from_millis(300),
+        got_at - released_at < Duration::from_secs(1),
         "hand-off took {:?}",
         got_at - released_at
     );
@@ -407,7 +409,8 @@ async fn a_session_destroyed_out_of_band_is_noticed_at_once_and_lock_delay_keeps
     let destroyed = Instant::now();
     let (st, _) = raw(&s, "PUT", &format!("/v1/session/destroy/{session}"), None).await;
     assert_eq!(st, 200);
-    let reason = tokio::time::timeout(Duration::from_millis(500), lost.wait())
+    // Well before the renewal 5 s away, with room for a loaded machine.
+    let reason = tokio::time::timeout(Duration::from_secs(2), lost.wait())
         .await
         .expect("lost() fires within a round trip of the destroy, not at the next renewal");
     assert!(

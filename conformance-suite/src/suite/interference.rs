@@ -701,8 +701,9 @@ async fn acquire_reply_lost_attempt(ctx: &Ctx, n: u32) -> Result<Option<String>,
 }
 
 /// An operator destroys the session, lease or node behind a held lock. The holder's `lost()`
-/// fires within a round trip (bounded here by one short TTL, far below the lease's own TTL and
-/// its keeper's next renewal), and a new holder gets a greater token.
+/// fires within a round trip (bounded here by three short TTLs, leaving a loaded machine room
+/// and still under half the time to the keeper's first renewal of a lease of 20 short TTLs),
+/// and a new holder gets a greater token.
 async fn holder_invalidated(ctx: Arc<Ctx>) -> CaseResult {
     let op = operator(&ctx)?;
     let key = ctx.key("invalidated");
@@ -736,7 +737,7 @@ async fn holder_invalidated(ctx: Arc<Ctx>) -> CaseResult {
             (got, seen.status())
         })
     };
-    let bound = ctx.ttl();
+    let bound = ctx.ttl() * 3;
     let reason = tokio::time::timeout(bound, lost.wait())
         .await
         .map_err(|_| {
