@@ -67,6 +67,8 @@ pub(crate) struct Shared {
     pub(crate) write_before_txns: Mutex<Option<(String, u32)>>,
     /// A KV key prefix the ACL token may no longer write (`deny_key_writes`).
     pub(crate) denied_writes: Mutex<Option<String>>,
+    /// Session renewals answered 500 `No cluster leader` without renewing (`fail_renewals`).
+    pub(crate) failing_renewals: std::sync::atomic::AtomicBool,
 }
 
 /// The accessor ID named in ACL denials.
@@ -1085,6 +1087,13 @@ fn session_create(shared: &Shared, body: &[u8]) -> Resp {
 fn session_renew(shared: &Shared, id: &str) -> Resp {
     if id.is_empty() {
         return text(400, "Missing session");
+    }
+    if shared
+        .failing_renewals
+        .load(std::sync::atomic::Ordering::SeqCst)
+    {
+        // What a Consul agent answers while the servers have no leader.
+        return text(500, "No cluster leader");
     }
     let (renewed, expired, index) = {
         let mut st = shared.store();

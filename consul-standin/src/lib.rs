@@ -297,6 +297,7 @@ impl ConsulStandIn {
             commit_answer: Mutex::new(None),
             write_before_txns: Mutex::new(None),
             denied_writes: Mutex::new(None),
+            failing_renewals: std::sync::atomic::AtomicBool::new(false),
         });
         runtime.spawn(session_timers(shared.clone()));
         let this = ConsulStandIn {
@@ -499,6 +500,16 @@ impl ConsulStandIn {
             .denied_writes
             .lock()
             .unwrap_or_else(|p| p.into_inner()) = prefix;
+    }
+
+    /// While `fail` is set, every session renewal is answered 500 `No cluster leader` (what a
+    /// Consul agent answers while the servers have no leader) and renews nothing; sessions keep
+    /// their timers, so one not renewed for its TTL (times the multiplier) is invalidated as
+    /// usual. Everything else is answered as usual.
+    pub fn fail_renewals(&self, fail: bool) {
+        self.shared
+            .failing_renewals
+            .store(fail, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// How many of the outside writes asked for with [`ConsulStandIn::write_before_txns`] are
