@@ -445,15 +445,19 @@ impl Lease for ConsulLease {
         };
         let (renewed, owned) =
             tokio::join!(session_renewal, s.confirmer.check(&s.kv_key, &s.session.id),);
-        match renewed {
-            Ok(true) => {}
-            Ok(false) => return Err(s.lost(LostReason::SessionEnded)),
-            Err(e) => return Err(e),
+        if let Ok(false) = renewed {
+            return Err(s.lost(LostReason::SessionEnded));
         }
-        match owned? {
-            Ownership::Ours => {}
-            Ownership::NotOurs => return Err(s.lost_unless_releasing(s.reason_gone(false))),
-            Ownership::Missing => return Err(s.lost_unless_releasing(s.reason_gone(true))),
+        // A loss the ownership check confirmed counts whatever became of the session renewal
+        // sent with it (an agent without a leader fails the renewal, and the key is still gone).
+        match owned {
+            Ok(Ownership::NotOurs) => return Err(s.lost_unless_releasing(s.reason_gone(false))),
+            Ok(Ownership::Missing) => return Err(s.lost_unless_releasing(s.reason_gone(true))),
+            Ok(Ownership::Ours) => renewed.map(|_| ())?,
+            Err(e) => {
+                renewed?;
+                return Err(e);
+            }
         }
         let own = lease_core::adapter::clock::valid_until(
             sent,

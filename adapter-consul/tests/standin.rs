@@ -16,7 +16,7 @@ use conformance_tests::contend::{concurrent_try_acquires, one_holder_across};
 use conformance_tests::proxy::FaultProxy;
 use conformance_tests::status::{sample_until_lost, Sampled};
 use conformance_tests::subjects::consul::consul_http;
-use lease_core::{Coordinator, Error, Lease, LeaseOptions, LeaseStatus, LockKey};
+use lease_core::{Coordinator, Error, Lease, LeaseOptions, LeaseStatus, LockKey, LostReason};
 use serde_json::{json, Value};
 use tokio::time::Instant;
 
@@ -1175,4 +1175,48 @@ async fn concurrent_calls_share_the_failure_of_one_session_creation() {
             "a try_acquire returned {took:?} after the start, with a {timeout:?} request timeout"
         );
     }
+}
+
+/// A renewal whose ownership check finds the key gone reports the loss even when the session
+/// renewal sent with it fails. Before, the session renewal's error (the agent answering 500 `No
+/// cluster leader`) was returned first and the lease stayed `Held`, though a consistent read
+/// made after the call started had found the key gone.
+#[tokio::test]
+async fn a_renewal_finding_the_key_gone_reports_the_loss_whatever_the_session_renewal() {
+    let s = standin();
+    let u = format!(
+        "consul://{}?token={TOKEN}&session_ttl_ms=4000&key_prefix=t{:08x}",
+        s.addr(),
+        rand::random::<u32>()
+    );
+    let config = ConsulConfig::from_url(&u).unwrap();
+    let a = ConsulCoordinator::connect(config.clone()).await.unwrap();
+    let k = key("gone-while-renewals-fail");
+    let lease = a
+        .acquire(&k, &LeaseOptions::new(Duration::from_secs(40)))
+        .await
+        .unwrap();
+    s.fail_renewals(true);
+    // Once less than half the session TTL of validity is left, a renewal sends a session renewal
+    // of its own (which fails) with its ownership check; 2 s are left for the rest.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while lease
+        .valid_until()
+        .saturating_duration_since(Instant::now())
+        >= Duration::from_secs(2)
+    {
+        assert!(Instant::now() < deadline, "the session was never due");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let gone = config.kv_key(&k);
+    let (st, _) = raw(&s, "DELETE", &format!("/v1/kv/{gone}"), None).await;
+    assert_eq!(st, 200);
+    match lease.renew().await {
+        Err(Error::Lost { reason, .. }) => {
+            assert_ne!(reason, LostReason::Expired, "validity ran out first")
+        }
+        other => panic!("expected Lost, got {other:?}"),
+    }
+    assert!(matches!(lease.status(), LeaseStatus::Lost(_)));
+    s.fail_renewals(false);
 }
