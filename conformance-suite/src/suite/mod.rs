@@ -1101,4 +1101,79 @@ mod tests {
             assert!(e.contains(var) && e.contains(value), "{e}");
         }
     }
+
+    fn memory_ctx() -> Ctx {
+        Ctx {
+            subject: Subject::memory(),
+            prefix: "self-test".into(),
+            seed: 1,
+            rng: std::sync::Mutex::new(rand::rngs::StdRng::seed_from_u64(1)),
+            time_scale: 1.0,
+        }
+    }
+
+    /// An attempt cut short by a stall is run again; a pass ends it.
+    #[tokio::test]
+    async fn unless_stalled_runs_again_after_a_stall_and_stops_at_a_pass() {
+        let ctx = memory_ctx();
+        let calls = std::sync::atomic::AtomicU32::new(0);
+        let verdict = unless_stalled(&ctx, "self-test", |n| {
+            calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            async move { Ok((n == 1).then(|| "stalled".to_owned())) }
+        })
+        .await;
+        assert!(matches!(verdict, Ok(Verdict::Passed)), "{verdict:?}");
+        assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 2);
+    }
+
+    /// A failure ends the case at once, whatever came before; an attempt cut short every time
+    /// fails the case too, naming every reason (an adapter failing each attempt is not
+    /// excused).
+    #[tokio::test]
+    async fn unless_stalled_never_turns_a_failure_or_three_stalls_into_a_pass() {
+        let ctx = memory_ctx();
+        let calls = std::sync::atomic::AtomicU32::new(0);
+        let failed = unless_stalled(&ctx, "self-test", |n| {
+            calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            async move {
+                if n == 1 {
+                    Ok(Some("stalled".to_owned()))
+                } else {
+                    Err(Failure("two holders".into()))
+                }
+            }
+        })
+        .await;
+        assert!(
+            matches!(&failed, Err(Failure(m)) if m == "two holders"),
+            "{failed:?}"
+        );
+        assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 2);
+
+        let always = unless_stalled(&ctx, "self-test", |n| async move {
+            Ok(Some(format!("stall {n}")))
+        })
+        .await;
+        match always {
+            Err(Failure(m)) => assert!(
+                m.contains("stall 1; stall 2; stall 3") && m.contains("every time"),
+                "{m}"
+            ),
+            other => panic!("three stalls passed: {other:?}"),
+        }
+    }
+
+    /// The probe sees a stopped process: here the runtime's one thread blocked for 300 ms.
+    /// (Only the positive is checked: how small the worst step is on a quiet machine depends on
+    /// the machine.)
+    #[tokio::test(flavor = "current_thread")]
+    async fn the_stall_watch_sees_a_blocked_runtime() {
+        let ctx = memory_ctx();
+        let watch = StallWatch::start(&ctx).await.unwrap();
+        // Let the probe take its first steps.
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        std::thread::sleep(Duration::from_millis(300));
+        let seen = watch.stalled(Duration::from_millis(250));
+        assert!(seen.is_some(), "worst step {:?}", watch.worst());
+    }
 }
