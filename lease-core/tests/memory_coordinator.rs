@@ -713,6 +713,79 @@ async fn the_waiter_behind_a_stalled_head_is_served_when_the_heads_wait_ends() {
     assert_eq!(c.waiters(&k), 0);
 }
 
+/// A waiter two places back, behind a head that is served and a second that is kept but no
+/// longer polled, is served when the second's wait ends: it sleeps until the earliest deadline
+/// ahead of it, not the deadline of the head it saw when it queued (which is served long
+/// before). Before, it slept until that first head's deadline (or its own), with the key free.
+#[tokio::test(start_paused = true)]
+async fn a_waiter_two_back_is_served_when_a_stalled_second_waiters_wait_ends() {
+    let c = coord();
+    let k = key("k");
+    let holder = c.try_acquire(&k, &exact(secs(3600))).await.unwrap();
+    let t0 = Instant::now();
+    let (c0, k0) = (c.clone(), k.clone());
+    let first = tokio::spawn(async move {
+        let l = c0
+            .acquire(&k0, &exact(secs(10)).wait(secs(100)))
+            .await
+            .unwrap();
+        let token = l.token();
+        l.release().await.unwrap();
+        token
+    });
+    wait_for_waiters(&c, &k, 1).await;
+    let stalled_opts = exact(secs(10)).wait(secs(10));
+    let mut stalled = Box::pin(c.acquire(&k, &stalled_opts));
+    assert!(futures::poll!(stalled.as_mut()).is_pending());
+    let (c2, k2) = (c.clone(), k.clone());
+    let third = tokio::spawn(async move {
+        let l = c2
+            .acquire(&k2, &exact(secs(10)).wait(secs(60)))
+            .await
+            .unwrap();
+        (l.token(), Instant::now())
+    });
+    wait_for_waiters(&c, &k, 3).await;
+    tokio::time::sleep(secs(2)).await;
+    holder.release().await.unwrap();
+    assert_eq!(first.await.unwrap(), tok(2));
+    let (token, at) = third.await.unwrap();
+    assert_eq!(token, tok(3));
+    assert_eq!(
+        at - t0,
+        secs(10),
+        "served when the stalled second waiter's wait ended"
+    );
+    drop(stalled);
+    assert_eq!(c.waiters(&k), 0);
+}
+
+/// A head polled late, past its own deadline, after the holder's lease expired while it waited,
+/// takes the key: the turn was its own before its wait ended. Before, the expiry it found woke
+/// the next waiter and removed the late head first, so it timed out while the one behind it
+/// was served.
+#[tokio::test(start_paused = true)]
+async fn a_head_polled_late_takes_a_key_whose_holder_expired_during_its_wait() {
+    let c = coord();
+    let k = key("k");
+    let _holder = c.try_acquire(&k, &exact(secs(5))).await.unwrap();
+    let head_opts = exact(secs(10)).wait(secs(10));
+    let mut head = Box::pin(c.acquire(&k, &head_opts));
+    assert!(futures::poll!(head.as_mut()).is_pending());
+    let behind_opts = exact(secs(10)).wait(secs(60));
+    let mut behind = Box::pin(c.acquire(&k, &behind_opts));
+    assert!(futures::poll!(behind.as_mut()).is_pending());
+    assert_eq!(c.waiters(&k), 2);
+    // Neither is polled again until the head's wait is over (a starved runtime).
+    tokio::time::sleep(secs(11)).await;
+    let granted = match futures::poll!(head.as_mut()) {
+        std::task::Poll::Ready(Ok(l)) => l,
+        other => panic!("the late head: {:?}", other.map(|r| r.map(|l| l.token()))),
+    };
+    assert_eq!(granted.token(), tok(2));
+    assert!(futures::poll!(behind.as_mut()).is_pending());
+}
+
 #[tokio::test(start_paused = true)]
 async fn dropping_an_acquire_future_that_won_leaves_no_lock() {
     // A future dropped before it was polled, or after it completed, leaves nothing behind.

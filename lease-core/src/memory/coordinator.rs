@@ -74,9 +74,9 @@ impl KeyState {
         if self.holder.as_ref().is_some_and(|h| h.expires_at <= now) {
             let h = self.holder.take().expect("checked");
             h.tracker.mark_lost(LostReason::Expired);
-            self.wake_head();
+            self.notify_head_keeping(keep);
         } else if pruned {
-            self.notify_head();
+            self.notify_head_keeping(keep);
         }
     }
 
@@ -108,7 +108,13 @@ impl KeyState {
     /// head re-arms its sleep to the current holder's expiry (a waiter behind the head sleeps
     /// until its own deadline). Waiters whose wait is over are removed first.
     fn notify_head(&mut self) {
-        self.prune(Instant::now(), None);
+        self.notify_head_keeping(None);
+    }
+
+    /// [`Self::notify_head`], keeping the waiter `keep` at the head even past its deadline (see
+    /// [`Self::expire_keeping`]).
+    fn notify_head_keeping(&mut self, keep: Option<u64>) {
+        self.prune(Instant::now(), keep);
         if let Some(w) = self.waiters.front() {
             w.notify.notify_one();
         }
@@ -362,13 +368,19 @@ impl Coordinator for MemoryCoordinator {
                 let t = ticket.as_ref().expect("set above");
                 let ks = st.keys.get(key).expect("entry exists");
                 let is_head = ks.waiters.front().is_some_and(|w| w.id == t.id);
-                // The head sleeps until the holder's expiry; a waiter behind it until the head's
-                // own deadline at the latest, when a head that is no longer polled leaves the
-                // queue (see `prune`) and this one may be next.
+                // The head sleeps until the holder's expiry. A waiter behind it sleeps until the
+                // earliest deadline of those ahead of it at the latest: whichever of them is head
+                // when that wait ends, and is no longer polled, leaves the queue then (see
+                // `prune`), and this one may be next. Only the head is woken when the head
+                // changes, so the current head's deadline alone would be stale by then.
                 let wake = if is_head {
                     ks.holder.as_ref().map(|h| h.expires_at)
                 } else {
-                    ks.waiters.front().map(|w| w.deadline)
+                    ks.waiters
+                        .iter()
+                        .take_while(|w| w.id != t.id)
+                        .map(|w| w.deadline)
+                        .min()
                 };
                 (t.notify.clone(), wake.map_or(deadline, |e| e.min(deadline)))
             };
