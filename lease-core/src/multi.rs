@@ -61,30 +61,48 @@ pub async fn acquire_many(
     let mut ordered: Vec<&LockKey> = keys.iter().collect();
     ordered.sort();
     ordered.dedup();
-    let deadline = Instant::now() + options.wait_value();
+    let start = Instant::now();
+    let deadline = start + options.wait_value();
     let mut held: Vec<Box<dyn Lease>> = Vec::with_capacity(ordered.len());
     for key in ordered {
         let earliest_end = held.iter().map(|l| l.valid_until()).min();
         let until = earliest_end.map_or(deadline, |end| end.min(deadline));
         let left = until.saturating_duration_since(Instant::now());
         let bounded = options.clone().wait(left);
-        let acquire = coordinator.acquire(key, &bounded);
-        tokio::pin!(acquire);
-        // A lease taken earlier lost while this one is awaited ends the wait (dropping an
-        // acquire is cancel-safe: a lock granted meanwhile is deleted in the background). One
-        // whose validity ran out is the wait's own bound (`until`), which the acquire reports
-        // as its timeout.
-        let got = tokio::select! {
-            biased;
-            got = &mut acquire => got,
-            (i, reason) = first_lost(&held) => match reason {
-                LostReason::Expired => acquire.await,
-                reason => Err(held[i].state().lost_error(reason)),
-            },
+        // In a block of its own, so that an acquire abandoned below is dropped (its waiter
+        // entry, its local turn and any lock granted meanwhile given up) before the releases:
+        // kept but unpolled while they run, it would hold up every other caller of its key.
+        let got = {
+            let acquire = coordinator.acquire(key, &bounded);
+            tokio::pin!(acquire);
+            // A lease taken earlier lost while this one is awaited ends the wait (dropping an
+            // acquire is cancel-safe: a lock granted meanwhile is deleted in the background).
+            // One whose validity ran out is the wait's own bound (`until`), which the acquire
+            // reports as its timeout.
+            tokio::select! {
+                biased;
+                got = &mut acquire => got,
+                (i, reason) = first_lost(&held) => match reason {
+                    LostReason::Expired => acquire.await,
+                    reason => Err(held[i].state().lost_error(reason)),
+                },
+            }
         };
         let got = got.and_then(|lease| {
             held.push(lease);
             held.iter().try_for_each(|l| l.state().ensure_not_lost())
+        });
+        // A lease already taken whose validity ran out before this key was granted (a grant
+        // answered after its wait, decision 0036) is the wait reaching its bound, as above.
+        let got = got.map_err(|e| match e {
+            Error::Lost {
+                reason: LostReason::Expired,
+                ..
+            } => Error::Timeout {
+                key: key.to_string(),
+                waited: start.elapsed(),
+            },
+            e => e,
         });
         if let Err(e) = got {
             release_all(held).await;

@@ -11,7 +11,7 @@ use common::*;
 use lease_core::memory::MemoryCoordinator;
 use lease_core::{
     acquire_many, Capabilities, Coordinator, Error, ForceRelease, HolderInfo, InvalidInput, Lease,
-    LeaseOptions, LockKey, LostReason,
+    LeaseOptions, LeaseState, LockKey, LostReason,
 };
 use tokio::time::Instant;
 
@@ -43,6 +43,77 @@ impl Coordinator for Recording {
             .unwrap()
             .push((key.to_string(), options.wait_value()));
         self.inner.acquire(key, options).await
+    }
+    async fn try_acquire(
+        &self,
+        key: &LockKey,
+        options: &LeaseOptions,
+    ) -> lease_core::Result<Box<dyn Lease>> {
+        self.inner.try_acquire(key, options).await
+    }
+    async fn inspect(&self, key: &LockKey) -> lease_core::Result<Option<HolderInfo>> {
+        self.inner.inspect(key).await
+    }
+    async fn force_release(
+        &self,
+        key: &LockKey,
+        request: &ForceRelease,
+    ) -> lease_core::Result<Option<HolderInfo>> {
+        self.inner.force_release(key, request).await
+    }
+}
+
+/// The memory backend with slow parts: its leases' `release` first sleeps `release_delay`, and
+/// an `acquire` of `late.0` is answered `late.1` after its wait ends (a request sent at the end
+/// of the wait may be answered after it, decision 0036), granted if the key is free then.
+#[derive(Debug, Default)]
+struct Delaying {
+    inner: MemoryCoordinator,
+    release_delay: Duration,
+    late: Option<(LockKey, Duration)>,
+}
+
+#[derive(Debug)]
+struct SlowRelease {
+    inner: Box<dyn Lease>,
+    delay: Duration,
+}
+
+#[async_trait]
+impl Lease for SlowRelease {
+    fn state(&self) -> &LeaseState {
+        self.inner.state()
+    }
+    async fn renew(&self) -> lease_core::Result<Instant> {
+        self.inner.renew().await
+    }
+    async fn release(&self) -> lease_core::Result<()> {
+        tokio::time::sleep(self.delay).await;
+        self.inner.release().await
+    }
+}
+
+#[async_trait]
+impl Coordinator for Delaying {
+    fn capabilities(&self) -> &Capabilities {
+        self.inner.capabilities()
+    }
+    async fn acquire(
+        &self,
+        key: &LockKey,
+        options: &LeaseOptions,
+    ) -> lease_core::Result<Box<dyn Lease>> {
+        let lease = match &self.late {
+            Some((k, by)) if k == key => {
+                tokio::time::sleep(options.wait_value() + *by).await;
+                self.inner.try_acquire(key, options).await?
+            }
+            _ => self.inner.acquire(key, options).await?,
+        };
+        Ok(Box::new(SlowRelease {
+            inner: lease,
+            delay: self.release_delay,
+        }))
     }
     async fn try_acquire(
         &self,
@@ -389,6 +460,76 @@ async fn a_lease_lost_while_waiting_for_the_next_key_fails_the_call() {
     tokio::time::sleep(secs(2)).await;
     assert_eq!(c.last_token(&key("b")), Some(tok(1)));
     assert!(c.inspect(&key("b")).await.unwrap().is_none());
+}
+
+/// The wait for the next key, abandoned because a lease already taken was revoked, is given up
+/// before the leases taken are released: while a slow release runs, the key it waited for is
+/// served to another caller as soon as it comes free. Before, the abandoned acquire was kept,
+/// unpolled, until the releases ended, at the head of the key's queue.
+#[tokio::test(start_paused = true)]
+async fn an_abandoned_wait_holds_up_nobody_while_the_leases_taken_are_released() {
+    let c = Arc::new(Delaying {
+        release_delay: secs(5),
+        ..Delaying::default()
+    });
+    let b = c
+        .inner
+        .try_acquire(&key("b"), &exact(secs(3600)))
+        .await
+        .unwrap();
+    let c2 = c.clone();
+    let multi = tokio::spawn(async move {
+        acquire_many(&*c2, &keys(&["a", "b"]), &exact(secs(30)).wait(secs(20))).await
+    });
+    wait_for_waiters(&c.inner, &key("b"), 1).await;
+    tokio::time::sleep(secs(1)).await;
+    c.force_release(&key("a"), &ForceRelease::new("alice", "drill").unwrap())
+        .await
+        .unwrap();
+    settle().await;
+    assert_eq!(c.inner.waiters(&key("b")), 0, "the abandoned wait is gone");
+    b.release().await.unwrap();
+    let t = Instant::now();
+    let other = c
+        .inner
+        .acquire(&key("b"), &exact(secs(10)).wait(secs(1)))
+        .await
+        .expect("b is served while the multi-lock still releases");
+    assert_eq!(Instant::now(), t, "served at once");
+    assert_eq!(other.token(), tok(2));
+    match multi.await.unwrap() {
+        Err(Error::Lost { key, reason, .. }) => {
+            assert_eq!(key, "a");
+            assert_eq!(reason, LostReason::Revoked);
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+/// A lease already taken whose validity runs out while the next key's grant is answered late
+/// (after its wait, decision 0036) ends the call in `Timeout` for that key, as the documented
+/// bound says, not in `Lost(Expired)`: the caller may retry. Nothing is left held.
+#[tokio::test(start_paused = true)]
+async fn a_grant_answered_after_a_lease_taken_ran_out_is_a_timeout() {
+    let c = Delaying {
+        late: Some((key("b"), secs(1))),
+        ..Delaying::default()
+    };
+    let t0 = Instant::now();
+    match acquire_many(&c, &keys(&["a", "b"]), &exact(secs(3)).wait(secs(10))).await {
+        Err(e @ Error::Timeout { .. }) => {
+            assert!(e.is_retryable());
+            let Error::Timeout { key, waited } = e else {
+                unreachable!()
+            };
+            assert_eq!(key, "b");
+            assert_eq!(waited, secs(4));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(Instant::now() - t0, secs(4));
+    assert!(c.inspect(&key("a")).await.unwrap().is_none());
+    assert!(c.inspect(&key("b")).await.unwrap().is_none(), "b given back");
 }
 
 /// One key of a set lost is the set's status, and its lease reports no validity left, while
