@@ -529,7 +529,10 @@ async fn a_grant_answered_after_a_lease_taken_ran_out_is_a_timeout() {
     }
     assert_eq!(Instant::now() - t0, secs(4));
     assert!(c.inspect(&key("a")).await.unwrap().is_none());
-    assert!(c.inspect(&key("b")).await.unwrap().is_none(), "b given back");
+    assert!(
+        c.inspect(&key("b")).await.unwrap().is_none(),
+        "b given back"
+    );
 }
 
 /// One key of a set lost is the set's status, and its lease reports no validity left, while
