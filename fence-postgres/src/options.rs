@@ -148,7 +148,27 @@ pub(crate) fn parse(raw: &str) -> Result<Options> {
             "scheme must be postgres:// or postgresql://".into(),
         ));
     }
-    let Parts { base, query, .. } = Parts::of(raw).expect("checked: postgres:// or postgresql://");
+    let Parts {
+        userinfo,
+        base,
+        query,
+    } = Parts::of(raw).expect("checked: postgres:// or postgresql://");
+    // tokio-postgres ends the user info at the first `@` wherever it is, so an `@` written raw
+    // in the path or in a query value (`?user=alice@corp`) makes everything before it the user
+    // and password, and what follows it the host: this crate's options (`sslmode` included)
+    // would be lost and the password sent as a user name to that host. A user name holding a
+    // raw `/` or `?`, or a password holding `?` and then `=` (an option), is that mistake.
+    let (user, password) = userinfo.split_once(':').unwrap_or((userinfo, ""));
+    let into_query = password
+        .find('?')
+        .is_some_and(|q| password[q..].contains('='));
+    if user.contains(['/', '?']) || into_query {
+        return Err(invalid(
+            "an `@` in the path or the query (after `/` or `?`) ends the user info for the \
+             PostgreSQL driver, which would then read the rest as the host; write it as %40"
+                .into(),
+        ));
+    }
     let mut kept = Vec::new();
     let mut table = Ident::new(DEFAULT_TABLE)?;
     let mut migrate = true;
@@ -366,9 +386,35 @@ mod tests {
         let raw = "postgres://db:5432/app?user=alice@srv&password=s3cret&pool_size=0";
         let m = scrub(raw, "no such host srv&password=s3cret&pool_size=0".into());
         assert!(!m.contains("s3cret"), "{m}");
-        if let Err(e) = parse(raw) {
-            assert!(!e.to_string().contains("s3cret"), "{e}");
+        let e = parse(raw).err().expect("refused").to_string();
+        assert!(!e.contains("s3cret"), "{e}");
+    }
+
+    /// An `@` written raw in the path or the query is refused before anything is sent: the
+    /// driver would end the user info there, drop this crate's options (`sslmode` among them)
+    /// and send the text before it, password included, as a user name to the host after it.
+    /// Written as `%40`, it is the value it was meant to be.
+    #[test]
+    fn an_at_sign_in_the_path_or_query_is_refused() {
+        for raw in [
+            "postgres://db.internal/app?sslmode=verify-full&sslrootcert=/ca.pem&password=s3cret&user=alice@corp",
+            "postgres://db.internal:5432/app?sslmode=verify-full&password=s3cret&user=alice@corp",
+            "postgres://db.internal/app@corp",
+            "postgres://db.internal/app?application_name=a@b",
+        ] {
+            let e = parse(raw).err().expect(raw).to_string();
+            assert!(e.contains("%40"), "{raw}: {e}");
+            assert!(!e.contains("s3cret"), "{raw}: {e}");
         }
+        let o = parse(
+            "postgres://db.internal/app?sslmode=verify-full&sslrootcert=/ca.pem&user=alice%40corp",
+        )
+        .unwrap();
+        assert_eq!(o.config.get_hosts().len(), 1);
+        assert_eq!(o.config.get_user(), Some("alice@corp"));
+        assert_eq!(o.ssl_mode, SslMode::VerifyFull);
+        // A password holding a raw `?` (no option after it) is still read whole, as below.
+        assert!(parse("postgres://u:Ab/9x?y@h/db").is_ok());
     }
 
     /// An option of this crate given twice is refused, naming it, rather than the last one
