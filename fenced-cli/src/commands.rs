@@ -44,9 +44,10 @@ pub(crate) async fn connect(flag: Option<String>) -> Result<Arc<dyn Coordinator>
 }
 
 /// Writes `value` (JSON) or `text` on stdout. A reader that closed the pipe (`| head`) has
-/// what it wanted: the write's failure is not reported, and the exit status stays the
-/// command's.
-pub(crate) fn emit(output: Output, value: Value, text: String) {
+/// what it wanted: that failure is not reported, and the exit status stays the command's. Any
+/// other failure to write (a full disk, an I/O error) is [`exit::IOERR`], saying that the
+/// command itself ran: a script must not take a truncated or missing output for the answer.
+pub(crate) fn emit(output: Output, value: Value, text: String) -> Result<(), Failure> {
     use std::io::Write;
     let mut out = std::io::stdout().lock();
     let written = if output.json {
@@ -54,7 +55,13 @@ pub(crate) fn emit(output: Output, value: Value, text: String) {
     } else {
         out.write_all(text.as_bytes())
     };
-    let _ = written.and_then(|()| out.flush());
+    match written.and_then(|()| out.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(Failure::new(
+            exit::IOERR,
+            format!("the command ran, but its output could not be written: {e}"),
+        )),
+        _ => Ok(()),
+    }
 }
 
 fn rfc3339(at: SystemTime) -> String {
@@ -114,7 +121,7 @@ pub(crate) async fn inspect(url: Option<String>, key: &str, output: Output) -> R
                     "key        {key}\nbackend    {backend}\nstate      held\n{}",
                     holder_text(&h)
                 ),
-            );
+            )?;
             Ok(exit::OK)
         }
         None => {
@@ -122,7 +129,7 @@ pub(crate) async fn inspect(url: Option<String>, key: &str, output: Output) -> R
                 output,
                 json!({"key": key.as_str(), "backend": backend, "held": false, "holder": null}),
                 format!("key        {key}\nbackend    {backend}\nstate      free\n"),
-            );
+            )?;
             Ok(exit::ABSENT)
         }
     }
@@ -192,7 +199,7 @@ pub(crate) async fn force_release(
                     "removed the holder of {key} on {backend}\n{}",
                     holder_text(h)
                 ),
-            );
+            )?;
         }
         None => {
             value["removed"] = Value::Null;
@@ -200,7 +207,7 @@ pub(crate) async fn force_release(
                 output,
                 value,
                 format!("{key} was free on {backend}: nothing removed\n"),
-            );
+            )?;
         }
     }
     Ok(exit::OK)
@@ -240,7 +247,7 @@ async fn refused(
         Ok(None) => text += "state      free\n",
         Err(e) => text += &format!("state      unknown ({e})\n"),
     }
-    emit(output, value, text);
+    emit(output, value, text)?;
     Ok(exit::REFUSED)
 }
 
@@ -268,11 +275,11 @@ pub(crate) async fn audit(
             output,
             value,
             format!("{key}: no forced release recorded\n"),
-        );
+        )?;
         return Ok(exit::ABSENT);
     }
     let text: String = records.iter().map(record_text).collect();
-    emit(output, value, text);
+    emit(output, value, text)?;
     Ok(exit::OK)
 }
 
@@ -316,6 +323,48 @@ pub(crate) async fn connect_fence(
     Ok(fenced::connect_fence(&url).await?)
 }
 
+/// [`connect_fence`] for a command that only reads the fence (`fence read`, `token-floor
+/// suggest`): a PostgreSQL fence URL that does not say `migrate=` gets `migrate=false`, so that
+/// a read never creates the fence table. A mistyped `table=` then fails naming the table
+/// (status 78) instead of reading a new, empty table as "never accepted".
+pub(crate) async fn connect_fence_to_read(
+    fence_url: Option<String>,
+    command: &str,
+) -> Result<Arc<dyn Fence>, Failure> {
+    connect_fence(fence_url.map(|u| without_migration(&u)), command).await
+}
+
+/// `url` with `migrate=false` added when it is a PostgreSQL URL without a `migrate` option
+/// (found as tokio-postgres cuts the URL: the user info runs to the first `@`, the query from
+/// the first `?` after it); any other URL unchanged.
+fn without_migration(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    if !matches!(
+        scheme.to_ascii_lowercase().as_str(),
+        "postgres" | "postgresql"
+    ) {
+        return url.to_owned();
+    }
+    let after_userinfo = rest.find('@').map_or(0, |at| at + 1);
+    let query = rest[after_userinfo..]
+        .find('?')
+        .map(|q| &rest[after_userinfo + q + 1..]);
+    let given = query.is_some_and(|q| {
+        q.split('&').any(|piece| {
+            let name = piece.split_once('=').map_or(piece, |(name, _)| name);
+            fenced::adapter::percent_decode(name).is_some_and(|n| n == "migrate")
+        })
+    });
+    match query {
+        _ if given => url.to_owned(),
+        Some(q) if q.is_empty() || q.ends_with('&') => format!("{url}migrate=false"),
+        Some(_) => format!("{url}&migrate=false"),
+        None => format!("{url}?migrate=false"),
+    }
+}
+
 pub(crate) fn resource_id(resource: &str) -> Result<ResourceId, Failure> {
     ResourceId::new(resource).map_err(|e| Failure::usage(e.to_string()))
 }
@@ -350,7 +399,7 @@ pub(crate) async fn fence_write(
                     "written": false,
                     "newest_token": current.get(),
                 });
-                emit(output, value, String::new());
+                emit(output, value, String::new())?;
             }
             return Err(e.into());
         }
@@ -370,7 +419,7 @@ pub(crate) async fn fence_write(
             "written to {resource} under token {token} (newest before: {})\n",
             previous.map_or_else(|| "none".to_owned(), |t| t.to_string())
         ),
-    );
+    )?;
     Ok(exit::OK)
 }
 
@@ -381,7 +430,7 @@ pub(crate) async fn fence_read(
     output: Output,
 ) -> Result<u8, Failure> {
     let resource = resource_id(resource)?;
-    let fence = connect_fence(fence_url, "fence read").await?;
+    let fence = connect_fence_to_read(fence_url, "fence read").await?;
     let state = fence.read(&resource).await?;
     let base = json!({"resource": resource.as_str(), "backend": fence.backend()});
     let mut value = base;
@@ -392,7 +441,7 @@ pub(crate) async fn fence_read(
             output,
             value,
             format!("resource   {resource}\nstate      never accepted a token\n"),
-        );
+        )?;
         return Ok(exit::ABSENT);
     };
     value["newest_token"] = json!(state.newest.get());
@@ -421,7 +470,7 @@ pub(crate) async fn fence_read(
             text += "value      - (claimed only, never written)\n";
         }
     }
-    emit(output, value, text);
+    emit(output, value, text)?;
     Ok(exit::OK)
 }
 
@@ -445,5 +494,33 @@ mod tests {
         assert_eq!(tokens, ["token      7"], "{text}");
         assert!(!text.contains('\u{1b}'), "{text:?}");
         assert!(text.contains(r"op\ntoken      99\u{1b}[2J"), "{text}");
+    }
+
+    #[test]
+    fn a_postgres_url_is_read_without_migration_unless_it_says_otherwise() {
+        for (given, read) in [
+            ("postgres://h/db", "postgres://h/db?migrate=false"),
+            ("postgresql://h/db?", "postgresql://h/db?migrate=false"),
+            (
+                "postgres://h/db?table=t",
+                "postgres://h/db?table=t&migrate=false",
+            ),
+            (
+                "postgres://u:a?b@h/db",
+                "postgres://u:a?b@h/db?migrate=false",
+            ),
+            (
+                "postgres://h/db?migrate=true",
+                "postgres://h/db?migrate=true",
+            ),
+            (
+                "postgres://h/db?table=t&m%69grate=1",
+                "postgres://h/db?table=t&m%69grate=1",
+            ),
+            ("redis://h/0", "redis://h/0"),
+            ("not a url", "not a url"),
+        ] {
+            assert_eq!(without_migration(given), read, "{given}");
+        }
     }
 }

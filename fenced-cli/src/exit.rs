@@ -21,6 +21,9 @@ pub(crate) const SOFTWARE: u8 = 70;
 pub(crate) const NOT_ACQUIRED: u8 = 75;
 /// run: the lease was lost while the command ran.
 pub(crate) const LOST: u8 = 76;
+/// The command ran, but its output could not be written (`EX_IOERR`: a full disk, an I/O
+/// error; not a closed pipe, which keeps the command's own status).
+pub(crate) const IOERR: u8 = 74;
 /// The backend is misconfigured for fenced leases (`EX_CONFIG`).
 pub(crate) const CONFIG: u8 = 78;
 /// run: the command could not be executed (as a shell reports it).

@@ -6,7 +6,7 @@ use serde_json::{json, Value};
 use fenced::Token;
 
 use crate::cli::Output;
-use crate::commands::{connect, connect_fence, emit, lock_key, resource_id};
+use crate::commands::{backend_url, connect_fence_to_read, emit, lock_key, resource_id};
 use crate::exit::{self, Failure};
 
 /// One number the suggestion rests on, and where it came from.
@@ -25,6 +25,10 @@ pub(crate) async fn suggest(
     output: Output,
 ) -> Result<u8, Failure> {
     let key = lock_key(key)?;
+    // The coordinator's URL is settled (and its `token_floor` read) before any fence is
+    // connected: a missing URL is a usage error with nothing sent.
+    let url = backend_url(url)?;
+    let configured = configured_floor(&url);
     let resources = resources
         .iter()
         .map(|r| resource_id(r).map_err(|e| Failure::usage(format!("--resource: {e}"))))
@@ -61,13 +65,13 @@ pub(crate) async fn suggest(
     let mut connected = Vec::with_capacity(fences.len());
     for (i, fence_url) in fences.into_iter().enumerate() {
         let n = i + 1;
-        let fence = connect_fence(Some(fence_url), "token-floor suggest")
+        let fence = connect_fence_to_read(Some(fence_url), "token-floor suggest")
             .await
             .map_err(|f| Failure::new(f.status, format!("fence {n}: {f}")))?;
         connected.push((n, fence));
     }
 
-    let coord = connect(url).await?;
+    let coord = fenced::connect(&url).await?;
     let backend = coord.capabilities().backend;
     let holder = coord.inspect(&key).await?;
     let mut sources = Vec::new();
@@ -129,37 +133,70 @@ pub(crate) async fn suggest(
         "backend": backend,
         "coordinator": coordinator,
         "fences": read,
+        "configured_floor": configured.map(|t| t.get()),
     });
+    if let Some(f) = configured {
+        text += &format!("configured   token_floor={f} in the coordinator URL\n");
+    }
     let Some(highest) = sources.iter().max_by_key(|s| s.token) else {
         value["highest"] = Value::Null;
         value["suggested_floor"] = Value::Null;
         text += "suggested    none: no token found (the key is free and no fence named accepted \
                  one); name the fences and resources its holders write to\n";
-        emit(output, value, text);
+        emit(output, value, text)?;
         return Ok(exit::ABSENT);
     };
-    let floor = highest
+    // A floor is what every token must exceed, and the URL refuses `Token::MAX` as one.
+    let above = highest
         .token
         .get()
         .checked_add(1)
         .and_then(|t| Token::new(t).ok())
+        .filter(|t| *t < Token::MAX)
         .ok_or_else(|| {
             Failure::new(
                 exit::SOFTWARE,
                 format!(
-                    "the highest token {} ({}) is the largest token there is: no floor above it",
-                    highest.token, highest.what
+                    "the highest token {} ({}) leaves no floor a URL accepts above it (at most \
+                     {})",
+                    highest.token,
+                    highest.what,
+                    Token::MAX.get() - 1
                 ),
             )
         })?;
     value["highest"] = json!({"token": highest.token.get(), "source": highest.what});
-    value["suggested_floor"] = json!(floor.get());
     text += &format!("highest      {} ({})\n", highest.token, highest.what);
-    text += &format!("suggested    {floor}\n");
-    text += &format!(
-        "configure    token_floor={floor} in the backend URL of every client of {key}, before \
-         any acquires it again\n"
-    );
-    emit(output, value, text);
+    // A floor already configured above it stays: a lower one would let the coordinator issue
+    // again tokens the configured floor was set to skip (some may be held or fenced already).
+    let floor = match configured {
+        Some(f) if f >= above => {
+            text += &format!("suggested    {f}\n");
+            text +=
+                &format!("keep         token_floor={f}: it is already above every token found\n");
+            f
+        }
+        _ => {
+            text += &format!("suggested    {above}\n");
+            text += &format!(
+                "configure    token_floor={above} in the backend URL of every client of {key}, \
+                 before any acquires it again\n"
+            );
+            above
+        }
+    };
+    value["suggested_floor"] = json!(floor.get());
+    emit(output, value, text)?;
     Ok(exit::OK)
+}
+
+/// The `token_floor` option of the coordinator URL `url`, if it has one. A URL that does not
+/// parse, or a floor that is not a token, is left to `connect` to refuse with its own error.
+fn configured_floor(url: &str) -> Option<Token> {
+    let parsed = fenced::adapter::BackendUrl::parse(url).ok()?;
+    let pairs = parsed.query_pairs().ok()?;
+    pairs
+        .into_iter()
+        .find(|(name, _)| name == "token_floor")
+        .and_then(|(_, v)| v.parse::<Token>().ok())
 }

@@ -19,8 +19,8 @@
 //!
 //! Every command but `run` (whose stdout is the command's) takes `--json` (one JSON object on
 //! stdout). Errors are one line on stderr
-//! (`fenced: ...`): 2 for bad input (nothing was sent), 69 unavailable, 70 unknown outcome, 78
-//! misconfigured backend.
+//! (`fenced: ...`): 2 for bad input (nothing was sent), 69 unavailable, 70 unknown outcome, 74
+//! output not written, 78 misconfigured backend.
 //!
 //! # An example session
 //!

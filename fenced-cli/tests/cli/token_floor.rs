@@ -153,3 +153,68 @@ fn token_floor_reads_every_fence_named() {
     assert_one_line(&err);
     assert!(err.contains("fence 2"), "{err}");
 }
+
+/// A `token_floor` already in the coordinator URL is kept when it is above every token found
+/// (before, the suggestion was one above the highest token found, lowering the floor: tokens
+/// the configured floor skipped could be issued again). One below is raised as usual. A highest
+/// token that leaves no floor a URL accepts is refused (status 70), not printed as advice.
+#[test]
+fn token_floor_keeps_a_configured_floor_above_every_token_found() {
+    let test = "token_floor_keeps_a_configured_floor_above_every_token_found";
+    let Some(s) = Subject::start(test, Backend::Redis) else {
+        return;
+    };
+    let fence = s.fence_url(test).unwrap();
+    let with_floor = |floor: u64| {
+        let sep = if s.url.contains('?') { '&' } else { '?' };
+        format!("{}{sep}token_floor={floor}", s.url)
+    };
+    fence_write(&fence, "orders/1", 57, b"x");
+    let suggest = |url: &str| {
+        json_of(&[
+            "--url",
+            url,
+            "token-floor",
+            "suggest",
+            "jobs/free",
+            "--fence",
+            &fence,
+            "--resource",
+            "orders/1",
+            "--json",
+        ])
+    };
+    let (code, v) = suggest(&with_floor(1000));
+    assert_eq!(code, 0, "{v}");
+    assert_eq!(v["configured_floor"], 1000, "{v}");
+    assert_eq!(v["highest"]["token"], 57, "{v}");
+    assert_eq!(v["suggested_floor"], 1000, "{v}");
+    fenced()
+        .args([
+            "--url",
+            &with_floor(1000),
+            "token-floor",
+            "suggest",
+            "jobs/free",
+        ])
+        .args(["--fence", &fence, "--resource", "orders/1"])
+        .assert()
+        .code(0)
+        .stdout(predicate::str::contains("keep         token_floor=1000"));
+    let (code, v) = suggest(&with_floor(10));
+    assert_eq!(code, 0, "{v}");
+    assert_eq!(v["suggested_floor"], 58, "{v}");
+
+    // The largest floor a URL accepts is i64::MAX - 1: a token of that size leaves none.
+    let largest_floor: u64 = 9_223_372_036_854_775_806;
+    fence_write(&fence, "orders/1", largest_floor, b"y");
+    let out = fenced()
+        .args(["--url", &s.url, "token-floor", "suggest", "jobs/free"])
+        .args(["--fence", &fence, "--resource", "orders/1"])
+        .output()
+        .unwrap();
+    let err = stderr_of(&out);
+    assert_eq!(out.status.code(), Some(70), "{err}");
+    assert_one_line(&err);
+    assert!(err.contains("no floor a URL accepts"), "{err}");
+}

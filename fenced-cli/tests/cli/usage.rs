@@ -321,7 +321,7 @@ fn help_documents_every_command_and_status() {
         assert!(top.contains(needle), "--help lacks {needle}: {top}");
     }
     for status in [
-        "0", "1", "2", "69", "70", "75", "76", "78", "126", "127", "128+N",
+        "0", "1", "2", "69", "70", "74", "75", "76", "78", "126", "127", "128+N",
     ] {
         assert!(
             top.lines().any(|l| l.trim_start().starts_with(status)),
@@ -410,4 +410,43 @@ fn a_closed_stdout_pipe_keeps_the_commands_exit_status() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
+/// Output that cannot be written for another reason than a closed pipe (here a full disk,
+/// `/dev/full`) is reported: status 74 and one line saying the command ran. Before, the failure
+/// was dropped, and a script read an empty file as the command's answer.
+#[test]
+fn output_that_cannot_be_written_is_reported() {
+    let full = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/full")
+        .unwrap();
+    let out = std::process::Command::new(fenced_bin())
+        .args(["--url", "memory://", "inspect", "k", "--json"])
+        .env_remove("FENCED_URL")
+        .env_remove("RUST_LOG")
+        .stdout(std::process::Stdio::from(full))
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(74), "{stderr}");
+    assert_one_line(&stderr);
+    assert!(stderr.contains("output could not be written"), "{stderr}");
+}
+
+/// `token-floor suggest` without a coordinator URL is a usage error before any fence is
+/// connected (here the fence is unreachable: before, that was reported instead, status 69).
+#[test]
+fn token_floor_without_a_coordinator_url_sends_nothing() {
+    let out = fenced()
+        .env_remove("FENCED_URL")
+        .env_remove("CONSUL_HTTP_ADDR")
+        .args(["token-floor", "suggest", "k"])
+        .args(["--fence", "redis://127.0.0.1:1", "--resource", "orders/1"])
+        .output()
+        .unwrap();
+    let err = stderr_of(&out);
+    assert_eq!(out.status.code(), Some(USAGE), "{err}");
+    assert!(err.contains("FENCED_URL"), "{err}");
 }
