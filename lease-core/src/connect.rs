@@ -254,6 +254,11 @@ impl HostPort {
                 None => return Err(format!("host {h:?} has junk after ']'")),
             }
         } else {
+            if h.matches(':').count() > 1 {
+                return Err(format!(
+                    "host {h:?}: an IPv6 address is written in brackets ([::1] or [::1]:port)"
+                ));
+            }
             let (host, port) = match h.split_once(':') {
                 Some((host, port)) => (host, Some(port)),
                 None => (h, None),
@@ -271,7 +276,9 @@ impl HostPort {
             (None, Some(default)) => default,
             (None, None) => return Err(format!("host {h:?} has no port (host:port)")),
             (Some(p), _) => match p.parse::<u16>() {
-                Ok(n) if n > 0 => n,
+                // Digits only: `parse` would also take `+80`, which the first host of a URL
+                // (parsed by `url`) is refused.
+                Ok(n) if n > 0 && p.bytes().all(|b| b.is_ascii_digit()) => n,
                 _ => return Err(format!("port {p:?} of host {host} is not a port number")),
             },
         };
@@ -359,7 +366,9 @@ fn split_host_list(s: &str) -> Result<(String, Vec<String>), &'static str> {
     let first = list.next().unwrap_or_default();
     let more: Vec<String> = list.map(str::to_owned).collect();
     let bad_port = |h: &str| match h.rsplit_once(':') {
-        Some((_, port)) if !h.ends_with(']') => port.parse::<u16>().is_err(),
+        Some((_, port)) if !h.ends_with(']') => {
+            port.parse::<u16>().is_err() || !port.bytes().all(|b| b.is_ascii_digit())
+        }
         _ => false,
     };
     if first.is_empty()
@@ -389,6 +398,14 @@ fn split_host_list(s: &str) -> Result<(String, Vec<String>), &'static str> {
 /// everything from the first `:` after `scheme://` up to the *last* `@` counts as the password:
 /// a raw `@` further on (in a query value) hides more than the password, never less.
 pub fn redact_url_text(raw: &str, secret_keys: &[&str]) -> String {
+    redact_text(raw, false, &|name| {
+        is_secret_param(name) || secret_keys.contains(&name)
+    })
+}
+
+/// [`redact_url_text`], hiding the values of the query parameters for which `hide` (given the
+/// decoded, lowercased name) is true, and a user name without a password when `lone_user`.
+fn redact_text(raw: &str, lone_user: bool, hide: &dyn Fn(&str) -> bool) -> String {
     let Some(start) = raw.find("://").map(|i| i + 3) else {
         if raw.contains(['@', '=']) {
             return "(not a URL; not shown, as it may hold a secret)".to_owned();
@@ -399,14 +416,13 @@ pub fn redact_url_text(raw: &str, secret_keys: &[&str]) -> String {
     let query = |query: &str| -> String {
         let pieces: Vec<String> = query
             .split('&')
-            .map(|piece| {
-                let key = piece.split_once('=').map_or(piece, |(k, _)| k);
-                let decoded = percent_decode(key).unwrap_or_default().to_ascii_lowercase();
-                if is_secret_param(&decoded) || secret_keys.contains(&decoded.as_str()) {
+            .map(|piece| match piece.split_once('=') {
+                Some((key, _))
+                    if hide(&percent_decode(key).unwrap_or_default().to_ascii_lowercase()) =>
+                {
                     format!("{key}=***")
-                } else {
-                    piece.to_owned()
                 }
+                _ => piece.to_owned(),
             })
             .collect();
         pieces.join("&")
@@ -423,6 +439,7 @@ pub fn redact_url_text(raw: &str, secret_keys: &[&str]) -> String {
                 format!("{}{}:***", &raw[..start], shown_before(user)),
                 &rest[at..],
             ),
+            None if lone_user => (format!("{}***", &raw[..start]), &rest[at..]),
             None => (
                 format!("{}{}", &raw[..start], shown_before(&rest[..at])),
                 &rest[at..],
@@ -444,9 +461,12 @@ pub fn redact_url_text(raw: &str, secret_keys: &[&str]) -> String {
     out
 }
 
-/// [`redact_url_text`] for a URL that did not parse, cut to a readable length.
+/// [`redact_url_text`] for a URL that did not parse, cut to a readable length. Stricter than
+/// [`BackendUrl::redacted`], as no backend's option names are known yet: a user name without a
+/// password is hidden (`consul://<token>@host` passes a token that way), and so is the value of
+/// every query parameter (a misspelt `passwd=` may hold a password).
 fn redact_unparsed(s: &str) -> String {
-    redact_url_text(s, &[]).chars().take(256).collect()
+    redact_text(s, true, &|_| true).chars().take(256).collect()
 }
 
 impl fmt::Debug for BackendUrl {
@@ -948,6 +968,51 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("redis-host 6379"), "{e}");
+    }
+
+    /// A host list's port is digits only, as the first host's (`url` refuses `+2181` there),
+    /// and an IPv6 address without brackets is named, with how to write it.
+    #[test]
+    fn host_list_ports_are_digits_and_ipv6_needs_brackets() {
+        assert!(HostPort::parse("h:+80", None).is_err());
+        assert!(HostPort::parse("h:80", None).is_ok());
+        assert!(BackendUrl::parse("zk://h1:2181,h2:+2181/x").is_err());
+        let e = HostPort::parse("::1", Some(1)).unwrap_err();
+        assert!(e.contains("::1") && e.contains("brackets"), "{e}");
+        assert!(HostPort::parse("[::1]:2181", None).is_ok());
+    }
+
+    /// A URL that does not parse shows no user name given alone (a Consul token passed as
+    /// `consul://<token>@host`) and no query value (no backend's option names are known yet, and
+    /// a misspelt `passwd=` may hold a password), as a parsed one's redaction hides them.
+    /// Before, both were shown.
+    #[test]
+    fn an_unparsable_urls_lone_user_and_query_values_are_hidden() {
+        for (raw, secret, shown) in [
+            (
+                "consul://0b2f5a3e-tok@127.0.0.1:99999",
+                "0b2f5a3e",
+                "consul://***@127.0.0.1:99999",
+            ),
+            (
+                "redis://h:99999?passwd=hunter2&db=1",
+                "hunter2",
+                "redis://h:99999?passwd=***&db=***",
+            ),
+            (
+                "zk://h1,h2:bad/x?authx=alice:s3cret",
+                "s3cret",
+                "zk://h1,h2:bad/x?authx=***",
+            ),
+        ] {
+            let e = BackendUrl::parse(raw).unwrap_err().to_string();
+            assert!(!e.contains(secret), "{raw}: {e}");
+            assert!(e.contains(shown), "{raw}: {e}");
+        }
+        // The same URLs, parsed, hide the same (the lone user) or the values of secret and
+        // unknown names when an adapter reads them.
+        let u = BackendUrl::parse("consul://0b2f5a3e-tok@127.0.0.1:8500").unwrap();
+        assert!(!u.to_string().contains("0b2f5a3e"), "{u}");
     }
 
     #[tokio::test]
