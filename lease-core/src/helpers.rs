@@ -108,8 +108,9 @@ impl LeaseScope {
         self.ttl
     }
 
-    /// `Ok` while the lease is held with more than the section's margin left, `Err(Lost)`
-    /// otherwise ([`SectionGuard::check`]): call it before starting each piece of sub-work.
+    /// `Ok` while the lease is held with more than the section's margin left; otherwise
+    /// `Err(Lost)`, or a retryable `Err(Unavailable)` while it is in doubt
+    /// ([`SectionGuard::check`]): call it before starting each piece of sub-work.
     pub fn check(&self) -> Result<()> {
         self.guard.check()
     }

@@ -74,11 +74,14 @@ pub struct SectionGuard {
     margin: Duration,
     key: String,
     token: crate::Token,
+    backend: &'static str,
 }
 
 impl SectionGuard {
-    /// `Ok` while the lease is held with more than the margin left; otherwise `Err(Lost)` (an
-    /// in-doubt lease counts: renewal is uncertain, so no new sub-work starts).
+    /// `Ok` while the lease is held with more than the margin left; otherwise `Err(Lost)`. An
+    /// in-doubt lease (its last renewal unconfirmed, its connection lost) starts no new sub-work
+    /// either, with a retryable `Err(Unavailable)`, as [`Lease::ensure_held`] reports it: it may
+    /// still be held, so do not treat it as gone.
     pub fn check(&self) -> Result<()> {
         let reason = match self.signal.status() {
             LeaseStatus::Held
@@ -90,7 +93,18 @@ impl SectionGuard {
             {
                 return Ok(())
             }
-            LeaseStatus::Held | LeaseStatus::InDoubt => LostReason::Expired,
+            LeaseStatus::Held => LostReason::Expired,
+            LeaseStatus::InDoubt => {
+                return Err(Error::Unavailable {
+                    backend: self.backend,
+                    message: format!(
+                        "lease on {:?} is in doubt (its connection was lost, or its last renewal \
+                         was not confirmed): no new sub-work starts until a renewal is confirmed",
+                        self.key
+                    ),
+                    source: None,
+                })
+            }
             LeaseStatus::Lost(r) => r,
         };
         Err(Error::Lost {
@@ -120,8 +134,9 @@ where
 /// # Behaviour
 ///
 /// - Refuses a margin not smaller than the lease's validity window, its TTL less its drift
-///   margin (`Err(InvalidInput)`: the section could never start), and refuses to start (`Err(Lost)`) unless the lease is held with more than
-///   the margin left.
+///   margin (`Err(InvalidInput)`: the section could never start), and refuses to start unless
+///   the lease is held with more than the margin left: `Err(Lost)`, or a retryable
+///   `Err(Unavailable)` while it is in doubt ([`SectionGuard::check`]).
 /// - The deadline is the lease's local validity minus the margin, re-read whenever it is reached
 ///   (a keeper renewing the lease moves it), and at most `max_duration` after the start.
 /// - When the lease is lost or the deadline passes, the future is dropped (cancelled) and the
@@ -146,6 +161,7 @@ where
         margin,
         key: lease.key().to_string(),
         token: lease.token(),
+        backend: lease.state().backend(),
     };
     guard.check()?;
     let start = Instant::now();

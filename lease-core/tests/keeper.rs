@@ -437,7 +437,7 @@ async fn an_unconfirmed_renewal_puts_the_lease_in_doubt_until_one_confirms() {
     )
     .await
     .expect("work already running goes on");
-    assert!(matches!(checked, Err(Error::Lost { .. })), "{checked:?}");
+    assert!(matches!(checked, Err(Error::Unavailable { .. })), "{checked:?}");
     assert_eq!(kept.lease().status(), LeaseStatus::InDoubt);
     tokio::time::sleep(secs(2)).await;
     assert_eq!(

@@ -243,12 +243,23 @@ async fn section_guard_fails_once_in_doubt_or_lost() {
         }
     })
     .await;
-    // Three pieces of sub-work ran; the fourth was refused because the lease is in doubt.
-    assert_eq!(lost_reason(r), LostReason::Expired);
+    // Three pieces of sub-work ran; the fourth was refused because the lease is in doubt: a
+    // retryable `Unavailable`, as `ensure_held` says, not `Lost` (it may still be held).
+    // Before, it was `Lost(Expired)`.
+    match r {
+        Err(e @ Error::Unavailable { .. }) => {
+            assert!(e.is_retryable());
+            assert!(e.to_string().contains("in doubt"), "{e}");
+        }
+        other => panic!("{other:?}"),
+    }
     assert_eq!(sub_work.load(Ordering::SeqCst), 3);
 
     let guard = kept_guard.unwrap();
-    assert!(guard.check().is_err());
+    assert!(matches!(guard.check(), Err(Error::Unavailable { .. })));
+    // A section does not start on it either.
+    let r = bounded(&lease, async {}).await;
+    assert!(matches!(r, Err(Error::Unavailable { .. })), "{r:?}");
     // A confirmed renewal makes it certain again.
     lease.renew().await.unwrap();
     guard.check().unwrap();
