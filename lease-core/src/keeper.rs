@@ -707,7 +707,11 @@ async fn renew_until_confirmed(
                     Error::Lost { reason, .. } => *reason,
                     _ => LostReason::Superseded,
                 };
-                lease.state().mark_lost(reason);
+                // A release under way decides the reason itself (it may find the lock revoked):
+                // the renewal's error then carries only its stand-in, `Released`.
+                if !lease.state().release_begun() {
+                    lease.state().mark_lost(reason);
+                }
                 return Renewal::Ended;
             }
             Ok(Err(e)) => {

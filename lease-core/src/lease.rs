@@ -291,7 +291,7 @@ impl LeaseTracker {
     /// Whether this lease's release began ([`release_with`](Self::release_with)). It stays so:
     /// a release ends the lease whatever its outcome.
     pub fn is_releasing(&self) -> bool {
-        self.inner.releasing.load(Ordering::SeqCst)
+        self.state.release_begun()
     }
 
     /// Marks the lease lost for `reason` (unless it already was: the first cause wins) and
@@ -436,6 +436,12 @@ impl LeaseState {
                 false
             }
         });
+    }
+
+    /// Whether the lease's release began ([`LeaseTracker::release_with`]): the release then
+    /// decides the reason it is lost for.
+    pub(crate) fn release_begun(&self) -> bool {
+        self.inner.releasing.load(Ordering::SeqCst)
     }
 
     /// Marks the lease lost. Returns true the first time (later reasons are ignored: the first

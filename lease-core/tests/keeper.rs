@@ -641,3 +641,68 @@ async fn jitter_spreads_renewals_that_would_fall_together() {
         }
     }
 }
+
+/// A lease whose release parks until `gate` opens and then finds the lock revoked (an operator
+/// force-released it just before), and whose renewal, once the release began, reports the lock
+/// gone as adapters do (`lose_unless_releasing`).
+#[derive(Debug)]
+struct RevokedWhileReleasing {
+    tracker: lease_core::adapter::LeaseTracker,
+    gate: std::sync::Arc<tokio::sync::Notify>,
+}
+
+#[async_trait::async_trait]
+impl Lease for RevokedWhileReleasing {
+    fn state(&self) -> &lease_core::LeaseState {
+        &self.tracker
+    }
+    async fn renew(&self) -> lease_core::Result<Instant> {
+        let sent = Instant::now();
+        if self.tracker.is_releasing() {
+            return Err(self.tracker.lose_unless_releasing(LostReason::Revoked));
+        }
+        self.tracker.renewed_from(sent)
+    }
+    async fn release(&self) -> lease_core::Result<()> {
+        self.tracker
+            .release_with(
+                async {
+                    self.gate.notified().await;
+                    Err(self.tracker.lose(LostReason::Revoked))
+                },
+                || {},
+            )
+            .await
+    }
+}
+
+/// A keeper renewal that runs while the holder's own release is under way does not record the
+/// loss's reason: the release decides it (here it finds the lock revoked). Before, the keeper
+/// recorded the renewal's stand-in reason, `Released`, first, and the revocation was lost.
+#[tokio::test(start_paused = true)]
+async fn a_renewal_during_the_release_leaves_the_reason_to_the_release() {
+    let gate = std::sync::Arc::new(tokio::sync::Notify::new());
+    let lease = RevokedWhileReleasing {
+        tracker: lease_core::adapter::LeaseTracker::new(
+            "scripted",
+            key("scripted"),
+            tok(7),
+            secs(3),
+            Duration::ZERO,
+            Instant::now(),
+        ),
+        gate: gate.clone(),
+    };
+    let kept = keep(Box::new(lease), KeeperOptions::new().jitter(0.0)).unwrap();
+    let mut release = Box::pin(kept.lease().release());
+    assert!(futures::poll!(release.as_mut()).is_pending());
+    // The keeper's renewal is due at 1 s and runs while the release waits.
+    tokio::time::sleep(ms(1500)).await;
+    gate.notify_one();
+    let r = within(secs(10), "release", release).await;
+    assert!(matches!(r, Err(Error::Lost { .. })), "{r:?}");
+    assert_eq!(
+        kept.lease().status(),
+        LeaseStatus::Lost(LostReason::Revoked)
+    );
+}

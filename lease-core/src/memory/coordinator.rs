@@ -551,9 +551,11 @@ impl Lease for MemoryLease {
         }
         self.with_own_holder(|ks, _| {
             ks.holder = None;
+            // Recorded under the lock that removed the entry: a renewal racing with this release
+            // must not find the entry gone first and record it as superseded.
+            self.tracker.mark_lost(LostReason::Released);
             ks.wake_head();
         })?;
-        self.tracker.mark_lost(LostReason::Released);
         Ok(())
     }
 }
