@@ -115,7 +115,9 @@ pub enum KeeperStop {
 ///
 /// - The keeper renews when `renew_fraction` of the validity window (the TTL less the drift
 ///   margin; less up to `jitter` of that, at random) has passed since the last confirmed renewal
-///   was *sent*. It retries failed renewals (with backoff), each try bounded by half the
+///   was *sent*; sooner when the validity a renewal confirmed (a backend's cap, such as a
+///   session's bound) ends before that leaves a try's time: then at `renew_fraction` of that
+///   validity. It retries failed renewals (with backoff), each try bounded by half the
 ///   validity left so that a lost reply leaves time for another, until local validity ends; if
 ///   no renewal is confirmed by then, the lease reports `Lost(Expired)` and the keeper exits.
 /// - A try that is not confirmed (the backend unavailable, an unknown outcome, no answer in its
@@ -412,6 +414,22 @@ impl Keeping {
         state.renewing = Some(renewal.abort_handle());
     }
 
+    /// When to renew after a renewal sent at `sent` was confirmed: at `planned`, unless the
+    /// lease's validity ends before that leaves a try's time ([`MIN_TRY`]): the backend capped
+    /// it (a session's bound its heartbeat has not moved yet, an adapter's own limit). Then at
+    /// `renew_fraction` of the validity left after the send, and no sooner than a `MIN_TRY`
+    /// after it (so a cap that does not move is not renewed back to back). A cap that leaves
+    /// time before `planned` changes nothing: a session's heartbeat moves it on ZooKeeper and
+    /// Consul, and renewing sooner would not.
+    fn next_renewal(&self, sent: Instant, planned: Instant) -> Instant {
+        let valid_until = self.lease.valid_until();
+        if planned + MIN_TRY <= valid_until {
+            return planned;
+        }
+        let confirmed = valid_until.saturating_duration_since(sent);
+        sent + confirmed.mul_f64(self.options.renew_fraction).max(MIN_TRY)
+    }
+
     /// A renewal ended.
     fn renewed(self: &Arc<Self>, outcome: Renewal) {
         let mut state = self.lock();
@@ -422,7 +440,8 @@ impl Keeping {
             Renewal::MaxHold if state.stop.is_some() => {}
             Renewal::MaxHold => self.stop_renewing(state, KeeperStop::MaxHold),
             Renewal::Confirmed { sent } => {
-                state.next_due = sent + jittered(self.interval, self.options.jitter);
+                let planned = sent + jittered(self.interval, self.options.jitter);
+                state.next_due = self.next_renewal(sent, planned);
                 if state.stop.is_none() {
                     let due = state.next_due;
                     self.schedule(&mut state, due, Wake::Renew);

@@ -437,7 +437,10 @@ async fn an_unconfirmed_renewal_puts_the_lease_in_doubt_until_one_confirms() {
     )
     .await
     .expect("work already running goes on");
-    assert!(matches!(checked, Err(Error::Unavailable { .. })), "{checked:?}");
+    assert!(
+        matches!(checked, Err(Error::Unavailable { .. })),
+        "{checked:?}"
+    );
     assert_eq!(kept.lease().status(), LeaseStatus::InDoubt);
     tokio::time::sleep(secs(2)).await;
     assert_eq!(
@@ -465,6 +468,24 @@ async fn a_capped_renewal_is_not_followed_at_once_by_another() {
     assert_eq!(kept.lease().status(), LeaseStatus::Held);
     let n = renews.load(Ordering::SeqCst);
     assert!(n <= 4, "{n} renewals in 10 s with a 3 s interval");
+}
+
+/// A renewal whose validity the backend capped short of the next planned renewal (here 2 s
+/// after the send, where the next renewal was planned 3 s after it) is followed by another
+/// within that validity, at the same fraction of it. Before, the next renewal was due after
+/// the validity had ended, and a lease every renewal of which was confirmed ran out.
+#[tokio::test(start_paused = true)]
+async fn a_renewal_capped_short_of_the_next_one_is_followed_within_its_validity() {
+    let lease = ScriptedLease::new(secs(9), RenewScript::CappedAt(secs(2)));
+    let renews = lease.renews.clone();
+    let kept = keep(Box::new(lease), KeeperOptions::new().jitter(0.0)).unwrap();
+    for _ in 0..20 {
+        tokio::time::sleep(ms(500)).await;
+        assert_eq!(kept.lease().status(), LeaseStatus::Held);
+    }
+    // Renewed every 2/3 s after the first, at 3 s: not back to back.
+    let n = renews.load(Ordering::SeqCst);
+    assert!((8..=12).contains(&n), "{n} renewals in 10 s");
 }
 
 /// A renewal whose reply is lost does not use up the rest of the validity: the try is given up
