@@ -216,6 +216,7 @@ pub fn keep(lease: Box<dyn Lease>, options: KeeperOptions) -> Result<Kept> {
         state: Mutex::new(KeepState {
             stop: None,
             next_due,
+            planned: None,
             renewing: None,
             timer,
             done: false,
@@ -312,6 +313,11 @@ struct KeepState {
     /// When the next renewal is due: `renew_fraction` of the validity window (less the jitter)
     /// after the send time of the last confirmed renewal (the acquisition at first).
     next_due: Instant,
+    /// When `next_due` was brought forward because the validity confirmed ended too soon (see
+    /// [`Keeping::next_renewal`]): the renewal first planned, and the validity seen then. If
+    /// something else has moved validity by `next_due` (a session's heartbeat), the keeper
+    /// looks again later instead of renewing, up to the renewal first planned.
+    planned: Option<(Instant, Instant)>,
     /// The renewal under way.
     renewing: Option<AbortHandle>,
     /// The timer that wakes this lease.
@@ -387,6 +393,19 @@ impl Keeping {
             self.schedule(&mut state, due, Wake::Renew);
             return;
         }
+        if let Some((planned, seen)) = state.planned.take() {
+            // Brought forward for a validity that ended too soon, and moved since by something
+            // else (a session's heartbeat extends it on ZooKeeper and Consul): no renewal yet;
+            // look again as that validity requires, up to the renewal first planned.
+            let valid_until = self.lease.valid_until();
+            if valid_until > seen && now < planned {
+                let next = self.early(now, valid_until).min(planned);
+                state.planned = (next < planned).then_some((planned, valid_until));
+                state.next_due = next;
+                self.schedule(&mut state, next, Wake::Renew);
+                return;
+            }
+        }
         let ttl = self.lease.ttl();
         if outlives(now, ttl, self.hold_until) {
             return self.stop_renewing(state, KeeperStop::MaxHold);
@@ -419,15 +438,21 @@ impl Keeping {
     /// it (a session's bound its heartbeat has not moved yet, an adapter's own limit). Then at
     /// `renew_fraction` of the validity left after the send, and no sooner than a `MIN_TRY`
     /// after it (so a cap that does not move is not renewed back to back). A cap that leaves
-    /// time before `planned` changes nothing: a session's heartbeat moves it on ZooKeeper and
-    /// Consul, and renewing sooner would not.
+    /// time before `planned` changes nothing, and one that something else keeps moving (a
+    /// session's heartbeat on ZooKeeper and Consul) sends nothing early: the keeper only looks
+    /// again ([`KeepState::planned`]).
     fn next_renewal(&self, sent: Instant, planned: Instant) -> Instant {
         let valid_until = self.lease.valid_until();
         if planned + MIN_TRY <= valid_until {
             return planned;
         }
-        let confirmed = valid_until.saturating_duration_since(sent);
-        sent + confirmed.mul_f64(self.options.renew_fraction).max(MIN_TRY)
+        self.early(sent, valid_until)
+    }
+
+    /// `renew_fraction` of the validity left after `from`, and no sooner than `MIN_TRY`.
+    fn early(&self, from: Instant, valid_until: Instant) -> Instant {
+        let left = valid_until.saturating_duration_since(from);
+        from + left.mul_f64(self.options.renew_fraction).max(MIN_TRY)
     }
 
     /// A renewal ended.
@@ -442,6 +467,8 @@ impl Keeping {
             Renewal::Confirmed { sent } => {
                 let planned = sent + jittered(self.interval, self.options.jitter);
                 state.next_due = self.next_renewal(sent, planned);
+                state.planned =
+                    (state.next_due < planned).then_some((planned, self.lease.valid_until()));
                 if state.stop.is_none() {
                     let due = state.next_due;
                     self.schedule(&mut state, due, Wake::Renew);

@@ -488,6 +488,30 @@ async fn a_renewal_capped_short_of_the_next_one_is_followed_within_its_validity(
     assert!((8..=12).contains(&n), "{n} renewals in 10 s");
 }
 
+/// As above, with a session heartbeat that keeps moving the capped validity (as ZooKeeper's and
+/// Consul's do, with a TTL above the session timeout): the keeper renews at the planned
+/// interval, not early, since validity has moved past the planned renewal by then.
+#[tokio::test(start_paused = true)]
+async fn a_capped_validity_that_a_heartbeat_moves_is_renewed_as_planned() {
+    let lease = ScriptedLease::new(secs(9), RenewScript::CappedAt(secs(2)));
+    let renews = lease.renews.clone();
+    let tracker = lease.tracker.clone();
+    let heartbeat = tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(ms(300)).await;
+            tracker.renewed(Instant::now() + secs(2));
+        }
+    });
+    let kept = keep(Box::new(lease), KeeperOptions::new().jitter(0.0)).unwrap();
+    for _ in 0..20 {
+        tokio::time::sleep(ms(500)).await;
+        assert_eq!(kept.lease().status(), LeaseStatus::Held);
+    }
+    // At 3, 6 and 9 s: every 3 s, as with no cap.
+    assert_eq!(renews.load(Ordering::SeqCst), 3);
+    heartbeat.abort();
+}
+
 /// A renewal whose reply is lost does not use up the rest of the validity: the try is given up
 /// after half the validity left, and the next one confirms. Before, the keeper waited for the
 /// lost reply until validity ended, and the lease was lost at 3 s.
