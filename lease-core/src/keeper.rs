@@ -210,6 +210,7 @@ pub fn keep(lease: Box<dyn Lease>, options: KeeperOptions) -> Result<Kept> {
         lease,
         options,
         hold_until,
+        window,
         interval,
         progress,
         runtime,
@@ -217,6 +218,7 @@ pub fn keep(lease: Box<dyn Lease>, options: KeeperOptions) -> Result<Kept> {
             stop: None,
             next_due,
             planned: None,
+            progress_checked: acquired_at,
             renewing: None,
             timer,
             done: false,
@@ -297,7 +299,9 @@ struct Keeping {
     options: KeeperOptions,
     /// `acquired_at + max_hold`, if that is a limit (`None`: no limit).
     hold_until: Option<Instant>,
-    /// `renew_fraction` of the validity window (the TTL less the drift margin).
+    /// The validity window: the TTL less the drift margin (what a renewal buys uncapped).
+    window: Duration,
+    /// `renew_fraction` of the validity window.
     interval: Duration,
     progress: Progress,
     /// The progress count at the previous renewal.
@@ -318,6 +322,9 @@ struct KeepState {
     /// something else has moved validity by `next_due` (a session's heartbeat), the keeper
     /// looks again later instead of renewing, up to the renewal first planned.
     planned: Option<(Instant, Instant)>,
+    /// When progress was last checked (`require_progress`): at every planned renewal, and at
+    /// most once an interval at renewals brought forward.
+    progress_checked: Instant,
     /// The renewal under way.
     renewing: Option<AbortHandle>,
     /// The timer that wakes this lease.
@@ -393,7 +400,9 @@ impl Keeping {
             self.schedule(&mut state, due, Wake::Renew);
             return;
         }
-        if let Some((planned, seen)) = state.planned.take() {
+        let taken = state.planned.take();
+        let early = taken.is_some_and(|(planned, _)| now < planned);
+        if let Some((planned, seen)) = taken {
             // Brought forward for a validity that ended too soon, and moved since by something
             // else (a session's heartbeat extends it on ZooKeeper and Consul): no renewal yet;
             // look again as that validity requires, up to the renewal first planned.
@@ -410,7 +419,11 @@ impl Keeping {
         if outlives(now, ttl, self.hold_until) {
             return self.stop_renewing(state, KeeperStop::MaxHold);
         }
-        if self.options.require_progress {
+        // A renewal brought forward checks progress only if an interval has passed since the
+        // last check: progress is asked for once an interval, not once a renewal.
+        let check_progress = !early || now >= state.progress_checked + self.interval;
+        if self.options.require_progress && check_progress {
+            state.progress_checked = now;
             let count = self.progress.count();
             if self.seen_progress.swap(count, Ordering::Relaxed) == count {
                 return self.stop_renewing(state, KeeperStop::NoProgress);
@@ -434,25 +447,32 @@ impl Keeping {
     }
 
     /// When to renew after a renewal sent at `sent` was confirmed: at `planned`, unless the
-    /// lease's validity ends before that leaves a try's time ([`MIN_TRY`]): the backend capped
-    /// it (a session's bound its heartbeat has not moved yet, an adapter's own limit). Then at
-    /// `renew_fraction` of the validity left after the send, and no sooner than a `MIN_TRY`
+    /// backend capped the validity short of the whole window (a session's bound its heartbeat
+    /// has not moved yet, an adapter's own limit) and it ends before `planned` leaves a try's
+    /// time ([`MIN_TRY`]). Then at `renew_fraction` of the validity left after the send (never
+    /// later than `planned`), and no sooner than a `MIN_TRY`
     /// after it (so a cap that does not move is not renewed back to back). A cap that leaves
     /// time before `planned` changes nothing, and one that something else keeps moving (a
     /// session's heartbeat on ZooKeeper and Consul) sends nothing early: the keeper only looks
     /// again ([`KeepState::planned`]).
     fn next_renewal(&self, sent: Instant, planned: Instant) -> Instant {
         let valid_until = self.lease.valid_until();
-        if planned + MIN_TRY <= valid_until {
+        // Uncapped, a renewal buys the whole window from its send: a short TTL whose planned
+        // renewal leaves less than `MIN_TRY` is renewed as planned, not later.
+        let capped = valid_until + CAP_TOLERANCE < sent + self.window;
+        if !capped || planned + MIN_TRY <= valid_until {
             return planned;
         }
-        self.early(sent, valid_until)
+        self.early(sent, valid_until).min(planned)
     }
 
-    /// `renew_fraction` of the validity left after `from`, and no sooner than `MIN_TRY`.
+    /// `renew_fraction` of the validity left after `from`, and no sooner than `MIN_TRY` after
+    /// it unless half the validity left is less.
     fn early(&self, from: Instant, valid_until: Instant) -> Instant {
         let left = valid_until.saturating_duration_since(from);
-        from + left.mul_f64(self.options.renew_fraction).max(MIN_TRY)
+        from + left
+            .mul_f64(self.options.renew_fraction)
+            .max(MIN_TRY.min(left / 2))
     }
 
     /// A renewal ended.
@@ -705,6 +725,10 @@ async fn run_own_timer(mut rx: mpsc::UnboundedReceiver<Due>) {
 
 /// The least time one renewal try is given (unless less validity is left).
 const MIN_TRY: Duration = Duration::from_millis(100);
+
+/// How much short of the whole window a renewal's validity may be and still count as uncapped
+/// (an adapter may count it from a slightly later instant than the send).
+const CAP_TOLERANCE: Duration = Duration::from_millis(1);
 
 /// How a renewal (with its retries) ended.
 enum Renewal {

@@ -81,19 +81,19 @@ impl SectionGuard {
     /// `Ok` while the lease is held with more than the margin left; otherwise `Err(Lost)`. An
     /// in-doubt lease (its last renewal unconfirmed, its connection lost) starts no new sub-work
     /// either, with a retryable `Err(Unavailable)`, as [`Lease::ensure_held`] reports it: it may
-    /// still be held, so do not treat it as gone.
+    /// still be held, so do not treat it as gone; but once no more than the margin is left,
+    /// in doubt or not, it is `Err(Lost)` with reason `Expired`, as for a held one (no retry
+    /// can start sub-work in time).
     pub fn check(&self) -> Result<()> {
+        let time_left = self
+            .signal
+            .valid_until()
+            .checked_sub(self.margin)
+            .is_some_and(|stop_at| stop_at > Instant::now());
         let reason = match self.signal.status() {
-            LeaseStatus::Held
-                if self
-                    .signal
-                    .valid_until()
-                    .checked_sub(self.margin)
-                    .is_some_and(|stop_at| stop_at > Instant::now()) =>
-            {
-                return Ok(())
-            }
+            LeaseStatus::Held if time_left => return Ok(()),
             LeaseStatus::Held => LostReason::Expired,
+            LeaseStatus::InDoubt if !time_left => LostReason::Expired,
             LeaseStatus::InDoubt => {
                 return Err(Error::Unavailable {
                     backend: self.backend,

@@ -512,6 +512,43 @@ async fn a_capped_validity_that_a_heartbeat_moves_is_renewed_as_planned() {
     heartbeat.abort();
 }
 
+/// A short TTL, uncapped, is renewed as planned: its planned renewal leaves less than the
+/// least try's time before validity ends, which a first version of the capped-renewal rule
+/// took for a cap and answered with a renewal 100 ms after the send, after validity ended.
+#[tokio::test(start_paused = true)]
+async fn a_short_ttl_is_renewed_as_planned() {
+    let lease = ScriptedLease::with_margin(ms(100), ms(3), RenewScript::Ok);
+    let renews = lease.renews.clone();
+    let kept = keep(Box::new(lease), KeeperOptions::new()).unwrap();
+    for _ in 0..40 {
+        tokio::time::sleep(ms(25)).await;
+        assert_eq!(kept.lease().status(), LeaseStatus::Held);
+    }
+    // Every 32 ms or a little sooner (the jitter) over 1 s.
+    let n = renews.load(Ordering::SeqCst);
+    assert!((30..=36).contains(&n), "{n} renewals in 1 s");
+}
+
+/// Renewals brought forward by a cap that does not move ask for progress once an interval, as
+/// planned renewals do, not at every renewal: work that ticks every second keeps a lease whose
+/// interval is 3 s, though its renewals come every 2/3 s.
+#[tokio::test(start_paused = true)]
+async fn renewals_brought_forward_ask_for_progress_once_an_interval() {
+    let lease = ScriptedLease::new(secs(9), RenewScript::CappedAt(secs(2)));
+    let kept = keep(
+        Box::new(lease),
+        KeeperOptions::new().jitter(0.0).require_progress(true),
+    )
+    .unwrap();
+    let progress = kept.progress();
+    for _ in 0..10 {
+        progress.tick();
+        tokio::time::sleep(secs(1)).await;
+        assert_eq!(kept.lease().status(), LeaseStatus::Held);
+    }
+    assert_eq!(kept.stopped(), None);
+}
+
 /// A renewal whose reply is lost does not use up the rest of the validity: the try is given up
 /// after half the validity left, and the next one confirms. Before, the keeper waited for the
 /// lost reply until validity ended, and the lease was lost at 3 s.

@@ -260,6 +260,11 @@ async fn section_guard_fails_once_in_doubt_or_lost() {
     // A section does not start on it either.
     let r = bounded(&lease, async {}).await;
     assert!(matches!(r, Err(Error::Unavailable { .. })), "{r:?}");
+    // In doubt with no more than the margin (1 s) left: no retry could start sub-work in time.
+    let left = lease.tracker.valid_until() - Instant::now();
+    tokio::time::advance(left - ms(900)).await;
+    assert_eq!(lease.status(), LeaseStatus::InDoubt);
+    assert_eq!(lost_reason(guard.check()), LostReason::Expired);
     // A confirmed renewal makes it certain again.
     lease.renew().await.unwrap();
     guard.check().unwrap();
