@@ -157,15 +157,20 @@ pub(crate) fn parse(raw: &str) -> Result<Options> {
     // in the path or in a query value (`?user=alice@corp`) makes everything before it the user
     // and password, and what follows it the host: this crate's options (`sslmode` included)
     // would be lost and the password sent as a user name to that host. A user name holding a
-    // raw `/` or `?`, or a password holding `?` and then `=` (an option), is that mistake.
+    // raw `/` or `?`, a password holding `?` and then `=` (an option), or one that starts with
+    // digits and a `/` (`host:port/path` read as `user:password`) is that mistake.
     let (user, password) = userinfo.split_once(':').unwrap_or((userinfo, ""));
     let into_query = password
         .find('?')
         .is_some_and(|q| password[q..].contains('='));
-    if user.contains(['/', '?']) || into_query {
+    let port_then_path = password
+        .split_once('/')
+        .is_some_and(|(port, _)| !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()));
+    if user.contains(['/', '?']) || into_query || port_then_path {
         return Err(invalid(
             "an `@` in the path or the query (after `/` or `?`) ends the user info for the \
-             PostgreSQL driver, which would then read the rest as the host; write it as %40"
+             PostgreSQL driver, which would then read the rest as the host; write it as %40 \
+             (and a `/` or `?` in a password as %2F or %3F)"
                 .into(),
         ));
     }
@@ -401,6 +406,7 @@ mod tests {
             "postgres://db.internal:5432/app?sslmode=verify-full&password=s3cret&user=alice@corp",
             "postgres://db.internal/app@corp",
             "postgres://db.internal/app?application_name=a@b",
+            "postgres://db:5432/app@corp?user=x&password=s3cret",
         ] {
             let e = parse(raw).err().expect(raw).to_string();
             assert!(e.contains("%40"), "{raw}: {e}");
