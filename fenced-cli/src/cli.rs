@@ -12,7 +12,8 @@ macro_rules! backend_statuses {
         "  2   usage or input error (the line names the bad value); nothing was sent
   69  the backend is unavailable (retry later)
   70  the backend's answer was unknown or unexpected (re-read before acting)
-  74  the command ran, but its output could not be written (not a closed pipe)
+  74  the command ran but changed nothing, and its output could not be written (a
+      command that took effect keeps its status and says so on stderr)
   78  the backend is misconfigured for fenced leases"
     };
 }
@@ -40,8 +41,10 @@ Exit statuses:
   2   usage or input error (bad argument, key, duration, URL or address); nothing was sent
   69  the backend is unavailable
   70  the backend's answer was unknown or unexpected (re-read before acting)
-  74  the command ran, but its output could not be written (a full disk, an I/O error; a
-      reader that closed the pipe keeps the command's own status)
+  74  the command ran but changed nothing (inspect, audit, fence read, token-floor
+      suggest, a refused force-release), and its output could not be written (a full
+      disk, an I/O error). force-release and fence write keep their own status and say so
+      on stderr; a reader that closed the pipe keeps the command's own status
   75  run: the lock was not acquired within --wait
   76  run: the lease was lost while the command ran (the command was stopped, or it had
       finished and its release found the lease lost);

@@ -43,11 +43,31 @@ pub(crate) async fn connect(flag: Option<String>) -> Result<Arc<dyn Coordinator>
     Ok(fenced::connect(&url).await?)
 }
 
-/// Writes `value` (JSON) or `text` on stdout. A reader that closed the pipe (`| head`) has
-/// what it wanted: that failure is not reported, and the exit status stays the command's. Any
-/// other failure to write (a full disk, an I/O error) is [`exit::IOERR`], saying that the
-/// command itself ran: a script must not take a truncated or missing output for the answer.
+/// Writes `value` (JSON) or `text` on stdout, for a command that changed nothing. A reader
+/// that closed the pipe (`| head`) has what it wanted: that failure is not reported, and the
+/// exit status stays the command's. Any other failure to write (a full disk, an I/O error) is
+/// [`exit::IOERR`], saying that the command itself ran: a script must not take a truncated or
+/// missing output for the answer.
 pub(crate) fn emit(output: Output, value: Value, text: String) -> Result<(), Failure> {
+    write_out(output, value, text).map_err(|e| {
+        Failure::new(
+            exit::IOERR,
+            format!("the command ran, but its output could not be written: {e}"),
+        )
+    })
+}
+
+/// [`emit`] for a command that took effect (a holder removed, a value written): the exit status
+/// stays the command's, since a script that saw a failure status would act again (a second
+/// force-release would remove the next holder); a failure to write is one line on stderr.
+pub(crate) fn emit_effect(output: Output, value: Value, text: String) {
+    if let Err(e) = write_out(output, value, text) {
+        eprintln!("fenced: the command took effect, but its output could not be written: {e}");
+    }
+}
+
+/// Writes the output; a closed pipe is not an error.
+fn write_out(output: Output, value: Value, text: String) -> std::io::Result<()> {
     use std::io::Write;
     let mut out = std::io::stdout().lock();
     let written = if output.json {
@@ -56,11 +76,8 @@ pub(crate) fn emit(output: Output, value: Value, text: String) -> Result<(), Fai
         out.write_all(text.as_bytes())
     };
     match written.and_then(|()| out.flush()) {
-        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(Failure::new(
-            exit::IOERR,
-            format!("the command ran, but its output could not be written: {e}"),
-        )),
-        _ => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        other => other,
     }
 }
 
@@ -192,22 +209,23 @@ pub(crate) async fn force_release(
     match &removed {
         Some(h) => {
             value["removed"] = holder_json(h);
-            emit(
+            emit_effect(
                 output,
                 value,
                 format!(
                     "removed the holder of {key} on {backend}\n{}",
                     holder_text(h)
                 ),
-            )?;
+            );
         }
         None => {
             value["removed"] = Value::Null;
-            emit(
+            // Recorded in the audit trail all the same: it took effect.
+            emit_effect(
                 output,
                 value,
                 format!("{key} was free on {backend}: nothing removed\n"),
-            )?;
+            );
         }
     }
     Ok(exit::OK)
@@ -399,14 +417,14 @@ pub(crate) async fn fence_write(
                     "written": false,
                     "newest_token": current.get(),
                 });
-                emit(output, value, String::new())?;
+                emit_effect(output, value, String::new());
             }
             return Err(e.into());
         }
         Err(e) => return Err(e.into()),
     };
     let previous = accepted.previous;
-    emit(
+    emit_effect(
         output,
         json!({
             "resource": resource.as_str(),
@@ -419,7 +437,7 @@ pub(crate) async fn fence_write(
             "written to {resource} under token {token} (newest before: {})\n",
             previous.map_or_else(|| "none".to_owned(), |t| t.to_string())
         ),
-    )?;
+    );
     Ok(exit::OK)
 }
 

@@ -433,6 +433,26 @@ fn output_that_cannot_be_written_is_reported() {
     assert_eq!(out.status.code(), Some(74), "{stderr}");
     assert_one_line(&stderr);
     assert!(stderr.contains("output could not be written"), "{stderr}");
+
+    // A command that took effect keeps its status: a script that saw a failure would force
+    // the release again (and remove the next holder). The line on stderr says so.
+    let full = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/full")
+        .unwrap();
+    let out = std::process::Command::new(fenced_bin())
+        .args(["--url", "memory://", "force-release", "k"])
+        .args(["--actor", "alice", "--reason", "drill", "--json"])
+        .env_remove("FENCED_URL")
+        .env_remove("RUST_LOG")
+        .stdout(std::process::Stdio::from(full))
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert_one_line(&stderr);
+    assert!(stderr.contains("took effect"), "{stderr}");
 }
 
 /// `token-floor suggest` without a coordinator URL is a usage error before any fence is
