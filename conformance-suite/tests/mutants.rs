@@ -21,6 +21,8 @@ use tokio::time::Instant;
 /// The defect a mutant has.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Defect {
+    /// None: the wrappers alone, which must pass (so a mutant's failures are its defect's).
+    None,
     /// Every lease reports token 1: tokens never increase.
     SameToken,
     /// A held key is granted again (with a new, larger token): no mutual exclusion.
@@ -258,8 +260,9 @@ fn failed(report: &Report) -> Vec<&'static str> {
         .collect()
 }
 
-/// Runs the cases against `defect`'s mutant and checks that each case in `must_fail` failed.
-async fn caught(defect: Defect, must_fail: &[&str]) {
+/// Runs the cases against `defect`'s mutant and checks that each case in `must_fail` failed
+/// with a message naming the property broken (the second string, a part of that message).
+async fn caught(defect: Defect, must_fail: &[(&str, &str)]) {
     // A key that is never given back makes the 16 contenders wait out their whole bound (15 s):
     // the other cases catch that defect sooner.
     let cases: Vec<&'static str> = CASES
@@ -273,37 +276,46 @@ async fn caught(defect: Defect, must_fail: &[&str]) {
             println!("{defect:?}: {} failed: {why}", c.name);
         }
     }
-    let failed = failed(&report);
-    for case in must_fail {
-        assert!(
-            failed.contains(case),
-            "{defect:?}: the suite passed {case} (failed only {failed:?})"
-        );
+    for (case, says) in must_fail {
+        let verdict = report
+            .cases
+            .iter()
+            .find(|c| c.name == *case)
+            .map(|c| &c.verdict);
+        match verdict {
+            Some(Verdict::Failed(why)) => {
+                assert!(
+                    why.contains(says),
+                    "{defect:?}: {case} failed, but with {why:?}"
+                );
+            }
+            other => panic!("{defect:?}: the suite did not fail {case}: {other:?}"),
+        }
     }
 }
 
+/// The wrappers without a defect pass every case: the mutants' failures are their defects',
+/// not the wrappers'.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_unbroken_backend_passes_these_cases() {
-    let report = run_control().await;
+async fn the_wrappers_without_a_defect_pass_these_cases() {
+    let report = run(Defect::None, CASES).await;
     assert!(failed(&report).is_empty(), "{:?}", failed(&report));
     assert_eq!(report.passed(), CASES.len());
 }
 
-/// The same cases against the in-memory backend itself (no defect), through the same wrapper
-/// type's path: the mutants' failures are their defects', not the harness's.
-async fn run_control() -> Report {
-    let subject = Subject::memory();
-    let options = RunOptions {
-        only: Some(CASES.to_vec()),
-        seed: Some(7),
-        ..RunOptions::default()
-    };
-    run_suite(subject, &options).await
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokens_that_do_not_increase_are_caught() {
-    caught(Defect::SameToken, &["tokens_increase_across_handoffs"]).await;
+    caught(
+        Defect::SameToken,
+        &[
+            ("mutual_exclusion_16_contenders", "tokens not increasing"),
+            ("tokens_increase_across_handoffs", "token 1 after 1"),
+            ("try_acquire_and_wait_bound", "not above"),
+            ("stale_release_and_renew_are_no_ops", "not above"),
+            ("inspect_and_force_release", "not above"),
+        ],
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -311,8 +323,12 @@ async fn a_key_granted_twice_is_caught() {
     caught(
         Defect::DoubleGrant,
         &[
-            "mutual_exclusion_16_contenders",
-            "try_acquire_and_wait_bound",
+            (
+                "mutual_exclusion_16_contenders",
+                "two holders inside at once",
+            ),
+            ("try_acquire_and_wait_bound", "expected Held"),
+            ("stale_release_and_renew_are_no_ops", "expected Lost"),
         ],
     )
     .await;
@@ -323,8 +339,12 @@ async fn a_release_that_keeps_the_key_is_caught() {
     caught(
         Defect::ReleaseKeepsKey,
         &[
-            "try_acquire_and_wait_bound",
-            "stale_release_and_renew_are_no_ops",
+            ("try_acquire_and_wait_bound", "not woken after release"),
+            (
+                "stale_release_and_renew_are_no_ops",
+                "stale release: expected Lost",
+            ),
+            ("inspect_and_force_release", "release must be Lost"),
         ],
     )
     .await;
@@ -334,7 +354,11 @@ async fn a_release_that_keeps_the_key_is_caught() {
 async fn a_lease_that_never_learns_it_is_lost_is_caught() {
     caught(
         Defect::NeverLost,
-        &["lost_fires_on_expiry", "lost_fires_on_revocation"],
+        &[
+            ("stale_release_and_renew_are_no_ops", "expected Lost"),
+            ("lost_fires_on_expiry", "did not fire after the TTL"),
+            ("lost_fires_on_revocation", "expected Lost"),
+        ],
     )
     .await;
 }
