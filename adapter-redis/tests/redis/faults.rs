@@ -592,7 +592,7 @@ async fn a_silent_sentinel_does_not_spend_the_whole_connect_timeout() {
     let silent = FaultProxy::start(sentinels[0]).await.unwrap();
     silent.blackhole();
     let url = format!(
-        "redis+sentinel://{},{},{}/{}?connect_timeout_ms=400",
+        "redis+sentinel://{},{},{}/{}?connect_timeout_ms=3000",
         silent.addr(),
         sentinels[1],
         sentinels[2],
@@ -619,7 +619,7 @@ async fn a_lost_reply_at_the_wait_bound_on_a_free_key_is_not_reported_busy() {
         return;
     };
     let proxy = FaultProxy::start(srv.addr()).await.unwrap();
-    let c = via(&proxy, "request_timeout_ms=300&poll_interval_ms=50").await;
+    let c = via(&proxy, "request_timeout_ms=2000&poll_interval_ms=50").await;
     let k = key("lost-reply-free-key");
     // The connections open now forward nothing (never healed): the script never reaches the
     // server and its reply never comes; the re-read goes on a new connection and finds the key
