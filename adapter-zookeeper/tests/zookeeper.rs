@@ -501,10 +501,13 @@ async fn waiters_are_served_in_order_and_woken_by_the_predecessor_watch() {
     let cfg = config(server.addr(), 2000);
     let key: LockKey = "fifo".parse().unwrap();
     let holder = ZkCoordinator::connect(cfg.clone()).await.unwrap();
+    // A TTL that outlasts the waiters' queueing, however slow: nothing keeps this lease.
     let first = holder
-        .acquire(&key, &LeaseOptions::new(Duration::from_secs(2)))
+        .acquire(&key, &LeaseOptions::new(Duration::from_secs(30)))
         .await
         .unwrap();
+    let observer = raw_client(server.addr(), Some(&format!("alice:{PASSWORD}"))).await;
+    let lock = holder.lock_path(&key);
     // Three waiters queue in a known order; each waits up to 30 s, so only a wake-up by the
     // predecessor's deletion event (there is no polling) explains a fast hand-off.
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
@@ -522,8 +525,12 @@ async fn waiters_are_served_in_order_and_woken_by_the_predecessor_watch() {
             lease.release().await.unwrap();
             released
         }));
-        // Let waiter i's node exist before waiter i+1 creates its own.
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        // Waiter i's node exists before waiter i+1 creates its own (the holder's and i + 1).
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while observer.list_children(&lock).await.map_or(0, |c| c.len()) < i + 2 {
+            assert!(Instant::now() < deadline, "waiter {i} never queued");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
     let released = Instant::now();
     first.release().await.unwrap();
@@ -546,8 +553,10 @@ async fn waiters_are_served_in_order_and_woken_by_the_predecessor_watch() {
     for t in tasks {
         t.await.unwrap();
     }
+    // Each waiter waits up to 30 s and nothing polls: only the watch explains a hand-off in
+    // seconds, however loaded the machine.
     assert!(
-        handoffs[0] < Duration::from_millis(500),
+        handoffs[0] < Duration::from_secs(3),
         "hand-off took {:?}: not woken by the watch",
         handoffs[0]
     );

@@ -231,10 +231,14 @@ async fn unreachable_server_is_unavailable_never_a_lease() {
     // The pub/sub connection notices the crash and drops the command connection, so the next
     // call reconnects and is refused.
     tokio::time::sleep(Duration::from_millis(200)).await;
-    for _ in 0..3 {
+    for attempt in 0..3 {
         match c.try_acquire(&k, &opts(SEC)).await {
             Err(e @ Error::Unavailable { .. }) => assert!(e.is_retryable()),
-            other => panic!("expected Unavailable, got {other:?}"),
+            // On a loaded machine the pub/sub task may not have dropped the broken connection
+            // yet: the first call then goes out on it, and its outcome is unknown. Never a
+            // lease; the calls after it reconnect and are refused.
+            Err(Error::OutcomeUnknown { .. }) if attempt == 0 => {}
+            other => panic!("attempt {attempt}: expected Unavailable, got {other:?}"),
         }
     }
     assert!(matches!(
