@@ -51,6 +51,17 @@ async fn handoff_is_woken_by_the_watch_and_fast() {
     // Warm up both sessions.
     a.acquire(&k, &long).await.unwrap().release().await.unwrap();
     b.acquire(&k, &long).await.unwrap().release().await.unwrap();
+    // This machine's uncontended release + acquire now: a hand-off is that plus the wake-up.
+    let mut pairs = Vec::new();
+    for _ in 0..10 {
+        let held = a.acquire(&k, &long).await.unwrap();
+        let t = Instant::now();
+        held.release().await.unwrap();
+        let l = b.acquire(&k, &long).await.unwrap();
+        pairs.push(t.elapsed());
+        l.release().await.unwrap();
+    }
+    let base = p50(pairs);
     let mut handoffs = Vec::new();
     for round in 0..10 {
         let held = a.acquire(&k, &long).await.unwrap();
@@ -80,10 +91,17 @@ async fn handoff_is_woken_by_the_watch_and_fast() {
         lease.release().await.unwrap();
     }
     let median = p50(handoffs.clone());
-    println!("hand-off (release called -> waiter holds): p50 {median:?}, all {handoffs:?}");
+    println!(
+        "hand-off (release called -> waiter holds): p50 {median:?}, all {handoffs:?}; \
+         uncontended release + acquire p50 {base:?}"
+    );
+    // A waiter served by etcd's 100 ms watch sync tick (a watch started at an old revision)
+    // or by a poll adds about 50 ms on average to what the machine needs for the round trips;
+    // measured against this machine's own, a slow one does not fail a correct wake-up.
     assert!(
-        median < Duration::from_millis(40),
-        "hand-off p50 {median:?}: the waiter is not woken by its watch"
+        median < base + Duration::from_millis(40),
+        "hand-off p50 {median:?} against {base:?} uncontended: the waiter is not woken by its \
+         watch"
     );
 }
 
