@@ -406,8 +406,10 @@ impl Keeping {
             // Brought forward for a validity that ended too soon, and moved since by something
             // else (a session's heartbeat extends it on ZooKeeper and Consul): no renewal yet;
             // look again as that validity requires, up to the renewal first planned.
+            // Only while that validity leaves a try's time: a heartbeat nudging a validity about
+            // to end would otherwise bring the next look to now, again and again.
             let valid_until = self.lease.valid_until();
-            if valid_until > seen && now < planned {
+            if valid_until > seen && now < planned && valid_until >= now + MIN_TRY {
                 let next = self.early(now, valid_until).min(planned);
                 state.planned = (next < planned).then_some((planned, valid_until));
                 state.next_due = next;
@@ -449,12 +451,12 @@ impl Keeping {
     /// When to renew after a renewal sent at `sent` was confirmed: at `planned`, unless the
     /// backend capped the validity short of the whole window (a session's bound its heartbeat
     /// has not moved yet, an adapter's own limit) and it ends before `planned` leaves a try's
-    /// time ([`MIN_TRY`]). Then at `renew_fraction` of the validity left after the send (never
-    /// later than `planned`), and no sooner than a `MIN_TRY`
-    /// after it (so a cap that does not move is not renewed back to back). A cap that leaves
-    /// time before `planned` changes nothing, and one that something else keeps moving (a
-    /// session's heartbeat on ZooKeeper and Consul) sends nothing early: the keeper only looks
-    /// again ([`KeepState::planned`]).
+    /// time ([`MIN_TRY`]). Then at `renew_fraction` of the validity left after the send, never
+    /// later than `planned`, and no sooner than `MIN_TRY` after the send unless half that
+    /// validity is less ([`Self::early`]), so a cap that does not move is not renewed back to
+    /// back. A cap that leaves time before `planned` changes nothing, and one that something
+    /// else keeps moving (a session's heartbeat on ZooKeeper and Consul) sends nothing early:
+    /// the keeper only looks again ([`KeepState::planned`]).
     fn next_renewal(&self, sent: Instant, planned: Instant) -> Instant {
         let valid_until = self.lease.valid_until();
         // Uncapped, a renewal buys the whole window from its send: a short TTL whose planned
