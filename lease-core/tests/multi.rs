@@ -15,62 +15,23 @@ use lease_core::{
 };
 use tokio::time::Instant;
 
-/// A coordinator that records each `acquire` call (key and wait bound) before delegating.
+/// The memory backend behind a coordinator that records each `acquire` call (key and wait
+/// bound) before delegating, and can be made slow: its leases' `release` first sleeps
+/// `release_delay`, and an `acquire` of `late.0` is answered `late.1` after its wait ends (a
+/// request sent at the end of the wait may be answered after it, decision 0036), granted if the
+/// key is free then.
 #[derive(Debug, Default)]
 struct Recording {
     inner: MemoryCoordinator,
     calls: Mutex<Vec<(String, Duration)>>,
+    release_delay: Duration,
+    late: Option<(LockKey, Duration)>,
 }
 
 impl Recording {
     fn calls(&self) -> Vec<(String, Duration)> {
         self.calls.lock().unwrap().clone()
     }
-}
-
-#[async_trait]
-impl Coordinator for Recording {
-    fn capabilities(&self) -> &Capabilities {
-        self.inner.capabilities()
-    }
-    async fn acquire(
-        &self,
-        key: &LockKey,
-        options: &LeaseOptions,
-    ) -> lease_core::Result<Box<dyn Lease>> {
-        self.calls
-            .lock()
-            .unwrap()
-            .push((key.to_string(), options.wait_value()));
-        self.inner.acquire(key, options).await
-    }
-    async fn try_acquire(
-        &self,
-        key: &LockKey,
-        options: &LeaseOptions,
-    ) -> lease_core::Result<Box<dyn Lease>> {
-        self.inner.try_acquire(key, options).await
-    }
-    async fn inspect(&self, key: &LockKey) -> lease_core::Result<Option<HolderInfo>> {
-        self.inner.inspect(key).await
-    }
-    async fn force_release(
-        &self,
-        key: &LockKey,
-        request: &ForceRelease,
-    ) -> lease_core::Result<Option<HolderInfo>> {
-        self.inner.force_release(key, request).await
-    }
-}
-
-/// The memory backend with slow parts: its leases' `release` first sleeps `release_delay`, and
-/// an `acquire` of `late.0` is answered `late.1` after its wait ends (a request sent at the end
-/// of the wait may be answered after it, decision 0036), granted if the key is free then.
-#[derive(Debug, Default)]
-struct Delaying {
-    inner: MemoryCoordinator,
-    release_delay: Duration,
-    late: Option<(LockKey, Duration)>,
 }
 
 #[derive(Debug)]
@@ -94,7 +55,7 @@ impl Lease for SlowRelease {
 }
 
 #[async_trait]
-impl Coordinator for Delaying {
+impl Coordinator for Recording {
     fn capabilities(&self) -> &Capabilities {
         self.inner.capabilities()
     }
@@ -103,6 +64,10 @@ impl Coordinator for Delaying {
         key: &LockKey,
         options: &LeaseOptions,
     ) -> lease_core::Result<Box<dyn Lease>> {
+        self.calls
+            .lock()
+            .unwrap()
+            .push((key.to_string(), options.wait_value()));
         let lease = match &self.late {
             Some((k, by)) if k == key => {
                 tokio::time::sleep(options.wait_value() + *by).await;
@@ -110,6 +75,9 @@ impl Coordinator for Delaying {
             }
             _ => self.inner.acquire(key, options).await?,
         };
+        if self.release_delay.is_zero() {
+            return Ok(lease);
+        }
         Ok(Box::new(SlowRelease {
             inner: lease,
             delay: self.release_delay,
@@ -468,9 +436,9 @@ async fn a_lease_lost_while_waiting_for_the_next_key_fails_the_call() {
 /// unpolled, until the releases ended, at the head of the key's queue.
 #[tokio::test(start_paused = true)]
 async fn an_abandoned_wait_holds_up_nobody_while_the_leases_taken_are_released() {
-    let c = Arc::new(Delaying {
+    let c = Arc::new(Recording {
         release_delay: secs(5),
-        ..Delaying::default()
+        ..Recording::default()
     });
     let b = c
         .inner
@@ -511,9 +479,9 @@ async fn an_abandoned_wait_holds_up_nobody_while_the_leases_taken_are_released()
 /// bound says, not in `Lost(Expired)`: the caller may retry. Nothing is left held.
 #[tokio::test(start_paused = true)]
 async fn a_grant_answered_after_a_lease_taken_ran_out_is_a_timeout() {
-    let c = Delaying {
+    let c = Recording {
         late: Some((key("b"), secs(1))),
-        ..Delaying::default()
+        ..Recording::default()
     };
     let t0 = Instant::now();
     match acquire_many(&c, &keys(&["a", "b"]), &exact(secs(3)).wait(secs(10))).await {

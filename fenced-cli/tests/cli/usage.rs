@@ -412,23 +412,29 @@ fn a_closed_stdout_pipe_keeps_the_commands_exit_status() {
     assert!(!stderr.contains("panicked"), "{stderr}");
 }
 
-/// Output that cannot be written for another reason than a closed pipe (here a full disk,
-/// `/dev/full`) is reported: status 74 and one line saying the command ran. Before, the failure
-/// was dropped, and a script read an empty file as the command's answer.
-#[test]
-fn output_that_cannot_be_written_is_reported() {
+/// `fenced --url memory:// <args>` with its stdout on `/dev/full` (every write fails: ENOSPC).
+fn onto_a_full_disk(args: &[&str]) -> std::process::Output {
     let full = std::fs::OpenOptions::new()
         .write(true)
         .open("/dev/full")
         .unwrap();
-    let out = std::process::Command::new(fenced_bin())
-        .args(["--url", "memory://", "inspect", "k", "--json"])
+    std::process::Command::new(fenced_bin())
+        .args(["--url", "memory://"])
+        .args(args)
         .env_remove("FENCED_URL")
         .env_remove("RUST_LOG")
         .stdout(std::process::Stdio::from(full))
         .stderr(std::process::Stdio::piped())
         .output()
-        .unwrap();
+        .unwrap()
+}
+
+/// Output that cannot be written for another reason than a closed pipe (here a full disk,
+/// `/dev/full`) is reported: status 74 and one line saying the command ran. Before, the failure
+/// was dropped, and a script read an empty file as the command's answer.
+#[test]
+fn output_that_cannot_be_written_is_reported() {
+    let out = onto_a_full_disk(&["inspect", "k", "--json"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(74), "{stderr}");
     assert_one_line(&stderr);
@@ -436,19 +442,15 @@ fn output_that_cannot_be_written_is_reported() {
 
     // A command that took effect keeps its status: a script that saw a failure would force
     // the release again (and remove the next holder). The line on stderr says so.
-    let full = std::fs::OpenOptions::new()
-        .write(true)
-        .open("/dev/full")
-        .unwrap();
-    let out = std::process::Command::new(fenced_bin())
-        .args(["--url", "memory://", "force-release", "k"])
-        .args(["--actor", "alice", "--reason", "drill", "--json"])
-        .env_remove("FENCED_URL")
-        .env_remove("RUST_LOG")
-        .stdout(std::process::Stdio::from(full))
-        .stderr(std::process::Stdio::piped())
-        .output()
-        .unwrap();
+    let out = onto_a_full_disk(&[
+        "force-release",
+        "k",
+        "--actor",
+        "alice",
+        "--reason",
+        "drill",
+        "--json",
+    ]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{stderr}");
     assert_one_line(&stderr);
