@@ -143,8 +143,20 @@ impl ZkCoordinator {
             let turn = self
                 .wait_turn(&s, &dir, &prefix, &node, &mode, options.ttl_value())
                 .await?;
-            let (sent, epoch, watch) = match turn {
-                Turn::Holder { sent, epoch, watch } => (sent, epoch, watch),
+            // `None`: our node is gone (deleted by someone, or the lock node was removed) before
+            // the grant; start over.
+            let granted = match turn {
+                Turn::Holder { sent, epoch, watch } => match self.confirm_turn(&s, &node).await? {
+                    false => None,
+                    true => match self.check_token(&s, key, &node).await {
+                        Ok(token) => Some((token, sent, epoch, watch)),
+                        Err(None) => None,
+                        Err(Some(e)) => {
+                            self.withdraw(&s, &node, &mut guard).await;
+                            return Err(e);
+                        }
+                    },
+                },
                 Turn::Busy => {
                     let withdraw = self.withdraw(&s, &node, &mut guard);
                     match mode {
@@ -158,75 +170,58 @@ impl ZkCoordinator {
                     }
                     return Err(busy(key, &mode, start));
                 }
-                Turn::Vanished => {
-                    restarts += 1;
-                    if restarts > MAX_RESTARTS || mode.expired() {
-                        return Err(busy(key, &mode, start));
-                    }
-                    tracing::debug!(key = %key, node = %node.path, "contender node vanished; starting over");
-                    continue;
-                }
+                Turn::Vanished => None,
             };
-            // A turn found soon after a reconnect or a pause comes from reads, which confirm
-            // nothing: the session's last confirmation may be too old for the lease to start
-            // held, and it would be handed back already lost. Confirm the session first (a
-            // `sync`, with a read of our node) when its bound is less than half a heartbeat
-            // period away; heartbeats keep it at least a period away while the link is up, so
-            // this costs nothing then.
-            let heartbeat = crate::session::heartbeat_period(s.timeout());
-            if s.bound() < Instant::now() + heartbeat / 2 {
-                match s.synced_exists(&node.path).await {
-                    Some(Ok(Some(_))) => {}
-                    Some(Ok(None)) => {
-                        restarts += 1;
-                        if restarts > MAX_RESTARTS || mode.expired() {
-                            return Err(busy(key, &mode, start));
-                        }
-                        tracing::debug!(key = %key, node = %node.path, "contender node gone at its turn; starting over");
-                        continue;
-                    }
-                    Some(Err(e)) => return Err(from_zk(ops::WAIT, e)),
-                    None => return Err(timed_out(ops::WAIT, s.request_timeout())),
+            let Some((token, sent, epoch, watch)) = granted else {
+                restarts += 1;
+                if restarts > MAX_RESTARTS || mode.expired() {
+                    return Err(busy(key, &mode, start));
                 }
+                tracing::debug!(key = %key, node = %node.path, "contender node gone before its grant; starting over");
+                continue;
+            };
+            let ttl = options.ttl_value();
+            let margin = options.drift_margin_for(ttl);
+            let tracker = LeaseTracker::new(BACKEND, key.clone(), token, ttl, margin, sent);
+            // A create whose answer was lost may still leave a second node of this attempt
+            // behind (applied late, shown late): the lease's end sweeps the prefix.
+            let sweep = guard.unsure.then(|| (dir.clone(), prefix.clone()));
+            let state = LeaseState::new(
+                s.clone(),
+                tracker,
+                node.path,
+                node.czxid,
+                node.version,
+                sent,
+                sweep,
+            );
+            guard.session = None;
+            let lease = ZkLease::start(state, epoch, watch);
+            if let LeaseStatus::Lost(_) = lease.state().status() {
+                // The session ended between the grant and the lease's registration: the node
+                // went with it, and the caller gets no lease.
+                return Err(ended_during_acquire(BACKEND));
             }
-            match self.check_token(&s, key, &node).await {
-                Ok(token) => {
-                    let ttl = options.ttl_value();
-                    let margin = options.drift_margin_for(ttl);
-                    let tracker = LeaseTracker::new(BACKEND, key.clone(), token, ttl, margin, sent);
-                    // A create whose answer was lost may still leave a second node of this
-                    // attempt behind (applied late, shown late): the lease's end sweeps the prefix.
-                    let sweep = guard.unsure.then(|| (dir.clone(), prefix.clone()));
-                    let state = LeaseState::new(
-                        s.clone(),
-                        tracker,
-                        node.path,
-                        node.czxid,
-                        node.version,
-                        sent,
-                        sweep,
-                    );
-                    guard.session = None;
-                    let lease = ZkLease::start(state, epoch, watch);
-                    if let LeaseStatus::Lost(_) = lease.state().status() {
-                        // The session ended between the grant and the lease's registration:
-                        // the node went with it, and the caller gets no lease.
-                        return Err(ended_during_acquire(BACKEND));
-                    }
-                    return Ok(Box::new(lease));
-                }
-                Err(None) => {
-                    restarts += 1;
-                    if restarts > MAX_RESTARTS || mode.expired() {
-                        return Err(busy(key, &mode, start));
-                    }
-                    continue;
-                }
-                Err(Some(e)) => {
-                    self.withdraw(&s, &node, &mut guard).await;
-                    return Err(e);
-                }
-            }
+            return Ok(Box::new(lease));
+        }
+    }
+
+    /// Whether our node, first among the contenders, is still there once the session is
+    /// confirmed. A turn found soon after a reconnect or a pause comes from reads, which
+    /// confirm nothing: the session's last confirmation may be too old for the lease to start
+    /// held, and it would be handed back already lost. So the session is confirmed first (a
+    /// `sync`, with a read of our node) when its bound is less than half a heartbeat period
+    /// away; heartbeats keep it at least a period away while the link is up, so this costs
+    /// nothing then.
+    async fn confirm_turn(&self, s: &Session, node: &Node) -> Result<bool> {
+        let heartbeat = crate::session::heartbeat_period(s.timeout());
+        if s.bound() >= Instant::now() + heartbeat / 2 {
+            return Ok(true);
+        }
+        match s.synced_exists(&node.path).await {
+            Some(Ok(stat)) => Ok(stat.is_some()),
+            Some(Err(e)) => Err(from_zk(ops::WAIT, e)),
+            None => Err(timed_out(ops::WAIT, s.request_timeout())),
         }
     }
 
