@@ -21,7 +21,8 @@
 //! forwards: bytes that arrive once it stopped stay in the kernel, where
 //! [`held_request_bytes`](FaultProxy::held_request_bytes) counts them; at most one chunk per
 //! direction read just before the switch stays inside the proxy); after `heal()` they are
-//! delivered, late and in order, like TCP retransmissions after a short partition. Nothing is
+//! delivered, late and in order, like TCP retransmissions after a short partition. A side's close
+//! (`FIN` or `RST`) is held the same way: the other side learns of it only after `heal()`. Nothing is
 //! dropped silently: to model a partition that outlived the connections, call `cut()` and then
 //! `heal()`.
 //!
@@ -386,7 +387,13 @@ async fn accept_loop(
                 counters.open.fetch_add(1, Ordering::SeqCst);
                 let open = OpenConnection(counters.open.clone());
                 let serial = counters.accepted.fetch_add(1, Ordering::Relaxed) + 1;
-                if control.borrow().refusing {
+                // Taken at accept, as the serial is: a `cut()` after this point resets the
+                // connection even if its task has not run yet.
+                let (refusing, epoch) = {
+                    let c = control.borrow();
+                    (c.refusing, c.cut_epoch)
+                };
+                if refusing {
                     reset(&client);
                     drop((client, open));
                     continue;
@@ -395,7 +402,7 @@ async fn accept_loop(
                 let request_bytes = counters.request_bytes.clone();
                 let control = control.clone();
                 tokio::spawn(async move {
-                    connection(serial, client, upstream, control, request_bytes).await;
+                    connection(serial, epoch, client, upstream, control, request_bytes).await;
                     drop(open);
                 });
             }
@@ -436,12 +443,12 @@ fn reset(stream: &TcpStream) {
 
 async fn connection(
     serial: u64,
+    epoch: u64,
     mut client: TcpStream,
     upstream_addr: SocketAddr,
     control: watch::Receiver<Control>,
     request_bytes: Arc<AtomicU64>,
 ) {
-    let epoch = control.borrow().cut_epoch;
     let connect = async {
         let mut ctl = control.clone();
         forwarding(&mut ctl, serial).await?;
@@ -492,7 +499,9 @@ async fn connection(
             )
         };
         tokio::select! {
-            _ = both => false,
+            // The pumps may see the cut before this task does: it is a cut all the same, and
+            // closes with `RST`.
+            _ = both => control.borrow().cut_epoch != epoch,
             () = cut_or_closed(control.clone(), epoch) => true,
         }
     };
@@ -546,7 +555,12 @@ async fn pump(
             // Waits for bytes without taking them: if the connection stopped forwarding
             // meanwhile, they stay in the kernel's queue (counted by `held_request_bytes`,
             // discarded by a `cut`) until it forwards again.
-            if from.peek(&mut buf[..1]).await? == 0 {
+            // A close (EOF or reset) crosses only while the connection forwards, as bytes do:
+            // a partition tells neither side that the other closed, until it heals.
+            let peeked = from.peek(&mut buf[..1]).await;
+            if !matches!(peeked, Ok(n) if n > 0) {
+                forwarding(&mut read_ctl, pumped.serial).await?;
+                peeked?;
                 return Ok(()); // drops `tx`: the writer shuts down after the queue drains
             }
             if !read_ctl.borrow().forwards(pumped.serial) {
@@ -583,6 +597,8 @@ async fn pump(
                 c.fetch_add(chunk.len() as u64, Ordering::Relaxed);
             }
         }
+        forwarding(&mut write_ctl, pumped.serial).await?;
+        cut(&write_ctl)?;
         to.shutdown().await
     };
     tokio::try_join!(reader, writer).map(|_| ())
@@ -591,6 +607,7 @@ async fn pump(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::sync::oneshot;
     use tokio::time::timeout;
 
     /// A tiny echo server; returns its address.
@@ -666,6 +683,81 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(&held, b"new");
+    }
+
+    /// A server that echoes one byte on its one connection, then, when told, closes it (with
+    /// `RST` if `rst`); it reports when it sees the client's own close.
+    async fn closing_server(rst: bool) -> (SocketAddr, oneshot::Sender<()>, oneshot::Receiver<()>) {
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (close, mut told) = oneshot::channel::<()>();
+        let (saw, closed) = oneshot::channel::<()>();
+        tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut buf = [0u8; 1];
+            s.read_exact(&mut buf).await.unwrap();
+            s.write_all(&buf).await.unwrap();
+            tokio::select! {
+                _ = &mut told => {
+                    if rst {
+                        reset(&s);
+                    }
+                }
+                n = s.read(&mut buf) => {
+                    if matches!(n, Ok(0)) {
+                        let _ = saw.send(());
+                    }
+                    let _ = told.await;
+                }
+            }
+        });
+        (addr, close, closed)
+    }
+
+    #[tokio::test]
+    async fn blackhole_holds_a_servers_close_until_heal() {
+        for rst in [false, true] {
+            let (addr, close, _) = closing_server(rst).await;
+            let proxy = FaultProxy::start(addr).await.unwrap();
+            let mut s = TcpStream::connect(proxy.addr()).await.unwrap();
+            assert_eq!(roundtrip(&mut s, b"x", LONG).await.unwrap(), b"x");
+            proxy.blackhole();
+            close.send(()).unwrap();
+            let mut buf = [0u8; 1];
+            let early = timeout(SHORT, s.read(&mut buf)).await;
+            assert!(
+                early.is_err(),
+                "the close crossed the partition (rst {rst}): {early:?}"
+            );
+            proxy.heal();
+            match timeout(LONG, s.read(&mut buf))
+                .await
+                .expect("the close was not delivered after heal")
+            {
+                Ok(0) => {}
+                Ok(n) => panic!("read {n} bytes after the server closed"),
+                Err(e) => assert_eq!(e.kind(), io::ErrorKind::ConnectionReset),
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn blackhole_holds_a_clients_close_until_heal() {
+        let (addr, _close, mut closed) = closing_server(false).await;
+        let proxy = FaultProxy::start(addr).await.unwrap();
+        let mut s = TcpStream::connect(proxy.addr()).await.unwrap();
+        assert_eq!(roundtrip(&mut s, b"x", LONG).await.unwrap(), b"x");
+        proxy.blackhole();
+        s.shutdown().await.unwrap();
+        assert!(
+            timeout(SHORT, &mut closed).await.is_err(),
+            "the client's close crossed the partition"
+        );
+        proxy.heal();
+        timeout(LONG, closed)
+            .await
+            .expect("the close was not delivered after heal")
+            .unwrap();
     }
 
     #[tokio::test]
