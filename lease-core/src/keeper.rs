@@ -117,7 +117,9 @@ pub enum KeeperStop {
 ///   margin; less up to `jitter` of that, at random) has passed since the last confirmed renewal
 ///   was *sent*; sooner when the validity a renewal confirmed (a backend's cap, such as a
 ///   session's bound) ends before that leaves a try's time: then at `renew_fraction` of that
-///   validity. It retries failed renewals (with backoff), each try bounded by half the
+///   validity, unless something else has moved it by then (a session's heartbeat), in which
+///   case it only looks again, just before that validity ends, and renews only if it has not
+///   moved since. It retries failed renewals (with backoff), each try bounded by half the
 ///   validity left so that a lost reply leaves time for another, until local validity ends; if
 ///   no renewal is confirmed by then, the lease reports `Lost(Expired)` and the keeper exits.
 /// - A try that is not confirmed (the backend unavailable, an unknown outcome, no answer in its
@@ -218,6 +220,7 @@ pub fn keep(lease: Box<dyn Lease>, options: KeeperOptions) -> Result<Kept> {
             stop: None,
             next_due,
             planned: None,
+            cap_moves: false,
             progress_checked: acquired_at,
             renewing: None,
             timer,
@@ -322,6 +325,11 @@ struct KeepState {
     /// something else has moved validity by `next_due` (a session's heartbeat), the keeper
     /// looks again later instead of renewing, up to the renewal first planned.
     planned: Option<(Instant, Instant)>,
+    /// Whether the last look found a capped validity moved by something else: the cap is then
+    /// taken for one a heartbeat keeps moving, and looked at just before it ends
+    /// ([`LOOK_LEAD`]) rather than at `renew_fraction` of it. A look that finds it unmoved
+    /// (the heartbeat stalled, or a cap nothing moves) clears it.
+    cap_moves: bool,
     /// When progress was last checked (`require_progress`): at every planned renewal, and at
     /// most once an interval at renewals brought forward.
     progress_checked: Instant,
@@ -405,12 +413,13 @@ impl Keeping {
         if let Some((planned, seen)) = taken {
             // Brought forward for a validity that ended too soon, and moved since by something
             // else (a session's heartbeat extends it on ZooKeeper and Consul): no renewal yet;
-            // look again as that validity requires, up to the renewal first planned.
+            // look again just before that validity ends, up to the renewal first planned.
             // Only while that validity leaves a try's time: a heartbeat nudging a validity about
             // to end would otherwise bring the next look to now, again and again.
             let valid_until = self.lease.valid_until();
-            if valid_until > seen && now < planned && valid_until >= now + MIN_TRY {
-                let next = self.early(now, valid_until).min(planned);
+            state.cap_moves = valid_until > seen;
+            if state.cap_moves && now < planned && valid_until >= now + MIN_TRY {
+                let next = self.look_at(now, valid_until, true).min(planned);
                 state.planned = (next < planned).then_some((planned, valid_until));
                 state.next_due = next;
                 self.schedule(&mut state, next, Wake::Renew);
@@ -456,8 +465,9 @@ impl Keeping {
     /// validity is less ([`Self::early`]), so a cap that does not move is not renewed back to
     /// back. A cap that leaves time before `planned` changes nothing, and one that something
     /// else keeps moving (a session's heartbeat on ZooKeeper and Consul) sends nothing early:
-    /// the keeper only looks again ([`KeepState::planned`]).
-    fn next_renewal(&self, sent: Instant, planned: Instant) -> Instant {
+    /// the keeper only looks again ([`KeepState::planned`]), just before it ends once the last
+    /// look found it moved (`cap_moves`, [`Self::look_at`]).
+    fn next_renewal(&self, sent: Instant, planned: Instant, cap_moves: bool) -> Instant {
         let valid_until = self.lease.valid_until();
         // Uncapped, a renewal buys the whole window from its send: a short TTL whose planned
         // renewal leaves less than `MIN_TRY` is renewed as planned, not later.
@@ -465,7 +475,23 @@ impl Keeping {
         if !capped || planned + MIN_TRY <= valid_until {
             return planned;
         }
-        self.early(sent, valid_until).min(planned)
+        self.look_at(sent, valid_until, cap_moves).min(planned)
+    }
+
+    /// When to look at a capped validity next, from `from`: at `renew_fraction` of what is left
+    /// ([`Self::early`]); or, for a cap something else keeps moving (`moves`), just before it
+    /// ends ([`LOOK_LEAD`]), and no sooner than that fraction. Not at the fraction then: a
+    /// session's heartbeat comes every third of its timeout, so a look at a fraction of the
+    /// validity left often falls between two heartbeats, finds the cap unmoved, and renews for
+    /// nothing (every lease of the session, every heartbeat period).
+    fn look_at(&self, from: Instant, valid_until: Instant, moves: bool) -> Instant {
+        let early = self.early(from, valid_until);
+        if !moves {
+            return early;
+        }
+        valid_until
+            .checked_sub(LOOK_LEAD)
+            .map_or(early, |before_end| before_end.max(early))
     }
 
     /// `renew_fraction` of the validity left after `from`, and no sooner than `MIN_TRY` after
@@ -488,7 +514,7 @@ impl Keeping {
             Renewal::MaxHold => self.stop_renewing(state, KeeperStop::MaxHold),
             Renewal::Confirmed { sent } => {
                 let planned = sent + jittered(self.interval, self.options.jitter);
-                state.next_due = self.next_renewal(sent, planned);
+                state.next_due = self.next_renewal(sent, planned, state.cap_moves);
                 state.planned =
                     (state.next_due < planned).then_some((planned, self.lease.valid_until()));
                 if state.stop.is_none() {
@@ -727,6 +753,10 @@ async fn run_own_timer(mut rx: mpsc::UnboundedReceiver<Due>) {
 
 /// The least time one renewal try is given (unless less validity is left).
 const MIN_TRY: Duration = Duration::from_millis(100);
+
+/// How long before a validity that something else keeps moving (a session's heartbeat) ends the
+/// keeper looks at it again: if it has not moved by then, the keeper renews, with this left.
+const LOOK_LEAD: Duration = Duration::from_millis(200);
 
 /// How much short of the whole window a renewal's validity may be and still count as uncapped
 /// (an adapter may count it from a slightly later instant than the send).

@@ -79,6 +79,9 @@ pub(crate) enum RenewScript {
     /// Confirm, with validity capped this long after the send (as a session bound caps a
     /// ZooKeeper or Consul lease, which the session's own heartbeat then extends).
     CappedAt(Duration),
+    /// Confirm, with validity capped at [`ScriptedLease::session_bound`] when one is set (as a
+    /// Consul lease's is at its session's bound, which the session's renewer moves).
+    CappedBySession,
 }
 
 /// A hand-written `Lease` over `LeaseTracker`, with a scripted `renew` and counters.
@@ -88,6 +91,8 @@ pub(crate) struct ScriptedLease {
     pub(crate) script: RenewScript,
     pub(crate) renews: Arc<AtomicUsize>,
     pub(crate) releases: Arc<AtomicUsize>,
+    /// The session's bound, for [`RenewScript::CappedBySession`].
+    pub(crate) session_bound: Arc<std::sync::Mutex<Option<Instant>>>,
 }
 
 impl ScriptedLease {
@@ -110,6 +115,7 @@ impl ScriptedLease {
             script,
             renews: Arc::default(),
             releases: Arc::default(),
+            session_bound: Arc::default(),
         }
     }
 }
@@ -142,6 +148,16 @@ impl Lease for ScriptedLease {
             RenewScript::CappedAt(d) => {
                 self.tracker.renewed(sent + d);
                 Ok(sent + d)
+            }
+            RenewScript::CappedBySession => {
+                let own = sent + self.ttl();
+                let until = self
+                    .session_bound
+                    .lock()
+                    .unwrap()
+                    .map_or(own, |bound| bound.min(own));
+                self.tracker.renewed(until);
+                Ok(self.tracker.valid_until())
             }
         }
     }
