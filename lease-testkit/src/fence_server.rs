@@ -6,10 +6,13 @@
 //! [`Fence`] itself. The wire format is one line per request and one per reply:
 //!
 //! ```text
-//! WRITE <resource-hex> <token> <value-hex>   ->  OK <previous|->  |  STALE <current>  |  ERR <message>
-//! CLAIM <resource-hex> <token>               ->  OK <previous|->  |  STALE <current>  |  ERR <message>
-//! READ <resource-hex>                        ->  NONE  |  VALUE <newest> <value-token|-> <value-hex|->
+//! WRITE <resource-hex> <token> <value-hex>   ->  OK <previous|->  |  STALE <current>  |  UNKNOWN <message>  |  ERR <message>
+//! CLAIM <resource-hex> <token>               ->  OK <previous|->  |  STALE <current>  |  UNKNOWN <message>  |  ERR <message>
+//! READ <resource-hex>                        ->  NONE  |  VALUE <newest> <value-token|-> <value-hex|->  |  ERR <message>
 //! ```
+//!
+//! `UNKNOWN` is the served fence's [`Error::OutcomeUnknown`] (the operation may have applied);
+//! `ERR` any other error, which [`RemoteFence`] reports as `Unavailable`.
 //!
 //! Every accepted or rejected operation is also appended to a [`FenceLog`], the checker's input.
 
@@ -277,6 +280,10 @@ async fn handle(line: &str, fence: &dyn Fence) -> Result<String, String> {
             a.previous.map_or("-".into(), |t| t.to_string())
         )),
         Err(Error::Stale { current, .. }) => Ok(format!("STALE {current}")),
+        // May have applied: the client must not be told it did not.
+        Err(e @ Error::OutcomeUnknown { .. }) => {
+            Ok(format!("UNKNOWN {}", e.to_string().replace('\n', " ")))
+        }
         Err(e) => Err(e.to_string()),
     };
     match parts.first().copied() {
@@ -351,7 +358,8 @@ impl RemoteFence {
                     "fence server closed",
                 ));
             }
-            Ok(line.trim_end().to_owned())
+            // Only the line's end: an empty value's hex is empty, after a space.
+            Ok(line.trim_end_matches(['\n', '\r']).to_owned())
         }
         .await;
         match result {
@@ -368,7 +376,13 @@ impl RemoteFence {
         }
     }
 
-    fn accepted(resource: &ResourceId, token: Token, line: &str) -> lease_core::Result<Accepted> {
+    /// The answer `line` to a `WRITE` or `CLAIM` (`operation`) of `token` on `resource`.
+    fn accepted(
+        operation: &'static str,
+        resource: &ResourceId,
+        token: Token,
+        line: &str,
+    ) -> lease_core::Result<Accepted> {
         let bad = || Error::Unavailable {
             backend: "remote-fence",
             message: format!("bad reply {line:?}"),
@@ -385,6 +399,12 @@ impl RemoteFence {
                 resource: resource.to_string(),
                 presented: token,
                 current: rest.parse().map_err(|_| bad())?,
+            }),
+            "UNKNOWN" => Err(Error::OutcomeUnknown {
+                backend: "remote-fence",
+                operation,
+                message: rest.to_owned(),
+                source: None,
             }),
             _ => Err(Error::Unavailable {
                 backend: "remote-fence",
@@ -414,7 +434,7 @@ impl Fence for RemoteFence {
                 hex(&value)
             ))
             .await?;
-        Self::accepted(resource, token, &line)
+        Self::accepted("write", resource, token, &line)
     }
 
     async fn claim(&self, resource: &ResourceId, token: Token) -> lease_core::Result<Accepted> {
@@ -424,7 +444,7 @@ impl Fence for RemoteFence {
                 hex(resource.as_str().as_bytes())
             ))
             .await?;
-        Self::accepted(resource, token, &line)
+        Self::accepted("claim", resource, token, &line)
     }
 
     async fn read(&self, resource: &ResourceId) -> lease_core::Result<Option<FencedValue>> {
@@ -579,6 +599,28 @@ mod tests {
             .await
             .unwrap()
             .is_none());
+    }
+
+    /// A served fence's unknown outcome reaches the client as one (the write may have applied:
+    /// before, it was reported `Unavailable`, "nothing applied"), and an empty value reads back
+    /// (before, its reply did not parse).
+    #[tokio::test]
+    async fn remote_fence_keeps_unknown_outcomes_and_empty_values() {
+        let server = FenceServer::start(Arc::new(Doubtful(MemoryFence::new())))
+            .await
+            .unwrap();
+        let remote = RemoteFence::new(server.addr());
+        let r = ResourceId::new("doubt").unwrap();
+        let t = |n| Token::new(n).unwrap();
+        match remote.write(&r, t(7), Bytes::from_static(b"lost")).await {
+            Err(Error::OutcomeUnknown { operation, .. }) => assert_eq!(operation, "write"),
+            other => panic!("{other:?}"),
+        }
+        let v = remote.read(&r).await.unwrap().unwrap();
+        assert_eq!(v.value, Some((t(7), Bytes::from_static(b"lost"))));
+        remote.write(&r, t(8), Bytes::new()).await.unwrap();
+        let v = remote.read(&r).await.unwrap().unwrap();
+        assert_eq!((v.newest, v.value), (t(8), Some((t(8), Bytes::new()))));
     }
 
     /// A request dropped after it was sent and before its reply arrived (a caller's timeout)
