@@ -479,6 +479,84 @@ async fn txn_is_all_or_nothing_with_consuls_verbs_and_errors() {
     assert_eq!(st, 400);
 }
 
+/// An outside write committed just before a transaction that is then refused wakes the
+/// blocking queries on its key, as every Consul commit does.
+#[tokio::test]
+async fn an_outside_write_before_a_refused_txn_wakes_blocking_queries() {
+    let s = start();
+    put(&s, "/v1/kv/w", "1").await;
+    let (_, idx, _) = get(&s, "w").await;
+    let idx = idx.unwrap();
+    let addr = s.addr();
+    let reads = s.blocking_reads();
+    let waiter = tokio::spawn(async move {
+        consul_http(
+            addr,
+            "GET",
+            &format!("/v1/kv/w?index={idx}&wait=10s"),
+            Some(TOKEN),
+            None,
+        )
+        .await
+        .unwrap()
+    });
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while s.blocking_reads() == reads {
+        assert!(Instant::now() < deadline, "the query never arrived");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    s.write_before_txns("w", 1);
+    let b64 = |v: &str| base64::engine::general_purpose::STANDARD.encode(v);
+    let (st, _, v) = call(
+        &s,
+        "PUT",
+        "/v1/txn",
+        Some(json!([
+            {"KV": {"Verb": "check-index", "Key": "w", "Index": idx}},
+            {"KV": {"Verb": "set", "Key": "w", "Value": b64("mine")}},
+        ])),
+    )
+    .await;
+    assert_eq!(st, 409, "the outside write moved the index first: {v}");
+    let (st, new_idx, _) = tokio::time::timeout(Duration::from_secs(2), waiter)
+        .await
+        .expect("the outside write did not wake the query")
+        .unwrap();
+    assert_eq!(st, 200);
+    assert!(new_idx.unwrap() > idx);
+}
+
+/// `check-not-exists` needs `key:write` in a transaction, as in Consul's `kvsPreApply`, although
+/// a transaction of checks alone is served as a read.
+#[tokio::test]
+async fn check_not_exists_needs_write_permission() {
+    let s = start();
+    s.deny_key_writes(Some("denied/".into()));
+    let (st, _, v) = call(
+        &s,
+        "PUT",
+        "/v1/txn",
+        Some(json!([{"KV": {"Verb": "check-not-exists", "Key": "denied/x"}}])),
+    )
+    .await;
+    assert_eq!(st, 409, "{v}");
+    assert!(
+        v["Errors"][0]["What"]
+            .as_str()
+            .unwrap()
+            .contains("Permission denied"),
+        "{v}"
+    );
+    let (st, _, v) = call(
+        &s,
+        "PUT",
+        "/v1/txn",
+        Some(json!([{"KV": {"Verb": "get-tree", "Key": "denied/"}}])),
+    )
+    .await;
+    assert_eq!(st, 200, "reads stay allowed: {v}");
+}
+
 #[tokio::test]
 async fn acl_token_is_required_and_checked() {
     let s = start();
@@ -567,6 +645,10 @@ async fn kill_restart_keeps_state_and_indexes_and_pause_holds_answers() {
     let mut s = start();
     let id = session(&s, json!({"TTL": "300ms", "Checks": []})).await;
     put(&s, &format!("/v1/kv/p?acquire={id}"), "v").await;
+    // A lock-delay started before the crash.
+    let gone = session(&s, json!({"LockDelay": "30s", "Checks": []})).await;
+    put(&s, &format!("/v1/kv/ld?acquire={gone}"), "").await;
+    call(&s, "PUT", &format!("/v1/session/destroy/{gone}"), None).await;
     let (_, idx, _) = get(&s, "p").await;
     tokio::task::block_in_place(|| s.kill()).unwrap();
     assert!(
@@ -585,6 +667,14 @@ async fn kill_restart_keeps_state_and_indexes_and_pause_holds_answers() {
         e["Session"],
         id.as_str(),
         "the session survived and got a fresh timer"
+    );
+    // Every Consul server applied the invalidation, and with it the lock-delay: a new leader
+    // still refuses the key.
+    let other = session(&s, json!({"Checks": []})).await;
+    assert_eq!(
+        put(&s, &format!("/v1/kv/ld?acquire={other}"), "").await,
+        (200, json!(false)),
+        "a lock-delay did not outlive the restart"
     );
     put(&s, "/v1/kv/q", "x").await;
     let (_, q_idx, _) = get(&s, "q").await;

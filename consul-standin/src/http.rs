@@ -811,11 +811,18 @@ fn decode_kv_op(v: &Value) -> Result<KvOp, String> {
     })
 }
 
-/// Whether a transaction operation only reads.
+/// Whether a transaction operation only reads (Consul's `isWrite`: a transaction of these
+/// alone is served as a read).
 fn is_read(op: &KvOp) -> bool {
+    needs_read_only(op) || op.verb == "check-not-exists"
+}
+
+/// Whether the ACL token needs only `key:read` for a transaction operation (Consul's
+/// `kvsPreApply`): every other verb, `check-not-exists` included, needs `key:write`.
+fn needs_read_only(op: &KvOp) -> bool {
     matches!(
         op.verb.as_str(),
-        "get" | "get-tree" | "check-session" | "check-index" | "check-not-exists"
+        "get" | "get-tree" | "check-session" | "check-index"
     )
 }
 
@@ -856,17 +863,19 @@ fn txn(shared: &Shared, body: &[u8]) -> Resp {
     let denied: Vec<Value> = ops
         .iter()
         .enumerate()
-        .filter(|(_, op)| !is_read(op))
+        .filter(|(_, op)| !needs_read_only(op))
         .filter_map(|(i, op)| shared.write_denied(&op.key).map(|what| (i, what)))
         .map(|(i, what)| json!({ "OpIndex": i, "What": what }))
         .collect();
     if !denied.is_empty() {
         return json_resp(409, &json!({ "Results": null, "Errors": denied }));
     }
-    let (result, index, expired) = {
+    let (result, index, changed) = {
         let mut st = shared.store();
         let now = Instant::now();
-        let expired = st.expire_sessions(now);
+        // Whether something was committed even if the transaction is refused: expired
+        // sessions, an outside write.
+        let mut changed = st.expire_sessions(now);
         if !read_only {
             // An outside write that lands just before this transaction (`write_before_txns`).
             let mut writes = shared
@@ -883,14 +892,14 @@ fn txn(shared: &Shared, body: &[u8]) -> Resp {
                         value: format!("outside {left}").into_bytes(),
                         ..KvOp::default()
                     };
-                    let _ = st.kv_apply(outside, now);
+                    changed |= matches!(st.kv_apply(outside, now), Ok(true));
                 }
             }
         }
         let r = st.txn(&ops, now);
-        (r, st.index(), expired)
+        (r, st.index(), changed)
     };
-    if expired && (read_only || result.is_err()) {
+    if changed && (read_only || result.is_err()) {
         shared.notify(index);
     }
     if result.is_ok() && !read_only {

@@ -60,8 +60,8 @@
 //! get no answer; nothing more is applied). Consul keeps KV data and sessions in Raft, so the
 //! stand-in **keeps its state across `kill` and `restart`** and its indexes keep rising; `restart`
 //! behaves like a newly elected leader: it listens on the same port again, restarts every
-//! session's TTL timer at its full length and forgets lock-delays (which Consul keeps only in the
-//! leader's memory). `pause` stops accepting and answering while keeping sockets open (like
+//! session's TTL timer at its full length and keeps lock-delays (Consul's servers each set them
+//! when they apply a session's invalidation, so a new leader has them). `pause` stops accepting and answering while keeping sockets open (like
 //! `SIGSTOP`); session timers do not fire while paused and fire on `resume` if they are due.
 //! [`ConsulStandIn::answer_next_commit`] commits the next write transaction but answers it with a
 //! given status and body (a lost answer: `rpc error making call: EOF`, a proxy's 502, ...).

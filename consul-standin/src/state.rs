@@ -178,8 +178,10 @@ impl Overlay<'_> {
     }
 }
 
-/// The whole replicated state of the stand-in, plus the leader-only timers (session TTLs and
-/// lock-delays), which a restart resets the way a newly elected Consul leader does.
+/// The whole replicated state of the stand-in, plus the session TTL timers, which only the leader
+/// runs and a restart resets the way a newly elected Consul leader does. Lock-delays are kept:
+/// Consul sets them while applying a session's invalidation, on every server
+/// (`deleteSessionTxn`), so a new leader has them too.
 #[derive(Debug)]
 pub(crate) struct Store {
     index: u64,
@@ -392,7 +394,7 @@ impl Store {
     }
 
     /// What a newly elected leader does: every session timer restarts at its full TTL (times the
-    /// multiplier), and lock-delays (kept only in the old leader's memory) are forgotten.
+    /// multiplier). Lock-delays stay: every server set them when it applied the invalidation.
     pub(crate) fn new_leader(&mut self, now: Instant) {
         let mult = self.ttl_multiplier;
         for s in self.sessions.values_mut() {
@@ -400,7 +402,6 @@ impl Store {
                 s.expires_at = Some(now + ttl * mult);
             }
         }
-        self.lock_delays.clear();
     }
 
     /// The node's Serf check turns critical: every session that carries it is invalidated,
