@@ -32,6 +32,10 @@ enum Defect {
     /// A lease reports `Held`, and its renewals succeed, whatever the server holds: it never
     /// learns of an expiry or a revocation.
     NeverLost,
+    /// A renewal reports (and the lease shows) validity half a TTL past what the server keeps.
+    RenewOverstates,
+    /// `try_acquire` waits for a held key, up to the options' wait bound (then answers `Held`).
+    TryWaits,
 }
 
 /// The in-memory backend with `defect`.
@@ -55,7 +59,7 @@ impl Mutant {
         }
     }
 
-    fn wrap(self: &Arc<Self>, lease: Box<dyn Lease>) -> Box<dyn Lease> {
+    fn wrap(self: &Arc<Self>, lease: Box<dyn Lease>, ttl: Duration) -> Box<dyn Lease> {
         let token = match self.defect {
             Defect::SameToken => Token::new(1).expect("in range"),
             _ => lease.token(),
@@ -69,11 +73,23 @@ impl Mutant {
             Duration::ZERO,
             Instant::now(),
         );
+        // The state an overstating lease shows: granted as the server says (a little short of
+        // it), renewed past it.
+        let overstated = LeaseTracker::new(
+            "mutant",
+            lease.key().clone(),
+            token,
+            ttl,
+            ttl / 10,
+            Instant::now(),
+        );
         Box::new(MutantLease {
             inner: Some(lease),
             owner: self.clone(),
             token,
+            ttl,
             immortal,
+            overstated,
         })
     }
 
@@ -107,12 +123,20 @@ impl Coordinator for MutantCoordinator {
             return self.try_acquire(key, options).await;
         }
         let lease = self.0.inner.acquire(key, options).await?;
-        Ok(self.0.wrap(lease))
+        Ok(self.0.wrap(lease, options.ttl_value()))
     }
 
     async fn try_acquire(&self, key: &LockKey, options: &LeaseOptions) -> Result<Box<dyn Lease>> {
-        match self.0.inner.try_acquire(key, options).await {
-            Ok(lease) => Ok(self.0.wrap(lease)),
+        let tried = match self.0.defect {
+            // Waits up to the options' bound, and reports a wait that ran out as `Held`.
+            Defect::TryWaits => match self.0.inner.acquire(key, options).await {
+                Err(Error::Timeout { key, .. }) => Err(Error::Held { key }),
+                other => other,
+            },
+            _ => self.0.inner.try_acquire(key, options).await,
+        };
+        match tried {
+            Ok(lease) => Ok(self.0.wrap(lease, options.ttl_value())),
             Err(Error::Held { .. }) if self.0.defect == Defect::DoubleGrant => {
                 Ok(self.0.second_grant(key, options))
             }
@@ -139,7 +163,9 @@ struct MutantLease {
     inner: Option<Box<dyn Lease>>,
     owner: Arc<Mutant>,
     token: Token,
+    ttl: Duration,
     immortal: LeaseTracker,
+    overstated: LeaseTracker,
 }
 
 impl MutantLease {
@@ -153,6 +179,7 @@ impl Lease for MutantLease {
     fn state(&self) -> &LeaseState {
         match self.owner.defect {
             Defect::NeverLost => &self.immortal,
+            Defect::RenewOverstates => &self.overstated,
             _ => self.inner().state(),
         }
     }
@@ -166,6 +193,12 @@ impl Lease for MutantLease {
             Defect::NeverLost => {
                 let _ = self.inner().renew().await;
                 self.immortal.renewed_from(Instant::now())
+            }
+            Defect::RenewOverstates => {
+                self.inner().renew().await?;
+                self.overstated
+                    .renewed(Instant::now() + self.ttl + self.ttl / 2);
+                Ok(self.overstated.valid_until())
             }
             _ => self.inner().renew().await,
         }
@@ -223,6 +256,7 @@ const CASES: &[&str] = &[
     "mutual_exclusion_16_contenders",
     "tokens_increase_across_handoffs",
     "try_acquire_and_wait_bound",
+    "renew_extends_validity",
     "stale_release_and_renew_are_no_ops",
     "lost_fires_on_expiry",
     "lost_fires_on_revocation",
@@ -359,6 +393,30 @@ async fn a_lease_that_never_learns_it_is_lost_is_caught() {
             ("lost_fires_on_expiry", "did not fire after the TTL"),
             ("lost_fires_on_revocation", "expected Lost"),
         ],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_that_overstates_validity_is_caught() {
+    caught(
+        Defect::RenewOverstates,
+        &[(
+            "renew_extends_validity",
+            "before the renewed lease's validity ended",
+        )],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_try_acquire_that_waits_is_caught() {
+    caught(
+        Defect::TryWaits,
+        &[(
+            "try_acquire_and_wait_bound",
+            "try_acquire with a wait bound of",
+        )],
     )
     .await;
 }

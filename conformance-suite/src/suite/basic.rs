@@ -202,14 +202,34 @@ async fn try_and_wait(ctx: Arc<Ctx>) -> CaseResult {
             )))
         }
     }
+    // `try_acquire` ignores a wait bound: Held at once, not after waiting for the key. (A bound
+    // shorter than the holder's TTL, so that a try that waits it out answers `Held` too, and
+    // is caught by the time it took.)
+    let bound = ctx.ttl() * 10;
+    let start = Instant::now();
+    let tried = b.try_acquire(&key, &opts(&ctx).wait(bound)).await;
+    let took = start.elapsed();
+    check!(
+        took < ctx.ttl() * 2,
+        "try_acquire with a wait bound of {bound:?} waited {took:?} on a held key"
+    );
+    check!(
+        matches!(tried, Err(Error::Held { .. })),
+        "try_acquire with a wait bound on a held key: expected Held, got {tried:?}"
+    );
     let wait = ctx.ttl() / 2;
     let start = Instant::now();
     match b.acquire(&key, &opts(&ctx).wait(wait)).await {
         Err(Error::Timeout { waited, .. }) => {
+            let took = start.elapsed();
             check!(
-                start.elapsed() >= wait,
-                "timed out after {:?}, before the wait bound {wait:?}",
-                start.elapsed()
+                took >= wait,
+                "timed out after {took:?}, before the wait bound {wait:?}"
+            );
+            let late = wait + ctx.ttl() + ctx.scaled(Duration::from_secs(1));
+            check!(
+                took <= late,
+                "timed out after {took:?}, long past the wait bound {wait:?}"
             );
             check!(
                 waited >= wait.mul_f64(0.9),
@@ -365,7 +385,25 @@ async fn renew_past_first_validity(
         "status after renewals: {:?}",
         lease.status()
     );
-    lease.release().await?;
+    // The server keeps the key for as long as the last renewal's validity says: when the
+    // holder vanishes (no release, no destructor), the key comes free no earlier than that.
+    let until = lease.valid_until();
+    std::mem::forget(lease);
+    let next = b
+        .acquire(key, &opts(ctx).wait(ctx.ttl() * 10))
+        .await
+        .map_err(|e| {
+            Failure(format!(
+                "key stayed blocked after the renewed holder vanished: {e}"
+            ))
+        })?;
+    let now = Instant::now();
+    check!(
+        now >= until,
+        "the key came free {:?} before the renewed lease's validity ended",
+        until - now
+    );
+    next.release().await?;
     Ok(None)
 }
 
@@ -386,6 +424,15 @@ async fn lost_on_expiry(ctx: Arc<Ctx>) -> CaseResult {
         reason == LostReason::Expired,
         "reason {reason:?}, expected Expired"
     );
+    // The server forgets the expired holder too: no ghost left for `inspect` to show.
+    let gone_by = Instant::now() + ctx.ttl() * 2 + ctx.scaled(Duration::from_secs(2));
+    while let Some(holder) = a.inspect(&key).await? {
+        check!(
+            Instant::now() < gone_by,
+            "inspect still shows the expired holder {holder:?}"
+        );
+        tokio::time::sleep(ctx.ttl() / 20).await;
+    }
     match lease.renew().await {
         Err(Error::Lost { .. }) => {}
         other => {

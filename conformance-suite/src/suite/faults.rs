@@ -539,16 +539,26 @@ async fn restart_between(ctx: Arc<Ctx>) -> CaseResult {
 async fn restart_during(ctx: Arc<Ctx>) -> CaseResult {
     let key = ctx.key("restart-during");
     let a = ctx.client().await?;
-    let lease = a.acquire(&key, &LeaseOptions::new(ctx.ttl())).await?;
+    // Long enough to outlast the restart, so that a restart losing the lock shows.
+    let lease = a.acquire(&key, &LeaseOptions::new(ctx.ttl() * 3)).await?;
     let token_a = lease.token();
     ctx.fence().claim(&res(&key), token_a).await?;
     ctx.fence()
         .write(&res(&key), token_a, Bytes::from_static(b"before crash"))
         .await?;
+    // What the holder was promised before the crash: no one else holds the key until then.
+    let promised = lease.valid_until();
     crash_and_restart(&ctx).await?;
     let b = ctx.client().await?;
     let o = LeaseOptions::new(ctx.ttl() * 20).wait(ctx.ttl() * 10);
     let new = acquire_after_restart(&ctx, &*b, &key, &o).await?;
+    let now = Instant::now();
+    check!(
+        now >= promised,
+        "the key was granted again {:?} before the validity the holder had before the restart \
+         ended: two holders",
+        promised - now
+    );
     check!(
         new.token() > token_a,
         "token after a crash during a holding {} not above {token_a}",
