@@ -8,6 +8,7 @@ use conformance_tests::proxy::FaultProxy;
 use fence_postgres::{begin, FencedTable, Ident, PgFence};
 use lease_core::{Bytes, Error, Fence, ResourceId, Token};
 use rand::seq::SliceRandom;
+use rand::SeedableRng;
 use tokio_postgres::NoTls;
 
 fn t(n: u64) -> Token {
@@ -177,7 +178,13 @@ async fn fence_semantics_transactions_concurrency_and_durability() {
         .unwrap();
     let hot = ResourceId::new("hot").unwrap();
     let mut tokens: Vec<u64> = (1..=24).collect();
-    tokens.shuffle(&mut rand::thread_rng());
+    // Seeded and printed, so that a failing order can be replayed.
+    let seed: u64 = std::env::var("FENCE_SHUFFLE_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(rand::random);
+    println!("token order seed: {seed} (FENCE_SHUFFLE_SEED={seed} replays it)");
+    tokens.shuffle(&mut rand::rngs::StdRng::seed_from_u64(seed));
     let mut tasks = Vec::new();
     for tok in tokens {
         let (url, hot, table) = (url.clone(), hot.clone(), table.clone());
