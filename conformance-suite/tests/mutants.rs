@@ -420,3 +420,22 @@ async fn a_try_acquire_that_waits_is_caught() {
     )
     .await;
 }
+
+/// The scale case asks another client for a sample of the keys it holds: a backend that grants
+/// them again fails it, although every lease's own state says `Held`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_scale_case_catches_keys_granted_while_held() {
+    // Read by the scale case only, which no other test of this binary runs.
+    std::env::set_var("CONFORMANCE_SCALE_LEASES", "128");
+    std::env::set_var("CONFORMANCE_SCALE_HOLD_SECS", "1");
+    let report = run(Defect::DoubleGrant, &["many_leases_kept"]).await;
+    match &report.cases[0].verdict {
+        Verdict::Failed(why) => assert!(
+            why.contains(
+                "keys another client was granted while their leases showed Held: 64 of 64"
+            ),
+            "{why}"
+        ),
+        other => panic!("the scale case passed a backend that grants held keys: {other:?}"),
+    }
+}

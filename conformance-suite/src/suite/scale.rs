@@ -38,6 +38,9 @@ const MAX_LEASES: usize = 1_000_000;
 const MAX_HOLD_SECS: u64 = 3_600;
 const MAX_TTL_MS: u64 = 3_600_000;
 
+/// How many of the keys held after the hold another client tries to take (and must be refused).
+const HELD_SAMPLE: usize = 64;
+
 /// Acquires (and releases, and checks) in flight at once.
 const IN_FLIGHT: usize = 64;
 
@@ -416,6 +419,31 @@ async fn many_leases_kept(ctx: Arc<Ctx>) -> CaseResult {
         }
     }
 
+    // The server holds them too, not only the leases' own state: another client is refused a
+    // sample of the keys seen held (all of them would double the case's load).
+    let held_keys: Vec<LockKey> = kept
+        .iter()
+        .zip(&held_now)
+        .filter(|(_, held)| **held)
+        .map(|(k, _)| k.lease().key().clone())
+        .collect();
+    let sample: Vec<LockKey> = held_keys
+        .iter()
+        .step_by((held_keys.len() / HELD_SAMPLE).max(1))
+        .take(HELD_SAMPLE)
+        .cloned()
+        .collect();
+    let mut granted_while_held = 0;
+    let mut sample_errors = Tally::default();
+    match ctx.client().await {
+        Err(f) => sample_errors.add(&keys[0], &f.0),
+        Ok(other) => {
+            let (refused, errors, n) = check_free(&other, &sample, &options, deadline).await;
+            granted_while_held = n - refused.total - errors.total;
+            sample_errors = errors;
+        }
+    }
+
     // Release them all; a release of a lease seen lost is expected to fail and is not counted.
     let release_until = Instant::now() + deadline.saturating_duration_since(Instant::now()) / 2;
     let t1 = Instant::now();
@@ -479,6 +507,14 @@ async fn many_leases_kept(ctx: Arc<Ctx>) -> CaseResult {
     if stopped > 0 {
         problems.push_str(&format!("; keepers that stopped on their own: {stopped}"));
     }
+    if granted_while_held > 0 {
+        problems.push_str(&format!(
+            "; keys another client was granted while their leases showed Held: {granted_while_held} of {}",
+            sample.len()
+        ));
+    }
+    problems
+        .push_str(&sample_errors.describe("errors of the other client's try_acquire while held"));
     problems.push_str(&release_errors.describe("releases of held leases not Ok"));
     problems.push_str(&left.describe("keys still held after release"));
     problems.push_str(&check_errors.describe("check try_acquire/release errors"));
