@@ -58,6 +58,27 @@ async fn get(s: &ConsulStandIn, key: &str) -> (u16, Option<u64>, Value) {
     (st, idx, if st == 200 { v[0].clone() } else { Value::Null })
 }
 
+/// Starts a blocking `GET` of `path_and_query` and returns once the stand-in has read it: every
+/// change after that wakes it. (The count is taken before the query is sent, so a query read at
+/// once is not waited for forever.)
+async fn blocking_get(
+    s: &ConsulStandIn,
+    path_and_query: String,
+) -> tokio::task::JoinHandle<(u16, Option<u64>, bytes::Bytes)> {
+    let (addr, reads) = (s.addr(), s.blocking_reads());
+    let waiter = tokio::spawn(async move {
+        consul_http(addr, "GET", &path_and_query, Some(TOKEN), None)
+            .await
+            .unwrap()
+    });
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while s.blocking_reads() == reads {
+        assert!(Instant::now() < deadline, "the query never arrived");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    waiter
+}
+
 #[tokio::test]
 async fn lock_index_restarts_at_one_after_delete_while_modify_index_rises() {
     let s = start();
@@ -253,23 +274,7 @@ async fn a_blocking_query_on_one_key_is_woken_only_by_changes_to_that_key() {
         (200, json!(true))
     );
     let (_, idx, _) = get(&s, "b").await;
-    let waiter = tokio::spawn(async move {
-        consul_http(
-            addr,
-            "GET",
-            &format!("/v1/kv/b?index={}&wait=10s", idx.unwrap()),
-            Some(TOKEN),
-            None,
-        )
-        .await
-        .unwrap()
-    });
-    let reads = s.blocking_reads();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while s.blocking_reads() == reads {
-        assert!(Instant::now() < deadline, "the query never arrived");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    let waiter = blocking_get(&s, format!("/v1/kv/b?index={}&wait=10s", idx.unwrap())).await;
     call(&s, "PUT", &format!("/v1/session/destroy/{id}"), None).await;
     let (st, _, body) = tokio::time::timeout(Duration::from_secs(2), waiter)
         .await
@@ -487,24 +492,7 @@ async fn an_outside_write_before_a_refused_txn_wakes_blocking_queries() {
     put(&s, "/v1/kv/w", "1").await;
     let (_, idx, _) = get(&s, "w").await;
     let idx = idx.unwrap();
-    let addr = s.addr();
-    let reads = s.blocking_reads();
-    let waiter = tokio::spawn(async move {
-        consul_http(
-            addr,
-            "GET",
-            &format!("/v1/kv/w?index={idx}&wait=10s"),
-            Some(TOKEN),
-            None,
-        )
-        .await
-        .unwrap()
-    });
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while s.blocking_reads() == reads {
-        assert!(Instant::now() < deadline, "the query never arrived");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    let waiter = blocking_get(&s, format!("/v1/kv/w?index={idx}&wait=10s")).await;
     s.write_before_txns("w", 1);
     let b64 = |v: &str| base64::engine::general_purpose::STANDARD.encode(v);
     let (st, _, v) = call(
