@@ -118,8 +118,8 @@ pub enum KeeperStop {
 ///   was *sent*; sooner when the validity a renewal confirmed (a backend's cap, such as a
 ///   session's bound) ends before that leaves a try's time: then at `renew_fraction` of that
 ///   validity, unless something else has moved it by then (a session's heartbeat), in which
-///   case it only looks again, just before that validity ends, and renews only if it has not
-///   moved since. It retries failed renewals (with backoff), each try bounded by half the
+///   case it only looks again, shortly before that validity ends, and renews only if it has
+///   not moved since. It retries failed renewals (with backoff), each try bounded by half the
 ///   validity left so that a lost reply leaves time for another, until local validity ends; if
 ///   no renewal is confirmed by then, the lease reports `Lost(Expired)` and the keeper exits.
 /// - A try that is not confirmed (the backend unavailable, an unknown outcome, no answer in its
@@ -207,6 +207,7 @@ pub fn keep(lease: Box<dyn Lease>, options: KeeperOptions) -> Result<Kept> {
         .max_hold
         .and_then(|max| acquired_at.checked_add(max));
     let next_due = acquired_at + jittered(interval, options.jitter);
+    let confirmed_until = lease.valid_until();
     let keeping = Arc::new(Keeping {
         seen_progress: AtomicU64::new(progress.count()),
         lease,
@@ -221,6 +222,7 @@ pub fn keep(lease: Box<dyn Lease>, options: KeeperOptions) -> Result<Kept> {
             next_due,
             planned: None,
             cap_moves: false,
+            confirmed_until,
             progress_checked: acquired_at,
             renewing: None,
             timer,
@@ -325,11 +327,14 @@ struct KeepState {
     /// something else has moved validity by `next_due` (a session's heartbeat), the keeper
     /// looks again later instead of renewing, up to the renewal first planned.
     planned: Option<(Instant, Instant)>,
-    /// Whether the last look found a capped validity moved by something else: the cap is then
-    /// taken for one a heartbeat keeps moving, and looked at just before it ends
-    /// ([`LOOK_LEAD`]) rather than at `renew_fraction` of it. A look that finds it unmoved
-    /// (the heartbeat stalled, or a cap nothing moves) clears it.
+    /// Whether the last look, or the last planned renewal, found validity moved by something
+    /// else: a cap is then taken for one a heartbeat keeps moving, and looked at shortly before
+    /// it ends ([`Keeping::look_at`]) rather than at `renew_fraction` of it. One that finds it
+    /// unmoved (the heartbeat stalled, or a cap nothing moves) clears it.
     cap_moves: bool,
+    /// The validity right after the last confirmed renewal (the grant's, at first): a planned
+    /// renewal that finds validity moved past it knows something else moves it.
+    confirmed_until: Instant,
     /// When progress was last checked (`require_progress`): at every planned renewal, and at
     /// most once an interval at renewals brought forward.
     progress_checked: Instant,
@@ -410,6 +415,10 @@ impl Keeping {
         }
         let taken = state.planned.take();
         let early = taken.is_some_and(|(planned, _)| now < planned);
+        if taken.is_none() {
+            // A planned renewal: has something else moved validity since the last one?
+            state.cap_moves = self.lease.valid_until() > state.confirmed_until;
+        }
         if let Some((planned, seen)) = taken {
             // Brought forward for a validity that ended too soon, and moved since by something
             // else (a session's heartbeat extends it on ZooKeeper and Consul): no renewal yet;
@@ -465,8 +474,8 @@ impl Keeping {
     /// validity is less ([`Self::early`]), so a cap that does not move is not renewed back to
     /// back. A cap that leaves time before `planned` changes nothing, and one that something
     /// else keeps moving (a session's heartbeat on ZooKeeper and Consul) sends nothing early:
-    /// the keeper only looks again ([`KeepState::planned`]), just before it ends once the last
-    /// look found it moved (`cap_moves`, [`Self::look_at`]).
+    /// the keeper only looks again ([`KeepState::planned`]), shortly before it ends once it has
+    /// been seen to move (`cap_moves`, [`Self::look_at`]).
     fn next_renewal(&self, sent: Instant, planned: Instant, cap_moves: bool) -> Instant {
         let valid_until = self.lease.valid_until();
         // Uncapped, a renewal buys the whole window from its send: a short TTL whose planned
@@ -479,18 +488,21 @@ impl Keeping {
     }
 
     /// When to look at a capped validity next, from `from`: at `renew_fraction` of what is left
-    /// ([`Self::early`]); or, for a cap something else keeps moving (`moves`), just before it
-    /// ends ([`LOOK_LEAD`]), and no sooner than that fraction. Not at the fraction then: a
-    /// session's heartbeat comes every third of its timeout, so a look at a fraction of the
-    /// validity left often falls between two heartbeats, finds the cap unmoved, and renews for
-    /// nothing (every lease of the session, every heartbeat period).
+    /// ([`Self::early`]); or, for a cap something else keeps moving (`moves`), shortly before it
+    /// ends: half of what the fraction rule would leave, and at least [`LOOK_LEAD`], and no
+    /// sooner than that fraction. Not at the fraction then: a session's heartbeat comes every
+    /// third of its timeout, so a look at a fraction of the validity left often falls between
+    /// two heartbeats, finds the cap unmoved, and renews for nothing (every lease of the
+    /// session, every heartbeat period).
     fn look_at(&self, from: Instant, valid_until: Instant, moves: bool) -> Instant {
         let early = self.early(from, valid_until);
         if !moves {
             return early;
         }
+        let left = valid_until.saturating_duration_since(from);
+        let lead = LOOK_LEAD.max(left.mul_f64((1.0 - self.options.renew_fraction) / 2.0));
         valid_until
-            .checked_sub(LOOK_LEAD)
+            .checked_sub(lead)
             .map_or(early, |before_end| before_end.max(early))
     }
 
@@ -514,9 +526,18 @@ impl Keeping {
             Renewal::MaxHold => self.stop_renewing(state, KeeperStop::MaxHold),
             Renewal::Confirmed { sent } => {
                 let planned = sent + jittered(self.interval, self.options.jitter);
-                state.next_due = self.next_renewal(sent, planned, state.cap_moves);
-                state.planned =
-                    (state.next_due < planned).then_some((planned, self.lease.valid_until()));
+                let valid_until = self.lease.valid_until();
+                let mut next = self.next_renewal(sent, planned, state.cap_moves);
+                if next < planned {
+                    // Never back to back: a confirmation that came late leaves the next look
+                    // a try's time away (or half the validity left, if that is less).
+                    let now = Instant::now();
+                    let floor = now + MIN_TRY.min(valid_until.saturating_duration_since(now) / 2);
+                    next = next.max(floor).min(planned);
+                }
+                state.next_due = next;
+                state.planned = (next < planned).then_some((planned, valid_until));
+                state.confirmed_until = valid_until;
                 if state.stop.is_none() {
                     let due = state.next_due;
                     self.schedule(&mut state, due, Wake::Renew);
@@ -754,8 +775,9 @@ async fn run_own_timer(mut rx: mpsc::UnboundedReceiver<Due>) {
 /// The least time one renewal try is given (unless less validity is left).
 const MIN_TRY: Duration = Duration::from_millis(100);
 
-/// How long before a validity that something else keeps moving (a session's heartbeat) ends the
-/// keeper looks at it again: if it has not moved by then, the keeper renews, with this left.
+/// The least time before a validity that something else keeps moving (a session's heartbeat)
+/// ends that the keeper looks at it again ([`Keeping::look_at`]): if it has not moved by then,
+/// the keeper renews, with at least this left.
 const LOOK_LEAD: Duration = Duration::from_millis(200);
 
 /// How much short of the whole window a renewal's validity may be and still count as uncapped

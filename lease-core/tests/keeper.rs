@@ -3,12 +3,14 @@
 mod common;
 
 use common::*;
+use lease_core::adapter::LeaseTracker;
 use lease_core::memory::MemoryCoordinator;
 use lease_core::{
     keep, Coordinator, Error, ForceRelease, InvalidInput, KeeperOptions, KeeperStop, Lease,
     LeaseOptions, LeaseStatus, LostReason,
 };
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -512,53 +514,84 @@ async fn a_capped_validity_that_a_heartbeat_moves_is_renewed_as_planned() {
     heartbeat.abort();
 }
 
-/// As above, with the proportions of a Consul lease under a session whose TTL is below the
-/// lease's: the renewal's validity is the session's bound, which the session's renewer sends
-/// every third of the session's TTL and a round trip later moves to the TTL less the drift
-/// margin from its send. A look at a fraction of the validity left can fall between a
-/// heartbeat's send and its confirmation, find the bound unmoved, and renew for nothing. Before,
-/// this lease was renewed 5 times in 10 s, not 3, and looked at every few hundred
-/// milliseconds: with 2,000 such leases on one Consul client (`many_leases_kept`) the keepers
-/// took three times the CPU, and the session's own renewal came late enough, during the
-/// releases after the hold, for hundreds of leases to run out. Once the keeper has seen the
-/// bound move, it looks just before the bound ends.
-#[tokio::test(start_paused = true)]
-async fn a_session_bound_moved_by_its_renewer_is_not_renewed_early() {
-    // Whatever the heartbeat's phase against the keeper's renewals.
-    for phase in (0..333).step_by(19) {
-        let lease = ScriptedLease::new(secs(9), RenewScript::CappedBySession);
-        let renews = lease.renews.clone();
-        let (tracker, bound) = (lease.tracker.clone(), lease.session_bound.clone());
-        // Granted under a session confirmed just now.
-        let start = Instant::now();
-        *bound.lock().unwrap() = Some(start + ms(1000 - 12));
-        tracker.renewed(start + ms(1000 - 12));
-        let heartbeat = tokio::spawn(async move {
+/// A lease of 9 s under a Consul-like session of 1 s: its renewer sends every third of the TTL,
+/// and a round trip (30 ms) later moves the bound to the TTL less the drift margin (12 ms) from
+/// its send. The lease is granted `phase` after the renewer started. The heartbeat stops at
+/// `stop`, if given. Returns the lease's renewals by 10 s, and checks it held all along.
+async fn under_a_session(phase: u64, stop: Option<Duration>) -> usize {
+    let bound: Arc<std::sync::Mutex<Option<Instant>>> = Arc::default();
+    let slot: Arc<std::sync::Mutex<Option<LeaseTracker>>> = Arc::default();
+    let start = Instant::now();
+    *bound.lock().unwrap() = Some(start + ms(1000 - 12));
+    let heartbeat = tokio::spawn({
+        let (bound, slot) = (bound.clone(), slot.clone());
+        async move {
             let mut next = start + ms(333);
             loop {
                 tokio::time::sleep_until(next).await;
                 let sent = Instant::now();
                 tokio::time::sleep(ms(30)).await;
                 let until = sent + ms(1000 - 12);
-                *bound.lock().unwrap() = Some(until);
+                let mut b = bound.lock().unwrap();
+                *b = Some(b.map_or(until, |b| b.max(until)));
                 // As the adapter's `session_confirmed`: never earlier than it was.
-                tracker.renewed(until.max(tracker.valid_until()));
+                if let Some(t) = slot.lock().unwrap().as_ref() {
+                    t.renewed(until.max(t.valid_until()));
+                }
                 next = sent + ms(333);
             }
-        });
-        tokio::time::sleep(ms(phase)).await;
-        let kept = keep(Box::new(lease), KeeperOptions::new().jitter(0.0)).unwrap();
-        for _ in 0..20 {
-            tokio::time::sleep(ms(500)).await;
-            assert_eq!(kept.lease().status(), LeaseStatus::Held, "phase {phase} ms");
         }
+    });
+    tokio::time::sleep(ms(phase)).await;
+    let mut lease = ScriptedLease::new(secs(9), RenewScript::CappedBySession);
+    lease.session_bound = bound.clone();
+    let granted_under = bound.lock().unwrap().unwrap();
+    lease.tracker.renewed(granted_under);
+    *slot.lock().unwrap() = Some(lease.tracker.clone());
+    let renews = lease.renews.clone();
+    let kept = keep(Box::new(lease), KeeperOptions::new().jitter(0.0)).unwrap();
+    let granted = Instant::now();
+    for _ in 0..20 {
+        tokio::time::sleep(ms(500)).await;
+        if stop.is_some_and(|stop| granted.elapsed() >= stop) {
+            heartbeat.abort();
+        }
+        assert_eq!(kept.lease().status(), LeaseStatus::Held, "phase {phase} ms");
+    }
+    heartbeat.abort();
+    renews.load(Ordering::SeqCst)
+}
+
+/// A lease capped at its session's bound, which the session's renewer moves: a look at a
+/// fraction of the validity left can fall between a heartbeat's send and its confirmation,
+/// find the bound unmoved, and renew for nothing. Before, this lease was renewed 5 times in
+/// 10 s, not 3, and looked at every few hundred milliseconds: with 2,000 such leases on one
+/// Consul client (`many_leases_kept`) the keepers took three times the CPU, and the session's
+/// own renewal came late enough, during the releases after the hold, for hundreds of leases to
+/// run out. Once the keeper has seen the bound move, it looks shortly before the bound ends.
+#[tokio::test(start_paused = true)]
+async fn a_session_bound_moved_by_its_renewer_is_not_renewed_early() {
+    // Whatever the heartbeat's phase against the keeper's renewals.
+    for phase in (0..333).step_by(7) {
         // At 3, 6 and 9 s: every 3 s, as with no cap.
-        let n = renews.load(Ordering::SeqCst);
+        let n = under_a_session(phase, None).await;
         assert_eq!(
             n, 3,
             "phase {phase} ms: renewals in 10 s with a 3 s interval"
         );
-        heartbeat.abort();
+    }
+}
+
+/// As above, with a heartbeat that stops: the keeper's next look finds the bound unmoved and
+/// renews (which renews the session too, as a Consul lease's renewal does), in time, and goes
+/// on renewing at a fraction of the bound.
+#[tokio::test(start_paused = true)]
+async fn a_session_bound_whose_heartbeat_stops_is_renewed_in_time() {
+    for phase in (0..333).step_by(37) {
+        for stop in [ms(3100), ms(4500), ms(5200)] {
+            let n = under_a_session(phase, Some(stop)).await;
+            assert!(n > 4, "phase {phase} ms, stop {stop:?}: {n} renewals");
+        }
     }
 }
 

@@ -80,7 +80,9 @@ pub(crate) enum RenewScript {
     /// ZooKeeper or Consul lease, which the session's own heartbeat then extends).
     CappedAt(Duration),
     /// Confirm, with validity capped at [`ScriptedLease::session_bound`] when one is set (as a
-    /// Consul lease's is at its session's bound, which the session's renewer moves).
+    /// Consul lease's is at its session's bound, which the session's renewer moves); a bound
+    /// with less than 500 ms left is first renewed to 988 ms after the send, as a Consul lease's
+    /// renewal renews a 1 s session that is no longer fresh.
     CappedBySession,
 }
 
@@ -151,11 +153,17 @@ impl Lease for ScriptedLease {
             }
             RenewScript::CappedBySession => {
                 let own = sent + self.ttl();
-                let until = self
-                    .session_bound
-                    .lock()
-                    .unwrap()
-                    .map_or(own, |bound| bound.min(own));
+                let until = {
+                    let mut bound = self.session_bound.lock().unwrap();
+                    // As a Consul lease's renewal: a session with less than half its TTL of
+                    // validity left is renewed with it (a 1 s TTL less a 12 ms margin here).
+                    if let Some(b) = bound.as_mut() {
+                        if *b < sent + ms(500) {
+                            *b = sent + ms(1000 - 12);
+                        }
+                    }
+                    bound.map_or(own, |b| b.min(own))
+                };
                 self.tracker.renewed(until);
                 Ok(self.tracker.valid_until())
             }
