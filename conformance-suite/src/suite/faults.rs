@@ -539,7 +539,10 @@ async fn restart_between(ctx: Arc<Ctx>) -> CaseResult {
 async fn restart_during(ctx: Arc<Ctx>) -> CaseResult {
     let key = ctx.key("restart-during");
     let a = ctx.client().await?;
-    // Long enough to outlast the restart, so that a restart losing the lock shows.
+    // Long enough to outlast the restart where a lease has its own TTL (Redis, etcd), so that a
+    // restart losing the lock shows. Where a session's bound caps it (ZooKeeper, Consul), the
+    // validity promised before the crash is about one session timeout, and the check below
+    // proves less.
     let lease = a.acquire(&key, &LeaseOptions::new(ctx.ttl() * 3)).await?;
     let token_a = lease.token();
     ctx.fence().claim(&res(&key), token_a).await?;
