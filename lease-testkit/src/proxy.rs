@@ -499,10 +499,11 @@ async fn connection(
             )
         };
         tokio::select! {
-            // The pumps may see the cut before this task does: it is a cut all the same, and
-            // closes with `RST`.
-            _ = both => control.borrow().cut_epoch != epoch,
+            biased;
             () = cut_or_closed(control.clone(), epoch) => true,
+            // The pumps may see a cut, or the proxy's drop, before this task does: it is a cut
+            // all the same, and closes with `RST`.
+            _ = both => control.has_changed().is_err() || control.borrow().cut_epoch != epoch,
         }
     };
     if was_cut {
