@@ -422,7 +422,7 @@ impl Keeping {
         if let Some((planned, seen)) = taken {
             // Brought forward for a validity that ended too soon, and moved since by something
             // else (a session's heartbeat extends it on ZooKeeper and Consul): no renewal yet;
-            // look again just before that validity ends, up to the renewal first planned.
+            // look again shortly before that validity ends, up to the renewal first planned.
             // Only while that validity leaves a try's time: a heartbeat nudging a validity about
             // to end would otherwise bring the next look to now, again and again.
             let valid_until = self.lease.valid_until();

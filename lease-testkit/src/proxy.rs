@@ -502,8 +502,12 @@ async fn connection(
             biased;
             () = cut_or_closed(control.clone(), epoch) => true,
             // The pumps may see a cut, or the proxy's drop, before this task does: it is a cut
-            // all the same, and closes with `RST`.
-            _ = both => control.has_changed().is_err() || control.borrow().cut_epoch != epoch,
+            // all the same, and closes with `RST`. A side's reset is passed on as a reset.
+            r = both => {
+                r.is_err_and(|e| e.kind() == io::ErrorKind::ConnectionReset)
+                    || control.has_changed().is_err()
+                    || control.borrow().cut_epoch != epoch
+            }
         }
     };
     if was_cut {
@@ -731,13 +735,14 @@ mod tests {
                 "the close crossed the partition (rst {rst}): {early:?}"
             );
             proxy.heal();
+            // As it was sent: FIN as EOF, RST as a reset.
             match timeout(LONG, s.read(&mut buf))
                 .await
                 .expect("the close was not delivered after heal")
             {
-                Ok(0) => {}
+                Ok(0) => assert!(!rst, "the server's reset arrived as FIN"),
                 Ok(n) => panic!("read {n} bytes after the server closed"),
-                Err(e) => assert_eq!(e.kind(), io::ErrorKind::ConnectionReset),
+                Err(e) => assert_eq!((e.kind(), rst), (io::ErrorKind::ConnectionReset, true)),
             }
         }
     }
