@@ -42,7 +42,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use lease_core::{Accepted, Bytes, Error, Fence, FencedValue, ResourceId, Token};
+use lease_core::{
+    Accepted, Bytes, Error, Fence, FencedValue, HolderInfo, Lease, LockKey, ResourceId, Token,
+};
 
 mod check;
 pub mod wire;
@@ -218,6 +220,20 @@ impl Invocation {
         self.recorder.push(self.invoked, Some(now), kind)
     }
 
+    /// Records an acquisition of `key` completed now with `result`: the token granted and the
+    /// validity the lease reports, or the error. Returns its id.
+    pub fn acquired(self, key: &LockKey, result: &lease_core::Result<Box<dyn Lease>>) -> usize {
+        let valid_until = result
+            .as_ref()
+            .ok()
+            .map(|lease| self.recorder.history.offset(lease.valid_until().into_std()));
+        self.complete(OpKind::Acquire {
+            key: key.as_str().to_owned(),
+            outcome: Grant::from_result(result.as_ref().map(|l| l.token())),
+            valid_until,
+        })
+    }
+
     /// Records the operation as never completed (the worker crashed or was cancelled mid-call):
     /// it may take effect at any instant after its invocation. `kind` should carry an unknown
     /// outcome.
@@ -276,6 +292,12 @@ pub enum OpKind {
         key: String,
         /// The token granted, or why not.
         outcome: Grant,
+        /// For a grant, the end of the validity the lease reported when it was granted
+        /// ([`lease_core::Lease::valid_until`]), as an offset from the history's start; `None`
+        /// when not known. It must not be later than the true one (a worker process's is its
+        /// feed's floor plus the validity it had left when it reported the grant). Renewals only
+        /// move it later, so the grant's is a lower bound of the whole tenure.
+        valid_until: Option<Duration>,
     },
     /// A renewal of the lease `token` on `key`.
     Renew {
@@ -294,6 +316,13 @@ pub enum OpKind {
         token: u64,
         /// Whether it was released.
         outcome: Done,
+    },
+    /// An operator's forced release of `key` ([`lease_core::Coordinator::force_release`]).
+    ForceRelease {
+        /// The lock key.
+        key: String,
+        /// The holder it removed, or why not.
+        outcome: Forced,
     },
     /// The holder of `token` on `key` was told its lease is lost (an instantaneous signal).
     Lost {
@@ -327,7 +356,20 @@ pub enum OpKind {
 impl fmt::Display for OpKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            OpKind::Acquire { key, outcome } => write!(f, "acquire key={key} {outcome}"),
+            OpKind::Acquire {
+                key,
+                outcome,
+                valid_until,
+            } => {
+                write!(f, "acquire key={key} {outcome}")?;
+                match valid_until {
+                    Some(v) => write!(f, " valid-until={}", secs(*v)),
+                    None => Ok(()),
+                }
+            }
+            OpKind::ForceRelease { key, outcome } => {
+                write!(f, "force-release key={key} {outcome}")
+            }
             OpKind::Renew {
                 key,
                 token,
@@ -394,6 +436,52 @@ impl fmt::Display for Grant {
             Grant::Granted(t) => write!(f, "granted token={t}"),
             Grant::Failed(e) => write!(f, "failed ({e})"),
             Grant::Unknown(e) => write!(f, "unknown ({e})"),
+        }
+    }
+}
+
+/// The outcome of an operator's forced release.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Forced {
+    /// The holder with this token was removed.
+    Removed(u64),
+    /// Nobody held the key: nothing was removed.
+    NoneHeld,
+    /// Definitely not applied: the error text.
+    Failed(String),
+    /// It may have removed a holder: the error text.
+    Unknown(String),
+}
+
+impl Forced {
+    /// From a forced release's result. [`Error::OutcomeUnknown`] is [`Forced::Unknown`]; every
+    /// other error is [`Forced::Failed`].
+    pub fn from_result(result: &lease_core::Result<Option<HolderInfo>>) -> Forced {
+        match result {
+            Ok(Some(holder)) => Forced::Removed(holder.token.get()),
+            Ok(None) => Forced::NoneHeld,
+            Err(e) if unknown(e) => Forced::Unknown(e.to_string()),
+            Err(e) => Forced::Failed(e.to_string()),
+        }
+    }
+
+    /// Whether it may have removed the holder of `token`.
+    pub fn may_have_removed(&self, token: u64) -> bool {
+        match self {
+            Forced::Removed(t) => *t == token,
+            Forced::Unknown(_) => true,
+            Forced::NoneHeld | Forced::Failed(_) => false,
+        }
+    }
+}
+
+impl fmt::Display for Forced {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Forced::Removed(t) => write!(f, "removed token={t}"),
+            Forced::NoneHeld => f.write_str("none held"),
+            Forced::Failed(e) => write!(f, "failed ({e})"),
+            Forced::Unknown(e) => write!(f, "unknown ({e})"),
         }
     }
 }

@@ -23,7 +23,8 @@
 //! ```
 //!
 //! Output lines: `WAITING` (the key was held at the first try; the worker now waits for it),
-//! `ACQUIRED <token>`, `WRITE <i> OK`, `WRITE <i> STALE <current>`,
+//! `ACQUIRED <token> <valid-ms>` (the validity the lease has left as the line is printed, rounded
+//! down; the history's [`WorkerFeed`](crate::history::wire::WorkerFeed) reads it), `WRITE <i> OK`, `WRITE <i> STALE <current>`,
 //! `WRITE <i> ERR <message>`, `RELEASE OK|LOST|ERR <message>`, `ERROR <message>`. Exit status 2
 //! for bad arguments, 1 for an error before or while acquiring (an `ERROR` line says which).
 
@@ -136,7 +137,10 @@ async fn run(registry: &Registry, a: Args) -> Result<(), Error> {
     };
     let token = lease.token();
     fence.claim(&resource, token).await?;
-    say(format!("ACQUIRED {token}"));
+    say(format!(
+        "ACQUIRED {token} {}",
+        lease.remaining().as_millis()
+    ));
     for i in 0..a.writes {
         tokio::time::sleep(Duration::from_millis(a.interval_ms)).await;
         match fence

@@ -36,6 +36,8 @@ enum Defect {
     RenewOverstates,
     /// `try_acquire` waits for a held key, up to the options' wait bound (then answers `Held`).
     TryWaits,
+    /// A grant reports (and the lease shows) validity half a TTL past what the server keeps.
+    GrantOverstates,
 }
 
 /// The in-memory backend with `defect`.
@@ -74,12 +76,16 @@ impl Mutant {
             Instant::now(),
         );
         // The state an overstating lease shows: granted as the server says (a little short of
-        // it), renewed past it.
+        // it), renewed past it; or, with `GrantOverstates`, granted past it too.
+        let granted = match self.defect {
+            Defect::GrantOverstates => ttl + ttl / 2,
+            _ => ttl,
+        };
         let overstated = LeaseTracker::new(
             "mutant",
             lease.key().clone(),
             token,
-            ttl,
+            granted,
             ttl / 10,
             Instant::now(),
         );
@@ -179,7 +185,7 @@ impl Lease for MutantLease {
     fn state(&self) -> &LeaseState {
         match self.owner.defect {
             Defect::NeverLost => &self.immortal,
-            Defect::RenewOverstates => &self.overstated,
+            Defect::RenewOverstates | Defect::GrantOverstates => &self.overstated,
             _ => self.inner().state(),
         }
     }
@@ -194,7 +200,7 @@ impl Lease for MutantLease {
                 let _ = self.inner().renew().await;
                 self.immortal.renewed_from(Instant::now())
             }
-            Defect::RenewOverstates => {
+            Defect::RenewOverstates | Defect::GrantOverstates => {
                 self.inner().renew().await?;
                 self.overstated
                     .renewed(Instant::now() + self.ttl + self.ttl / 2);
@@ -437,5 +443,26 @@ async fn the_scale_case_catches_keys_granted_while_held() {
             "{why}"
         ),
         other => panic!("the scale case passed a backend that grants held keys: {other:?}"),
+    }
+}
+
+/// The chaos run's history checker, property (e): a backend whose grants report validity past
+/// what the server keeps is caught when a crashed holder's key is granted again at its true
+/// expiry, before the validity the crashed holder was told. The wrappers without the defect
+/// pass the same run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_chaos_run_catches_a_grant_that_overstates_validity() {
+    // Read by the chaos case only, which no other test of this binary runs.
+    std::env::set_var("CONFORMANCE_CHAOS_SECS", "4");
+    let report = run(Defect::None, &["chaos_workers_pauses_kills_restarts"]).await;
+    assert!(failed(&report).is_empty(), "{:?}", report.cases[0].verdict);
+    let report = run(
+        Defect::GrantOverstates,
+        &["chaos_workers_pauses_kills_restarts"],
+    )
+    .await;
+    match &report.cases[0].verdict {
+        Verdict::Failed(why) => assert!(why.contains("(e) exclusive-tenure"), "{why}"),
+        other => panic!("the chaos run passed grants that overstate validity: {other:?}"),
     }
 }

@@ -43,9 +43,15 @@ async fn worker_runs_on_the_adapters_own_scheme() {
     let server = FenceServer::start(fence.clone()).await.unwrap();
     let (lines, ok) = run_worker("thirdparty-memory://", server.addr()).await;
     assert!(ok, "worker failed: {lines:?}");
-    let token = lines[0]
+    let (token, valid_ms) = lines[0]
         .strip_prefix("ACQUIRED ")
+        .and_then(|grant| grant.split_once(' '))
         .unwrap_or_else(|| panic!("first line {:?}", lines[0]));
+    let valid_ms: u64 = valid_ms.parse().expect("validity left in ms");
+    assert!(
+        (1..=2000).contains(&valid_ms),
+        "validity left {valid_ms} ms of a 2000 ms TTL"
+    );
     assert_eq!(
         &lines[1..],
         ["WRITE 0 OK", "WRITE 1 OK", "WRITE 2 OK", "RELEASE OK"],

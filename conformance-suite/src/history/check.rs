@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::time::Duration;
 
-use super::{FenceOutcome, Grant, History, Op, OpKind};
+use super::{FenceOutcome, Forced, Grant, History, Op, OpKind};
 
 /// A safety property of a history. Throughout, "A precedes B" means A *completed* strictly
 /// before B was *invoked* on the harness clock ([`Op::precedes`]); operations that overlap in
@@ -34,6 +34,16 @@ pub enum Property {
     /// writing into the newer one's tenure. (When the newer holder's claim or write is itself
     /// recorded as accepted, the same overlap is reported as (c) or (b).)
     OverlapAfterClaim,
+    /// (e) If a grant of token `t` on a key reported its lease valid until `V` (the grant's
+    /// `valid_until`), a grant of a larger token on that key completed before `V` only if `t`'s
+    /// holder had invoked a release of `t`, or an operator had invoked a forced release of the
+    /// key that removed `t` (or whose outcome is unknown), before that grant completed: no two
+    /// holders believe they hold one key at once, unless a holder let go or was removed.
+    ///
+    /// Time limits how long others wait; this is the property that says the limit was kept.
+    /// A release or forced release is counted from its invocation whatever its outcome (it may
+    /// have applied at once), so the property never blames a grant that a release might explain.
+    ExclusiveTenure,
 }
 
 impl Property {
@@ -45,6 +55,7 @@ impl Property {
             Property::FenceOrder => "(b) fence-order",
             Property::StaleAfterClaim => "(c) stale-after-claim",
             Property::OverlapAfterClaim => "(d) overlap-after-claim",
+            Property::ExclusiveTenure => "(e) exclusive-tenure",
         }
     }
 }
@@ -96,6 +107,8 @@ pub struct CheckSummary {
     pub ops: usize,
     /// Acquisitions granted a token.
     pub grants: usize,
+    /// Of those, the grants whose validity is known, so that (e) checks their tenure.
+    pub tenures: usize,
     /// Claims the fence accepted.
     pub accepted_claims: usize,
     /// Writes the fence accepted.
@@ -114,7 +127,8 @@ pub struct CheckSummary {
 /// token is used as evidence even when the call that set it is unknown ([`Property::OverlapAfterClaim`]).
 /// Complete for the accepted calls: if no (b) or (c) violation is reported, the accepted claims
 /// and writes of each resource can be ordered consistently with real time in non-decreasing
-/// token order. Runs in `O(n log n)` for `n` operations.
+/// token order. Runs in `O(n log n)` for `n` operations, plus `O(g²)` per key for its `g`
+/// grants for (e).
 pub fn check(history: &History) -> Result<CheckSummary, Violation> {
     let ops = history.ops();
     let seed = history.seed();
@@ -137,16 +151,40 @@ pub fn check(history: &History) -> Result<CheckSummary, Violation> {
     let mut accepted_writes = Vec::new();
     let mut accepted_claims = Vec::new();
     let mut rejections = Vec::new();
+    // For (e): the first invocation of a release of each (key, token), and the forced releases.
+    let mut releases: HashMap<(&str, u64), Duration> = HashMap::new();
+    let mut forced = Vec::new();
     for op in &ops {
         match &op.kind {
-            OpKind::Acquire { key, outcome } => match outcome {
+            OpKind::Acquire { key, outcome, .. } => match outcome {
                 Grant::Granted(t) if op.completed.is_some() => grants.push((key, *t, op)),
                 Grant::Granted(_) | Grant::Unknown(_) => summary.unknown += 1,
                 Grant::Failed(_) => {}
             },
-            OpKind::Renew { outcome, .. } | OpKind::Release { outcome, .. } => {
+            OpKind::Renew { outcome, .. } => {
                 if matches!(outcome, super::Done::Unknown(_)) || op.completed.is_none() {
                     summary.unknown += 1;
+                }
+            }
+            OpKind::Release {
+                key,
+                token,
+                outcome,
+            } => {
+                if matches!(outcome, super::Done::Unknown(_)) || op.completed.is_none() {
+                    summary.unknown += 1;
+                }
+                let first = releases.entry((key, *token)).or_insert(op.invoked);
+                *first = (*first).min(op.invoked);
+            }
+            OpKind::ForceRelease { key, outcome } => {
+                if matches!(outcome, Forced::Unknown(_)) || op.completed.is_none() {
+                    summary.unknown += 1;
+                }
+                if op.completed.is_none()
+                    || !matches!(outcome, Forced::NoneHeld | Forced::Failed(_))
+                {
+                    forced.push((key.as_str(), op));
                 }
             }
             OpKind::Lost { .. } => {}
@@ -177,6 +215,10 @@ pub fn check(history: &History) -> Result<CheckSummary, Violation> {
         }
     }
     summary.grants = grants.len();
+    summary.tenures = grants
+        .iter()
+        .filter(|(_, _, op)| valid_until(op).is_some())
+        .count();
     summary.accepted_claims = accepted_claims.len();
     summary.accepted_writes = accepted_writes.len();
     summary.rejected = rejections.len();
@@ -258,7 +300,64 @@ pub fn check(history: &History) -> Result<CheckSummary, Violation> {
             excerpt,
         ));
     }
+    // (e) no grant while an earlier holder's validity lasts, unless it let go or was removed.
+    let mut by_key: HashMap<&str, Vec<(u64, &Op)>> = HashMap::new();
+    for &(key, token, op) in &grants {
+        by_key.entry(key).or_default().push((token, op));
+    }
+    let mut keys: Vec<_> = by_key.into_iter().collect();
+    keys.sort_by_key(|(key, _)| *key);
+    for (key, mut held) in keys {
+        held.sort_by_key(|&(token, op)| (token, op.id));
+        for (i, &(later_token, later)) in held.iter().enumerate() {
+            let Some(granted) = later.completed else {
+                continue;
+            };
+            for &(token, earlier) in &held[..i] {
+                let Some(until) = valid_until(earlier) else {
+                    continue;
+                };
+                if granted >= until || token >= later_token {
+                    continue;
+                }
+                let let_go = releases
+                    .get(&(key, token))
+                    .is_some_and(|&invoked| invoked < granted);
+                let removed = forced.iter().any(|&(k, f)| {
+                    k == key
+                        && f.invoked < granted
+                        && match &f.kind {
+                            OpKind::ForceRelease { outcome, .. } => {
+                                f.completed.is_none() || outcome.may_have_removed(token)
+                            }
+                            _ => false,
+                        }
+                });
+                if !let_go && !removed {
+                    return Err(violation(
+                        Property::ExclusiveTenure,
+                        format!(
+                            "on key {key}, token {later_token} was granted at {} while the \
+                             holder of token {token} was still valid (until {}), and neither \
+                             a release of token {token} nor a forced release of the key had \
+                             been invoked",
+                            super::secs(granted),
+                            super::secs(until),
+                        ),
+                        vec![earlier, later],
+                    ));
+                }
+            }
+        }
+    }
     Ok(summary)
+}
+
+fn valid_until(op: &Op) -> Option<Duration> {
+    match op.kind {
+        OpKind::Acquire { valid_until, .. } => valid_until,
+        _ => None,
+    }
 }
 
 fn group_of(op: &Op) -> &str {
@@ -266,7 +365,8 @@ fn group_of(op: &Op) -> &str {
         OpKind::Acquire { key, .. }
         | OpKind::Renew { key, .. }
         | OpKind::Release { key, .. }
-        | OpKind::Lost { key, .. } => key,
+        | OpKind::Lost { key, .. }
+        | OpKind::ForceRelease { key, .. } => key,
         OpKind::Claim { resource, .. } | OpKind::Write { resource, .. } => resource,
     }
 }
@@ -277,6 +377,7 @@ fn token_of(op: &Op) -> u64 {
             Grant::Granted(t) => *t,
             _ => 0,
         },
+        OpKind::ForceRelease { .. } => 0,
         OpKind::Renew { token, .. }
         | OpKind::Release { token, .. }
         | OpKind::Lost { token, .. }

@@ -29,6 +29,7 @@ fn grant(key: &str, t: u64) -> OpKind {
     OpKind::Acquire {
         key: key.into(),
         outcome: Grant::Granted(t),
+        valid_until: None,
     }
 }
 
@@ -78,6 +79,7 @@ fn tokens_increasing_in_real_time_pass_and_concurrent_grants_may_be_in_any_order
         OpKind::Acquire {
             key: "k".into(),
             outcome: Grant::Unknown("timeout".into()),
+            valid_until: None,
         },
     );
     let s = check(&h).unwrap();
@@ -278,6 +280,130 @@ fn the_overlap_is_found_without_any_record_of_the_newer_holder() {
     assert_eq!(ids(&v), vec![rejected, accepted]);
 }
 
+// ---- (e) ----
+
+/// A grant of `t` on `key` whose lease reported itself valid until `until` µs.
+fn grant_until(key: &str, t: u64, until: u64) -> OpKind {
+    OpKind::Acquire {
+        key: key.into(),
+        outcome: Grant::Granted(t),
+        valid_until: Some(us(until)),
+    }
+}
+
+fn release(key: &str, t: u64, outcome: Done) -> OpKind {
+    OpKind::Release {
+        key: key.into(),
+        token: t,
+        outcome,
+    }
+}
+
+fn forced(key: &str, outcome: Forced) -> OpKind {
+    OpKind::ForceRelease {
+        key: key.into(),
+        outcome,
+    }
+}
+
+#[test]
+fn a_grant_after_the_earlier_validity_ended_passes() {
+    let h = History::new(None);
+    op(&h, "w0", 0, Some(10), grant_until("k", 5, 100));
+    op(&h, "w1", 20, Some(100), grant_until("k", 6, 110));
+    // Another key, and a grant with no known validity, constrain nothing.
+    op(&h, "w2", 20, Some(30), grant_until("other", 1, 1_000));
+    op(&h, "w2", 120, Some(130), grant("k", 7));
+    op(&h, "w0", 320, Some(330), grant("k", 8));
+    let s = check(&h).unwrap();
+    assert_eq!((s.grants, s.tenures), (5, 3));
+}
+
+#[test]
+fn a_grant_within_an_earlier_holders_validity_is_an_exclusive_tenure_violation() {
+    let h = History::new(Some(3));
+    op(&h, "w0", 0, Some(10), grant_until("k", 5, 15));
+    let a = op(&h, "w1", 20, Some(30), grant_until("k", 6, 500));
+    // Completed before 6's validity, and nothing let 6 go before it.
+    let b = op(&h, "w0", 35, Some(45), grant("k", 7));
+    op(&h, "w1", 46, Some(50), release("k", 6, Done::Ok));
+    // Completed before 6's validity too, but 6 was released first; 5's validity has ended.
+    op(&h, "w2", 60, Some(110), grant("k", 9));
+    let v = check(&h).unwrap_err();
+    assert_eq!(v.property, Property::ExclusiveTenure);
+    assert_eq!(ids(&v), vec![a, b]);
+    assert!(v.to_string().contains("(e) exclusive-tenure"), "{v}");
+}
+
+#[test]
+fn a_release_counts_from_its_invocation_whatever_its_outcome() {
+    for outcome in [
+        Done::Ok,
+        Done::Failed("lost".into()),
+        Done::Unknown("timeout".into()),
+    ] {
+        let h = History::new(None);
+        op(&h, "w0", 0, Some(10), grant_until("k", 5, 100));
+        op(&h, "w0", 20, Some(80), release("k", 5, outcome.clone()));
+        op(&h, "w1", 25, Some(30), grant("k", 6));
+        assert!(check(&h).is_ok(), "{outcome}");
+    }
+    // Abandoned (a dropped lease, released in the background): counts too.
+    let h = History::new(None);
+    op(&h, "w0", 0, Some(10), grant_until("k", 5, 100));
+    op(
+        &h,
+        "w0",
+        20,
+        None,
+        release("k", 5, Done::Unknown("dropped".into())),
+    );
+    op(&h, "w1", 25, Some(30), grant("k", 6));
+    assert!(check(&h).is_ok());
+    // Invoked after the later grant completed: it explains nothing.
+    let h = History::new(None);
+    let a = op(&h, "w0", 0, Some(10), grant_until("k", 5, 100));
+    let b = op(&h, "w1", 15, Some(30), grant("k", 6));
+    op(&h, "w0", 31, Some(40), release("k", 5, Done::Ok));
+    assert_eq!(ids(&check(&h).unwrap_err()), vec![a, b]);
+}
+
+#[test]
+fn only_a_forced_release_that_may_have_removed_the_holder_excuses_a_grant() {
+    let run = |outcome: Forced, to: Option<u64>| {
+        let h = History::new(None);
+        let a = op(&h, "w0", 0, Some(10), grant_until("k", 5, 100));
+        op(&h, "op", 20, to, forced("k", outcome));
+        let b = op(&h, "w1", 21, Some(30), grant("k", 6));
+        check(&h).map_err(|v| (v.property, ids(&v), vec![a, b]))
+    };
+    assert!(run(Forced::Removed(5), Some(25)).is_ok());
+    assert!(run(Forced::Unknown("timeout".into()), Some(40)).is_ok());
+    assert!(
+        run(Forced::NoneHeld, None).is_ok(),
+        "never completed: maybe applied"
+    );
+    for outcome in [
+        Forced::Removed(4),
+        Forced::NoneHeld,
+        Forced::Failed("unavailable".into()),
+    ] {
+        let (property, got, want) = run(outcome.clone(), Some(25)).unwrap_err();
+        assert_eq!(
+            (property, got),
+            (Property::ExclusiveTenure, want),
+            "{outcome}"
+        );
+    }
+    // A forced release of another key, or invoked after the grant, excuses nothing.
+    let h = History::new(None);
+    op(&h, "w0", 0, Some(10), grant_until("k", 5, 100));
+    op(&h, "op", 20, Some(25), forced("other", Forced::Removed(5)));
+    op(&h, "op", 31, Some(35), forced("k", Forced::Removed(5)));
+    op(&h, "w1", 21, Some(30), grant("k", 6));
+    assert_eq!(check(&h).unwrap_err().property, Property::ExclusiveTenure);
+}
+
 // ---- recording ----
 
 #[test]
@@ -369,6 +495,47 @@ fn worker_feed_timestamps_lines_from_the_floor_to_receipt() {
         .all(|o| o.completed.is_some_and(|c| c >= o.invoked)));
 }
 
+#[test]
+fn a_workers_validity_left_is_counted_from_the_feeds_floor() {
+    let h = History::new(None);
+    let mut feed = WorkerFeed::new(h.recorder("pid 1"), "k");
+    std::thread::sleep(Duration::from_millis(2));
+    feed.permit();
+    let floor = h.now();
+    assert!(feed.feed_legacy("ACQUIRED 17 250").unwrap());
+    let line = encode(&grant_until("k", 18, 500));
+    assert!(line.ends_with("granted 18 valid-us 500"), "{line}");
+    assert!(feed.feed(&line).unwrap());
+    assert!(feed
+        .feed(&encode(&forced("k", Forced::Removed(18))))
+        .unwrap());
+    let ops = h.ops();
+    let until = |o: &Op| match o.kind {
+        OpKind::Acquire { valid_until, .. } => valid_until.unwrap(),
+        _ => panic!("{o}"),
+    };
+    // The floor is at or before the print, so floor + left is at or before the true end.
+    assert!(until(&ops[0]) <= floor + Duration::from_millis(250));
+    assert!(until(&ops[0]) + Duration::from_millis(2) > floor + Duration::from_millis(250));
+    assert!(until(&ops[1]) <= floor + us(500));
+    assert_eq!(ops[2].kind, forced("k", Forced::Removed(18)));
+    for bad in [
+        "ACQUIRED 17 x",
+        "ACQUIRED 17 250 9",
+        "HIST acquire 6b granted 3 valid-us",
+        "HIST acquire 6b granted 3 valid 5",
+        "HIST acquire 6b granted 3 valid-us x",
+        "HIST force-release 6b none 3",
+        "HIST force-release 6b removed",
+    ] {
+        assert!(
+            feed.feed_legacy(bad).is_err() || feed.feed(bad).is_err(),
+            "{bad}"
+        );
+    }
+    assert_eq!(h.len(), 3, "nothing recorded from a malformed line");
+}
+
 // ---- property tests ----
 
 /// One step of the sequential model: (action, process, key, flavour, before µs, after µs).
@@ -398,21 +565,26 @@ fn good_history(steps: &[Step], seed: u64) -> History {
                     0 => OpKind::Acquire {
                         key,
                         outcome: Grant::Failed("held".into()),
+                        valid_until: None,
                     },
                     1 => {
                         next[k] += 1 + u64::from(maybe);
                         OpKind::Acquire {
                             key,
                             outcome: Grant::Unknown("timeout".into()),
+                            valid_until: None,
                         }
                     }
                     _ => {
                         let t = next[k];
                         next[k] += 1 + u64::from(flavour % 2);
                         holding[p] = Some((k, t));
+                        // The service keeps a grant for 50 µs past its point, so the next grant
+                        // (at least 100 µs later) never falls within it; holders are never told.
                         OpKind::Acquire {
                             key,
                             outcome: Grant::Granted(t),
+                            valid_until: (flavour % 3 != 0).then_some(us(at + 50)),
                         }
                     }
                 }
@@ -495,6 +667,7 @@ enum Bad {
     StaleWriteAfterClaim,
     OverlappingWrites,
     OutOfOrderAcceptance,
+    OverlappingTenure,
 }
 
 fn bad() -> impl Strategy<Value = Bad> {
@@ -504,6 +677,7 @@ fn bad() -> impl Strategy<Value = Bad> {
         Just(Bad::StaleWriteAfterClaim),
         Just(Bad::OverlappingWrites),
         Just(Bad::OutOfOrderAcceptance),
+        Just(Bad::OverlappingTenure),
     ]
 }
 
@@ -546,6 +720,13 @@ fn inject(h: &History, bad: Bad, at: u64) -> (Property, Vec<usize>) {
             let a = op(h, "x1", at, s(1), write("rx", 1000, OK));
             let b = op(h, "x0", at + 2, s(3), write("rx", 999, OK));
             (Property::FenceOrder, vec![a, b])
+        }
+        Bad::OverlappingTenure => {
+            let a = op(h, "x0", at, s(1), grant_until("kx", 7, at + 1_000));
+            op(h, "x0", at + 2, s(3), release("kx", 6, Done::Ok));
+            op(h, "x2", at + 2, s(3), forced("kx", Forced::NoneHeld));
+            let b = op(h, "x1", at + 4, s(5), grant("kx", 8));
+            (Property::ExclusiveTenure, vec![a, b])
         }
     }
 }
@@ -619,6 +800,7 @@ fn the_good_history_generator_produces_every_kind_of_answer() {
         let steps: Vec<Step> = (0..80).map(|_| rng.gen()).collect();
         let s = check(&good_history(&steps, 0)).unwrap();
         total.grants += s.grants;
+        total.tenures += s.tenures;
         total.accepted_claims += s.accepted_claims;
         total.accepted_writes += s.accepted_writes;
         total.rejected += s.rejected;
@@ -626,6 +808,7 @@ fn the_good_history_generator_produces_every_kind_of_answer() {
     }
     assert!(
         total.grants > 100
+            && total.tenures > 50
             && total.accepted_claims > 50
             && total.accepted_writes > 100
             && total.rejected > 50

@@ -6,13 +6,19 @@
 //! fits on one line:
 //!
 //! ```text
-//! HIST acquire <key-hex> granted <token> | failed <text-hex> | unknown <text-hex>
+//! HIST acquire <key-hex> granted <token> [valid-us <micros>] | failed <text-hex> | unknown <text-hex>
+//! HIST force-release <key-hex> removed <token> | none | failed <text-hex> | unknown <text-hex>
 //! HIST renew   <key-hex> <token> ok | failed <text-hex> | unknown <text-hex>
 //! HIST release <key-hex> <token> ok | failed <text-hex> | unknown <text-hex>
 //! HIST lost    <key-hex> <token>
 //! HIST claim   <resource-hex> <token> accepted | rejected <current> | failed <text-hex> | unknown <text-hex>
 //! HIST write   <resource-hex> <token> <value-hex> accepted | rejected <current> | failed <text-hex> | unknown <text-hex>
 //! ```
+//!
+//! A process has no harness clock, so on a line an acquisition's
+//! [`valid_until`](OpKind::Acquire::valid_until) is the validity the lease had *left* when the
+//! line was printed (`valid-us`, rounded down); the feed adds it to its floor (see below), which
+//! is no later than the print, so the recorded end is no later than the true one.
 //!
 //! # Timestamps
 //!
@@ -25,15 +31,16 @@
 //! ([`WorkerFeed::permit`]). Without a go-ahead every call of the worker is recorded as invoked
 //! at spawn: weaker ordering (fewer pairs are ordered), never a false violation.
 //!
-//! The current `conformance-worker` does not print these lines; [`WorkerFeed::feed_legacy`]
-//! reads its present protocol (`ACQUIRED <token>`, `RELEASE OK|LOST|ERR ...`) into acquisitions
-//! and releases, leaving its claims and writes to a [`super::HistoryFence`] at the fence server.
+//! The suite's worker process ([`crate::worker`]) does not print these lines;
+//! [`WorkerFeed::feed_legacy`] reads its protocol (`ACQUIRED <token> <valid-ms>`,
+//! `RELEASE OK|LOST|ERR ...`) into acquisitions and releases, leaving its claims and writes to a
+//! [`super::HistoryFence`] at the fence server.
 
 use std::time::Duration;
 
 use lease_core::Bytes;
 
-use super::{Done, FenceOutcome, Grant, OpKind, Recorder};
+use super::{Done, FenceOutcome, Forced, Grant, OpKind, Recorder};
 
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
@@ -71,13 +78,29 @@ pub fn encode(kind: &OpKind) -> String {
         FenceOutcome::Unknown(e) => format!("unknown {}", hex(e.as_bytes())),
     };
     match kind {
-        OpKind::Acquire { key, outcome } => {
-            let o = match outcome {
-                Grant::Granted(t) => format!("granted {t}"),
-                Grant::Failed(e) => format!("failed {}", hex(e.as_bytes())),
-                Grant::Unknown(e) => format!("unknown {}", hex(e.as_bytes())),
+        OpKind::Acquire {
+            key,
+            outcome,
+            valid_until,
+        } => {
+            let o = match (outcome, valid_until) {
+                (Grant::Granted(t), Some(left)) => {
+                    format!("granted {t} valid-us {}", left.as_micros())
+                }
+                (Grant::Granted(t), None) => format!("granted {t}"),
+                (Grant::Failed(e), _) => format!("failed {}", hex(e.as_bytes())),
+                (Grant::Unknown(e), _) => format!("unknown {}", hex(e.as_bytes())),
             };
             format!("HIST acquire {} {o}", hex(key.as_bytes()))
+        }
+        OpKind::ForceRelease { key, outcome } => {
+            let o = match outcome {
+                Forced::Removed(t) => format!("removed {t}"),
+                Forced::NoneHeld => "none".to_owned(),
+                Forced::Failed(e) => format!("failed {}", hex(e.as_bytes())),
+                Forced::Unknown(e) => format!("unknown {}", hex(e.as_bytes())),
+            };
+            format!("HIST force-release {} {o}", hex(key.as_bytes()))
         }
         OpKind::Renew {
             key,
@@ -158,6 +181,18 @@ pub fn decode(line: &str) -> Result<Option<OpKind>, String> {
         })
     };
     let kind = match at(0)? {
+        "acquire" if at(2)? == "granted" && p.len() > 4 => match (p.len(), at(4)?) {
+            (6, "valid-us") => OpKind::Acquire {
+                key: text(at(1)?)?,
+                outcome: Grant::Granted(token(3)?),
+                valid_until: Some(Duration::from_micros(
+                    at(5)?
+                        .parse()
+                        .map_err(|_| format!("bad validity in {line:?}"))?,
+                )),
+            },
+            _ => return Err(format!("bad grant in {line:?}")),
+        },
         "acquire" => OpKind::Acquire {
             key: text(at(1)?)?,
             outcome: match tail(2)? {
@@ -166,6 +201,19 @@ pub fn decode(line: &str) -> Result<Option<OpKind>, String> {
                 }
                 ("failed", Some(e)) => Grant::Failed(text(e)?),
                 ("unknown", Some(e)) => Grant::Unknown(text(e)?),
+                _ => return Err(format!("bad outcome in {line:?}")),
+            },
+            valid_until: None,
+        },
+        "force-release" => OpKind::ForceRelease {
+            key: text(at(1)?)?,
+            outcome: match tail(2)? {
+                ("removed", Some(t)) => {
+                    Forced::Removed(t.parse().map_err(|_| format!("bad token in {line:?}"))?)
+                }
+                ("none", None) => Forced::NoneHeld,
+                ("failed", Some(e)) => Forced::Failed(text(e)?),
+                ("unknown", Some(e)) => Forced::Unknown(text(e)?),
                 _ => return Err(format!("bad outcome in {line:?}")),
             },
         },
@@ -228,11 +276,19 @@ impl WorkerFeed {
         self.floor = self.recorder.history().now();
     }
 
-    /// Records a [`encode`]d line, invoked at the floor and completed now. `Ok(false)` for a
-    /// line that is not a history line; `Err` for a malformed one (nothing recorded).
+    /// Records a [`encode`]d line, invoked at the floor and completed now (a grant's validity
+    /// left is added to the floor). `Ok(false)` for a line that is not a history line; `Err` for
+    /// a malformed one (nothing recorded).
     pub fn feed(&mut self, line: &str) -> Result<bool, String> {
         match decode(line)? {
-            Some(kind) => {
+            Some(mut kind) => {
+                if let OpKind::Acquire {
+                    valid_until: Some(left),
+                    ..
+                } = &mut kind
+                {
+                    *left += self.floor;
+                }
                 let now = self.recorder.history().now();
                 self.recorder.record(self.floor, Some(now), kind);
                 Ok(true)
@@ -241,16 +297,32 @@ impl WorkerFeed {
         }
     }
 
-    /// Records a line of the present `conformance-worker` protocol: `ACQUIRED <token>` as a
-    /// grant on the feed's key, `RELEASE OK` / `RELEASE LOST` / `RELEASE ERR <message>` as a
-    /// release of that token (ok / failed / unknown). Other lines (`WRITE ...`, whose fence
-    /// calls a [`super::HistoryFence`] at the fence server records with tighter instants) are
-    /// ignored: `Ok(false)`.
+    /// Records a line of the suite's worker protocol ([`crate::worker`]): `ACQUIRED <token>
+    /// [<valid-ms>]` as a grant on the feed's key (valid until the floor plus `valid-ms`, the
+    /// validity the worker had left when it printed the line), `RELEASE OK` / `RELEASE LOST` /
+    /// `RELEASE ERR <message>` as a release of that token (ok / failed / unknown). Other lines
+    /// (`WRITE ...`, whose fence calls a [`super::HistoryFence`] at the fence server records
+    /// with tighter instants) are ignored: `Ok(false)`.
     pub fn feed_legacy(&mut self, line: &str) -> Result<bool, String> {
         let line = line.trim_end();
         let now = self.recorder.history().now();
-        if let Some(t) = line.strip_prefix("ACQUIRED ") {
-            let t: u64 = t.parse().map_err(|_| format!("bad token in {line:?}"))?;
+        if let Some(grant) = line.strip_prefix("ACQUIRED ") {
+            let mut fields = grant.split(' ');
+            let t: u64 = fields
+                .next()
+                .and_then(|t| t.parse().ok())
+                .ok_or_else(|| format!("bad token in {line:?}"))?;
+            let valid_until = match (fields.next(), fields.next()) {
+                (None, _) => None,
+                (Some(ms), None) => Some(
+                    self.floor
+                        + Duration::from_millis(
+                            ms.parse()
+                                .map_err(|_| format!("bad validity in {line:?}"))?,
+                        ),
+                ),
+                (Some(_), Some(_)) => return Err(format!("trailing fields in {line:?}")),
+            };
             self.token = Some(t);
             self.recorder.record(
                 self.floor,
@@ -258,6 +330,7 @@ impl WorkerFeed {
                 OpKind::Acquire {
                     key: self.key.clone(),
                     outcome: Grant::Granted(t),
+                    valid_until,
                 },
             );
             return Ok(true);

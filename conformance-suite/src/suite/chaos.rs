@@ -4,8 +4,11 @@
 //! clock (worker processes' claims and writes at the fence server they write through), and
 //! [`crate::history::check`] then proves its properties: unique tokens in real-time order per
 //! key, the fence's acceptances in token order, no stale write after a newer claim or after the
-//! fence reported a newer token. The recording fence's own commit-order log is checked too
-//! (accepted tokens never decrease in the order the fence answered).
+//! fence reported a newer token, and no grant while an earlier holder's reported validity lasts
+//! unless that holder released or the monkey force-released it (every release, drop, crash and
+//! forced release is recorded, worker processes' grants from what they print). The recording
+//! fence's own commit-order log is checked too (accepted tokens never decrease in the order the
+//! fence answered).
 //!
 //! Seedable (`CONFORMANCE_SEED`), and bounded by `CONFORMANCE_CHAOS_SECS` (default 12 s).
 
@@ -13,14 +16,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lease_core::{
-    keep, Bytes, Error, Fence, ForceRelease, KeeperOptions, LeaseOptions, LockKey, ResourceId,
+    keep, Bytes, Error, Fence, ForceRelease, KeeperOptions, Lease, LeaseOptions, LockKey,
+    ResourceId,
 };
 use rand::{Rng, SeedableRng};
 use tokio::time::Instant;
 
 use super::{boxed, Case, CaseResult, Ctx, Failure, Need, Verdict};
 use crate::check;
-use crate::history::{Done, Grant, History, HistoryFence, OpKind};
+use crate::history::{Done, Forced, History, HistoryFence, OpKind, Recorder};
 use lease_testkit::fence_server::{FenceServer, RecordingFence};
 
 pub(super) fn cases() -> Vec<Case> {
@@ -115,10 +119,7 @@ async fn chaos(ctx: Arc<Ctx>) -> CaseResult {
                 let acquired = client
                     .acquire(key, &LeaseOptions::new(ttl).wait(ttl * 4))
                     .await;
-                call.complete(OpKind::Acquire {
-                    key: key.as_str().to_owned(),
-                    outcome: Grant::from_result(acquired.as_ref().map(|l| l.token())),
-                });
+                call.acquired(key, &acquired);
                 let lease = match acquired {
                     Ok(l) => l,
                     Err(e) if tolerable(&e) => {
@@ -128,15 +129,7 @@ async fn chaos(ctx: Arc<Ctx>) -> CaseResult {
                     Err(e) => return Err(Failure(format!("worker {w}: acquire: {e}"))),
                 };
                 let token = lease.token();
-                // Records a release of this lease (plain or kept) with its outcome.
-                let released = |r: lease_core::Result<()>, call: crate::history::Invocation| {
-                    call.complete(OpKind::Release {
-                        key: key.as_str().to_owned(),
-                        token: token.get(),
-                        outcome: Done::from_result(&r),
-                    });
-                    r
-                };
+                let lease = Held::new(lease, &history, key);
                 let step = async {
                     fence.claim(&resource, token).await?;
                     match rng.gen_range(0..100) {
@@ -154,8 +147,7 @@ async fn chaos(ctx: Arc<Ctx>) -> CaseResult {
                                     )
                                     .await?;
                             }
-                            let call = history.invoke();
-                            released(lease.release().await, call)
+                            lease.release(|l| async move { l.release().await }).await
                         }
                         50..=64 => {
                             // A stop-the-world pause past the TTL, then the stale write.
@@ -167,16 +159,15 @@ async fn chaos(ctx: Arc<Ctx>) -> CaseResult {
                                     Bytes::from(format!("w{w} t{token} after pause")),
                                 )
                                 .await?;
-                            let call = history.invoke();
-                            released(lease.release().await, call)
+                            lease.release(|l| async move { l.release().await }).await
                         }
                         65..=74 => {
                             // A crash: no release, no destructor.
-                            std::mem::forget(lease);
+                            lease.crash();
                             Ok(())
                         }
                         75..=89 => {
-                            let kept = keep(lease, KeeperOptions::new())?;
+                            let kept = lease.map(|l| keep(l, KeeperOptions::new()))?;
                             for i in 0..3 {
                                 tokio::time::sleep(ttl * 2 / 3).await;
                                 fence
@@ -187,10 +178,10 @@ async fn chaos(ctx: Arc<Ctx>) -> CaseResult {
                                     )
                                     .await?;
                             }
-                            let call = history.invoke();
-                            released(kept.release().await, call)
+                            kept.release(|k| k.release()).await
                         }
                         _ => {
+                            // Recorded as a release invoked now whose outcome is never known.
                             drop(lease);
                             Ok(())
                         }
@@ -215,7 +206,10 @@ async fn chaos(ctx: Arc<Ctx>) -> CaseResult {
             recorded.clone(),
             history.recorder("processes"),
         ));
-        super::Scoped::spawn(async move { monkey(ctx, keys, fence, until, hard_until).await })
+        let history = history.clone();
+        super::Scoped::spawn(
+            async move { monkey(ctx, keys, fence, history, until, hard_until).await },
+        )
     };
     let mut rounds = 0;
     for t in tasks {
@@ -238,7 +232,7 @@ async fn chaos(ctx: Arc<Ctx>) -> CaseResult {
         "chaos run too small to mean anything: {rounds} rounds, {accepted} accepted"
     );
     check!(
-        summary.grants > 10 && summary.accepted_writes > 0,
+        summary.grants > 10 && summary.tenures > 10 && summary.accepted_writes > 0,
         "history too thin to mean anything: {summary:?} over {rounds} rounds"
     );
     tracing::info!(
@@ -256,10 +250,25 @@ async fn monkey(
     ctx: Arc<Ctx>,
     keys: Vec<LockKey>,
     fence: Arc<dyn Fence>,
+    history: History,
     until: Instant,
     due_until: Instant,
 ) -> Result<String, Failure> {
     let op = ctx.client().await?;
+    let recorder = history.recorder("monkey");
+    // A forced release, recorded: the history's property (e) counts on knowing every one.
+    let force = |key: &LockKey, request: &ForceRelease| {
+        let (op, recorder, key, request) = (&op, &recorder, key.clone(), request.clone());
+        async move {
+            let call = recorder.invoke();
+            let removed = op.force_release(&key, &request).await;
+            call.complete(OpKind::ForceRelease {
+                key: key.as_str().to_owned(),
+                outcome: Forced::from_result(&removed),
+            });
+            removed
+        }
+    };
     let ttl = ctx.ttl();
     let mut rng = rand::rngs::StdRng::seed_from_u64(ctx.fork_seed());
     let can_restart = matches!(ctx.subject.missing(&[Need::Restart]).await, Ok(None));
@@ -333,7 +342,7 @@ async fn monkey(
                 let start = keys.iter().position(|k| k == key).unwrap_or(0);
                 let mut removed = false;
                 for k in keys.iter().cycle().skip(start).take(keys.len()) {
-                    if let Ok(Some(_)) = op.force_release(k, &request).await {
+                    if let Ok(Some(_)) = force(k, &request).await {
                         removed = true;
                         break;
                     }
@@ -343,13 +352,17 @@ async fn monkey(
                     // likely expired (a paused one sleeps past its TTL, a killed one is not
                     // renewed): so that the kind is still done on a real holder, the monkey
                     // holds a key itself and force-releases that holder.
-                    if let Ok(own) = op.try_acquire(key, &LeaseOptions::new(ttl)).await {
+                    let call = recorder.invoke();
+                    let own = op.try_acquire(key, &LeaseOptions::new(ttl)).await;
+                    call.acquired(key, &own);
+                    if let Ok(own) = own {
+                        let own = Held::new(own, &recorder, key);
                         removed = matches!(
-                            op.force_release(key, &request).await,
-                            Ok(Some(h)) if h.token == own.token()
+                            force(key, &request).await,
+                            Ok(Some(h)) if h.token.get() == own.token
                         );
                         forced_own += u32::from(removed);
-                        let _ = own.release().await;
+                        let _ = own.release(|l| async move { l.release().await }).await;
                     }
                 }
                 if removed {
@@ -371,8 +384,17 @@ async fn monkey(
             }
             Some(fault @ (Fault::Pause | Fault::Kill)) => {
                 let server = server.as_ref().expect("spawned");
-                let mut w =
-                    super::faults::spawn_worker(&ctx, key, server.addr(), 10_000, ttl / 10).await?;
+                // Its grant and release recorded too, from what it prints.
+                let recorder = history.recorder(format!("process #{spawned}"));
+                let mut w = super::faults::spawn_worker(
+                    &ctx,
+                    key,
+                    server.addr(),
+                    10_000,
+                    ttl / 10,
+                    Some(recorder),
+                )
+                .await?;
                 spawned += 1;
                 let acquired = w.wait_for_acquired(ttl * 6).await.unwrap_or_else(|e| {
                     worker_errors.push(e);
@@ -387,7 +409,7 @@ async fn monkey(
                     // Nothing to pause or kill this time: stopped now (so that it does not take
                     // a key later and hold it for the rest of the run), and the kind stays due
                     // if it was never done.
-                    w.stop().await;
+                    w.stop().await?;
                     if done == 0 && !pending.contains(&fault) {
                         pending.push(fault);
                     }
@@ -407,7 +429,7 @@ async fn monkey(
         }
     }
     for mut w in workers {
-        w.stop().await;
+        w.stop().await?;
     }
     if spawned >= 2 && worker_errors.len() == spawned as usize {
         return Err(Failure(format!(
@@ -428,6 +450,89 @@ async fn monkey(
          errors: {worker_errors:?})"
     );
     Ok(report)
+}
+
+/// A lease (plain or kept) of a chaos worker, whose end is recorded in the history however it
+/// comes: [`Held::release`] records the release, [`Held::crash`] records nothing (nothing is
+/// sent), and a drop, on an error or on purpose, records a release invoked at the drop whose
+/// outcome is never known (a dropped lease is released in the background). Property (e) relies
+/// on it: a holder that let go unrecorded would make the next grant look like an overlap.
+struct Held<L> {
+    lease: Option<L>,
+    recorder: Recorder,
+    key: String,
+    token: u64,
+}
+
+impl Held<Box<dyn Lease>> {
+    fn new(lease: Box<dyn Lease>, recorder: &Recorder, key: &LockKey) -> Self {
+        Held {
+            token: lease.token().get(),
+            lease: Some(lease),
+            recorder: recorder.clone(),
+            key: key.as_str().to_owned(),
+        }
+    }
+}
+
+impl<L> Held<L> {
+    /// The lease turned into another holding of the same token (a kept lease); if that fails,
+    /// the lease is gone and recorded as dropped.
+    fn map<M>(mut self, f: impl FnOnce(L) -> lease_core::Result<M>) -> lease_core::Result<Held<M>> {
+        let lease = self.lease.take().expect("held until released");
+        let call = self.recorder.invoke();
+        match f(lease) {
+            Ok(m) => Ok(Held {
+                lease: Some(m),
+                recorder: self.recorder.clone(),
+                key: self.key.clone(),
+                token: self.token,
+            }),
+            Err(e) => {
+                call.abandon(self.dropped());
+                Err(e)
+            }
+        }
+    }
+
+    /// Releases with `release`, recording the call and its outcome.
+    async fn release<F>(mut self, release: impl FnOnce(L) -> F) -> lease_core::Result<()>
+    where
+        F: std::future::Future<Output = lease_core::Result<()>>,
+    {
+        let lease = self.lease.take().expect("held until released");
+        let call = self.recorder.invoke();
+        let released = release(lease).await;
+        call.complete(OpKind::Release {
+            key: self.key.clone(),
+            token: self.token,
+            outcome: Done::from_result(&released),
+        });
+        released
+    }
+
+    /// A crash: no release, no destructor; the key stays locked until its validity ends.
+    fn crash(mut self) {
+        std::mem::forget(self.lease.take());
+    }
+
+    fn dropped(&self) -> OpKind {
+        OpKind::Release {
+            key: self.key.clone(),
+            token: self.token,
+            outcome: Done::Unknown("dropped: released in the background".into()),
+        }
+    }
+}
+
+impl<L> Drop for Held<L> {
+    fn drop(&mut self) {
+        if let Some(lease) = self.lease.take() {
+            let call = self.recorder.invoke();
+            drop(lease);
+            call.abandon(self.dropped());
+        }
+    }
 }
 
 /// One kind of fault the monkey causes.

@@ -16,7 +16,7 @@ use tokio::time::Instant;
 
 use super::{boxed, Case, CaseResult, Ctx, Failure, Need, Verdict};
 use crate::check;
-use crate::history::{Done, Grant, History, HistoryFence, OpKind};
+use crate::history::{Done, History, HistoryFence, OpKind};
 use lease_testkit::harness::ClusterControl;
 
 pub(super) fn cases() -> Vec<Case> {
@@ -493,10 +493,7 @@ async fn rolling_restart(ctx: Arc<Ctx>) -> CaseResult {
                 let acquired = client
                     .acquire(key, &LeaseOptions::new(ttl).wait(ttl * 2))
                     .await;
-                call.complete(OpKind::Acquire {
-                    key: key.as_str().to_owned(),
-                    outcome: Grant::from_result(acquired.as_ref().map(|l| l.token())),
-                });
+                call.acquired(key, &acquired);
                 let lease = match acquired {
                     Ok(l) => l,
                     Err(e @ Error::TokenRegression { .. }) => {

@@ -14,6 +14,8 @@ use tokio::time::Instant;
 
 use super::{boxed, Case, CaseResult, Ctx, Failure, Need, Verdict};
 use crate::check;
+use crate::history::wire::WorkerFeed;
+use crate::history::Recorder;
 use lease_testkit::fence_server::{FenceServer, RecordingFence, RemoteFence};
 use lease_testkit::proxy::FaultProxy;
 
@@ -203,6 +205,8 @@ pub(super) struct Worker {
     lines: Lines<BufReader<ChildStdout>>,
     pid: u32,
     seen: Vec<String>,
+    /// Records the worker's grants and releases into a history, when given one.
+    feed: Option<WorkerFeed>,
 }
 
 impl Worker {
@@ -212,6 +216,7 @@ impl Worker {
         fence: std::net::SocketAddr,
         writes: u64,
         interval: Duration,
+        recorder: Option<Recorder>,
     ) -> Result<Worker, Failure> {
         let exe = ctx
             .subject
@@ -223,6 +228,8 @@ impl Worker {
             .worker_url
             .as_ref()
             .ok_or_else(|| Failure("no worker URL".into()))?;
+        // Before the spawn: its creation instant is the floor of every instant it records.
+        let feed = recorder.map(|r| WorkerFeed::new(r, key.as_str()));
         let mut child = Command::new(exe)
             .args([
                 "--coordinator",
@@ -254,7 +261,18 @@ impl Worker {
             lines: BufReader::new(stdout).lines(),
             pid,
             seen: Vec::new(),
+            feed,
         })
+    }
+
+    /// Keeps a line read from the worker, and records it into the history if it is fed one.
+    fn saw(&mut self, line: String) -> Result<(), Failure> {
+        if let Some(feed) = &mut self.feed {
+            feed.feed_legacy(&line)
+                .map_err(|e| Failure(format!("worker {}: {e}", self.pid)))?;
+        }
+        self.seen.push(line);
+        Ok(())
     }
 
     /// Reads lines until one starts with `prefix`; fails on `ERROR`, EOF or timeout.
@@ -276,7 +294,7 @@ impl Worker {
                         self.seen
                     ))
                 })?;
-            self.seen.push(line.clone());
+            self.saw(line.clone())?;
             if line.starts_with("ERROR") {
                 return Err(Failure(format!("worker failed: {line}")));
             }
@@ -299,7 +317,7 @@ async fn paused_process(ctx: Arc<Ctx>) -> CaseResult {
     let rec = Arc::new(RecordingFence::new(ctx.fence().clone()));
     let log = rec.log();
     let server = FenceServer::start(rec.clone()).await?;
-    let mut worker = Worker::spawn(&ctx, &key, server.addr(), 10_000, ctx.ttl() / 10).await?;
+    let mut worker = Worker::spawn(&ctx, &key, server.addr(), 10_000, ctx.ttl() / 10, None).await?;
     let token_a = Worker::token(&worker.expect("ACQUIRED", ctx.ttl() * 20).await?)?;
     worker.expect("WRITE 0 OK", ctx.ttl() * 5).await?;
     lease_testkit::process::pause(worker.pid).map_err(|e| Failure(e.to_string()))?;
@@ -708,7 +726,7 @@ async fn killed_process(ctx: Arc<Ctx>) -> CaseResult {
     let b = ctx.client().await?;
     // Killed after acquiring: the next holder gets the key after the TTL, with a larger token.
     let key = ctx.key("killed-after");
-    let mut worker = Worker::spawn(&ctx, &key, server.addr(), 10_000, ctx.ttl() / 10).await?;
+    let mut worker = Worker::spawn(&ctx, &key, server.addr(), 10_000, ctx.ttl() / 10, None).await?;
     let token = Worker::token(&worker.expect("ACQUIRED", ctx.ttl() * 20).await?)?;
     lease_testkit::process::kill(worker.pid).map_err(|e| Failure(e.to_string()))?;
     let _ = worker.child.wait().await;
@@ -731,7 +749,7 @@ async fn killed_process(ctx: Arc<Ctx>) -> CaseResult {
     // Killed while waiting: it leaves no waiter that blocks others.
     let key = ctx.key("killed-before");
     let holder = b.acquire(&key, &LeaseOptions::new(ctx.ttl() * 20)).await?;
-    let mut worker = Worker::spawn(&ctx, &key, server.addr(), 1, ctx.ttl() / 10).await?;
+    let mut worker = Worker::spawn(&ctx, &key, server.addr(), 1, ctx.ttl() / 10, None).await?;
     // Connected, found the key held, and gone on to wait (it says so before its waiting
     // acquire); a moment more lets that acquire reach the server. The check below holds
     // whether or not it has.
@@ -812,8 +830,9 @@ pub(super) async fn spawn_worker(
     fence: std::net::SocketAddr,
     writes: u64,
     interval: Duration,
+    recorder: Option<Recorder>,
 ) -> Result<Worker, Failure> {
-    Worker::spawn(ctx, key, fence, writes, interval).await
+    Worker::spawn(ctx, key, fence, writes, interval, recorder).await
 }
 
 impl Worker {
@@ -837,9 +856,28 @@ impl Worker {
         }
     }
 
-    /// Kills the worker and reaps it.
-    pub(super) async fn stop(&mut self) {
+    /// Kills the worker and reaps it. A worker fed into a history has the lines it printed
+    /// before it died read and recorded (a grant the harness had not read yet, a release).
+    pub(super) async fn stop(&mut self) -> Result<(), Failure> {
         let _ = lease_testkit::process::resume(self.pid);
         let _ = self.child.kill().await;
+        if self.feed.is_none() {
+            return Ok(());
+        }
+        // The pipe ends with the process; bounded in case something else holds its write end.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match tokio::time::timeout_at(deadline, self.lines.next_line()).await {
+                Ok(Ok(Some(line))) => self.saw(line)?,
+                Ok(Ok(None)) => return Ok(()),
+                Ok(Err(e)) => return Err(Failure(format!("worker {} stdout: {e}", self.pid))),
+                Err(_) => {
+                    return Err(Failure(format!(
+                        "worker {}: its stdout did not end within 10 s of its kill",
+                        self.pid
+                    )))
+                }
+            }
+        }
     }
 }
