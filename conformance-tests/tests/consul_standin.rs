@@ -36,6 +36,12 @@ async fn call(
     (status, index, v)
 }
 
+/// A transaction (`PUT /v1/txn` with `ops`): its status and body.
+async fn txn(s: &ConsulStandIn, ops: Value) -> (u16, Value) {
+    let (status, _, v) = call(s, "PUT", "/v1/txn", Some(ops)).await;
+    (status, v)
+}
+
 async fn session(s: &ConsulStandIn, body: Value) -> String {
     let (st, _, v) = call(s, "PUT", "/v1/session/create", Some(body)).await;
     assert_eq!(st, 200, "{v}");
@@ -379,8 +385,8 @@ async fn lock_delay_blocks_acquire_after_invalidation() {
         put(&s, &format!("/v1/kv/ld?acquire={other}"), "").await.1,
         json!(false)
     );
-    let txn = json!([{"KV": {"Verb": "lock", "Key": "ld", "Session": other}}]);
-    let (st, _, v) = call(&s, "PUT", "/v1/txn", Some(txn.clone())).await;
+    let lock = json!([{"KV": {"Verb": "lock", "Key": "ld", "Session": other}}]);
+    let (st, v) = txn(&s, lock.clone()).await;
     assert_eq!(st, 409);
     assert!(
         v["Errors"][0]["What"]
@@ -390,7 +396,7 @@ async fn lock_delay_blocks_acquire_after_invalidation() {
         "{v}"
     );
     tokio::time::sleep(Duration::from_millis(550).saturating_sub(t0.elapsed())).await;
-    let (st, _, v) = call(&s, "PUT", "/v1/txn", Some(txn)).await;
+    let (st, v) = txn(&s, lock).await;
     assert_eq!(st, 200, "{v}");
     // A release by the holder itself starts no lock-delay.
     let rel = session(&s, json!({"LockDelay": "10s", "Checks": []})).await;
@@ -407,15 +413,13 @@ async fn txn_is_all_or_nothing_with_consuls_verbs_and_errors() {
     let s = start();
     let id = session(&s, json!({"Checks": []})).await;
     let b64 = |v: &str| base64::engine::general_purpose::STANDARD.encode(v);
-    let (st, _, v) = call(
+    let (st, v) = txn(
         &s,
-        "PUT",
-        "/v1/txn",
-        Some(json!([
+        json!([
             {"KV": {"Verb": "check-not-exists", "Key": "marker"}},
             {"KV": {"Verb": "lock", "Key": "t", "Session": id, "Value": b64("owner")}},
             {"KV": {"Verb": "get", "Key": "t"}},
-        ])),
+        ]),
     )
     .await;
     assert_eq!(st, 200, "{v}");
@@ -431,15 +435,13 @@ async fn txn_is_all_or_nothing_with_consuls_verbs_and_errors() {
     let token = results[1]["KV"]["ModifyIndex"].as_u64().unwrap();
     // A failing check rolls everything back and names each failed operation.
     let before = s.index();
-    let (st, _, v) = call(
+    let (st, v) = txn(
         &s,
-        "PUT",
-        "/v1/txn",
-        Some(json!([
+        json!([
             {"KV": {"Verb": "set", "Key": "side", "Value": b64("x")}},
             {"KV": {"Verb": "check-index", "Key": "t", "Index": token + 1}},
             {"KV": {"Verb": "check-session", "Key": "t", "Session": "someone-else"}},
-        ])),
+        ]),
     )
     .await;
     assert_eq!(st, 409, "{v}");
@@ -452,35 +454,21 @@ async fn txn_is_all_or_nothing_with_consuls_verbs_and_errors() {
     assert_eq!(s.index(), before, "nothing applied");
     assert_eq!(get(&s, "side").await.0, 404);
     // Compare-and-delete as the adapter releases.
-    let (st, _, v) = call(
+    let (st, v) = txn(
         &s,
-        "PUT",
-        "/v1/txn",
-        Some(json!([
+        json!([
             {"KV": {"Verb": "check-index", "Key": "t", "Index": token}},
             {"KV": {"Verb": "check-session", "Key": "t", "Session": id}},
             {"KV": {"Verb": "delete", "Key": "t"}},
-        ])),
+        ]),
     )
     .await;
     assert_eq!(st, 200, "{v}");
     assert_eq!(get(&s, "t").await.0, 404);
     // Unknown verbs and non-KV operations are refused.
-    let (st, _, v) = call(
-        &s,
-        "PUT",
-        "/v1/txn",
-        Some(json!([{"KV": {"Verb": "frobnicate", "Key": "t"}}])),
-    )
-    .await;
+    let (st, v) = txn(&s, json!([{"KV": {"Verb": "frobnicate", "Key": "t"}}])).await;
     assert_eq!(st, 409, "{v}");
-    let (st, _, _) = call(
-        &s,
-        "PUT",
-        "/v1/txn",
-        Some(json!([{"Node": {"Verb": "get"}}])),
-    )
-    .await;
+    let (st, _) = txn(&s, json!([{"Node": {"Verb": "get"}}])).await;
     assert_eq!(st, 400);
 }
 
@@ -495,14 +483,12 @@ async fn an_outside_write_before_a_refused_txn_wakes_blocking_queries() {
     let waiter = blocking_get(&s, format!("/v1/kv/w?index={idx}&wait=10s")).await;
     s.write_before_txns("w", 1);
     let b64 = |v: &str| base64::engine::general_purpose::STANDARD.encode(v);
-    let (st, _, v) = call(
+    let (st, v) = txn(
         &s,
-        "PUT",
-        "/v1/txn",
-        Some(json!([
+        json!([
             {"KV": {"Verb": "check-index", "Key": "w", "Index": idx}},
             {"KV": {"Verb": "set", "Key": "w", "Value": b64("mine")}},
-        ])),
+        ]),
     )
     .await;
     assert_eq!(st, 409, "the outside write moved the index first: {v}");
@@ -520,11 +506,9 @@ async fn an_outside_write_before_a_refused_txn_wakes_blocking_queries() {
 async fn check_not_exists_needs_write_permission() {
     let s = start();
     s.deny_key_writes(Some("denied/".into()));
-    let (st, _, v) = call(
+    let (st, v) = txn(
         &s,
-        "PUT",
-        "/v1/txn",
-        Some(json!([{"KV": {"Verb": "check-not-exists", "Key": "denied/x"}}])),
+        json!([{"KV": {"Verb": "check-not-exists", "Key": "denied/x"}}]),
     )
     .await;
     assert_eq!(st, 409, "{v}");
@@ -535,13 +519,7 @@ async fn check_not_exists_needs_write_permission() {
             .contains("Permission denied"),
         "{v}"
     );
-    let (st, _, v) = call(
-        &s,
-        "PUT",
-        "/v1/txn",
-        Some(json!([{"KV": {"Verb": "get-tree", "Key": "denied/"}}])),
-    )
-    .await;
+    let (st, v) = txn(&s, json!([{"KV": {"Verb": "get-tree", "Key": "denied/"}}])).await;
     assert_eq!(st, 200, "reads stay allowed: {v}");
 }
 
@@ -694,19 +672,13 @@ async fn answer_next_commit_applies_the_write_and_replaces_its_answer_once() {
     let set = json!([{"KV": {"Verb": "set", "Key": "k", "Value": "YQ=="}}]);
     // A read-only transaction does not use it up.
     s.answer_next_commit(500, "rpc error making call: EOF");
-    let (st, _, _) = call(
-        &s,
-        "PUT",
-        "/v1/txn",
-        Some(json!([{"KV": {"Verb": "get", "Key": "nope"}}])),
-    )
-    .await;
+    let (st, _) = txn(&s, json!([{"KV": {"Verb": "get", "Key": "nope"}}])).await;
     assert_eq!(st, 409);
-    let (st, _, v) = call(&s, "PUT", "/v1/txn", Some(set.clone())).await;
+    let (st, v) = txn(&s, set.clone()).await;
     assert_eq!((st, v), (500, json!("rpc error making call: EOF")));
     let (st, _, e) = get(&s, "k").await;
     assert_eq!(st, 200, "the write was committed");
     assert_eq!(e["Value"], "YQ==");
-    let (st, _, v) = call(&s, "PUT", "/v1/txn", Some(set)).await;
+    let (st, v) = txn(&s, set).await;
     assert_eq!(st, 200, "once: {v}");
 }
