@@ -52,7 +52,7 @@ pub mod wire;
 #[cfg(test)]
 mod tests;
 
-pub use check::{check, CheckSummary, Property, Violation};
+pub use check::{check, check_except, CheckSummary, Property, Violation};
 
 /// A shared, append-only history of operations on one monotonic clock.
 ///
@@ -110,6 +110,16 @@ impl History {
     /// `at` as an offset from [`History::start`] (zero for an instant before the start).
     pub fn offset(&self, at: Instant) -> Duration {
         at.saturating_duration_since(self.inner.start)
+    }
+
+    /// A lease deadline `at` (tokio's clock, as [`lease_core::Lease::valid_until`] gives it) as
+    /// an offset from [`History::start`], no later than the true one: measured as the time
+    /// left from now, so it holds under tokio's paused clock too.
+    pub fn deadline(&self, at: tokio::time::Instant) -> Duration {
+        // The history's clock is read first, so that its "now" is no later than tokio's.
+        let now = self.now();
+        let left = at.saturating_duration_since(tokio::time::Instant::now());
+        now + left
     }
 
     /// A recorder for the worker called `process` (any label, for the excerpts: `w3`,
@@ -182,6 +192,21 @@ impl Recorder {
         self.push(now, Some(now), kind)
     }
 
+    /// Records that the holder of `lease` sees it [`Held`](lease_core::LeaseStatus::Held), valid
+    /// until its [`valid_until`](lease_core::Lease::valid_until) (an [`OpKind::Valid`]
+    /// observation, for property (e)); records nothing for a lease not held. Take it just
+    /// before a release, so that a renewed lease's tenure is checked to its end.
+    pub fn valid(&self, lease: &dyn Lease) -> Option<usize> {
+        let until = lease.valid_until();
+        (lease.status() == lease_core::LeaseStatus::Held).then(|| {
+            self.signal(OpKind::Valid {
+                key: lease.key().as_str().to_owned(),
+                token: lease.token().get(),
+                valid_until: self.history.deadline(until),
+            })
+        })
+    }
+
     /// Records an operation with explicit offsets (used by [`wire::WorkerFeed`]).
     pub fn record(&self, invoked: Duration, completed: Option<Duration>, kind: OpKind) -> usize {
         self.push(invoked, completed, kind)
@@ -226,7 +251,7 @@ impl Invocation {
         let valid_until = result
             .as_ref()
             .ok()
-            .map(|lease| self.recorder.history.offset(lease.valid_until().into_std()));
+            .map(|lease| self.recorder.history.deadline(lease.valid_until()));
         self.complete(OpKind::Acquire {
             key: key.as_str().to_owned(),
             outcome: Grant::from_result(result.as_ref().map(|l| l.token())),
@@ -295,8 +320,10 @@ pub enum OpKind {
         /// For a grant, the end of the validity the lease reported when it was granted
         /// ([`lease_core::Lease::valid_until`]), as an offset from the history's start; `None`
         /// when not known. It must not be later than the true one (a worker process's is its
-        /// feed's floor plus the validity it had left when it reported the grant). Renewals only
-        /// move it later, so the grant's is a lower bound of the whole tenure.
+        /// feed's floor plus when it printed the grant and the validity it had left then).
+        /// Renewals only move it later ([`OpKind::Valid`] records what a holder saw since), so
+        /// the grant's is a lower bound of the whole tenure. On a history line ([`wire`]) it is
+        /// the validity *left* when the line was printed, which the feed turns into this.
         valid_until: Option<Duration>,
     },
     /// A renewal of the lease `token` on `key`.
@@ -316,6 +343,17 @@ pub enum OpKind {
         token: u64,
         /// Whether it was released.
         outcome: Done,
+    },
+    /// The holder of `token` on `key` saw its lease held, valid until `valid_until` (an offset
+    /// from the history's start, no later than the true one): an instantaneous observation, such
+    /// as after a renewal. Property (e) checks a tenure to the latest one seen.
+    Valid {
+        /// The lock key.
+        key: String,
+        /// The lease's token.
+        token: u64,
+        /// The end of the validity seen.
+        valid_until: Duration,
     },
     /// An operator's forced release of `key` ([`lease_core::Coordinator::force_release`]).
     ForceRelease {
@@ -370,6 +408,15 @@ impl fmt::Display for OpKind {
             OpKind::ForceRelease { key, outcome } => {
                 write!(f, "force-release key={key} {outcome}")
             }
+            OpKind::Valid {
+                key,
+                token,
+                valid_until,
+            } => write!(
+                f,
+                "valid key={key} token={token} until={}",
+                secs(*valid_until)
+            ),
             OpKind::Renew {
                 key,
                 token,
@@ -447,7 +494,8 @@ pub enum Forced {
     Removed(u64),
     /// Nobody held the key: nothing was removed.
     NoneHeld,
-    /// Definitely not applied: the error text.
+    /// It failed with an error that says it removed no holder (unavailable, refused...): the
+    /// error text. (An adapter may still have cleared a value no holder owned.)
     Failed(String),
     /// It may have removed a holder: the error text.
     Unknown(String),

@@ -23,10 +23,12 @@
 //! ```
 //!
 //! Output lines: `WAITING` (the key was held at the first try; the worker now waits for it),
-//! `ACQUIRED <token> <valid-ms>` (the validity the lease has left as the line is printed, rounded
-//! down; the history's [`WorkerFeed`](crate::history::wire::WorkerFeed) reads it), `WRITE <i> OK`, `WRITE <i> STALE <current>`,
-//! `WRITE <i> ERR <message>`, `RELEASE OK|LOST|ERR <message>`, `ERROR <message>`. Exit status 2
-//! for bad arguments, 1 for an error before or while acquiring (an `ERROR` line says which).
+//! `ACQUIRED <token> <valid-ms> <at-ms>` (the validity the lease had left at `at-ms`, counted
+//! from the worker's start, both rounded down; the history's
+//! [`WorkerFeed`](crate::history::wire::WorkerFeed) reads them), `WRITE <i> OK`,
+//! `WRITE <i> STALE <current>`, `WRITE <i> ERR <message>`, `RELEASING <at-ms>` (about to
+//! release), `RELEASE OK|LOST|ERR <message>`, `ERROR <message>`. Exit status 2 for bad
+//! arguments, 1 for an error before or while acquiring (an `ERROR` line says which).
 
 use std::io::Write as _;
 use std::process::ExitCode;
@@ -87,6 +89,8 @@ fn parse(args: impl IntoIterator<Item = String>) -> Result<Args, String> {
 /// (which must know the scheme of the `--coordinator` URL the subject hands out), and returns
 /// the exit code for `main` to return.
 pub fn main_with(registry: Registry) -> ExitCode {
+    // The worker's own clock: the instants it reports are counted from here.
+    let started = std::time::Instant::now();
     let args = match parse(std::env::args().skip(1)) {
         Ok(a) => a,
         Err(e) => {
@@ -104,7 +108,7 @@ pub fn main_with(registry: Registry) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(&registry, args)) {
+    match runtime.block_on(run(&registry, args, started)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             say(format!("ERROR {e}"));
@@ -113,7 +117,7 @@ pub fn main_with(registry: Registry) -> ExitCode {
     }
 }
 
-async fn run(registry: &Registry, a: Args) -> Result<(), Error> {
+async fn run(registry: &Registry, a: Args, started: std::time::Instant) -> Result<(), Error> {
     let coord = registry.connect(&a.coordinator).await?;
     let fence = RemoteFence::new(a.fence.parse().map_err(|_| {
         Error::InvalidInput(lease_core::InvalidInput::OutOfRange {
@@ -137,9 +141,13 @@ async fn run(registry: &Registry, a: Args) -> Result<(), Error> {
     };
     let token = lease.token();
     fence.claim(&resource, token).await?;
+    // The instant first, then the validity left: their sum is no later than the true end.
+    let at = started.elapsed();
+    let left = lease.remaining();
     say(format!(
-        "ACQUIRED {token} {}",
-        lease.remaining().as_millis()
+        "ACQUIRED {token} {} {}",
+        left.as_millis(),
+        at.as_millis()
     ));
     for i in 0..a.writes {
         tokio::time::sleep(Duration::from_millis(a.interval_ms)).await;
@@ -159,6 +167,7 @@ async fn run(registry: &Registry, a: Args) -> Result<(), Error> {
             Err(e) => say(format!("WRITE {i} ERR {e}")),
         }
     }
+    say(format!("RELEASING {}", started.elapsed().as_millis()));
     match lease.release().await {
         Ok(()) => say("RELEASE OK".into()),
         Err(Error::Lost { .. }) => say("RELEASE LOST".into()),

@@ -273,12 +273,9 @@ const CASES: &[&str] = &[
 async fn run(defect: Defect, cases: &[&'static str]) -> Report {
     let mutant = MutantCoordinator(Arc::new(Mutant::new(defect)));
     let coordinator: Arc<dyn Coordinator> = Arc::new(mutant);
-    let subject = Subject::new(
+    let subject = Subject::shared(
         format!("mutant-{defect:?}"),
-        Arc::new(move || {
-            let c = coordinator.clone();
-            Box::pin(async move { Ok(c) })
-        }),
+        coordinator,
         Arc::new(MemoryFence::new()),
         Duration::from_millis(300),
     );
@@ -409,7 +406,7 @@ async fn a_renewal_that_overstates_validity_is_caught() {
         Defect::RenewOverstates,
         &[(
             "renew_extends_validity",
-            "before the renewed lease's validity ended",
+            "before the renewed holder's validity ended",
         )],
     )
     .await;

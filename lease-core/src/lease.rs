@@ -575,7 +575,11 @@ impl From<LostReason> for LeaseStatus {
 ///   tokens). Carry it on every protected write ([`crate::Fence`]).
 /// - [`valid_until`](Lease::valid_until) is a local, monotonic estimate: the send time of the last
 ///   confirmed acquire or renew plus the granted TTL minus a drift margin. It is an upper bound on
-///   how long this process may *believe* it holds the lock, never proof that it does.
+///   how long this process may *believe* it holds the lock, never proof that it does. What the
+///   backend promises everyone else: no other acquisition of the key is granted before it,
+///   unless this lease was released or force-released (or, where an adapter documents so, across
+///   a failover of an asynchronously replicated coordinator). The conformance suite checks that
+///   promise over whole runs (its history checker's exclusive-tenure property).
 /// - [`renew`](Lease::renew) extends validity or returns `Lost`; it never revives a lost lease and
 ///   never extends another owner's lock.
 /// - [`release`](Lease::release) is compare-and-delete: it removes the lock only if this lease

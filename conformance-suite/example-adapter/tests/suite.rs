@@ -3,7 +3,6 @@
 //!
 //! `cargo test -p thirdparty-memory-adapter --test suite [case-name-filter]`
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use conformance_suite::suite::{main_for, Subject};
@@ -20,12 +19,9 @@ fn main() -> std::process::ExitCode {
             .connect_fence(URL)
             .await
             .map_err(|e| e.to_string())?;
-        let subject = Subject::new(
+        let subject = Subject::shared(
             "thirdparty-memory",
-            Arc::new(move || {
-                let c = coordinator.clone();
-                Box::pin(async move { Ok(c) })
-            }),
+            coordinator,
             fence,
             Duration::from_millis(300),
         );

@@ -43,17 +43,25 @@ async fn worker_runs_on_the_adapters_own_scheme() {
     let server = FenceServer::start(fence.clone()).await.unwrap();
     let (lines, ok) = run_worker("thirdparty-memory://", server.addr()).await;
     assert!(ok, "worker failed: {lines:?}");
-    let (token, valid_ms) = lines[0]
+    let fields: Vec<&str> = lines[0]
         .strip_prefix("ACQUIRED ")
-        .and_then(|grant| grant.split_once(' '))
-        .unwrap_or_else(|| panic!("first line {:?}", lines[0]));
-    let valid_ms: u64 = valid_ms.parse().expect("validity left in ms");
+        .unwrap_or_else(|| panic!("first line {:?}", lines[0]))
+        .split(' ')
+        .collect();
+    let [token, valid_ms, at_ms] = fields[..] else {
+        panic!("first line {:?}", lines[0]);
+    };
+    let ms = |v: &str| -> u64 { v.parse().expect("milliseconds") };
     assert!(
-        (1..=2000).contains(&valid_ms),
+        (1..=2000).contains(&ms(valid_ms)),
         "validity left {valid_ms} ms of a 2000 ms TTL"
     );
+    let releasing = lines[4]
+        .strip_prefix("RELEASING ")
+        .unwrap_or_else(|| panic!("fifth line {:?}", lines[4]));
+    assert!(ms(releasing) >= ms(at_ms), "{lines:?}");
     assert_eq!(
-        &lines[1..],
+        [&lines[1..4], &lines[5..]].concat(),
         ["WRITE 0 OK", "WRITE 1 OK", "WRITE 2 OK", "RELEASE OK"],
         "after {:?}",
         lines[0]

@@ -34,15 +34,20 @@ pub enum Property {
     /// writing into the newer one's tenure. (When the newer holder's claim or write is itself
     /// recorded as accepted, the same overlap is reported as (c) or (b).)
     OverlapAfterClaim,
-    /// (e) If a grant of token `t` on a key reported its lease valid until `V` (the grant's
-    /// `valid_until`), a grant of a larger token on that key completed before `V` only if `t`'s
-    /// holder had invoked a release of `t`, or an operator had invoked a forced release of the
-    /// key that removed `t` (or whose outcome is unknown), before that grant completed: no two
-    /// holders believe they hold one key at once, unless a holder let go or was removed.
+    /// (e) If the holder of token `t` on a key saw its lease valid until `V` (the grant's
+    /// `valid_until`, or a later [`OpKind::Valid`] observation: the latest counts), a grant of a
+    /// larger token on that key completed before `V` only if `t`'s holder had invoked a release
+    /// of `t`, or an operator had invoked a forced release of the key that removed `t` (or whose
+    /// outcome is unknown), before that grant completed: no two holders believe they hold one
+    /// key at once, unless a holder let go or was removed.
     ///
-    /// Time limits how long others wait; this is the property that says the limit was kept.
-    /// A release or forced release is counted from its invocation whatever its outcome (it may
-    /// have applied at once), so the property never blames a grant that a release might explain.
+    /// Time limits how long others wait; this is the property that says the limit was kept. It
+    /// is the promise of [`lease_core::Lease::valid_until`] to everyone else; a backend that
+    /// does not keep it across a failover (Redis with Sentinel, whose replication is
+    /// asynchronous) is checked without it there ([`check_except`]). A release or forced
+    /// release is counted from its invocation whatever its outcome (it may have applied at
+    /// once), so the property never blames a grant that a release might explain; a forced
+    /// release whose outcome is unknown excuses every holder of its key from then on.
     ExclusiveTenure,
 }
 
@@ -127,9 +132,14 @@ pub struct CheckSummary {
 /// token is used as evidence even when the call that set it is unknown ([`Property::OverlapAfterClaim`]).
 /// Complete for the accepted calls: if no (b) or (c) violation is reported, the accepted claims
 /// and writes of each resource can be ordered consistently with real time in non-decreasing
-/// token order. Runs in `O(n log n)` for `n` operations, plus `O(g²)` per key for its `g`
-/// grants for (e).
+/// token order. Runs in `O(n log n)` for `n` operations.
 pub fn check(history: &History) -> Result<CheckSummary, Violation> {
+    check_except(history, &[])
+}
+
+/// [`check`], except the properties in `unpromised`: for a subject that does not promise them
+/// in the run that made `history` (see [`Property::ExclusiveTenure`]).
+pub fn check_except(history: &History, unpromised: &[Property]) -> Result<CheckSummary, Violation> {
     let ops = history.ops();
     let seed = history.seed();
     let violation = |property, explanation: String, mut excerpt: Vec<&Op>| {
@@ -151,16 +161,35 @@ pub fn check(history: &History) -> Result<CheckSummary, Violation> {
     let mut accepted_writes = Vec::new();
     let mut accepted_claims = Vec::new();
     let mut rejections = Vec::new();
-    // For (e): the first invocation of a release of each (key, token), and the forced releases.
-    let mut releases: HashMap<(&str, u64), Duration> = HashMap::new();
-    let mut forced = Vec::new();
+    // For (e), per (key, token): the latest validity its holder saw (at the grant or later,
+    // while held), and the earliest instant something may have ended its tenure (a release's
+    // or a forced release's invocation); per key, the earliest forced release that may have
+    // removed any holder.
+    let mut tenure: HashMap<(&str, u64), (Duration, &Op)> = HashMap::new();
+    let mut excused: HashMap<(&str, u64), Duration> = HashMap::new();
+    let mut any_removed: HashMap<&str, Duration> = HashMap::new();
+    let earliest = |at: &mut Duration, t: Duration| *at = (*at).min(t);
     for op in &ops {
         match &op.kind {
-            OpKind::Acquire { key, outcome, .. } => match outcome {
-                Grant::Granted(t) if op.completed.is_some() => grants.push((key, *t, op)),
+            OpKind::Acquire {
+                key,
+                outcome,
+                valid_until,
+            } => match outcome {
+                Grant::Granted(t) if op.completed.is_some() => {
+                    grants.push((key, *t, op));
+                    if let Some(v) = valid_until {
+                        seen_valid(&mut tenure, key, *t, *v, op);
+                    }
+                }
                 Grant::Granted(_) | Grant::Unknown(_) => summary.unknown += 1,
                 Grant::Failed(_) => {}
             },
+            OpKind::Valid {
+                key,
+                token,
+                valid_until,
+            } => seen_valid(&mut tenure, key, *token, *valid_until, op),
             OpKind::Renew { outcome, .. } => {
                 if matches!(outcome, super::Done::Unknown(_)) || op.completed.is_none() {
                     summary.unknown += 1;
@@ -174,17 +203,27 @@ pub fn check(history: &History) -> Result<CheckSummary, Violation> {
                 if matches!(outcome, super::Done::Unknown(_)) || op.completed.is_none() {
                     summary.unknown += 1;
                 }
-                let first = releases.entry((key, *token)).or_insert(op.invoked);
-                *first = (*first).min(op.invoked);
+                earliest(
+                    excused.entry((key, *token)).or_insert(op.invoked),
+                    op.invoked,
+                );
             }
             OpKind::ForceRelease { key, outcome } => {
                 if matches!(outcome, Forced::Unknown(_)) || op.completed.is_none() {
                     summary.unknown += 1;
                 }
-                if op.completed.is_none()
-                    || !matches!(outcome, Forced::NoneHeld | Forced::Failed(_))
-                {
-                    forced.push((key.as_str(), op));
+                match outcome {
+                    // Never answered, or answered without a word of what it removed: any holder.
+                    _ if op.completed.is_none() => {
+                        earliest(any_removed.entry(key).or_insert(op.invoked), op.invoked)
+                    }
+                    Forced::Unknown(_) => {
+                        earliest(any_removed.entry(key).or_insert(op.invoked), op.invoked)
+                    }
+                    Forced::Removed(t) => {
+                        earliest(excused.entry((key, *t)).or_insert(op.invoked), op.invoked)
+                    }
+                    Forced::NoneHeld | Forced::Failed(_) => {}
                 }
             }
             OpKind::Lost { .. } => {}
@@ -217,7 +256,7 @@ pub fn check(history: &History) -> Result<CheckSummary, Violation> {
     summary.grants = grants.len();
     summary.tenures = grants
         .iter()
-        .filter(|(_, _, op)| valid_until(op).is_some())
+        .filter(|(key, token, _)| tenure.contains_key(&(key.as_str(), *token)))
         .count();
     summary.accepted_claims = accepted_claims.len();
     summary.accepted_writes = accepted_writes.len();
@@ -226,6 +265,9 @@ pub fn check(history: &History) -> Result<CheckSummary, Violation> {
     // (a) unique tokens, whatever the timing.
     let mut seen: HashMap<(&String, u64), &Op> = HashMap::new();
     for &(key, token, op) in &grants {
+        if unpromised.contains(&Property::UniqueTokens) {
+            break;
+        }
         if let Some(first) = seen.insert((key, token), op) {
             return Err(violation(
                 Property::UniqueTokens,
@@ -235,7 +277,16 @@ pub fn check(history: &History) -> Result<CheckSummary, Violation> {
         }
     }
     // (a) real-time order of grants: an earlier grant's token must be below a later one's.
-    if let Some((earlier, later)) = first_inversion(&grants, &grants, |e, l| e >= l) {
+    let promised = |p| !unpromised.contains(&p);
+    let inversion = |p, earlier, later, bad: fn(u64, u64) -> bool| {
+        if promised(p) {
+            first_inversion(earlier, later, bad)
+        } else {
+            None
+        }
+    };
+    if let Some((earlier, later)) = inversion(Property::TokenOrder, &grants, &grants, |e, l| e >= l)
+    {
         return Err(violation(
             Property::TokenOrder,
             format!(
@@ -253,7 +304,11 @@ pub fn check(history: &History) -> Result<CheckSummary, Violation> {
         .copied()
         .collect();
     // (b) after an accepted write, nothing older is accepted.
-    if let Some((earlier, later)) = first_inversion(&accepted_writes, &accepted, |e, l| e > l) {
+    if let Some((earlier, later)) =
+        inversion(Property::FenceOrder, &accepted_writes, &accepted, |e, l| {
+            e > l
+        })
+    {
         return Err(violation(
             Property::FenceOrder,
             format!(
@@ -266,7 +321,12 @@ pub fn check(history: &History) -> Result<CheckSummary, Violation> {
         ));
     }
     // (c) after an accepted claim, nothing older is accepted.
-    if let Some((earlier, later)) = first_inversion(&accepted_claims, &accepted, |e, l| e > l) {
+    if let Some((earlier, later)) = inversion(
+        Property::StaleAfterClaim,
+        &accepted_claims,
+        &accepted,
+        |e, l| e > l,
+    ) {
         return Err(violation(
             Property::StaleAfterClaim,
             format!(
@@ -279,7 +339,12 @@ pub fn check(history: &History) -> Result<CheckSummary, Violation> {
         ));
     }
     // (d) after the fence reported `current = c`, nothing older than c is accepted.
-    if let Some((rejection, later)) = first_inversion(&rejections, &accepted, |c, l| c > l) {
+    if let Some((rejection, later)) = inversion(
+        Property::OverlapAfterClaim,
+        &rejections,
+        &accepted,
+        |c, l| c > l,
+    ) {
         let resource = group_of(later);
         let current = reported_current(rejection);
         // The call that set `current`, if recorded: any claim or write of that token invoked
@@ -300,7 +365,13 @@ pub fn check(history: &History) -> Result<CheckSummary, Violation> {
             excerpt,
         ));
     }
+    if !promised(Property::ExclusiveTenure) {
+        return Ok(summary);
+    }
     // (e) no grant while an earlier holder's validity lasts, unless it let go or was removed.
+    // Per key, grants by token descending: the earliest completion among the larger tokens is
+    // the only one each tenure needs to be compared with (if it is excused or after the
+    // validity, every later one is too).
     let mut by_key: HashMap<&str, Vec<(u64, &Op)>> = HashMap::new();
     for &(key, token, op) in &grants {
         by_key.entry(key).or_default().push((token, op));
@@ -308,55 +379,65 @@ pub fn check(history: &History) -> Result<CheckSummary, Violation> {
     let mut keys: Vec<_> = by_key.into_iter().collect();
     keys.sort_by_key(|(key, _)| *key);
     for (key, mut held) in keys {
-        held.sort_by_key(|&(token, op)| (token, op.id));
-        for (i, &(later_token, later)) in held.iter().enumerate() {
-            let Some(granted) = later.completed else {
-                continue;
-            };
-            for &(token, earlier) in &held[..i] {
-                let Some(until) = valid_until(earlier) else {
-                    continue;
-                };
-                if granted >= until || token >= later_token {
-                    continue;
-                }
-                let let_go = releases
-                    .get(&(key, token))
-                    .is_some_and(|&invoked| invoked < granted);
-                let removed = forced.iter().any(|&(k, f)| {
-                    k == key
-                        && f.invoked < granted
-                        && match &f.kind {
-                            OpKind::ForceRelease { outcome, .. } => {
-                                f.completed.is_none() || outcome.may_have_removed(token)
-                            }
-                            _ => false,
-                        }
-                });
-                if !let_go && !removed {
+        held.sort_by_key(|&(token, op)| (std::cmp::Reverse(token), op.id));
+        // The first completed grant among the larger tokens seen so far.
+        let mut first_later: Option<(Duration, u64, &Op)> = None;
+        let mut i = 0;
+        while i < held.len() {
+            // Grants of one token (possible only when (a) is left out) are compared with the
+            // larger tokens only.
+            let token = held[i].0;
+            let same = held[i..].iter().take_while(|(t, _)| *t == token).count();
+            if let (Some((granted, later_token, later)), Some(&(until, seen))) =
+                (first_later, tenure.get(&(key, token)))
+            {
+                let excuse = [
+                    excused.get(&(key, token)).copied(),
+                    any_removed.get(key).copied(),
+                ]
+                .into_iter()
+                .flatten()
+                .min();
+                if granted < until && excuse.is_none_or(|at| at >= granted) {
                     return Err(violation(
                         Property::ExclusiveTenure,
                         format!(
                             "on key {key}, token {later_token} was granted at {} while the \
-                             holder of token {token} was still valid (until {}), and neither \
-                             a release of token {token} nor a forced release of the key had \
+                             holder of token {token} was still valid (until {}), and no release \
+                             of token {token} nor a forced release that may have removed it had \
                              been invoked",
                             super::secs(granted),
                             super::secs(until),
                         ),
-                        vec![earlier, later],
+                        vec![held[i].1, seen, later],
                     ));
                 }
             }
+            for &(t, op) in &held[i..i + same] {
+                if let Some(c) = op.completed {
+                    if first_later.is_none_or(|(f, _, _)| c < f) {
+                        first_later = Some((c, t, op));
+                    }
+                }
+            }
+            i += same;
         }
     }
     Ok(summary)
 }
 
-fn valid_until(op: &Op) -> Option<Duration> {
-    match op.kind {
-        OpKind::Acquire { valid_until, .. } => valid_until,
-        _ => None,
+/// Records that the holder of `token` on `key` saw its lease valid until `until` (at `op`): a
+/// tenure lasts at least until the latest such instant.
+fn seen_valid<'a>(
+    tenure: &mut HashMap<(&'a str, u64), (Duration, &'a Op)>,
+    key: &'a str,
+    token: u64,
+    until: Duration,
+    op: &'a Op,
+) {
+    let entry = tenure.entry((key, token)).or_insert((until, op));
+    if until > entry.0 {
+        *entry = (until, op);
     }
 }
 
@@ -366,6 +447,7 @@ fn group_of(op: &Op) -> &str {
         | OpKind::Renew { key, .. }
         | OpKind::Release { key, .. }
         | OpKind::Lost { key, .. }
+        | OpKind::Valid { key, .. }
         | OpKind::ForceRelease { key, .. } => key,
         OpKind::Claim { resource, .. } | OpKind::Write { resource, .. } => resource,
     }
@@ -381,6 +463,7 @@ fn token_of(op: &Op) -> u64 {
         OpKind::Renew { token, .. }
         | OpKind::Release { token, .. }
         | OpKind::Lost { token, .. }
+        | OpKind::Valid { token, .. }
         | OpKind::Claim { token, .. }
         | OpKind::Write { token, .. } => *token,
     }

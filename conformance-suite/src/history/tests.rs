@@ -404,6 +404,99 @@ fn only_a_forced_release_that_may_have_removed_the_holder_excuses_a_grant() {
     assert_eq!(check(&h).unwrap_err().property, Property::ExclusiveTenure);
 }
 
+#[test]
+fn a_later_validity_seen_by_the_holder_extends_its_tenure() {
+    let h = History::new(None);
+    let a = op(&h, "w0", 0, Some(10), grant_until("k", 5, 100));
+    let seen = op(
+        &h,
+        "w0",
+        90,
+        Some(90),
+        OpKind::Valid {
+            key: "k".into(),
+            token: 5,
+            valid_until: us(300),
+        },
+    );
+    // An earlier, shorter observation does not shorten it.
+    op(
+        &h,
+        "w0",
+        95,
+        Some(95),
+        OpKind::Valid {
+            key: "k".into(),
+            token: 5,
+            valid_until: us(200),
+        },
+    );
+    let b = op(&h, "w1", 150, Some(250), grant("k", 6));
+    let v = check(&h).unwrap_err();
+    assert_eq!(v.property, Property::ExclusiveTenure);
+    assert_eq!(ids(&v), vec![a, seen, b]);
+    assert_eq!(check(&h).unwrap_err().ops.len(), 3);
+}
+
+#[test]
+fn every_earlier_tenure_is_checked_not_only_the_previous_token() {
+    // 6 has no known validity and its reply came late; 7 completes within 5's validity.
+    let h = History::new(None);
+    let a = op(&h, "w0", 0, Some(10), grant_until("k", 5, 100));
+    op(&h, "w1", 20, Some(150), grant("k", 6));
+    let b = op(&h, "w2", 40, Some(50), grant("k", 7));
+    let v = check(&h).unwrap_err();
+    assert_eq!(
+        (v.property, ids(&v)),
+        (Property::ExclusiveTenure, vec![a, b])
+    );
+}
+
+#[test]
+fn an_excuse_must_be_for_the_same_key_and_token_and_strictly_before_the_grant() {
+    let excused_by = |kind: OpKind, at: u64| {
+        let h = History::new(None);
+        op(&h, "w0", 0, Some(10), grant_until("k", 5, 100));
+        op(&h, "w0", at, Some(at + 1), kind);
+        op(&h, "w1", 20, Some(30), grant("k", 6));
+        check(&h).is_ok()
+    };
+    assert!(excused_by(release("k", 5, Done::Ok), 29));
+    assert!(
+        !excused_by(release("k", 5, Done::Ok), 30),
+        "invoked as it completed"
+    );
+    assert!(
+        !excused_by(release("other", 5, Done::Ok), 15),
+        "another key"
+    );
+    assert!(!excused_by(release("k", 4, Done::Ok), 15), "another token");
+    assert!(excused_by(forced("k", Forced::Removed(5)), 29));
+    assert!(!excused_by(forced("k", Forced::Removed(5)), 30));
+    assert!(!excused_by(
+        forced("other", Forced::Unknown("?".into())),
+        15
+    ));
+}
+
+#[test]
+fn check_except_leaves_out_only_the_properties_named() {
+    let h = History::new(None);
+    op(&h, "w0", 0, Some(10), grant_until("k", 5, 100));
+    op(&h, "w1", 20, Some(30), grant("k", 6));
+    assert_eq!(check(&h).unwrap_err().property, Property::ExclusiveTenure);
+    let s = check_except(&h, &[Property::ExclusiveTenure]).unwrap();
+    assert_eq!(s.grants, 2);
+    op(&h, "w2", 40, Some(50), grant("k", 3));
+    assert_eq!(
+        check_except(&h, &[Property::ExclusiveTenure])
+            .unwrap_err()
+            .property,
+        Property::TokenOrder
+    );
+    assert!(check_except(&h, &[Property::ExclusiveTenure, Property::TokenOrder]).is_ok());
+}
+
 // ---- recording ----
 
 #[test]
@@ -496,35 +589,70 @@ fn worker_feed_timestamps_lines_from_the_floor_to_receipt() {
 }
 
 #[test]
-fn a_workers_validity_left_is_counted_from_the_feeds_floor() {
+fn a_workers_instants_are_counted_from_the_feeds_floor() {
     let h = History::new(None);
     let mut feed = WorkerFeed::new(h.recorder("pid 1"), "k");
     std::thread::sleep(Duration::from_millis(2));
     feed.permit();
-    let floor = h.now();
-    assert!(feed.feed_legacy("ACQUIRED 17 250").unwrap());
+    let ms = Duration::from_millis;
+    // Printed 40 ms after the worker started, with 250 ms of validity left.
+    assert!(feed.feed_legacy("ACQUIRED 17 250 40").unwrap());
+    assert!(!feed.feed_legacy("RELEASING 90").unwrap());
+    assert!(feed.feed_legacy("RELEASE OK").unwrap());
     let line = encode(&grant_until("k", 18, 500));
     assert!(line.ends_with("granted 18 valid-us 500"), "{line}");
+    assert!(feed.feed(&line).unwrap());
+    let line = encode(&OpKind::Valid {
+        key: "k".into(),
+        token: 18,
+        valid_until: us(700),
+    });
     assert!(feed.feed(&line).unwrap());
     assert!(feed
         .feed(&encode(&forced("k", Forced::Removed(18))))
         .unwrap());
     let ops = h.ops();
+    // A grant is invoked at the floor.
+    let floor = ops[0].invoked;
+    assert!(floor >= ms(2), "the floor is the permit's instant");
     let until = |o: &Op| match o.kind {
         OpKind::Acquire { valid_until, .. } => valid_until.unwrap(),
+        OpKind::Valid { valid_until, .. } => valid_until,
         _ => panic!("{o}"),
     };
-    // The floor is at or before the print, so floor + left is at or before the true end.
-    assert!(until(&ops[0]) <= floor + Duration::from_millis(250));
-    assert!(until(&ops[0]) + Duration::from_millis(2) > floor + Duration::from_millis(250));
-    assert!(until(&ops[1]) <= floor + us(500));
-    assert_eq!(ops[2].kind, forced("k", Forced::Removed(18)));
+    // The floor is at or before the worker's start, so these are at or before the true ones.
+    assert_eq!(until(&ops[0]), floor + ms(290));
+    assert_eq!(
+        (ops[1].invoked, &ops[1].kind),
+        (floor + ms(90), &release("k", 17, Done::Ok))
+    );
+    assert_eq!(until(&ops[2]), floor + us(500));
+    assert_eq!(until(&ops[3]), floor + us(700));
+    assert_eq!(ops[4].kind, forced("k", Forced::Removed(18)));
+    // Older forms: the validity from the floor, or none; a release with no `RELEASING` is
+    // invoked at the floor.
+    assert!(feed.feed_legacy("ACQUIRED 19 250").unwrap());
+    assert!(feed.feed_legacy("ACQUIRED 20").unwrap());
+    assert!(feed.feed_legacy("RELEASE LOST").unwrap());
+    let ops = h.ops();
+    assert_eq!(until(&ops[5]), floor + ms(250));
+    assert!(matches!(
+        ops[6].kind,
+        OpKind::Acquire {
+            valid_until: None,
+            ..
+        }
+    ));
+    assert_eq!(ops[7].invoked, floor);
     for bad in [
         "ACQUIRED 17 x",
-        "ACQUIRED 17 250 9",
+        "ACQUIRED 17 250 x",
+        "ACQUIRED 17 250 9 1",
+        "RELEASING x",
         "HIST acquire 6b granted 3 valid-us",
         "HIST acquire 6b granted 3 valid 5",
         "HIST acquire 6b granted 3 valid-us x",
+        "HIST valid 6b 3",
         "HIST force-release 6b none 3",
         "HIST force-release 6b removed",
     ] {
@@ -533,7 +661,38 @@ fn a_workers_validity_left_is_counted_from_the_feeds_floor() {
             "{bad}"
         );
     }
-    assert_eq!(h.len(), 3, "nothing recorded from a malformed line");
+    assert_eq!(h.len(), 8, "nothing recorded from a malformed line");
+}
+
+/// A worker that said it was releasing and then ended without saying how it went: its release
+/// may have applied, and is recorded as never completed.
+#[test]
+fn a_release_a_worker_never_reported_is_recorded_as_never_completed() {
+    let h = History::new(None);
+    let mut feed = WorkerFeed::new(h.recorder("pid 2"), "k");
+    assert!(feed.feed_legacy("ACQUIRED 5 100 10").unwrap());
+    feed.feed_legacy("RELEASING 30").unwrap();
+    feed.end();
+    let ops = h.ops();
+    let floor = ops[0].invoked;
+    assert_eq!(ops.len(), 2);
+    assert_eq!(
+        (ops[1].invoked, ops[1].completed),
+        (floor + Duration::from_millis(30), None)
+    );
+    assert!(matches!(
+        &ops[1].kind,
+        OpKind::Release {
+            token: 5,
+            outcome: Done::Unknown(_),
+            ..
+        }
+    ));
+    // Nothing started, nothing recorded.
+    let mut feed = WorkerFeed::new(h.recorder("pid 3"), "k");
+    feed.feed_legacy("ACQUIRED 6 100 10").unwrap();
+    feed.end();
+    assert_eq!(h.len(), 3);
 }
 
 // ---- property tests ----

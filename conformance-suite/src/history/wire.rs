@@ -11,14 +11,17 @@
 //! HIST renew   <key-hex> <token> ok | failed <text-hex> | unknown <text-hex>
 //! HIST release <key-hex> <token> ok | failed <text-hex> | unknown <text-hex>
 //! HIST lost    <key-hex> <token>
+//! HIST valid   <key-hex> <token> <micros>
 //! HIST claim   <resource-hex> <token> accepted | rejected <current> | failed <text-hex> | unknown <text-hex>
 //! HIST write   <resource-hex> <token> <value-hex> accepted | rejected <current> | failed <text-hex> | unknown <text-hex>
 //! ```
 //!
-//! A process has no harness clock, so on a line an acquisition's
-//! [`valid_until`](OpKind::Acquire::valid_until) is the validity the lease had *left* when the
-//! line was printed (`valid-us`, rounded down); the feed adds it to its floor (see below), which
-//! is no later than the print, so the recorded end is no later than the true one.
+//! A process has no harness clock, so on a line a validity (an acquisition's `valid_until`, a
+//! [`OpKind::Valid`]'s) is the validity the lease had *left* when the line was printed, in
+//! microseconds rounded down: [`encode`] writes and [`decode`] returns the field as that, and
+//! only [`WorkerFeed::feed`] adds its floor (see below), which is no later than the print, so
+//! the recorded end is no later than the true one. [`encode`] writes no validity for an
+//! acquisition that was not granted.
 //!
 //! # Timestamps
 //!
@@ -32,9 +35,9 @@
 //! at spawn: weaker ordering (fewer pairs are ordered), never a false violation.
 //!
 //! The suite's worker process ([`crate::worker`]) does not print these lines;
-//! [`WorkerFeed::feed_legacy`] reads its protocol (`ACQUIRED <token> <valid-ms>`,
-//! `RELEASE OK|LOST|ERR ...`) into acquisitions and releases, leaving its claims and writes to a
-//! [`super::HistoryFence`] at the fence server.
+//! [`WorkerFeed::feed_legacy`] reads its protocol (`ACQUIRED <token> <valid-ms> <at-ms>`,
+//! `RELEASING <at-ms>`, `RELEASE OK|LOST|ERR ...`) into acquisitions and releases, leaving its
+//! claims and writes to a [`super::HistoryFence`] at the fence server.
 
 use std::time::Duration;
 
@@ -121,6 +124,15 @@ pub fn encode(kind: &OpKind) -> String {
             done(outcome)
         ),
         OpKind::Lost { key, token } => format!("HIST lost {} {token}", hex(key.as_bytes())),
+        OpKind::Valid {
+            key,
+            token,
+            valid_until,
+        } => format!(
+            "HIST valid {} {token} {}",
+            hex(key.as_bytes()),
+            valid_until.as_micros()
+        ),
         OpKind::Claim {
             resource,
             token,
@@ -227,6 +239,15 @@ pub fn decode(line: &str) -> Result<Option<OpKind>, String> {
             token: token(2)?,
             outcome: done(3)?,
         },
+        "valid" if p.len() == 4 => OpKind::Valid {
+            key: text(at(1)?)?,
+            token: token(2)?,
+            valid_until: Duration::from_micros(
+                at(3)?
+                    .parse()
+                    .map_err(|_| format!("bad validity in {line:?}"))?,
+            ),
+        },
         "lost" if p.len() == 3 => OpKind::Lost {
             key: text(at(1)?)?,
             token: token(2)?,
@@ -254,6 +275,8 @@ pub struct WorkerFeed {
     floor: Duration,
     key: String,
     token: Option<u64>,
+    /// When the worker said it was about to release (`RELEASING`), until it said how it went.
+    releasing: Option<Duration>,
 }
 
 impl WorkerFeed {
@@ -267,6 +290,7 @@ impl WorkerFeed {
             floor,
             key: key.into(),
             token: None,
+            releasing: None,
         }
     }
 
@@ -282,12 +306,15 @@ impl WorkerFeed {
     pub fn feed(&mut self, line: &str) -> Result<bool, String> {
         match decode(line)? {
             Some(mut kind) => {
-                if let OpKind::Acquire {
-                    valid_until: Some(left),
-                    ..
-                } = &mut kind
-                {
-                    *left += self.floor;
+                match &mut kind {
+                    OpKind::Acquire {
+                        valid_until: Some(left),
+                        ..
+                    }
+                    | OpKind::Valid {
+                        valid_until: left, ..
+                    } => *left += self.floor,
+                    _ => {}
                 }
                 let now = self.recorder.history().now();
                 self.recorder.record(self.floor, Some(now), kind);
@@ -297,31 +324,35 @@ impl WorkerFeed {
         }
     }
 
-    /// Records a line of the suite's worker protocol ([`crate::worker`]): `ACQUIRED <token>
-    /// [<valid-ms>]` as a grant on the feed's key (valid until the floor plus `valid-ms`, the
-    /// validity the worker had left when it printed the line), `RELEASE OK` / `RELEASE LOST` /
-    /// `RELEASE ERR <message>` as a release of that token (ok / failed / unknown). Other lines
-    /// (`WRITE ...`, whose fence calls a [`super::HistoryFence`] at the fence server records
-    /// with tighter instants) are ignored: `Ok(false)`.
+    /// Records a line of the suite's worker protocol ([`crate::worker`]), whose instants are
+    /// milliseconds since the worker started, so counted from the floor (the worker started
+    /// after it): `ACQUIRED <token> <valid-ms> <at-ms>` as a grant on the feed's key, valid
+    /// until the floor plus `at-ms` plus `valid-ms` (the validity left when it looked);
+    /// `RELEASING <at-ms>` as the instant it was about to release; `RELEASE OK` /
+    /// `RELEASE LOST` / `RELEASE ERR <message>` as a release of the token (ok / failed /
+    /// unknown), invoked at that instant (at the floor without one). An `ACQUIRED` line
+    /// without `at-ms` counts its validity from the floor, one without `valid-ms` records
+    /// none. Other lines (`WRITE ...`, whose fence calls a [`super::HistoryFence`] at the
+    /// fence server records with tighter instants) are ignored: `Ok(false)`.
     pub fn feed_legacy(&mut self, line: &str) -> Result<bool, String> {
         let line = line.trim_end();
         let now = self.recorder.history().now();
+        let ms = |field: &str| -> Result<Duration, String> {
+            field
+                .parse()
+                .map(Duration::from_millis)
+                .map_err(|_| format!("bad milliseconds {field:?} in {line:?}"))
+        };
         if let Some(grant) = line.strip_prefix("ACQUIRED ") {
-            let mut fields = grant.split(' ');
-            let t: u64 = fields
-                .next()
-                .and_then(|t| t.parse().ok())
-                .ok_or_else(|| format!("bad token in {line:?}"))?;
-            let valid_until = match (fields.next(), fields.next()) {
-                (None, _) => None,
-                (Some(ms), None) => Some(
-                    self.floor
-                        + Duration::from_millis(
-                            ms.parse()
-                                .map_err(|_| format!("bad validity in {line:?}"))?,
-                        ),
-                ),
-                (Some(_), Some(_)) => return Err(format!("trailing fields in {line:?}")),
+            let fields: Vec<&str> = grant.split(' ').collect();
+            let t: u64 = fields[0]
+                .parse()
+                .map_err(|_| format!("bad token in {line:?}"))?;
+            let valid_until = match fields[1..] {
+                [] => None,
+                [left] => Some(self.floor + ms(left)?),
+                [left, at] => Some(self.floor + ms(at)? + ms(left)?),
+                _ => return Err(format!("trailing fields in {line:?}")),
             };
             self.token = Some(t);
             self.recorder.record(
@@ -335,6 +366,13 @@ impl WorkerFeed {
             );
             return Ok(true);
         }
+        if let Some(at) = line.strip_prefix("RELEASING ") {
+            if self.token.is_none() {
+                return Err(format!("{line:?} before ACQUIRED"));
+            }
+            self.releasing = Some(self.floor + ms(at)?);
+            return Ok(false);
+        }
         if let Some(r) = line.strip_prefix("RELEASE ") {
             let Some(token) = self.token else {
                 return Err(format!("{line:?} before ACQUIRED"));
@@ -344,8 +382,9 @@ impl WorkerFeed {
                 "LOST" => Done::Failed("lost".into()),
                 e => Done::Unknown(e.trim_start_matches("ERR ").to_owned()),
             };
+            let invoked = self.releasing.take().unwrap_or(self.floor);
             self.recorder.record(
-                self.floor,
+                invoked,
                 Some(now),
                 OpKind::Release {
                     key: self.key.clone(),
@@ -356,5 +395,23 @@ impl WorkerFeed {
             return Ok(true);
         }
         Ok(false)
+    }
+
+    /// The worker is gone and every line it printed was fed: a release it started
+    /// (`RELEASING`) but never reported is recorded as never completed (it may have applied).
+    pub fn end(mut self) {
+        if let (Some(invoked), Some(token)) = (self.releasing.take(), self.token) {
+            self.recorder.record(
+                invoked,
+                None,
+                OpKind::Release {
+                    key: self.key.clone(),
+                    token,
+                    outcome: Done::Unknown(
+                        "the worker ended before it reported the release".into(),
+                    ),
+                },
+            );
+        }
     }
 }

@@ -388,23 +388,7 @@ async fn renew_past_first_validity(
     );
     // The server keeps the key for as long as the last renewal's validity says: when the
     // holder vanishes (no release, no destructor), the key comes free no earlier than that.
-    let until = lease.valid_until();
-    std::mem::forget(lease);
-    let next = b
-        .acquire(key, &opts(ctx).wait(ctx.ttl() * 10))
-        .await
-        .map_err(|e| {
-            Failure(format!(
-                "key stayed blocked after the renewed holder vanished: {e}"
-            ))
-        })?;
-    let now = Instant::now();
-    check!(
-        now >= until,
-        "the key came free {:?} before the renewed lease's validity ended",
-        until - now
-    );
-    next.release().await?;
+    super::vanish_and_take_over(ctx, lease, &**b, key, "the renewed holder").await?;
     Ok(None)
 }
 

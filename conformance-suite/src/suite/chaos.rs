@@ -5,8 +5,9 @@
 //! [`crate::history::check`] then proves its properties: unique tokens in real-time order per
 //! key, the fence's acceptances in token order, no stale write after a newer claim or after the
 //! fence reported a newer token, and no grant while an earlier holder's reported validity lasts
-//! unless that holder released or the monkey force-released it (every release, drop, crash and
-//! forced release is recorded, worker processes' grants from what they print). The recording
+//! unless that holder released or the monkey force-released it (every grant's validity, every
+//! release, drop and forced release is recorded, and what a kept lease shows before it ends;
+//! worker processes' from what they print). The recording
 //! fence's own commit-order log is checked too (accepted tokens never decrease in the order the
 //! fence answered).
 //!
@@ -167,7 +168,8 @@ async fn chaos(ctx: Arc<Ctx>) -> CaseResult {
                             Ok(())
                         }
                         75..=89 => {
-                            let kept = lease.map(|l| keep(l, KeeperOptions::new()))?;
+                            let kept =
+                                lease.map(|l| keep(l, KeeperOptions::new()), |k| k.lease())?;
                             for i in 0..3 {
                                 tokio::time::sleep(ttl * 2 / 3).await;
                                 fence
@@ -454,11 +456,16 @@ async fn monkey(
 
 /// A lease (plain or kept) of a chaos worker, whose end is recorded in the history however it
 /// comes: [`Held::release`] records the release, [`Held::crash`] records nothing (nothing is
-/// sent), and a drop, on an error or on purpose, records a release invoked at the drop whose
-/// outcome is never known (a dropped lease is released in the background). Property (e) relies
-/// on it: a holder that let go unrecorded would make the next grant look like an overlap.
+/// sent; the key stays locked until the validity already recorded ends), and a drop, on an
+/// error or on purpose, records a release invoked at the drop whose outcome is never known (a
+/// dropped lease is released in the background). Before a release or a drop, the validity the
+/// lease shows while held is recorded too ([`Recorder::valid`]), so that a kept lease's tenure is
+/// checked to its renewed end. Property (e) relies on all of it: a holder that let go
+/// unrecorded would make the next grant look like an overlap.
 struct Held<L> {
     lease: Option<L>,
+    /// The lease inside `L`.
+    view: fn(&L) -> &dyn Lease,
     recorder: Recorder,
     key: String,
     token: u64,
@@ -469,6 +476,7 @@ impl Held<Box<dyn Lease>> {
         Held {
             token: lease.token().get(),
             lease: Some(lease),
+            view: |l| &**l,
             recorder: recorder.clone(),
             key: key.as_str().to_owned(),
         }
@@ -476,14 +484,19 @@ impl Held<Box<dyn Lease>> {
 }
 
 impl<L> Held<L> {
-    /// The lease turned into another holding of the same token (a kept lease); if that fails,
-    /// the lease is gone and recorded as dropped.
-    fn map<M>(mut self, f: impl FnOnce(L) -> lease_core::Result<M>) -> lease_core::Result<Held<M>> {
+    /// The lease turned into another holding of the same token (a kept lease, whose lease
+    /// `view` shows); if that fails, the lease is gone and recorded as dropped.
+    fn map<M>(
+        mut self,
+        f: impl FnOnce(L) -> lease_core::Result<M>,
+        view: fn(&M) -> &dyn Lease,
+    ) -> lease_core::Result<Held<M>> {
         let lease = self.lease.take().expect("held until released");
         let call = self.recorder.invoke();
         match f(lease) {
             Ok(m) => Ok(Held {
                 lease: Some(m),
+                view,
                 recorder: self.recorder.clone(),
                 key: self.key.clone(),
                 token: self.token,
@@ -495,12 +508,13 @@ impl<L> Held<L> {
         }
     }
 
-    /// Releases with `release`, recording the call and its outcome.
+    /// Releases with `release`, recording the validity seen, the call and its outcome.
     async fn release<F>(mut self, release: impl FnOnce(L) -> F) -> lease_core::Result<()>
     where
         F: std::future::Future<Output = lease_core::Result<()>>,
     {
         let lease = self.lease.take().expect("held until released");
+        self.recorder.valid((self.view)(&lease));
         let call = self.recorder.invoke();
         let released = release(lease).await;
         call.complete(OpKind::Release {
@@ -528,6 +542,7 @@ impl<L> Held<L> {
 impl<L> Drop for Held<L> {
     fn drop(&mut self) {
         if let Some(lease) = self.lease.take() {
+            self.recorder.valid((self.view)(&lease));
             let call = self.recorder.invoke();
             drop(lease);
             call.abandon(self.dropped());

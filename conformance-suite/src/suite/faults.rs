@@ -207,6 +207,8 @@ pub(super) struct Worker {
     seen: Vec<String>,
     /// Records the worker's grants and releases into a history, when given one.
     feed: Option<WorkerFeed>,
+    /// What the feed could not read, if anything: the history misses an operation.
+    unreadable: Option<String>,
 }
 
 impl Worker {
@@ -262,17 +264,24 @@ impl Worker {
             pid,
             seen: Vec::new(),
             feed,
+            unreadable: None,
         })
     }
 
-    /// Keeps a line read from the worker, and records it into the history if it is fed one.
+    /// Keeps a line read from the worker, and records it into the history if it is fed one; a
+    /// line the feed cannot read is an error that stays (see [`Worker::wait_for_acquired`]).
     fn saw(&mut self, line: String) -> Result<(), Failure> {
-        if let Some(feed) = &mut self.feed {
-            feed.feed_legacy(&line)
-                .map_err(|e| Failure(format!("worker {}: {e}", self.pid)))?;
-        }
         self.seen.push(line);
-        Ok(())
+        if let Some(feed) = &mut self.feed {
+            let line = self.seen.last().expect("just pushed");
+            if let Err(e) = feed.feed_legacy(line) {
+                self.unreadable = Some(format!("worker {}: {e}", self.pid));
+            }
+        }
+        match &self.unreadable {
+            Some(e) => Err(Failure(e.clone())),
+            None => Ok(()),
+        }
     }
 
     /// Reads lines until one starts with `prefix`; fails on `ERROR`, EOF or timeout.
@@ -336,7 +345,7 @@ async fn paused_process(ctx: Arc<Ctx>) -> CaseResult {
         stale_line.contains(&format!("STALE {}", new.token())),
         "resumed worker saw {stale_line:?}"
     );
-    let release = worker.expect("RELEASE", ctx.ttl() * 10).await?;
+    let release = worker.expect("RELEASE ", ctx.ttl() * 10).await?;
     check!(
         release == "RELEASE LOST",
         "resumed worker's release: {release:?} (must not delete the new lock)"
@@ -696,28 +705,9 @@ async fn crashed_in_process(ctx: Arc<Ctx>) -> CaseResult {
     let key = ctx.key("crash");
     let (a, b) = (ctx.client().await?, ctx.client().await?);
     let lease = a.acquire(&key, &LeaseOptions::new(ctx.ttl())).await?;
-    let token = lease.token();
-    // Counted from before the grant was sent, so the server's TTL ends no earlier, however long
-    // the grant's reply took.
-    let valid_until = lease.valid_until();
-    // The holder vanishes without releasing, renewing or running any destructor.
-    std::mem::forget(lease);
-    let next = b
-        .acquire(&key, &LeaseOptions::new(ctx.ttl()).wait(ctx.ttl() * 10))
-        .await
-        .map_err(|e| Failure(format!("key stayed blocked after the holder crashed: {e}")))?;
-    check!(
-        next.token() > token,
-        "token {} not above the crashed holder's {token}",
-        next.token()
-    );
-    let now = Instant::now();
-    check!(
-        now >= valid_until,
-        "the key came free {:?} before the crashed holder's validity ended",
-        valid_until - now
-    );
-    next.release().await?;
+    // The validity is counted from before the grant was sent, so the server's TTL ends no
+    // earlier, however long the grant's reply took.
+    super::vanish_and_take_over(&ctx, lease, &*b, &key, "the crashed holder").await?;
     Ok(Verdict::Passed)
 }
 
@@ -848,6 +838,7 @@ impl Worker {
             Ok(_) => Ok(true),
             Err(_)
                 if self.child.try_wait().ok().flatten().is_none()
+                    && self.unreadable.is_none()
                     && !self.seen.iter().any(|l| l.starts_with("ERROR")) =>
             {
                 Ok(false)
@@ -869,7 +860,12 @@ impl Worker {
         loop {
             match tokio::time::timeout_at(deadline, self.lines.next_line()).await {
                 Ok(Ok(Some(line))) => self.saw(line)?,
-                Ok(Ok(None)) => return Ok(()),
+                Ok(Ok(None)) => {
+                    if let Some(feed) = self.feed.take() {
+                        feed.end();
+                    }
+                    return Ok(());
+                }
                 Ok(Err(e)) => return Err(Failure(format!("worker {} stdout: {e}", self.pid))),
                 Err(_) => {
                     return Err(Failure(format!(

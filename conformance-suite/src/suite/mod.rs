@@ -198,6 +198,13 @@ pub struct Subject {
     pub cluster: Option<Arc<dyn ClusterControl>>,
     /// For cluster cases: a client pinned to one member.
     pub connect_member: Option<ConnectMemberFn>,
+    /// Whether a holder's reported validity keeps others out across a failover (true unless
+    /// set with [`Subject::without_exclusion_across_failover`]): the history checker's
+    /// property (e) in the cases that fail members over.
+    pub exclusive_across_failover: bool,
+    /// Clean-ups a case left running when it ended early (a failed check dropping what it had
+    /// to undo): the runner waits for them before the next case starts.
+    cleanups: Arc<std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>>,
 }
 
 impl fmt::Debug for Subject {
@@ -236,7 +243,51 @@ impl Subject {
             secret: None,
             cluster: None,
             connect_member: None,
+            exclusive_across_failover: true,
+            cleanups: Arc::default(),
         }
+    }
+
+    /// Runs `cleanup` on a task of its own, and has the runner wait for it before the next case
+    /// (for a `Drop` that must undo a fault, such as a member left killed, without blocking).
+    pub(crate) fn clean_up_later(&self, cleanup: impl Future<Output = ()> + Send + 'static) {
+        let task = tokio::spawn(cleanup);
+        self.cleanups
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(task);
+    }
+
+    /// Waits for the clean-ups of [`Subject::clean_up_later`] (each up to two minutes; one that
+    /// takes longer is said on stderr and left running).
+    async fn settle(&self) {
+        let tasks = std::mem::take(&mut *self.cleanups.lock().unwrap_or_else(|p| p.into_inner()));
+        for task in tasks {
+            match tokio::time::timeout(Duration::from_secs(120), task).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => eprintln!("{}: a clean-up panicked: {e}", self.name),
+                Err(_) => eprintln!("{}: a clean-up took over 120 s; going on", self.name),
+            }
+        }
+    }
+
+    /// A subject whose every client is `coordinator` itself: for a backend that lives in the
+    /// process, so that the cases' clients contend through the one instance.
+    pub fn shared(
+        name: impl Into<String>,
+        coordinator: Arc<dyn Coordinator>,
+        fence: Arc<dyn Fence>,
+        ttl: Duration,
+    ) -> Self {
+        Subject::new(
+            name,
+            Arc::new(move || {
+                let c = coordinator.clone();
+                Box::pin(async move { Ok(c) })
+            }),
+            fence,
+            ttl,
+        )
     }
 
     /// The in-memory backend: one shared coordinator, one in-memory fence, 300 ms TTL.
@@ -244,12 +295,9 @@ impl Subject {
         let coord: Arc<dyn Coordinator> = Arc::new(lease_core::Instrumented::new(
             lease_core::memory::MemoryCoordinator::new(),
         ));
-        Subject::new(
+        Subject::shared(
             "memory",
-            Arc::new(move || {
-                let c = coord.clone();
-                Box::pin(async move { Ok(c) })
-            }),
+            coord,
             Arc::new(lease_core::memory::MemoryFence::new()),
             Duration::from_millis(300),
         )
@@ -297,6 +345,14 @@ impl Subject {
         self
     }
 
+    /// For a backend whose documented semantics do not keep a second holder out across a
+    /// failover (asynchronous replication, such as Redis with Sentinel): the cases that fail
+    /// members over check every property of the history except (e), exclusive tenure.
+    pub fn without_exclusion_across_failover(mut self) -> Self {
+        self.exclusive_across_failover = false;
+        self
+    }
+
     /// Sets how to connect a client pinned to one member of the cluster.
     pub fn with_member_connect(mut self, connect: ConnectMemberFn) -> Self {
         self.connect_member = Some(connect);
@@ -311,25 +367,37 @@ impl Subject {
 
     /// The first of `needs` this subject lacks. `Err` when it cannot tell: a connection that
     /// fails (or hangs) while the capabilities are read is the case's failure, not a skip.
+    ///
+    /// Under `CI=true`, a backend that declares itself shared across processes
+    /// ([`Capabilities::shared_across_processes`](lease_core::Capabilities)) on a subject with no
+    /// worker is an `Err` too: the process cases could run, and CI must not pass by skipping
+    /// them.
     async fn missing(&self, needs: &[Need]) -> Result<Option<Need>, String> {
+        self.missing_under(needs, lease_testkit::harness::ci_requires_servers())
+            .await
+    }
+
+    /// [`Subject::missing`], with `ci` for whether `CI=true`.
+    async fn missing_under(&self, needs: &[Need], ci: bool) -> Result<Option<Need>, String> {
         for &need in needs {
             let ok = match need {
-                Need::Processes => self.worker_url.is_some() && self.worker_exe.is_some(),
+                Need::Processes if self.worker_url.is_some() && self.worker_exe.is_some() => true,
+                Need::Processes => {
+                    if ci && self.capabilities().await?.shared_across_processes {
+                        return Err(format!(
+                            "{} declares that it is shared across OS processes, but the subject \
+                             names no worker (Subject::with_workers): under CI=true the process \
+                             cases fail rather than skip",
+                            self.name
+                        ));
+                    }
+                    false
+                }
                 Need::Restart => match &self.server {
                     Some(s) => s.lock().await.controllable(),
                     None => false,
                 },
-                Need::DurableTokens => {
-                    match tokio::time::timeout(Duration::from_secs(30), (self.connect)()).await {
-                        Ok(Ok(c)) => c.capabilities().durable_tokens,
-                        Ok(Err(e)) => {
-                            return Err(format!("connecting to read the capabilities: {e}"))
-                        }
-                        Err(_) => {
-                            return Err("connecting to read the capabilities took over 30 s".into())
-                        }
-                    }
-                }
+                Need::DurableTokens => self.capabilities().await?.durable_tokens,
                 Need::Proxy => self.proxy.is_some(),
                 Need::Operator => self.operator.is_some(),
                 Need::FenceProxy => self.fence_proxy.is_some(),
@@ -340,6 +408,15 @@ impl Subject {
             }
         }
         Ok(None)
+    }
+
+    /// The backend's capabilities, from a new client; `Err` if connecting fails or hangs.
+    async fn capabilities(&self) -> Result<lease_core::Capabilities, String> {
+        match tokio::time::timeout(Duration::from_secs(30), (self.connect)()).await {
+            Ok(Ok(c)) => Ok(c.capabilities().clone()),
+            Ok(Err(e)) => Err(format!("connecting to read the capabilities: {e}")),
+            Err(_) => Err("connecting to read the capabilities took over 30 s".into()),
+        }
     }
 }
 
@@ -820,6 +897,8 @@ pub async fn run_suite(mut subject: Subject, options: &RunOptions) -> Report {
             }
         }
         selected += 1;
+        // What an earlier case that ended early left to undo is undone first.
+        subject.settle().await;
         let start = std::time::Instant::now();
         match subject.missing(case.needs).await {
             Ok(None) => {}
@@ -851,16 +930,18 @@ pub async fn run_suite(mut subject: Subject, options: &RunOptions) -> Report {
             time_scale: timing.time_scale,
         });
         let budget = timing.case_budget(subject.ttl, case.ttl_budget);
-        let handle = tokio::spawn((case.run)(ctx));
-        let abort = handle.abort_handle();
-        let verdict = match tokio::time::timeout(budget, handle).await {
+        let mut handle = tokio::spawn((case.run)(ctx));
+        let verdict = match tokio::time::timeout(budget, &mut handle).await {
             Ok(Ok(Ok(v))) => v,
             Ok(Ok(Err(f))) => Verdict::Failed(f.0),
             Ok(Err(join)) => Verdict::Failed(format!("case panicked: {}", panic_message(join))),
             Err(_) => {
-                // Stopped, not left running into the next case (its guards restore what they
-                // changed as the task's state is dropped).
-                abort.abort();
+                // Stopped, not left running into the next case: its guards restore what they
+                // changed as the task's state is dropped, which the await below waits for (and
+                // what they leave to a clean-up, the next case's `settle`), bounded in case the
+                // task is stuck in a blocking call that no abort reaches.
+                handle.abort();
+                let _ = tokio::time::timeout(Duration::from_secs(60), handle).await;
                 Verdict::Failed(format!("case did not finish within {budget:?}"))
             }
         };
@@ -877,6 +958,7 @@ pub async fn run_suite(mut subject: Subject, options: &RunOptions) -> Report {
             Some(seed),
         ));
     }
+    subject.settle().await;
     if selected == 0 && (options.filter.is_some() || !options.skip.is_empty()) {
         report.push(CaseReport::new(
             "filter",
@@ -1033,6 +1115,41 @@ where
     })
 }
 
+/// The holder of `lease` on `key` vanishes: no release, no renewal, no destructor
+/// (`mem::forget`), as a crashed process. `client` then waits for the key (up to ten TTLs),
+/// which must come free, no earlier than the validity `lease` reported and with a larger token;
+/// the new lease is released. `holder` names the vanished holder in a failure ("the crashed
+/// holder").
+pub(super) async fn vanish_and_take_over(
+    ctx: &Ctx,
+    lease: Box<dyn lease_core::Lease>,
+    client: &dyn Coordinator,
+    key: &LockKey,
+    holder: &str,
+) -> Result<(), Failure> {
+    let (token, valid_until) = (lease.token(), lease.valid_until());
+    std::mem::forget(lease);
+    let next = client
+        .acquire(
+            key,
+            &lease_core::LeaseOptions::new(ctx.ttl()).wait(ctx.ttl() * 10),
+        )
+        .await
+        .map_err(|e| Failure(format!("key stayed blocked after {holder} vanished: {e}")))?;
+    check!(
+        next.token() > token,
+        "token {} not above {holder}'s {token}",
+        next.token()
+    );
+    let now = tokio::time::Instant::now();
+    check!(
+        now >= valid_until,
+        "the key came free {:?} before {holder}'s validity ended",
+        valid_until - now
+    );
+    next.release().await?;
+    Ok(())
+}
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1100,6 +1217,98 @@ mod tests {
             let e = timing(&[(var, value)]).unwrap_err();
             assert!(e.contains(var) && e.contains(value), "{e}");
         }
+    }
+
+    /// The in-memory backend, declaring itself shared across processes.
+    #[derive(Debug)]
+    struct SharedMemory(
+        lease_core::memory::MemoryCoordinator,
+        lease_core::Capabilities,
+    );
+
+    #[async_trait::async_trait]
+    impl Coordinator for SharedMemory {
+        fn capabilities(&self) -> &lease_core::Capabilities {
+            &self.1
+        }
+        async fn acquire(
+            &self,
+            key: &LockKey,
+            options: &lease_core::LeaseOptions,
+        ) -> lease_core::Result<Box<dyn lease_core::Lease>> {
+            self.0.acquire(key, options).await
+        }
+        async fn try_acquire(
+            &self,
+            key: &LockKey,
+            options: &lease_core::LeaseOptions,
+        ) -> lease_core::Result<Box<dyn lease_core::Lease>> {
+            self.0.try_acquire(key, options).await
+        }
+        async fn inspect(
+            &self,
+            key: &LockKey,
+        ) -> lease_core::Result<Option<lease_core::HolderInfo>> {
+            self.0.inspect(key).await
+        }
+        async fn force_release(
+            &self,
+            key: &LockKey,
+            request: &lease_core::ForceRelease,
+        ) -> lease_core::Result<Option<lease_core::HolderInfo>> {
+            self.0.force_release(key, request).await
+        }
+    }
+
+    /// A backend shared across processes on a subject with no worker: the process cases are a
+    /// named skip, except under `CI=true`, where they fail. A backend that is not shared skips
+    /// them under CI too.
+    #[tokio::test]
+    async fn process_cases_without_a_worker_fail_under_ci_when_the_backend_is_shared() {
+        let memory = lease_core::memory::MemoryCoordinator::new();
+        let caps = memory.capabilities().clone().shared_across_processes(true);
+        let shared: Arc<dyn Coordinator> = Arc::new(SharedMemory(memory, caps));
+        let subject = Subject::shared(
+            "shared-memory",
+            shared,
+            Arc::new(lease_core::memory::MemoryFence::new()),
+            Duration::from_millis(300),
+        );
+        let needs = [Need::Processes];
+        assert_eq!(
+            subject.missing_under(&needs, false).await,
+            Ok(Some(Need::Processes))
+        );
+        let under_ci = subject.missing_under(&needs, true).await.unwrap_err();
+        assert!(
+            under_ci.contains("shared-memory declares that it is shared across OS processes"),
+            "{under_ci}"
+        );
+        let memory = Subject::memory();
+        for ci in [false, true] {
+            assert_eq!(
+                memory.missing_under(&needs, ci).await,
+                Ok(Some(Need::Processes))
+            );
+        }
+    }
+
+    /// A clean-up left by a case is waited for before the next case: `settle` returns only once
+    /// every one has run, and none is left for the next `settle`.
+    #[tokio::test]
+    async fn settle_waits_for_every_clean_up_left_by_a_case() {
+        let subject = Subject::memory();
+        let done = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        for ms in [60, 10] {
+            let done = done.clone();
+            subject.clean_up_later(async move {
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+                done.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            });
+        }
+        subject.clone().settle().await;
+        assert_eq!(done.load(std::sync::atomic::Ordering::SeqCst), 2);
+        assert!(subject.cleanups.lock().unwrap().is_empty());
     }
 
     fn memory_ctx() -> Ctx {

@@ -59,7 +59,9 @@ pub(crate) async fn subject(worker_exe: Option<PathBuf>) -> Result<Option<Subjec
         fence,
         TTL,
     )
-    .with_cluster(cluster.clone() as Arc<dyn ClusterControl>);
+    .with_cluster(cluster.clone() as Arc<dyn ClusterControl>)
+    // Replication is asynchronous: a promoted replica may not have the last grant (README).
+    .without_exclusion_across_failover();
     let (members, member_prefix) = (cluster.clone(), prefix.clone());
     subject = subject.with_member_connect(Arc::new(move |m| {
         let url = format!(
