@@ -113,13 +113,18 @@ impl History {
     }
 
     /// A lease deadline `at` (tokio's clock, as [`lease_core::Lease::valid_until`] gives it) as
-    /// an offset from [`History::start`], no later than the true one: measured as the time
-    /// left from now, so it holds under tokio's paused clock too.
+    /// an offset from [`History::start`], no later than the true one (by the moment between two
+    /// clock reads), also for a deadline already passed. Histories are recorded in real time:
+    /// under tokio's paused clock the two clocks part, and so would this.
     pub fn deadline(&self, at: tokio::time::Instant) -> Duration {
         // The history's clock is read first, so that its "now" is no later than tokio's.
         let now = self.now();
-        let left = at.saturating_duration_since(tokio::time::Instant::now());
-        now + left
+        let tokio_now = tokio::time::Instant::now();
+        if at >= tokio_now {
+            now + (at - tokio_now)
+        } else {
+            now.saturating_sub(tokio_now - at)
+        }
     }
 
     /// A recorder for the worker called `process` (any label, for the excerpts: `w3`,
@@ -197,12 +202,13 @@ impl Recorder {
     /// observation, for property (e)); records nothing for a lease not held. Take it just
     /// before a release, so that a renewed lease's tenure is checked to its end.
     pub fn valid(&self, lease: &dyn Lease) -> Option<usize> {
-        let until = lease.valid_until();
+        // The deadline before the status: `Held` then says it had not passed when read.
+        let valid_until = self.history.deadline(lease.valid_until());
         (lease.status() == lease_core::LeaseStatus::Held).then(|| {
             self.signal(OpKind::Valid {
                 key: lease.key().as_str().to_owned(),
                 token: lease.token().get(),
-                valid_until: self.history.deadline(until),
+                valid_until,
             })
         })
     }
@@ -310,6 +316,7 @@ impl fmt::Display for Op {
 
 /// What an operation was, with its outcome. Tokens are [`Token::get`] values.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum OpKind {
     /// An acquisition of `key`.
     Acquire {

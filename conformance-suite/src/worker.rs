@@ -24,8 +24,9 @@
 //!
 //! Output lines: `WAITING` (the key was held at the first try; the worker now waits for it),
 //! `ACQUIRED <token> <valid-ms> <at-ms>` (the validity the lease had left at `at-ms`, counted
-//! from the worker's start, both rounded down; the history's
-//! [`WorkerFeed`](crate::history::wire::WorkerFeed) reads them), `WRITE <i> OK`,
+//! from the worker's start, both rounded down; for a lease already run out, `at-ms` is its end
+//! and `valid-ms` 0; the history's [`WorkerFeed`](crate::history::wire::WorkerFeed) reads
+//! them), `WRITE <i> OK`,
 //! `WRITE <i> STALE <current>`, `WRITE <i> ERR <message>`, `RELEASING <at-ms>` (about to
 //! release), `RELEASE OK|LOST|ERR <message>`, `ERROR <message>`. Exit status 2 for bad
 //! arguments, 1 for an error before or while acquiring (an `ERROR` line says which).
@@ -141,12 +142,16 @@ async fn run(registry: &Registry, a: Args, started: std::time::Instant) -> Resul
     };
     let token = lease.token();
     fence.claim(&resource, token).await?;
-    // The instant first, then the validity left: their sum is no later than the true end.
-    let at = started.elapsed();
-    let left = lease.remaining();
+    // The validity's end on the worker's own clock, split as "left at": their sum, each rounded
+    // down, is no later than the true end, also for a lease that has already run out.
+    let end = lease
+        .valid_until()
+        .into_std()
+        .saturating_duration_since(started);
+    let at = started.elapsed().min(end);
     say(format!(
         "ACQUIRED {token} {} {}",
-        left.as_millis(),
+        (end - at).as_millis(),
         at.as_millis()
     ));
     for i in 0..a.writes {

@@ -12,6 +12,7 @@ use super::{FenceOutcome, Forced, Grant, History, Op, OpKind};
 /// [`FenceOutcome::Accepted`]; unknown and failed calls are never accepted. All fence properties
 /// are per resource, all lock properties per key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Property {
     /// (a) No two acquisitions of one key were granted the same token, whatever their timing.
     UniqueTokens,

@@ -582,7 +582,9 @@ fn worker_feed_timestamps_lines_from_the_floor_to_receipt() {
             outcome: Done::Failed("lost".into())
         }
     );
-    assert!(ops[0].invoked <= ops[1].invoked && ops[1].invoked == ops[2].invoked);
+    // The worker protocol's release with no `RELEASING` counts from the creation (its worker
+    // takes no go-ahead); a history line from the permit.
+    assert!(ops[0].invoked == ops[1].invoked && ops[1].invoked <= ops[2].invoked);
     assert!(ops
         .iter()
         .all(|o| o.completed.is_some_and(|c| c >= o.invoked)));
@@ -612,22 +614,30 @@ fn a_workers_instants_are_counted_from_the_feeds_floor() {
         .feed(&encode(&forced("k", Forced::Removed(18))))
         .unwrap());
     let ops = h.ops();
-    // A grant is invoked at the floor.
-    let floor = ops[0].invoked;
-    assert!(floor >= ms(2), "the floor is the permit's instant");
+    // A grant is invoked at the floor, the permit; the worker's instants count from the feed's
+    // creation, before the permit (the worker may have started before it).
+    let permit = ops[0].invoked;
+    assert!(permit >= ms(2), "the floor is the permit's instant");
+    let floor = ops[1].invoked - ms(90);
+    assert!(
+        floor + ms(2) <= permit,
+        "counted from the creation, not the permit"
+    );
     let until = |o: &Op| match o.kind {
         OpKind::Acquire { valid_until, .. } => valid_until.unwrap(),
         OpKind::Valid { valid_until, .. } => valid_until,
         _ => panic!("{o}"),
     };
-    // The floor is at or before the worker's start, so these are at or before the true ones.
+    // The creation is at or before the worker's start, so these are at or before the true ones.
     assert_eq!(until(&ops[0]), floor + ms(290));
     assert_eq!(
         (ops[1].invoked, &ops[1].kind),
         (floor + ms(90), &release("k", 17, Done::Ok))
     );
-    assert_eq!(until(&ops[2]), floor + us(500));
-    assert_eq!(until(&ops[3]), floor + us(700));
+    // A history line's validity left counts from the floor: the worker printed it after the
+    // permit (a go-ahead).
+    assert_eq!(until(&ops[2]), permit + us(500));
+    assert_eq!(until(&ops[3]), permit + us(700));
     assert_eq!(ops[4].kind, forced("k", Forced::Removed(18)));
     // Older forms: the validity from the floor, or none; a release with no `RELEASING` is
     // invoked at the floor.
@@ -644,6 +654,7 @@ fn a_workers_instants_are_counted_from_the_feeds_floor() {
         }
     ));
     assert_eq!(ops[7].invoked, floor);
+    assert_eq!(ops[6].invoked, permit);
     for bad in [
         "ACQUIRED 17 x",
         "ACQUIRED 17 250 x",

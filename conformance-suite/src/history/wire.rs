@@ -272,6 +272,8 @@ pub fn decode(line: &str) -> Result<Option<OpKind>, String> {
 #[derive(Debug, Clone)]
 pub struct WorkerFeed {
     recorder: Recorder,
+    /// The feed's creation: before the worker's start, which its reported instants count from.
+    spawned: Duration,
     floor: Duration,
     key: String,
     token: Option<u64>,
@@ -287,6 +289,7 @@ impl WorkerFeed {
         let floor = recorder.history().now();
         WorkerFeed {
             recorder,
+            spawned: floor,
             floor,
             key: key.into(),
             token: None,
@@ -325,13 +328,14 @@ impl WorkerFeed {
     }
 
     /// Records a line of the suite's worker protocol ([`crate::worker`]), whose instants are
-    /// milliseconds since the worker started, so counted from the floor (the worker started
-    /// after it): `ACQUIRED <token> <valid-ms> <at-ms>` as a grant on the feed's key, valid
-    /// until the floor plus `at-ms` plus `valid-ms` (the validity left when it looked);
-    /// `RELEASING <at-ms>` as the instant it was about to release; `RELEASE OK` /
+    /// milliseconds since the worker started, so counted from the feed's creation (the worker
+    /// started after it; never from a [`WorkerFeed::permit`], which may be later):
+    /// `ACQUIRED <token> <valid-ms> <at-ms>` as a grant on the feed's key (invoked at the
+    /// floor), valid until the creation plus `at-ms` plus `valid-ms` (the validity left when it
+    /// looked); `RELEASING <at-ms>` as the instant it was about to release; `RELEASE OK` /
     /// `RELEASE LOST` / `RELEASE ERR <message>` as a release of the token (ok / failed /
-    /// unknown), invoked at that instant (at the floor without one). An `ACQUIRED` line
-    /// without `at-ms` counts its validity from the floor, one without `valid-ms` records
+    /// unknown), invoked at that instant (at the creation without one). An `ACQUIRED` line
+    /// without `at-ms` counts its validity from the creation, one without `valid-ms` records
     /// none. Other lines (`WRITE ...`, whose fence calls a [`super::HistoryFence`] at the
     /// fence server records with tighter instants) are ignored: `Ok(false)`.
     pub fn feed_legacy(&mut self, line: &str) -> Result<bool, String> {
@@ -350,8 +354,8 @@ impl WorkerFeed {
                 .map_err(|_| format!("bad token in {line:?}"))?;
             let valid_until = match fields[1..] {
                 [] => None,
-                [left] => Some(self.floor + ms(left)?),
-                [left, at] => Some(self.floor + ms(at)? + ms(left)?),
+                [left] => Some(self.spawned + ms(left)?),
+                [left, at] => Some(self.spawned + ms(at)? + ms(left)?),
                 _ => return Err(format!("trailing fields in {line:?}")),
             };
             self.token = Some(t);
@@ -370,7 +374,7 @@ impl WorkerFeed {
             if self.token.is_none() {
                 return Err(format!("{line:?} before ACQUIRED"));
             }
-            self.releasing = Some(self.floor + ms(at)?);
+            self.releasing = Some(self.spawned + ms(at)?);
             return Ok(false);
         }
         if let Some(r) = line.strip_prefix("RELEASE ") {
@@ -382,7 +386,7 @@ impl WorkerFeed {
                 "LOST" => Done::Failed("lost".into()),
                 e => Done::Unknown(e.trim_start_matches("ERR ").to_owned()),
             };
-            let invoked = self.releasing.take().unwrap_or(self.floor);
+            let invoked = self.releasing.take().unwrap_or(self.spawned);
             self.recorder.record(
                 invoked,
                 Some(now),

@@ -16,7 +16,7 @@ use tokio::time::Instant;
 
 use super::{boxed, Case, CaseResult, Ctx, Failure, Need, Verdict};
 use crate::check;
-use crate::history::{Done, History, HistoryFence, OpKind, Property};
+use crate::history::{Done, History, HistoryFence, OpKind};
 use lease_testkit::harness::ClusterControl;
 
 pub(super) fn cases() -> Vec<Case> {
@@ -551,13 +551,8 @@ async fn rolling_restart(ctx: Arc<Ctx>) -> CaseResult {
             .map_err(|e| Failure(format!("a worker panicked: {e}")))??;
     }
     restore.finish().await?;
-    let unpromised: &[Property] = if ctx.subject.exclusive_across_failover {
-        &[]
-    } else {
-        &[Property::ExclusiveTenure]
-    };
-    let summary =
-        crate::history::check_except(&history, unpromised).map_err(|v| Failure(v.to_string()))?;
+    let summary = crate::history::check_except(&history, ctx.subject.unpromised())
+        .map_err(|v| Failure(v.to_string()))?;
     check!(
         grants >= 3 && summary.accepted_claims >= 3,
         "too little happened during the rolling restart to mean anything: {grants} grants, \

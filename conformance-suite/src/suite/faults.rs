@@ -268,6 +268,14 @@ impl Worker {
         })
     }
 
+    /// `Err` if the history feed met a line it could not read: the history misses an operation.
+    pub(super) fn readable(&self) -> Result<(), Failure> {
+        match &self.unreadable {
+            Some(e) => Err(Failure(e.clone())),
+            None => Ok(()),
+        }
+    }
+
     /// Keeps a line read from the worker, and records it into the history if it is fed one; a
     /// line the feed cannot read is an error that stays (see [`Worker::wait_for_acquired`]).
     fn saw(&mut self, line: String) -> Result<(), Failure> {
@@ -278,10 +286,7 @@ impl Worker {
                 self.unreadable = Some(format!("worker {}: {e}", self.pid));
             }
         }
-        match &self.unreadable {
-            Some(e) => Err(Failure(e.clone())),
-            None => Ok(()),
-        }
+        self.readable()
     }
 
     /// Reads lines until one starts with `prefix`; fails on `ERROR`, EOF or timeout.
@@ -864,7 +869,7 @@ impl Worker {
                     if let Some(feed) = self.feed.take() {
                         feed.end();
                     }
-                    return Ok(());
+                    return self.readable();
                 }
                 Ok(Err(e)) => return Err(Failure(format!("worker {} stdout: {e}", self.pid))),
                 Err(_) => {

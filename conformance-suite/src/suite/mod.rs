@@ -106,7 +106,10 @@ pub enum Need {
 impl Need {
     fn missing_reason(self) -> &'static str {
         match self {
-            Need::Processes => "the coordinator is not shared across OS processes (no worker URL)",
+            Need::Processes => {
+                "no worker process: the subject names no worker (with_workers), or the \
+                 coordinator is not shared across OS processes"
+            }
             Need::Restart => "the harness cannot restart this server (in-process or external)",
             Need::DurableTokens => "the backend does not declare durable tokens",
             Need::Proxy => "no fault proxy can be placed between client and server",
@@ -200,7 +203,7 @@ pub struct Subject {
     pub connect_member: Option<ConnectMemberFn>,
     /// Whether a holder's reported validity keeps others out across a failover (true unless
     /// set with [`Subject::without_exclusion_across_failover`]): the history checker's
-    /// property (e) in the cases that fail members over.
+    /// property (e) in the runs that may fail a member over (the chaos run, `rolling_restart`).
     pub exclusive_across_failover: bool,
     /// Clean-ups a case left running when it ended early (a failed check dropping what it had
     /// to undo): the runner waits for them before the next case starts.
@@ -346,11 +349,22 @@ impl Subject {
     }
 
     /// For a backend whose documented semantics do not keep a second holder out across a
-    /// failover (asynchronous replication, such as Redis with Sentinel): the cases that fail
-    /// members over check every property of the history except (e), exclusive tenure.
+    /// failover (asynchronous replication, such as Redis with Sentinel): the runs that may fail
+    /// a member over (the chaos run, `rolling_restart`) check every property of the history
+    /// except (e), exclusive tenure.
     pub fn without_exclusion_across_failover(mut self) -> Self {
         self.exclusive_across_failover = false;
         self
+    }
+
+    /// The history properties this subject does not promise in runs that may fail a member
+    /// over (for [`crate::history::check_except`]).
+    pub(crate) fn unpromised(&self) -> &'static [crate::history::Property] {
+        if self.exclusive_across_failover {
+            &[]
+        } else {
+            &[crate::history::Property::ExclusiveTenure]
+        }
     }
 
     /// Sets how to connect a client pinned to one member of the cluster.
