@@ -519,15 +519,6 @@ impl Forced {
             Err(e) => Forced::Failed(e.to_string()),
         }
     }
-
-    /// Whether it may have removed the holder of `token`.
-    pub fn may_have_removed(&self, token: u64) -> bool {
-        match self {
-            Forced::Removed(t) => *t == token,
-            Forced::Unknown(_) => true,
-            Forced::NoneHeld | Forced::Failed(_) => false,
-        }
-    }
 }
 
 impl fmt::Display for Forced {
