@@ -39,9 +39,8 @@ pub enum Property {
     /// `valid_until`, or a later [`OpKind::Valid`] observation: the latest counts), a grant of a
     /// larger token on that key completed before `V` only if `t`'s holder had invoked a release
     /// of `t`, or an operator had invoked a forced release of the key that removed `t` (or whose
-    /// outcome is unknown and which had not answered before `t`'s grant was invoked), before
-    /// that grant completed: no two holders believe they hold one key at once, unless a holder
-    /// let go or was removed.
+    /// outcome is unknown), before that grant completed: no two holders believe they hold one
+    /// key at once, unless a holder let go or was removed.
     ///
     /// Time limits how long others wait; this is the property that says the limit was kept. It
     /// is the promise of [`lease_core::Lease::valid_until`] to everyone else; a backend that
@@ -50,7 +49,8 @@ pub enum Property {
     /// release is counted from its invocation whatever its outcome (it may have applied at
     /// once), so the property never blames a grant that a release might explain; a forced
     /// release whose outcome is unknown (or that never answered) excuses every holder of its key
-    /// whose grant was invoked before it answered (it removed at most the one it found).
+    /// from then on, also those granted after its answer: a request that timed out may still be
+    /// applied later, to whoever holds the key then.
     ExclusiveTenure,
 }
 
@@ -166,11 +166,11 @@ pub fn check_except(history: &History, unpromised: &[Property]) -> Result<CheckS
     let mut rejections = Vec::new();
     // For (e), per (key, token): the latest validity its holder saw (at the grant or later,
     // while held), and the earliest instant something may have ended its tenure (a release's
-    // or a forced release's invocation); per key, the forced releases that may have removed
-    // whichever holder they found.
+    // or a forced release's invocation); per key, the earliest forced release that may have
+    // removed whichever holder it found.
     let mut tenure: HashMap<(&str, u64), (Duration, &Op)> = HashMap::new();
     let mut excused: HashMap<(&str, u64), Duration> = HashMap::new();
-    let mut any_removed: HashMap<&str, AnyRemoved> = HashMap::new();
+    let mut any_removed: HashMap<&str, Duration> = HashMap::new();
     for op in &ops {
         match &op.kind {
             OpKind::Acquire {
@@ -214,9 +214,11 @@ pub fn check_except(history: &History, unpromised: &[Property]) -> Result<CheckS
                 match (op.completed.is_some(), outcome) {
                     (true, Forced::Removed(t)) => earliest(&mut excused, (key, *t), op.invoked),
                     (true, Forced::NoneHeld | Forced::Failed(_)) => {}
-                    // Never answered, or answered without a word of what it removed: any holder.
+                    // Never answered, or answered without a word of what it removed: any holder,
+                    // also one granted after that answer (a request that timed out may still be
+                    // applied later, to whoever holds the key then).
                     (false, _) | (true, Forced::Unknown(_)) => {
-                        any_removed.entry(key).or_default().add(op)
+                        earliest(&mut any_removed, key, op.invoked)
                     }
                 }
             }
@@ -372,9 +374,6 @@ pub fn check_except(history: &History, unpromised: &[Property]) -> Result<CheckS
     }
     let mut keys: Vec<_> = by_key.into_iter().collect();
     keys.sort_by_key(|(key, _)| *key);
-    for removed in any_removed.values_mut() {
-        removed.index();
-    }
     for (key, mut held) in keys {
         held.sort_by_key(|&(token, op)| (std::cmp::Reverse(token), op.id));
         // The first completed grant among the larger tokens seen so far.
@@ -388,15 +387,9 @@ pub fn check_except(history: &History, unpromised: &[Property]) -> Result<CheckS
             if let (Some((granted, later_token, later)), Some(&(until, seen))) =
                 (first_later, tenure.get(&(key, token)))
             {
-                // The earliest instant the holder of `token` may have held the key.
-                let began = held[i..i + same]
-                    .iter()
-                    .map(|(_, op)| op.invoked)
-                    .min()
-                    .expect("one grant at least");
                 let excuse = [
                     excused.get(&(key, token)).copied(),
-                    any_removed.get(key).and_then(|r| r.after(began)),
+                    any_removed.get(key).copied(),
                 ]
                 .into_iter()
                 .flatten()
@@ -441,42 +434,6 @@ fn seen_valid<'a>(
     let entry = tenure.entry((key, token)).or_insert((until, op));
     if until > entry.0 {
         *entry = (until, op);
-    }
-}
-
-/// One key's forced releases that may have removed whichever holder they found: answered with
-/// an unknown outcome, or never answered. Such a release removed at most the holder of the key
-/// at some instant between its invocation and its answer, so it may have ended a tenure only if
-/// it had not answered before that tenure's grant was invoked.
-#[derive(Default)]
-struct AnyRemoved {
-    /// `(answered, invoked)`, sorted by `answered` (never answered: last) once indexed.
-    releases: Vec<(Duration, Duration)>,
-    /// `earliest[i]`: the earliest invocation among `releases[i..]`.
-    earliest: Vec<Duration>,
-}
-
-impl AnyRemoved {
-    fn add(&mut self, op: &Op) {
-        self.releases
-            .push((op.completed.unwrap_or(Duration::MAX), op.invoked));
-    }
-
-    fn index(&mut self) {
-        self.releases.sort_unstable();
-        self.earliest = self.releases.iter().map(|&(_, invoked)| invoked).collect();
-        for i in (0..self.earliest.len().saturating_sub(1)).rev() {
-            self.earliest[i] = self.earliest[i].min(self.earliest[i + 1]);
-        }
-    }
-
-    /// The earliest invocation among the releases not answered by `began` (which may have
-    /// removed a holder whose grant was invoked at `began`).
-    fn after(&self, began: Duration) -> Option<Duration> {
-        let first = self
-            .releases
-            .partition_point(|&(answered, _)| answered < began);
-        self.earliest.get(first).copied()
     }
 }
 

@@ -405,38 +405,12 @@ fn only_a_forced_release_that_may_have_removed_the_holder_excuses_a_grant() {
 }
 
 #[test]
-fn a_forced_release_of_unknown_outcome_excuses_only_holders_it_may_have_found() {
-    // The holder of 5 asked for the key at `began`; the forced release ran from 2 to `answered`.
-    let run = |began: u64, answered: Option<u64>| {
-        let h = History::new(None);
-        op(
-            &h,
-            "op",
-            2,
-            answered,
-            forced("k", Forced::Unknown("timeout".into())),
-        );
-        let a = op(&h, "w0", began, Some(began + 1), grant_until("k", 5, 100));
-        let b = op(&h, "w1", 21, Some(30), grant("k", 6));
-        check(&h).map_err(|v| (v.property, ids(&v), vec![a, b]))
-    };
-    // Answered before the grant was asked for: it found some earlier holder, or none.
-    let (property, got, want) = run(5, Some(4)).unwrap_err();
-    assert_eq!((property, got), (Property::ExclusiveTenure, want));
-    // Answered at or after that instant, or never: it may have removed 5.
-    assert!(run(5, Some(5)).is_ok());
-    assert!(run(5, Some(12)).is_ok());
-    assert!(run(5, None).is_ok());
-    // Of several such releases, one that may have found 5 is enough; those answered before
-    // it asked do not count.
+fn a_forced_release_of_unknown_outcome_excuses_holders_granted_after_its_answer() {
+    // The forced release timed out at 4, before the holder of 5 even asked for the key at 5: its
+    // request may still be applied later, to whoever holds the key then (a Redis script queued
+    // behind a stalled server runs when the server resumes), so the grant of 6 within 5's
+    // validity may be the next holder after that removal.
     let h = History::new(None);
-    op(
-        &h,
-        "op",
-        1,
-        Some(3),
-        forced("k", Forced::Unknown("timeout".into())),
-    );
     op(
         &h,
         "op",
@@ -444,17 +418,21 @@ fn a_forced_release_of_unknown_outcome_excuses_only_holders_it_may_have_found() 
         Some(4),
         forced("k", Forced::Unknown("timeout".into())),
     );
-    op(&h, "w0", 5, Some(10), grant_until("k", 5, 100));
+    op(&h, "w0", 5, Some(6), grant_until("k", 5, 100));
     op(&h, "w1", 21, Some(30), grant("k", 6));
-    assert_eq!(check(&h).unwrap_err().property, Property::ExclusiveTenure);
-    op(
-        &h,
-        "op",
-        15,
-        Some(16),
-        forced("k", Forced::Unknown("timeout".into())),
-    );
     assert!(check(&h).is_ok());
+    // One whose answer says what it removed (or that it removed nothing) excuses nothing later.
+    for outcome in [Forced::Removed(4), Forced::NoneHeld] {
+        let h = History::new(None);
+        op(&h, "op", 2, Some(4), forced("k", outcome.clone()));
+        op(&h, "w0", 5, Some(6), grant_until("k", 5, 100));
+        op(&h, "w1", 21, Some(30), grant("k", 6));
+        assert_eq!(
+            check(&h).unwrap_err().property,
+            Property::ExclusiveTenure,
+            "{outcome}"
+        );
+    }
 }
 
 #[test]
