@@ -17,6 +17,7 @@
 //! bounded; none sleeps on a guess.
 
 use std::fmt;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
@@ -77,7 +78,10 @@ pub trait ClusterControl: Send + Sync {
     /// Blackholes the clients' traffic to `member`, not its peers'.
     fn isolate_from_clients(&self, member: usize) -> BoxFuture<'_, ClusterResult<()>>;
 
-    /// Undoes [`Self::isolate_from_peers`] and [`Self::isolate_from_clients`] for `member`.
+    /// Undoes [`Self::isolate_from_peers`] and [`Self::isolate_from_clients`] (and
+    /// [`Self::lag_replica`]) for `member`; links to a member still cut stay cut (on Redis, the
+    /// replica priorities a lagging replica's promotion needs stay too, until the last cut
+    /// member is healed).
     fn heal(&self, member: usize) -> BoxFuture<'_, ClusterResult<()>>;
 
     /// The client URL that names every member (what users configure), for clients of the case.
@@ -109,5 +113,102 @@ pub trait ClusterControl: Send + Sync {
     fn lag_replica(&self, member: usize) -> BoxFuture<'_, ClusterResult<bool>> {
         let _ = member;
         Box::pin(async { Ok(false) })
+    }
+
+    /// Asks the cluster to replace its leader now, as an operator does when an automatic
+    /// failover did not come within its bound (Redis: `SENTINEL FAILOVER`; a Sentinel whose
+    /// election failed waits twice its `failover-timeout` before it tries again). `Ok(true)`
+    /// once a failover was started, `Ok(false)` on clusters that elect their leader by
+    /// themselves and have no such command.
+    fn force_failover(&self) -> BoxFuture<'_, ClusterResult<bool>> {
+        Box::pin(async { Ok(false) })
+    }
+}
+
+/// `tail` of the member behind `m`, without waiting for a start, stop or restart that holds
+/// its lock (log tails are read when a case fails, possibly while its future is dropped).
+pub(crate) fn tail_of<T>(m: &Mutex<T>, tail: impl FnOnce(&T) -> String) -> String {
+    match m.try_lock() {
+        Ok(guard) => tail(&guard),
+        Err(std::sync::TryLockError::Poisoned(p)) => tail(&p.into_inner()),
+        Err(std::sync::TryLockError::WouldBlock) => {
+            "<not read: a start, stop or restart of it is under way>".into()
+        }
+    }
+}
+
+/// Which members of a cluster are cut from their peers: the link between two members is cut
+/// while either end is, so healing one member keeps the links another cut still needs.
+#[derive(Debug)]
+pub(crate) struct Cuts(Mutex<Marks>);
+
+impl Cuts {
+    /// No member of `members` cut.
+    pub(crate) fn new(members: usize) -> Self {
+        Cuts(Mutex::new(Marks(vec![false; members])))
+    }
+
+    /// Marks `member` cut or not and runs `apply` with the marks before and after, under the
+    /// lock, so that concurrent changes are applied in the order they were marked.
+    pub(crate) fn set<R>(
+        &self,
+        member: usize,
+        cut: bool,
+        apply: impl FnOnce(&Marks, &Marks) -> R,
+    ) -> R {
+        let mut marks = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let before = marks.clone();
+        marks.0[member] = cut;
+        apply(&before, &marks)
+    }
+
+    /// Whether `member` is cut now.
+    pub(crate) fn is_cut(&self, member: usize) -> bool {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_cut(member)
+    }
+}
+
+/// The cut members at one instant ([`Cuts::set`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Marks(Vec<bool>);
+
+impl Marks {
+    /// Whether the link between members `a` and `b` is cut.
+    pub(crate) fn severs(&self, a: usize, b: usize) -> bool {
+        self.0[a] || self.0[b]
+    }
+
+    /// Whether `member` is cut.
+    pub(crate) fn is_cut(&self, member: usize) -> bool {
+        self.0[member]
+    }
+
+    /// Whether any member is cut.
+    pub(crate) fn any(&self) -> bool {
+        self.0.contains(&true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn healing_one_member_keeps_the_links_another_cut_needs() {
+        let cuts = Cuts::new(3);
+        let marks = |member, cut| cuts.set(member, cut, |b, a| (b.clone(), a.clone()));
+        marks(1, true);
+        let (before, after) = marks(2, true);
+        assert!(before.severs(1, 2) && !before.severs(0, 2) && before.severs(0, 1));
+        assert!(after.severs(0, 2) && after.any());
+        let (_, healed) = marks(1, false);
+        assert!(!healed.severs(0, 1), "both ends whole");
+        assert!(healed.severs(1, 2) && healed.severs(0, 2), "2 is still cut");
+        assert!(healed.is_cut(2) && !healed.is_cut(1));
+        let (_, whole) = marks(2, false);
+        assert!(!whole.any() && !whole.severs(0, 2) && !whole.severs(1, 2));
     }
 }

@@ -37,8 +37,8 @@ use std::fs;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::Mutex;
 
+use crate::harness::cluster::{Cuts, Marks};
 use crate::harness::{find_in_path, HarnessError};
 
 /// The directory holding the markers of live labs.
@@ -61,7 +61,7 @@ pub struct NetLab {
     tag: String,
     slots: Vec<Slot>,
     /// Which members are cut from their peers.
-    cut: Mutex<Vec<bool>>,
+    cut: Cuts,
     marker: PathBuf,
 }
 
@@ -105,7 +105,7 @@ impl NetLab {
         fs::write(&marker, text).map_err(|e| HarnessError::io("write the netns marker", e))?;
         let lab = NetLab {
             tag,
-            cut: Mutex::new(vec![false; n]),
+            cut: Cuts::new(n),
             slots,
             marker,
         };
@@ -179,34 +179,30 @@ impl NetLab {
     /// Cuts member `i` from every other member, both directions; its clients still reach it.
     /// In place when this returns.
     pub fn isolate(&self, i: usize) -> Result<(), HarnessError> {
-        let mut cut = self.cut.lock().expect("netns lock");
-        let before = cut.clone();
-        cut[i] = true;
-        self.apply(&before, &cut)
+        self.cut
+            .set(i, true, |before, after| self.apply(before, after))
     }
 
     /// Undoes [`Self::isolate`] for member `i` (routes another member's cut still needs stay).
     pub fn heal(&self, i: usize) -> Result<(), HarnessError> {
-        let mut cut = self.cut.lock().expect("netns lock");
-        let before = cut.clone();
-        cut[i] = false;
-        self.apply(&before, &cut)
+        self.cut
+            .set(i, false, |before, after| self.apply(before, after))
     }
 
     /// Whether member `i` is cut from its peers.
     pub fn is_isolated(&self, i: usize) -> bool {
-        self.cut.lock().expect("netns lock")[i]
+        self.cut.is_cut(i)
     }
 
     /// Adds and removes blackhole routes so that the pair (a, b) is cut iff `a` or `b` is cut.
-    fn apply(&self, before: &[bool], after: &[bool]) -> Result<(), HarnessError> {
+    fn apply(&self, before: &Marks, after: &Marks) -> Result<(), HarnessError> {
         for a in 0..self.slots.len() {
             for b in 0..self.slots.len() {
                 if a == b {
                     continue;
                 }
-                let was = before[a] || before[b];
-                let is = after[a] || after[b];
+                let was = before.severs(a, b);
+                let is = after.severs(a, b);
                 if was == is {
                     continue;
                 }

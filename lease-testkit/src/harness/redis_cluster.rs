@@ -38,7 +38,7 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use tokio::time::Instant;
 
-use super::cluster::{ClusterControl, ClusterError, ClusterResult};
+use super::cluster::{tail_of, ClusterControl, ClusterError, ClusterResult, Cuts};
 use super::resp::{self, FromReply};
 use super::server::{tcp_exchange, Launcher, Probe, ServerProcess};
 use super::{HarnessError, RedisConfig, RedisServer};
@@ -126,6 +126,9 @@ pub struct RedisCluster {
     client_proxies: Vec<FaultProxy>,
     /// Replication links routed through a proxy, by replica.
     links: tokio::sync::Mutex<HashMap<usize, FaultProxy>>,
+    /// Which members are cut from their peers ([`ClusterControl::isolate_from_peers`],
+    /// [`ClusterControl::lag_replica`]): a link is blackholed while either end is.
+    cut: Cuts,
 }
 
 impl std::fmt::Debug for RedisCluster {
@@ -249,6 +252,7 @@ impl RedisCluster {
             sentinel_ports,
             client_proxies,
             links: tokio::sync::Mutex::new(HashMap::new()),
+            cut: Cuts::new(MEMBERS),
         };
         for r in 1..MEMBERS {
             cluster.wait_synced(r, 0).await?;
@@ -280,9 +284,11 @@ impl RedisCluster {
         }
     }
 
-    /// The member a Sentinel names as the primary, if it answers `role:master` (`Ok(None)`: the
-    /// named one does not, yet).
-    async fn named_primary(&self) -> Result<Option<usize>, String> {
+    /// The member a Sentinel names as the primary and that answers `role:master`: the first
+    /// Sentinel's whose named primary does (one that has not learned of a failover yet names a
+    /// member that is down or a replica now; the others are asked too). `Err` with the last
+    /// reason when none does.
+    async fn named_primary(&self) -> Result<usize, String> {
         let mut last = String::from("no Sentinel answered");
         for &s in &self.sentinel_ports {
             let addr: Option<(String, u16)> =
@@ -300,16 +306,18 @@ impl RedisCluster {
             let Some(member) = self.ports.iter().position(|p| *p == port) else {
                 return Err(format!("Sentinel {s} names an unknown primary port {port}"));
             };
-            return match replication(port).await {
+            match replication(port).await {
                 Ok(info) if info.get("role").map(String::as_str) == Some("master") => {
-                    Ok(Some(member))
+                    return Ok(member)
                 }
-                Ok(info) => Err(format!(
-                    "member {member} (named by Sentinel {s}) answers role {:?}",
-                    info.get("role")
-                )),
-                Err(e) => Err(e.0),
-            };
+                Ok(info) => {
+                    last = format!(
+                        "member {member} (named by Sentinel {s}) answers role {:?}",
+                        info.get("role")
+                    )
+                }
+                Err(e) => last = format!("member {member} (named by Sentinel {s}): {}", e.0),
+            }
         }
         Err(last)
     }
@@ -375,6 +383,27 @@ impl RedisCluster {
             && field("num-other-sentinels") == Some((SENTINELS - 1).to_string())
             && !flags.contains("down")
             && !flags.contains("failover_in_progress"))
+    }
+
+    /// Marks `member` cut from its peers or not and sets every proxied replication link to
+    /// match, under the links' lock: blackholed while its replica or the member it replicates
+    /// is cut. Returns whether any member is still cut.
+    async fn mark_cut(&self, member: usize, cut: bool) -> bool {
+        let links = self.links.lock().await;
+        self.cut.set(member, cut, |_, marks| {
+            for (&r, p) in links.iter() {
+                let upstream = self
+                    .ports
+                    .iter()
+                    .position(|&port| port == p.upstream().port());
+                if upstream.map_or(marks.is_cut(r), |u| marks.severs(r, u)) {
+                    p.blackhole();
+                } else {
+                    p.pass_through();
+                }
+            }
+            marks.any()
+        })
     }
 
     /// Whether `member` replicates `primary` (directly or through a proxy) with its link up.
@@ -505,7 +534,7 @@ impl ClusterControl for RedisCluster {
     fn leader(&self) -> BoxFuture<'_, ClusterResult<usize>> {
         Box::pin(async move {
             wait_for("a primary", self.failover_bound(), || async {
-                self.named_primary().await
+                self.named_primary().await.map(Some)
             })
             .await
         })
@@ -524,7 +553,9 @@ impl ClusterControl for RedisCluster {
             self.check_member(member)?;
             let m = self.members[member].clone();
             blocking(move || m.lock().expect("member").restart()).await?;
+            // It replicates directly from now on (or is the primary): no longer cut.
             self.links.lock().await.remove(&member);
+            self.mark_cut(member, false).await;
             // Converge whatever the Sentinels do meanwhile (a failover may be under way): the
             // member replicates the primary they name, and they all agree on it again.
             let back = wait_for(
@@ -532,9 +563,6 @@ impl ClusterControl for RedisCluster {
                 RESTART_SETTLE,
                 || async move {
                     let primary = self.named_primary().await?;
-                    let Some(primary) = primary else {
-                        return Ok(None);
-                    };
                     if primary != member && !self.replicates(member, primary).await? {
                         let _: () = query(
                             self.ports[member],
@@ -597,10 +625,8 @@ impl ClusterControl for RedisCluster {
             };
             for r in replicas {
                 self.link_through_proxy(r).await?;
-                if let Some(p) = self.links.lock().await.get(&r) {
-                    p.blackhole();
-                }
             }
+            self.mark_cut(member, true).await;
             Ok(())
         })
     }
@@ -617,8 +643,9 @@ impl ClusterControl for RedisCluster {
         Box::pin(async move {
             self.check_member(member)?;
             self.client_proxies[member].pass_through();
-            for p in self.links.lock().await.values() {
-                p.pass_through();
+            if self.mark_cut(member, false).await {
+                // Another member still lags, with the priorities its promotion needs.
+                return Ok(());
             }
             for m in 0..MEMBERS {
                 // A member that is down is restarted by whoever killed it.
@@ -656,14 +683,12 @@ impl ClusterControl for RedisCluster {
     fn log_tails(&self) -> String {
         let mut out = String::new();
         for (i, m) in self.members.iter().enumerate() {
-            if let Ok(m) = m.lock() {
-                out.push_str(&format!("--- member {i} ---\n{}\n", m.log_tail()));
-            }
+            let tail = tail_of(m, RedisServer::log_tail);
+            out.push_str(&format!("--- member {i} ---\n{tail}\n"));
         }
         for (i, s) in self.sentinels.iter().enumerate() {
-            if let Ok(s) = s.lock() {
-                out.push_str(&format!("--- sentinel {i} ---\n{}\n", s.log_tail()));
-            }
+            let tail = tail_of(s, ServerProcess::log_tail);
+            out.push_str(&format!("--- sentinel {i} ---\n{tail}\n"));
         }
         out
     }
@@ -672,15 +697,33 @@ impl ClusterControl for RedisCluster {
         Box::pin(async move {
             self.check_member(member)?;
             let primary = self.link_through_proxy(member).await?;
-            if let Some(p) = self.links.lock().await.get(&member) {
-                p.blackhole();
-            }
+            self.mark_cut(member, true).await;
             for other in (0..MEMBERS).filter(|m| *m != member && *m != primary) {
                 self.set_priority(other, 0).await?;
                 self.wait_sentinels_see_priority(other, 0).await?;
             }
             self.wait_sentinels_see_priority(member, 100).await?;
             Ok(true)
+        })
+    }
+
+    /// `SENTINEL FAILOVER` on each Sentinel in turn until one starts it or answers that one is
+    /// under way (`INPROG`); with no replica it may promote, each answers `NOGOODSLAVE`.
+    fn force_failover(&self) -> BoxFuture<'_, ClusterResult<bool>> {
+        Box::pin(async move {
+            let mut refusals = Vec::new();
+            for &s in &self.sentinel_ports {
+                match query::<()>(s, &["SENTINEL", "FAILOVER", PRIMARY_NAME]).await {
+                    // One under way (its election or promotion) is as good as one started.
+                    Ok(()) => return Ok(true),
+                    Err(e) if e.0.contains("INPROG") => return Ok(true),
+                    Err(e) => refusals.push(e.0),
+                }
+            }
+            Err(ClusterError(format!(
+                "no Sentinel started a failover: {}",
+                refusals.join("; ")
+            )))
         })
     }
 }

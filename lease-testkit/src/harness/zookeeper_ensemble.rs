@@ -51,7 +51,7 @@ use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
 
-use super::cluster::{ClusterControl, ClusterError, ClusterResult};
+use super::cluster::{tail_of, ClusterControl, ClusterError, ClusterResult, Cuts};
 use super::server::{free_ports, tcp_exchange, Launcher, Probe, ServerProcess};
 use super::{Backend, HarnessError, ServerControl, ZooKeeperInstall, ZooKeeperServer};
 use crate::proxy::FaultProxy;
@@ -250,6 +250,8 @@ pub struct ZooKeeperEnsemble {
     clients: Vec<SocketAddr>,
     client_proxies: Vec<FaultProxy>,
     links: Vec<PeerLink>,
+    /// Which members are cut from their peers: a link is blackholed while either end is.
+    cut: Cuts,
 }
 
 impl std::fmt::Debug for ZooKeeperEnsemble {
@@ -388,6 +390,7 @@ impl ZooKeeperEnsemble {
             return Err(e);
         }
         let ensemble = Self {
+            cut: Cuts::new(members.len()),
             config,
             members,
             clients,
@@ -451,7 +454,12 @@ impl ZooKeeperEnsemble {
         self.members
             .iter()
             .enumerate()
-            .map(|(i, m)| format!("--- server {i} ---\n{}", lock(m).log_tail()))
+            .map(|(i, m)| {
+                format!(
+                    "--- server {i} ---\n{}",
+                    tail_of(m, ServerProcess::log_tail)
+                )
+            })
             .collect::<Vec<_>>()
             .join("\n")
     }
@@ -467,20 +475,24 @@ impl ZooKeeperEnsemble {
         }
     }
 
+    /// Marks `member` cut from its peers or not, and sets its links to match: blackholed while
+    /// either end is cut (healing one member keeps the links another cut still needs).
     fn set_peer_links(&self, member: usize, cut: bool) {
-        for l in self
-            .links
-            .iter()
-            .filter(|l| l.from == member || l.to == member)
-        {
-            for p in [&l.quorum, &l.election] {
-                if cut {
-                    p.blackhole();
-                } else {
-                    p.heal();
+        self.cut.set(member, cut, |_, marks| {
+            for l in self
+                .links
+                .iter()
+                .filter(|l| l.from == member || l.to == member)
+            {
+                for p in [&l.quorum, &l.election] {
+                    if marks.severs(l.from, l.to) {
+                        p.blackhole();
+                    } else {
+                        p.heal();
+                    }
                 }
             }
-        }
+        })
     }
 
     /// Waits (bounded) until `member` serves as leader or follower.
