@@ -22,24 +22,69 @@ use lease_testkit::harness::ClusterControl;
 pub(super) fn cases() -> Vec<Case> {
     vec![
         Case::new("leader_killed_during_hold", &[Need::Cluster], 20, |c| {
-            boxed(leader_killed_during_hold(c))
+            boxed(with_logs(c, leader_killed_during_hold))
         }),
         Case::new("failover_to_lagging_replica", &[Need::Cluster], 20, |c| {
-            boxed(failover_to_lagging_replica(c))
+            boxed(with_logs(c, failover_to_lagging_replica))
         }),
         Case::new(
             "minority_partition_of_holders_member",
             &[Need::Cluster],
             20,
-            |c| boxed(minority_partition_of_holders_member(c)),
+            |c| boxed(with_logs(c, minority_partition_of_holders_member)),
         ),
         Case::new("follower_cut_after_sync", &[Need::Cluster], 20, |c| {
-            boxed(follower_cut_after_sync(c))
+            boxed(with_logs(c, follower_cut_after_sync))
         }),
         Case::new("rolling_restart", &[Need::Cluster], 40, |c| {
-            boxed(rolling_restart(c))
+            boxed(with_logs(c, rolling_restart))
         }),
     ]
+}
+
+/// Runs a cluster case; when it fails under `CI=true` or with `CONFORMANCE_CLUSTER_LOGS` set,
+/// prints the members' log tails (what the Sentinels, the quorum or the leader election did), so
+/// that a failure seen once in CI can be told apart afterwards. A case stopped at its budget or
+/// panicking fails too: the tails are printed when the case's future is dropped unfinished.
+async fn with_logs<F, Fut>(ctx: Arc<Ctx>, case: F) -> CaseResult
+where
+    F: FnOnce(Arc<Ctx>) -> Fut,
+    Fut: std::future::Future<Output = CaseResult>,
+{
+    /// Prints the tails on drop unless the case passed.
+    struct Tails {
+        subject: super::Subject,
+        passed: bool,
+    }
+    impl Drop for Tails {
+        fn drop(&mut self) {
+            let wanted = std::env::var_os("CONFORMANCE_CLUSTER_LOGS").is_some()
+                || lease_testkit::harness::ci_requires_servers();
+            if !self.passed && wanted {
+                eprintln!("{}", log_tails(&self.subject));
+            }
+        }
+    }
+    let mut tails = Tails {
+        subject: ctx.subject.clone(),
+        passed: false,
+    };
+    let r = case(ctx).await;
+    tails.passed = r.is_ok();
+    r
+}
+
+/// What the cluster's members logged last, with the subject's secret (a password in its URL)
+/// redacted; empty without a cluster.
+fn log_tails(subject: &super::Subject) -> String {
+    let Some(cluster) = &subject.cluster else {
+        return String::new();
+    };
+    let tails = cluster.log_tails();
+    match subject.secret.as_deref() {
+        Some(secret) if !secret.is_empty() => tails.replace(secret, "<redacted>"),
+        _ => tails,
+    }
 }
 
 fn cluster(ctx: &Ctx) -> Result<Arc<dyn ClusterControl>, Failure> {
@@ -149,14 +194,6 @@ impl Drop for Restore {
 /// rejects the old holder once the new one has claimed.
 async fn leader_killed_during_hold(ctx: Arc<Ctx>) -> CaseResult {
     let cluster = cluster(&ctx)?;
-    let r = leader_killed_inner(&ctx, cluster.clone()).await;
-    if r.is_err() && std::env::var_os("CONFORMANCE_CLUSTER_LOGS").is_some() {
-        eprintln!("{}", cluster.log_tails());
-    }
-    r
-}
-
-async fn leader_killed_inner(ctx: &Ctx, cluster: Arc<dyn ClusterControl>) -> CaseResult {
     let key = ctx.key("leader-killed");
     let resource = ctx.resource(&key);
     let ttl = ctx.ttl();
@@ -177,7 +214,7 @@ async fn leader_killed_inner(ctx: &Ctx, cluster: Arc<dyn ClusterControl>) -> Cas
     // Another client, connected before the crash, asks for the key while the cluster fails
     // over. It may only get it once the holder's lease no longer reports Held.
     let other = ctx.client().await?;
-    let mut restore = Restore::new(ctx, cluster.clone());
+    let mut restore = Restore::new(&ctx, cluster.clone());
     let killed_at = Instant::now();
     restore.kill(leader).await?;
     let wait = cluster.failover_bound() + ttl * 3;
@@ -191,7 +228,7 @@ async fn leader_killed_inner(ctx: &Ctx, cluster: Arc<dyn ClusterControl>) -> Cas
                 second.token(),
                 killed_at.elapsed()
             );
-            check_next(ctx, &resource, first, second.token()).await?;
+            check_next(&ctx, &resource, first, second.token()).await?;
             second.release().await?;
             false
         }
@@ -223,7 +260,7 @@ async fn leader_killed_inner(ctx: &Ctx, cluster: Arc<dyn ClusterControl>) -> Cas
         let third = other
             .acquire(&key, &LeaseOptions::new(ttl).wait(ttl * 2))
             .await?;
-        check_next(ctx, &resource, first, third.token()).await?;
+        check_next(&ctx, &resource, first, third.token()).await?;
         third.release().await?;
     } else {
         let _ = kept.release().await;
@@ -289,8 +326,10 @@ async fn check_next(
 }
 
 /// Redis: a replica falls behind (its link cut while tokens are issued), the primary crashes,
-/// the lagging replica is promoted. The next token is above the last one issued before the
-/// failover, and a write fenced with that last token is rejected once the new holder claimed.
+/// the lagging replica is promoted (by the cluster's own failover, or, when that does not come
+/// within its bound, by one asked for with `force_failover`). The next token is above the last
+/// one issued before the failover, and a write fenced with that last token is rejected once the
+/// new holder claimed.
 async fn failover_to_lagging_replica(ctx: Arc<Ctx>) -> CaseResult {
     let cluster = cluster(&ctx)?;
     let primary = cluster
@@ -347,7 +386,9 @@ async fn failover_to_lagging_replica(ctx: Arc<Ctx>) -> CaseResult {
     // Connected before the crash: it follows the failover by itself.
     let fresh = ctx.client().await?;
     restore.kill(primary).await?;
-    let deadline = Instant::now() + cluster.failover_bound();
+    let killed_at = Instant::now();
+    let mut deadline = killed_at + cluster.failover_bound();
+    let mut forced = false;
     loop {
         match cluster.leader().await {
             Ok(m) if m == lagging => break,
@@ -356,10 +397,38 @@ async fn failover_to_lagging_replica(ctx: Arc<Ctx>) -> CaseResult {
                     "member {m} was promoted, not the lagging member {lagging}"
                 )))
             }
+            // The case is about the tokens after a failover to a lagging replica, not about how
+            // it came: when the cluster's own failover did not come (a Sentinel election that
+            // failed waits twice its failover-timeout), ask for one, as an operator would.
+            Err(e) if Instant::now() >= deadline && !forced => {
+                forced = true;
+                let started = cluster.force_failover().await.map_err(|f| {
+                    Failure(format!(
+                        "no failover to member {lagging} within {:?} ({e}), and asking for \
+                         one failed: {f}",
+                        cluster.failover_bound()
+                    ))
+                })?;
+                if !started {
+                    return Err(Failure(format!(
+                        "no failover to member {lagging} within {:?}: {e}",
+                        cluster.failover_bound()
+                    )));
+                }
+                eprintln!(
+                    "note: {}: no failover within {:?} of the primary's crash ({e}); asked for \
+                     one. What the members logged:\n{}",
+                    cluster.kind(),
+                    cluster.failover_bound(),
+                    log_tails(&ctx.subject)
+                );
+                deadline = Instant::now() + cluster.failover_bound();
+            }
             Err(e) if Instant::now() >= deadline => {
                 return Err(Failure(format!(
-                    "no failover to member {lagging} within {:?}: {e}",
-                    cluster.failover_bound()
+                    "no failover to member {lagging} within {:?} of the primary's crash, even \
+                     after asking for one: {e}",
+                    killed_at.elapsed()
                 )))
             }
             Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,

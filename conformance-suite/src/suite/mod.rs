@@ -25,7 +25,7 @@
 //! | `CONFORMANCE_SCALE_HOLD_SECS` | how long `many_leases_kept` holds them (whole seconds, `1..=3600`); its time bound does not grow with the size, so a long run also raises `CONFORMANCE_TIME_SCALE` (the case says by how much when the hold does not fit) | 20 |
 //! | `CONFORMANCE_SCALE_TTL_MS` | the TTL of `many_leases_kept`'s leases (milliseconds, `1..=3600000`), raised to the backend's [`Capabilities::min_ttl`](lease_core::Capabilities) | 10000 |
 //! | `CONFORMANCE_CLUSTER_FULL` | `1` makes a cluster test binary ([`main_for_cluster`]) run every case, not only the cluster cases and [`CLUSTER_CORE_CASES`] | unset |
-//! | `CONFORMANCE_CLUSTER_LOGS` | set: a failed `leader_killed_during_hold` prints the cluster members' log tails | unset |
+//! | `CONFORMANCE_CLUSTER_LOGS` | set: a failed cluster case prints the cluster members' log tails (always under `CI=true`) | unset |
 //! | `CONFORMANCE_REDIS_CLUSTER_OPTIONS` | URL options added to the `redis-sentinel` subject's URL (e.g. `clock_tokens=false&unguarded_replicas=true` reproduces what decision 0016 fixed) | none |
 //!
 //! An unset or empty variable takes the default; a malformed one fails the run with a single
