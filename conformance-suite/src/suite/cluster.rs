@@ -58,10 +58,14 @@ where
     }
     impl Drop for Tails {
         fn drop(&mut self) {
-            let wanted = std::env::var_os("CONFORMANCE_CLUSTER_LOGS").is_some()
+            let wanted = std::env::var_os("CONFORMANCE_CLUSTER_LOGS")
+                .is_some_and(|v| !v.is_empty())
                 || lease_testkit::harness::ci_requires_servers();
             if !self.passed && wanted {
-                eprintln!("{}", log_tails(&self.subject));
+                let tails = log_tails(&self.subject);
+                if !tails.is_empty() {
+                    eprintln!("{tails}");
+                }
             }
         }
     }
@@ -299,6 +303,74 @@ async fn acquire_through_failover(
     }
 }
 
+/// Waits until `member` leads after the leader's crash. The case is about what follows a
+/// failover, not about how it came: when the cluster's own did not come within its bound (a
+/// Sentinel whose election failed waits twice its failover-timeout before it tries again), it
+/// asks for one, as an operator would, every two seconds until one is started, and waits one
+/// more bound, printing once what the members logged.
+async fn wait_for_promotion(
+    ctx: &Ctx,
+    cluster: &dyn ClusterControl,
+    member: usize,
+) -> Result<(), Failure> {
+    let bound = cluster.failover_bound();
+    let killed_at = Instant::now();
+    let mut last = String::from("no primary named yet");
+    let (mut refused, mut started) = (None, false);
+    let mut forcing = false;
+    loop {
+        let now = Instant::now();
+        if now >= killed_at + bound * 2 {
+            return Err(Failure(format!(
+                "no failover to member {member} within {:?} of the leader's crash, even after \
+                 asking for one: {last}{}",
+                killed_at.elapsed(),
+                refused
+                    .map(|e| format!("; the last request for one: {e}"))
+                    .unwrap_or_default()
+            )));
+        }
+        if now >= killed_at + bound && !started {
+            match cluster.force_failover().await {
+                Ok(true) => (refused, started) = (None, true),
+                Ok(false) => {
+                    return Err(Failure(format!(
+                        "no failover to member {member} within {bound:?}: {last}"
+                    )))
+                }
+                Err(e) => refused = Some(e.to_string()),
+            }
+            if !forcing {
+                forcing = true;
+                eprintln!(
+                    "note: {}: no failover within {bound:?} of the leader's crash ({last}); \
+                     asking for one. What the members logged:\n{}",
+                    cluster.kind(),
+                    log_tails(&ctx.subject)
+                );
+            }
+        }
+        let step = if forcing {
+            Duration::from_secs(2)
+        } else {
+            (killed_at + bound).saturating_duration_since(now)
+        };
+        match tokio::time::timeout(step, cluster.leader()).await {
+            Ok(Ok(m)) if m == member => return Ok(()),
+            Ok(Ok(m)) => {
+                return Err(Failure(format!(
+                    "member {m} was promoted, not the lagging member {member}"
+                )))
+            }
+            Ok(Err(e)) => {
+                last = e.to_string();
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(_) => last = format!("no leader that answers named within {step:?}"),
+        }
+    }
+}
+
 /// The newer holder's token is above the older one's, its claim is accepted, and a write fenced
 /// with the older token is rejected afterwards.
 async fn check_next(
@@ -386,54 +458,7 @@ async fn failover_to_lagging_replica(ctx: Arc<Ctx>) -> CaseResult {
     // Connected before the crash: it follows the failover by itself.
     let fresh = ctx.client().await?;
     restore.kill(primary).await?;
-    let killed_at = Instant::now();
-    let mut deadline = killed_at + cluster.failover_bound();
-    let mut forced = false;
-    loop {
-        match cluster.leader().await {
-            Ok(m) if m == lagging => break,
-            Ok(m) => {
-                return Err(Failure(format!(
-                    "member {m} was promoted, not the lagging member {lagging}"
-                )))
-            }
-            // The case is about the tokens after a failover to a lagging replica, not about how
-            // it came: when the cluster's own failover did not come (a Sentinel election that
-            // failed waits twice its failover-timeout), ask for one, as an operator would.
-            Err(e) if Instant::now() >= deadline && !forced => {
-                forced = true;
-                let started = cluster.force_failover().await.map_err(|f| {
-                    Failure(format!(
-                        "no failover to member {lagging} within {:?} ({e}), and asking for \
-                         one failed: {f}",
-                        cluster.failover_bound()
-                    ))
-                })?;
-                if !started {
-                    return Err(Failure(format!(
-                        "no failover to member {lagging} within {:?}: {e}",
-                        cluster.failover_bound()
-                    )));
-                }
-                eprintln!(
-                    "note: {}: no failover within {:?} of the primary's crash ({e}); asked for \
-                     one. What the members logged:\n{}",
-                    cluster.kind(),
-                    cluster.failover_bound(),
-                    log_tails(&ctx.subject)
-                );
-                deadline = Instant::now() + cluster.failover_bound();
-            }
-            Err(e) if Instant::now() >= deadline => {
-                return Err(Failure(format!(
-                    "no failover to member {lagging} within {:?} of the primary's crash, even \
-                     after asking for one: {e}",
-                    killed_at.elapsed()
-                )))
-            }
-            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
-        }
-    }
+    wait_for_promotion(&ctx, &*cluster, lagging).await?;
     let next = acquire_through_failover(&*fresh, &key, ttl, cluster.failover_bound())
         .await
         .map_err(step("the grant after the failover"))?;

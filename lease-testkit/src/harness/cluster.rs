@@ -80,8 +80,8 @@ pub trait ClusterControl: Send + Sync {
 
     /// Undoes [`Self::isolate_from_peers`] and [`Self::isolate_from_clients`] (and
     /// [`Self::lag_replica`]) for `member`; links to a member still cut stay cut (on Redis, the
-    /// replica priorities a lagging replica's promotion needs stay too, until the last cut
-    /// member is healed).
+    /// replica priorities a lagging replica's promotion needs stay too, until no member is cut;
+    /// a restart also ends its member's cut there, since it then replicates directly).
     fn heal(&self, member: usize) -> BoxFuture<'_, ClusterResult<()>>;
 
     /// The client URL that names every member (what users configure), for clients of the case.
@@ -118,21 +118,22 @@ pub trait ClusterControl: Send + Sync {
     /// Asks the cluster to replace its leader now, as an operator does when an automatic
     /// failover did not come within its bound (Redis: `SENTINEL FAILOVER`; a Sentinel whose
     /// election failed waits twice its `failover-timeout` before it tries again). `Ok(true)`
-    /// once a failover was started, `Ok(false)` on clusters that elect their leader by
-    /// themselves and have no such command.
+    /// once a failover was made and the cluster agrees on its new leader, `Ok(false)` on
+    /// clusters that elect their leader by themselves and have no such command, `Err` when
+    /// every member that could start one refused (one may accept a moment later: ask again).
     fn force_failover(&self) -> BoxFuture<'_, ClusterResult<bool>> {
         Box::pin(async { Ok(false) })
     }
 }
 
-/// `tail` of the member behind `m`, without waiting for a start, stop or restart that holds
-/// its lock (log tails are read when a case fails, possibly while its future is dropped).
+/// `tail` of the member behind `m`, without waiting for a start, stop, restart or signal that
+/// holds its lock (log tails are read when a case fails, possibly while its future is dropped).
 pub(crate) fn tail_of<T>(m: &Mutex<T>, tail: impl FnOnce(&T) -> String) -> String {
     match m.try_lock() {
         Ok(guard) => tail(&guard),
         Err(std::sync::TryLockError::Poisoned(p)) => tail(&p.into_inner()),
         Err(std::sync::TryLockError::WouldBlock) => {
-            "<not read: a start, stop or restart of it is under way>".into()
+            "<not read: the harness is starting, stopping or signalling it>".into()
         }
     }
 }

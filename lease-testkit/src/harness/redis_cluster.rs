@@ -304,7 +304,8 @@ impl RedisCluster {
                 continue;
             };
             let Some(member) = self.ports.iter().position(|p| *p == port) else {
-                return Err(format!("Sentinel {s} names an unknown primary port {port}"));
+                last = format!("Sentinel {s} names an unknown primary port {port}");
+                continue;
             };
             match replication(port).await {
                 Ok(info) if info.get("role").map(String::as_str) == Some("master") => {
@@ -387,10 +388,10 @@ impl RedisCluster {
 
     /// Marks `member` cut from its peers or not and sets every proxied replication link to
     /// match, under the links' lock: blackholed while its replica or the member it replicates
-    /// is cut. Returns whether any member is still cut.
-    async fn mark_cut(&self, member: usize, cut: bool) -> bool {
+    /// is cut. Returns whether `member` was cut before, and whether any member is cut now.
+    async fn mark_cut(&self, member: usize, cut: bool) -> (bool, bool) {
         let links = self.links.lock().await;
-        self.cut.set(member, cut, |_, marks| {
+        self.cut.set(member, cut, |before, marks| {
             for (&r, p) in links.iter() {
                 let upstream = self
                     .ports
@@ -402,8 +403,53 @@ impl RedisCluster {
                     p.pass_through();
                 }
             }
-            marks.any()
+            (before.is_cut(member), marks.any())
         })
+    }
+
+    /// Every member that is up back to the default replica priority (100), which
+    /// [`ClusterControl::lag_replica`] lowered. A member that is down is restarted by whoever
+    /// killed it, with the default.
+    async fn reset_priorities(&self) -> ClusterResult<()> {
+        for m in 0..MEMBERS {
+            if replication(self.ports[m]).await.is_ok() {
+                self.set_priority(m, 100).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// `Some(())` when every Sentinel names the same primary, that member answers
+    /// `role:master`, and no Sentinel has a failover under way.
+    async fn sentinels_agree(&self) -> Result<Option<()>, String> {
+        let mut named = None;
+        for &s in &self.sentinel_ports {
+            let master: Vec<String> = query(s, &["SENTINEL", "MASTER", PRIMARY_NAME])
+                .await
+                .map_err(|e| e.0)?;
+            let field = |name: &str| {
+                master
+                    .chunks(2)
+                    .find(|kv| kv.len() == 2 && kv[0] == name)
+                    .map(|kv| kv[1].clone())
+            };
+            if field("flags")
+                .unwrap_or_default()
+                .contains("failover_in_progress")
+            {
+                return Ok(None);
+            }
+            let port = field("port");
+            if named.is_some() && named != port {
+                return Ok(None);
+            }
+            named = port;
+        }
+        let Some(port) = named.and_then(|p| p.parse::<u16>().ok()) else {
+            return Ok(None);
+        };
+        let info = replication(port).await.map_err(|e| e.0)?;
+        Ok((info.get("role").map(String::as_str) == Some("master")).then_some(()))
     }
 
     /// Whether `member` replicates `primary` (directly or through a proxy) with its link up.
@@ -553,9 +599,12 @@ impl ClusterControl for RedisCluster {
             self.check_member(member)?;
             let m = self.members[member].clone();
             blocking(move || m.lock().expect("member").restart()).await?;
-            // It replicates directly from now on (or is the primary): no longer cut.
+            // It replicates directly from now on (or is the primary): no longer cut, and once
+            // nothing is, the priorities are reset as a heal resets them.
             self.links.lock().await.remove(&member);
-            self.mark_cut(member, false).await;
+            if let (true, false) = self.mark_cut(member, false).await {
+                self.reset_priorities().await?;
+            }
             // Converge whatever the Sentinels do meanwhile (a failover may be under way): the
             // member replicates the primary they name, and they all agree on it again.
             let back = wait_for(
@@ -643,17 +692,13 @@ impl ClusterControl for RedisCluster {
         Box::pin(async move {
             self.check_member(member)?;
             self.client_proxies[member].pass_through();
-            if self.mark_cut(member, false).await {
-                // Another member still lags, with the priorities its promotion needs.
+            let (_, still_cut) = self.mark_cut(member, false).await;
+            if still_cut {
+                // Another member is still cut (a lagging replica keeps the priorities its
+                // promotion needs).
                 return Ok(());
             }
-            for m in 0..MEMBERS {
-                // A member that is down is restarted by whoever killed it.
-                if replication(self.ports[m]).await.is_ok() {
-                    self.set_priority(m, 100).await?;
-                }
-            }
-            Ok(())
+            self.reset_priorities().await
         })
     }
 
@@ -707,16 +752,29 @@ impl ClusterControl for RedisCluster {
         })
     }
 
-    /// `SENTINEL FAILOVER` on each Sentinel in turn until one starts it or answers that one is
-    /// under way (`INPROG`); with no replica it may promote, each answers `NOGOODSLAVE`.
+    /// `SENTINEL FAILOVER` on each Sentinel in turn until one starts it. A Sentinel with an
+    /// attempt of its own under way answers `INPROG` (that attempt may be an election that
+    /// fails), one with no replica it may promote `NOGOODSLAVE`: the next one is asked, and
+    /// when none started one, every answer is in the error (ask again a moment later).
+    ///
+    /// Once one started, it returns when every Sentinel names the same primary with no
+    /// failover under way: another Sentinel's own failover may have run at the same time, and
+    /// each promotion ends with `CLIENT KILL TYPE normal` on the promoted member, which would
+    /// cut the connections of whoever uses it next.
     fn force_failover(&self) -> BoxFuture<'_, ClusterResult<bool>> {
         Box::pin(async move {
             let mut refusals = Vec::new();
             for &s in &self.sentinel_ports {
                 match query::<()>(s, &["SENTINEL", "FAILOVER", PRIMARY_NAME]).await {
-                    // One under way (its election or promotion) is as good as one started.
-                    Ok(()) => return Ok(true),
-                    Err(e) if e.0.contains("INPROG") => return Ok(true),
+                    Ok(()) => {
+                        wait_for(
+                            "the Sentinels agreeing after a forced failover",
+                            SETTLE,
+                            || self.sentinels_agree(),
+                        )
+                        .await?;
+                        return Ok(true);
+                    }
                     Err(e) => refusals.push(e.0),
                 }
             }
