@@ -5,7 +5,7 @@
 //! always`, `noeviction`), on its own port and data directory; member 0 starts as the primary
 //! and members 1 and 2 replicate it. Three Sentinels (`redis-server <conf> --sentinel`, the
 //! same binary Debian's `redis-sentinel` package links to) watch the primary under the name
-//! [`PRIMARY_NAME`] with quorum 2, `down-after-milliseconds 1000` and `failover-timeout 30000`,
+//! [`PRIMARY_NAME`] with quorum 2, `down-after-milliseconds 3000` and `failover-timeout 30000`,
 //! each asking every member for `INFO` once a second (`SENTINEL DEBUG info-period 1000`).
 //!
 //! Clients use [`RedisCluster::url`], a `redis+sentinel://` URL naming the three Sentinels.
@@ -50,8 +50,10 @@ pub const PRIMARY_NAME: &str = "fenced";
 pub const MEMBERS: usize = 3;
 /// How many Sentinels watch them.
 pub const SENTINELS: usize = 3;
-/// `sentinel down-after-milliseconds`.
-const DOWN_AFTER_MS: u64 = 1000;
+/// `sentinel down-after-milliseconds`. Not 1 s: a member just promoted, serving the resyncs of
+/// the replicas pointed at it on a loaded 2-core machine, was seen to miss the Sentinels' pings
+/// for about a second, and the Sentinels then failed it over too, in the middle of the next case.
+const DOWN_AFTER_MS: u64 = 3000;
 /// `sentinel failover-timeout`.
 const FAILOVER_TIMEOUT_MS: u64 = 30_000;
 /// How long one Redis command of the harness may take.
@@ -716,7 +718,7 @@ impl ClusterControl for RedisCluster {
     }
 
     fn failover_bound(&self) -> Duration {
-        // Down after 1 s, a vote (Sentinels wait up to a second or so before asking), the
+        // Down after 3 s, a vote (Sentinels wait up to a second or so before asking), the
         // promotion and the replicas' reconfiguration; generous for a loaded 2-core machine.
         Duration::from_secs(15)
     }
