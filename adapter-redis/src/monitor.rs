@@ -11,9 +11,9 @@
 //! the server's tracking table and the messages grow with the number of held leases only. On an
 //! invalidation of a held key it reads the key once more (which also re-arms the tracking):
 //! still this lease's nonce, nothing happens (our own renew's `PEXPIRE` causes exactly that);
-//! gone, or force-released (the key's `revoked` record, read with it, is this lease's), the
-//! lease is `Lost(Revoked)`; another value, `Lost(Superseded)`. A notification alone never marks
-//! a lease lost.
+//! gone, or force-released (the key's `revoked` record, read next only for a key no longer this
+//! lease's, is this lease's), the lease is `Lost(Revoked)`; another value, `Lost(Superseded)`.
+//! A notification alone never marks a lease lost.
 //!
 //! Where tracking is unavailable (a server before 6.0, RESP3 refused, or `CLIENT` not permitted
 //! by the ACL) the task falls back to polling: every `poll_interval` it reads every held lock key
@@ -142,11 +142,55 @@ async fn confirm(
         .collect();
     keys.sort_unstable();
     keys.dedup();
-    // Each lock with its revoked record (a force-release), so a force-released lease whose key
-    // the next holder has already taken is `Revoked`, not `Superseded`.
+    let index: std::collections::HashMap<&str, usize> =
+        keys.iter().enumerate().map(|(i, (k, _))| (*k, i)).collect();
+    let values = get_each(conn, keys.iter().map(|(lock, _)| *lock)).await?;
+    // A lock that still holds its lease's value needs nothing more: our own renewal's `PEXPIRE`
+    // invalidates the key, so that is the common case, one read per renewal. For the others the
+    // key's revoked record (a force-release) is read next, so that a force-released lease whose
+    // key the next holder has already taken is `Revoked`, not `Superseded`. Read after the lock,
+    // it names only a force-release of this lease's value, which the lock's read already found
+    // gone or replaced; the lease is lost either way, the record only names why.
+    let mut stale: Vec<usize> = snapshot
+        .iter()
+        .filter_map(|lease| {
+            let &i = index.get(lease.keys.lock())?;
+            let ours = values[i]
+                .as_deref()
+                .is_some_and(|v| v.starts_with(lease.head.as_bytes()));
+            (!ours).then_some(i)
+        })
+        .collect();
+    stale.sort_unstable();
+    stale.dedup();
+    let mut revoked = vec![None; keys.len()];
+    if !stale.is_empty() {
+        let records = get_each(conn, stale.iter().map(|&i| keys[i].1)).await?;
+        for (i, record) in stale.into_iter().zip(records) {
+            revoked[i] = record;
+        }
+    }
+    let Some(strong) = inner.upgrade() else {
+        return Ok(());
+    };
+    for lease in &snapshot {
+        let Some(&i) = index.get(lease.keys.lock()) else {
+            continue;
+        };
+        strong.judge(lease, values[i].as_deref(), revoked[i].as_deref());
+    }
+    Ok(())
+}
+
+/// `GET`s `keys` in one pipeline on `conn`. `Err` when the read failed (the connection is in
+/// doubt).
+async fn get_each<'a>(
+    conn: &mut MultiplexedConnection,
+    keys: impl Iterator<Item = &'a str>,
+) -> Result<Vec<Option<Vec<u8>>>, ()> {
     let mut pipe = redis::pipe();
-    for (lock_key, revoked_key) in &keys {
-        pipe.cmd("GET").arg(*lock_key).cmd("GET").arg(*revoked_key);
+    for key in keys {
+        pipe.cmd("GET").arg(key);
     }
     // Each reply on its own: one key holding another type (an outside `HSET` of a lock key)
     // must not fail the read of every other lease's key.
@@ -154,34 +198,18 @@ async fn confirm(
         pipe.ignore_errors().query_async(conn).await.map_err(|e| {
             tracing::debug!(backend = BACKEND, error = %e, "holder monitor read failed");
         })?;
-    let mut values = Vec::with_capacity(replies.len());
-    for reply in replies {
-        values.push(match reply {
-            Ok(value) => value,
+    replies
+        .into_iter()
+        .map(|reply| match reply {
+            Ok(value) => Ok(value),
             // Not a string, so not ours: judged as a foreign value.
-            Err(e) if e.code() == Some("WRONGTYPE") => Some(Vec::new()),
+            Err(e) if e.code() == Some("WRONGTYPE") => Ok(Some(Vec::new())),
             Err(e) => {
                 tracing::debug!(backend = BACKEND, error = %e, "holder monitor read refused");
-                return Err(());
+                Err(())
             }
-        });
-    }
-    let Some(strong) = inner.upgrade() else {
-        return Ok(());
-    };
-    let index: std::collections::HashMap<&str, usize> =
-        keys.iter().enumerate().map(|(i, (k, _))| (*k, i)).collect();
-    for lease in &snapshot {
-        let Some(&i) = index.get(lease.keys.lock()) else {
-            continue;
-        };
-        strong.judge(
-            lease,
-            values[2 * i].as_deref(),
-            values[2 * i + 1].as_deref(),
-        );
-    }
-    Ok(())
+        })
+        .collect()
 }
 
 /// The lock keys named by an `invalidate` push, or `None` for "every key" (a flush).
