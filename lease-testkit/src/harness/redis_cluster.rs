@@ -371,19 +371,12 @@ impl RedisCluster {
     /// count as settled on the old primary and the failover then complete during the next case,
     /// which found the primary changed under it.
     async fn sentinel_settled(&self, s: u16, primary: usize) -> Result<bool, String> {
-        let master: Vec<String> = query(s, &["SENTINEL", "MASTER", PRIMARY_NAME])
-            .await
-            .map_err(|e| e.0)?;
-        let field = |name: &str| {
-            master
-                .chunks(2)
-                .find(|kv| kv.len() == 2 && kv[0] == name)
-                .map(|kv| kv[1].clone())
-        };
+        let master = sentinel_master(s).await?;
+        let field = |name: &str| master.get(name).map(String::as_str);
         let flags = field("flags").unwrap_or_default();
-        Ok(field("port") == Some(self.ports[primary].to_string())
-            && field("num-slaves") == Some((MEMBERS - 1).to_string())
-            && field("num-other-sentinels") == Some((SENTINELS - 1).to_string())
+        Ok(field("port") == Some(&self.ports[primary].to_string())
+            && field("num-slaves") == Some(&(MEMBERS - 1).to_string())
+            && field("num-other-sentinels") == Some(&(SENTINELS - 1).to_string())
             && !flags.contains("down")
             && !flags.contains("failover_in_progress"))
     }
@@ -426,22 +419,14 @@ impl RedisCluster {
     async fn sentinels_agree(&self) -> Result<Option<()>, String> {
         let mut named = None;
         for &s in &self.sentinel_ports {
-            let master: Vec<String> = query(s, &["SENTINEL", "MASTER", PRIMARY_NAME])
-                .await
-                .map_err(|e| e.0)?;
-            let field = |name: &str| {
-                master
-                    .chunks(2)
-                    .find(|kv| kv.len() == 2 && kv[0] == name)
-                    .map(|kv| kv[1].clone())
-            };
-            if field("flags")
-                .unwrap_or_default()
-                .contains("failover_in_progress")
+            let mut master = sentinel_master(s).await?;
+            if master
+                .get("flags")
+                .is_some_and(|f| f.contains("failover_in_progress"))
             {
                 return Ok(None);
             }
-            let port = field("port");
+            let port = master.remove("port");
             if named.is_some() && named != port {
                 return Ok(None);
             }
@@ -791,26 +776,48 @@ impl ClusterControl for RedisCluster {
 /// What Sentinel `s` says of the primary (for a failure message): its port, flags and the
 /// replicas and other Sentinels it counts.
 async fn sentinel_master_view(s: u16) -> String {
-    let master: Vec<String> = match query(s, &["SENTINEL", "MASTER", PRIMARY_NAME]).await {
-        Ok(m) => m,
-        Err(e) => return format!("Sentinel {s}: SENTINEL MASTER failed: {}", e.0),
-    };
-    let shown: Vec<String> = master
-        .chunks(2)
-        .filter(|kv| {
-            kv.len() == 2
-                && [
+    match sentinel_master(s).await {
+        Ok(master) => format!(
+            "Sentinel {s}: {}",
+            shown(
+                &master,
+                &[
                     "port",
                     "flags",
                     "num-slaves",
                     "num-other-sentinels",
                     "failover-state",
                 ]
-                .contains(&kv[0].as_str())
-        })
-        .map(|kv| format!("{}={}", kv[0], kv[1]))
-        .collect();
-    format!("Sentinel {s}: {}", shown.join(" "))
+            )
+        ),
+        Err(e) => format!("Sentinel {s}: SENTINEL MASTER failed: {e}"),
+    }
+}
+
+/// What Sentinel `s` says of the primary, field by field (`SENTINEL MASTER`).
+async fn sentinel_master(s: u16) -> Result<HashMap<String, String>, String> {
+    let reply: Vec<String> = query(s, &["SENTINEL", "MASTER", PRIMARY_NAME])
+        .await
+        .map_err(|e| e.0)?;
+    Ok(fields(&reply))
+}
+
+/// The fields of a Sentinel reply (`SENTINEL MASTER`, or one replica of `SENTINEL REPLICAS`),
+/// which alternates names and values.
+fn fields(reply: &[String]) -> HashMap<String, String> {
+    reply
+        .chunks_exact(2)
+        .map(|kv| (kv[0].clone(), kv[1].clone()))
+        .collect()
+}
+
+/// `name=value` for each of `names` that `fields` has, in the order of `names`.
+fn shown(fields: &HashMap<String, String>, names: &[&str]) -> String {
+    names
+        .iter()
+        .filter_map(|&n| fields.get(n).map(|v| format!("{n}={v}")))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// What Sentinel `s` reports of the replica on `port` (for a failure message): the fields that
@@ -820,20 +827,14 @@ async fn sentinel_view(s: u16, port: &str) -> String {
         Ok(r) => r,
         Err(e) => return format!("SENTINEL REPLICAS failed: {}", e.0),
     };
-    let fields = |r: &Vec<String>| -> Vec<(String, String)> {
-        r.chunks(2)
-            .filter(|kv| kv.len() == 2)
-            .map(|kv| (kv[0].clone(), kv[1].clone()))
-            .collect()
-    };
-    let all: Vec<Vec<(String, String)>> = replicas.iter().map(fields).collect();
+    let all: Vec<HashMap<String, String>> = replicas.iter().map(|r| fields(r)).collect();
     let Some(entry) = all
         .iter()
-        .find(|f| f.iter().any(|(k, v)| k == "port" && v == port))
+        .find(|f| f.get("port").map(String::as_str) == Some(port))
     else {
         let known: Vec<&str> = all
             .iter()
-            .filter_map(|f| f.iter().find(|(k, _)| k == "port").map(|(_, v)| v.as_str()))
+            .filter_map(|f| f.get("port").map(String::as_str))
             .collect();
         return format!("Sentinel {s} does not list port {port} among its replicas {known:?}");
     };
@@ -847,12 +848,10 @@ async fn sentinel_view(s: u16, port: &str) -> String {
         "master-port",
         "master-link-status",
     ];
-    let shown: Vec<String> = entry
-        .iter()
-        .filter(|(k, _)| SHOWN.contains(&k.as_str()))
-        .map(|(k, v)| format!("{k}={v}"))
-        .collect();
-    format!("Sentinel {s} reports port {port} as {}", shown.join(" "))
+    format!(
+        "Sentinel {s} reports port {port} as {}",
+        shown(entry, &SHOWN)
+    )
 }
 
 impl Drop for RedisCluster {
