@@ -173,7 +173,7 @@ impl Cuts {
 }
 
 /// The cut members at one instant ([`Cuts::set`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub(crate) struct Marks(Vec<bool>);
 
 impl Marks {

@@ -179,14 +179,12 @@ impl NetLab {
     /// Cuts member `i` from every other member, both directions; its clients still reach it.
     /// In place when this returns.
     pub fn isolate(&self, i: usize) -> Result<(), HarnessError> {
-        self.cut
-            .set(i, true, |before, after| self.apply(before, after))
+        self.cut.set(i, true, |_, after| self.apply(after))
     }
 
     /// Undoes [`Self::isolate`] for member `i` (routes another member's cut still needs stay).
     pub fn heal(&self, i: usize) -> Result<(), HarnessError> {
-        self.cut
-            .set(i, false, |before, after| self.apply(before, after))
+        self.cut.set(i, false, |_, after| self.apply(after))
     }
 
     /// Whether member `i` is cut from its peers.
@@ -194,24 +192,29 @@ impl NetLab {
         self.cut.is_cut(i)
     }
 
-    /// Adds and removes blackhole routes so that the pair (a, b) is cut iff `a` or `b` is cut.
-    fn apply(&self, before: &Marks, after: &Marks) -> Result<(), HarnessError> {
+    /// Adds and removes blackhole routes so that the pair (a, b) is cut iff `a` or `b` is cut
+    /// in `marks`. Each namespace's routes are read first and compared with `marks`, not with
+    /// the marks before: a change that failed part-way (one `ip` command refused) is completed
+    /// by the next one, instead of leaving a route that no mark accounts for.
+    fn apply(&self, marks: &Marks) -> Result<(), HarnessError> {
         for a in 0..self.slots.len() {
+            let ns = self.slots[a].namespace.as_str();
+            let routes = ip_output(&["-n", ns, "route", "show", "type", "blackhole"])?;
+            let present: Vec<&str> = routes
+                .lines()
+                .filter_map(|l| l.split_whitespace().nth(1))
+                .map(|dst| dst.trim_end_matches("/32"))
+                .collect();
             for b in 0..self.slots.len() {
                 if a == b {
                     continue;
                 }
-                let was = before.severs(a, b);
-                let is = after.severs(a, b);
-                if was == is {
-                    continue;
-                }
-                let target = format!("{}/32", self.slots[b].member_ip);
-                let ns = self.slots[a].namespace.as_str();
-                if is {
-                    ip(&["-n", ns, "route", "replace", "blackhole", &target])?;
-                } else {
-                    ip(&["-n", ns, "route", "del", "blackhole", &target])?;
+                let ip_b = self.slots[b].member_ip.to_string();
+                let target = format!("{ip_b}/32");
+                match (marks.severs(a, b), present.contains(&ip_b.as_str())) {
+                    (true, false) => ip(&["-n", ns, "route", "replace", "blackhole", &target])?,
+                    (false, true) => ip(&["-n", ns, "route", "del", "blackhole", &target])?,
+                    _ => {}
                 }
             }
         }
@@ -247,13 +250,18 @@ fn other(message: String) -> std::io::Error {
 
 /// Runs `ip args…`; an error names the command and its stderr.
 fn ip(args: &[&str]) -> Result<(), HarnessError> {
+    ip_output(args).map(drop)
+}
+
+/// Runs `ip args…` and returns what it printed; an error names the command and its stderr.
+fn ip_output(args: &[&str]) -> Result<String, HarnessError> {
     let out = Command::new("ip")
         .args(args)
         .stdin(Stdio::null())
         .output()
         .map_err(|e| HarnessError::io(format!("run ip {}", args.join(" ")), e))?;
     if out.status.success() {
-        Ok(())
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     } else {
         Err(HarnessError::io(
             format!("ip {}", args.join(" ")),
@@ -341,4 +349,65 @@ fn remove_listed<'a>(lines: impl Iterator<Item = &'a str>, marker: &Path) {
         }
     }
     let _ = fs::remove_file(marker);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::harness::server_unavailable;
+
+    /// The members member `a`'s namespace has a blackhole route to, in order.
+    fn routed(lab: &NetLab, a: usize) -> Vec<usize> {
+        let routes =
+            ip_output(&["-n", lab.namespace(a), "route", "show", "type", "blackhole"]).unwrap();
+        let mut to: Vec<usize> = routes
+            .lines()
+            .filter_map(|l| l.split_whitespace().nth(1))
+            .map(|dst| {
+                let dst = dst.trim_end_matches("/32");
+                (0..lab.len())
+                    .find(|&b| lab.member_ip(b).to_string() == dst)
+                    .unwrap_or_else(|| panic!("a blackhole route to {dst}, not a member"))
+            })
+            .collect();
+        to.sort_unstable();
+        to
+    }
+
+    #[test]
+    fn a_change_completes_what_an_earlier_one_left_half_done() {
+        if let Err(reason) = NetLab::availability() {
+            server_unavailable("netns", reason)
+                .unwrap_or_else(|e| panic!("{e}"))
+                .report();
+            return;
+        }
+        let lab = NetLab::create("lab", 3).unwrap();
+        lab.isolate(1).unwrap();
+        assert_eq!(
+            [routed(&lab, 0), routed(&lab, 1), routed(&lab, 2)],
+            [vec![1], vec![0, 2], vec![1]]
+        );
+        lab.heal(1).unwrap();
+        assert!((0..3).all(|a| routed(&lab, a).is_empty()));
+        // A heal whose `ip route del` failed in one namespace leaves a route that no mark
+        // accounts for; the next change, of another member, removes it.
+        let stray = format!("{}/32", lab.member_ip(1));
+        ip(&[
+            "-n",
+            lab.namespace(0),
+            "route",
+            "replace",
+            "blackhole",
+            &stray,
+        ])
+        .unwrap();
+        lab.isolate(2).unwrap();
+        assert_eq!(
+            [routed(&lab, 0), routed(&lab, 1), routed(&lab, 2)],
+            [vec![2], vec![2], vec![0, 1]]
+        );
+        lab.heal(2).unwrap();
+        assert!((0..3).all(|a| routed(&lab, a).is_empty()));
+    }
 }
