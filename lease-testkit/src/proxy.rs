@@ -592,14 +592,33 @@ async fn pump(
     let writer = async move {
         while let Some((due, chunk)) = rx.recv().await {
             tokio::time::sleep_until(due).await;
-            forwarding(&mut write_ctl, pumped.serial).await?;
-            cut(&write_ctl)?;
-            if pumped.discards(&write_ctl.borrow()) {
-                continue;
-            }
-            to.write_all(&chunk).await?;
-            if let Some(c) = &counter {
-                c.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+            // Written piece by piece, the control checked before each and watched while a piece
+            // waits for room (a reader that does not read): a blackhole, stall, cut or loss of
+            // replies set meanwhile stops the rest of the chunk where it is, as it stops the
+            // chunks after it. Held bytes go on after `heal`.
+            let mut rest = &chunk[..];
+            while !rest.is_empty() {
+                forwarding(&mut write_ctl, pumped.serial).await?;
+                cut(&write_ctl)?;
+                if pumped.discards(&write_ctl.borrow()) {
+                    break;
+                }
+                tokio::select! {
+                    biased;
+                    changed = write_ctl.changed() => changed.map_err(|_| {
+                        io::Error::new(io::ErrorKind::ConnectionAborted, "fault proxy stopped")
+                    })?,
+                    written = to.write(rest) => {
+                        let n = written?;
+                        if n == 0 {
+                            return Err(io::ErrorKind::WriteZero.into());
+                        }
+                        rest = &rest[n..];
+                        if let Some(c) = &counter {
+                            c.fetch_add(n as u64, Ordering::Relaxed);
+                        }
+                    }
+                }
             }
         }
         forwarding(&mut write_ctl, pumped.serial).await?;
@@ -688,6 +707,70 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(&held, b"new");
+    }
+
+    /// A blackhole set while a chunk waits for room at a reader that does not read stops the
+    /// rest of that chunk too: the reader then gets what the proxy had written when
+    /// `blackhole` returned, nothing more until `heal`, then the rest, in order.
+    #[tokio::test]
+    async fn blackhole_stops_a_chunk_half_written() {
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await.unwrap();
+        let proxy = FaultProxy::start(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let mut client = TcpStream::connect(proxy.addr()).await.unwrap();
+        let (mut server, _) = listener.accept().await.unwrap();
+        // More than the socket buffers and the proxy's queue hold.
+        const TOTAL: usize = 32 << 20;
+        let data: Vec<u8> = (0..TOTAL).map(|i| (i % 251) as u8).collect();
+        let sent = data.clone();
+        let writer = tokio::spawn(async move { client.write_all(&sent).await.map(|()| client) });
+        // The server reads nothing yet: the proxy's write waits for room once it has written
+        // nothing more for a while with bytes still to read. (Were it not waiting, the test
+        // would only prove less, never fail: this runtime has one thread, so nothing of the
+        // proxy's runs between `blackhole` and `request_bytes` below.)
+        timeout(LONG, async {
+            let mut last = u64::MAX;
+            loop {
+                let now = proxy.request_bytes();
+                if now == last && proxy.held_request_bytes().unwrap() > 0 {
+                    break;
+                }
+                last = now;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await
+        .expect("the proxy never stopped writing");
+        proxy.blackhole();
+        let forwarded = proxy.request_bytes() as usize;
+        assert!(forwarded > 0 && forwarded < TOTAL, "{forwarded}");
+        let mut got = vec![0u8; forwarded];
+        timeout(LONG, server.read_exact(&mut got))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(
+            got == data[..forwarded],
+            "the bytes before the blackhole, in order"
+        );
+        let mut more = [0u8; 1];
+        let late = timeout(SHORT, server.read(&mut more)).await;
+        assert!(
+            late.is_err(),
+            "bytes crossed the blackhole: {late:?} after the {forwarded} forwarded before it"
+        );
+        proxy.heal();
+        let mut rest = vec![0u8; TOTAL - forwarded];
+        timeout(LONG, server.read_exact(&mut rest))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(
+            rest == data[forwarded..],
+            "the held bytes after heal, in order"
+        );
+        timeout(LONG, writer).await.unwrap().unwrap().unwrap();
     }
 
     /// A server that echoes one byte on its one connection, then, when told, closes it (with
