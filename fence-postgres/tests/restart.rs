@@ -224,3 +224,94 @@ async fn the_same_fence_survives_a_server_crash_and_restart() {
     assert!(status.size <= 4, "{status:?}");
     drop(pg);
 }
+
+/// A paused server (the postmaster and every backend it forked frozen) answers nothing, on a
+/// connection opened before the pause either, and answers again once resumed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_server_answers_nothing_until_resumed() {
+    let Some(pg) = start_or_skip_async(
+        "a_paused_server_answers_nothing_until_resumed",
+        Backend::Postgres,
+        PostgresServer::start,
+    )
+    .await
+    else {
+        return;
+    };
+    let fence = PgFence::connect(&format!(
+        "{}?pool_size=1&timeout_ms=2000",
+        pg.connection_url()
+    ))
+    .await
+    .unwrap();
+    let resource = ResourceId::new("paused").unwrap();
+    // The pool's one connection, and its backend, exist before the pause.
+    fence
+        .write(&resource, t(1), Bytes::from_static(b"1"))
+        .await
+        .unwrap();
+    tokio::task::block_in_place(|| pg.pause()).unwrap();
+    let frozen = fence.write(&resource, t(2), Bytes::from_static(b"2")).await;
+    assert!(
+        matches!(
+            frozen,
+            Err(Error::Unavailable { .. } | Error::OutcomeUnknown { .. })
+        ),
+        "a write to a paused server: {frozen:?}"
+    );
+    tokio::task::block_in_place(|| pg.resume()).unwrap();
+    // The write sent to the frozen backend may have committed once it thawed: its session
+    // could not be ended while the server was paused. (A fence with a longer timeout: the
+    // thawed server has backlog to work through on a loaded machine.)
+    let fence = PgFence::connect(&format!("{}?timeout_ms=10000", pg.connection_url()))
+        .await
+        .unwrap();
+    let after = fence
+        .write(&resource, t(3), Bytes::from_static(b"3"))
+        .await
+        .unwrap();
+    assert!(
+        after.previous == Some(t(1)) || after.previous == Some(t(2)),
+        "{after:?}"
+    );
+}
+
+/// A paused server stopped (or dropped) leaves none of its backends stopped behind it: they
+/// are thawed, see the postmaster gone and end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_server_stopped_leaves_no_backend_frozen() {
+    use conformance_tests::process::{children, task_states};
+    let Some(mut pg) = start_or_skip_async(
+        "a_paused_server_stopped_leaves_no_backend_frozen",
+        Backend::Postgres,
+        PostgresServer::start,
+    )
+    .await
+    else {
+        return;
+    };
+    let fence = PgFence::connect(&pg.connection_url()).await.unwrap();
+    fence
+        .write(&ResourceId::new("frozen").unwrap(), t(1), Bytes::new())
+        .await
+        .unwrap();
+    let forked = children(pg.pid().unwrap());
+    assert!(!forked.is_empty(), "a postmaster with no backend");
+    tokio::task::block_in_place(|| pg.pause()).unwrap();
+    // No client left for the postmaster's shutdown to wait for, once it runs again.
+    drop(fence);
+    tokio::task::block_in_place(|| pg.stop()).unwrap();
+    let stopped = |p: &u32| task_states(*p).is_ok_and(|s| s.iter().any(|&(_, st)| st == 'T'));
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while forked.iter().any(stopped) {
+        if std::time::Instant::now() >= deadline {
+            let frozen: Vec<u32> = forked.iter().copied().filter(stopped).collect();
+            // Nobody else would ever end them.
+            for &p in &frozen {
+                let _ = conformance_tests::process::kill(p);
+            }
+            panic!("backends still stopped 10 s after the stop: {frozen:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

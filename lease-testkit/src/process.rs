@@ -1,4 +1,6 @@
-//! Signals to a single process, addressed by PID.
+//! Signals to a single process, addressed by PID (or to it and the processes it forked:
+//! [`pause_tree`], [`resume_tree`]), and the machine's monotonic clock as a value it can share
+//! with the processes it starts ([`monotonic_now`]).
 //!
 //! These helpers are the fault injectors for "the server froze" (`pause`), "the server thawed"
 //! (`resume`), "the server crashed" (`kill`) and "the server was asked to shut down"
@@ -83,6 +85,26 @@ pub enum SignalError {
     },
 }
 
+/// This machine's monotonic clock (`CLOCK_MONOTONIC`, the clock [`Instant`] reads on Linux)
+/// as a plain value, which every process of the machine reads alike: a harness hands it to a
+/// process it starts, so that both count from the same instant. Never compare it across
+/// machines (or time namespaces).
+pub fn monotonic_now() -> Duration {
+    let ts = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
+        .expect("CLOCK_MONOTONIC is always readable");
+    Duration::new(ts.tv_sec().unsigned_abs(), ts.tv_nsec() as u32)
+}
+
+/// The [`Instant`] at which [`monotonic_now`] read `at` (in this process's terms; at or just
+/// after it), or `None` when `at` is later than now or too far back for an `Instant`.
+pub fn instant_at(at: Duration) -> Option<Instant> {
+    // The monotonic clock first: the `Instant` read after it can only make the answer later
+    // than `at`, never earlier (an instant counted from it then reads earlier, not later).
+    let mono = monotonic_now();
+    let now = Instant::now();
+    now.checked_sub(mono.checked_sub(at)?)
+}
+
 /// Sends `signal` to the single process `pid`.
 ///
 /// Refuses PID 0 and PIDs above `i32::MAX` (they would address process groups) with
@@ -165,20 +187,90 @@ fn settle(
 /// [`SignalError::NotStopped`] when that state is not reached within [`SETTLE_TIMEOUT`] (for
 /// example a process that exited: a zombie has no thread to stop).
 pub fn pause(pid: u32) -> Result<(), SignalError> {
-    send(pid, Signal::SIGSTOP)?;
+    freeze(pid, false)
+}
+
+/// `SIGSTOP` to `pid`, then waits until no thread of it runs: every one stopped or dead, and
+/// (unless `exited_counts`) at least one stopped. With `exited_counts` a process that is gone,
+/// or whose every thread is dead, counts as frozen.
+fn freeze(pid: u32, exited_counts: bool) -> Result<(), SignalError> {
+    match send(pid, Signal::SIGSTOP) {
+        Err(SignalError::NoSuchProcess { .. }) if exited_counts => {}
+        sent => sent?,
+    }
     settle(pid, |states| match states {
         Ok(s) => {
-            s.iter().any(|&(_, st)| st == 'T' || st == 't')
+            (exited_counts || s.iter().any(|&(_, st)| st == 'T' || st == 't'))
                 && s.iter()
                     .all(|&(_, st)| matches!(st, 'T' | 't' | 'Z' | 'X' | 'x'))
         }
-        Err(_) => false,
+        Err(_) => exited_counts && !exists(pid),
     })
     .map_err(|threads| SignalError::NotStopped {
         pid,
         waited: SETTLE_TIMEOUT,
         threads,
     })
+}
+
+/// Freezes process `pid` as [`pause`] does, then each of its children (a server that forks a
+/// process per connection, as PostgreSQL does, is frozen whole): the parent first, so that it
+/// forks no new child meanwhile. A child that exits first (gone, or a zombie: its stopped parent
+/// does not reap it) counts as frozen.
+pub fn pause_tree(pid: u32) -> Result<(), SignalError> {
+    pause(pid)?;
+    for child in children(pid) {
+        freeze(child, true)?;
+    }
+    Ok(())
+}
+
+/// Thaws what [`pause_tree`] froze: the children of `pid`, then `pid`, as [`resume`] does. Every
+/// one is thawed even when another fails; the first failure is returned.
+pub fn resume_tree(pid: u32) -> Result<(), SignalError> {
+    let mut first = None;
+    for child in children(pid) {
+        match resume(child) {
+            // Exited since it was listed (a running server's child).
+            Ok(()) | Err(SignalError::NoSuchProcess { .. }) => {}
+            Err(e) => {
+                first.get_or_insert(e);
+            }
+        }
+    }
+    if let Err(e) = resume(pid) {
+        first.get_or_insert(e);
+    }
+    first.map_or(Ok(()), Err)
+}
+
+/// Sends `SIGCONT` to each of `pids`, without waiting for it to take effect: processes a
+/// [`pause_tree`] froze whose parent is killed or stopped go on (and see their parent gone).
+pub fn thaw(pids: &[u32]) {
+    for &p in pids {
+        let _ = send(p, Signal::SIGCONT);
+    }
+}
+
+/// The processes whose parent is `pid` now (from `/proc/<p>/stat`); empty when `/proc` cannot
+/// be read.
+pub fn children(pid: u32) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/stat"))
+                .ok()
+                .and_then(|stat| {
+                    // `pid (comm) state ppid ...`; comm may hold spaces and parentheses.
+                    let rest = &stat[stat.rfind(')')? + 1..];
+                    rest.split_whitespace().nth(1)?.parse::<u32>().ok()
+                })
+                == Some(pid)
+        })
+        .collect()
 }
 
 /// Thaws a process frozen by [`pause`] with `SIGCONT` and returns once no thread of it shows
@@ -231,6 +323,18 @@ pub fn exists(pid: u32) -> bool {
 mod tests {
     use super::*;
     use std::process::{Command, Stdio};
+
+    #[test]
+    fn the_monotonic_clock_is_the_one_instants_read() {
+        let before = Instant::now();
+        let read = monotonic_now();
+        let after = Instant::now();
+        let at = instant_at(read).expect("an instant just past");
+        // At or after the read (the two reads inside `instant_at` are not simultaneous, and the
+        // thread may be preempted between them): slack after.
+        assert!(at >= before && at <= after + Duration::from_millis(100));
+        assert!(instant_at(monotonic_now() + Duration::from_secs(1)).is_none());
+    }
 
     #[test]
     fn refuses_group_addressing_pids() {

@@ -465,7 +465,8 @@ macro_rules! managed_server {
                 self.inner.restart()
             }
 
-            /// Freezes the server with `SIGSTOP`: connections stay open, nothing is answered.
+            /// Freezes the server with `SIGSTOP`, with every process it forked (PostgreSQL's
+            /// backends): connections stay open, nothing is answered.
             pub fn pause(&self) -> Result<(), $crate::harness::HarnessError> {
                 self.inner.pause()
             }

@@ -144,26 +144,6 @@ hostssl all all 127.0.0.1/32 cert
 hostssl all all ::1/128      cert
 ";
 
-/// The PIDs whose parent is `pid` (from `/proc/<pid>/stat`).
-fn children(pid: u32) -> Vec<u32> {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    entries
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|p| {
-            std::fs::read_to_string(format!("/proc/{p}/stat"))
-                .ok()
-                .and_then(|stat| {
-                    // `pid (comm) state ppid ...`; comm may hold spaces and parentheses.
-                    let rest = &stat[stat.rfind(')')? + 1..];
-                    rest.split_whitespace().nth(1)?.parse::<u32>().ok()
-                })
-                == Some(pid)
-        })
-        .collect()
-}
-
 struct PostgresLauncher {
     bin: PathBuf,
     ids: Option<(u32, u32)>,
@@ -340,8 +320,9 @@ impl PostgresServer {
         let Some(pid) = self.pid() else {
             return Ok(());
         };
-        self.pause()?;
-        for child in children(pid) {
+        // The postmaster alone (it forks no more); its backends are killed, stopped or not.
+        crate::process::pause(pid)?;
+        for child in crate::process::children(pid) {
             let _ = crate::process::kill(child);
         }
         self.kill()

@@ -181,11 +181,15 @@ impl ServerProcess {
         }
     }
 
-    /// `SIGKILL` and reap. Idempotent: `Ok` when nothing runs.
+    /// `SIGKILL` and reap (what it forked is left to end by itself, thawed if paused).
+    /// Idempotent: `Ok` when nothing runs.
     pub(crate) fn kill(&mut self) -> Result<(), HarnessError> {
         let Some(mut child) = self.child.take() else {
             return Ok(());
         };
+        // A paused server's forked processes are thawed first, while they are still its
+        // children (their PIDs cannot be reused meanwhile: a stopped parent does not reap).
+        process::thaw(&process::children(child.id()));
         // The child may have exited on its own (then it is a zombie and SIGKILL is harmless).
         match process::kill(child.id()) {
             Ok(()) | Err(process::SignalError::NoSuchProcess { .. }) => {}
@@ -200,14 +204,17 @@ impl ServerProcess {
         Ok(())
     }
 
-    /// `SIGTERM` (plus `SIGCONT` in case it is paused), wait up to [`STOP_TIMEOUT`], then
-    /// `SIGKILL`. Returns the exit status, `None` if nothing ran. The data directory is kept.
+    /// `SIGTERM` (plus `SIGCONT`, to it and what it forked, in case it is paused), wait up to
+    /// [`STOP_TIMEOUT`], then `SIGKILL`. Returns the exit status, `None` if nothing ran. The data
+    /// directory is kept.
     pub(crate) fn stop(&mut self) -> Result<Option<ExitStatus>, HarnessError> {
         let Some(mut child) = self.child.take() else {
             return Ok(None);
         };
         let pid = child.id();
         let _ = process::terminate(pid);
+        // Paused ([`Self::pause`]): the processes it forked must go on to end.
+        process::thaw(&process::children(pid));
         let _ = process::resume(pid);
         match wait_timeout(&mut child, STOP_TIMEOUT) {
             Ok(Some(status)) => Ok(Some(status)),
@@ -246,20 +253,20 @@ impl ServerProcess {
         Err(last_err.expect("at least one attempt"))
     }
 
-    /// `SIGSTOP` the running child.
+    /// `SIGSTOP` the running child and the processes it forked ([`process::pause_tree`]).
     pub(crate) fn pause(&self) -> Result<(), HarnessError> {
         let pid = self.pid().ok_or(HarnessError::NotRunning {
             server: self.name(),
         })?;
-        Ok(process::pause(pid)?)
+        Ok(process::pause_tree(pid)?)
     }
 
-    /// `SIGCONT` the running child.
+    /// `SIGCONT` what [`Self::pause`] froze.
     pub(crate) fn resume(&self) -> Result<(), HarnessError> {
         let pid = self.pid().ok_or(HarnessError::NotRunning {
             server: self.name(),
         })?;
-        Ok(process::resume(pid)?)
+        Ok(process::resume_tree(pid)?)
     }
 
     /// One start on `self.ports`: spawn, then probe until ready, exit or timeout.
@@ -346,6 +353,7 @@ impl ServerProcess {
 impl Drop for ServerProcess {
     fn drop(&mut self) {
         if let Some(mut child) = self.child.take() {
+            process::thaw(&process::children(child.id()));
             let _ = process::kill(child.id());
             let _ = child.wait();
         }
