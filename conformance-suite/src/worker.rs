@@ -19,12 +19,18 @@
 //!
 //! ```text
 //! <worker> --coordinator URL --fence ADDR --key KEY --ttl-ms N
-//!          [--wait-ms N] [--writes N] [--interval-ms N]
+//!          [--wait-ms N] [--writes N] [--interval-ms N] [--clock-zero-ns N]
 //! ```
+//!
+//! `--clock-zero-ns` is the instant the worker's reported instants count from, on the machine's
+//! monotonic clock ([`lease_testkit::process::monotonic_now`], which every process of the
+//! machine reads alike): the harness passes its feed's
+//! [`clock_zero`](crate::history::wire::WorkerFeed::clock_zero), taken before the spawn.
+//! Without it the worker counts from its own start.
 //!
 //! Output lines: `WAITING` (the key was held at the first try; the worker now waits for it),
 //! `ACQUIRED <token> <valid-ms> <at-ms>` (the validity the lease had left at `at-ms`, counted
-//! from the worker's start, both rounded down; for a lease already run out, `at-ms` is its end
+//! from the clock zero, both rounded down; for a lease already run out, `at-ms` is its end
 //! and `valid-ms` 0; the history's [`WorkerFeed`](crate::history::wire::WorkerFeed) reads
 //! them), `WRITE <i> OK`,
 //! `WRITE <i> STALE <current>`, `WRITE <i> ERR <message>`, `RELEASING <at-ms>` (about to
@@ -53,6 +59,7 @@ struct Args {
     wait_ms: u64,
     writes: u64,
     interval_ms: u64,
+    clock_zero: Option<Duration>,
 }
 
 fn parse(args: impl IntoIterator<Item = String>) -> Result<Args, String> {
@@ -77,6 +84,7 @@ fn parse(args: impl IntoIterator<Item = String>) -> Result<Args, String> {
             "--wait-ms" => a.wait_ms = num()?,
             "--writes" => a.writes = num()?,
             "--interval-ms" => a.interval_ms = num()?,
+            "--clock-zero-ns" => a.clock_zero = Some(Duration::from_nanos(num()?)),
             _ => return Err(format!("unknown flag {flag:?}")),
         }
     }
@@ -90,8 +98,8 @@ fn parse(args: impl IntoIterator<Item = String>) -> Result<Args, String> {
 /// (which must know the scheme of the `--coordinator` URL the subject hands out), and returns
 /// the exit code for `main` to return.
 pub fn main_with(registry: Registry) -> ExitCode {
-    // The worker's own clock: the instants it reports are counted from here.
-    let started = std::time::Instant::now();
+    // The instants it reports are counted from here, or from the clock zero it is given.
+    let mut started = std::time::Instant::now();
     let args = match parse(std::env::args().skip(1)) {
         Ok(a) => a,
         Err(e) => {
@@ -99,6 +107,17 @@ pub fn main_with(registry: Registry) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Some(zero) = args.clock_zero {
+        match lease_testkit::process::instant_at(zero) {
+            Some(at) => started = at,
+            None => {
+                say(format!(
+                    "ERROR --clock-zero-ns {zero:?} is not a past instant here"
+                ));
+                return ExitCode::from(2);
+            }
+        }
+    }
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -199,12 +218,20 @@ mod tests {
             (a.coordinator.as_str(), a.ttl_ms, a.wait_ms, a.writes),
             ("memory://", 500, 30_000, 100)
         );
+        assert_eq!(a.clock_zero, None);
+        let a = parse(args(
+            "--coordinator memory:// --fence 127.0.0.1:1 --key k --ttl-ms 500 \
+             --clock-zero-ns 1500000000",
+        ))
+        .unwrap();
+        assert_eq!(a.clock_zero, Some(std::time::Duration::from_millis(1500)));
     }
 
     #[test]
     fn refuses_missing_or_malformed_flags() {
         assert!(parse(args("--coordinator memory://")).is_err());
         assert!(parse(args("--ttl-ms x")).is_err());
+        assert!(parse(args("--clock-zero-ns -1")).is_err());
         assert!(parse(args("--bogus 1")).is_err());
     }
 }

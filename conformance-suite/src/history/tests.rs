@@ -625,7 +625,8 @@ fn worker_feed_timestamps_lines_from_the_floor_to_receipt() {
 fn a_workers_instants_are_counted_from_the_feeds_floor() {
     let h = History::new(None);
     let mut feed = WorkerFeed::new(h.recorder("pid 1"), "k");
-    std::thread::sleep(Duration::from_millis(2));
+    // Past every instant the lines below name: an instant after its line is refused.
+    std::thread::sleep(Duration::from_millis(100));
     feed.permit();
     let ms = Duration::from_millis;
     // Printed 40 ms after the worker started, with 250 ms of validity left.
@@ -706,12 +707,26 @@ fn a_workers_instants_are_counted_from_the_feeds_floor() {
     assert_eq!(h.len(), 8, "nothing recorded from a malformed line");
 }
 
+/// A worker whose instants lie after the lines naming them does not count from the feed's
+/// creation on the harness's clock: its lines are refused, nothing is recorded.
+#[test]
+fn a_worker_instant_after_its_line_is_refused() {
+    let h = History::new(None);
+    let mut feed = WorkerFeed::new(h.recorder("pid 4"), "k");
+    let err = feed.feed_legacy("ACQUIRED 5 100 60000").unwrap_err();
+    assert!(err.contains("not the harness's"), "{err}");
+    assert!(feed.feed_legacy("ACQUIRED 5 100 0").unwrap());
+    assert!(feed.feed_legacy("RELEASING 60000").is_err());
+    assert_eq!(h.len(), 1);
+}
+
 /// A worker that said it was releasing and then ended without saying how it went: its release
 /// may have applied, and is recorded as never completed.
 #[test]
 fn a_release_a_worker_never_reported_is_recorded_as_never_completed() {
     let h = History::new(None);
     let mut feed = WorkerFeed::new(h.recorder("pid 2"), "k");
+    std::thread::sleep(Duration::from_millis(30));
     assert!(feed.feed_legacy("ACQUIRED 5 100 10").unwrap());
     feed.feed_legacy("RELEASING 30").unwrap();
     feed.end();
@@ -732,7 +747,7 @@ fn a_release_a_worker_never_reported_is_recorded_as_never_completed() {
     ));
     // Nothing started, nothing recorded.
     let mut feed = WorkerFeed::new(h.recorder("pid 3"), "k");
-    feed.feed_legacy("ACQUIRED 6 100 10").unwrap();
+    feed.feed_legacy("ACQUIRED 6 100 0").unwrap();
     feed.end();
     assert_eq!(h.len(), 3);
 }

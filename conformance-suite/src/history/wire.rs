@@ -272,8 +272,11 @@ pub fn decode(line: &str) -> Result<Option<OpKind>, String> {
 #[derive(Debug, Clone)]
 pub struct WorkerFeed {
     recorder: Recorder,
-    /// The feed's creation: before the worker's start, which its reported instants count from.
+    /// The feed's creation, which the worker's reported instants count from.
     spawned: Duration,
+    /// The same instant on the machine's monotonic clock, for the worker
+    /// ([`WorkerFeed::clock_zero`]).
+    clock_zero: Duration,
     floor: Duration,
     key: String,
     token: Option<u64>,
@@ -287,14 +290,24 @@ impl WorkerFeed {
     /// Create it *before* spawning: its creation instant is the invocation floor.
     pub fn new(recorder: Recorder, key: impl Into<String>) -> WorkerFeed {
         let floor = recorder.history().now();
+        let clock_zero = lease_testkit::process::monotonic_now();
         WorkerFeed {
             recorder,
             spawned: floor,
+            clock_zero,
             floor,
             key: key.into(),
             token: None,
             releasing: None,
         }
+    }
+
+    /// The feed's creation on the machine's monotonic clock
+    /// ([`lease_testkit::process::monotonic_now`]): give it to the worker
+    /// (`--clock-zero-ns`, [`crate::worker`]) so that the instants it reports count from the
+    /// feed's creation, not from its own later start.
+    pub fn clock_zero(&self) -> Duration {
+        self.clock_zero
     }
 
     /// Raises the invocation floor to now: call it just before sending the worker a go-ahead
@@ -328,8 +341,9 @@ impl WorkerFeed {
     }
 
     /// Records a line of the suite's worker protocol ([`crate::worker`]), whose instants are
-    /// milliseconds since the worker started, so counted from the feed's creation (the worker
-    /// started after it; never from a [`WorkerFeed::permit`], which may be later):
+    /// milliseconds since the feed's creation, given to the worker as [`WorkerFeed::clock_zero`]
+    /// (a worker not given it counts from its own start, which is later, so its instants are
+    /// read as earlier than they were; never from a [`WorkerFeed::permit`], which may be later):
     /// `ACQUIRED <token> <valid-ms> <at-ms>` as a grant on the feed's key (invoked at the
     /// floor), valid until the creation plus `at-ms` plus `valid-ms` (the validity left when it
     /// looked); `RELEASING <at-ms>` as the instant it was about to release; `RELEASE OK` /
@@ -347,6 +361,20 @@ impl WorkerFeed {
                 .map(Duration::from_millis)
                 .map_err(|_| format!("bad milliseconds {field:?} in {line:?}"))
         };
+        // An instant the worker reports was before the line came: a later one means the two
+        // processes do not share the clock (another time namespace, say), and nothing it
+        // reports can be placed.
+        let at = |field: &str| -> Result<Duration, String> {
+            let at = self.spawned + ms(field)?;
+            if at > now {
+                return Err(format!(
+                    "{line:?} names an instant {:?} after the line was read: the worker's clock \
+                     is not the harness's",
+                    at - now
+                ));
+            }
+            Ok(at)
+        };
         if let Some(grant) = line.strip_prefix("ACQUIRED ") {
             let fields: Vec<&str> = grant.split(' ').collect();
             let t: u64 = fields[0]
@@ -355,7 +383,7 @@ impl WorkerFeed {
             let valid_until = match fields[1..] {
                 [] => None,
                 [left] => Some(self.spawned + ms(left)?),
-                [left, at] => Some(self.spawned + ms(at)? + ms(left)?),
+                [left, when] => Some(at(when)? + ms(left)?),
                 _ => return Err(format!("trailing fields in {line:?}")),
             };
             self.token = Some(t);
@@ -370,11 +398,11 @@ impl WorkerFeed {
             );
             return Ok(true);
         }
-        if let Some(at) = line.strip_prefix("RELEASING ") {
+        if let Some(at_ms) = line.strip_prefix("RELEASING ") {
             if self.token.is_none() {
                 return Err(format!("{line:?} before ACQUIRED"));
             }
-            self.releasing = Some(self.spawned + ms(at)?);
+            self.releasing = Some(at(at_ms)?);
             return Ok(false);
         }
         if let Some(r) = line.strip_prefix("RELEASE ") {

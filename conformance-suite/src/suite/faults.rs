@@ -242,6 +242,13 @@ impl Worker {
                 key.as_str(),
             ])
             .args(["--ttl-ms", &ctx.ttl().as_millis().to_string()])
+            // The feed's creation, from which the worker's reported instants then count.
+            .args(feed.iter().flat_map(|f| {
+                [
+                    "--clock-zero-ns".to_owned(),
+                    f.clock_zero().as_nanos().to_string(),
+                ]
+            }))
             .args(["--wait-ms", &(ctx.ttl() * 20).as_millis().to_string()])
             .args([
                 "--writes",
