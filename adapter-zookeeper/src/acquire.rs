@@ -594,7 +594,7 @@ impl ZkCoordinator {
     }
 
     /// Deletes every node of the attempt when we give up (busy, failed token check): our node
-    /// and, in the same round trip (pipelined, answered after the delete), a listing of the
+    /// and, pipelined behind it (answered after the delete), a listing of the
     /// lock's children; any other node with the attempt's prefix (a second create after a lost
     /// answer, shown late) is deleted too. Only when all of them are confirmed gone is the
     /// guard disarmed; otherwise its cleanup task finishes the job.

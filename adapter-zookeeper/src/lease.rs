@@ -369,8 +369,10 @@ impl SessionLease for LeaseState {
 ///
 /// - [`token`](Lease::token) is the node's creation zxid.
 /// - [`renew`](Lease::renew) sends a `sync` and an `exists` on the node, pipelined (one round
-///   trip when both leave in one segment): the sync's answer comes through the leader and
-///   confirms the session, the exists (answered after the sync) that the node is still there.
+///   trip only when both leave in one segment, which zookeeper-client, writing each request on
+///   its own with Nagle's algorithm on, seldom does): the sync's answer comes through the
+///   leader and confirms the session, the exists (answered after the sync) that the node is
+///   still there.
 ///   Validity is measured from the moment the sync was sent; a failed or unanswered sync extends
 ///   nothing.
 /// - [`release`](Lease::release) deletes the node with the version it was created with; a lease

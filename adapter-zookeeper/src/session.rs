@@ -255,11 +255,13 @@ impl Session {
 
     /// Sends `sync(<base>)` and then the read `read` makes, pipelined (the client library sends
     /// a request when its method is called, in call order), and waits for both within the request
-    /// timeout. The server answers the read only after the sync, so the read sees at least the
-    /// leader's state when it took the sync; the sync's answer comes from the leader, so it
-    /// confirms the session with `sent` (read by the caller before calling). A failed sync
-    /// confirms nothing and its error is returned whatever the read's answer. `None`: the
-    /// request timeout passed first.
+    /// timeout. On the wire that is usually two round trips: the library writes each request on
+    /// its own and does not disable Nagle, so the read leaves once the sync is acknowledged
+    /// (docs/bench/performance.md, 2026-12-07). The server answers the read only after the
+    /// sync, so the read sees at least the leader's state when it took the sync; the sync's
+    /// answer comes from the leader, so it confirms the session with `sent` (read by the caller
+    /// before calling). A failed sync confirms nothing and its error is returned whatever the
+    /// read's answer. `None`: the request timeout passed first.
     pub(crate) async fn synced_read<'a, T, F>(
         &'a self,
         sent: Instant,
