@@ -11,7 +11,7 @@
 //! | [`blackhole`](FaultProxy::blackhole) | a partition: connections are still accepted, but nothing is forwarded in either direction and nothing is closed; new connections are not even opened upstream |
 //! | [`delay`](FaultProxy::delay) | each chunk is forwarded `d` after the proxy read it, in each direction (a round trip gains at least `2 d`) |
 //! | [`cut`](FaultProxy::cut) | every current connection is reset (both sides get `RST`, as soon as its task runs) and forwards nothing more from the moment `cut` returns; new connections are accepted as usual in the current mode |
-//! | [`drop_replies`](FaultProxy::drop_replies) | requests reach the server, its replies are read and **discarded** (a lost reply: the operation applied, the client never hears) |
+//! | [`drop_replies`](FaultProxy::drop_replies) | requests reach the server, its replies are read and **discarded** (a lost reply: the operation applied, the client never hears); a connection that lost reply bytes delivers no later reply, even after `heal` |
 //! | [`drop_replies_on_open`](FaultProxy::drop_replies_on_open) | as `drop_replies`, but only on the connections open now, for as long as they stay open, whatever the mode; connections opened later are not affected (a reply lost with its connection, and a client that reconnects to ask again) |
 //! | [`stall_open`](FaultProxy::stall_open) | as `blackhole`, but only for the connections open now, until `heal`; connections opened later pass (one connection's packets stuck in retransmission while a new connection gets through) |
 //! | [`refuse_new`](FaultProxy::refuse_new) | until `heal`, every new connection is reset as soon as it is accepted, never opened upstream; the connections open now carry on in the current mode (a host that went away for new clients: a client with several hosts moves on to the next) |
@@ -26,12 +26,19 @@
 //! dropped silently: to model a partition that outlived the connections, call `cut()` and then
 //! `heal()`.
 //!
+//! **A lost reply mutes its connection.** TCP never delivers bytes after a gap: a connection
+//! whose reply bytes the proxy discarded (by `drop_replies`, even part of a chunk) discards every
+//! later reply on it too, until it closes, as a connection whose lost segment is retransmitted in
+//! vain stays silent until one side gives up on it. A client that reuses it after a timeout
+//! waits again; one that opens a new connection, after `heal`, is answered.
+//! [`lost_reply_bytes`](FaultProxy::lost_reply_bytes) counts what was discarded.
+//!
 //! The proxy runs on the Tokio runtime that called `start` (it must be called inside one).
 //! Dropping the `FaultProxy` stops accepting and resets every connection it carries.
 
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -110,6 +117,7 @@ pub struct FaultProxy {
     accepted: Arc<AtomicU64>,
     open: Arc<AtomicU64>,
     request_bytes: Arc<AtomicU64>,
+    lost_bytes: Arc<AtomicU64>,
     accept_task: JoinHandle<()>,
 }
 
@@ -131,6 +139,7 @@ impl FaultProxy {
         let accepted = Arc::new(AtomicU64::new(0));
         let open = Arc::new(AtomicU64::new(0));
         let request_bytes = Arc::new(AtomicU64::new(0));
+        let lost_bytes = Arc::new(AtomicU64::new(0));
         let accept_task = tokio::spawn(accept_loop(
             listener,
             upstream,
@@ -139,6 +148,7 @@ impl FaultProxy {
                 accepted: accepted.clone(),
                 open: open.clone(),
                 request_bytes: request_bytes.clone(),
+                lost_bytes: lost_bytes.clone(),
             },
         ));
         Ok(Self {
@@ -148,6 +158,7 @@ impl FaultProxy {
             accepted,
             open,
             request_bytes,
+            lost_bytes,
             accept_task,
         })
     }
@@ -209,7 +220,9 @@ impl FaultProxy {
     }
 
     /// Lost replies: requests are forwarded, the server's replies are read and discarded (never
-    /// delivered, even after `heal`). Connections stay open.
+    /// delivered, even after `heal`). Connections stay open; one that lost reply bytes discards
+    /// every later reply too, until it closes (see the module docs): [`cut`](Self::cut) it to
+    /// make its client reconnect at once.
     pub fn drop_replies(&self) {
         self.set_mode(FaultMode::DropReplies);
     }
@@ -243,6 +256,13 @@ impl FaultProxy {
     /// it to know a request has reached the server.
     pub fn request_bytes(&self) -> u64 {
         self.request_bytes.load(Ordering::Relaxed)
+    }
+
+    /// How many reply bytes (server to client) the proxy has read and discarded so far
+    /// ([`drop_replies`](Self::drop_replies), [`drop_replies_on_open`](Self::drop_replies_on_open)):
+    /// wait on it to know a reply was lost, rather than only late.
+    pub fn lost_reply_bytes(&self) -> u64 {
+        self.lost_bytes.load(Ordering::Relaxed)
     }
 
     /// This process's TCP sockets connected to the proxy, as inode numbers (read from
@@ -364,6 +384,7 @@ struct Counters {
     accepted: Arc<AtomicU64>,
     open: Arc<AtomicU64>,
     request_bytes: Arc<AtomicU64>,
+    lost_bytes: Arc<AtomicU64>,
 }
 
 /// Counts one open connection until dropped.
@@ -399,10 +420,13 @@ async fn accept_loop(
                     continue;
                 }
                 let _ = client.set_nodelay(true);
-                let request_bytes = counters.request_bytes.clone();
+                let bytes = ByteCounts {
+                    forwarded: counters.request_bytes.clone(),
+                    lost: counters.lost_bytes.clone(),
+                };
                 let control = control.clone();
                 tokio::spawn(async move {
-                    connection(serial, epoch, client, upstream, control, request_bytes).await;
+                    connection(serial, epoch, client, upstream, control, bytes).await;
                     drop(open);
                 });
             }
@@ -447,7 +471,7 @@ async fn connection(
     mut client: TcpStream,
     upstream_addr: SocketAddr,
     control: watch::Receiver<Control>,
-    request_bytes: Arc<AtomicU64>,
+    bytes: ByteCounts,
 ) {
     let connect = async {
         let mut ctl = control.clone();
@@ -483,7 +507,7 @@ async fn connection(
                         serial,
                         direction: Direction::Request,
                     },
-                    Some(request_bytes),
+                    &bytes,
                 ),
                 pump(
                     upstream_read,
@@ -494,7 +518,7 @@ async fn connection(
                         serial,
                         direction: Direction::Reply,
                     },
-                    None,
+                    &bytes,
                 ),
             )
         };
@@ -516,6 +540,13 @@ async fn connection(
     }
 }
 
+/// The proxy's byte counters, for a connection's pumps: request bytes written upstream, reply
+/// bytes discarded.
+struct ByteCounts {
+    forwarded: Arc<AtomicU64>,
+    lost: Arc<AtomicU64>,
+}
+
 /// What one pump copies: which connection (its `cut` epoch and accept serial), which way.
 #[derive(Debug, Clone, Copy)]
 struct Pumped {
@@ -533,14 +564,27 @@ impl Pumped {
 }
 
 /// Copies one direction, honouring the mode; ends after forwarding EOF as a write shutdown.
+/// Once it has discarded bytes it discards everything after them (a lost reply mutes its
+/// connection, module docs).
 async fn pump(
     mut from: ReadHalf<'_>,
     mut to: WriteHalf<'_>,
     control: watch::Receiver<Control>,
     pumped: Pumped,
-    counter: Option<Arc<AtomicU64>>,
+    bytes: &ByteCounts,
 ) -> io::Result<()> {
     let epoch = pumped.epoch;
+    let forwarded = (pumped.direction == Direction::Request).then_some(&bytes.forwarded);
+    // Set by the first discarded byte, by the reader or the writer (both run on this task).
+    let muted = AtomicBool::new(false);
+    let muted = &muted;
+    let discards = |ctl: &watch::Receiver<Control>| {
+        muted.load(Ordering::Relaxed) || pumped.discards(&ctl.borrow())
+    };
+    let lose = |n: usize| {
+        muted.store(true, Ordering::Relaxed);
+        bytes.lost.fetch_add(n as u64, Ordering::Relaxed);
+    };
     // A connection from before a `cut()` forwards nothing more from the moment `cut` returns,
     // even before its task has reset the sockets.
     let cut = |ctl: &watch::Receiver<Control>| -> io::Result<()> {
@@ -576,14 +620,11 @@ async fn pump(
                 return Ok(());
             }
             cut(&read_ctl)?;
-            let (mode, discards) = {
-                let ctl = read_ctl.borrow();
-                (ctl.mode, pumped.discards(&ctl))
-            };
-            if discards {
+            if discards(&read_ctl) {
+                lose(n);
                 continue;
             }
-            let due = Instant::now() + mode.delay();
+            let due = Instant::now() + read_ctl.borrow().mode.delay();
             if tx.send((due, buf[..n].to_vec())).await.is_err() {
                 return Ok(());
             }
@@ -595,12 +636,13 @@ async fn pump(
             // Written piece by piece, the control checked before each and watched while a piece
             // waits for room (a reader that does not read): a blackhole, stall, cut or loss of
             // replies set meanwhile stops the rest of the chunk where it is, as it stops the
-            // chunks after it. Held bytes go on after `heal`.
+            // chunks after it. Held bytes go on after `heal`; lost ones mute the connection.
             let mut rest = &chunk[..];
             while !rest.is_empty() {
                 forwarding(&mut write_ctl, pumped.serial).await?;
                 cut(&write_ctl)?;
-                if pumped.discards(&write_ctl.borrow()) {
+                if discards(&write_ctl) {
+                    lose(rest.len());
                     break;
                 }
                 tokio::select! {
@@ -614,7 +656,7 @@ async fn pump(
                             return Err(io::ErrorKind::WriteZero.into());
                         }
                         rest = &rest[n..];
-                        if let Some(c) = &counter {
+                        if let Some(c) = forwarded {
                             c.fetch_add(n as u64, Ordering::Relaxed);
                         }
                     }
@@ -870,6 +912,17 @@ mod tests {
         assert!(began.elapsed() < d, "healed round trip still slow");
     }
 
+    /// Waits until the proxy has discarded `n` reply bytes.
+    async fn lost(proxy: &FaultProxy, n: u64) {
+        timeout(LONG, async {
+            while proxy.lost_reply_bytes() < n {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("{} of {n} reply bytes lost", proxy.lost_reply_bytes()));
+    }
+
     #[tokio::test]
     async fn drop_replies_forwards_requests_and_discards_answers() {
         let proxy = FaultProxy::start(echo_server().await).await.unwrap();
@@ -884,9 +937,108 @@ mod tests {
             before + 4,
             "the request reached the server"
         );
-        // The discarded reply never arrives, even after healing.
+        lost(&proxy, 4).await;
+        // The discarded reply never arrives, even after healing, and neither does a later one
+        // on its connection (TCP delivers nothing past a gap); a new connection is answered.
         proxy.heal();
-        assert_eq!(roundtrip(&mut s, b"next", LONG).await.unwrap(), b"next");
+        let err = roundtrip(&mut s, b"next", SHORT).await.unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut);
+        assert_eq!(
+            proxy.request_bytes(),
+            before + 8,
+            "the later request reached the server"
+        );
+        let mut new = TcpStream::connect(proxy.addr()).await.unwrap();
+        assert_eq!(roundtrip(&mut new, b"new", LONG).await.unwrap(), b"new");
+        assert_eq!(
+            proxy.lost_reply_bytes(),
+            8,
+            "{:?}",
+            proxy.lost_reply_bytes()
+        );
+    }
+
+    /// Lost replies set while a reply waits for room at a client that does not read: the
+    /// client gets what was written before, then nothing, even after `heal`: never the end of
+    /// the reply, or a later one, after the gap.
+    #[tokio::test]
+    async fn drop_replies_mid_chunk_mutes_the_connection() {
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await.unwrap();
+        let proxy = FaultProxy::start(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let mut client = TcpStream::connect(proxy.addr()).await.unwrap();
+        let (mut server, _) = listener.accept().await.unwrap();
+        // More than the socket buffers and the proxy's queue hold.
+        const TOTAL: usize = 32 << 20;
+        let written = tokio::spawn(async move {
+            let data: Vec<u8> = (0..TOTAL).map(|i| (i % 251) as u8).collect();
+            server.write_all(&data).await.map(|()| server)
+        });
+        // Read some, so the reply is under way, then stop reading until the client's receive
+        // queue stops growing: the proxy's write then waits for room, most likely in the middle
+        // of a chunk. (Were it not, the test would prove less, never fail.)
+        let mut head = vec![0u8; 1 << 20];
+        timeout(LONG, client.read_exact(&mut head))
+            .await
+            .unwrap()
+            .unwrap();
+        let (local, peer) = (client.local_addr().unwrap(), proxy.addr());
+        let queued = || {
+            tcp_sockets()
+                .unwrap()
+                .into_iter()
+                .find(|f| {
+                    f.len() > 4
+                        && proc_net_addr(&f[1]) == Some(local)
+                        && proc_net_addr(&f[2]) == Some(peer)
+                })
+                .and_then(|f| u64::from_str_radix(f[4].split_once(':')?.1, 16).ok())
+                .expect("the client's socket in /proc/self/net/tcp")
+        };
+        timeout(LONG, async {
+            let mut last = 0;
+            loop {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                let now = queued();
+                if now > 0 && now == last {
+                    break;
+                }
+                last = now;
+            }
+        })
+        .await
+        .expect("the client's receive queue never filled");
+        proxy.drop_replies();
+        // The rest is discarded: the server's write completes although the client reads none.
+        let mut server = timeout(LONG, written).await.unwrap().unwrap().unwrap();
+        proxy.heal();
+        // What the client can still read is a prefix of the reply, then nothing.
+        let mut got = head;
+        let mut buf = vec![0u8; 1 << 16];
+        loop {
+            match timeout(SHORT, client.read(&mut buf)).await {
+                Err(_) => break,
+                Ok(r) => {
+                    let n = r.unwrap();
+                    assert!(n > 0, "the connection was closed");
+                    got.extend_from_slice(&buf[..n]);
+                }
+            }
+        }
+        assert!(got.len() < TOTAL, "the whole reply arrived");
+        assert!(
+            got.iter().enumerate().all(|(i, &b)| b == (i % 251) as u8),
+            "not a prefix of the reply"
+        );
+        // Every byte not delivered is counted lost (no more: the rest was delivered).
+        lost(&proxy, (TOTAL - got.len()) as u64).await;
+        assert_eq!(proxy.lost_reply_bytes() as usize, TOTAL - got.len());
+        // A later reply after the gap is lost too.
+        server.write_all(b"later").await.unwrap();
+        lost(&proxy, (TOTAL - got.len() + 5) as u64).await;
+        let late = timeout(SHORT, client.read(&mut buf)).await;
+        assert!(late.is_err(), "a reply crossed the gap: {late:?}");
     }
 
     #[tokio::test]
