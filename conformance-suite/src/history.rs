@@ -366,6 +366,10 @@ pub enum OpKind {
     ForceRelease {
         /// The lock key.
         key: String,
+        /// The token the request expected the holder to have
+        /// ([`lease_core::ForceRelease::expect_token`]), if it named one: such a request removes
+        /// that holder or nothing, whenever it applies.
+        expected: Option<u64>,
         /// The holder it removed, or why not.
         outcome: Forced,
     },
@@ -412,8 +416,16 @@ impl fmt::Display for OpKind {
                     None => Ok(()),
                 }
             }
-            OpKind::ForceRelease { key, outcome } => {
-                write!(f, "force-release key={key} {outcome}")
+            OpKind::ForceRelease {
+                key,
+                expected,
+                outcome,
+            } => {
+                write!(f, "force-release key={key} ")?;
+                if let Some(t) = expected {
+                    write!(f, "expecting={t} ")?;
+                }
+                write!(f, "{outcome}")
             }
             OpKind::Valid {
                 key,

@@ -50,7 +50,9 @@ pub enum Property {
     /// once), so the property never blames a grant that a release might explain; a forced
     /// release whose outcome is unknown (or that never answered) excuses every holder of its key
     /// from then on, also those granted after its answer: a request that timed out may still be
-    /// applied later, to whoever holds the key then.
+    /// applied later, to whoever holds the key then. One that named the token it expected
+    /// ([`lease_core::ForceRelease::expect_token`]) excuses that token's holder only: it
+    /// removes that holder or nothing, whenever it applies.
     ExclusiveTenure,
 }
 
@@ -207,17 +209,25 @@ pub fn check_except(history: &History, unpromised: &[Property]) -> Result<CheckS
                 }
                 earliest(&mut excused, (key, *token), op.invoked);
             }
-            OpKind::ForceRelease { key, outcome } => {
+            OpKind::ForceRelease {
+                key,
+                expected,
+                outcome,
+            } => {
                 if matches!(outcome, Forced::Unknown(_)) || op.completed.is_none() {
                     summary.unknown += 1;
                 }
-                match (op.completed.is_some(), outcome) {
-                    (true, Forced::Removed(t)) => earliest(&mut excused, (key, *t), op.invoked),
-                    (true, Forced::NoneHeld | Forced::Failed(_)) => {}
-                    // Never answered, or answered without a word of what it removed: any holder,
-                    // also one granted after that answer (a request that timed out may still be
-                    // applied later, to whoever holds the key then).
-                    (false, _) | (true, Forced::Unknown(_)) => {
+                match (op.completed.is_some(), outcome, expected) {
+                    (true, Forced::Removed(t), _) => earliest(&mut excused, (key, *t), op.invoked),
+                    (true, Forced::NoneHeld | Forced::Failed(_), _) => {}
+                    // Never answered, or answered without a word of what it removed, but it
+                    // named its holder: that holder, or nobody, whenever it applies.
+                    (false, _, Some(t)) | (true, Forced::Unknown(_), Some(t)) => {
+                        earliest(&mut excused, (key, *t), op.invoked)
+                    }
+                    // Nor named one: any holder, also one granted after that answer (a request
+                    // that timed out may still be applied later, to whoever holds the key then).
+                    (false, _, None) | (true, Forced::Unknown(_), None) => {
                         earliest(&mut any_removed, key, op.invoked)
                     }
                 }

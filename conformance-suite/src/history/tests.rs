@@ -302,6 +302,16 @@ fn release(key: &str, t: u64, outcome: Done) -> OpKind {
 fn forced(key: &str, outcome: Forced) -> OpKind {
     OpKind::ForceRelease {
         key: key.into(),
+        expected: None,
+        outcome,
+    }
+}
+
+/// A forced release of `key` that named the holder it expected (`expect_token`).
+fn forced_expecting(key: &str, expected: u64, outcome: Forced) -> OpKind {
+    OpKind::ForceRelease {
+        key: key.into(),
+        expected: Some(expected),
         outcome,
     }
 }
@@ -433,6 +443,49 @@ fn a_forced_release_of_unknown_outcome_excuses_holders_granted_after_its_answer(
             "{outcome}"
         );
     }
+}
+
+#[test]
+fn a_forced_release_that_named_its_holder_excuses_that_holder_only() {
+    // It timed out, so it may have removed 5 (excusing the grant of 6 within 5's validity), and
+    // it may still apply later, but only to the holder of 5: the grant of 7 within 6's validity
+    // is not excused, as it is by one that named no holder.
+    let run = |forced: OpKind, to: Option<u64>| {
+        let h = History::new(None);
+        op(&h, "w0", 0, Some(10), grant_until("k", 5, 100));
+        op(&h, "op", 20, to, forced);
+        op(&h, "w1", 40, Some(50), grant_until("k", 6, 500));
+        let c = op(&h, "w2", 60, Some(70), grant("k", 7));
+        check(&h).map_err(|v| (v.property, ids(&v), c))
+    };
+    for to in [Some(30), None] {
+        let unknown = || Forced::Unknown("timeout".into());
+        assert!(run(forced("k", unknown()), to).is_ok(), "{to:?}");
+        let (property, got, later) = run(forced_expecting("k", 5, unknown()), to).unwrap_err();
+        assert_eq!(property, Property::ExclusiveTenure, "{to:?}");
+        assert_eq!(got.last(), Some(&later), "{to:?}");
+        // Naming the holder of 6 instead: 6 is excused, 5 is not.
+        let (property, _, _) = run(forced_expecting("k", 6, unknown()), to).unwrap_err();
+        assert_eq!(property, Property::ExclusiveTenure, "{to:?}");
+    }
+    // Answered with what it removed, or that it removed nothing, it is read as before.
+    let h = History::new(None);
+    op(&h, "w0", 0, Some(10), grant_until("k", 5, 100));
+    op(
+        &h,
+        "op",
+        20,
+        Some(30),
+        forced_expecting("k", 5, Forced::Removed(5)),
+    );
+    op(&h, "w1", 40, Some(50), grant("k", 6));
+    assert!(check(&h).is_ok());
+    let h = History::new(None);
+    op(&h, "w0", 0, Some(10), grant_until("k", 5, 100));
+    let refused = Forced::Failed("holder changed".into());
+    op(&h, "op", 20, Some(30), forced_expecting("k", 4, refused));
+    op(&h, "w1", 40, Some(50), grant("k", 6));
+    assert_eq!(check(&h).unwrap_err().property, Property::ExclusiveTenure);
 }
 
 #[test]
@@ -645,6 +698,10 @@ fn a_workers_instants_are_counted_from_the_feeds_floor() {
     assert!(feed
         .feed(&encode(&forced("k", Forced::Removed(18))))
         .unwrap());
+    let named = forced_expecting("k", 18, Forced::Unknown("timeout".into()));
+    let line = encode(&named);
+    assert!(line.contains(" expecting 18 unknown "), "{line}");
+    assert_eq!(decode(&line).unwrap(), Some(named));
     let ops = h.ops();
     // A grant is invoked at the floor, the permit; the worker's instants count from the feed's
     // creation, before the permit (the worker may have started before it).
@@ -984,6 +1041,9 @@ fn inject(h: &History, bad: Bad, at: u64) -> (Property, Vec<usize>) {
             let a = op(h, "x0", at, s(1), grant_until("kx", 7, at + 1_000));
             op(h, "x0", at + 2, s(3), release("kx", 6, Done::Ok));
             op(h, "x2", at + 2, s(3), forced("kx", Forced::NoneHeld));
+            // Unknown, but it named another holder: it excuses that one only.
+            let timeout = Forced::Unknown("timeout".into());
+            op(h, "x2", at + 2, s(3), forced_expecting("kx", 6, timeout));
             let b = op(h, "x1", at + 4, s(5), grant("kx", 8));
             (Property::ExclusiveTenure, vec![a, b])
         }

@@ -7,7 +7,7 @@
 //!
 //! ```text
 //! HIST acquire <key-hex> granted <token> [valid-us <micros>] | failed <text-hex> | unknown <text-hex>
-//! HIST force-release <key-hex> removed <token> | none | failed <text-hex> | unknown <text-hex>
+//! HIST force-release <key-hex> [expecting <token>] removed <token> | none | failed <text-hex> | unknown <text-hex>
 //! HIST renew   <key-hex> <token> ok | failed <text-hex> | unknown <text-hex>
 //! HIST release <key-hex> <token> ok | failed <text-hex> | unknown <text-hex>
 //! HIST lost    <key-hex> <token>
@@ -96,14 +96,19 @@ pub fn encode(kind: &OpKind) -> String {
             };
             format!("HIST acquire {} {o}", hex(key.as_bytes()))
         }
-        OpKind::ForceRelease { key, outcome } => {
+        OpKind::ForceRelease {
+            key,
+            expected,
+            outcome,
+        } => {
+            let expecting = expected.map_or_else(String::new, |t| format!(" expecting {t}"));
             let o = match outcome {
                 Forced::Removed(t) => format!("removed {t}"),
                 Forced::NoneHeld => "none".to_owned(),
                 Forced::Failed(e) => format!("failed {}", hex(e.as_bytes())),
                 Forced::Unknown(e) => format!("unknown {}", hex(e.as_bytes())),
             };
-            format!("HIST force-release {} {o}", hex(key.as_bytes()))
+            format!("HIST force-release {}{expecting} {o}", hex(key.as_bytes()))
         }
         OpKind::Renew {
             key,
@@ -217,18 +222,25 @@ pub fn decode(line: &str) -> Result<Option<OpKind>, String> {
             },
             valid_until: None,
         },
-        "force-release" => OpKind::ForceRelease {
-            key: text(at(1)?)?,
-            outcome: match tail(2)? {
-                ("removed", Some(t)) => {
-                    Forced::Removed(t.parse().map_err(|_| format!("bad token in {line:?}"))?)
-                }
-                ("none", None) => Forced::NoneHeld,
-                ("failed", Some(e)) => Forced::Failed(text(e)?),
-                ("unknown", Some(e)) => Forced::Unknown(text(e)?),
-                _ => return Err(format!("bad outcome in {line:?}")),
-            },
-        },
+        "force-release" => {
+            let (expected, o) = match at(2)? {
+                "expecting" => (Some(token(3)?), 4),
+                _ => (None, 2),
+            };
+            OpKind::ForceRelease {
+                key: text(at(1)?)?,
+                expected,
+                outcome: match tail(o)? {
+                    ("removed", Some(t)) => {
+                        Forced::Removed(t.parse().map_err(|_| format!("bad token in {line:?}"))?)
+                    }
+                    ("none", None) => Forced::NoneHeld,
+                    ("failed", Some(e)) => Forced::Failed(text(e)?),
+                    ("unknown", Some(e)) => Forced::Unknown(text(e)?),
+                    _ => return Err(format!("bad outcome in {line:?}")),
+                },
+            }
+        }
         "renew" => OpKind::Renew {
             key: text(at(1)?)?,
             token: token(2)?,

@@ -259,16 +259,32 @@ async fn monkey(
 ) -> Result<String, Failure> {
     let op = ctx.client().await?;
     let recorder = history.recorder("monkey");
-    // A forced release, recorded: the history's property (e) counts on knowing every one.
-    let force = |key: &LockKey, request: &ForceRelease| {
-        let (op, recorder, key, request) = (&op, &recorder, key.clone(), request.clone());
+    // Of the holders removed, those a request named.
+    let named = std::sync::atomic::AtomicU32::new(0);
+    // A forced release, recorded: the history's property (e) counts on knowing every one. With
+    // `expect`, as an operator who looked first: the holder `inspect` shows is named
+    // (`expect_token`), so the request removes that holder or nothing, and the history excuses
+    // that holder only, even when the outcome is unknown (decision 0050). Without, it removes
+    // whoever holds the key when it applies.
+    let force = |key: &LockKey, request: &ForceRelease, expect: bool| {
+        let (op, recorder, key, named) = (&op, &recorder, key.clone(), &named);
+        let mut request = request.clone();
         async move {
+            if expect {
+                if let Ok(Some(holder)) = op.inspect(&key).await {
+                    request = request.expect_token(holder.token);
+                }
+            }
             let call = recorder.invoke();
             let removed = op.force_release(&key, &request).await;
             call.complete(OpKind::ForceRelease {
                 key: key.as_str().to_owned(),
+                expected: request.expected_token().map(|t| t.get()),
                 outcome: Forced::from_result(&removed),
             });
+            if request.expected_token().is_some() && matches!(removed, Ok(Some(_))) {
+                named.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
             removed
         }
     };
@@ -345,7 +361,7 @@ async fn monkey(
                 let start = keys.iter().position(|k| k == key).unwrap_or(0);
                 let mut removed = false;
                 for k in keys.iter().cycle().skip(start).take(keys.len()) {
-                    if let Ok(Some(_)) = force(k, &request).await {
+                    if let Ok(Some(_)) = force(k, &request, rng.gen_bool(0.5)).await {
                         removed = true;
                         break;
                     }
@@ -361,7 +377,7 @@ async fn monkey(
                     if let Ok(own) = own {
                         let own = Held::new(own, &recorder, key);
                         removed = matches!(
-                            force(key, &request).await,
+                            force(key, &request, rng.gen_bool(0.5)).await,
                             Ok(Some(h)) if h.token.get() == own.token
                         );
                         forced_own += u32::from(removed);
@@ -445,9 +461,10 @@ async fn monkey(
             worker_errors[0]
         )));
     }
+    let named = named.into_inner();
     let report = format!(
-        "{forced} force-releases ({forced_own} of the monkey's own lease), {restarts} restarts, \
-         {paused} processes paused, {killed} killed"
+        "{forced} force-releases ({named} naming the holder, {forced_own} of the monkey's own \
+         lease), {restarts} restarts, {paused} processes paused, {killed} killed"
     );
     // The run claims every fault the subject allows: one never done is a failure, not a pass
     // that tested less (for example worker processes that never got a key: the first error
