@@ -468,6 +468,13 @@ fn a_forced_release_that_named_its_holder_excuses_that_holder_only() {
         let (property, _, _) = run(forced_expecting("k", 6, unknown()), to).unwrap_err();
         assert_eq!(property, Property::ExclusiveTenure, "{to:?}");
     }
+    // Counted from its invocation, not its answer: a grant completed in between is excused.
+    let h = History::new(None);
+    op(&h, "w0", 0, Some(10), grant_until("k", 5, 100));
+    let timeout = Forced::Unknown("timeout".into());
+    op(&h, "op", 20, Some(30), forced_expecting("k", 5, timeout));
+    op(&h, "w1", 21, Some(25), grant("k", 6));
+    assert!(check(&h).is_ok());
     // Answered with what it removed, or that it removed nothing, it is read as before.
     let h = History::new(None);
     op(&h, "w0", 0, Some(10), grant_until("k", 5, 100));
