@@ -30,9 +30,9 @@
 //! whose reply bytes the proxy discarded (by `drop_replies`, even part of a chunk) discards every
 //! later reply on it too, until it closes, as a connection whose lost segment is retransmitted in
 //! vain stays silent until one side gives up on it. A client that reuses it after a timeout
-//! waits again; one that opens a new connection, after `heal`, is answered. One exception, not
-//! modelled: a close the server makes after the gap still reaches the client as an end of
-//! stream, where TCP would hold it behind the lost bytes.
+//! waits again; one that opens a new connection, after `heal`, is answered. A close the server
+//! makes after the gap is held behind it too: the client learns of it only once it closes its
+//! own side (or the connection is [`cut`](FaultProxy::cut)), as a reset of both sides.
 //! [`lost_reply_bytes`](FaultProxy::lost_reply_bytes) counts what was discarded.
 //!
 //! The proxy runs on the Tokio runtime that called `start` (it must be called inside one).
@@ -496,6 +496,8 @@ async fn connection(
         }
     };
     let _ = upstream.set_nodelay(true);
+    // Set once the client's end of stream has been read (see `pump`).
+    let client_closed = watch::channel(false).0;
     let was_cut = {
         let (client_read, client_write) = client.split();
         let (upstream_read, upstream_write) = upstream.split();
@@ -511,6 +513,7 @@ async fn connection(
                         direction: Direction::Request,
                     },
                     &bytes,
+                    &client_closed,
                 ),
                 pump(
                     upstream_read,
@@ -522,6 +525,7 @@ async fn connection(
                         direction: Direction::Reply,
                     },
                     &bytes,
+                    &client_closed,
                 ),
             )
         };
@@ -567,14 +571,16 @@ impl Pumped {
 }
 
 /// Copies one direction, honouring the mode; ends after forwarding EOF as a write shutdown.
-/// Once it has discarded bytes it discards everything after them (a lost reply mutes its
-/// connection, module docs).
+/// Once it has discarded bytes it discards everything after them, its EOF too (a lost reply
+/// mutes its connection, module docs): it then waits for `client_closed` (set by the request
+/// pump on the client's EOF) and ends with a reset.
 async fn pump(
     mut from: ReadHalf<'_>,
     mut to: WriteHalf<'_>,
     control: watch::Receiver<Control>,
     pumped: Pumped,
     bytes: &ByteCounts,
+    client_closed: &watch::Sender<bool>,
 ) -> io::Result<()> {
     let epoch = pumped.epoch;
     let forwarded = (pumped.direction == Direction::Request).then_some(&bytes.forwarded);
@@ -587,6 +593,12 @@ async fn pump(
     let lose = |n: usize| {
         muted.store(true, Ordering::Relaxed);
         bytes.lost.fetch_add(n as u64, Ordering::Relaxed);
+    };
+    // The reader saw the end of its stream: for the request pump, the client's close.
+    let at_end = || {
+        if pumped.direction == Direction::Request {
+            client_closed.send_replace(true);
+        }
     };
     // A connection from before a `cut()` forwards nothing more from the moment `cut` returns,
     // even before its task has reset the sockets.
@@ -613,6 +625,7 @@ async fn pump(
             if !matches!(peeked, Ok(n) if n > 0) {
                 forwarding(&mut read_ctl, pumped.serial).await?;
                 peeked?;
+                at_end();
                 return Ok(()); // drops `tx`: the writer shuts down after the queue drains
             }
             if !read_ctl.borrow().forwards(pumped.serial) {
@@ -620,6 +633,7 @@ async fn pump(
             }
             let n = from.read(&mut buf).await?;
             if n == 0 {
+                at_end();
                 return Ok(());
             }
             cut(&read_ctl)?;
@@ -665,6 +679,16 @@ async fn pump(
                     }
                 }
             }
+        }
+        if muted.load(Ordering::Relaxed) {
+            // An end of stream after lost bytes: TCP would hold it behind them. Held until the
+            // client closes its side too (or a cut ends the connection), then both sides are
+            // reset, as when one gives up on a connection that stopped answering.
+            let _ = client_closed.subscribe().wait_for(|closed| *closed).await;
+            return Err(io::Error::new(
+                io::ErrorKind::ConnectionReset,
+                "a connection that lost replies was closed",
+            ));
         }
         forwarding(&mut write_ctl, pumped.serial).await?;
         cut(&write_ctl)?;
@@ -1047,6 +1071,39 @@ mod tests {
         lost(&proxy, (TOTAL - got.len() + 5) as u64).await;
         let late = timeout(SHORT, client.read(&mut buf)).await;
         assert!(late.is_err(), "a reply crossed the gap: {late:?}");
+    }
+
+    /// A server's close after lost replies is held behind them, as TCP would: the client sees
+    /// no end of stream, even after `heal`; once it closes its own side, both are reset.
+    #[tokio::test]
+    async fn drop_replies_holds_a_servers_close_after_the_gap() {
+        let (addr, close, _) = closing_server(false).await;
+        let proxy = FaultProxy::start(addr).await.unwrap();
+        let mut s = TcpStream::connect(proxy.addr()).await.unwrap();
+        proxy.drop_replies();
+        s.write_all(b"x").await.unwrap();
+        lost(&proxy, 1).await;
+        proxy.heal();
+        close.send(()).unwrap();
+        let mut buf = [0u8; 1];
+        let early = timeout(SHORT, s.read(&mut buf)).await;
+        assert!(early.is_err(), "the close crossed the gap: {early:?}");
+        assert_eq!(proxy.open_connections(), 1);
+        s.shutdown().await.unwrap();
+        match timeout(LONG, s.read(&mut buf))
+            .await
+            .expect("the connection was not ended once the client closed")
+        {
+            Err(e) => assert_eq!(e.kind(), io::ErrorKind::ConnectionReset),
+            other => panic!("{other:?}: not a reset"),
+        }
+        timeout(LONG, async {
+            while proxy.open_connections() > 0 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect("the proxy still counts the connection open");
     }
 
     #[tokio::test]
