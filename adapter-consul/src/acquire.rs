@@ -132,16 +132,15 @@ async fn delete_own_lock(
         }
         // Refused: no longer ours, gone, or written from outside since. Read it again.
     }
-    Err(Error::Unavailable {
-        backend: BACKEND,
-        message: format!(
+    Err(Error::unavailable(
+        BACKEND,
+        format!(
             "{}: {kv_key} was written from outside before each of {} deletes; it stays locked \
              by this client's session until a delete gets through",
             op.name,
             OUTSIDE_WRITES + 1
         ),
-        source: None,
-    })
+    ))
 }
 
 impl Drop for Attempt {
@@ -317,23 +316,18 @@ impl ConsulCoordinator {
                         let bound = deadline
                             .unwrap_or_else(Instant::now)
                             .max(Instant::now() + inner.http.request_timeout());
-                        let unavailable = |message: String| Error::Unavailable {
-                            backend: BACKEND,
-                            message,
-                            source: None,
-                        };
                         match tokio::time::timeout_at(bound, deleting).await {
                             Ok(Ok(claim)) if rewritten <= 3 => {
                                 slot = Some(claim);
                                 continue;
                             }
                             Ok(Ok(_)) => {
-                                return Err(unavailable(format!(
+                                return Err(Error::unavailable(BACKEND, format!(
                                     "the Consul key of {key:?} keeps being rewritten by another writer"
                                 )))
                             }
                             Ok(Err(_)) | Err(_) => {
-                                return Err(unavailable(format!(
+                                return Err(Error::unavailable(BACKEND, format!(
                                     "could not remove a leftover value of {key:?} in time; it is removed in the background"
                                 )))
                             }
@@ -390,24 +384,22 @@ impl ConsulCoordinator {
                     inner.sessions.ended(&session);
                     sessions_lost += 1;
                     if sessions_lost > 3 {
-                        return Err(Error::Unavailable {
-                            backend: BACKEND,
-                            message: "Consul keeps invalidating new sessions".into(),
-                            source: None,
-                        });
+                        return Err(Error::unavailable(
+                            BACKEND,
+                            "Consul keeps invalidating new sessions",
+                        ));
                     }
                     continue;
                 }
                 Refusal::Undone => {
                     undone += 1;
                     if undone > 3 {
-                        return Err(Error::Unavailable {
-                            backend: BACKEND,
-                            message: format!(
+                        return Err(Error::unavailable(
+                            BACKEND,
+                            format!(
                                 "acquire of {key:?}: the connection kept failing after sending"
                             ),
-                            source: None,
-                        });
+                        ));
                     }
                     continue;
                 }
@@ -511,11 +503,10 @@ impl ConsulCoordinator {
         let session_until = session.valid_until();
         if session_until <= Instant::now() {
             self.release_detached(kv_key, raw, &session, slot);
-            return Err(Error::Unavailable {
-                backend: BACKEND,
-                message: "the client's Consul session has not been renewed recently".into(),
-                source: None,
-            });
+            return Err(Error::unavailable(
+                BACKEND,
+                "the client's Consul session has not been renewed recently",
+            ));
         }
         // The lease's own deadline, before the session caps it.
         let own_until = tracker.valid_until();

@@ -253,22 +253,15 @@ impl fmt::Debug for Http {
     }
 }
 
-fn misconfigured(problem: String) -> Error {
-    Error::Misconfigured {
-        backend: BACKEND,
-        problems: vec![problem],
-    }
-}
-
 /// Adds every PEM certificate in `pem` (read from `what`) to `roots`; how many were added.
 fn add_pem_certs(roots: &mut rustls::RootCertStore, pem: &[u8], what: &str) -> Result<usize> {
     use rustls::pki_types::pem::PemObject as _;
     let mut added = 0;
     for cert in rustls::pki_types::CertificateDer::pem_slice_iter(pem) {
-        let cert = cert.map_err(|e| misconfigured(format!("{what}: {e}")))?;
+        let cert = cert.map_err(|e| Error::misconfigured(BACKEND, format!("{what}: {e}")))?;
         roots
             .add(cert)
-            .map_err(|e| misconfigured(format!("{what}: {e}")))?;
+            .map_err(|e| Error::misconfigured(BACKEND, format!("{what}: {e}")))?;
         added += 1;
     }
     Ok(added)
@@ -279,13 +272,18 @@ fn root_store(config: &ConsulConfig) -> Result<rustls::RootCertStore> {
     let mut roots = rustls::RootCertStore::empty();
     if let Some(path) = config.tls_ca_file() {
         let what = format!("tls_ca_file {}", path.display());
-        let pem = std::fs::read(path).map_err(|e| misconfigured(format!("{what}: {e}")))?;
+        let pem = std::fs::read(path)
+            .map_err(|e| Error::misconfigured(BACKEND, format!("{what}: {e}")))?;
         if add_pem_certs(&mut roots, &pem, &what)? == 0 {
-            return Err(misconfigured(format!("{what}: no PEM certificate in it")));
+            return Err(Error::misconfigured(
+                BACKEND,
+                format!("{what}: no PEM certificate in it"),
+            ));
         }
     } else if let Some(dir) = config.tls_ca_path() {
         let what = format!("tls_ca_path {}", dir.display());
-        let entries = std::fs::read_dir(dir).map_err(|e| misconfigured(format!("{what}: {e}")))?;
+        let entries = std::fs::read_dir(dir)
+            .map_err(|e| Error::misconfigured(BACKEND, format!("{what}: {e}")))?;
         let mut files: Vec<_> = entries
             .filter_map(|e| e.ok().map(|e| e.path()))
             .filter(|p| p.is_file())
@@ -293,21 +291,25 @@ fn root_store(config: &ConsulConfig) -> Result<rustls::RootCertStore> {
         files.sort();
         for file in files {
             let what = format!("tls_ca_path file {}", file.display());
-            let pem = std::fs::read(&file).map_err(|e| misconfigured(format!("{what}: {e}")))?;
+            let pem = std::fs::read(&file)
+                .map_err(|e| Error::misconfigured(BACKEND, format!("{what}: {e}")))?;
             add_pem_certs(&mut roots, &pem, &what)?;
         }
         if roots.is_empty() {
-            return Err(misconfigured(format!("{what}: no PEM certificate in it")));
+            return Err(Error::misconfigured(
+                BACKEND,
+                format!("{what}: no PEM certificate in it"),
+            ));
         }
     } else {
         for cert in rustls_native_certs::load_native_certs().certs {
             let _ = roots.add(cert);
         }
         if roots.is_empty() {
-            return Err(misconfigured(
+            return Err(Error::misconfigured(
+                BACKEND,
                 "no CA certificate to check the Consul server against (set tls_ca_file or \
-                 CONSUL_CACERT)"
-                    .into(),
+                 CONSUL_CACERT)",
             ));
         }
     }
@@ -324,20 +326,26 @@ fn client_identity(
 )> {
     use rustls::pki_types::pem::PemObject as _;
     let what = format!("tls_cert_file {}", cert_file.display());
-    let pem = std::fs::read(cert_file).map_err(|e| misconfigured(format!("{what}: {e}")))?;
+    let pem = std::fs::read(cert_file)
+        .map_err(|e| Error::misconfigured(BACKEND, format!("{what}: {e}")))?;
     let chain = rustls::pki_types::CertificateDer::pem_slice_iter(&pem)
         .collect::<std::result::Result<Vec<_>, _>>()
-        .map_err(|e| misconfigured(format!("{what}: {e}")))?;
+        .map_err(|e| Error::misconfigured(BACKEND, format!("{what}: {e}")))?;
     if chain.is_empty() {
-        return Err(misconfigured(format!("{what}: no PEM certificate in it")));
+        return Err(Error::misconfigured(
+            BACKEND,
+            format!("{what}: no PEM certificate in it"),
+        ));
     }
     let what = format!("tls_key_file {}", key_file.display());
     // Only the I/O error kind is shown: the key's contents never reach a message.
-    let pem = std::fs::read(key_file).map_err(|e| misconfigured(format!("{what}: {e}")))?;
+    let pem = std::fs::read(key_file)
+        .map_err(|e| Error::misconfigured(BACKEND, format!("{what}: {e}")))?;
     let key = rustls::pki_types::PrivateKeyDer::from_pem_slice(&pem).map_err(|_| {
-        misconfigured(format!(
-            "{what}: no readable PEM private key (PKCS#8, PKCS#1 or SEC1) in it"
-        ))
+        Error::misconfigured(
+            BACKEND,
+            format!("{what}: no readable PEM private key (PKCS#8, PKCS#1 or SEC1) in it"),
+        )
     })?;
     Ok((chain, key))
 }
@@ -347,7 +355,7 @@ fn tls_config(config: &ConsulConfig) -> Result<rustls::ClientConfig> {
         rustls::crypto::ring::default_provider(),
     ))
     .with_safe_default_protocol_versions()
-    .map_err(|e| misconfigured(format!("TLS: {e}")))?;
+    .map_err(|e| Error::misconfigured(BACKEND, format!("TLS: {e}")))?;
     if !config.tls() {
         return Ok(builder
             .with_root_certificates(rustls::RootCertStore::empty())
@@ -359,10 +367,13 @@ fn tls_config(config: &ConsulConfig) -> Result<rustls::ClientConfig> {
             let (chain, key) = client_identity(cert, key)?;
             // rustls's message says what is wrong (e.g. the key does not match), not the key.
             builder.with_client_auth_cert(chain, key).map_err(|e| {
-                misconfigured(format!(
-                    "tls_cert_file {} / tls_key_file: {e}",
-                    config.tls_cert_file().unwrap_or(cert).display()
-                ))
+                Error::misconfigured(
+                    BACKEND,
+                    format!(
+                        "tls_cert_file {} / tls_key_file: {e}",
+                        config.tls_cert_file().unwrap_or(cert).display()
+                    ),
+                )
             })
         }
         _ => Ok(builder.with_no_client_auth()),
@@ -374,7 +385,7 @@ fn server_name(config: &ConsulConfig) -> Result<Option<rustls::pki_types::Server
     match config.tls_server_name() {
         Some(name) if config.tls() => rustls::pki_types::ServerName::try_from(name.to_owned())
             .map(Some)
-            .map_err(|e| misconfigured(format!("tls_server_name {name:?}: {e}"))),
+            .map_err(|e| Error::misconfigured(BACKEND, format!("tls_server_name {name:?}: {e}"))),
         _ => Ok(None),
     }
 }
@@ -752,14 +763,14 @@ impl Http {
                 Ok(c.id)
             }
             500 if String::from_utf8_lossy(&a.body).contains("Session TTL") => {
-                Err(Error::Misconfigured {
-                    backend: BACKEND,
-                    problems: vec![format!(
+                Err(Error::misconfigured(
+                    BACKEND,
+                    format!(
                         "Consul refused the session TTL ({}); raise session_ttl_ms to at least the \
                          server's session_ttl_min (10 s by default)",
                         String::from_utf8_lossy(&a.body).trim()
-                    )],
-                })
+                    ),
+                ))
             }
             code => Err(error::status(Op::read(OP), code, &a.body)),
         }

@@ -252,9 +252,11 @@ fn without_userinfo(value: &str) -> String {
 /// Reads an ACL token file (surrounding whitespace trimmed). Errors name the file, never its
 /// contents.
 fn read_token_file(path: &Path, from: &str) -> Result<String> {
-    let misconfigured = |problem: String| lease_core::Error::Misconfigured {
-        backend: crate::BACKEND,
-        problems: vec![format!("{from} {}: {problem}", path.display())],
+    let misconfigured = |problem: String| {
+        lease_core::Error::misconfigured(
+            crate::BACKEND,
+            format!("{from} {}: {problem}", path.display()),
+        )
     };
     let raw = std::fs::read(path).map_err(|e| misconfigured(format!("cannot be read: {e}")))?;
     let token = String::from_utf8(raw)

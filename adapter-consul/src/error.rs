@@ -109,12 +109,10 @@ fn tls_misconfiguration(operation: &'static str, tls: &rustls::Error) -> Option<
         }
         _ => return None,
     };
-    Some(Error::Misconfigured {
-        backend: BACKEND,
-        problems: vec![format!(
-            "{operation}: TLS with the Consul agent failed: {tls}: {hint}"
-        )],
-    })
+    Some(Error::misconfigured(
+        BACKEND,
+        format!("{operation}: TLS with the Consul agent failed: {tls}: {hint}"),
+    ))
 }
 
 /// Maps a transport failure of `op` ([`Op::failed`]): never sent is `Unavailable`; sent without
@@ -163,14 +161,14 @@ pub(crate) fn status(op: Op, code: u16, body: &[u8]) -> Error {
         .take(300)
         .collect();
     match code {
-        403 => Error::Misconfigured {
-            backend: BACKEND,
-            problems: vec![format!(
+        403 => Error::misconfigured(
+            BACKEND,
+            format!(
                 "the ACL token was refused ({text}); it needs key:write on the key prefix \
                  (and key:list, where enable_key_list_policy is on) and session:write on the \
                  agent's node"
-            )],
-        },
+            ),
+        ),
         429 => op.failed(
             BACKEND,
             Delivery::Refused,

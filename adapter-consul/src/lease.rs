@@ -231,17 +231,16 @@ impl LeaseShared {
                     if rereads == RELEASE_REREADS {
                         // Still ours, written again before every delete: not settled. The
                         // caller (the guardian, for a lease ended otherwise) tries again later.
-                        return Err(Error::Unavailable {
-                            backend: BACKEND,
-                            message: format!(
+                        return Err(Error::unavailable(
+                            BACKEND,
+                            format!(
                                 "{operation}: {} was written from outside before each of {} \
                                  deletes; it stays locked by this lease until a delete gets \
                                  through (retried in the background)",
                                 self.kv_key,
                                 RELEASE_REREADS + 1
                             ),
-                            source: None,
-                        });
+                        ));
                     }
                     rereads += 1;
                     index = e.modify_index;

@@ -312,11 +312,10 @@ impl SessionManager {
                 if let Err(e) = http.session_destroy(&id).await {
                     tracing::debug!(error = %e, "consul session destroy failed");
                 }
-                return Err(Error::Unavailable {
-                    backend: crate::BACKEND,
-                    message: "the coordinator was dropped while its session was created".into(),
-                    source: None,
-                });
+                return Err(Error::unavailable(
+                    crate::BACKEND,
+                    "the coordinator was dropped while its session was created",
+                ));
             }
             let session = Arc::new(Session::new(id, ttl, margin, sent));
             tracing::debug!(session = %session.id, ?ttl, "consul session created");
@@ -395,11 +394,10 @@ impl SessionManager {
         };
         let outcome = match done.wait_for(Option::is_some).await {
             Ok(o) => o.clone().expect("waited for an outcome"),
-            Err(_) => Err(Arc::new(Error::Unavailable {
-                backend: crate::BACKEND,
-                message: "session renew: the renewal task ended without an answer".into(),
-                source: None,
-            })),
+            Err(_) => Err(Arc::new(Error::unavailable(
+                crate::BACKEND,
+                "session renew: the renewal task ended without an answer",
+            ))),
         };
         match outcome {
             Ok(true) => Ok(true),

@@ -434,26 +434,24 @@ impl Inner {
                 // The answer came after the validity it grants had ended (a round trip longer
                 // than the TTL minus the drift margin): never hand out such a lease. `pending`
                 // stays armed, so the key is deleted in the background.
-                return Err(Error::Unavailable {
-                    backend: BACKEND,
-                    message: format!(
+                return Err(Error::unavailable(
+                    BACKEND,
+                    format!(
                         "try_acquire: the grant arrived {:?} after it was sent, after its local \
                          validity had ended (TTL {:?} minus drift margin {:?})",
                         sent.elapsed(),
                         tracker.ttl(),
                         tracker.drift_margin()
                     ),
-                    source: None,
-                });
+                ));
             }
             pending.armed = false;
             return self.grant(session, &pending, revision, tracker, revision + 1);
         }
-        Err(Error::Unavailable {
-            backend: BACKEND,
-            message: "try_acquire: the session lease kept disappearing".into(),
-            source: None,
-        })
+        Err(Error::unavailable(
+            BACKEND,
+            "try_acquire: the session lease kept disappearing",
+        ))
     }
 
     /// `acquire` with a wait: queue our key, then wait for the deletion of every key ahead.
@@ -535,11 +533,10 @@ impl Inner {
                 detached: Detached::among(&prefix, &own, kvs),
             };
             let (Some(mine), false) = (kvs.first(), matches!(last.ahead, Ahead::Gone)) else {
-                return Err(Error::Unavailable {
-                    backend: BACKEND,
-                    message: "acquire: the queue read did not show our own key".into(),
-                    source: None,
-                });
+                return Err(Error::unavailable(
+                    BACKEND,
+                    "acquire: the queue read did not show our own key",
+                ));
             };
             let revision = mine.create_revision();
             pending.revision = Some(revision);
@@ -1022,11 +1019,10 @@ impl EtcdCoordinator {
         });
         match rx.await {
             Ok(r) => r.map(|l| Box::new(l) as Box<dyn Lease>),
-            Err(_) => Err(Error::Unavailable {
-                backend: BACKEND,
-                message: "acquire: the attempt's task ended without an answer".into(),
-                source: None,
-            }),
+            Err(_) => Err(Error::unavailable(
+                BACKEND,
+                "acquire: the attempt's task ended without an answer",
+            )),
         }
     }
 

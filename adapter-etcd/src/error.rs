@@ -187,10 +187,7 @@ impl Failure {
             .or_else(|| self.auth_problem())
             .or_else(|| self.too_large_problem())
         {
-            return Error::Misconfigured {
-                backend: BACKEND,
-                problems: vec![problem],
-            };
+            return Error::misconfigured(BACKEND, problem);
         }
         let delivery = if self.certainly_not_applied() || self.is_lease_not_found() {
             Delivery::NotSent

@@ -224,13 +224,10 @@ impl Lease for EtcdLease {
                 self.tracker.renewed_from(sent.min(session.acked_sent()))
             }
             Err(Unconfirmed::Dead(reason)) => Err(self.lost_now(session_lost(reason))),
-            Err(Unconfirmed::Timeout) => Err(lease_core::Error::Unavailable {
-                backend: crate::error::BACKEND,
-                message: format!(
-                    "renew: the session keepalive was not acknowledged within {timeout:?}"
-                ),
-                source: None,
-            }),
+            Err(Unconfirmed::Timeout) => Err(lease_core::Error::unavailable(
+                crate::error::BACKEND,
+                format!("renew: the session keepalive was not acknowledged within {timeout:?}"),
+            )),
         }
     }
 

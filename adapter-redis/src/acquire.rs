@@ -270,15 +270,14 @@ impl RedisCoordinator {
                     // Not on enough replicas: a failover now could hand the key to someone
                     // else while we hold it. Give it back.
                     let _ = self.inner.release_by_head(keys, &parts.head).await;
-                    return Err(Error::Unavailable {
-                        backend: BACKEND,
-                        message: format!(
+                    return Err(Error::unavailable(
+                        BACKEND,
+                        format!(
                             "the grant of {key} reached {acked} of the {acks} replica(s) \
                              replica_acks asks for within {:?}; released again",
                             self.inner.config.request_timeout() / 2
                         ),
-                        source: None,
-                    });
+                    ));
                 }
                 let granted = self
                     .grant(key, keys, parts, token, options, validity_from)
@@ -406,15 +405,14 @@ impl RedisCoordinator {
                     format!("giving the lock back failed ({e}); it is deleted in the background")
                 }
             };
-            return Ok(Attempt::Again(Error::Unavailable {
-                backend: BACKEND,
-                message: format!(
+            return Ok(Attempt::Again(Error::unavailable(
+                BACKEND,
+                format!(
                     "acquire: the grant's validity ({ttl:?} less a {margin:?} drift margin, \
                      counted from the send of the request that may have made it) ended before \
                      the grant was seen; {gave_back}"
                 ),
-                source: None,
-            }));
+            )));
         }
         let nonce = parts.nonce;
         let tracker = LeaseTracker::new(BACKEND, key.clone(), token, ttl, margin, sent_at);

@@ -376,16 +376,15 @@ impl Connection {
     ) -> Result<(redis::Value, i64)> {
         let bound = self.main.shared.config.request_timeout();
         let Ok(Ok(_free)) = tokio::time::timeout(bound, self.free_waiting.acquire()).await else {
-            return Err(Error::Unavailable {
-                backend: BACKEND,
-                message: format!(
+            return Err(Error::unavailable(
+                BACKEND,
+                format!(
                     "{}: no connection free for a write that waits for replicas within \
                      {bound:?} (the earlier ones are all still waiting for a replica's \
                      acknowledgement); nothing was sent",
                     op.name
                 ),
-                source: None,
-            });
+            ));
         };
         // A permit means one of them is free.
         let n = self.waiting.len();
@@ -626,24 +625,23 @@ impl Shared {
             }
         }
         if unknown == n {
-            return Err(Error::Misconfigured {
-                backend: BACKEND,
-                problems: vec![format!(
+            return Err(Error::misconfigured(
+                BACKEND,
+                format!(
                     "no Sentinel monitors a primary named {:?} ({})",
                     s.primary,
                     problems.join("; ")
-                )],
-            });
+                ),
+            ));
         }
-        Err(Error::Unavailable {
-            backend: BACKEND,
-            message: format!(
+        Err(Error::unavailable(
+            BACKEND,
+            format!(
                 "no Sentinel named the primary {:?}: {}",
                 s.primary,
                 problems.join("; ")
             ),
-            source: None,
-        })
+        ))
     }
 }
 
@@ -711,7 +709,7 @@ impl Lane {
         let Some(side) = side else {
             return Err(
                 "the server did not say who the connection was at its open (CLIENT \
-                        INFO and INFO server)"
+                 INFO and INFO server)"
                     .into(),
             );
         };
@@ -746,7 +744,7 @@ impl Lane {
             Some(_) => {
                 return Err(
                     "a new connection reached another server process (a restart or a \
-                            failover)"
+                     failover)"
                         .into(),
                 )
             }
@@ -1021,7 +1019,7 @@ fn noted(e: Error, ended: Option<Ending>, again: Option<&Error>) -> Error {
             }
             message += &match ended {
                 Ending::Ended => "; its connection was ended on the server, so a read now shows \
-                                 everything it did"
+                                  everything it did"
                     .to_owned(),
                 Ending::Replicated(n) => format!(
                     "; its connection was ended on the server, and {n} replica(s) then \
@@ -1133,15 +1131,15 @@ async fn check_replication(
                 tracing::warn!(backend = BACKEND, error = %e, "INFO replication refused; assuming no replicas (replica_acks=auto waits for none)");
                 return Ok(0);
             }
-            return Err(Error::Misconfigured {
-                backend: BACKEND,
-                problems: vec![format!(
+            return Err(Error::misconfigured(
+                BACKEND,
+                format!(
                     "cannot tell whether the primary has replicas (INFO replication failed: {}) \
                      while clock_tokens=false; use clock_tokens=true (the default), or accept \
                      repeated tokens after a failover with unguarded_replicas=true",
                     e.detail().unwrap_or(e.code().unwrap_or("error"))
-                )],
-            });
+                ),
+            ));
         }
         Err(e) => return Err(error::from_redis(ops::CHECK, e)),
     };
@@ -1155,22 +1153,21 @@ async fn check_replication(
     if role != "master" {
         return Err(match config.sentinel() {
             // A Sentinel's answer can be stale for a moment during a failover: try again.
-            Some(s) => Error::Unavailable {
-                backend: BACKEND,
-                message: format!(
+            Some(s) => Error::unavailable(
+                BACKEND,
+                format!(
                     "the server Sentinel named as the primary {:?} answers role {role:?} (a \
                      failover is under way)",
                     s.primary
                 ),
-                source: None,
-            },
-            None => Error::Misconfigured {
-                backend: BACKEND,
-                problems: vec![format!(
+            ),
+            None => Error::misconfigured(
+                BACKEND,
+                format!(
                     "the server is not a primary (role {role:?}): locks need the primary; use \
                      redis+sentinel:// to follow failovers"
-                )],
-            },
+                ),
+            ),
         });
     }
     refuse_unguarded_replicas(replicas, config)?;
@@ -1181,15 +1178,15 @@ async fn check_replication(
 /// missed the last grants would issue their tokens again), unless the operator opted in.
 fn refuse_unguarded_replicas(replicas: usize, config: &RedisConfig) -> Result<()> {
     if replicas > 0 && !config.clock_tokens() && !config.unguarded_replicas() {
-        return Err(Error::Misconfigured {
-            backend: BACKEND,
-            problems: vec![format!(
+        return Err(Error::misconfigured(
+            BACKEND,
+            format!(
                 "the primary has {replicas} connected replica(s) and clock_tokens=false: a \
                  failover to a replica that missed the last grants would issue the same tokens \
                  again. Use clock_tokens=true (the default), or accept that with \
                  unguarded_replicas=true"
-            )],
-        });
+            ),
+        ));
     }
     Ok(())
 }
@@ -1241,9 +1238,9 @@ async fn check_durability(conn: &mut MultiplexedConnection) -> Result<()> {
             if e.code().is_some() {
                 // The server answered with an error: CONFIG is disabled, renamed or not permitted
                 // (typical of managed Redis services).
-                return Err(Error::Misconfigured {
-                    backend: BACKEND,
-                    problems: vec![format!(
+                return Err(Error::misconfigured(
+                    BACKEND,
+                    format!(
                         "cannot verify that the server keeps tokens across a crash: CONFIG GET \
                          failed ({}). If the service guarantees appendonly yes, appendfsync \
                          always and maxmemory-policy noeviction, or you accept tokens that may \
@@ -1251,8 +1248,8 @@ async fn check_durability(conn: &mut MultiplexedConnection) -> Result<()> {
                          volatile_tokens=true (and set token_floor after every restore or \
                          failover)",
                         e.detail().unwrap_or(e.code().unwrap_or("error"))
-                    )],
-                });
+                    ),
+                ));
             }
             return Err(error::from_redis(ops::CHECK, e));
         }

@@ -79,13 +79,16 @@ pub(crate) fn from_redis(op: Op, err: RedisError) -> Error {
             };
         }
         ErrorKind::Server(ServerErrorKind::NoPerm) => {
-            return misconfigured(format!(
-                "the Redis user may not run {} ({}): grant it EVALSHA, SCRIPT LOAD, GET, SET, \
-                 INCR, PEXPIRE, PTTL, DEL, PUBLISH, SUBSCRIBE, XADD, XREVRANGE, HGET, HSET, HMGET \
-                 and CONFIG GET",
-                op.name,
-                detail(&err)
-            ));
+            return Error::misconfigured(
+                BACKEND,
+                format!(
+                    "the Redis user may not run {} ({}): grant it EVALSHA, SCRIPT LOAD, GET, SET, \
+                     INCR, PEXPIRE, PTTL, DEL, PUBLISH, SUBSCRIBE, XADD, XREVRANGE, HGET, HSET, HMGET \
+                     and CONFIG GET",
+                    op.name,
+                    detail(&err)
+                ),
+            );
         }
         ErrorKind::AuthenticationFailed => return auth_failed(&err),
         _ => {}
@@ -96,7 +99,8 @@ pub(crate) fn from_redis(op: Op, err: RedisError) -> Error {
     if matches!(code.as_str(), "OOM" | "BUSY" | "NOREPLICAS")
         || matches!(err.retry_method(), RetryMethod::WaitAndRetry)
     {
-        return unavailable(
+        return Error::unavailable_from(
+            BACKEND,
             format!(
                 "{} refused by the server ({}): {}",
                 op.name,
@@ -107,7 +111,8 @@ pub(crate) fn from_redis(op: Op, err: RedisError) -> Error {
         );
     }
     if let ErrorKind::Server(ServerErrorKind::ReadOnly) = kind {
-        return unavailable(
+        return Error::unavailable_from(
+            BACKEND,
             format!(
                 "{} refused: the server is a read-only replica (after a failover, connect to \
                  the new primary)",
@@ -122,13 +127,16 @@ pub(crate) fn from_redis(op: Op, err: RedisError) -> Error {
     ) {
         let text = detail(&err);
         if text.contains("unknown command") {
-            return misconfigured(format!("{} failed: {}", op.name, text));
+            return Error::misconfigured(BACKEND, format!("{} failed: {}", op.name, text));
         }
-        return misconfigured(format!(
-            "{} failed on the server ({code}): {text}; another client may have written a \
-             different type of value into this adapter's keys",
-            op.name
-        ));
+        return Error::misconfigured(
+            BACKEND,
+            format!(
+                "{} failed on the server ({code}): {text}; another client may have written a \
+                 different type of value into this adapter's keys",
+                op.name
+            ),
+        );
     }
 
     // No answer: the request may or may not have reached the server.
@@ -145,7 +153,11 @@ pub(crate) fn from_redis(op: Op, err: RedisError) -> Error {
         };
         return op.failed(BACKEND, Delivery::Unanswered, message, Some(Box::new(err)));
     }
-    unavailable(format!("{} failed: {}", op.name, detail(&err)), err)
+    Error::unavailable_from(
+        BACKEND,
+        format!("{} failed: {}", op.name, detail(&err)),
+        err,
+    )
 }
 
 /// Maps an error while opening a connection: nothing was sent.
@@ -156,31 +168,33 @@ pub(crate) fn connect_failed(err: RedisError) -> Error {
         return auth_failed(&err);
     }
     if matches!(err.kind(), ErrorKind::InvalidClientConfig) {
-        return misconfigured(format!("the client rejected the configuration: {err}"));
+        return Error::misconfigured(
+            BACKEND,
+            format!("the client rejected the configuration: {err}"),
+        );
     }
     if let Some(refusal) = TlsRefusal::find(&err) {
-        return misconfigured(match refusal {
-            TlsRefusal::ServerCertificate(detail) => format!(
-                "TLS: the server's certificate was refused ({detail}); check tls_ca_file (the \
-                 CA that signed it, system roots when absent) and that it names the URL's host"
-            ),
-            TlsRefusal::ByServer(detail) => format!(
-                "TLS: the server refused the handshake ({detail}); with tls-auth-clients on \
-                 (Redis's default), give tls_cert_file and tls_key_file with a client \
-                 certificate signed by its tls-ca-cert-file"
-            ),
-        });
+        return Error::misconfigured(
+            BACKEND,
+            match refusal {
+                TlsRefusal::ServerCertificate(detail) => format!(
+                    "TLS: the server's certificate was refused ({detail}); check tls_ca_file (the \
+                     CA that signed it, system roots when absent) and that it names the URL's host"
+                ),
+                TlsRefusal::ByServer(detail) => format!(
+                    "TLS: the server refused the handshake ({detail}); with tls-auth-clients on \
+                     (Redis's default), give tls_cert_file and tls_key_file with a client \
+                     certificate signed by its tls-ca-cert-file"
+                ),
+            },
+        );
     }
-    unavailable(format!("cannot connect: {err}"), err)
+    Error::unavailable_from(BACKEND, format!("cannot connect: {err}"), err)
 }
 
 /// An `Unavailable` for a connect attempt that did not finish in time.
 pub(crate) fn connect_timed_out(timeout: std::time::Duration) -> Error {
-    Error::Unavailable {
-        backend: BACKEND,
-        message: format!("cannot connect within {timeout:?}"),
-        source: None,
-    }
+    Error::unavailable(BACKEND, format!("cannot connect within {timeout:?}"))
 }
 
 /// An error for a script reply that does not have the shape the script returns (a different
@@ -190,35 +204,26 @@ pub(crate) fn bad_reply(op: Op, what: impl std::fmt::Display) -> Error {
 }
 
 fn auth_failed(err: &RedisError) -> Error {
-    misconfigured(format!(
-        "authentication failed ({}): check the user and password in the URL",
-        detail(err)
-    ))
+    Error::misconfigured(
+        BACKEND,
+        format!(
+            "authentication failed ({}): check the user and password in the URL",
+            detail(err)
+        ),
+    )
 }
 
 /// A lock's keys hold a value of another type (a batched renewal's `-3`): what the single-lock
 /// script's `WRONGTYPE` failure reports.
 pub(crate) fn wrong_type(op: Op) -> Error {
-    misconfigured(format!(
+    Error::misconfigured(
+        BACKEND,
+        format!(
         "{} failed on the server (WRONGTYPE): a key of the lock holds the wrong kind of value; \
          another client may have written a different type of value into this adapter's keys",
         op.name
-    ))
-}
-
-fn misconfigured(problem: String) -> Error {
-    Error::Misconfigured {
-        backend: BACKEND,
-        problems: vec![problem],
-    }
-}
-
-fn unavailable(message: String, err: RedisError) -> Error {
-    Error::Unavailable {
-        backend: BACKEND,
-        message,
-        source: Some(Box::new(err)),
-    }
+    ),
+    )
 }
 
 fn detail(err: &RedisError) -> String {

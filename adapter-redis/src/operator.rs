@@ -113,17 +113,17 @@ impl RedisCoordinator {
         };
         if let [first, kind] = items.as_slice() {
             if reply::text(first).as_deref() == Some("audit_not_a_stream") {
-                return Err(Error::Misconfigured {
-                    backend: BACKEND,
-                    problems: vec![format!(
+                return Err(Error::misconfigured(
+                    BACKEND,
+                    format!(
                         "key {key}: its audit key {} holds a {} where a stream belongs, so a \
                          force-release could not be recorded; nothing was removed. Something \
                          else writes under the key prefix {:?}",
                         keys.audit(),
                         reply::text(kind).unwrap_or_default(),
                         self.inner.config.key_prefix()
-                    )],
-                });
+                    ),
+                ));
             }
         }
         if let (Some(expected), Some(first)) = (request.expected_token(), items.first()) {

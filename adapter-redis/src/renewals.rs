@@ -132,14 +132,13 @@ async fn renew_script(
             .eval_and_wait(ops::RENEW, script, &keys, &args, replicas, wait, None)
             .await?;
         if (acked as usize) < replicas {
-            return Err(Error::Unavailable {
-                backend: BACKEND,
-                message: format!(
+            return Err(Error::unavailable(
+                BACKEND,
+                format!(
                     "renew: {acked} of the {replicas} replica(s) replica_acks asks for \
                      acknowledged it within {wait:?}; validity not extended"
                 ),
-                source: None,
-            });
+            ));
         }
         v
     };

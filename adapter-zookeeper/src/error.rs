@@ -73,28 +73,24 @@ pub(crate) fn from_zk(op: Op, err: ZkError) -> Error {
             format!("the connection was lost after the request was sent ({e})"),
             Some(Box::new(e)),
         ),
-        ZkError::NoAuth | ZkError::InvalidAcl | ZkError::AuthFailed => Error::Misconfigured {
-            backend: BACKEND,
-            problems: vec![format!(
+        ZkError::NoAuth | ZkError::InvalidAcl | ZkError::AuthFailed => Error::misconfigured(
+            BACKEND,
+            format!(
                 "{} was refused ({err}): the digest credentials in the URL must be those that \
                  created the base path and lock nodes (ACL creator: all, world: read)",
                 op.name
-            )],
-        },
-        e if session_ended(&e) => Error::Unavailable {
-            backend: BACKEND,
-            message: format!(
+            ),
+        ),
+        e if session_ended(&e) => Error::unavailable_from(
+            BACKEND,
+            format!(
                 "{} failed: the ZooKeeper session ended ({e}); a new session is opened on the \
                  next call",
                 op.name
             ),
-            source: Some(Box::new(e)),
-        },
-        e => Error::Unavailable {
-            backend: BACKEND,
-            message: format!("{} failed: {e}", op.name),
-            source: Some(Box::new(e)),
-        },
+            e,
+        ),
+        e => Error::unavailable_from(BACKEND, format!("{} failed: {e}", op.name), e),
     }
 }
 
@@ -110,25 +106,22 @@ pub(crate) fn timed_out(op: Op, after: Duration) -> Error {
 
 /// The error for a call made while the session is disconnected (nothing was sent).
 pub(crate) fn disconnected(op: Op) -> Error {
-    Error::Unavailable {
-        backend: BACKEND,
-        message: format!(
+    Error::unavailable(
+        BACKEND,
+        format!(
             "{}: not connected to ZooKeeper (the session is reconnecting); nothing was sent",
             op.name
         ),
-        source: None,
-    }
+    )
 }
 
 /// The error for a session that could not be established.
 pub(crate) fn connect_failed(hosts: &str, message: String, source: Option<ZkError>) -> Error {
     match source {
-        Some(ZkError::AuthFailed) => Error::Misconfigured {
-            backend: BACKEND,
-            problems: vec![format!(
-                "authentication with the digest credentials failed at {hosts}"
-            )],
-        },
+        Some(ZkError::AuthFailed) => Error::misconfigured(
+            BACKEND,
+            format!("authentication with the digest credentials failed at {hosts}"),
+        ),
         source => Error::Unavailable {
             backend: BACKEND,
             message: format!("could not open a session with {hosts}: {message}"),

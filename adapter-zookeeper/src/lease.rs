@@ -498,12 +498,10 @@ impl Lease for ZkLease {
                 match s.with_epoch(epoch, |bound| st.apply(bound, true)) {
                     Some(true) => Ok(st.tracker.valid_until()),
                     Some(false) => Err(st.lost_error(LostReason::Expired)),
-                    None => Err(Error::Unavailable {
-                        backend: crate::error::BACKEND,
-                        message: "the connection dropped while renewing: the lease is in doubt"
-                            .into(),
-                        source: None,
-                    }),
+                    None => Err(Error::unavailable(
+                        crate::error::BACKEND,
+                        "the connection dropped while renewing: the lease is in doubt",
+                    )),
                 }
             }
             Some(Ok(_)) => {

@@ -210,11 +210,10 @@ impl ZkCoordinator {
                 Err(e) => return Err(from_zk(ops::INSPECT, e)),
             }
         }
-        Err(Error::Unavailable {
-            backend: BACKEND,
-            message: format!("the holder of {key:?} kept changing while it was read"),
-            source: None,
-        })
+        Err(Error::unavailable(
+            BACKEND,
+            format!("the holder of {key:?} kept changing while it was read"),
+        ))
     }
 
     /// Writes the audit node of a force-release and, for a held key, removes the holder's node
@@ -270,11 +269,10 @@ impl ZkCoordinator {
                 Ok(Err(e)) => return Err(from_zk(ops::FORCE_RELEASE, ZkError::from(e))),
             }
         }
-        Err(Error::Unavailable {
-            backend: BACKEND,
-            message: format!("could not create the audit node under {dir}"),
-            source: None,
-        })
+        Err(Error::unavailable(
+            BACKEND,
+            format!("could not create the audit node under {dir}"),
+        ))
     }
 }
 

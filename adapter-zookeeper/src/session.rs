@@ -135,10 +135,10 @@ impl Session {
             Ok(m) => m,
             Err(problem) => {
                 drop(client); // closes the session
-                return Err(lease_core::Error::Misconfigured {
-                    backend: crate::error::BACKEND,
-                    problems: vec![problem],
-                });
+                return Err(lease_core::Error::misconfigured(
+                    crate::error::BACKEND,
+                    problem,
+                ));
             }
         };
         let state_watcher = client.state_watcher();

@@ -84,10 +84,7 @@ fn map_err(operation: &'static str, e: tokio_postgres::Error) -> Error {
     if let Some(db) = e.as_db_error() {
         let message = format!("{}: {} ({})", operation, db.message(), db.code().code());
         if db.code().code().starts_with("42") {
-            return Error::Misconfigured {
-                backend: BACKEND,
-                problems: vec![message],
-            };
+            return Error::misconfigured(BACKEND, message);
         }
         return Error::Unavailable {
             backend: BACKEND,
@@ -98,11 +95,7 @@ fn map_err(operation: &'static str, e: tokio_postgres::Error) -> Error {
     if is_parameter_error(&e) {
         return parameter_error(operation, &e);
     }
-    Error::Unavailable {
-        backend: BACKEND,
-        message: format!("{operation}: {}", chain(&e)),
-        source: Some(Box::new(e)),
-    }
+    Error::unavailable_from(BACKEND, format!("{operation}: {}", chain(&e)), e)
 }
 
 /// Maps a client error of a statement that commits when it succeeds (`COMMIT`, or a statement
@@ -186,11 +179,7 @@ fn timed_out(operation: &'static str, committing: bool, timeout: Duration) -> Er
             source: None,
         }
     } else {
-        Error::Unavailable {
-            backend: BACKEND,
-            message: format!("{message}; nothing was committed"),
-            source: None,
-        }
+        Error::unavailable(BACKEND, format!("{message}; nothing was committed"))
     }
 }
 
@@ -267,8 +256,8 @@ async fn check_table(client: &impl GenericClient, table: &Ident) -> Result<bool>
         .query(
             // A domain counts as its base type (with the domain's modifier).
             "SELECT a.attname::text, CASE WHEN t.typtype = 'd' \
-                 THEN format_type(t.typbasetype, t.typtypmod) \
-                 ELSE format_type(a.atttypid, a.atttypmod) END \
+             THEN format_type(t.typbasetype, t.typtypmod) \
+             ELSE format_type(a.atttypid, a.atttypmod) END \
              FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid \
              WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped",
             &[&table.quoted()],
@@ -661,18 +650,19 @@ impl FencedTable {
             sets.join(", ")
         );
         if client.client().is_closed() {
-            return Err(Error::Unavailable {
-                backend: BACKEND,
-                message: "fenced update: the connection is closed; nothing was sent".into(),
-                source: None,
-            });
+            return Err(Error::unavailable(
+                BACKEND,
+                "fenced update: the connection is closed; nothing was sent",
+            ));
         }
-        let multi_row = |t: &str, k: &str| Error::Misconfigured {
-            backend: BACKEND,
-            problems: vec![format!(
-                "key column {k:?} of table {t:?} matched more than one row for key {key:?}; \
-                 the update was rolled back (is its unique index gone?)"
-            )],
+        let multi_row = |t: &str, k: &str| {
+            Error::misconfigured(
+                BACKEND,
+                format!(
+                    "key column {k:?} of table {t:?} matched more than one row for key {key:?}; \
+                     the update was rolled back (is its unique index gone?)"
+                ),
+            )
         };
         let n: i64 = match client.query_one(&sql, &params).await {
             Ok(row) => row.try_get(0).map_err(|e| map_err("fenced update", e))?,
@@ -715,14 +705,10 @@ impl FencedTable {
                     // The row appeared (or changed) between the update and this read: nothing
                     // was written, and the token was not refused by a newer one. Never a false
                     // `Stale`.
-                    Err(Error::Unavailable {
-                        backend: BACKEND,
-                        message: format!(
+                    Err(Error::unavailable(BACKEND, format!(
                             "row {key:?} of table {} changed during the fenced update; nothing was written, retry",
                             self.table.0
-                        ),
-                        source: None,
-                    })
+                        )))
                 }
             }
             _ => Err(multi_row(&self.table.0, &self.key_column.0)),
@@ -853,10 +839,6 @@ fn map_connect_err(
     ssl_cert: Option<&std::path::Path>,
 ) -> Error {
     let text = chain(&e);
-    let misconfigured = |problem: String| Error::Misconfigured {
-        backend: BACKEND,
-        problems: vec![problem],
-    };
     if let Some(db) = e.as_db_error() {
         let code = db.code().code();
         if code.starts_with("28") || code == "3D000" {
@@ -880,30 +862,39 @@ fn map_connect_err(
                      to it in pg_ident.conf)",
                 );
             }
-            return misconfigured(problem);
+            return Error::misconfigured(BACKEND, problem);
         }
     }
     if text.contains("invalid peer certificate") {
-        return misconfigured(format!(
-            "connect (sslmode={mode}): the server's certificate was rejected: {text} \
-             (check sslrootcert, and for verify-full the host name in the URL)"
-        ));
+        return Error::misconfigured(
+            BACKEND,
+            format!(
+                "connect (sslmode={mode}): the server's certificate was rejected: {text} \
+                 (check sslrootcert, and for verify-full the host name in the URL)"
+            ),
+        );
     }
     if let Some(alert) = tls::received_alert(&e).filter(|a| tls::is_client_cert_alert(*a)) {
         let given = match ssl_cert {
             Some(path) => format!("the client certificate (sslcert {})", path.display()),
             None => "the connection without a client certificate (no sslcert)".into(),
         };
-        return misconfigured(format!(
+        return Error::misconfigured(
+            BACKEND,
+            format!(
             "connect (sslmode={mode}): the server refused {given} in the TLS handshake: {text} \
              (alert {alert:?}; the certificate must be signed by a CA in the server's \
              ssl_ca_file, be valid now, and be meant for client authentication)"
-        ));
+        ),
+        );
     }
     if text.contains("server does not support TLS") {
-        return misconfigured(format!(
+        return Error::misconfigured(
+            BACKEND,
+            format!(
             "connect (sslmode={mode}): {text} (enable ssl on the server, or use sslmode=prefer)"
-        ));
+        ),
+        );
     }
     map_err("connect", e)
 }
@@ -972,10 +963,7 @@ impl PgFence {
                 .create_timeout(Some(o.timeout))
                 .recycle_timeout(Some(o.timeout))
                 .build()
-                .map_err(|e| Error::Misconfigured {
-                    backend: BACKEND,
-                    problems: vec![format!("connection pool: {e}")],
-                })
+                .map_err(|e| Error::misconfigured(BACKEND, format!("connection pool: {e}")))
         };
         let own = build(RecyclingMethod::Fast, o.pool_size)?;
         let lent = build(RecyclingMethod::Clean, o.pool_size)?;
@@ -1080,32 +1068,28 @@ impl PgFence {
         // own too). Dropped unfinished, a connection being made or asked is closed.
         tokio::time::timeout(self.timeout, self.checkout_unbounded())
             .await
-            .map_err(|_| Error::Unavailable {
-                backend: BACKEND,
-                message: format!(
-                    "connect: no usable connection within {:?} (pool of {}); nothing was sent",
-                    self.timeout, self.pool_size
-                ),
-                source: None,
+            .map_err(|_| {
+                Error::unavailable(
+                    BACKEND,
+                    format!(
+                        "connect: no usable connection within {:?} (pool of {}); nothing was sent",
+                        self.timeout, self.pool_size
+                    ),
+                )
             })?
     }
 
     async fn checkout_unbounded(&self) -> Result<Checkout> {
         let client = self.own.get().await.map_err(|e| match e {
             PoolError::Backend(e) => map_connect_err(e, self.ssl_mode, self.ssl_cert.as_deref()),
-            PoolError::Timeout(_) => Error::Unavailable {
-                backend: BACKEND,
-                message: format!(
+            PoolError::Timeout(_) => Error::unavailable(
+                BACKEND,
+                format!(
                     "connect: no connection within {:?} (pool of {}); nothing was sent",
                     self.timeout, self.pool_size
                 ),
-                source: None,
-            },
-            other => Error::Unavailable {
-                backend: BACKEND,
-                message: format!("connect: {other}; nothing was sent"),
-                source: None,
-            },
+            ),
+            other => Error::unavailable(BACKEND, format!("connect: {other}; nothing was sent")),
         })?;
         let mut held = Checkout {
             client: Some(client),
@@ -1262,14 +1246,13 @@ impl Session {
         let pid: i32 = row.try_get(0).map_err(|e| map_err("connect", e))?;
         let started: Option<i64> = row.try_get(1).map_err(|e| map_err("connect", e))?;
         let server_started: i64 = row.try_get(2).map_err(|e| map_err("connect", e))?;
-        let started = started.ok_or_else(|| Error::Misconfigured {
-            backend: BACKEND,
-            problems: vec![
+        let started = started.ok_or_else(|| {
+            Error::misconfigured(
+                BACKEND,
                 "pg_stat_activity does not show this connection's backend_start, so a write \
                  whose outcome is unknown cannot have its session ended; grant the role \
-                 pg_read_all_stats, or set end_unknown_sessions=false"
-                    .into(),
-            ],
+                 pg_read_all_stats, or set end_unknown_sessions=false",
+            )
         })?;
         Ok(Session {
             pid,
@@ -1500,10 +1483,10 @@ async fn terminate(
 /// which a commit waits for standbys only after; no table sees it, a logical decoding consumer
 /// that asks for messages does, under the prefix `lease_fence_settle`).
 const SETTLE: &str = "BEGIN READ WRITE; \
-     SELECT set_config('synchronous_commit', 'on', true) \
-     WHERE current_setting('synchronous_commit') IN ('off', 'local', 'remote_write'); \
-     SELECT pg_logical_emit_message(true, 'lease_fence_settle', ''); \
-     COMMIT";
+                      SELECT set_config('synchronous_commit', 'on', true) \
+                      WHERE current_setting('synchronous_commit') IN ('off', 'local', 'remote_write'); \
+                      SELECT pg_logical_emit_message(true, 'lease_fence_settle', ''); \
+                      COMMIT";
 
 /// With synchronous standbys configured (`synchronous_standby_names` is not empty), commits
 /// [`SETTLE`] on `client`, within `timeout`. WAL is ordered, so its commit returns only once
@@ -1671,9 +1654,9 @@ async fn pipelined_accept(
     let sel_sql = format!("SELECT newest FROM {t} WHERE resource = $1 FOR UPDATE");
     let upd_sql = format!(
         "UPDATE {t} SET newest = $2, \
-            value = CASE WHEN $3 THEN $4 ELSE value END, \
-            value_token = CASE WHEN $3 THEN $2 ELSE value_token END, \
-            updated_at = now() \
+         value = CASE WHEN $3 THEN $4 ELSE value END, \
+         value_token = CASE WHEN $3 THEN $2 ELSE value_token END, \
+         updated_at = now() \
          WHERE resource = $1 AND newest <= $2 RETURNING 1"
     );
     let (r, tok, has_value) = (resource.as_str(), token.to_i64(), value.is_some());

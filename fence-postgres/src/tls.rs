@@ -106,19 +106,14 @@ pub(crate) struct ClientCert {
     pub(crate) key: PathBuf,
 }
 
-fn misconfigured(problem: String) -> Error {
-    Error::Misconfigured {
-        backend: BACKEND,
-        problems: vec![problem],
-    }
-}
-
 fn load_roots(root: &RootCert) -> Result<RootCertStore> {
     let mut store = RootCertStore::empty();
     let certs: Vec<CertificateDer<'static>> = match root {
         RootCert::File(path) => CertificateDer::pem_file_iter(path)
             .and_then(|it| it.collect::<std::result::Result<Vec<_>, _>>())
-            .map_err(|e| misconfigured(format!("sslrootcert {}: {e}", path.display())))?,
+            .map_err(|e| {
+                Error::misconfigured(BACKEND, format!("sslrootcert {}: {e}", path.display()))
+            })?,
         RootCert::System => rustls_native_certs::load_native_certs().certs,
     };
     let (added, _ignored) = store.add_parsable_certificates(certs);
@@ -127,9 +122,10 @@ fn load_roots(root: &RootCert) -> Result<RootCertStore> {
             RootCert::File(path) => path.display().to_string(),
             RootCert::System => "system".into(),
         };
-        return Err(misconfigured(format!(
-            "sslrootcert {what}: no usable CA certificate (PEM) in it"
-        )));
+        return Err(Error::misconfigured(
+            BACKEND,
+            format!("sslrootcert {what}: no usable CA certificate (PEM) in it"),
+        ));
     }
     Ok(store)
 }
@@ -159,19 +155,20 @@ fn load_client_cert(
             rustls::pki_types::pem::Error::NoItemsFound => "nothing usable in it".into(),
             _ => "not a readable PEM file".into(),
         };
-        misconfigured(format!("{option} {path}: {why}"))
+        Error::misconfigured(BACKEND, format!("{option} {path}: {why}"))
     };
     let certs = CertificateDer::pem_file_iter(&client.cert)
         .and_then(|it| it.collect::<std::result::Result<Vec<_>, _>>())
         .map_err(|e| pem_error("sslcert", &cert_path, e))?;
     if certs.is_empty() {
-        return Err(misconfigured(format!(
-            "sslcert {cert_path}: no certificate (PEM) in it"
-        )));
+        return Err(Error::misconfigured(
+            BACKEND,
+            format!("sslcert {cert_path}: no certificate (PEM) in it"),
+        ));
     }
     let key_path = client.key.display();
-    let pem =
-        std::fs::read(&client.key).map_err(|e| misconfigured(format!("sslkey {key_path}: {e}")))?;
+    let pem = std::fs::read(&client.key)
+        .map_err(|e| Error::misconfigured(BACKEND, format!("sslkey {key_path}: {e}")))?;
     if is_encrypted_key(&pem) {
         return Err(InvalidInput::Url {
             url: url.to_owned(),
@@ -188,10 +185,13 @@ fn load_client_cert(
             rustls::pki_types::pem::Error::NoItemsFound => "no private key in it",
             _ => "not a readable PEM file",
         };
-        misconfigured(format!(
-            "sslkey {key_path}: {why} (expected PEM: PRIVATE KEY, RSA PRIVATE KEY or \
-             EC PRIVATE KEY)"
-        ))
+        Error::misconfigured(
+            BACKEND,
+            format!(
+                "sslkey {key_path}: {why} (expected PEM: PRIVATE KEY, RSA PRIVATE KEY or \
+                 EC PRIVATE KEY)"
+            ),
+        )
     })?;
     Ok((certs, key))
 }
@@ -208,11 +208,11 @@ pub(crate) fn connector(
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
-        .map_err(|e| misconfigured(format!("TLS: {e}")))?;
+        .map_err(|e| Error::misconfigured(BACKEND, format!("TLS: {e}")))?;
     let verify_ca = |roots: RootCertStore| -> Result<Arc<WebPkiServerVerifier>> {
         WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider.clone())
             .build()
-            .map_err(|e| misconfigured(format!("sslrootcert: {e}")))
+            .map_err(|e| Error::misconfigured(BACKEND, format!("sslrootcert: {e}")))
     };
     let builder = match (mode, root) {
         (SslMode::VerifyFull, Some(root)) => builder.with_root_certificates(load_roots(root)?),
@@ -220,9 +220,10 @@ pub(crate) fn connector(
             .dangerous()
             .with_custom_certificate_verifier(Arc::new(AnyHostName(verify_ca(load_roots(root)?)?))),
         (SslMode::VerifyCa | SslMode::VerifyFull, None) => {
-            return Err(misconfigured(format!(
-                "sslmode={mode} needs sslrootcert=<PEM file> (or sslrootcert=system)"
-            )))
+            return Err(Error::misconfigured(
+                BACKEND,
+                format!("sslmode={mode} needs sslrootcert=<PEM file> (or sslrootcert=system)"),
+            ))
         }
         (SslMode::Disable | SslMode::Prefer | SslMode::Require, _) => builder
             .dangerous()
@@ -235,12 +236,15 @@ pub(crate) fn connector(
             // rustls checks that the key belongs to the certificate; its errors name no key bytes.
             builder.with_client_auth_cert(certs, key).map_err(|e| {
                 let (cert, key) = (client.cert.display(), client.key.display());
-                misconfigured(match e {
-                    rustls::Error::InconsistentKeys(InconsistentKeys::KeyMismatch) => {
-                        format!("sslkey {key} is not the private key of sslcert {cert}")
-                    }
-                    e => format!("sslcert {cert} / sslkey {key}: {e}"),
-                })
+                Error::misconfigured(
+                    BACKEND,
+                    match e {
+                        rustls::Error::InconsistentKeys(InconsistentKeys::KeyMismatch) => {
+                            format!("sslkey {key} is not the private key of sslcert {cert}")
+                        }
+                        e => format!("sslcert {cert} / sslkey {key}: {e}"),
+                    },
+                )
             })?
         }
     };

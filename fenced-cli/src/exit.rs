@@ -122,11 +122,7 @@ mod tests {
 
     #[test]
     fn statuses_name_the_next_step() {
-        let e = Error::Unavailable {
-            backend: "redis",
-            message: "down".into(),
-            source: None,
-        };
+        let e = Error::unavailable("redis", "down");
         assert_eq!(status_of(&e), UNAVAILABLE);
         let e = Error::InvalidInput(fenced::InvalidInput::ZeroTtl);
         assert_eq!(status_of(&e), USAGE);

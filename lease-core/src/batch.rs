@@ -278,11 +278,10 @@ impl<Req: Send + 'static, Resp: Send + 'static> Coalesce<Req, Resp> {
             let answers = (shared.run)(vec![req]).await?;
             match <[_; 1]>::try_from(answers) {
                 Ok([answer]) => answer,
-                Err(answers) => Err(Error::Unavailable {
-                    backend: shared.backend,
-                    message: format!("a request alone got {} answers", answers.len()),
-                    source: None,
-                }),
+                Err(answers) => Err(Error::unavailable(
+                    shared.backend,
+                    format!("a request alone got {} answers", answers.len()),
+                )),
             }
         })
         .await
@@ -501,11 +500,7 @@ mod tests {
             RoundsConfig::new(Duration::ZERO, 4),
             |chunk: Vec<u32>| async move {
                 if chunk.contains(&0) {
-                    Err(Error::Unavailable {
-                        backend: "test",
-                        message: "down".into(),
-                        source: None,
-                    })
+                    Err(Error::unavailable("test", "down"))
                 } else {
                     Ok(vec![Ok(1u32)])
                 }

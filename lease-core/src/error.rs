@@ -425,8 +425,19 @@ impl Error {
         }
     }
 
-    /// Shorthand for an [`Error::Unavailable`] with a source.
-    pub fn unavailable(
+    /// An [`Error::Unavailable`] from `backend` whose `message` says what failed (without
+    /// secrets), with no client library error behind it.
+    pub fn unavailable(backend: &'static str, message: impl Into<String>) -> Self {
+        Error::Unavailable {
+            backend,
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// An [`Error::Unavailable`] from `backend` whose `message` says what failed (without
+    /// secrets), keeping the client library's error as its `source`.
+    pub fn unavailable_from(
         backend: &'static str,
         message: impl Into<String>,
         source: impl Into<BoxError>,
@@ -435,6 +446,14 @@ impl Error {
             backend,
             message: message.into(),
             source: Some(source.into()),
+        }
+    }
+
+    /// An [`Error::Misconfigured`] from `backend` naming one missing or wrong setting.
+    pub fn misconfigured(backend: &'static str, problem: impl Into<String>) -> Self {
+        Error::Misconfigured {
+            backend,
+            problems: vec![problem.into()],
         }
     }
 

@@ -197,15 +197,8 @@ mod tests {
             .with_ansi(false)
             .with_writer(move || writer.clone())
             .finish();
-        let refused = Error::Misconfigured {
-            backend: "test",
-            problems: vec!["permission denied".into()],
-        };
-        let lost = Error::Unavailable {
-            backend: "test",
-            message: "timed out".into(),
-            source: None,
-        };
+        let refused = Error::misconfigured("test", "permission denied");
+        let lost = Error::unavailable("test", "timed out");
         // A delete whose answer was lost (a write timed out): the next try settles it.
         let unanswered = Error::OutcomeUnknown {
             backend: "test",

@@ -677,15 +677,14 @@ pub trait Lease: Send + Sync + fmt::Debug {
     fn ensure_held(&self) -> Result<()> {
         match self.status() {
             LeaseStatus::Held => Ok(()),
-            LeaseStatus::InDoubt => Err(Error::Unavailable {
-                backend: self.state().backend(),
-                message: format!(
+            LeaseStatus::InDoubt => Err(Error::unavailable(
+                self.state().backend(),
+                format!(
                     "lease on {:?} is in doubt (its connection was lost, or its last renewal was \
                      not confirmed)",
                     self.key()
                 ),
-                source: None,
-            }),
+            )),
             LeaseStatus::Lost(r) => Err(self.state().lost_error(r)),
         }
     }

@@ -186,11 +186,7 @@ mod tests {
     use std::time::Duration;
 
     fn unavailable(message: &str) -> Error {
-        Error::Unavailable {
-            backend: "test",
-            message: message.to_owned(),
-            source: None,
-        }
+        Error::unavailable("test", message.to_owned())
     }
 
     /// A caller of `opening` whose opening yields `outcome` once the returned sender sends

@@ -95,15 +95,14 @@ impl SectionGuard {
             LeaseStatus::Held => LostReason::Expired,
             LeaseStatus::InDoubt if !time_left => LostReason::Expired,
             LeaseStatus::InDoubt => {
-                return Err(Error::Unavailable {
-                    backend: self.backend,
-                    message: format!(
+                return Err(Error::unavailable(
+                    self.backend,
+                    format!(
                         "lease on {:?} is in doubt (its connection was lost, or its last renewal \
                          was not confirmed): no new sub-work starts until a renewal is confirmed",
                         self.key
                     ),
-                    source: None,
-                })
+                ))
             }
             LeaseStatus::Lost(r) => r,
         };

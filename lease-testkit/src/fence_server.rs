@@ -340,8 +340,9 @@ impl RemoteFence {
 
     async fn call(&self, request: String) -> lease_core::Result<String> {
         let mut guard = self.conn.lock().await;
-        let unavailable =
-            |e: std::io::Error| Error::unavailable("remote-fence", "fence server unreachable", e);
+        let unavailable = |e: std::io::Error| {
+            Error::unavailable_from("remote-fence", "fence server unreachable", e)
+        };
         // Out of the slot for the request: a request dropped midway drops (closes) its
         // connection with it, rather than leave its reply unread for the next request.
         let mut conn = match guard.take() {
@@ -383,11 +384,7 @@ impl RemoteFence {
         token: Token,
         line: &str,
     ) -> lease_core::Result<Accepted> {
-        let bad = || Error::Unavailable {
-            backend: "remote-fence",
-            message: format!("bad reply {line:?}"),
-            source: None,
-        };
+        let bad = || Error::unavailable("remote-fence", format!("bad reply {line:?}"));
         let (head, rest) = line.split_once(' ').ok_or_else(bad)?;
         match head {
             "OK" => Ok(Accepted::new(if rest == "-" {
@@ -406,11 +403,7 @@ impl RemoteFence {
                 message: rest.to_owned(),
                 source: None,
             }),
-            _ => Err(Error::Unavailable {
-                backend: "remote-fence",
-                message: rest.to_owned(),
-                source: None,
-            }),
+            _ => Err(Error::unavailable("remote-fence", rest.to_owned())),
         }
     }
 }
@@ -451,11 +444,7 @@ impl Fence for RemoteFence {
         let line = self
             .call(format!("READ {}", hex(resource.as_str().as_bytes())))
             .await?;
-        let bad = || Error::Unavailable {
-            backend: "remote-fence",
-            message: format!("bad reply {line:?}"),
-            source: None,
-        };
+        let bad = || Error::unavailable("remote-fence", format!("bad reply {line:?}"));
         let parts: Vec<&str> = line.split(' ').collect();
         match parts.as_slice() {
             ["NONE"] => Ok(None),
