@@ -8,7 +8,7 @@ use lease_core::adapter::{
     read_pem, server_name, BackendUrl, CommonOptions, HostPort, OptionSpec, PemKind, Secret,
     TlsFiles, UrlOptions,
 };
-use lease_core::{Error, InvalidInput, Result};
+use lease_core::{InvalidInput, Result};
 
 /// The default key prefix.
 pub const DEFAULT_KEY_PREFIX: &str = "fenced";
@@ -131,15 +131,15 @@ impl EtcdConfig {
             .iter()
             .map(|h| format!("{scheme}://{h}"))
             .collect();
-        let user = match (raw.username(), raw.password()) {
-            ("", None) => None,
-            ("", Some(_)) => return Err(url.invalid("a password needs a user name").into()),
-            (_, None) => {
+        let user = match (url.username()?, url.password()?) {
+            (None, None) => None,
+            (None, Some(_)) => return Err(url.invalid("a password needs a user name").into()),
+            (Some(_), None) => {
                 return Err(url
                     .invalid("etcd authentication needs a password with the user name")
                     .into())
             }
-            (u, Some(p)) => Some((decode(&url, u)?, Secret::new(decode(&url, p)?))),
+            (Some(u), Some(p)) => Some((u, Secret::new(p))),
         };
 
         let (common, mut options) = UrlOptions::parse(&url, OPTIONS)?;
@@ -317,13 +317,6 @@ impl EtcdConfig {
     }
 }
 
-/// Percent-decodes URL user info (`%40` is `@`).
-fn decode(url: &BackendUrl, s: &str) -> Result<String> {
-    lease_core::adapter::percent_decode(s).ok_or_else(|| {
-        Error::from(url.invalid("user info has a malformed percent escape or is not UTF-8"))
-    })
-}
-
 fn validate_prefix(prefix: &str) -> std::result::Result<(), &'static str> {
     if prefix.is_empty() {
         return Err("a non-empty prefix");
@@ -343,7 +336,7 @@ fn validate_prefix(prefix: &str) -> std::result::Result<(), &'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use lease_core::Token;
+    use lease_core::{Error, Token};
 
     fn invalid(url: &str) -> String {
         match EtcdConfig::from_url(url) {

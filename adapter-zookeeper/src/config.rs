@@ -3,7 +3,9 @@
 use std::fmt;
 use std::time::Duration;
 
-use lease_core::adapter::{BackendUrl, CommonOptions, HostPort, OptionSpec, Secret, UrlOptions};
+use lease_core::adapter::{
+    duration_in_range, BackendUrl, CommonOptions, HostPort, OptionSpec, Secret, UrlOptions,
+};
 use lease_core::{InvalidInput, LockKey, Result};
 
 /// The base znode when the URL names no path.
@@ -197,28 +199,25 @@ impl ZkConfig {
 
     /// Sets the session timeout asked for ([`MIN_SESSION_TIMEOUT`] to [`MAX_TIMEOUT`]).
     pub fn with_session_timeout(mut self, timeout: Duration) -> Result<Self> {
-        if timeout < MIN_SESSION_TIMEOUT || timeout > MAX_TIMEOUT {
-            return Err(InvalidInput::OutOfRange {
-                field: "session_timeout",
-                value: format!("{timeout:?}"),
-                expected: "between 100 ms and 600 s",
-            }
-            .into());
-        }
-        self.session_timeout = timeout;
+        self.session_timeout = duration_in_range(
+            "session_timeout",
+            timeout,
+            MIN_SESSION_TIMEOUT,
+            MAX_TIMEOUT,
+            "between 100 ms and 600 s",
+        )?;
         Ok(self)
     }
 
     /// Sets the ensemble's `tickTime` (the `tick_ms` option; see [`ZkConfig::tick`]).
     pub fn with_tick(mut self, tick: Duration) -> Result<Self> {
-        if tick.is_zero() || tick > MAX_TIMEOUT {
-            return Err(InvalidInput::OutOfRange {
-                field: "tick",
-                value: format!("{tick:?}"),
-                expected: "between 1 ms and 600 s",
-            }
-            .into());
-        }
+        let tick = duration_in_range(
+            "tick",
+            tick,
+            Duration::from_millis(1),
+            MAX_TIMEOUT,
+            "between 1 ms and 600 s",
+        )?;
         self.tick = Some(tick);
         Ok(self)
     }
