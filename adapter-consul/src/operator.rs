@@ -29,7 +29,8 @@ impl ConsulCoordinator {
     /// [`Coordinator::force_release`](lease_core::Coordinator::force_release):
     ///
     /// A `?consistent` read, then one transaction: `check-index` (what was read), `delete`, and
-    /// `set` of the audit record (actor, reason, removed holder) at `<prefix>/forced/<key>`.
+    /// `set` of the audit record (actor, reason, removed holder) at `<prefix>/forced/<key>`; a
+    /// free key gets the record alone.
     /// With an expected token, a holder whose `CreateIndex` differs (or a free key) is refused
     /// with `HolderChanged` before the transaction, which then removes that holder or nothing.
     pub(crate) async fn force_release_key(
@@ -53,9 +54,6 @@ impl ConsulCoordinator {
             // transaction below only if its `ModifyIndex` is still the one read, so the server
             // removes that holder or nothing (and then this loop looks again).
             request.check_expected(BACKEND, key, info.as_ref().map(|h| h.token))?;
-            let (Some(entry), Some(info)) = (entry, info) else {
-                return Ok(None);
-            };
             let audit_key = inner.config.audit_key(key);
             let (_, audit_entry) = inner
                 .http
@@ -66,18 +64,18 @@ impl ConsulCoordinator {
                     .ok_or_else(|| StoredAudit::unreadable(BACKEND, &audit_key))?,
                 None => Vec::new(),
             };
-            let trail = StoredAudit::new(request, Some(&info)).appended_to(trail);
-            // The audit key is compared too, so that concurrent releases never drop a record.
-            let audit_check = match &audit_entry {
+            let trail = StoredAudit::new(request, info.as_ref()).appended_to(trail);
+            // The audit key is compared too, so that concurrent releases never drop a record; a
+            // free key gets its record alone (nothing removed).
+            let mut ops = vec![match &audit_entry {
                 Some(e) => TxnOp::check_index(&audit_key, e.modify_index),
                 None => TxnOp::check_not_exists(&audit_key),
-            };
-            let ops = [
-                TxnOp::check_index(&kv_key, entry.modify_index),
-                audit_check,
-                TxnOp::delete(&kv_key),
-                TxnOp::set(&audit_key, &trail),
-            ];
+            }];
+            if let Some(entry) = &entry {
+                ops.push(TxnOp::check_index(&kv_key, entry.modify_index));
+                ops.push(TxnOp::delete(&kv_key));
+            }
+            ops.push(TxnOp::set(&audit_key, &trail));
             match inner
                 .http
                 .txn(&ops, Op::write("force_release", false))
@@ -89,12 +87,12 @@ impl ConsulCoordinator {
                     if let Some(lease) = inner
                         .sessions
                         .peek()
-                        .filter(|s| entry.holder() == Some(s.id.as_str()))
+                        .filter(|s| entry.as_ref().and_then(KvEntry::holder) == Some(s.id.as_str()))
                         .and_then(|s| s.lease_on(&kv_key))
                     {
                         lease.revoked();
                     }
-                    return Ok(Some(info));
+                    return Ok(info);
                 }
                 // The key or its audit record changed between the reads and the delete: read
                 // again.

@@ -47,9 +47,9 @@ impl EtcdCoordinator {
     /// [`Coordinator::force_release`](lease_core::Coordinator::force_release):
     ///
     /// Deletes the holder's key (compare-and-delete on its create revision) and records the
-    /// actor and reason in the lock's audit key (`<prefix>/audit/<name>`, the newest 100 forced
-    /// releases; compared on its mod revision so that concurrent releases never drop a record)
-    /// in the same transaction (the `warn` log event is `lease_core::Instrumented`'s, once for
+    /// actor, reason and removed holder (none for a free key) in the lock's audit key
+    /// (`<prefix>/audit/<name>`, the newest 100 forced releases; compared on its mod revision so
+    /// that concurrent releases never drop a record) in the same transaction (the `warn` log event is `lease_core::Instrumented`'s, once for
     /// every backend). With an expected token, a holder whose create revision differs (or a free
     /// key) is refused with `HolderChanged` before the transaction, which then removes that
     /// holder or nothing.
@@ -73,25 +73,30 @@ impl EtcdCoordinator {
             // transaction below only if its key still has the create revision read (the
             // token), so the server removes that holder or nothing.
             request.check_expected(BACKEND, key, info.as_ref().map(|h| h.token))?;
-            let (Some(kv), Some(info)) = (first, info) else {
-                return Ok(None);
-            };
+            // The audit key is compared, so that concurrent releases never drop a record; a
+            // free key gets its record alone (nothing removed).
             let audit_key = keys::audit_key(&prefix, key);
             let (audit_rev, trail) = self
                 .inner
                 .handle
                 .read_audit(&audit_key, "force_release")
                 .await?;
-            let trail = StoredAudit::new(request, Some(&info)).appended_to(trail);
-            let txn = Txn::new()
-                .when([
-                    Compare::create_revision(kv.key(), CompareOp::Equal, kv.create_revision()),
-                    Compare::mod_revision(audit_key.as_str(), CompareOp::Equal, audit_rev),
-                ])
-                .and_then([
-                    TxnOp::delete(kv.key(), None),
-                    TxnOp::put(audit_key.as_str(), trail, None),
-                ]);
+            let trail = StoredAudit::new(request, info.as_ref()).appended_to(trail);
+            let mut when = vec![Compare::mod_revision(
+                audit_key.as_str(),
+                CompareOp::Equal,
+                audit_rev,
+            )];
+            let mut then = vec![TxnOp::put(audit_key.as_str(), trail, None)];
+            if let Some(kv) = &first {
+                when.push(Compare::create_revision(
+                    kv.key(),
+                    CompareOp::Equal,
+                    kv.create_revision(),
+                ));
+                then.push(TxnOp::delete(kv.key(), None));
+            }
+            let txn = Txn::new().when(when).and_then(then);
             let client = &self.inner.handle.client;
             let resp = retry_unapplied(self.inner.timeout(), || {
                 let (mut c, txn) = (client.clone(), txn.clone());
@@ -100,7 +105,7 @@ impl EtcdCoordinator {
             .await
             .map_err(|f| f.into_error(Op::write("force_release", false)))?;
             if resp.succeeded() {
-                return Ok(Some(info));
+                return Ok(info);
             }
             // The holder or the audit key changed between the reads and the transaction: look
             // again.

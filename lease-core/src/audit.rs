@@ -20,9 +20,9 @@ use crate::token::Token;
 /// - A `force_release` with an [expected token](crate::ForceRelease::expect_token) that is
 ///   refused (`HolderChanged`) removes nothing and is not recorded; nor is a removal the server
 ///   did not apply (every backend writes the record and the delete in one atomic step).
-/// - Whether a `force_release` that found the key free is recorded depends on the backend
-///   (Redis, ZooKeeper and the in-memory backend record it with no removed holder; etcd and
-///   Consul record only removals).
+/// - A `force_release` without an expected token that finds the key free removes nothing and
+///   is recorded all the same, with no removed holder (`removed_token` and `removed_owner`
+///   `None`): the trail shows who forced which key, when, and why, whatever was there.
 /// - `at` is a wall-clock time for display only (the forcing process's clock on Redis, etcd,
 ///   Consul and in memory; the server's on ZooKeeper): never order or compare records by it.
 ///

@@ -888,9 +888,10 @@ async fn force_with_expected_token(ctx: Arc<Ctx>) -> CaseResult {
     Ok(Verdict::Passed)
 }
 
-/// Two forced releases of a held key by different actors: `audit_trail` lists both, newest
-/// first, with actor, reason, removed token and owner; `limit` bounds the answer (1 gives the
-/// newest) and 0 is refused; another key's trail is empty.
+/// Two forced releases of a held key by different actors, then one of the free key:
+/// `audit_trail` lists all three, newest first, with actor, reason, removed token and owner
+/// (none for the free key); `limit` bounds the answer (1 gives the newest) and 0 is refused;
+/// another key's trail is empty.
 async fn audit_trail_newest_first(ctx: Arc<Ctx>) -> CaseResult {
     let key = ctx.key("audit");
     let op = ctx.client().await?;
@@ -915,9 +916,27 @@ async fn audit_trail_newest_first(ctx: Arc<Ctx>) -> CaseResult {
         removed.push((actor, reason, owner, lease.token()));
         drop(lease);
     }
+    let (actor, reason) = ("oncall-carol", "checking a free key");
+    let gone = op
+        .force_release(&key, &ForceRelease::new(actor, reason)?)
+        .await?;
+    check!(
+        gone.is_none(),
+        "force_release of a free key returned {gone:?}"
+    );
     let trail = op.audit_trail(&key, 10).await?;
-    check!(trail.len() == 2, "audit_trail(10) returned {trail:?}");
-    for (record, (actor, reason, owner, token)) in trail.iter().zip(removed.iter().rev()) {
+    check!(trail.len() == 3, "audit_trail(10) returned {trail:?}");
+    check!(
+        trail[0].key == key
+            && trail[0].actor == actor
+            && trail[0].reason == reason
+            && trail[0].removed_token.is_none()
+            && trail[0].removed_owner.is_none()
+            && trail[0].at.is_some(),
+        "newest record {:?}, expected {actor} / {reason} with nothing removed",
+        trail[0]
+    );
+    for (record, (actor, reason, owner, token)) in trail[1..].iter().zip(removed.iter().rev()) {
         check!(
             record.key == key
                 && record.actor == *actor
