@@ -5,6 +5,11 @@ use conformance_tests::harness::{start_or_skip_async, Backend, PostgresServer};
 use fence_postgres::{advance_sql, current_sql, FencedTable, Ident};
 use sqlx::{Connection, Row};
 
+/// A PostgreSQL server of this test's own, or `None` when skipped (reported by name).
+async fn server(test: &str) -> Option<PostgresServer> {
+    start_or_skip_async(test, Backend::Postgres, PostgresServer::start).await
+}
+
 const FENCE_TABLE_MIGRATION: &str = include_str!("../migrations/0001_fence_tokens.sql");
 const FENCE_COLUMN_MIGRATION: &str = include_str!("../migrations/0002_fence_column.sql");
 
@@ -42,13 +47,7 @@ async fn fenced_total_update(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlx_recipe_the_fence_inside_the_teams_own_transaction() {
-    let Some(pg) = start_or_skip_async(
-        "sqlx_recipe_the_fence_inside_the_teams_own_transaction",
-        Backend::Postgres,
-        PostgresServer::start,
-    )
-    .await
-    else {
+    let Some(pg) = server("sqlx_recipe_the_fence_inside_the_teams_own_transaction").await else {
         return;
     };
     let pool = sqlx::postgres::PgPoolOptions::new()
@@ -125,13 +124,7 @@ async fn sqlx_recipe_the_fence_inside_the_teams_own_transaction() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn raw_sql_recipe_the_migration_and_the_guarded_update() {
-    let Some(pg) = start_or_skip_async(
-        "raw_sql_recipe_the_migration_and_the_guarded_update",
-        Backend::Postgres,
-        PostgresServer::start,
-    )
-    .await
-    else {
+    let Some(pg) = server("raw_sql_recipe_the_migration_and_the_guarded_update").await else {
         return;
     };
     let mut c = sqlx::PgConnection::connect(&pg.connection_url())

@@ -10,6 +10,11 @@ use fence_postgres::PgFence;
 use lease_core::{Bytes, Error, Fence, ResourceId, Token};
 use tokio::sync::watch;
 
+/// A PostgreSQL server of this test's own, or `None` when skipped (reported by name).
+async fn server(test: &str) -> Option<PostgresServer> {
+    start_or_skip_async(test, Backend::Postgres, PostgresServer::start).await
+}
+
 fn t(n: u64) -> Token {
     Token::new(n).unwrap()
 }
@@ -27,13 +32,7 @@ struct Run {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_same_fence_survives_a_server_crash_and_restart() {
-    let Some(mut pg) = start_or_skip_async(
-        "the_same_fence_survives_a_server_crash_and_restart",
-        Backend::Postgres,
-        PostgresServer::start,
-    )
-    .await
-    else {
+    let Some(mut pg) = server("the_same_fence_survives_a_server_crash_and_restart").await else {
         return;
     };
     // A pool smaller than the writers: some writes wait for a connection.
@@ -229,13 +228,7 @@ async fn the_same_fence_survives_a_server_crash_and_restart() {
 /// connection opened before the pause either, and answers again once resumed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_server_answers_nothing_until_resumed() {
-    let Some(pg) = start_or_skip_async(
-        "a_paused_server_answers_nothing_until_resumed",
-        Backend::Postgres,
-        PostgresServer::start,
-    )
-    .await
-    else {
+    let Some(pg) = server("a_paused_server_answers_nothing_until_resumed").await else {
         return;
     };
     let fence = PgFence::connect(&format!(
@@ -281,13 +274,7 @@ async fn a_paused_server_answers_nothing_until_resumed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_server_stopped_leaves_no_backend_frozen() {
     use conformance_tests::process::{children, task_states};
-    let Some(mut pg) = start_or_skip_async(
-        "a_paused_server_stopped_leaves_no_backend_frozen",
-        Backend::Postgres,
-        PostgresServer::start,
-    )
-    .await
-    else {
+    let Some(mut pg) = server("a_paused_server_stopped_leaves_no_backend_frozen").await else {
         return;
     };
     let fence = PgFence::connect(&pg.connection_url()).await.unwrap();

@@ -299,9 +299,7 @@ impl FaultProxy {
             // accepted (established), and what it has not read.
             if fields.len() > 4 && fields[3] == "01" && proc_net_addr(&fields[1]) == Some(self.addr)
             {
-                if let Some((_, rx)) = fields[4].split_once(':') {
-                    held += u64::from_str_radix(rx, 16).unwrap_or(0);
-                }
+                held += rx_queue(&fields).unwrap_or(0);
             }
         }
         Ok(held)
@@ -359,6 +357,12 @@ fn tcp_sockets() -> io::Result<Vec<Vec<String>>> {
         );
     }
     Ok(rows)
+}
+
+/// A socket's receive queue (bytes received, not yet read) from its row of `/proc/net/tcp{,6}`
+/// (the `rx_queue` half of `tx_queue:rx_queue`, in hex).
+fn rx_queue(fields: &[String]) -> Option<u64> {
+    u64::from_str_radix(fields.get(4)?.split_once(':')?.1, 16).ok()
 }
 
 /// An address as `/proc/net/tcp{,6}` prints it: the address's bytes in network order, written as
@@ -733,6 +737,31 @@ mod tests {
     const SHORT: Duration = Duration::from_millis(300);
     const LONG: Duration = Duration::from_secs(5);
 
+    /// A proxy in front of a listener of this test, a client connected through it, and the
+    /// server's end of that connection.
+    async fn proxied_pair() -> (FaultProxy, TcpStream, TcpStream) {
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await.unwrap();
+        let proxy = FaultProxy::start(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let client = TcpStream::connect(proxy.addr()).await.unwrap();
+        let (server, _) = listener.accept().await.unwrap();
+        (proxy, client, server)
+    }
+
+    /// More than the socket buffers and the proxy's queue hold.
+    const TOTAL: usize = 32 << 20;
+
+    /// Byte `i` of the stream the large-transfer tests send: any prefix is recognisable.
+    fn pattern_byte(i: usize) -> u8 {
+        (i % 251) as u8
+    }
+
+    /// The first `len` bytes of that stream.
+    fn pattern(len: usize) -> Vec<u8> {
+        (0..len).map(pattern_byte).collect()
+    }
+
     #[tokio::test]
     async fn pass_through_echoes() {
         let proxy = FaultProxy::start(echo_server().await).await.unwrap();
@@ -783,15 +812,8 @@ mod tests {
     /// `blackhole` returned, nothing more until `heal`, then the rest, in order.
     #[tokio::test]
     async fn blackhole_stops_a_chunk_half_written() {
-        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await.unwrap();
-        let proxy = FaultProxy::start(listener.local_addr().unwrap())
-            .await
-            .unwrap();
-        let mut client = TcpStream::connect(proxy.addr()).await.unwrap();
-        let (mut server, _) = listener.accept().await.unwrap();
-        // More than the socket buffers and the proxy's queue hold.
-        const TOTAL: usize = 32 << 20;
-        let data: Vec<u8> = (0..TOTAL).map(|i| (i % 251) as u8).collect();
+        let (proxy, mut client, mut server) = proxied_pair().await;
+        let data = pattern(TOTAL);
         let sent = data.clone();
         let writer = tokio::spawn(async move { client.write_all(&sent).await.map(|()| client) });
         // The server reads nothing yet: the proxy's write waits for room once it has written
@@ -993,18 +1015,9 @@ mod tests {
     /// the reply, or a later one, after the gap.
     #[tokio::test]
     async fn drop_replies_mid_chunk_mutes_the_connection() {
-        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await.unwrap();
-        let proxy = FaultProxy::start(listener.local_addr().unwrap())
-            .await
-            .unwrap();
-        let mut client = TcpStream::connect(proxy.addr()).await.unwrap();
-        let (mut server, _) = listener.accept().await.unwrap();
-        // More than the socket buffers and the proxy's queue hold.
-        const TOTAL: usize = 32 << 20;
-        let written = tokio::spawn(async move {
-            let data: Vec<u8> = (0..TOTAL).map(|i| (i % 251) as u8).collect();
-            server.write_all(&data).await.map(|()| server)
-        });
+        let (proxy, mut client, mut server) = proxied_pair().await;
+        let written =
+            tokio::spawn(async move { server.write_all(&pattern(TOTAL)).await.map(|()| server) });
         // Read some, so the reply is under way, then stop reading until the client's receive
         // queue stops growing: the proxy's write then waits for room, most likely in the middle
         // of a chunk. (Were it not, the test would prove less, never fail.)
@@ -1023,7 +1036,7 @@ mod tests {
                         && proc_net_addr(&f[1]) == Some(local)
                         && proc_net_addr(&f[2]) == Some(peer)
                 })
-                .and_then(|f| u64::from_str_radix(f[4].split_once(':')?.1, 16).ok())
+                .and_then(|f| rx_queue(&f))
                 .expect("the client's socket in /proc/self/net/tcp")
         };
         timeout(LONG, async {
@@ -1060,7 +1073,7 @@ mod tests {
         }
         assert!(got.len() < TOTAL, "the whole reply arrived");
         assert!(
-            got.iter().enumerate().all(|(i, &b)| b == (i % 251) as u8),
+            got.iter().enumerate().all(|(i, &b)| b == pattern_byte(i)),
             "not a prefix of the reply"
         );
         // Every byte not delivered is counted lost (no more: the rest was delivered).
