@@ -49,10 +49,10 @@ impl EtcdCoordinator {
     /// Deletes the holder's key (compare-and-delete on its create revision) and records the
     /// actor, reason and removed holder (none for a free key) in the lock's audit key
     /// (`<prefix>/audit/<name>`, the newest 100 forced releases; compared on its mod revision so
-    /// that concurrent releases never drop a record) in the same transaction (the `warn` log event is `lease_core::Instrumented`'s, once for
-    /// every backend). With an expected token, a holder whose create revision differs (or a free
-    /// key) is refused with `HolderChanged` before the transaction, which then removes that
-    /// holder or nothing.
+    /// that concurrent releases never drop a record) in the same transaction (the `warn` log
+    /// event is `lease_core::Instrumented`'s, once for every backend). With an expected token, a
+    /// holder whose create revision differs (or a free key) is refused with `HolderChanged`
+    /// before the transaction, which then removes that holder or nothing.
     pub(crate) async fn force_release_key(
         &self,
         key: &LockKey,

@@ -433,18 +433,18 @@ impl ForceRelease {
     pub const ATTEMPTS: usize = 8;
 
     /// What such a backend returns after [`Self::ATTEMPTS`] reads in a row each found the
-    /// holder changed by its conditional delete: [`Error::Unavailable`] naming the key. Nothing
-    /// was removed (every conditional delete failed); the caller may try again.
+    /// holder or its audit record changed by its conditional write: [`Error::Unavailable`]
+    /// naming the key. Nothing was removed or recorded (every conditional write failed); the
+    /// caller may try again.
     pub fn kept_changing(&self, backend: &'static str, key: &crate::LockKey) -> Error {
-        Error::Unavailable {
+        Error::unavailable(
             backend,
-            message: format!(
-                "force_release of {key:?}: the holder changed between the read and the delete \
-                 {} times in a row; nothing removed",
+            format!(
+                "force_release of {key:?}: the holder or its audit record changed between the \
+                 read and the write {} times in a row; nothing removed",
                 Self::ATTEMPTS
             ),
-            source: None,
-        }
+        )
     }
 
     /// For backends that read the holder before their conditional delete: `Ok(())` when no token
