@@ -1713,11 +1713,10 @@ async fn pipelined_accept(
         Some(r) => r,
         None => commit.await,
     };
-    let current = Token::from_i64(
-        row.try_get::<_, i64>(0)
-            .map_err(|e| step("fence read", e))?,
-    )?;
+    let newest: i64 = row.try_get(0).map_err(|e| step("fence read", e))?;
     if advanced.is_empty() {
+        // Refused: the row's `newest` is above a token, so it is one too.
+        let current = Token::from_i64(newest)?;
         // The row's token is newer: nothing was changed (the COMMIT committed nothing), whatever
         // the COMMIT's reply. One that ended the session (a pooler's or the server's FATAL)
         // leaves a dead connection behind the `Stale`.
@@ -1733,11 +1732,18 @@ async fn pipelined_accept(
         });
     }
     committed.map_err(|e| step("commit", e))?;
-    Ok(Accepted::new(if inserted.is_some() {
-        None
-    } else {
-        Some(current)
-    }))
+    // Committed: whatever the row held before is only reported. A value no token can have (a
+    // negative `newest` in a table made by hand without the migration's CHECK) is not an error
+    // of this write, which took effect.
+    let previous = match Token::from_i64(newest) {
+        Ok(t) if inserted.is_none() => Some(t),
+        Ok(_) => None,
+        Err(e) => {
+            tracing::warn!(%resource, newest, error = %e, "the fence row held no valid token before this write");
+            None
+        }
+    };
+    Ok(Accepted::new(previous))
 }
 
 #[async_trait]

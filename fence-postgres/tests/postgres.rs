@@ -1407,6 +1407,31 @@ async fn an_existing_table_of_another_shape_is_refused_without_migrate() {
             .unwrap();
         fence.claim(&r, t(1)).await.unwrap();
     }
+    // A row holding no valid token (a table made without the migration's CHECK): a write above
+    // it takes effect and is reported accepted. Before, the row's value was converted first, and
+    // the committed write came back as `InvalidInput` ("nothing was sent").
+    c.execute(
+        "INSERT INTO long_ids (resource, newest) VALUES ('negative', -5)",
+        &[],
+    )
+    .await
+    .unwrap();
+    let fence = PgFence::connect(&format!("{url}?table=long_ids&migrate=false"))
+        .await
+        .unwrap();
+    let negative = ResourceId::new("negative").unwrap();
+    fence
+        .write(&negative, t(3), Bytes::from_static(b"v"))
+        .await
+        .unwrap();
+    let row = c
+        .query_one(
+            "SELECT newest FROM long_ids WHERE resource = 'negative'",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(row.get::<_, i64>(0), 3);
     // No table yet is left to the first write, which names it.
     let fence = PgFence::connect(&format!("{url}?table=not_yet&migrate=false"))
         .await
