@@ -99,9 +99,41 @@ pub(crate) fn clap_one_line(rendered: &str) -> String {
     one_line(&kept.join("\n"))
 }
 
+/// `text` with every word that holds a URL (`scheme://...`) cut to its scheme: `'postgres://***'`.
+/// For messages that quote what a user typed (clap's), where a URL may carry a password, or a
+/// Consul token in its user part, and no parser has redacted it.
+pub(crate) fn hide_urls(text: &str) -> String {
+    text.split(' ')
+        .map(|word| match word.find("://") {
+            None => word.to_owned(),
+            Some(at) => {
+                let quote = if word.ends_with('\'') { "'" } else { "" };
+                format!("{}://***{quote}", &word[..at])
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn urls_in_quoted_input_are_cut_to_their_scheme() {
+        assert_eq!(
+            hide_urls("error: unexpected argument 'postgres://u:pw@db/app?sslmode=require' found"),
+            "error: unexpected argument 'postgres://***' found"
+        );
+        assert_eq!(
+            hide_urls("invalid value 'consul://s3cr3t-token@agent:8500' for '<KEY>'"),
+            "invalid value 'consul://***' for '<KEY>'"
+        );
+        assert_eq!(
+            hide_urls("invalid value '10x' for '--ttl <DURATION>'"),
+            "invalid value '10x' for '--ttl <DURATION>'"
+        );
+    }
 
     #[test]
     fn clap_errors_become_one_line() {

@@ -57,7 +57,7 @@
 //!
 //! # The job hangs: remove it, but only if it is still the holder that was inspected.
 //! $ fenced force-release jobs/nightly --actor alice --reason "host lost" --expect-token 41
-//! removed the holder of jobs/nightly
+//! removed the holder of jobs/nightly on etcd
 //! holder     web-3/4121
 //! token      41
 //! ...
@@ -125,8 +125,16 @@ fn main() -> ExitCode {
             let _ = e.print();
             return ExitCode::SUCCESS;
         }
+        Err(e) if e.kind() == clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+            // `fenced`, `fenced fence` or `fenced token-floor` alone: the command's help, whole
+            // (its first line alone would name no command), on stderr, as a usage error.
+            let _ = e.print();
+            return ExitCode::from(exit::USAGE);
+        }
         Err(e) => {
-            let line = exit::clap_one_line(&e.render().to_string());
+            // A URL given where clap expected something else is quoted in its error: never
+            // print its password or token.
+            let line = exit::hide_urls(&exit::clap_one_line(&e.render().to_string()));
             let line = line.strip_prefix("error: ").unwrap_or(&line);
             report(&Failure::usage(line));
             return ExitCode::from(exit::USAGE);

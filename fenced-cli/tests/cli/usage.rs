@@ -472,3 +472,55 @@ fn token_floor_without_a_coordinator_url_sends_nothing() {
     assert_eq!(out.status.code(), Some(USAGE), "{err}");
     assert!(err.contains("FENCED_URL"), "{err}");
 }
+
+/// `fenced`, `fenced fence` and `fenced token-floor` without a subcommand print that command's
+/// whole help on stderr (its commands listed) and exit 2. Before, the one-line error kept only
+/// the help's first line, the command's description, and named no command.
+#[test]
+fn a_missing_subcommand_shows_the_commands_help() {
+    for (args, commands) in [
+        (
+            &[][..],
+            &[
+                "inspect",
+                "force-release",
+                "audit",
+                "run",
+                "fence",
+                "token-floor",
+            ][..],
+        ),
+        (&["fence"], &["read", "write"]),
+        (&["token-floor"], &["suggest"]),
+    ] {
+        let out = fenced().args(args).output().unwrap();
+        let err = stderr_of(&out);
+        assert_eq!(out.status.code(), Some(USAGE), "{args:?}: {err}");
+        assert!(err.contains("Usage:"), "{args:?}: {err}");
+        for c in commands {
+            assert!(err.contains(c), "{args:?} does not list {c}: {err}");
+        }
+    }
+}
+
+/// A URL given where clap expects something else (an extra argument) is quoted in clap's error
+/// cut to its scheme: its password or token is never printed.
+#[test]
+fn a_misplaced_url_is_quoted_without_its_secret() {
+    for url in [
+        "redis://:s3cret@127.0.0.1:6379",
+        "postgres://app:s3cret@db/app?sslmode=disable",
+        "consul://s3cret@127.0.0.1:8500",
+    ] {
+        let out = fenced()
+            .args(["--url", "memory://", "inspect", "k", url])
+            .output()
+            .unwrap();
+        let err = stderr_of(&out);
+        assert_eq!(out.status.code(), Some(USAGE), "{err}");
+        assert_one_line(&err);
+        assert!(!err.contains("s3cret"), "{err}");
+        let scheme = url.split("://").next().unwrap();
+        assert!(err.contains(&format!("'{scheme}://***'")), "{err}");
+    }
+}
