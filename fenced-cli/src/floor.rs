@@ -28,7 +28,11 @@ pub(crate) async fn suggest(
     // The coordinator's URL is settled (and its `token_floor` read) before any fence is
     // connected: a missing URL is a usage error with nothing sent.
     let url = backend_url(url)?;
-    let configured = configured_floor(&url);
+    // A URL that does not parse is refused here, before any fence is asked (its options are
+    // the backend's to check, when it is connected).
+    let parsed =
+        fenced::adapter::BackendUrl::parse(&url).map_err(|e| Failure::usage(e.to_string()))?;
+    let configured = configured_floor(&parsed);
     let resources = resources
         .iter()
         .map(|r| resource_id(r).map_err(|e| Failure::usage(format!("--resource: {e}"))))
@@ -190,11 +194,10 @@ pub(crate) async fn suggest(
     Ok(exit::OK)
 }
 
-/// The `token_floor` option of the coordinator URL `url`, if it has one. A URL that does not
-/// parse, or a floor that is not a token, is left to `connect` to refuse with its own error.
-fn configured_floor(url: &str) -> Option<Token> {
-    let parsed = fenced::adapter::BackendUrl::parse(url).ok()?;
-    let pairs = parsed.query_pairs().ok()?;
+/// The `token_floor` option of the coordinator URL `url`, if it has one. A floor that is not a
+/// token is left to `connect` to refuse with its own error.
+fn configured_floor(url: &fenced::adapter::BackendUrl) -> Option<Token> {
+    let pairs = url.query_pairs().ok()?;
     pairs
         .into_iter()
         .find(|(name, _)| name == "token_floor")
