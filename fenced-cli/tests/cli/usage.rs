@@ -524,3 +524,18 @@ fn a_misplaced_url_is_quoted_without_its_secret() {
         assert!(err.contains(&format!("'{scheme}://***'")), "{err}");
     }
 }
+
+/// A coordinator URL that does not parse is refused before any fence is asked: a usage error
+/// naming the URL (its password hidden), not the unreachable fence's `Unavailable`.
+#[test]
+fn token_floor_with_a_malformed_coordinator_url_sends_nothing() {
+    let out = fenced()
+        .args(["--url", "redis://u:hunter2@[bad", "token-floor", "suggest", "k"])
+        .args(["--fence", "redis://127.0.0.1:1", "--resource", "orders/1"])
+        .output()
+        .unwrap();
+    let err = stderr_of(&out);
+    assert_eq!(out.status.code(), Some(USAGE), "{err}");
+    assert_one_line(&err);
+    assert!(err.contains("redis://u:***") && !err.contains("hunter2"), "{err}");
+}
