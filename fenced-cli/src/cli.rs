@@ -39,7 +39,7 @@ Exit statuses:
       (nothing was removed; what is there now is printed);
       token-floor suggest: no token was found to base a floor on
   2   usage or input error (bad argument, key, duration, URL or address); nothing was sent
-  69  the backend is unavailable
+  69  the backend is unavailable; run: the lease was in doubt when granted (not started)
   70  the backend's answer was unknown or unexpected (re-read before acting)
   74  the command ran but changed nothing (inspect, audit, fence read, token-floor
       suggest, a refused force-release), and its output could not be written (a full
@@ -47,7 +47,8 @@ Exit statuses:
       on stderr; a reader that closed the pipe keeps the command's own status
   75  run: the lock was not acquired within --wait
   76  run: the lease was lost while the command ran (the command was stopped, or it had
-      finished and its release found the lease lost);
+      finished and its release found the lease lost), or before it could start, or had
+      no validity to spare (the command was not started);
       fence write: the token is stale (nothing was written)
   78  the backend is misconfigured for fenced leases
   126 run: the command could not be executed
@@ -148,8 +149,9 @@ pub(crate) enum Command {
     /// When CMD exits, the lease is released and fenced exits with CMD's status, or 76 if the
     /// release finds the lease already lost (a loss not yet noticed when CMD exited). SIGTERM and
     /// SIGHUP sent to fenced are forwarded to CMD; SIGINT is not (from a terminal CMD gets it
-    /// directly). Only CMD itself is signalled: a shell script should `exec` its last command or
-    /// pass the signal on to its own children.
+    /// directly). A signal fenced was started with ignored (SIGHUP under nohup) stays ignored in
+    /// fenced and CMD. Only CMD itself is signalled: a shell script should `exec` its last
+    /// command or pass the signal on to its own children.
     ///
     /// While fenced waits for KEY on a terminal (stderr is a tty), a spinner shows the wait;
     /// otherwise nothing is printed but errors.
@@ -162,6 +164,7 @@ pub(crate) enum Command {
         "      lost; or it was granted with no more validity than the margin\n",
         "      (a tenth of the TTL), and CMD was not started\n",
         "  126 CMD could not be executed; 127 CMD was not found (the lease was released)\n",
+        "  69  also: the lease was in doubt when granted, and CMD was not started\n",
         backend_statuses!()
     ))]
     Run(RunArgs),

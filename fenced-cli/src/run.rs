@@ -12,7 +12,7 @@ use fenced::{
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use tokio::process::Child;
-use tokio::signal::unix::{signal, SignalKind};
+use tokio::signal::unix::{signal, Signal as UnixSignal, SignalKind};
 
 use crate::cli::RunArgs;
 use crate::commands::{connect, lock_key};
@@ -54,39 +54,44 @@ pub(crate) async fn run(url: Option<String>, args: RunArgs) -> Result<u8, Failur
     // The section's margin, as bounded_with would pick it: a tenth of the granted TTL.
     let margin = (kept.lease().ttl() / 10).max(Duration::from_millis(1));
     let left = kept.lease().remaining();
-    if let LeaseStatus::Lost(reason) = kept.lease().status() {
-        let token = kept.token();
-        let _ = kept.release().await;
-        return Err(Failure::new(
-            exit::LOST,
-            format!("lease on {key} (token {token}) was lost ({reason}) before the command could start; it was not started"),
-        ));
-    }
-    if !matches!(kept.lease().status(), LeaseStatus::Held) || left <= margin {
-        // The section would end at once: the command would be started only to be stopped.
-        let token = kept.token();
-        let _ = kept.release().await;
-        return Err(Failure::new(
-            exit::LOST,
-            format!(
-                "lease on {key} (token {token}) had {} of validity when granted, not more than \
-                 run's margin of {} (a tenth of the TTL): the command was not started; the \
-                 backend caps validity below the TTL (on ZooKeeper, give tick_ms, or a \
-                 session_timeout_ms well above the margin)",
+    let not_started = |why: String| format!("lease on {key} (token {}) {why}", kept.token());
+    match kept.lease().status() {
+        LeaseStatus::Held if left > margin => {}
+        LeaseStatus::Lost(reason) => {
+            let message = not_started(format!(
+                "was lost ({reason}) before the command could start; it was not started"
+            ));
+            let _ = kept.release().await;
+            return Err(Failure::new(exit::LOST, message));
+        }
+        LeaseStatus::InDoubt => {
+            let message = not_started(
+                "was in doubt when granted (the backend could not confirm it yet): the command \
+                 was not started; try again"
+                    .to_owned(),
+            );
+            release(kept, &key).await;
+            return Err(Failure::new(exit::UNAVAILABLE, message));
+        }
+        LeaseStatus::Held => {
+            // The section would end at once: the command would be started only to be stopped.
+            let message = not_started(format!(
+                "had {} of validity when granted, not more than run's margin of {} (a tenth of \
+                 the TTL): the command was not started; the backend caps validity below the TTL \
+                 (on ZooKeeper, give tick_ms, or a session_timeout_ms well above the margin)",
                 humantime::format_duration(round_ms(left)),
                 humantime::format_duration(round_ms(margin)),
-            ),
-        ));
+            ));
+            let _ = kept.release().await;
+            return Err(Failure::new(exit::LOST, message));
+        }
     }
 
     // Installed before the child starts, so a SIGTERM meant for it is never lost. The child
-    // starts with the default dispositions (exec resets caught signals).
-    let signals = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::hangup()),
-        signal(SignalKind::interrupt()),
-    );
-    let (Ok(mut term), Ok(mut hup), Ok(mut int)) = signals else {
+    // starts with the default dispositions (exec resets caught signals), except for those
+    // fenced was started with ignored (`nohup` ignores SIGHUP, a shell SIGINT for a background
+    // job): those are not caught, so the child inherits them ignored.
+    let Ok(mut signals) = Signals::install() else {
         release(kept, &key).await;
         return Err(Failure::new(
             exit::SOFTWARE,
@@ -99,43 +104,38 @@ pub(crate) async fn run(url: Option<String>, args: RunArgs) -> Result<u8, Failur
         .args(rest)
         .env("FENCED_TOKEN", kept.token().to_string())
         .env("FENCED_KEY", key.as_str());
-    let mut child = match command.spawn() {
-        Ok(child) => child,
-        Err(e) => {
-            release(kept, &key).await;
-            let status = if e.kind() == std::io::ErrorKind::NotFound {
-                exit::NOT_FOUND
-            } else {
-                exit::CANNOT_EXECUTE
-            };
-            return Err(Failure::new(
-                status,
-                format!("cannot run {:?}: {e}", program.to_string_lossy()),
-            ));
-        }
-    };
-
-    // The child runs as a bounded section of the kept lease: the section ends as soon as the
-    // lease is lost or its validity (less a tenth of the TTL) runs out unrenewed.
+    // The child runs as a bounded section of the kept lease: it is started only once the
+    // section's check passed, and the section ends as soon as the lease is lost or its validity
+    // (less a tenth of the TTL) runs out unrenewed.
+    let mut slot: Option<Child> = None;
+    let (started, command) = (&mut slot, &mut command);
     let outcome = bounded_with(
         kept.lease(),
         SectionOptions::new().margin(margin),
-        |_guard| async {
+        |_guard| async move {
+            let child = match command.spawn() {
+                Ok(child) => started.insert(child),
+                Err(e) => return Ok(Ended::NotStarted(e)),
+            };
             loop {
                 tokio::select! {
-                    status = child.wait() => return Ok(status),
-                    _ = term.recv() => forward(&child, Signal::SIGTERM),
-                    _ = hup.recv() => forward(&child, Signal::SIGHUP),
-                    // From a terminal the child got the same SIGINT: keep waiting for it.
-                    _ = int.recv() => {}
+                    status = child.wait() => return Ok(match status {
+                        Ok(status) => Ended::Exited(status),
+                        Err(e) => Ended::WaitFailed(e),
+                    }),
+                    sig = signals.recv() => match sig {
+                        // From a terminal the child got the same SIGINT: keep waiting for it.
+                        Signal::SIGINT => {}
+                        sig => forward(child, sig),
+                    },
                 }
             }
         },
     )
     .await;
 
-    match outcome {
-        Ok(Ok(status)) => match release(kept, &key).await {
+    match (outcome, slot) {
+        (Ok(Ended::Exited(status)), _) => match release(kept, &key).await {
             None => Ok(exit_status(status)),
             // Lost before the command finished, noticed only by the release (a force-release or
             // an expiry the lease had not heard of yet): the command may have ended without
@@ -149,24 +149,118 @@ pub(crate) async fn run(url: Option<String>, args: RunArgs) -> Result<u8, Failur
                 ),
             )),
         },
-        Ok(Err(e)) => {
-            let how = stop(&mut child, args.grace).await;
+        (Ok(Ended::NotStarted(e)), _) => {
+            release(kept, &key).await;
+            let status = if e.kind() == std::io::ErrorKind::NotFound {
+                exit::NOT_FOUND
+            } else {
+                exit::CANNOT_EXECUTE
+            };
+            Err(Failure::new(
+                status,
+                format!("cannot run {:?}: {e}", program.to_string_lossy()),
+            ))
+        }
+        (Ok(Ended::WaitFailed(e)), child) => {
+            let how = match child {
+                Some(mut child) => stop(&mut child, args.grace).await,
+                None => "not started".to_owned(),
+            };
             release(kept, &key).await;
             Err(Failure::new(
                 exit::SOFTWARE,
                 format!("waiting for the command failed: {e}; the command was {how}"),
             ))
         }
-        Err(lost) => {
+        (Err(e), Some(mut child)) => {
             let how = stop(&mut child, args.grace).await;
             // Compare-and-delete: removes nothing that is not ours any more.
             let _ = kept.release().await;
             Err(Failure::new(
-                exit::LOST,
-                format!("{lost}; the command was {how}"),
+                exit::status_of(&e),
+                format!("{e}; the command was {how}"),
+            ))
+        }
+        // The section did not start (the lease lost, or in doubt, at its check): neither did
+        // the command.
+        (Err(e), None) => {
+            let _ = kept.release().await;
+            Err(Failure::new(
+                exit::status_of(&e),
+                format!("{e}; the command was not started"),
             ))
         }
     }
+}
+
+/// How the command's section ended, when the lease lasted.
+enum Ended {
+    /// The command exited (or was killed) with this status.
+    Exited(ExitStatus),
+    /// It could not be started.
+    NotStarted(std::io::Error),
+    /// Waiting for it failed; it may still run.
+    WaitFailed(std::io::Error),
+}
+
+/// SIGTERM, SIGHUP and SIGINT as `run` receives them while the command runs: each caught unless
+/// fenced was started with it ignored (`nohup` ignores SIGHUP, a shell ignores SIGINT for a
+/// background job). Exec resets a caught signal to its default in the command, so catching an
+/// ignored one would let it kill a command meant to be immune.
+struct Signals {
+    term: Option<UnixSignal>,
+    hup: Option<UnixSignal>,
+    int: Option<UnixSignal>,
+}
+
+impl Signals {
+    fn install() -> std::io::Result<Signals> {
+        let ignored = ignored_signals();
+        let catch = |sig: Signal, kind: SignalKind| -> std::io::Result<Option<UnixSignal>> {
+            if ignored & (1 << (sig as i32 - 1)) != 0 {
+                Ok(None)
+            } else {
+                signal(kind).map(Some)
+            }
+        };
+        Ok(Signals {
+            term: catch(Signal::SIGTERM, SignalKind::terminate())?,
+            hup: catch(Signal::SIGHUP, SignalKind::hangup())?,
+            int: catch(Signal::SIGINT, SignalKind::interrupt())?,
+        })
+    }
+
+    /// The next signal received (never, if none is caught).
+    async fn recv(&mut self) -> Signal {
+        /// Resolves when `stream` receives its signal; never for one not caught.
+        async fn next(stream: &mut Option<UnixSignal>) {
+            if let Some(stream) = stream {
+                if stream.recv().await.is_some() {
+                    return;
+                }
+            }
+            std::future::pending().await
+        }
+        tokio::select! {
+            () = next(&mut self.term) => Signal::SIGTERM,
+            () = next(&mut self.hup) => Signal::SIGHUP,
+            () = next(&mut self.int) => Signal::SIGINT,
+        }
+    }
+}
+
+/// The signals this process ignores: `SigIgn` of `/proc/self/status` (bit N-1 for signal N);
+/// none if it cannot be read.
+fn ignored_signals() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix("SigIgn:"))
+                .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+        })
+        .unwrap_or(0)
 }
 
 /// Buckets (seconds) of the `_seconds` histograms, as docs/metrics.md suggests.

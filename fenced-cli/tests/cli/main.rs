@@ -9,6 +9,7 @@
 mod backends;
 mod commands;
 mod run;
+mod signals;
 mod support;
 mod token_floor;
 mod usage;
