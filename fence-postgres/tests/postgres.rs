@@ -1420,10 +1420,11 @@ async fn an_existing_table_of_another_shape_is_refused_without_migrate() {
         .await
         .unwrap();
     let negative = ResourceId::new("negative").unwrap();
-    fence
+    let accepted = fence
         .write(&negative, t(3), Bytes::from_static(b"v"))
         .await
         .unwrap();
+    assert_eq!(accepted.previous, None, "-5 is no token to report");
     let row = c
         .query_one(
             "SELECT newest FROM long_ids WHERE resource = 'negative'",

@@ -149,8 +149,8 @@ pub(crate) enum Command {
     /// When CMD exits, the lease is released and fenced exits with CMD's status, or 76 if the
     /// release finds the lease already lost (a loss not yet noticed when CMD exited). SIGTERM and
     /// SIGHUP sent to fenced are forwarded to CMD; SIGINT is not (from a terminal CMD gets it
-    /// directly). A signal fenced was started with ignored (SIGHUP under nohup) stays ignored in
-    /// fenced and CMD. Only CMD itself is signalled: a shell script should `exec` its last
+    /// directly). SIGTERM, SIGHUP or SIGINT ignored when fenced started (SIGHUP under nohup)
+    /// stays ignored in fenced and CMD. Only CMD itself is signalled: a shell script should `exec` its last
     /// command or pass the signal on to its own children.
     ///
     /// While fenced waits for KEY on a terminal (stderr is a tty), a spinner shows the wait;
@@ -158,13 +158,13 @@ pub(crate) enum Command {
     #[command(after_help = concat!(
         "Exit statuses:\n",
         "  N   CMD's own status when it exited under the lease (128+N if signal N killed it)\n",
+        "  69  also: the lease was in doubt when granted, and CMD was not started\n",
         "  75  the lock was not acquired within --wait (the holder is named when known)\n",
         "  76  the lease was lost while CMD ran; CMD was stopped (SIGTERM and SIGCONT, then\n",
         "      SIGKILL after --grace), or it had just exited and the release found the lease\n",
-        "      lost; or it was granted with no more validity than the margin\n",
-        "      (a tenth of the TTL), and CMD was not started\n",
+        "      lost; or it was lost before CMD could start, or granted with no more validity\n",
+        "      than the margin (a tenth of the TTL), and CMD was not started\n",
         "  126 CMD could not be executed; 127 CMD was not found (the lease was released)\n",
-        "  69  also: the lease was in doubt when granted, and CMD was not started\n",
         backend_statuses!()
     ))]
     Run(RunArgs),

@@ -99,20 +99,33 @@ pub(crate) fn clap_one_line(rendered: &str) -> String {
     one_line(&kept.join("\n"))
 }
 
-/// `text` with every word that holds a URL (`scheme://...`) cut to its scheme: `'postgres://***'`.
-/// For messages that quote what a user typed (clap's), where a URL may carry a password, or a
-/// Consul token in its user part, and no parser has redacted it.
+/// `text` with every URL that may carry a secret cut to its scheme: `'postgres://***'`,
+/// `'etcd:***'`. For messages that quote what a user typed (clap's, which quote a value as
+/// `'...'`), where a URL may carry a password, or a Consul token in its user part, and no parser
+/// has redacted it. A quoted value is judged whole (it may hold spaces); outside quotes, word by
+/// word. A value holding `://`, or a `:` before an `@` (`scheme:user:password@host`, which the
+/// registry accepts too), is cut.
 pub(crate) fn hide_urls(text: &str) -> String {
-    text.split(' ')
-        .map(|word| match word.find("://") {
-            None => word.to_owned(),
-            Some(at) => {
-                let quote = if word.ends_with('\'') { "'" } else { "" };
-                format!("{}://***{quote}", &word[..at])
+    let hide = |s: &str| -> String {
+        if let Some(at) = s.find("://") {
+            return format!("{}://***", &s[..at]);
+        }
+        match (s.find(':'), s.rfind('@')) {
+            (Some(colon), Some(at)) if colon < at => format!("{}:***", &s[..colon]),
+            _ => s.to_owned(),
+        }
+    };
+    text.split('\'')
+        .enumerate()
+        .map(|(i, piece)| {
+            if i % 2 == 1 {
+                hide(piece)
+            } else {
+                piece.split(' ').map(hide).collect::<Vec<_>>().join(" ")
             }
         })
         .collect::<Vec<_>>()
-        .join(" ")
+        .join("'")
 }
 
 #[cfg(test)]
@@ -132,6 +145,18 @@ mod tests {
         assert_eq!(
             hide_urls("invalid value '10x' for '--ttl <DURATION>'"),
             "invalid value '10x' for '--ttl <DURATION>'"
+        );
+        assert_eq!(
+            hide_urls("unexpected argument 'ETCD:user:s3cret@127.0.0.1:2379' found"),
+            "unexpected argument 'ETCD:***' found"
+        );
+        assert_eq!(
+            hide_urls("unexpected argument 'consul://a b@h', and 'x' found"),
+            "unexpected argument 'consul://***', and 'x' found"
+        );
+        assert_eq!(
+            hide_urls("error: the argument 'redis://h:1' (valid for --url) at 12:30"),
+            "error: the argument 'redis://***' (valid for --url) at 12:30"
         );
     }
 

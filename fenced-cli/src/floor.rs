@@ -28,8 +28,8 @@ pub(crate) async fn suggest(
     // The coordinator's URL is settled (and its `token_floor` read) before any fence is
     // connected: a missing URL is a usage error with nothing sent.
     let url = backend_url(url)?;
-    // A URL that does not parse is refused here, before any fence is asked (its options are
-    // the backend's to check, when it is connected).
+    // A URL that does not parse is refused here, before any fence is asked; its scheme and
+    // options are checked when it is connected, after the fences were read.
     let parsed =
         fenced::adapter::BackendUrl::parse(&url).map_err(|e| Failure::usage(e.to_string()))?;
     let configured = configured_floor(&parsed);

@@ -64,7 +64,7 @@ pub(crate) async fn run(url: Option<String>, args: RunArgs) -> Result<u8, Failur
             let _ = kept.release().await;
             return Err(Failure::new(exit::LOST, message));
         }
-        LeaseStatus::InDoubt => {
+        LeaseStatus::InDoubt if left > margin => {
             let message = not_started(
                 "was in doubt when granted (the backend could not confirm it yet): the command \
                  was not started; try again"
@@ -73,7 +73,7 @@ pub(crate) async fn run(url: Option<String>, args: RunArgs) -> Result<u8, Failur
             release(kept, &key).await;
             return Err(Failure::new(exit::UNAVAILABLE, message));
         }
-        LeaseStatus::Held => {
+        LeaseStatus::Held | LeaseStatus::InDoubt => {
             // The section would end at once: the command would be started only to be stopped.
             let message = not_started(format!(
                 "had {} of validity when granted, not more than run's margin of {} (a tenth of \

@@ -9,6 +9,7 @@
 mod backends;
 mod commands;
 mod run;
+#[cfg(target_os = "linux")]
 mod signals;
 mod support;
 mod token_floor;

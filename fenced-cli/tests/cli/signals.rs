@@ -10,6 +10,15 @@ use nix::unistd::Pid;
 
 use crate::support::*;
 
+/// A command run with SIGHUP, SIGINT and SIGTERM at their defaults whatever this test process
+/// inherited (a test run under `nohup`, or as a shell's background job, which ignores SIGINT,
+/// passes those on, and `fenced` now keeps them): coreutils' `env --default-signal`.
+fn with_default_signals(program: impl AsRef<std::ffi::OsStr>) -> Command {
+    let mut c = Command::new("env");
+    c.arg("--default-signal=HUP,INT,TERM").arg(program);
+    c
+}
+
 /// The `SigIgn` mask (bit N-1 for signal N) of the process whose `/proc/<pid>/status` text this
 /// is.
 fn ignored_in(status: &str) -> u64 {
@@ -31,7 +40,7 @@ fn run_under(traps: &str, out: &Path) -> std::process::Output {
         "{traps}\nexec \"$FENCED_BIN\" --url memory:// run jobs/signals -- \
          sh -c 'cat /proc/$$/status > \"$OUT\"'"
     );
-    Command::new("sh")
+    with_default_signals("sh")
         .args(["-c", &script])
         .env("FENCED_BIN", fenced_bin())
         .env("OUT", out)
@@ -80,7 +89,8 @@ fn sigterm_and_sighup_are_forwarded_and_sigint_is_not() {
     ] {
         let dir = tempfile::tempdir().unwrap();
         let started = dir.path().join("started");
-        let mut fenced = Command::new(fenced_bin())
+        // `env` execs fenced: the PID signalled below is fenced's.
+        let mut fenced = with_default_signals(fenced_bin())
             .args(["--url", "memory://", "run", "jobs/forward", "--"])
             // The command ends on SIGTERM or SIGHUP (their default) and on its own after 30 s.
             .args(["sh", "-c", r#"echo > "$STARTED"; exec sleep 30"#])

@@ -498,7 +498,10 @@ fn a_missing_subcommand_shows_the_commands_help() {
         assert_eq!(out.status.code(), Some(USAGE), "{args:?}: {err}");
         assert!(err.contains("Usage:"), "{args:?}: {err}");
         for c in commands {
-            assert!(err.contains(c), "{args:?} does not list {c}: {err}");
+            assert!(
+                err.contains(&format!("\n  {c} ")),
+                "{args:?} does not list {c}: {err}"
+            );
         }
     }
 }
@@ -530,12 +533,21 @@ fn a_misplaced_url_is_quoted_without_its_secret() {
 #[test]
 fn token_floor_with_a_malformed_coordinator_url_sends_nothing() {
     let out = fenced()
-        .args(["--url", "redis://u:hunter2@[bad", "token-floor", "suggest", "k"])
+        .args([
+            "--url",
+            "redis://u:hunter2@[bad",
+            "token-floor",
+            "suggest",
+            "k",
+        ])
         .args(["--fence", "redis://127.0.0.1:1", "--resource", "orders/1"])
         .output()
         .unwrap();
     let err = stderr_of(&out);
     assert_eq!(out.status.code(), Some(USAGE), "{err}");
     assert_one_line(&err);
-    assert!(err.contains("redis://u:***") && !err.contains("hunter2"), "{err}");
+    assert!(
+        err.contains("redis://u:***") && !err.contains("hunter2"),
+        "{err}"
+    );
 }
