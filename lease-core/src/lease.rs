@@ -60,6 +60,16 @@ impl Signal {
         *self.view.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// The view and its status, the clock read under the lock. A status read from a copy
+    /// could find validity passed that a renewal confirmed between the copy and the clock read
+    /// had extended, and a reader that records what it finds would then record a lease renewed
+    /// in time as `Lost(Expired)`. Read under the lock, a passed validity stays passed:
+    /// [`LeaseState::renewed`] refuses to extend it.
+    fn current(&self) -> (View, LeaseStatus) {
+        let view = self.view.lock().unwrap_or_else(|p| p.into_inner());
+        (*view, view.status_now())
+    }
+
     /// Applies `change`; wakes the waiters if it returns true. Returns what `change` returned.
     fn modify(&self, change: impl FnOnce(&mut View) -> bool) -> bool {
         let changed = change(&mut self.view.lock().unwrap_or_else(|p| p.into_inner()));
@@ -337,12 +347,12 @@ impl LeaseState {
     /// `Lost(Expired)` (or `Lost(KeeperStopped)` when a keeper stopped renewing it on purpose),
     /// and recorded as such.
     pub fn status(&self) -> LeaseStatus {
-        let view = self.inner.signal.view();
-        match view.status_now() {
+        let (view, now) = self.inner.signal.current();
+        match now {
             LeaseStatus::Lost(reason) if !matches!(view.status, LeaseStatus::Lost(_)) => {
                 self.mark_lost(reason);
                 // Another reason may have been recorded in between: the first one wins.
-                self.inner.signal.view().status_now()
+                self.inner.signal.current().1
             }
             s => s,
         }
@@ -500,7 +510,7 @@ impl fmt::Debug for LostSignal {
 impl LostSignal {
     /// The status now (without recording anything).
     pub fn status(&self) -> LeaseStatus {
-        self.signal.view().status_now()
+        self.signal.current().1
     }
 
     /// Whether the lease is lost now.
@@ -541,8 +551,8 @@ impl LostSignal {
             let changed = self.signal.changed.notified();
             tokio::pin!(changed);
             changed.as_mut().enable();
-            let view = self.signal.view();
-            if let Some(t) = pick(view.status_now()) {
+            let (view, now) = self.signal.current();
+            if let Some(t) = pick(now) {
                 return t;
             }
             if self.signal.closed.load(Ordering::Acquire) {
