@@ -2,6 +2,16 @@
 
 use crate::support::*;
 
+/// `fenced`'s commands, as its help lists them.
+const COMMANDS: &[&str] = &[
+    "inspect",
+    "force-release",
+    "audit",
+    "run",
+    "fence",
+    "token-floor",
+];
+
 #[test]
 fn bad_urls_durations_and_keys_are_one_line_usage_errors() {
     let cases: &[(&[&str], &str)] = &[
@@ -308,16 +318,7 @@ fn help_documents_every_command_and_status() {
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
     let top = help(&[]);
-    for needle in [
-        "inspect",
-        "force-release",
-        "audit",
-        "run",
-        "fence",
-        "token-floor",
-        "FENCED_URL",
-        "Exit statuses",
-    ] {
+    for needle in COMMANDS.iter().chain(&["FENCED_URL", "Exit statuses"]) {
         assert!(top.contains(needle), "--help lacks {needle}: {top}");
     }
     for status in [
@@ -479,17 +480,7 @@ fn token_floor_without_a_coordinator_url_sends_nothing() {
 #[test]
 fn a_missing_subcommand_shows_the_commands_help() {
     for (args, commands) in [
-        (
-            &[][..],
-            &[
-                "inspect",
-                "force-release",
-                "audit",
-                "run",
-                "fence",
-                "token-floor",
-            ][..],
-        ),
+        (&[][..], COMMANDS),
         (&["fence"], &["read", "write"]),
         (&["token-floor"], &["suggest"]),
     ] {
