@@ -157,7 +157,14 @@ impl RedisFence {
                     source: None,
                 })
             }
-            [flag, previous] if reply::int(flag) == Some(1) => Ok(Accepted::new(parse(previous)?)),
+            // Committed: whatever the hash held before is only reported. A `newest` written from
+            // outside that no token can have is not an error of this write, which took effect.
+            [flag, previous] if reply::int(flag) == Some(1) => {
+                Ok(Accepted::new(parse(previous).unwrap_or_else(|e| {
+                    tracing::warn!(%resource, error = %e, "the fence held no valid token before this write");
+                    None
+                })))
+            }
             [flag, current] if reply::int(flag) == Some(0) => {
                 let current = parse(current)?.ok_or_else(|| bad_reply(op, "no current token"))?;
                 Err(Error::Stale {

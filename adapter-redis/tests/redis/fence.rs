@@ -6,7 +6,7 @@ use adapter_redis::RedisFence;
 use conformance_tests::proxy::{sockets_closed, FaultProxy};
 use lease_core::{Bytes, Coordinator, Error, Fence, Lease, LeaseOptions, ResourceId, Token};
 
-use crate::common::{coordinator, durable, eventually, fence, key, server};
+use crate::common::{coordinator, durable, eventually, fence, key, raw, server};
 
 const SEC: Duration = Duration::from_secs(1);
 
@@ -77,6 +77,45 @@ async fn fence_accepts_newer_and_equal_rejects_older_and_claims() {
     f.claim(&r2, t(3)).await.unwrap();
     let v = f.read(&r2).await.unwrap().unwrap();
     assert_eq!((v.newest, v.value), (t(3), None));
+}
+
+/// A write the script committed is reported accepted whatever the hash held before: a `newest`
+/// written from outside that no token can have (here `!`, which sorts below every digit, so the
+/// script takes the write) is left out of the acceptance. Before, the committed write was
+/// reported as a bad reply.
+#[tokio::test]
+async fn a_committed_write_is_accepted_whatever_newest_held_before() {
+    let Some(srv) = server(
+        "a_committed_write_is_accepted_whatever_newest_held_before",
+        durable(),
+    ) else {
+        return;
+    };
+    let f = fence(&srv, "").await;
+    let r = ResourceId::from(&key("outside-newest"));
+    f.claim(&r, t(1)).await.unwrap();
+    let mut conn = raw(&srv).await;
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("*outside-newest*fence")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    let () = redis::cmd("HSET")
+        .arg(&keys[0])
+        .arg("newest")
+        .arg("!")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let a = f
+        .write(&r, t(5), Bytes::from_static(b"five"))
+        .await
+        .expect("a committed write is accepted");
+    assert_eq!(a.previous, None);
+    let v = f.read(&r).await.unwrap().unwrap();
+    assert_eq!(v.newest, t(5));
+    assert_eq!(v.value, Some((t(5), Bytes::from_static(b"five"))));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
