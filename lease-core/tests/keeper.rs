@@ -420,6 +420,22 @@ async fn transient_renewal_failures_are_retried() {
     assert!(kept.lease().remaining() >= secs(2));
 }
 
+/// Failed renewals are tried again until validity ends, however far the backoff has grown: a
+/// retry is never put off by more than half the validity left. Here the backend answers only in
+/// the last 20 ms of validity. Before, a backoff grown to its cap (a fifth of the TTL, 6 s here)
+/// put the next try past the end of validity and the lease ran out untried for up to 6 s.
+#[tokio::test(start_paused = true)]
+async fn failed_renewals_are_tried_again_until_validity_ends() {
+    let lease = ScriptedLease::new(secs(30), RenewScript::OkOnlyWithin(ms(20)));
+    let renews = lease.renews.clone();
+    let kept = keep(Box::new(lease), KeeperOptions::new().jitter(0.0)).unwrap();
+    tokio::time::sleep(secs(31)).await;
+    assert_eq!(kept.lease().status(), LeaseStatus::Held);
+    let tries = renews.load(Ordering::SeqCst);
+    // And the tries thin out as validity runs down, rather than spin.
+    assert!(tries < 30, "{tries} tries in 31 s");
+}
+
 /// A renewal that is not confirmed puts the lease in doubt: renewal has become uncertain, so a
 /// section's guard refuses new sub-work, until a later try confirms. Before, the lease stayed
 /// `Held` and the guard kept letting new sub-work start until validity less its margin.

@@ -84,6 +84,9 @@ pub(crate) enum RenewScript {
     /// with less than 500 ms left is first renewed to 988 ms after the send, as a Consul lease's
     /// renewal renews a 1 s session that is no longer fresh.
     CappedBySession,
+    /// Fail with `Unavailable` unless the try is sent within this long of the end of validity
+    /// (an outage that ends just before the lease would run out), then confirm.
+    OkOnlyWithin(Duration),
 }
 
 /// A hand-written `Lease` over `LeaseTracker`, with a scripted `renew` and counters.
@@ -142,6 +145,10 @@ impl Lease for ScriptedLease {
             RenewScript::Unavailable => Err(unavailable()),
             RenewScript::FailFirst(k) if n < k => Err(unavailable()),
             RenewScript::FailFirst(_) => self.tracker.renewed_from(sent),
+            RenewScript::OkOnlyWithin(d) if sent + d < self.tracker.valid_until() => {
+                Err(unavailable())
+            }
+            RenewScript::OkOnlyWithin(_) => self.tracker.renewed_from(sent),
             RenewScript::Lost => Err(self.tracker.lost_error(lease_core::LostReason::Superseded)),
             RenewScript::Revoked => Err(self.tracker.lost_error(lease_core::LostReason::Revoked)),
             RenewScript::Panic => panic!("scripted panic in renew"),
