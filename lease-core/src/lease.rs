@@ -390,7 +390,10 @@ impl LeaseState {
     /// `Err(Lost)` if the lease is already lost (a lost lease never comes back).
     pub(crate) fn renewed_from(&self, sent_at: Instant) -> Result<Instant> {
         let until = crate::adapter::clock::valid_until(sent_at, self.inner.ttl, self.inner.margin);
-        if self.renewed(until.max(self.valid_until())) {
+        // Never earlier than it is, judged under the lock: two renewals confirmed at once could
+        // otherwise each compare with the validity before either, and the earlier send's,
+        // applied last, would take back what the later one confirmed.
+        if self.apply_renewal(|current| until.max(current)) {
             Ok(self.valid_until())
         } else {
             self.ensure_not_lost()?;
@@ -404,6 +407,11 @@ impl LeaseState {
     /// then; a lease whose validity has already passed counts as lost (its lost signal may have
     /// fired), and is recorded so.
     pub(crate) fn renewed(&self, valid_until: Instant) -> bool {
+        self.apply_renewal(|_| valid_until)
+    }
+
+    /// [`Self::renewed`], with the new validity computed from the current one under the lock.
+    fn apply_renewal(&self, valid_until: impl FnOnce(Instant) -> Instant) -> bool {
         let mut applied = false;
         let mut ran_out = None;
         self.inner.signal.modify(|v| match v.status_now() {
@@ -414,7 +422,7 @@ impl LeaseState {
                 false
             }
             _ => {
-                v.valid_until = valid_until;
+                v.valid_until = valid_until(v.valid_until);
                 v.status = LeaseStatus::Held;
                 applied = true;
                 true
@@ -508,9 +516,23 @@ impl fmt::Debug for LostSignal {
 }
 
 impl LostSignal {
-    /// The status now (without recording anything).
+    /// The status now (without recording anything). Once the lease object is gone, a lease
+    /// not lost before reads as `Lost(Released)`, the reason [`Self::wait`] resolves with.
     pub fn status(&self) -> LeaseStatus {
-        self.signal.current().1
+        match self.signal.current().1 {
+            LeaseStatus::Lost(r) => LeaseStatus::Lost(r),
+            _ if self.signal.closed.load(Ordering::Acquire) => {
+                LeaseStatus::Lost(LostReason::Released)
+            }
+            held => held,
+        }
+    }
+
+    /// Resolves at the next change of the lease's state (a renewal, doubt, a loss, the lease
+    /// object going). Enable it ([`tokio::sync::futures::Notified::enable`]) before reading the
+    /// state, so that a change in between still wakes it.
+    pub(crate) fn next_change(&self) -> tokio::sync::futures::Notified<'_> {
+        self.signal.changed.notified()
     }
 
     /// Whether the lease is lost now.
@@ -935,7 +957,12 @@ mod tests {
     async fn dropped_tracker_resolves_signal() {
         let t = tracker(Duration::from_secs(100));
         let mut sig = t.signal();
+        assert_eq!(sig.status(), LeaseStatus::Held);
         drop(t);
+        // The status says what the wait resolves with. Before, it read `Held` until validity
+        // passed, for a lease its owner had dropped.
+        assert_eq!(sig.status(), LeaseStatus::Lost(LostReason::Released));
+        assert!(sig.is_lost());
         assert_eq!(sig.wait().await, LostReason::Released);
     }
 

@@ -136,8 +136,9 @@ where
 ///   margin (`Err(InvalidInput)`: the section could never start), and refuses to start unless
 ///   the lease is held with more than the margin left: `Err(Lost)`, or a retryable
 ///   `Err(Unavailable)` while it is in doubt ([`SectionGuard::check`]).
-/// - The deadline is the lease's local validity minus the margin, re-read whenever it is reached
-///   (a keeper renewing the lease moves it), and at most `max_duration` after the start.
+/// - The deadline is the lease's local validity minus the margin, set again whenever validity
+///   changes (a keeper renewing the lease moves it later; a backend's cap, such as a session's
+///   bound, can bring it closer), and at most `max_duration` after the start.
 /// - When the lease is lost or the deadline passes, the future is dropped (cancelled) and the
 ///   call returns `Err(Lost)` (reason `Expired` for a deadline).
 /// - If the work finishes but the lease was lost meanwhile, its result is discarded and the call
@@ -166,10 +167,16 @@ where
     let start = Instant::now();
     let hard_deadline = options.max_duration.and_then(|d| start.checked_add(d));
     let mut signal = lease.lost();
+    let watch = lease.lost();
     let fut = work(guard);
     tokio::pin!(fut);
     let outcome: Result<T> = loop {
-        let soft = signal.valid_until().checked_sub(margin).unwrap_or(start);
+        // Any change of validity (a renewal, or a backend's cap that brought it closer) sets
+        // the deadline again.
+        let changed = watch.next_change();
+        tokio::pin!(changed);
+        changed.as_mut().enable();
+        let soft = watch.valid_until().checked_sub(margin).unwrap_or(start);
         let deadline = hard_deadline.map_or(soft, |h| h.min(soft));
         tokio::select! {
             biased;
@@ -192,6 +199,7 @@ where
                     break Err(lease.state().lost_error(LostReason::Expired));
                 }
             }
+            () = &mut changed => {}
         }
     };
     let label = match &outcome {

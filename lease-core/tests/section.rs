@@ -120,6 +120,30 @@ async fn explicit_margin_moves_the_deadline() {
     assert!(!finished.load(Ordering::SeqCst));
 }
 
+/// Validity that a renewal brings closer (a backend's cap: a session's bound) moves the
+/// deadline closer too: the section ends the margin before the new end of validity. Before, it
+/// slept on to the old deadline, and ended only when validity itself ran out, with no margin.
+#[tokio::test(start_paused = true)]
+async fn validity_brought_closer_brings_the_deadline_closer() {
+    let lease = ScriptedLease::new(secs(10), RenewScript::Ok);
+    let t0 = Instant::now();
+    let (_, finished, fut) = work(secs(20));
+    let capped = async {
+        tokio::time::sleep(secs(1)).await;
+        assert!(lease.tracker.renewed(Instant::now() + secs(3)));
+    };
+    let (r, ()) = tokio::join!(
+        bounded_with(&lease, SectionOptions::new().margin(secs(1)), |_| async {
+            Ok(fut.await)
+        }),
+        capped
+    );
+    assert_eq!(lost_reason(r), LostReason::Expired);
+    assert_eq!(Instant::now() - t0, secs(3));
+    assert!(!finished.load(Ordering::SeqCst));
+    assert_eq!(lease.status(), LeaseStatus::Held);
+}
+
 /// A margin that leaves no validity (the TTL less the lease's drift margin) is refused as
 /// input, naming the margin, rather than failing every call with `Lost(Expired)` on a fresh,
 /// held lease.
