@@ -6,7 +6,8 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use lease_core::adapter::{
-    ended_during_acquire, fresh_id, Backoff, CleanupFailures, HolderRecord, LeaseTracker, Op,
+    ended_during_acquire, fresh_id, Backoff, CleanupFailures, Cleanups, HolderRecord, LeaseTracker,
+    Op,
 };
 use lease_core::{Error, Lease, LeaseOptions, LockKey, LostReason, Result};
 use tokio::time::Instant;
@@ -37,6 +38,7 @@ struct Attempt {
 /// What cancelling an attempt needs.
 struct Armed {
     http: Arc<Http>,
+    cleanups: Cleanups,
     session: Arc<Session>,
     kv_key: String,
     marker: String,
@@ -147,6 +149,7 @@ impl Drop for Attempt {
     fn drop(&mut self) {
         let Some(Armed {
             http,
+            cleanups,
             session,
             kv_key,
             marker,
@@ -155,14 +158,12 @@ impl Drop for Attempt {
         else {
             return;
         };
-        match tokio::runtime::Handle::try_current() {
-            Ok(h) => {
-                h.spawn(cancel_attempt(http, session, kv_key, marker, slot));
-            }
-            Err(_) => tracing::warn!(
-                key = %kv_key,
+        let key = kv_key.clone();
+        if !cleanups.spawn(cancel_attempt(http, session, kv_key, marker, slot)) {
+            tracing::warn!(
+                %key,
                 "an acquire was abandoned outside a runtime; its lock, if taken, lasts until the client's session ends"
-            ),
+            );
         }
     }
 }
@@ -270,6 +271,7 @@ impl ConsulCoordinator {
             let attempt = Attempt {
                 armed: Some(Armed {
                     http: inner.http.clone(),
+                    cleanups: inner.cleanups.clone(),
                     session: session.clone(),
                     kv_key: kv_key.clone(),
                     marker,
@@ -524,6 +526,7 @@ impl ConsulCoordinator {
             inner.http.clone(),
             inner.confirmer.clone(),
             inner.monitor.clone(),
+            inner.cleanups.clone(),
             slot,
         ));
         if !session.register(shared.id, Arc::downgrade(&shared) as Weak<dyn SessionLease>) {
@@ -542,7 +545,7 @@ impl ConsulCoordinator {
     fn release_detached(&self, kv_key: &str, index: u64, session: &Arc<Session>, slot: SlotGuard) {
         let http = self.inner.http.clone();
         let (kv_key, session) = (kv_key.to_owned(), session.clone());
-        tokio::spawn(async move {
+        self.inner.cleanups.spawn(async move {
             let failures = CleanupFailures::new(BACKEND, &kv_key);
             let op = Op::write("release", false);
             let released = || delete_own_lock(&http, &session.id, &kv_key, Some(index), op);
@@ -565,7 +568,10 @@ impl ConsulCoordinator {
     ) -> tokio::task::JoinHandle<SlotGuard> {
         let http = self.inner.http.clone();
         let (kv_key, session) = (kv_key.to_owned(), session.clone());
+        // Counted: an acquire dropped while it waits for this leaves it running.
+        let pending = self.inner.cleanups.begin();
         tokio::spawn(async move {
+            let _pending = pending;
             let failures = CleanupFailures::new(BACKEND, &kv_key);
             let op = Op::write("acquire", false);
             let deleted = || delete_own_lock(&http, &session.id, &kv_key, Some(index), op);

@@ -108,6 +108,7 @@ impl ConsulCoordinator {
                 sessions,
                 slots: Arc::new(Slots::default()),
                 default_owner,
+                cleanups: Default::default(),
             }),
         }
     }
@@ -134,6 +135,11 @@ impl ConsulCoordinator {
     /// `capabilities`.
     pub(crate) fn caps(&self) -> &Capabilities {
         &self.inner.caps
+    }
+
+    /// The clean-ups under way, which `settle` waits for.
+    pub(crate) fn cleanups(&self) -> &lease_core::adapter::Cleanups {
+        &self.inner.cleanups
     }
 
     /// The turns of this coordinator's waiting acquires.

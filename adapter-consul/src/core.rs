@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lease_core::adapter::{LocalWaiters, TokenAdmission};
+use lease_core::adapter::{Cleanups, LocalWaiters, TokenAdmission};
 use lease_core::{Capabilities, OwnerId};
 
 use tokio::sync::OwnedMutexGuard;
@@ -45,6 +45,8 @@ pub(crate) struct Inner {
     /// Admits grants; the watermark's scope is agent, datacenter and key prefix (each
     /// datacenter has its own Raft index; two prefixes are two lock namespaces).
     pub(crate) tokens: TokenAdmission,
+    /// The clean-ups under way, which `settle` waits for.
+    pub(crate) cleanups: Cleanups,
 }
 
 /// Per-key claims inside one client. Consul lets a session re-acquire a key it already holds, so

@@ -6,7 +6,8 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use lease_core::adapter::{
-    forced_release_of, spawn_guardian, CleanupFailures, LeaseTracker, Op, StoredAudit,
+    forced_release_of, spawn_guardian, CleanupFailures, Cleanups, LeaseTracker, Op, PendingCleanup,
+    StoredAudit,
 };
 use lease_core::{Error, Lease, LeaseState, LeaseStatus, LockKey, LostReason, Result, Token};
 use tokio::time::Instant;
@@ -51,6 +52,11 @@ pub(crate) struct LeaseShared {
     deleting: tokio::sync::Mutex<()>,
     /// This client's claim on the key (no second lease of the same session on it).
     slot: Mutex<Option<SlotGuard>>,
+    /// The coordinator's clean-ups under way, which `settle` waits for.
+    cleanups: Cleanups,
+    /// The count of the clean-up after this lease was dropped unreleased, until the guardian
+    /// has deleted its key.
+    dropped: Mutex<Option<PendingCleanup>>,
 }
 
 impl LeaseShared {
@@ -66,6 +72,7 @@ impl LeaseShared {
         http: Arc<Http>,
         confirmer: Arc<Confirmer>,
         monitor: Arc<Monitor>,
+        cleanups: Cleanups,
         slot: SlotGuard,
     ) -> Self {
         LeaseShared {
@@ -83,6 +90,8 @@ impl LeaseShared {
             resolved: AtomicBool::new(false),
             deleting: tokio::sync::Mutex::new(()),
             slot: Mutex::new(Some(slot)),
+            cleanups,
+            dropped: Mutex::new(None),
         }
     }
 
@@ -366,6 +375,14 @@ pub(crate) fn start_guardian(shared: Arc<LeaseShared>) {
     let tracker = shared.tracker.clone();
     spawn_guardian(&tracker, move |reason| async move {
         guard(&shared, reason).await;
+        // A drop's clean-up is done.
+        drop(
+            shared
+                .dropped
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take(),
+        );
     });
 }
 
@@ -514,8 +531,13 @@ impl ConsulLease {
 
 impl Drop for ConsulLease {
     fn drop(&mut self) {
-        // The guardian sees this and deletes the key if it is still ours.
+        // The guardian sees this and deletes the key if it is still ours, counted until then.
         if !matches!(self.shared.tracker.status(), LeaseStatus::Lost(_)) {
+            *self
+                .shared
+                .dropped
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()) = Some(self.shared.cleanups.begin());
             self.shared.tracker.mark_lost(LostReason::Released);
         }
     }

@@ -11,7 +11,8 @@ use etcd_client::{
     Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
 };
 use lease_core::adapter::{
-    ended_during_acquire, Backoff, HolderRecord, LeaseTracker, Op, SharedOpening,
+    ended_during_acquire, Backoff, Cleanups, HolderRecord, LeaseTracker, Op, PendingCleanup,
+    SharedOpening,
 };
 use lease_core::{
     Error, InvalidInput, Lease, LeaseOptions, LeaseStatus, LockKey, LostReason, Result, Token,
@@ -68,6 +69,40 @@ impl Drop for PendingKey {
                 }
                 .holding(self.slot.clone()),
             );
+        }
+    }
+}
+
+/// Counts a waiting acquire whose caller gave up among the coordinator's cleanups, from the
+/// caller's drop until the attempt's task ends: the task notices only then, and deletes our key
+/// ([`PendingKey`]), and `settle` must not return in between.
+struct GivenUp {
+    cleanups: Cleanups,
+    /// Shared with the task; holds the count once the caller gave up.
+    counted: Arc<std::sync::Mutex<Option<PendingCleanup>>>,
+    armed: bool,
+}
+
+impl GivenUp {
+    fn new(cleanups: Cleanups) -> Self {
+        GivenUp {
+            cleanups,
+            counted: Arc::default(),
+            armed: true,
+        }
+    }
+
+    /// The caller got its answer: nothing was given up.
+    fn disarm(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for GivenUp {
+    fn drop(&mut self) {
+        if self.armed {
+            // Dropped with the task's clone if the task has ended already.
+            *self.counted.lock().unwrap_or_else(|p| p.into_inner()) = Some(self.cleanups.begin());
         }
     }
 }
@@ -525,6 +560,7 @@ impl Inner {
                 std::mem::forget(pending.slot.clone());
                 continue;
             }
+            tracing::debug!(%key, %own, "etcd waiter's key written: in the queue");
             let kvs = resp.range(1);
             let mut last = Read {
                 revision: resp.revision,
@@ -1011,13 +1047,20 @@ impl EtcdCoordinator {
         // request in flight: the task sees the caller gone and deletes our key itself (and a
         // lease it could not hand over is dropped, which releases it).
         let (mut tx, rx) = oneshot::channel();
+        let abandoned = GivenUp::new(inner.handle.cleaner.cleanups().clone());
+        let task_ends = abandoned.counted.clone();
         tokio::spawn(async move {
             let r = inner
                 .acquire_queued(&key, &options, start, deadline, &mut tx)
                 .await;
             let _ = tx.send(r);
+            // The caller gone, our key is deleted by now (or queued for the cleaner, which
+            // counts it from then on): the count taken at the caller's drop can end.
+            drop(task_ends);
         });
-        match rx.await {
+        let answer = rx.await;
+        abandoned.disarm();
+        match answer {
             Ok(r) => r.map(|l| Box::new(l) as Box<dyn Lease>),
             Err(_) => Err(Error::unavailable(
                 BACKEND,

@@ -148,6 +148,11 @@ impl EtcdCoordinator {
         &self.inner.caps
     }
 
+    /// The clean-ups under way, which `settle` waits for.
+    pub(crate) fn cleanups(&self) -> &lease_core::adapter::Cleanups {
+        self.inner.handle.cleaner.cleanups()
+    }
+
     /// None: etcd's queue already gives each waiter its turn (FIFO by create revision, each
     /// waiter first once the keys ahead of its own are deleted: no herd, no request per
     /// wake-up), and taking turns locally would enqueue a waiter only after the previous

@@ -27,7 +27,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{Client, Compare, CompareOp, PutOptions, Txn, TxnOp};
-use lease_core::adapter::{fresh_id, Backoff, Dependents, LeaseTracker};
+use lease_core::adapter::{fresh_id, Backoff, Cleanups, Dependents, LeaseTracker, PendingCleanup};
 use lease_core::{LeaseStatus, LostReason};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
@@ -449,6 +449,8 @@ pub(crate) struct Cleanup {
     session: watch::Receiver<SessionState>,
     /// The slot of the key's name, held until the cleanup is done ([`crate::keys::Slots`]).
     slot: Option<crate::keys::Slot>,
+    /// Counts this cleanup among the coordinator's, until it is done ([`Cleaner::delete`]).
+    pending: Option<PendingCleanup>,
 }
 
 /// How a [`Cleanup`] deletes its key.
@@ -477,6 +479,7 @@ impl Cleanup {
             how: How::Created(revision),
             session,
             slot: None,
+            pending: None,
         }
     }
 
@@ -494,6 +497,7 @@ impl Cleanup {
             how: How::Abandoned { marker, lease },
             session,
             slot: None,
+            pending: None,
         }
     }
 
@@ -539,6 +543,7 @@ impl Cleanup {
 #[derive(Debug, Clone)]
 pub(crate) struct Cleaner {
     tx: mpsc::UnboundedSender<Cleanup>,
+    cleanups: Cleanups,
 }
 
 impl Cleaner {
@@ -555,14 +560,21 @@ impl Cleaner {
     ) -> (Cleaner, tokio::task::JoinHandle<()>) {
         let (tx, rx) = mpsc::unbounded_channel();
         let task = tokio::spawn(cleaner(client, request_timeout, linger, rx));
-        (Cleaner { tx }, task)
+        let cleanups = Cleanups::new();
+        (Cleaner { tx, cleanups }, task)
+    }
+
+    /// The deletions under way, counted from [`Cleaner::delete`] until each is done or given up.
+    pub(crate) fn cleanups(&self) -> &Cleanups {
+        &self.cleanups
     }
 
     /// Deletes `c.key` in the background, retrying until it is gone: a created key until its
     /// compare-and-delete applies or finds another key (even after its session ended: the key
     /// may have been detached from it), an abandoned one until its session is over. Once the
     /// coordinator and all its leases are dropped, retries end after [`LINGER`].
-    pub(crate) fn delete(&self, c: Cleanup) {
+    pub(crate) fn delete(&self, mut c: Cleanup) {
+        c.pending = Some(self.cleanups.begin());
         let _ = self.tx.send(c);
     }
 }

@@ -6,7 +6,7 @@ use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lease_core::adapter::{Op, TokenAdmission};
+use lease_core::adapter::{Cleanups, Op, TokenAdmission};
 use lease_core::{Capabilities, LockKey, OwnerId, Result, Token};
 
 use crate::client::Connection;
@@ -124,6 +124,7 @@ impl RedisCoordinator {
             tokens,
             live: Mutex::new(LiveSet::default()),
             monitor,
+            cleanups: Cleanups::new(),
         });
         let weak = Arc::downgrade(&inner);
         inner.conn.set_on_break(Box::new(move || {
@@ -189,6 +190,11 @@ impl RedisCoordinator {
     /// `capabilities`.
     pub(crate) fn caps(&self) -> &Capabilities {
         &self.inner.caps
+    }
+
+    /// The clean-ups under way, which `settle` waits for.
+    pub(crate) fn cleanups(&self) -> &lease_core::adapter::Cleanups {
+        &self.inner.cleanups
     }
 
     /// The turns of this coordinator's waiting acquires.

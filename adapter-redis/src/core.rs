@@ -6,7 +6,7 @@ use std::ops::ControlFlow;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use lease_core::adapter::{retry_until_settled, Backoff, LeaseTracker, TokenAdmission};
+use lease_core::adapter::{retry_until_settled, Backoff, Cleanups, LeaseTracker, TokenAdmission};
 use lease_core::{Capabilities, LeaseStatus, LostReason, OwnerId, Result};
 use tokio::time::Instant;
 
@@ -41,6 +41,8 @@ pub(crate) struct Inner {
     pub(crate) live: Mutex<LiveSet>,
     /// Watches the lock keys of live leases ([`crate::monitor`]).
     pub(crate) monitor: Monitor,
+    /// The clean-ups under way ([`spawn_cleanup`]), which `settle` waits for.
+    pub(crate) cleanups: Cleanups,
 }
 
 /// What the coordinator keeps about one live lease.
@@ -228,12 +230,10 @@ pub(crate) fn spawn_cleanup(
     ttl: Duration,
     mode: Cleanup,
 ) {
-    let Ok(rt) = tokio::runtime::Handle::try_current() else {
-        return;
-    };
     let give_up = Instant::now() + ttl + Duration::from_secs(1);
     let cap = (ttl / 20).clamp(Duration::from_secs(1), Duration::from_secs(30));
-    rt.spawn(async move {
+    let cleanups = inner.cleanups.clone();
+    cleanups.spawn(async move {
         let backoff = Backoff::new(Duration::from_millis(50), cap);
         let last_error = Mutex::new(None);
         let settled = retry_until_settled(backoff, Some(give_up), || async {

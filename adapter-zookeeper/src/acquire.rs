@@ -140,6 +140,7 @@ impl ZkCoordinator {
             let node = self
                 .create_contender(&s, &dir, &prefix, &data, &mut guard)
                 .await?;
+            tracing::debug!(%key, node = %node.path, "zookeeper contender node created: in the queue");
             let turn = self
                 .wait_turn(&s, &dir, &prefix, &node, &mode, options.ttl_value())
                 .await?;
@@ -726,14 +727,12 @@ impl Drop for ContenderGuard {
             std::mem::take(&mut self.dir),
             std::mem::take(&mut self.prefix),
         );
-        match tokio::runtime::Handle::try_current() {
-            Ok(h) => {
-                h.spawn(cleanup(s, dir, prefix));
-            }
-            Err(_) => tracing::debug!(
+        let cleanups = s.cleanups().clone();
+        if !cleanups.spawn(cleanup(s, dir.clone(), prefix.clone())) {
+            tracing::debug!(
                 %dir, %prefix,
                 "no runtime to clean up an abandoned contender node; the session's end removes it"
-            ),
+            );
         }
     }
 }

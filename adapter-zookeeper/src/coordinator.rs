@@ -6,7 +6,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lease_core::adapter::{SharedOpening, TokenAdmission};
+use lease_core::adapter::{Cleanups, SharedOpening, TokenAdmission};
 use lease_core::{Capabilities, LockKey, OwnerId, Result};
 
 use crate::config::ZkConfig;
@@ -39,8 +39,9 @@ impl ZkCoordinator {
     /// when no session could be established within the connect timeout, `Misconfigured` when the
     /// credentials may not create or use the base path.
     pub async fn connect(config: ZkConfig) -> Result<Self> {
-        let session = Session::connect(&config).await?;
-        Ok(Self::start(config, session))
+        let cleanups = Cleanups::new();
+        let session = Session::connect(&config, cleanups.clone()).await?;
+        Ok(Self::start(config, session, cleanups))
     }
 
     /// A coordinator on a ZooKeeper session the application already has (its own client, with
@@ -55,12 +56,13 @@ impl ZkCoordinator {
     /// coordinator creates. Errors: `Unavailable` or `OutcomeUnknown` when the sync gets no
     /// answer, `Misconfigured` as for `connect`.
     pub async fn from_client(client: zookeeper_client::Client, config: ZkConfig) -> Result<Self> {
-        let session = Session::adopt(&config, client).await?;
-        Ok(Self::start(config, session))
+        let cleanups = Cleanups::new();
+        let session = Session::adopt(&config, client, cleanups.clone()).await?;
+        Ok(Self::start(config, session, cleanups))
     }
 
-    /// The coordinator on its first session.
-    fn start(config: ZkConfig, session: Arc<Session>) -> Self {
+    /// The coordinator on its first session, whose clean-ups count among `cleanups`.
+    fn start(config: ZkConfig, session: Arc<Session>, cleanups: Cleanups) -> Self {
         let caps = Capabilities::new(BACKEND)
             .min_ttl(session.timeout())
             .per_lease_ttl(false)
@@ -85,6 +87,7 @@ impl ZkCoordinator {
                 attempts: AtomicU64::new(0),
                 owner,
                 tokens,
+                cleanups,
             }),
         }
     }
@@ -133,8 +136,9 @@ impl ZkCoordinator {
                 |s| !s.is_terminated(),
                 || {
                     let (config, declared) = (inner.config.clone(), inner.caps.min_ttl);
+                    let cleanups = inner.cleanups.clone();
                     async move {
-                        let s = Session::connect(&config).await?;
+                        let s = Session::connect(&config, cleanups).await?;
                         if s.timeout() != declared {
                             tracing::warn!(
                                 negotiated = ?s.timeout(),
@@ -157,6 +161,11 @@ impl ZkCoordinator {
     /// `capabilities`.
     pub(crate) fn caps(&self) -> &Capabilities {
         &self.inner.caps
+    }
+
+    /// The clean-ups under way, which `settle` waits for.
+    pub(crate) fn cleanups(&self) -> &lease_core::adapter::Cleanups {
+        &self.inner.cleanups
     }
 
     /// The turns of this coordinator's waiting acquires.

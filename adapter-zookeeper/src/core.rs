@@ -4,7 +4,7 @@
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
-use lease_core::adapter::{LocalWaiters, SharedOpening, TokenAdmission};
+use lease_core::adapter::{Cleanups, LocalWaiters, SharedOpening, TokenAdmission};
 use lease_core::{Capabilities, OwnerId};
 
 use crate::config::ZkConfig;
@@ -26,4 +26,6 @@ pub(crate) struct Inner {
     /// Admits grants: in range, above the floor and above every token this process was granted
     /// for the lock on this ensemble and base path.
     pub(crate) tokens: TokenAdmission,
+    /// The clean-ups under way on any of its sessions, which `settle` waits for.
+    pub(crate) cleanups: Cleanups,
 }

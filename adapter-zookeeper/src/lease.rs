@@ -11,7 +11,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use lease_core::adapter::{
     forced_release_of, fresh_id, resend, retry_until_settled, Backoff, CleanupFailures,
-    LeaseTracker, SendAgain, FORCED_LOOKBACK,
+    LeaseTracker, PendingCleanup, SendAgain, FORCED_LOOKBACK,
 };
 use lease_core::{Error, Lease, LeaseStatus, LostReason, Result};
 use tokio::sync::oneshot;
@@ -244,14 +244,14 @@ enum End {
     Gone,
     /// The lease was lost or its validity passed; the node may still exist.
     Lost(LostReason),
-    /// The lease object was dropped without release.
-    Dropped,
+    /// The lease object was dropped without release (with the count of its clean-up).
+    Dropped(Option<PendingCleanup>),
 }
 
 enum Wake {
     Event(WatchedEvent),
     Lost(LostReason),
-    Dropped,
+    Dropped(Option<PendingCleanup>),
     Retry,
 }
 
@@ -260,7 +260,7 @@ enum Wake {
 /// Ends when the node is gone.
 pub(crate) async fn guard(
     state: Arc<LeaseState>,
-    mut dropped: oneshot::Receiver<()>,
+    mut dropped: oneshot::Receiver<PendingCleanup>,
     mut watch: Option<NodeWatch>,
 ) {
     let mut signal = state.tracker.signal();
@@ -302,7 +302,7 @@ pub(crate) async fn guard(
             tokio::select! {
                 e = event => Wake::Event(e),
                 r = signal.wait() => Wake::Lost(r),
-                _ = &mut dropped => Wake::Dropped,
+                pending = &mut dropped => Wake::Dropped(pending.ok()),
                 _ = retry => Wake::Retry,
             }
         };
@@ -323,27 +323,31 @@ pub(crate) async fn guard(
                 }
             }
             Wake::Lost(r) => break End::Lost(r),
-            Wake::Dropped => break End::Dropped,
+            Wake::Dropped(pending) => break End::Dropped(pending),
             Wake::Retry => {}
         }
     };
-    match end {
-        End::Gone => {}
+    // A dropped lease's clean-up counts until its node (and a sweep's) is deleted.
+    let pending = match end {
+        End::Gone => None,
         End::Lost(reason) => {
             // Validity passed without a confirmed renewal: record it before deleting, so that a
             // renewal racing with us cannot bring the lease back.
             state.tracker.mark_lost(reason);
             state.delete_own().await;
+            None
         }
-        End::Dropped => {
+        End::Dropped(pending) => {
             state.tracker.mark_lost(LostReason::Released);
             state.delete_own().await;
+            pending
         }
-    }
+    };
     state.session.unregister(state.id);
     if let Some((dir, prefix)) = &state.sweep {
         cleanup(state.session.clone(), dir.clone(), prefix.clone()).await;
     }
+    drop(pending);
 }
 
 impl SessionLease for LeaseState {
@@ -385,7 +389,8 @@ impl SessionLease for LeaseState {
 ///   session's end removes it).
 pub struct ZkLease {
     state: Arc<LeaseState>,
-    dropped: Mutex<Option<oneshot::Sender<()>>>,
+    /// Tells the guardian the lease was dropped, with the count of the clean-up that follows.
+    dropped: Mutex<Option<oneshot::Sender<PendingCleanup>>>,
 }
 
 impl fmt::Debug for ZkLease {
@@ -464,7 +469,9 @@ impl Drop for ZkLease {
             .unwrap_or_else(|p| p.into_inner())
             .take()
         {
-            let _ = tx.send(());
+            // Counted from now (a guardian not started yet gets it when it starts), and dropped
+            // at once when the guardian has ended already.
+            let _ = tx.send(self.state.session.cleanups().begin());
         }
     }
 }

@@ -35,7 +35,7 @@
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
-use lease_core::adapter::{DelayedStarts, Dependents, Op};
+use lease_core::adapter::{Cleanups, DelayedStarts, Dependents, Op};
 use lease_core::Result;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -92,6 +92,8 @@ pub(crate) struct Session {
     coalesced: Coalesced,
     /// The guardians of leases still held [`GUARD_DELAY`] after their grant.
     guardians: DelayedStarts,
+    /// The coordinator's clean-ups under way (shared by its sessions), which `settle` waits for.
+    cleanups: Cleanups,
 }
 
 impl std::fmt::Debug for Session {
@@ -107,28 +109,38 @@ impl std::fmt::Debug for Session {
 impl Session {
     /// Opens a session (bounded by the connect timeout), makes sure `<base>/locks` exists, and
     /// starts the state and heartbeat tasks.
-    pub(crate) async fn connect(config: &ZkConfig) -> Result<Arc<Session>> {
+    pub(crate) async fn connect(config: &ZkConfig, cleanups: Cleanups) -> Result<Arc<Session>> {
         let sent = Instant::now();
         let client = open(config).await?;
-        Self::start(config, client, sent).await
+        Self::start(config, client, sent, cleanups).await
     }
 
     /// A session on a client the application opened. When its session was last confirmed is
     /// not known, so a `sync` (which passes through the leader) confirms it first; then as
     /// [`Session::connect`].
-    pub(crate) async fn adopt(config: &ZkConfig, client: Client) -> Result<Arc<Session>> {
+    pub(crate) async fn adopt(
+        config: &ZkConfig,
+        client: Client,
+        cleanups: Cleanups,
+    ) -> Result<Arc<Session>> {
         let sent = Instant::now();
         match tokio::time::timeout(config.request_timeout(), client.sync(&config.base_path())).await
         {
-            Ok(Ok(())) => Self::start(config, client, sent).await,
+            Ok(Ok(())) => Self::start(config, client, sent, cleanups).await,
             Ok(Err(e)) => Err(from_zk(ops::ADOPT, e)),
             Err(_) => Err(timed_out(ops::ADOPT, config.request_timeout())),
         }
     }
 
     /// Checks the negotiated timeout, makes sure `<base>/locks` exists and starts the state and
-    /// heartbeat tasks, on a client whose session was confirmed at `sent`.
-    async fn start(config: &ZkConfig, client: Client, sent: Instant) -> Result<Arc<Session>> {
+    /// heartbeat tasks, on a client whose session was confirmed at `sent`; its clean-ups count
+    /// among the coordinator's `cleanups`.
+    async fn start(
+        config: &ZkConfig,
+        client: Client,
+        sent: Instant,
+        cleanups: Cleanups,
+    ) -> Result<Arc<Session>> {
         let hosts = config.connect_string();
         let timeout = client.session_timeout();
         let margin = match session_margin(timeout, config.tick()) {
@@ -163,6 +175,7 @@ impl Session {
                 let delay = GUARD_DELAY.min(timeout / 10);
                 DelayedStarts::new(delay, delay / 2)
             },
+            cleanups,
         });
         tracing::debug!(
             session = %session.client.session_id(),
@@ -195,6 +208,11 @@ impl Session {
     /// Where a lease granted without a watch on its node queues its guardian's start.
     pub(crate) fn guardians(&self) -> &DelayedStarts {
         &self.guardians
+    }
+
+    /// The coordinator's clean-ups under way, which `settle` waits for.
+    pub(crate) fn cleanups(&self) -> &Cleanups {
+        &self.cleanups
     }
 
     /// The session's coalesced lock listings and releases ([`crate::coalesce`]).

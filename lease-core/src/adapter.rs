@@ -2,7 +2,8 @@
 //! bookkeeping ([`LeaseTracker`]), token admission against the floor and the process watermark
 //! ([`TokenAdmission`], [`Watermarks`]), the one rule for a failed request's error ([`Op`]), the
 //! retry backoff ([`Backoff`]), the guardian that cleans up after an ended lease
-//! ([`spawn_guardian`], [`retry_until_settled`]) and the queue that starts a lease's task only if
+//! ([`spawn_guardian`], [`retry_until_settled`]), the count of clean-ups under way that
+//! `Coordinator::settle` waits for ([`Cleanups`]), the queue that starts a lease's task only if
 //! the lease outlives its first moment ([`DelayedStarts`]), a connection or session opened once
 //! for every caller asking meanwhile ([`SharedOpening`]), the leases that live on one session
 //! ([`Dependents`]), the stored holder and audit records ([`HolderRecord`], [`StoredAudit`]),
@@ -40,6 +41,7 @@
 //! load, through [`batch::Coalesce`]) and the like.
 
 pub use crate::backoff::Backoff;
+pub use crate::cleanups::{Cleanups, PendingCleanup};
 #[path = "batch.rs"]
 pub mod batch;
 #[path = "clock.rs"]
@@ -83,6 +85,7 @@ pub use async_trait::async_trait;
 /// | `async fn inspect_key(&self, &LockKey) -> Result<Option<HolderInfo>>` | `inspect` |
 /// | `async fn force_release_key(&self, &LockKey, &ForceRelease) -> Result<Option<HolderInfo>>` | `force_release` |
 /// | `async fn audit_trail_of(&self, &LockKey, usize) -> Result<Vec<AuditRecord>>` | `audit_trail` |
+/// | `fn cleanups(&self) -> &Cleanups` | the clean-ups it has begun in the background, which `settle` waits for ([`Cleanups`]) |
 #[macro_export]
 macro_rules! coordinator_from_primitives {
     ($ty:ty) => {
@@ -140,6 +143,10 @@ macro_rules! coordinator_from_primitives {
                 limit: usize,
             ) -> $crate::Result<Vec<$crate::AuditRecord>> {
                 self.audit_trail_of(key, limit).await
+            }
+
+            async fn settle(&self) {
+                self.cleanups().settle().await
             }
         }
     };

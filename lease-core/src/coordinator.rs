@@ -189,6 +189,28 @@ pub trait Coordinator: Send + Sync + fmt::Debug {
             what: "reading the audit trail".to_owned(),
         })
     }
+
+    /// Waits until the clean-ups this coordinator has begun in the background are done: the
+    /// waiter entry or lock of every acquire given up (its future dropped, or ended in an error
+    /// while a request may still have applied) deleted, and the lock of every lease dropped
+    /// without a release deleted if still its own. Clean-ups begun while it waits are waited
+    /// for too; a lease still held, or an acquire still waiting, is not a clean-up.
+    ///
+    /// Call it before the process exits, after dropping what it gives up: a tokio runtime that
+    /// shuts down drops unfinished tasks, and what they would have deleted stays until its TTL
+    /// or session ends, in the way of every waiter behind it.
+    ///
+    /// Each clean-up retries until it settles, or until the server has removed what it cleans
+    /// up anyway (its TTL or session ended): with the server unreachable that can take a TTL.
+    /// Bound the wait with a timeout where that matters.
+    ///
+    /// The default implementation returns at once, for an adapter that starts nothing in the
+    /// background; every adapter of this workspace implements it.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: it sends nothing; a dropped future leaves the clean-ups running.
+    async fn settle(&self) {}
 }
 
 macro_rules! forward_coordinator {
@@ -224,6 +246,9 @@ macro_rules! forward_coordinator {
             }
             async fn audit_trail(&self, key: &LockKey, limit: usize) -> Result<Vec<AuditRecord>> {
                 (**self).audit_trail(key, limit).await
+            }
+            async fn settle(&self) {
+                (**self).settle().await
             }
         }
     };

@@ -164,6 +164,14 @@ impl<C: Coordinator> Coordinator for Instrumented<C> {
             .instrument(tracing::debug_span!("lease.audit_trail", backend, key = %key, limit))
             .await
     }
+
+    async fn settle(&self) {
+        let backend = self.inner.capabilities().backend;
+        self.inner
+            .settle()
+            .instrument(tracing::debug_span!("lease.settle", backend))
+            .await
+    }
 }
 
 /// A lease returned by an [`Instrumented`] coordinator.

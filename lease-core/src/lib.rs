@@ -27,6 +27,11 @@
 //! Dropping a [`Lease`] itself (not a future) stops its renewal and releases it best-effort,
 //! without blocking (decision 0003).
 //!
+//! Those clean-ups run in the background, on the application's tokio runtime. A process about
+//! to exit calls [`Coordinator::settle`] first, after dropping what it gives up: it waits until
+//! they are done, where a runtime shutting down would drop them and leave what they would have
+//! deleted until its TTL or session ends (decision 0052).
+//!
 //! # Not reentrant
 //!
 //! A lease is not reentrant and carries no hold count. A second acquisition of a key that this
@@ -41,6 +46,7 @@ pub mod adapter;
 mod audit;
 mod backoff;
 mod cancel;
+mod cleanups;
 mod connect;
 mod coordinator;
 mod delayed;

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lease_core::adapter::LocalWaiters;
+use lease_core::adapter::{Cleanups, LocalWaiters};
 use lease_core::memory::MemoryCoordinator;
 use lease_core::{
     AuditRecord, Capabilities, Coordinator, Error, ForceRelease, HolderInfo, Lease, LeaseOptions,
@@ -24,6 +24,8 @@ struct Counted {
     asking: AtomicUsize,
     /// The most of those running at once.
     most_asking: AtomicUsize,
+    /// None begun: the memory backend cleans up as it goes.
+    cleanups: Cleanups,
 }
 
 impl Counted {
@@ -33,6 +35,7 @@ impl Counted {
             waiters: LocalWaiters::default(),
             asking: AtomicUsize::new(0),
             most_asking: AtomicUsize::new(0),
+            cleanups: Cleanups::new(),
         }
     }
     fn caps(&self) -> &Capabilities {
@@ -40,6 +43,9 @@ impl Counted {
     }
     fn local_waiters(&self) -> Option<&LocalWaiters> {
         Some(&self.waiters)
+    }
+    fn cleanups(&self) -> &Cleanups {
+        &self.cleanups
     }
     async fn acquire_for(
         &self,

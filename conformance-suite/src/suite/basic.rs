@@ -45,6 +45,9 @@ pub(super) fn cases() -> Vec<Case> {
         Case::new("cancelled_acquire_leaves_nothing", &[], 40, |c| {
             boxed(cancelled_acquire(c))
         }),
+        Case::new("settle_leaves_nothing_of_what_was_given_up", &[], 60, |c| {
+            boxed(settle_after_giving_up(c))
+        }),
         Case::new("keys_are_independent", &[], 20, |c| {
             boxed(key_independence(c))
         }),
@@ -593,6 +596,74 @@ async fn cancelled_acquire(ctx: Arc<Ctx>) -> CaseResult {
             ))
         })?;
     next.release().await?;
+    Ok(Verdict::Passed)
+}
+
+/// `settle` waits for the clean-ups a coordinator began in the background. After an acquire
+/// given up while it waited (at several points, a request in flight included) and after a lease
+/// dropped without a release, once `settle` returns nothing of them is left on the server:
+/// another client's `try_acquire` gets the key at once, with no wait for a cleanup, a TTL or a
+/// session to end. A process that exits right after giving up relies on this: its runtime's
+/// shutdown drops unfinished clean-ups.
+async fn settle_after_giving_up(ctx: Arc<Ctx>) -> CaseResult {
+    let key = ctx.key("settle");
+    let (a, b, c) = (
+        ctx.client().await?,
+        ctx.client().await?,
+        ctx.client().await?,
+    );
+    // A clean-up may have to watch for a request in flight until the lock's TTL has passed
+    // (Redis: the request may still apply after a first "not ours").
+    let bound = ctx.ttl() * 5;
+    let settled = |what: String| {
+        let b = b.clone();
+        async move {
+            tokio::time::timeout(bound, b.settle())
+                .await
+                .map_err(|_| Failure(format!("settle did not return within {bound:?} {what}")))
+        }
+    };
+    let free_at_once = |what: String| {
+        let (c, key, o) = (c.clone(), key.clone(), opts(&ctx));
+        async move {
+            let lease = c.try_acquire(&key, &o).await.map_err(|e| {
+                Failure(format!(
+                    "{what}, and settle returned, another client could not take the key at \
+                     once: {e}"
+                ))
+            })?;
+            lease.release().await?;
+            Ok::<(), Failure>(())
+        }
+    };
+    let ttl_ms = ctx.ttl().as_millis() as u64;
+    for delay_ms in [0, 1, ctx.random(2..ttl_ms.max(3)), ttl_ms / 2] {
+        let holder = a.acquire(&key, &long(&ctx).wait(ctx.ttl() * 10)).await?;
+        let waiting = {
+            let (b, key) = (b.clone(), key.clone());
+            let o = opts(&ctx).wait(ctx.ttl() * 20);
+            tokio::spawn(async move { b.acquire(&key, &o).await })
+        };
+        tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+        waiting.abort();
+        if let Ok(Ok(lease)) = waiting.await {
+            return Err(Failure(format!(
+                "an acquire given up while the key was held got it ({})",
+                lease.token()
+            )));
+        }
+        let what = format!("after an acquire was given up at {delay_ms} ms");
+        settled(what.clone()).await?;
+        holder.release().await?;
+        free_at_once(what).await?;
+    }
+    for round in 0..3 {
+        let lease = b.acquire(&key, &opts(&ctx).wait(ctx.ttl() * 3)).await?;
+        drop(lease);
+        let what = format!("after a lease was dropped unreleased (round {round})");
+        settled(what.clone()).await?;
+        free_at_once(what).await?;
+    }
     Ok(Verdict::Passed)
 }
 
