@@ -151,13 +151,16 @@ pub(crate) enum Command {
     /// SIGHUP sent to fenced are forwarded to CMD; SIGINT is not (from a terminal CMD gets it
     /// directly). SIGTERM, SIGHUP or SIGINT ignored when fenced started (SIGHUP under nohup)
     /// stays ignored in fenced and CMD. Only CMD itself is signalled: a shell script should `exec` its last
-    /// command or pass the signal on to its own children.
+    /// command or pass the signal on to its own children. A signal while fenced waits for KEY
+    /// gives the wait up (128+N, CMD not started) after deleting its place in the queue.
     ///
     /// While fenced waits for KEY on a terminal (stderr is a tty), a spinner shows the wait;
     /// otherwise nothing is printed but errors.
     #[command(after_help = concat!(
         "Exit statuses:\n",
-        "  N   CMD's own status when it exited under the lease (128+N if signal N killed it)\n",
+        "  N   CMD's own status when it exited under the lease (128+N if signal N killed it);\n",
+        "      128+N also when signal N came while fenced waited for KEY: the wait was given\n",
+        "      up and CMD was not started\n",
         "  69  also: the lease was in doubt when granted, and CMD was not started\n",
         "  75  the lock was not acquired within --wait (the holder is named when known)\n",
         "  76  the lease was lost while CMD ran; CMD was stopped (SIGTERM and SIGCONT, then\n",

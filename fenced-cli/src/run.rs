@@ -6,8 +6,8 @@ use std::process::ExitStatus;
 use std::time::Duration;
 
 use fenced::{
-    bounded_with, keep, Capabilities, Error, KeeperOptions, Kept, LeaseOptions, LeaseStatus,
-    LockKey, SectionOptions,
+    bounded_with, keep, Capabilities, Coordinator, Error, KeeperOptions, Kept, LeaseOptions,
+    LeaseStatus, LockKey, SectionOptions,
 };
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
@@ -35,10 +35,72 @@ pub(crate) async fn run(url: Option<String>, args: RunArgs) -> Result<u8, Failur
         serve_metrics(addr)?;
     }
     let coord = connect(url).await?;
+    // Installed before the wait, so that a signal then gives the wait up cleanly, and before the
+    // child starts, so that a SIGTERM meant for it is never lost. The child starts with the
+    // default dispositions (exec resets caught signals), except for those fenced was started
+    // with ignored (`nohup` ignores SIGHUP, a shell SIGINT for a background job): those are not
+    // caught, so the child inherits them ignored.
+    let Ok(mut signals) = Signals::install() else {
+        return Err(Failure::new(
+            exit::SOFTWARE,
+            "cannot install signal handlers",
+        ));
+    };
+    let outcome = run_on(&*coord, &key, &options, &args, program, rest, &mut signals).await;
+    // What the run gave up in the background (its place in the queue after a signal, a lock
+    // taken just then, a release to send again) is cleaned up before fenced exits: the runtime's
+    // shutdown would drop it, and it would stay until its TTL or session ends.
+    settle(&*coord, &key, &mut signals).await;
+    outcome
+}
 
+/// How long fenced waits, before it exits, for the clean-ups its coordinator began.
+const SETTLE_BOUND: Duration = Duration::from_secs(5);
+
+/// Waits for `coord`'s clean-ups, for at most [`SETTLE_BOUND`] or until a signal.
+async fn settle(coord: &dyn Coordinator, key: &LockKey, signals: &mut Signals) {
+    let unfinished = tokio::select! {
+        () = coord.settle() => return,
+        _ = tokio::time::sleep(SETTLE_BOUND) => {
+            format!("within {}", humantime::format_duration(SETTLE_BOUND))
+        }
+        sig = signals.recv() => format!("before {sig}"),
+    };
+    let _ = writeln!(
+        std::io::stderr().lock(),
+        "fenced: warning: the clean-up of what was left on {key} did not finish {unfinished}; \
+         it ends with its TTL or session"
+    );
+}
+
+/// `run` once connected: the wait, the command under the kept lease, the release.
+async fn run_on(
+    coord: &dyn Coordinator,
+    key: &LockKey,
+    options: &LeaseOptions,
+    args: &RunArgs,
+    program: &std::ffi::OsString,
+    rest: &[std::ffi::OsString],
+    signals: &mut Signals,
+) -> Result<u8, Failure> {
+    let key = key.clone();
     let spinner = Spinner::start(&key, args.wait);
-    let acquired = coord.acquire(&key, &options).await;
+    let acquired = tokio::select! {
+        acquired = coord.acquire(&key, options) => Ok(acquired),
+        sig = signals.recv() => Err(sig),
+    };
     spinner.stop().await;
+    let acquired = match acquired {
+        Ok(acquired) => acquired,
+        // Given up (the acquire dropped): nothing holds the key for us; what the wait left on
+        // the server is cleaned up before fenced exits.
+        Err(sig) => {
+            return Err(Failure::new(
+                u8::try_from(128 + sig as i32).unwrap_or(exit::SOFTWARE),
+                format!("{sig} while waiting for {key}: gave up; the command was not started"),
+            ))
+        }
+    };
     let lease = match acquired {
         Ok(lease) => lease,
         Err(e @ (Error::Timeout { .. } | Error::Held { .. })) => {
@@ -86,18 +148,6 @@ pub(crate) async fn run(url: Option<String>, args: RunArgs) -> Result<u8, Failur
             return Err(Failure::new(exit::LOST, message));
         }
     }
-
-    // Installed before the child starts, so a SIGTERM meant for it is never lost. The child
-    // starts with the default dispositions (exec resets caught signals), except for those
-    // fenced was started with ignored (`nohup` ignores SIGHUP, a shell SIGINT for a background
-    // job): those are not caught, so the child inherits them ignored.
-    let Ok(mut signals) = Signals::install() else {
-        release(kept, &key).await;
-        return Err(Failure::new(
-            exit::SOFTWARE,
-            "cannot install signal handlers",
-        ));
-    };
 
     let mut command = tokio::process::Command::new(program);
     command

@@ -305,3 +305,91 @@ fn a_lease_with_no_validity_to_spare_does_not_start_the_command() {
     assert!(!marker.exists(), "the command ran: {err}");
     assert_eq!(inspect_json(&url, "jobs/short").0, 1, "released");
 }
+
+/// A signal while `fenced run` waits for the key gives the wait up: `fenced` exits 128+N saying
+/// the command was not started, after deleting its place in the key's queue, so the next
+/// contender gets the key as soon as the holder lets go. Before, the signal ended `fenced` at
+/// once, and its place stayed until its session expired, in the way of every waiter behind it.
+/// On etcd and ZooKeeper, whose waiters have a place on the server: the waiter is signalled once
+/// its debug log says the place is written.
+fn a_signal_while_waiting_leaves_no_place_in_the_queue(s: &Subject) {
+    let key = "jobs/signalled-waiter";
+    // A TTL whose tenth leaves ZooKeeper's 1.5 s session validity to spare (see `run`'s margin).
+    let mut holder = Holder::start(&s.url, key, &["--ttl", "3s"]);
+    let dir = tempfile::tempdir().unwrap();
+    let err_path = dir.path().join("waiter.err");
+    // With SIGTERM at its default whatever this test process ignores (fenced keeps an ignored
+    // signal ignored); env execs fenced, so the PID is fenced's.
+    let mut waiter = std::process::Command::new("env")
+        .arg("--default-signal=HUP,INT,TERM")
+        .arg(fenced_bin())
+        .args([
+            "--url", &s.url, "run", key, "--ttl", "3s", "--wait", "60s", "--", "true",
+        ])
+        .env_remove("FENCED_URL")
+        .env("RUST_LOG", "adapter_etcd=debug,adapter_zookeeper=debug")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(fs::File::create(&err_path).unwrap())
+        .spawn()
+        .unwrap();
+    eventually(
+        Duration::from_secs(20),
+        "the waiter's place in the queue",
+        || {
+            fs::read_to_string(&err_path)
+                .ok()
+                .filter(|e| e.contains("in the queue"))
+        },
+    );
+    process::send(waiter.id(), nix::sys::signal::Signal::SIGTERM).expect("SIGTERM to the waiter");
+    let status = eventually(Duration::from_secs(20), "the waiter to exit", || {
+        waiter.try_wait().unwrap()
+    });
+    let stderr = fs::read_to_string(&err_path).unwrap();
+    assert_eq!(status.code(), Some(143), "{status}: {stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "SIGTERM while waiting for {key}: gave up; the command was not started"
+        )),
+        "{stderr}"
+    );
+    // The holder lets go; the next contender finds the key free at once (a zero wait).
+    process::send(holder.pid(), nix::sys::signal::Signal::SIGTERM).expect("SIGTERM to the holder");
+    holder.wait_exit(Duration::from_secs(20));
+    let out = fenced()
+        .args([
+            "--url", &s.url, "run", key, "--ttl", "3s", "--wait", "0s", "--", "true",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "the key was not free once its holder let go: {}",
+        stderr_of(&out)
+    );
+}
+
+mod a_signal_while_waiting_leaves_no_place_in_the_queue {
+    use conformance_tests::harness::Backend;
+
+    fn on(backend: Backend) {
+        let test = format!(
+            "a_signal_while_waiting_leaves_no_place_in_the_queue::{}",
+            backend.name()
+        );
+        if let Some(subject) = crate::backends::Subject::start(&test, backend) {
+            super::a_signal_while_waiting_leaves_no_place_in_the_queue(&subject);
+        }
+    }
+
+    #[test]
+    fn etcd() {
+        on(Backend::Etcd)
+    }
+
+    #[test]
+    fn zookeeper() {
+        on(Backend::ZooKeeper)
+    }
+}
