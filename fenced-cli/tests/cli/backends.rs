@@ -113,10 +113,10 @@ impl Subject {
     }
 }
 
-/// One test per backend for each shared body `fn(&Subject)`: `<body>::redis`, `::etcd`,
-/// `::zookeeper`, `::consul`. The backend list lives here, once.
-macro_rules! on_every_backend {
-    ($($body:ident),+ $(,)?) => {$(
+/// One test per backend named for each shared body `fn(&Subject, &str)`: `<body>::<backend>`
+/// for each `backend => Variant` of [`Backend`](conformance_tests::harness::Backend) given.
+macro_rules! on_backends {
+    ($body:ident: $($backend:ident => $variant:ident),+ $(,)?) => {
         mod $body {
             use conformance_tests::harness::Backend;
 
@@ -127,26 +127,24 @@ macro_rules! on_every_backend {
                 }
             }
 
-            #[test]
-            fn redis() {
-                on(Backend::Redis)
-            }
-
-            #[test]
-            fn etcd() {
-                on(Backend::Etcd)
-            }
-
-            #[test]
-            fn zookeeper() {
-                on(Backend::ZooKeeper)
-            }
-
-            #[test]
-            fn consul() {
-                on(Backend::Consul)
-            }
+            $(
+                #[test]
+                fn $backend() {
+                    on(Backend::$variant)
+                }
+            )+
         }
+    };
+}
+pub(crate) use on_backends;
+
+/// One test per backend for each shared body `fn(&Subject, &str)`: `<body>::redis`, `::etcd`,
+/// `::zookeeper`, `::consul`. The backend list lives here, once.
+macro_rules! on_every_backend {
+    ($($body:ident),+ $(,)?) => {$(
+        crate::backends::on_backends!(
+            $body: redis => Redis, etcd => Etcd, zookeeper => ZooKeeper, consul => Consul
+        );
     )+};
 }
 pub(crate) use on_every_backend;

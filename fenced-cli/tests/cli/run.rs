@@ -1,5 +1,5 @@
 //! `fenced run` when the lease is lost under a paused command (the command is stopped and its
-//! late write is rejected by the fence), and its metrics endpoint.
+//! late write is rejected by the fence), its metrics endpoint, and a signal during its wait.
 
 use std::fs;
 use std::io::{Read, Write};
@@ -8,12 +8,16 @@ use std::time::Duration;
 use conformance_tests::harness::Backend;
 use conformance_tests::process;
 
-use crate::backends::{on_every_backend, Subject};
+use crate::backends::{on_backends, on_every_backend, Subject};
 use crate::support::*;
 
 on_every_backend!(
     a_paused_command_is_stopped_and_its_stale_write_rejected,
     metrics_are_served_while_the_command_runs,
+);
+// Where a waiter has a place on the server.
+on_backends!(
+    a_signal_while_waiting_leaves_no_place_in_the_queue: etcd => Etcd, zookeeper => ZooKeeper
 );
 
 /// The holder's command: writes `first` through the fence under its token, reports its PID and
@@ -312,7 +316,7 @@ fn a_lease_with_no_validity_to_spare_does_not_start_the_command() {
 /// once, and its place stayed until its session expired, in the way of every waiter behind it.
 /// On etcd and ZooKeeper, whose waiters have a place on the server: the waiter is signalled once
 /// its debug log says the place is written.
-fn a_signal_while_waiting_leaves_no_place_in_the_queue(s: &Subject) {
+fn a_signal_while_waiting_leaves_no_place_in_the_queue(s: &Subject, _test: &str) {
     let key = "jobs/signalled-waiter";
     // A TTL whose tenth leaves ZooKeeper's 1.5 s session validity to spare (see `run`'s margin).
     let mut holder = Holder::start(&s.url, key, &["--ttl", "3s"]);
@@ -368,28 +372,4 @@ fn a_signal_while_waiting_leaves_no_place_in_the_queue(s: &Subject) {
         "the key was not free once its holder let go: {}",
         stderr_of(&out)
     );
-}
-
-mod a_signal_while_waiting_leaves_no_place_in_the_queue {
-    use conformance_tests::harness::Backend;
-
-    fn on(backend: Backend) {
-        let test = format!(
-            "a_signal_while_waiting_leaves_no_place_in_the_queue::{}",
-            backend.name()
-        );
-        if let Some(subject) = crate::backends::Subject::start(&test, backend) {
-            super::a_signal_while_waiting_leaves_no_place_in_the_queue(&subject);
-        }
-    }
-
-    #[test]
-    fn etcd() {
-        on(Backend::Etcd)
-    }
-
-    #[test]
-    fn zookeeper() {
-        on(Backend::ZooKeeper)
-    }
 }
