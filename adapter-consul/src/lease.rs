@@ -531,13 +531,16 @@ impl ConsulLease {
 
 impl Drop for ConsulLease {
     fn drop(&mut self) {
-        // The guardian sees this and deletes the key if it is still ours, counted until then.
+        // The guardian sees this and deletes the key if it is still ours, counted until then:
+        // also after a loss or a failed release, whose delete the guardian may still be
+        // retrying. A guardian that has finished already took nothing; the count then ends with
+        // `shared`, which only this lease still holds.
+        *self
+            .shared
+            .dropped
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(self.shared.cleanups.begin());
         if !matches!(self.shared.tracker.status(), LeaseStatus::Lost(_)) {
-            *self
-                .shared
-                .dropped
-                .lock()
-                .unwrap_or_else(|p| p.into_inner()) = Some(self.shared.cleanups.begin());
             self.shared.tracker.mark_lost(LostReason::Released);
         }
     }

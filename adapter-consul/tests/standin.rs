@@ -1224,3 +1224,39 @@ async fn a_renewal_finding_the_key_gone_reports_the_loss_whatever_the_session_re
     assert!(matches!(lease.status(), LeaseStatus::Lost(_)));
     s.fail_renewals(false);
 }
+
+/// A release refused by Consul (the ACL token lost `key:write`) leaves the delete to the
+/// lease's guardian, which retries it: `settle`, called once the lease is dropped, waits until
+/// that delete got through, and another client then takes the key at once. Before, the drop of
+/// a lease whose release had failed counted nothing, and `settle` returned with the key still
+/// locked.
+#[tokio::test]
+async fn settle_waits_for_the_delete_after_a_failed_release() {
+    let s = standin();
+    let u = url(&s, "");
+    let c = client(&u).await;
+    let other = client(&u).await;
+    let k = key("failed-release");
+    let lease = c.acquire(&k, &LeaseOptions::new(TTL * 30)).await.unwrap();
+    s.deny_key_writes(Some(c.config().kv_key(&k)));
+    assert!(lease.release().await.is_err(), "the release was refused");
+    drop(lease);
+    // Refused for as long as writes are denied: settle cannot return meanwhile.
+    assert!(
+        tokio::time::timeout(Duration::from_millis(500), c.settle())
+            .await
+            .is_err(),
+        "settle returned while the key was still locked"
+    );
+    s.deny_key_writes(None);
+    tokio::time::timeout(Duration::from_secs(10), c.settle())
+        .await
+        .expect("settle once writes are allowed again");
+    other
+        .try_acquire(&k, &LeaseOptions::new(TTL))
+        .await
+        .expect("the key is free once settle returned")
+        .release()
+        .await
+        .unwrap();
+}
