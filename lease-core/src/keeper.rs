@@ -119,9 +119,9 @@ pub enum KeeperStop {
 ///   session's bound) ends before that leaves a try's time: then at `renew_fraction` of that
 ///   validity, unless something else has moved it by then (a session's heartbeat), in which
 ///   case it only looks again, shortly before that validity ends, and renews only if it has
-///   not moved since. It retries failed renewals (with backoff, never longer than half the
-///   validity left), each try bounded by half the validity left so that a lost reply leaves
-///   time for another, until local validity ends; if
+///   not moved since. It retries failed renewals (with backoff, capped at a quarter to a half
+///   of the validity left, so that tries go on until its end), each try bounded by half the
+///   validity left so that a lost reply leaves time for another, until local validity ends; if
 ///   no renewal is confirmed by then, the lease reports `Lost(Expired)` and the keeper exits.
 /// - A try that is not confirmed (the backend unavailable, an unknown outcome, no answer in its
 ///   bound) marks the lease [`InDoubt`](LeaseStatus::InDoubt) until a renewal confirms (a later
@@ -776,7 +776,8 @@ async fn run_own_timer(mut rx: mpsc::UnboundedReceiver<Due>) {
 /// The least time one renewal try is given (unless less validity is left).
 const MIN_TRY: Duration = Duration::from_millis(100);
 
-/// The least time between two renewal tries (unless less validity is left).
+/// The floor of the cap on a renewal retry's delay (half the validity left, at most): below it
+/// the backoff alone decides, so tries near the end of validity are not sent back to back.
 const MIN_RETRY_GAP: Duration = Duration::from_millis(10);
 
 /// The least time before a validity that something else keeps moving (a session's heartbeat)
@@ -859,13 +860,17 @@ async fn renew_until_confirmed(
             // Validity passed (recorded as `Expired`, or `KeeperStopped` after a stop).
             return Renewal::Ended;
         }
-        // Never put the next try off by more than half the validity left (and no less than
+        // Never put the next try off by more than half the validity left (a quarter to a half,
+        // at random, so that leases sharing one validity do not retry in step; and no less than
         // `MIN_RETRY_GAP`): a backoff grown past what is left would skip the last tries, and an
         // outage that ends before validity does would still lose the lease.
         let now = Instant::now();
         let valid_until = lease.valid_until();
         let left = valid_until.saturating_duration_since(now);
-        let delay = backoff.next_delay().min((left / 2).max(MIN_RETRY_GAP));
+        let share = 0.25 + 0.25 * rand::random::<f64>();
+        let delay = backoff
+            .next_delay()
+            .min(left.mul_f64(share).max(MIN_RETRY_GAP));
         tokio::time::sleep_until((now + delay).min(valid_until)).await;
     }
 }
