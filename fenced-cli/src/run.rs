@@ -60,6 +60,8 @@ const SETTLE_BOUND: Duration = Duration::from_secs(5);
 /// Waits for `coord`'s clean-ups, for at most [`SETTLE_BOUND`] or until a signal.
 async fn settle(coord: &dyn Coordinator, key: &LockKey, signals: &mut Signals) {
     let unfinished = tokio::select! {
+        // First: nothing pending is no warning, even with a signal waiting.
+        biased;
         () = coord.settle() => return,
         _ = tokio::time::sleep(SETTLE_BOUND) => {
             format!("within {}", humantime::format_duration(SETTLE_BOUND))
@@ -163,6 +165,17 @@ async fn run_on(
         kept.lease(),
         SectionOptions::new().margin(margin),
         |_guard| async move {
+            // A signal that came after the grant, while the command was being prepared: the
+            // command is not started (a SIGINT from a terminal would otherwise be taken for one
+            // the command got too, and be lost).
+            let early = tokio::select! {
+                biased;
+                sig = signals.recv() => Some(sig),
+                () = std::future::ready(()) => None,
+            };
+            if let Some(sig) = early {
+                return Ok(Ended::Interrupted(sig));
+            }
             let child = match command.spawn() {
                 Ok(child) => started.insert(child),
                 Err(e) => return Ok(Ended::NotStarted(e)),
@@ -199,6 +212,13 @@ async fn run_on(
                 ),
             )),
         },
+        (Ok(Ended::Interrupted(sig)), _) => {
+            release(kept, &key).await;
+            Err(Failure::new(
+                u8::try_from(128 + sig as i32).unwrap_or(exit::SOFTWARE),
+                format!("{sig} after {key} was granted: the command was not started"),
+            ))
+        }
         (Ok(Ended::NotStarted(e)), _) => {
             release(kept, &key).await;
             let status = if e.kind() == std::io::ErrorKind::NotFound {
@@ -251,6 +271,8 @@ enum Ended {
     NotStarted(std::io::Error),
     /// Waiting for it failed; it may still run.
     WaitFailed(std::io::Error),
+    /// A signal came after the grant, before the command started: it was not started.
+    Interrupted(Signal),
 }
 
 /// SIGTERM, SIGHUP and SIGINT as `run` receives them while the command runs: each caught unless

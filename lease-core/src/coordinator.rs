@@ -193,19 +193,23 @@ pub trait Coordinator: Send + Sync + fmt::Debug {
     /// Waits until the clean-ups this coordinator has begun in the background are done: the
     /// waiter entry or lock of every acquire given up (its future dropped, or ended in an error
     /// while a request may still have applied) deleted, and the lock of every lease dropped
-    /// without a release deleted if still its own. Clean-ups begun while it waits are waited
+    /// without a confirmed release deleted if still its own. Clean-ups begun while it waits are waited
     /// for too; a lease still held, or an acquire still waiting, is not a clean-up.
     ///
     /// Call it before the process exits, after dropping what it gives up: a tokio runtime that
     /// shuts down drops unfinished tasks, and what they would have deleted stays until its TTL
     /// or session ends, in the way of every waiter behind it.
     ///
-    /// Each clean-up retries until it settles, or until the server has removed what it cleans
-    /// up anyway (its TTL or session ended): with the server unreachable that can take a TTL.
-    /// Bound the wait with a timeout where that matters.
+    /// Each clean-up retries until it settles or the server has removed what it cleans up
+    /// anyway. On Redis that is at most the lock's TTL (and a second). Where the key lives on a
+    /// session (etcd, ZooKeeper, Consul), it is until the delete gets through or the session is
+    /// known to have ended, and this coordinator's own heartbeat keeps its session alive. With
+    /// the server unreachable, or refusing the delete, that has no bound: bound the wait with a
+    /// timeout.
     ///
     /// The default implementation returns at once, for an adapter that starts nothing in the
-    /// background; every adapter of this workspace implements it.
+    /// background (the in-memory backend cleans up as it goes); every adapter of this workspace
+    /// with a server implements it.
     ///
     /// # Cancel safety
     ///
