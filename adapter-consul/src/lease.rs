@@ -54,8 +54,8 @@ pub(crate) struct LeaseShared {
     slot: Mutex<Option<SlotGuard>>,
     /// The coordinator's clean-ups under way, which `settle` waits for.
     cleanups: Cleanups,
-    /// The count of the clean-up after this lease was dropped unreleased, until the guardian
-    /// has deleted its key.
+    /// The count of the clean-up after this lease was dropped, until the guardian has deleted
+    /// its key (or, when the guardian was done already, until this state is dropped).
     dropped: Mutex<Option<PendingCleanup>>,
 }
 

@@ -101,7 +101,8 @@ impl GivenUp {
 impl Drop for GivenUp {
     fn drop(&mut self) {
         if self.armed {
-            // Dropped with the task's clone if the task has ended already.
+            // Kept until the task drops its clone; dropped at once (with this last clone) if
+            // the task has ended already.
             *self.counted.lock().unwrap_or_else(|p| p.into_inner()) = Some(self.cleanups.begin());
         }
     }

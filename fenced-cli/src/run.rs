@@ -275,9 +275,9 @@ enum Ended {
     Interrupted(Signal),
 }
 
-/// SIGTERM, SIGHUP and SIGINT as `run` receives them while the command runs: each caught unless
-/// fenced was started with it ignored (`nohup` ignores SIGHUP, a shell ignores SIGINT for a
-/// background job). Exec resets a caught signal to its default in the command, so catching an
+/// SIGTERM, SIGHUP and SIGINT as `run` receives them from before its wait until it exits: each
+/// caught unless fenced was started with it ignored (`nohup` ignores SIGHUP, a shell ignores
+/// SIGINT for a background job). Exec resets a caught signal to its default in the command, so catching an
 /// ignored one would let it kill a command meant to be immune.
 struct Signals {
     term: Option<UnixSignal>,

@@ -193,8 +193,8 @@ pub trait Coordinator: Send + Sync + fmt::Debug {
     /// Waits until the clean-ups this coordinator has begun in the background are done: the
     /// waiter entry or lock of every acquire given up (its future dropped, or ended in an error
     /// while a request may still have applied) deleted, and the lock of every lease dropped
-    /// without a confirmed release deleted if still its own. Clean-ups begun while it waits are waited
-    /// for too; a lease still held, or an acquire still waiting, is not a clean-up.
+    /// without a confirmed release deleted if still its own. Clean-ups begun while it waits are
+    /// waited for too; a lease still held, or an acquire still waiting, is not a clean-up.
     ///
     /// Call it before the process exits, after dropping what it gives up: a tokio runtime that
     /// shuts down drops unfinished tasks, and what they would have deleted stays until its TTL
