@@ -98,7 +98,7 @@ async fn run_on(
         // the server is cleaned up before fenced exits.
         Err(sig) => {
             return Err(Failure::new(
-                u8::try_from(128 + sig as i32).unwrap_or(exit::SOFTWARE),
+                signal_status(sig),
                 format!("{sig} while waiting for {key}: gave up; the command was not started"),
             ))
         }
@@ -215,7 +215,7 @@ async fn run_on(
         (Ok(Ended::Interrupted(sig)), _) => {
             release(kept, &key).await;
             Err(Failure::new(
-                u8::try_from(128 + sig as i32).unwrap_or(exit::SOFTWARE),
+                signal_status(sig),
                 format!("{sig} after {key} was granted: the command was not started"),
             ))
         }
@@ -416,6 +416,11 @@ fn describe(status: ExitStatus) -> String {
         (None, Some(sig)) => format!("was killed by signal {sig}"),
         (None, None) => "ended".to_owned(),
     }
+}
+
+/// The status for a run given up on signal `sig` (128+N, as a shell reports a signal).
+fn signal_status(sig: Signal) -> u8 {
+    u8::try_from(128 + sig as i32).unwrap_or(exit::SOFTWARE)
 }
 
 /// The command's status as a shell reports it: its exit code, or 128+N for signal N.
