@@ -131,6 +131,12 @@ fn main() -> ExitCode {
             let _ = e.print();
             return ExitCode::from(exit::USAGE);
         }
+        Err(e) if e.kind() == clap::error::ErrorKind::MissingSubcommand => {
+            // The same with an option given (`fenced --url URL`, or FENCED_URL exported, which
+            // clap counts as an argument): clap's error would be one line naming no command.
+            eprint!("{}", missing_subcommand_help());
+            return ExitCode::from(exit::USAGE);
+        }
         Err(e) => {
             // A URL given where clap expected something else is quoted in its error: never
             // print its password or token.
@@ -165,6 +171,22 @@ fn main() -> ExitCode {
             ExitCode::from(failure.status)
         }
     }
+}
+
+/// The whole help of the deepest command named on the command line (`fenced` itself when none
+/// is): what a missing subcommand shows.
+fn missing_subcommand_help() -> String {
+    use clap::CommandFactory;
+    let mut command = Cli::command();
+    command.build();
+    for arg in std::env::args_os().skip(1) {
+        let Some(name) = arg.to_str() else { continue };
+        match command.find_subcommand(name) {
+            Some(sub) => command = sub.clone(),
+            None => continue,
+        }
+    }
+    command.render_help().to_string()
 }
 
 async fn dispatch(cli: Cli) -> Result<u8, Failure> {

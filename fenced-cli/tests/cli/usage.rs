@@ -475,8 +475,9 @@ fn token_floor_without_a_coordinator_url_sends_nothing() {
 }
 
 /// `fenced`, `fenced fence` and `fenced token-floor` without a subcommand print that command's
-/// whole help on stderr (its commands listed) and exit 2. Before, the one-line error kept only
-/// the help's first line, the command's description, and named no command.
+/// whole help on stderr (its commands listed) and exit 2, also with `--url` given or FENCED_URL
+/// exported. Before, the one-line error kept only the help's first line, the command's
+/// description, and named no command (with a URL: clap's "requires a subcommand", naming none).
 #[test]
 fn a_missing_subcommand_shows_the_commands_help() {
     for (args, commands) in [
@@ -484,15 +485,27 @@ fn a_missing_subcommand_shows_the_commands_help() {
         (&["fence"], &["read", "write"]),
         (&["token-floor"], &["suggest"]),
     ] {
-        let out = fenced().args(args).output().unwrap();
-        let err = stderr_of(&out);
-        assert_eq!(out.status.code(), Some(USAGE), "{args:?}: {err}");
-        assert!(err.contains("Usage:"), "{args:?}: {err}");
-        for c in commands {
-            assert!(
-                err.contains(&format!("\n  {c} ")),
-                "{args:?} does not list {c}: {err}"
-            );
+        // Alone, after `--url`, and with FENCED_URL exported (which clap counts as given).
+        let with_url = [&["--url", "memory://"][..], args].concat();
+        let runs = [
+            fenced().args(args).output().unwrap(),
+            fenced().args(&with_url).output().unwrap(),
+            fenced()
+                .env("FENCED_URL", "memory://")
+                .args(args)
+                .output()
+                .unwrap(),
+        ];
+        for (run, out) in runs.iter().enumerate() {
+            let err = stderr_of(out);
+            assert_eq!(out.status.code(), Some(USAGE), "{args:?} ({run}): {err}");
+            assert!(err.contains("Usage:"), "{args:?} ({run}): {err}");
+            for c in commands {
+                assert!(
+                    err.contains(&format!("\n  {c} ")),
+                    "{args:?} ({run}) does not list {c}: {err}"
+                );
+            }
         }
     }
 }
