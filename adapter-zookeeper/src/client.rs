@@ -1,6 +1,6 @@
 //! Connection plumbing: a zookeeper-client `Client` (one ZooKeeper session) from a
 //! [`ZkConfig`], opened by [`Session`](crate::session::Session) at connect and after a session
-//! ended.
+//! ended, within the chroot of the client the coordinator was given, if any.
 
 use std::time::Duration;
 
@@ -13,8 +13,11 @@ use crate::error::connect_failed;
 
 /// Opens the client library's session with the config's hosts, retrying (while the error is not final) until the
 /// connect timeout: the library gives up after one session timeout, which an election or a
-/// restarting server can outlast.
-pub(crate) async fn open(config: &ZkConfig) -> Result<Client> {
+/// restarting server can outlast. Every path the client is asked for is then under `chroot`
+/// (`/` for none): the chroot of an application's client the coordinator was built on
+/// ([`ZkCoordinator::from_client`](crate::ZkCoordinator::from_client)), so that a new session
+/// queues where the first one did.
+pub(crate) async fn open(config: &ZkConfig, chroot: &str) -> Result<Client> {
     let hosts = &config.connect_string();
     let limit = config.connect_timeout();
     let deadline = Instant::now() + limit;
@@ -32,7 +35,14 @@ pub(crate) async fn open(config: &ZkConfig) -> Result<Client> {
                     None,
                 ))
             }
-            Ok(Ok(c)) => return Ok(c),
+            Ok(Ok(c)) if chroot == "/" => return Ok(c),
+            Ok(Ok(c)) => {
+                // The path came from a client's own `path()`, so it is valid; refused all the
+                // same, the session would lock elsewhere than the first one did.
+                return c.chroot(chroot).map_err(|_| {
+                    connect_failed(hosts, format!("the chroot {chroot:?} was refused"), None)
+                });
+            }
             Ok(Err(e)) => e,
         };
         let retryable = matches!(

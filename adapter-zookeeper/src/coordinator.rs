@@ -40,8 +40,8 @@ impl ZkCoordinator {
     /// credentials may not create or use the base path.
     pub async fn connect(config: ZkConfig) -> Result<Self> {
         let cleanups = Cleanups::new();
-        let session = Session::connect(&config, cleanups.clone()).await?;
-        Ok(Self::start(config, session, cleanups))
+        let session = Session::connect(&config, "/", cleanups.clone()).await?;
+        Ok(Self::start(config, "/".to_owned(), session, cleanups))
     }
 
     /// A coordinator on a ZooKeeper session the application already has (its own client, with
@@ -49,6 +49,9 @@ impl ZkCoordinator {
     /// token floor, timeouts, owner), names the ensemble in the token watermark (its hosts
     /// should be the client's), and is what a new session is opened from once this one ends
     /// (an expiry or a close ends every lease on it, as for a session of the coordinator's own).
+    /// The base path is within the client's chroot, and so is every later session's: its locks
+    /// are those of a coordinator from a URL whose base path is the chroot and then the base
+    /// path.
     ///
     /// The session is confirmed with one `sync` first (when it was last confirmed is not known),
     /// then `<base>/locks` is made sure of, as [`ZkCoordinator::connect`] does. Give `config` the
@@ -57,20 +60,25 @@ impl ZkCoordinator {
     /// answer, `Misconfigured` as for `connect`.
     pub async fn from_client(client: zookeeper_client::Client, config: ZkConfig) -> Result<Self> {
         let cleanups = Cleanups::new();
+        let chroot = client.path().to_owned();
         let session = Session::adopt(&config, client, cleanups.clone()).await?;
-        Ok(Self::start(config, session, cleanups))
+        Ok(Self::start(config, chroot, session, cleanups))
     }
 
-    /// The coordinator on its first session, whose clean-ups count among `cleanups`.
-    fn start(config: ZkConfig, session: Arc<Session>, cleanups: Cleanups) -> Self {
+    /// The coordinator on its first session, within `chroot` (`/` for none), whose clean-ups
+    /// count among `cleanups`.
+    fn start(config: ZkConfig, chroot: String, session: Arc<Session>, cleanups: Cleanups) -> Self {
         let caps = Capabilities::new(BACKEND)
             .min_ttl(session.timeout())
             .per_lease_ttl(false)
             .durable_tokens(true)
             .shared_across_processes(true);
+        // The nodes' full path: a coordinator from a URL whose base path is the chroot and then
+        // this base path shares the scope.
+        let within = chroot.trim_end_matches('/');
         let tokens = TokenAdmission::new(
             BACKEND,
-            format!("{}{}", config.connect_string(), config.base_path()),
+            format!("{}{within}{}", config.connect_string(), config.base_path()),
             config.token_floor(),
         );
         let owner = config
@@ -80,6 +88,7 @@ impl ZkCoordinator {
         ZkCoordinator {
             inner: Arc::new(Inner {
                 config,
+                chroot,
                 caps,
                 local_waiters: Default::default(),
                 session: SharedOpening::with_open(BACKEND, session),
@@ -136,9 +145,9 @@ impl ZkCoordinator {
                 |s| !s.is_terminated(),
                 || {
                     let (config, declared) = (inner.config.clone(), inner.caps.min_ttl);
-                    let cleanups = inner.cleanups.clone();
+                    let (chroot, cleanups) = (inner.chroot.clone(), inner.cleanups.clone());
                     async move {
-                        let s = Session::connect(&config, cleanups).await?;
+                        let s = Session::connect(&config, &chroot, cleanups).await?;
                         if s.timeout() != declared {
                             tracing::warn!(
                                 negotiated = ?s.timeout(),

@@ -13,6 +13,9 @@ use crate::session::Session;
 /// What a coordinator shares with its recipe and operator actions.
 pub(crate) struct Inner {
     pub(crate) config: ZkConfig,
+    /// The chroot every session of the coordinator works in: `/` (none), or that of the
+    /// application's client it was built on, which the sessions it opens later keep.
+    pub(crate) chroot: String,
     pub(crate) caps: Capabilities,
     /// The turns of this coordinator's waiting acquires.
     pub(crate) local_waiters: LocalWaiters,

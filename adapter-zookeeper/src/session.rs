@@ -107,11 +107,15 @@ impl std::fmt::Debug for Session {
 }
 
 impl Session {
-    /// Opens a session (bounded by the connect timeout), makes sure `<base>/locks` exists, and
-    /// starts the state and heartbeat tasks.
-    pub(crate) async fn connect(config: &ZkConfig, cleanups: Cleanups) -> Result<Arc<Session>> {
+    /// Opens a session (bounded by the connect timeout) within `chroot` (`/` for none), makes
+    /// sure `<base>/locks` exists, and starts the state and heartbeat tasks.
+    pub(crate) async fn connect(
+        config: &ZkConfig,
+        chroot: &str,
+        cleanups: Cleanups,
+    ) -> Result<Arc<Session>> {
         let sent = Instant::now();
-        let client = open(config).await?;
+        let client = open(config, chroot).await?;
         Self::start(config, client, sent, cleanups).await
     }
 

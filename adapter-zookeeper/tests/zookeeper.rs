@@ -1345,6 +1345,65 @@ async fn a_coordinator_from_the_applications_own_client_behaves_like_one_from_a_
     one_holder_across(&from_client, &from_url, &key, &o).await;
 }
 
+/// A coordinator built on a chrooted client locks within the chroot, also once its session has
+/// ended and it opened a new one: before, the new session was opened from the hosts alone, so
+/// its locks were outside the chroot, and a process locking within it took a key held here.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chrooted_clients_coordinator_keeps_the_chroot_in_its_next_session() {
+    let Some(server) = server("a_chrooted_clients_coordinator_keeps_the_chroot").await else {
+        return;
+    };
+    let digest = format!("alice:{PASSWORD}");
+    let chroot = format!("/chroot-{:08x}", rand::random::<u32>());
+    let root = raw_client(server.addr(), Some(&digest)).await;
+    let options = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+    root.create(&chroot, &[], &options).await.unwrap();
+    let own = raw_client(server.addr(), Some(&digest))
+        .await
+        .chroot(chroot.as_str())
+        .unwrap();
+    let cfg = config(server.addr(), 2000);
+    let chrooted = ZkCoordinator::from_client(own, cfg.clone()).await.unwrap();
+    // The same nodes, seen from the root: the chroot and then the base path.
+    let within = ZkConfig::from_url(&format!(
+        "zk://{}{chroot}{}?session_timeout_ms=2000&tick_ms=200&digest={digest}",
+        server.addr(),
+        cfg.base_path()
+    ))
+    .unwrap();
+    let from_url = ZkCoordinator::connect(within).await.unwrap();
+    let key: LockKey = "chrooted/1".parse().unwrap();
+    // No shorter than the application's session (`raw_client`'s 5 s).
+    let o = LeaseOptions::new(Duration::from_secs(5));
+    one_holder_across(&chrooted, &from_url, &key, &o).await;
+
+    let lease = chrooted.acquire(&key, &o).await.unwrap();
+    let first = chrooted.current_session().await.expect("a session");
+    let (node, _) = single_node(&root, &format!("{chroot}{}", cfg.lock_path(&key))).await;
+    close_session_out_of_band(server.addr(), first.clone(), &node).await;
+    tokio::time::timeout(Duration::from_secs(5), lease.lost().wait())
+        .await
+        .expect("the lease ends with its session");
+    drop(lease);
+
+    // The next acquire opens a new session, within the chroot.
+    let lease = chrooted.acquire(&key, &o).await.unwrap();
+    let second = chrooted.current_session().await.expect("a new session");
+    assert_ne!(second.id(), first.id(), "a new session was opened");
+    match from_url.try_acquire(&key, &o).await {
+        Err(Error::Held { .. }) => {}
+        other => panic!("the key held on the new session was taken from the chroot: {other:?}"),
+    }
+    lease.release().await.unwrap();
+    from_url
+        .try_acquire(&key, &o)
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+}
+
 /// The sessions watching `path`, as ZooKeeper's `wchp` lists them (`0x…`).
 async fn watchers_of(addr: std::net::SocketAddr, path: &str) -> Vec<String> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
