@@ -11,7 +11,7 @@ use etcd_client::{
     Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
 };
 use lease_core::adapter::{
-    ended_during_acquire, Backoff, Cleanups, HolderRecord, LeaseTracker, Op, PendingCleanup,
+    clock, ended_during_acquire, Backoff, Cleanups, HolderRecord, LeaseTracker, Op, PendingCleanup,
     SharedOpening,
 };
 use lease_core::{
@@ -135,6 +135,11 @@ impl Ahead {
             },
             _ => Ahead::Gone,
         }
+    }
+
+    /// Whether a key was ahead of ours: the lock was held (or about to be) by someone else.
+    fn busy(&self) -> bool {
+        matches!(self, Ahead::Keys { keys, all } if !keys.is_empty() || !*all)
     }
 }
 
@@ -368,8 +373,22 @@ impl Inner {
         LeaseTracker::new(BACKEND, key.clone(), token, ttl, margin, from)
     }
 
-    /// Builds the lease for a granted key, with the tracker of [`Inner::tracker`] (checked to
-    /// be `Held` by the caller).
+    /// When the validity of a grant confirmed by a request sent at `confirmed_sent` ends, as
+    /// [`Inner::tracker`] counts it. Checked before the tracker is made: a tracker whose
+    /// validity has passed records a loss (a metric, a warning) for a lease nobody held.
+    fn valid_until(
+        &self,
+        session: &Session,
+        options: &LeaseOptions,
+        confirmed_sent: Instant,
+    ) -> Instant {
+        let ttl = session.ttl();
+        let from = confirmed_sent.min(session.acked_sent());
+        clock::valid_until(from, ttl, options.drift_margin_for(ttl))
+    }
+
+    /// Builds the lease for a granted key, with the tracker of [`Inner::tracker`] (its
+    /// validity checked to be running by the caller, [`Inner::valid_until`]).
     fn grant(
         self: &Arc<Self>,
         session: Arc<Session>,
@@ -465,8 +484,7 @@ impl Inner {
             };
             pending.revision = Some(revision);
             let token = self.tokens.admit(key, revision)?;
-            let tracker = self.tracker(&session, key, token, options, sent);
-            if tracker.status() != LeaseStatus::Held {
+            if self.valid_until(&session, options, sent) <= Instant::now() {
                 // The answer came after the validity it grants had ended (a round trip longer
                 // than the TTL minus the drift margin): never hand out such a lease. `pending`
                 // stays armed, so the key is deleted in the background.
@@ -476,11 +494,12 @@ impl Inner {
                         "try_acquire: the grant arrived {:?} after it was sent, after its local \
                          validity had ended (TTL {:?} minus drift margin {:?})",
                         sent.elapsed(),
-                        tracker.ttl(),
-                        tracker.drift_margin()
+                        session.ttl(),
+                        options.drift_margin_for(session.ttl())
                     ),
                 ));
             }
+            let tracker = self.tracker(&session, key, token, options, sent);
             pending.armed = false;
             return self.grant(session, &pending, revision, tracker, revision + 1);
         }
@@ -503,9 +522,27 @@ impl Inner {
         let secs = ttl_secs(options.ttl_value());
         let record = holder_record(self, options);
         let timeout = self.timeout();
-        let timed_out = || Error::Timeout {
-            key: key.to_string(),
-            waited: start.elapsed(),
+        // `Timeout` only when a read showed the key busy (decision 0036): a wait that ended
+        // while its place in the queue kept going (our session or key gone, a request failing)
+        // never showed it.
+        let mut seen_busy = false;
+        let timed_out = |seen_busy: bool| {
+            if seen_busy {
+                Error::Timeout {
+                    key: key.to_string(),
+                    waited: start.elapsed(),
+                }
+            } else {
+                Error::unavailable(
+                    BACKEND,
+                    format!(
+                        "acquire: the wait ended after {:?} before a place in {key}'s queue was \
+                         kept (our session or key went, or a request failed); the key was not \
+                         seen busy",
+                        start.elapsed()
+                    ),
+                )
+            }
         };
         let mut lease_gone = 0;
         // Backoff between attempts that failed on a transient error (see `retry_within`).
@@ -515,7 +552,7 @@ impl Inner {
             // Queueing again (our key or session went) is not done past the wait bound: a grant
             // there would come after the caller's deadline.
             if caller.is_closed() || (queued_before && Instant::now() >= deadline) {
-                return Err(timed_out());
+                return Err(timed_out(seen_busy));
             }
             queued_before = true;
             let session = match self.session(secs).await {
@@ -569,6 +606,7 @@ impl Inner {
                 ahead: Ahead::of(&own, kvs),
                 detached: Detached::among(&prefix, &own, kvs),
             };
+            seen_busy |= last.ahead.busy();
             let (Some(mine), false) = (kvs.first(), matches!(last.ahead, Ahead::Gone)) else {
                 return Err(Error::unavailable(
                     BACKEND,
@@ -598,7 +636,7 @@ impl Inner {
                     // bound: past it, the wait below reports the deadline.
                     let orphans = self.clear_orphans(&mut last.detached);
                     orphans_at = tokio::select! {
-                        _ = caller.closed() => return Err(timed_out()),
+                        _ = caller.closed() => return Err(timed_out(seen_busy)),
                         next = tokio::time::timeout_at(deadline, orphans) => next.unwrap_or(None),
                     };
                 }
@@ -644,7 +682,7 @@ impl Inner {
                             // armed (see `PendingKey`).
                             tracing::debug!(key = %key, "etcd waiter's session ended; queueing again");
                             if Instant::now() >= deadline {
-                                return Err(timed_out());
+                                return Err(timed_out(seen_busy));
                             }
                             continue 'enqueue;
                         }
@@ -656,25 +694,26 @@ impl Inner {
                         // (a waiter whose session ended must not report acquired), and the keys
                         // below ours are the ones to see go.
                         let read = tokio::select! {
-                            _ = caller.closed() => return Err(timed_out()),
+                            _ = caller.closed() => return Err(timed_out(seen_busy)),
                             _ = tokio::time::sleep_until(deadline) => {
                                 self.delete_now(&mut pending).await;
-                                return Err(timed_out());
+                                return Err(timed_out(seen_busy));
                             }
                             read = self.read_queue(&queue) => read,
                         };
                         match read {
                             Ok(read) => {
                                 last = read;
+                                seen_busy |= last.ahead.busy();
                                 orphans_at = None;
                             }
                             Err(f) => {
                                 tracing::debug!(key = %key, error = %f, "etcd waiter could not re-read its queue; retrying");
                                 tokio::select! {
-                                    _ = caller.closed() => return Err(timed_out()),
+                                    _ = caller.closed() => return Err(timed_out(seen_busy)),
                                     _ = tokio::time::sleep_until(deadline) => {
                                         self.delete_now(&mut pending).await;
-                                        return Err(timed_out());
+                                        return Err(timed_out(seen_busy));
                                     }
                                     _ = backoff.sleep() => {}
                                 }
@@ -683,17 +722,17 @@ impl Inner {
                         }
                         backoff.reset();
                     }
-                    Wait::Cancelled => return Err(timed_out()),
+                    Wait::Cancelled => return Err(timed_out(seen_busy)),
                     Wait::Deadline => {
                         self.delete_now(&mut pending).await;
-                        return Err(timed_out());
+                        return Err(timed_out(seen_busy));
                     }
                 }
                 if let Ahead::Gone = last.ahead {
                     tracing::debug!(key = %key, "etcd waiter's key vanished (session ended or deleted); queueing again");
                     pending.armed = false;
                     if Instant::now() >= deadline {
-                        return Err(timed_out());
+                        return Err(timed_out(seen_busy));
                     }
                     continue 'enqueue;
                 }
@@ -715,12 +754,12 @@ impl Inner {
             // enqueue, typically): after a long wait that leaves little of it, so unless at least
             // half the TTL is left, it is confirmed first, like an expired one.
             loop {
-                let tracker = self.tracker(&session, key, token, options, confirmed_sent);
-                let left = tracker
-                    .valid_until()
-                    .saturating_duration_since(Instant::now());
-                let fresh = !by_turn || left * 2 >= session.ttl() || Instant::now() >= deadline;
-                if tracker.status() == LeaseStatus::Held && fresh {
+                let until = self.valid_until(&session, options, confirmed_sent);
+                let now = Instant::now();
+                let left = until.saturating_duration_since(now);
+                let fresh = !by_turn || left * 2 >= session.ttl() || now >= deadline;
+                if until > now && fresh {
+                    let tracker = self.tracker(&session, key, token, options, confirmed_sent);
                     pending.armed = false;
                     // The guardian watches our key from its creation, not from this read: a
                     // write while it waited (one without the lease detaches it from the session)
@@ -729,15 +768,15 @@ impl Inner {
                 }
                 if Instant::now() >= deadline {
                     self.delete_now(&mut pending).await;
-                    return Err(timed_out());
+                    return Err(timed_out(seen_busy));
                 }
                 let sent3 = Instant::now();
                 let kv = self.handle.client.clone();
                 let (confirmed, read) = tokio::select! {
-                    _ = caller.closed() => return Err(timed_out()),
+                    _ = caller.closed() => return Err(timed_out(seen_busy)),
                     _ = tokio::time::sleep_until(deadline) => {
                         self.delete_now(&mut pending).await;
-                        return Err(timed_out());
+                        return Err(timed_out(seen_busy));
                     }
                     r = async {
                         tokio::join!(
@@ -774,7 +813,7 @@ impl Inner {
                     }
                     _ => {
                         tokio::select! {
-                            _ = caller.closed() => return Err(timed_out()),
+                            _ = caller.closed() => return Err(timed_out(seen_busy)),
                             _ = tokio::time::sleep_until(deadline) => {}
                             _ = backoff.sleep() => {}
                         }
