@@ -73,7 +73,8 @@ impl LeaseShared {
 
 /// A lease on an etcd lock.
 ///
-/// Its key is `<prefix>/lock/<name>/<session>-<attempt>`, attached to the client's session lease;
+/// Its key is `<prefix>/lock/<name>/<session>-<slot>` (a slot number the session reuses once no
+/// key by that name exists), attached to the client's session lease;
 /// its token is that key's create revision. See the crate docs for renewal, loss and release.
 ///
 /// Dropping it without [`release`](Lease::release) marks it lost (`Released`) and deletes its key
@@ -197,7 +198,9 @@ impl Lease for EtcdLease {
         let since = sent.checked_sub(window / KEEPALIVE_AGE).unwrap_or(sent);
         let (confirmed, read) = tokio::join!(
             async {
-                if session.acked_sent() < since {
+                // With the stream broken the lease is in doubt (the session's contract): only
+                // an acknowledgement once it is open again holds it again.
+                if session.acked_sent() < since || !session.stream_up() {
                     session.confirm(since, timeout).await
                 } else {
                     Ok(())
@@ -322,8 +325,8 @@ fn session_lost(reason: LostReason) -> LostReason {
 
 /// How long after the grant a lease's guardian starts (and opens its watch on our key): a lease
 /// released by then costs no task, no watch and no wake-up of another thread at its release. The
-/// watch starts from the revision of the read that granted the lease, so a deletion in between
-/// is still delivered (on etcd's sync tick, at most ~100 ms later).
+/// watch starts just after our key's creation, so a deletion or outside write since is still
+/// delivered (on etcd's sync tick, at most ~100 ms later).
 pub(crate) const GUARD_DELAY: Duration = Duration::from_millis(50);
 
 /// How the guardian's watch ended.

@@ -47,6 +47,10 @@ pub(crate) struct SessionState {
     /// How many times the keepalive stream broke: a check of the keys in doubt that was sent
     /// before the latest break restores nothing.
     pub(crate) breaks: u64,
+    /// The keepalive stream is open: false from a break until the next acknowledgement. A
+    /// lease registered meanwhile is in doubt from the start, and a renewal waits for a
+    /// keepalive acknowledged after it began.
+    pub(crate) stream_up: bool,
 }
 
 /// A lease on a session: its tracker, and its key with the create revision it was granted on
@@ -107,6 +111,7 @@ impl Session {
             deadline: sent + ttl,
             dead: None,
             breaks: 0,
+            stream_up: true,
         });
         let state = Arc::new(state);
         let (kick, kick_rx) = mpsc::unbounded_channel();
@@ -156,6 +161,11 @@ impl Session {
         self.state.borrow().acked_sent
     }
 
+    /// Whether the keepalive stream is open (see [`SessionState::stream_up`]).
+    pub(crate) fn stream_up(&self) -> bool {
+        self.state.borrow().stream_up
+    }
+
     /// A receiver of the session's state (for the deletion worker: it stops retrying once the
     /// session is over, because the server then deletes the session's keys itself).
     pub(crate) fn watch_state(&self) -> watch::Receiver<SessionState> {
@@ -193,6 +203,11 @@ impl Session {
             if reason != LostReason::Released {
                 tracker.mark_lost(reason);
             }
+        } else if !self.stream_up() {
+            // Granted while the stream is broken: in doubt like the leases the break found (a
+            // break after the insert finds this one too), held again once an acknowledgement
+            // comes and our key is read back.
+            tracker.in_doubt();
         }
         slot
     }
@@ -203,7 +218,7 @@ impl Session {
     }
 
     /// Waits until the server acknowledged a keepalive sent at or after `since` (sending one now
-    /// unless one is already in flight), within `timeout`.
+    /// unless one is already in flight), with the stream open, within `timeout`.
     pub(crate) async fn confirm(
         &self,
         since: Instant,
@@ -216,7 +231,7 @@ impl Session {
             ));
         }
         let outcome = tokio::time::timeout(timeout, async {
-            rx.wait_for(|s| s.dead.is_some() || s.acked_sent >= since)
+            rx.wait_for(|s| s.dead.is_some() || (s.stream_up && s.acked_sent >= since))
                 .await
                 .map(|s| s.dead)
         })
@@ -267,6 +282,7 @@ impl KeepAlive {
         self.state.send_modify(|s| {
             s.acked_sent = s.acked_sent.max(sent);
             s.deadline = s.deadline.max(sent + server_ttl);
+            s.stream_up = true;
         });
         let mut doubted = Vec::new();
         self.leases.for_each(|on| {
@@ -288,8 +304,10 @@ impl KeepAlive {
 
     fn in_doubt(&self) {
         // Without notifying: nobody waits on the count.
+        // Marked down before the leases are listed: one registered after the list sees it.
         self.state.send_if_modified(|s| {
             s.breaks += 1;
+            s.stream_up = false;
             false
         });
         self.leases.for_each(|on| on.tracker.in_doubt());
@@ -699,6 +717,7 @@ mod tests {
             deadline: now,
             dead: Some(LostReason::SessionEnded),
             breaks: 0,
+            stream_up: false,
         });
         cleaner.delete(Cleanup::created("fenced/lock/k/x".into(), 7, session));
         drop(cleaner);
