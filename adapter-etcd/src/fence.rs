@@ -437,7 +437,10 @@ impl Fence for EtcdFence {
         let mut newest = None;
         let mut value = None;
         for kv in resp.kvs() {
-            let name = &kv.key()[base.len()..];
+            // Only keys under `base` were asked for; anything else is not ours to read.
+            let Some(name) = kv.key().strip_prefix(base.as_bytes()) else {
+                continue;
+            };
             if name == NEWEST.as_bytes() {
                 newest = parse_token(kv.value());
             } else if name == VALUE.as_bytes() {

@@ -38,7 +38,10 @@ impl EtcdCoordinator {
             })
             .await
             {
-                info = info.with_expires_in(Some(Duration::from_secs(ttl.ttl().max(0) as u64)));
+                // Capped as `clear_orphans` does: etcd answers about 2^63 ns for a lease whose
+                // expiry a new leader has not set yet.
+                let left = ttl.ttl().min(ttl.granted_ttl()).max(0);
+                info = info.with_expires_in(Some(Duration::from_secs(left as u64)));
             }
         }
         Ok(Some(info))

@@ -11,9 +11,10 @@
 //! Two kinds of watch run on it:
 //!
 //! - A guardian waits for the **deletion** of one key from a start revision
-//!   ([`Watcher::deleted`]), which resolves once: [`Seen::Deleted`], or [`Seen::Recheck`] when
-//!   the server cancelled it (compaction past the start revision, no leader) or the watcher is
-//!   gone; the caller then re-reads the key and watches again from after that read.
+//!   ([`Watcher::deleted`]), which resolves once: [`Seen::Deleted`], [`Seen::Detached`] when
+//!   the key was written without its session lease, or [`Seen::Recheck`] when the server
+//!   cancelled it (compaction past the start revision, no leader) or the watcher is gone; the
+//!   caller then re-reads the key and watches again from after that read.
 //! - The waiters of one lock share **one** watch of the lock's range ([`Watcher::lock`]): every
 //!   deletion in the range, in revision order, goes to each of them ([`Lock::next`]), so a waiter
 //!   that read the keys ahead of its own sees each of them go and knows it is first without a
