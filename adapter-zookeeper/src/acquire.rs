@@ -175,7 +175,19 @@ impl ZkCoordinator {
             };
             let Some((token, sent, epoch, watch)) = granted else {
                 restarts += 1;
-                if restarts > MAX_RESTARTS || mode.expired() {
+                if restarts > MAX_RESTARTS {
+                    // Not `Held` or `Timeout`: nothing showed the key busy; someone kept
+                    // deleting what we queued with.
+                    return Err(Error::unavailable(
+                        BACKEND,
+                        format!(
+                            "acquire: our contender node under {dir} was gone before its \
+                             grant {restarts} times (deleted by an operator or another client, \
+                             or the lock node removed); nothing is held"
+                        ),
+                    ));
+                }
+                if mode.expired() {
                     return Err(busy(key, &mode, start));
                 }
                 tracing::debug!(key = %key, node = %node.path, "contender node gone before its grant; starting over");
@@ -553,6 +565,18 @@ impl ZkCoordinator {
                     Err(e) => return Err(from_zk(ops::WAIT, e)),
                 }
             };
+            if results.len() != paths.len() {
+                // The client library does not check the count: a contender left without an
+                // answer could be the holder.
+                return Err(from_zk(
+                    ops::WAIT,
+                    ZkError::UnexpectedError(format!(
+                        "a multi-read of {} contenders got {} answers",
+                        paths.len(),
+                        results.len()
+                    )),
+                ));
+            }
             for (c, r) in contenders.iter_mut().zip(results) {
                 match r {
                     MultiReadResult::Data { stat, .. } => c.czxid = Some(stat.czxid),

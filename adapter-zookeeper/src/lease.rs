@@ -169,8 +169,8 @@ impl LeaseState {
         }
     }
 
-    /// Sets a watch on our node: `Ok(Some(event future))` if it exists, `Ok(None)` if it is gone,
-    /// `Err(())` to retry later.
+    /// Sets a watch on our node: `Ok(Some(event future))` if it exists, `Ok(None)` if it is gone;
+    /// `Err(true)` when the session has ended, `Err(false)` to retry later.
     async fn arm_watch(&self) -> Result<Option<NodeWatch>, bool> {
         let s = &self.session;
         if !s.is_connected() {

@@ -425,17 +425,28 @@ impl Session {
     }
 
     fn on_connected(self: &Arc<Self>) {
-        let epoch = {
+        let (epoch, leases) = {
             let mut c = self.conn();
-            let was = c.connected;
-            c.connected = true;
-            if !was {
-                c.epoch += 1;
+            let leases = self.leases.live();
+            if c.connected {
+                // The client library reports changes of state only, in a channel that keeps the
+                // latest: connected again while we thought we were means the `Disconnected`
+                // before it was replaced before this task read it (the process was paused, say).
+                // The connection the leases and a waiter's watches were confirmed on is gone
+                // all the same: a new epoch, and the leases in doubt until verified.
+                tracing::info!(
+                    session = %self.client.session_id(),
+                    "zookeeper connection replaced without its loss being seen"
+                );
+                for l in &leases {
+                    l.disconnected();
+                }
             }
-            c.epoch
+            c.connected = true;
+            c.epoch += 1;
+            (c.epoch, leases)
         };
         self.link.send_replace((true, false));
-        let leases = self.leases.live();
         if !leases.is_empty() {
             tokio::spawn(async move {
                 futures::future::join_all(leases.into_iter().map(|l| l.reconnected(epoch))).await;
