@@ -17,7 +17,10 @@ use crate::error::connect_failed;
 /// (`/` for none): the chroot of an application's client the coordinator was built on
 /// ([`ZkCoordinator::from_client`](crate::ZkCoordinator::from_client)), so that a new session
 /// queues where the first one did.
-pub(crate) async fn open(config: &ZkConfig, chroot: &str) -> Result<Client> {
+///
+/// Also returns when the attempt that opened the session began: the session was created after
+/// that, by the leader, which knows of it from then on.
+pub(crate) async fn open(config: &ZkConfig, chroot: &str) -> Result<(Client, Instant)> {
     let hosts = &config.connect_string();
     let limit = config.connect_timeout();
     let deadline = Instant::now() + limit;
@@ -26,7 +29,8 @@ pub(crate) async fn open(config: &ZkConfig, chroot: &str) -> Result<Client> {
         if let Some(auth) = config.digest_auth() {
             connector = connector.with_auth("digest", &auth);
         }
-        let left = deadline.saturating_duration_since(Instant::now());
+        let began = Instant::now();
+        let left = deadline.saturating_duration_since(began);
         let error = match tokio::time::timeout(left, connector.connect(hosts)).await {
             Err(_) => {
                 return Err(connect_failed(
@@ -35,13 +39,14 @@ pub(crate) async fn open(config: &ZkConfig, chroot: &str) -> Result<Client> {
                     None,
                 ))
             }
-            Ok(Ok(c)) if chroot == "/" => return Ok(c),
+            Ok(Ok(c)) if chroot == "/" => return Ok((c, began)),
             Ok(Ok(c)) => {
                 // The path came from a client's own `path()`, so it is valid; refused all the
                 // same, the session would lock elsewhere than the first one did.
-                return c.chroot(chroot).map_err(|_| {
+                let c = c.chroot(chroot).map_err(|_| {
                     connect_failed(hosts, format!("the chroot {chroot:?} was refused"), None)
-                });
+                })?;
+                return Ok((c, began));
             }
             Ok(Err(e)) => e,
         };

@@ -16,7 +16,9 @@
 //! and the post-reconnect check send a `sync` pipelined in front of their `exists`
 //! ([`Session::synced_exists`]); every lease's local validity is capped at
 //! `confirmed + T − session margin − drift margin`, where the session margin (one `tickTime`
-//! plus the heartbeat period, see [`session_margin`]) covers a follower's session-touch lag.
+//! plus the heartbeat period, see [`session_margin`]) covers a follower's session-touch lag,
+//! and never later than `T` after the latest confirmation answered a tick before `confirmed`
+//! (which the margin alone does not cover after a pause of the process, [`Touches::bound`]).
 //!
 //! Connection events:
 //!
@@ -32,6 +34,7 @@
 //!
 //! [`LeaseStatus::InDoubt`]: lease_core::LeaseStatus::InDoubt
 
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
@@ -62,8 +65,74 @@ struct ConnState {
     connected: bool,
     terminated: bool,
     epoch: u64,
-    /// The send time of the latest request answered through the leader (a `sync` or a write).
+    /// The requests answered through the leader (a `sync` or a write).
+    touches: Touches,
+}
+
+/// The session's confirmations (requests answered through the leader), as much of them as the
+/// session bound needs (decision 0017).
+#[derive(Debug)]
+struct Touches {
+    /// The send time of the latest.
     confirmed: Instant,
+    /// Those answered less than a tick before `confirmed`, as `(sent, answered)` in the order
+    /// answered; one answered within a 64th of a tick of the one before replaces it (its later
+    /// answer only makes it count later), and one sent no later than the one before is left out.
+    recent: VecDeque<(Instant, Instant)>,
+    /// The latest send among the others: the leader has heard of a touch at least this late.
+    settled: Instant,
+    tick: Duration,
+}
+
+impl Touches {
+    /// After the session's creation (or its adoption's `sync`) sent at `sent`: the leader
+    /// touched it then (or, adopted, its client library kept pinging it).
+    fn new(sent: Instant, tick: Duration) -> Touches {
+        Touches {
+            confirmed: sent,
+            recent: VecDeque::new(),
+            settled: sent,
+            tick,
+        }
+    }
+
+    /// A request sent at `sent` was answered through the leader at `answered`.
+    fn confirm(&mut self, sent: Instant, answered: Instant) {
+        self.confirmed = self.confirmed.max(sent);
+        match self.recent.back_mut() {
+            Some(back) if sent <= back.0 => {}
+            Some(back) if answered.saturating_duration_since(back.1) < self.tick / 64 => {
+                *back = (sent, answered);
+            }
+            _ => self.recent.push_back((sent, answered)),
+        }
+        let Some(horizon) = self.confirmed.checked_sub(self.tick) else {
+            return;
+        };
+        while let Some(&(sent, answered)) = self.recent.front() {
+            if answered > horizon {
+                break;
+            }
+            self.settled = self.settled.max(sent);
+            self.recent.pop_front();
+        }
+    }
+
+    /// The session bound: `confirmed + T − margin` ([`session_margin`]), and never later than
+    /// `T` after the latest touch answered at least a tick before `confirmed` was sent. The
+    /// margin counts on our touches being at most a heartbeat period apart, which a pause of the
+    /// process breaks: the follower that answered the first `sync` after it may be cut off
+    /// before it passes that touch on, and the leader then knows only of one answered before
+    /// the pause. A touch answered a tick before `confirmed` reached the follower before that,
+    /// and a follower passes touches on at every ping (twice a tick).
+    fn bound(&self, timeout: Duration, margin: Duration) -> Instant {
+        let capped = lease_core::adapter::clock::valid_until(self.confirmed, timeout, margin);
+        capped.min(lease_core::adapter::clock::valid_until(
+            self.settled,
+            timeout,
+            Duration::ZERO,
+        ))
+    }
 }
 
 /// How long after its grant a lease without a watch on its node gets its guardian (which then
@@ -114,8 +183,8 @@ impl Session {
         chroot: &str,
         cleanups: Cleanups,
     ) -> Result<Arc<Session>> {
-        let sent = Instant::now();
-        let client = open(config, chroot).await?;
+        // The session's creation is its first confirmation (the leader's own touch).
+        let (client, sent) = open(config, chroot).await?;
         Self::start(config, client, sent, cleanups).await
     }
 
@@ -147,6 +216,7 @@ impl Session {
     ) -> Result<Arc<Session>> {
         let hosts = config.connect_string();
         let timeout = client.session_timeout();
+        let tick = config.tick().unwrap_or(timeout / 2);
         let margin = match session_margin(timeout, config.tick()) {
             Ok(m) => m,
             Err(problem) => {
@@ -171,7 +241,7 @@ impl Session {
                 connected: true,
                 terminated: false,
                 epoch: 0,
-                confirmed: sent,
+                touches: Touches::new(sent, tick),
             }),
             link,
             leases: Dependents::new(),
@@ -269,10 +339,8 @@ impl Session {
     /// Records that the leader answered a request sent at `sent`: a `sync` or a write, never a
     /// plain read (a follower cut off from the leader still answers reads).
     pub(crate) fn confirm(&self, sent: Instant) {
-        let mut c = self.conn();
-        if sent > c.confirmed {
-            c.confirmed = sent;
-        }
+        let answered = Instant::now();
+        self.conn().touches.confirm(sent, answered);
     }
 
     /// Sends `sync(<base>)` and then the read `read` makes, pipelined (the client library sends
@@ -329,7 +397,7 @@ impl Session {
     pub(crate) fn with_epoch<R>(&self, epoch: u64, f: impl FnOnce(Instant) -> R) -> Option<R> {
         let c = self.conn();
         if c.connected && !c.terminated && c.epoch == epoch {
-            Some(f(self.cap(c.confirmed)))
+            Some(f(c.touches.bound(self.timeout, self.margin)))
         } else {
             None
         }
@@ -337,14 +405,7 @@ impl Session {
 
     /// The session bound now: no ephemeral node of this session disappears by expiry before it.
     pub(crate) fn bound(&self) -> Instant {
-        self.cap(self.conn().confirmed)
-    }
-
-    /// `confirmed + T − margin`: the leader has heard of the session at `confirmed − margin`
-    /// at the latest (a follower's touch lag, see [`session_margin`]), so it expires it no
-    /// earlier than this.
-    fn cap(&self, confirmed: Instant) -> Instant {
-        lease_core::adapter::clock::valid_until(confirmed, self.timeout, self.margin)
+        self.conn().touches.bound(self.timeout, self.margin)
     }
 
     /// Waits (at most `max`) until the connection is up or the session is over, as the client
@@ -583,4 +644,83 @@ pub(crate) fn session_margin(
         ));
     }
     Ok(tick + heartbeat_period(timeout))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const T: Duration = Duration::from_secs(10);
+    const TICK: Duration = Duration::from_secs(2);
+    const RTT: Duration = Duration::from_millis(1);
+
+    fn margin() -> Duration {
+        session_margin(T, Some(TICK)).unwrap()
+    }
+
+    /// Heartbeats a period apart from `from`, each answered a round trip later, until `until`.
+    fn beats(touches: &mut Touches, from: Instant, until: Instant) -> Instant {
+        let mut at = from;
+        while at <= until {
+            touches.confirm(at, at + RTT);
+            at += heartbeat_period(T);
+        }
+        at - heartbeat_period(T)
+    }
+
+    /// With touches a heartbeat period apart the bound is the margin's (decision 0017), give or
+    /// take a round trip.
+    #[test]
+    fn touches_a_period_apart_bound_the_session_by_the_margin() {
+        let start = Instant::now();
+        let mut touches = Touches::new(start, TICK);
+        assert_eq!(touches.bound(T, margin()), start + T - margin());
+        let last = beats(&mut touches, start, start + Duration::from_secs(30));
+        let bound = touches.bound(T, margin());
+        assert!(bound <= last + T - margin());
+        assert!(
+            bound + RTT >= last + T - margin(),
+            "{:?}",
+            last + T - margin() - bound
+        );
+        assert!(touches.recent.len() < 8, "{}", touches.recent.len());
+    }
+
+    /// After a pause, the first `sync` answered (by a follower then cut off from the leader) may
+    /// be all the leader never hears of: the bound stays within `T` of the touch before the
+    /// pause, also with a renewal's `sync` right behind the heartbeat's.
+    #[test]
+    fn a_touch_after_a_pause_does_not_bound_the_session_past_the_touch_before_it() {
+        let start = Instant::now();
+        let mut touches = Touches::new(start, TICK);
+        let before = beats(&mut touches, start, start + Duration::from_secs(20));
+        for pause in [3, 5, 7, 9].map(Duration::from_secs) {
+            let mut t = Touches::new(start, TICK);
+            beats(&mut t, start, start + Duration::from_secs(20));
+            let resumed = before + pause;
+            t.confirm(resumed, resumed + RTT);
+            assert!(t.bound(T, margin()) <= before + T, "pause {pause:?}");
+            let renewal = resumed + Duration::from_millis(100);
+            t.confirm(renewal, renewal + RTT);
+            assert!(
+                t.bound(T, margin()) <= before + T,
+                "pause {pause:?}, renewed"
+            );
+            // Touches a period apart again: the bound is the margin's once a tick has passed.
+            let last = beats(&mut t, renewal, renewal + Duration::from_secs(5));
+            assert!(t.bound(T, margin()) + RTT >= last + T - margin());
+        }
+    }
+
+    /// Thousands of renewals' syncs answered within a tick keep a few entries, not one each.
+    #[test]
+    fn a_burst_of_confirmations_keeps_few_entries() {
+        let start = Instant::now();
+        let mut touches = Touches::new(start, TICK);
+        for i in 0..10_000u32 {
+            let sent = start + Duration::from_micros(u64::from(i) * 100);
+            touches.confirm(sent, sent + RTT);
+        }
+        assert!(touches.recent.len() <= 70, "{}", touches.recent.len());
+    }
 }
