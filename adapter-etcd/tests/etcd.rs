@@ -638,6 +638,56 @@ where
     }
 }
 
+/// `Timeout` says the key stayed busy for the whole wait (decision 0036). A waiter on a free key
+/// whose session lease was revoked behind its back, on a link slow enough that the refused
+/// enqueue is answered after its wait bound, never saw the key busy: before, it reported
+/// `Timeout` for a key nobody held; it now reports `Unavailable`, and the key is free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_that_never_saw_the_key_busy_does_not_time_out() {
+    let Some(server) = server("a_wait_that_never_saw_the_key_busy").await else {
+        return;
+    };
+    let proxy = FaultProxy::start(server.addr()).await.unwrap();
+    let b = coord(&format!("etcd://{}?request_timeout_ms=3000", proxy.addr())).await;
+    let etcd = EtcdCoordinator::connect_url(&server.url()).await.unwrap();
+    let ttl = LeaseOptions::new(Duration::from_secs(20));
+    // Open B's session, and learn its lease from the key it holds.
+    let other = key("never-busy-other");
+    let lease = b.acquire(&other, &ttl).await.unwrap();
+    let holder = etcd
+        .client()
+        .get(
+            etcd.lock_prefix(&other),
+            Some(GetOptions::new().with_prefix()),
+        )
+        .await
+        .unwrap();
+    let session = holder.kvs()[0].lease();
+    lease.release().await.unwrap();
+    // Revoked from outside: B learns it only from its next request (its keepalives are a third
+    // of the TTL apart).
+    etcd.client().lease_revoke(session).await.unwrap();
+    proxy.delay(Duration::from_millis(250));
+    let k = key("never-busy");
+    let got = b
+        .acquire(&k, &ttl.clone().wait(Duration::from_millis(300)))
+        .await;
+    proxy.heal();
+    assert!(
+        matches!(got, Err(Error::Unavailable { .. })),
+        "a free key's wait ended in {got:?}"
+    );
+    // Nothing of the attempt holds the key.
+    let direct = coord(&server.url()).await;
+    direct
+        .try_acquire(&k, &ttl)
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+}
+
 /// Defect 7: a waiter whose confirming read answers after the lease's local validity ended
 /// (here: a 300 ms usable validity behind a link with a 400 ms round trip) never gets an expired
 /// lease back; it keeps confirming within its wait bound and then reports `Timeout`, leaving no
