@@ -402,11 +402,7 @@ impl Connection {
         });
         lane.run_noting_resend(
             op,
-            |c| {
-                loading(script, c, |mut c| async move {
-                    pipe.query_async(&mut c).await.map_err(error::unpipelined)
-                })
-            },
+            |c| loading(script, c, |c| script_then_wait(pipe, c)),
             settle.as_ref(),
         )
         .await
@@ -415,14 +411,38 @@ impl Connection {
 }
 
 /// `cmd`, then `WAIT replicas wait` (in milliseconds, at least one), as one pipeline: the `WAIT`
-/// covers `cmd`'s writes and everything before them.
+/// covers `cmd`'s writes and everything before them. Each answered on its own
+/// ([`script_then_wait`]).
 fn waited(cmd: redis::Cmd, replicas: usize, wait: Duration) -> redis::Pipeline {
     let mut pipe = redis::pipe();
     pipe.add_command(cmd)
         .cmd("WAIT")
         .arg(replicas)
-        .arg(wait.as_millis().max(1) as u64);
+        .arg(wait.as_millis().max(1) as u64)
+        .ignore_errors();
     pipe
+}
+
+/// Runs `pipe` (a script, then its `WAIT`, [`waited`]): the script's answer and how many
+/// replicas the `WAIT` counted. A script that failed is the error, as if it had been sent alone
+/// (its writes are ordered so that a failure leaves nothing behind). A `WAIT` that failed after
+/// the script answered (refused to a user without it, or `UNBLOCKED` when a failover demotes
+/// the server under it) counted no replica: the script's writes stand, on no replica known, which
+/// every caller handles as too few acknowledgements, never as nothing applied.
+async fn script_then_wait(
+    pipe: &redis::Pipeline,
+    mut c: MultiplexedConnection,
+) -> RedisResult<(redis::Value, i64)> {
+    let (answer, waited): (RedisResult<redis::Value>, RedisResult<i64>) =
+        pipe.query_async(&mut c).await.map_err(error::unpipelined)?;
+    let answer = answer?;
+    match waited {
+        Ok(acked) => Ok((answer, acked)),
+        Err(e) => {
+            tracing::warn!(backend = BACKEND, error = %e, "WAIT failed after the script ran: no replica is known to have its writes");
+            Ok((answer, 0))
+        }
+    }
 }
 
 /// What follows a write that waits for replicas when it gets no answer and its connection is
@@ -787,10 +807,7 @@ impl Lane {
                 return Err("the connection to wait from reached another server process".into());
             }
             let answer: RedisResult<(redis::Value, i64)> =
-                loading(settle.script, open.conn, |mut c| async move {
-                    pipe.query_async(&mut c).await.map_err(error::unpipelined)
-                })
-                .await;
+                loading(settle.script, open.conn, |c| script_then_wait(pipe, c)).await;
             match answer {
                 Ok(answer) => {
                     self.note_answer();
@@ -1067,8 +1084,14 @@ async fn server_side(
     shared: &Shared,
 ) -> Result<Option<ServerSide>> {
     let mut pipe = redis::pipe();
-    pipe.cmd("CLIENT").arg("INFO").cmd("INFO").arg("server");
-    let (client, server): (String, String) = match pipe.query_async(conn).await {
+    // Each answered on its own: whether the server is a cluster node (which decides whether
+    // renewals of several locks may share a script) must not depend on `CLIENT INFO`.
+    pipe.cmd("CLIENT")
+        .arg("INFO")
+        .cmd("INFO")
+        .arg("server")
+        .ignore_errors();
+    let answers: (RedisResult<String>, RedisResult<String>) = match pipe.query_async(conn).await {
         Ok(v) => v,
         Err(e) if unanswered(&e) => return Err(error::from_redis(ops::CHECK, e)),
         Err(e) => {
@@ -1076,8 +1099,22 @@ async fn server_side(
             return Ok(None);
         }
     };
+    let server = match answers.1 {
+        Ok(server) => server,
+        Err(e) => {
+            shared.warn_unsettled(&e);
+            return Ok(None);
+        }
+    };
     let cluster = server.lines().any(|l| l.trim() == "redis_mode:cluster");
     shared.cluster.store(cluster, Ordering::Relaxed);
+    let client = match answers.0 {
+        Ok(client) => client,
+        Err(e) => {
+            shared.warn_unsettled(&e);
+            return Ok(None);
+        }
+    };
     let field = |name: &str| {
         client
             .split_whitespace()

@@ -265,6 +265,53 @@ async fn grants_wait_for_replica_acknowledgements_and_are_undone_without_them() 
     );
 }
 
+/// A `WAIT` refused after the grant's script ran (here: a user without `WAIT`; a failover that
+/// demotes the primary answers a blocked `WAIT` `UNBLOCKED` the same way) counts no replica: the
+/// grant is undone as one too few replicas acknowledged, and the key is not left locked. Before,
+/// the pipeline's error hid the script's answer and was taken for "nothing applied"
+/// (`Misconfigured`), leaving the lock the script wrote for its whole TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_wait_after_the_script_leaves_nothing_locked() {
+    let Some((primary, _replica)) = primary_with_replica("a_refused_wait_after_the_script").await
+    else {
+        return;
+    };
+    let mut admin = raw(&primary).await;
+    let _: () = redis::cmd("ACL")
+        .arg(&[
+            "SETUSER",
+            "nowait",
+            "on",
+            ">pw-nowait",
+            "~*",
+            "&*",
+            "+@all",
+            "-wait",
+        ])
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let config = RedisConfig::from_url(&format!(
+        "redis://nowait:pw-nowait@{}/?request_timeout_ms=1000",
+        primary.addr()
+    ))
+    .unwrap();
+    let c = RedisCoordinator::connect(config).await.unwrap();
+    let k = key("refused-wait");
+    let ttl = Duration::from_secs(30);
+    match c.try_acquire(&k, &LeaseOptions::new(ttl)).await {
+        Err(Error::Unavailable { message, .. }) => {
+            assert!(message.contains("replica_acks"), "{message}")
+        }
+        other => panic!("expected Unavailable (no replica acknowledged), got {other:?}"),
+    }
+    let admin_coordinator = coordinator(&primary, "").await;
+    assert!(
+        admin_coordinator.inspect(&k).await.unwrap().is_none(),
+        "the key was left locked"
+    );
+}
+
 /// With replicas, a renewal is acknowledged by them as a grant is: a primary cut off from its
 /// replicas (which a failover may already have replaced) cannot keep a lease held. Here the
 /// replica is killed under a held lease: the next renewal fails `Unavailable` naming the
