@@ -103,8 +103,9 @@ async fn renew_chunk(
         .collect())
 }
 
-/// One script for `chunk` (the single-lock script for a chunk of one): one code per lock, or
-/// `Unavailable` for all when fewer replicas than `acks` asks for acknowledged it within `wait`.
+/// One script for `chunk` (the single-lock script for a chunk of one): one code per lock;
+/// `Unavailable` for each lock it extended when fewer replicas than `acks` asks for
+/// acknowledged it within `wait`.
 async fn renew_script(
     conn: &Connection,
     acks: ReplicaAcks,
@@ -125,22 +126,21 @@ async fn renew_script(
         &scripts::RENEW_MANY
     };
     let replicas = conn.acks_for(acks).await?;
-    let v = if replicas == 0 {
-        conn.eval(ops::RENEW, script, &keys, &args).await?
+    // Too few acknowledgements fail only the locks the script extended: a lock found not ours
+    // (revoked, superseded, gone) is lost whatever the replicas have.
+    let (v, unacked) = if replicas == 0 {
+        (conn.eval(ops::RENEW, script, &keys, &args).await?, None)
     } else {
         let (v, acked) = conn
             .eval_and_wait(ops::RENEW, script, &keys, &args, replicas, wait, None)
             .await?;
-        if (acked as usize) < replicas {
-            return Err(Error::unavailable(
-                BACKEND,
-                format!(
-                    "renew: {acked} of the {replicas} replica(s) replica_acks asks for \
-                     acknowledged it within {wait:?}; validity not extended"
-                ),
-            ));
-        }
-        v
+        let unacked = ((acked as usize) < replicas).then(|| {
+            format!(
+                "renew: {acked} of the {replicas} replica(s) replica_acks asks for \
+                 acknowledged it within {wait:?}; validity not extended"
+            )
+        });
+        (v, unacked)
     };
     let codes = if chunk.len() == 1 {
         reply::int(&v).map(|c| vec![c])
@@ -152,9 +152,10 @@ async fn renew_script(
         .ok_or_else(|| bad_reply(ops::RENEW, "not one integer per lock"))?;
     Ok(codes
         .into_iter()
-        .map(|c| match c {
-            -3 => Err(wrong_type(ops::RENEW)),
-            c => Ok(c),
+        .map(|c| match (c, &unacked) {
+            (-3, _) => Err(wrong_type(ops::RENEW)),
+            (1, Some(message)) => Err(Error::unavailable(BACKEND, message.clone())),
+            (c, _) => Ok(c),
         })
         .collect())
 }
