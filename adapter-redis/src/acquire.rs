@@ -377,12 +377,15 @@ impl RedisCoordinator {
         let valid_until = lease_core::adapter::clock::valid_until(sent_at, ttl, margin);
         // A grant handed out is admitted (and recorded); one whose validity ended in flight is
         // only checked, so that a token that went backwards is reported either way.
-        let regression = if Instant::now() < valid_until {
-            self.inner.tokens.admit(key, token).err()
-        } else {
+        // One reading: a token admitted (recorded) is never given back as expired, which a
+        // retry granting it again would then find behind the watermark.
+        let expired = Instant::now() >= valid_until;
+        let regression = if expired {
             self.inner.tokens.check(key, token).err()
+        } else {
+            self.inner.tokens.admit(key, token).err()
         };
-        if Instant::now() >= valid_until || regression.is_some() {
+        if expired || regression.is_some() {
             // Either the lease expired before we could use it (a very slow reply), or the token
             // went backwards: give the lock back either way.
             let (gave_back, _) = self.inner.release_by_head(keys, &parts.head).await;

@@ -83,8 +83,9 @@ pub(crate) fn from_redis(op: Op, err: RedisError) -> Error {
                 BACKEND,
                 format!(
                     "the Redis user may not run {} ({}): grant it EVALSHA, SCRIPT LOAD, GET, SET, \
-                     INCR, PEXPIRE, PTTL, DEL, PUBLISH, SUBSCRIBE, XADD, XREVRANGE, HGET, HSET, HMGET \
-                     and CONFIG GET",
+                     INCR, PEXPIRE, PTTL, DEL, TIME, TYPE, PUBLISH, SUBSCRIBE, XADD, XREVRANGE, \
+                     HGET, HSET, HMGET, MULTI, EXEC, WAIT, PING, INFO, CLIENT INFO and CONFIG GET \
+                     (the scripts' own commands included)",
                     op.name,
                     detail(&err)
                 ),
