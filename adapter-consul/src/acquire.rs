@@ -206,7 +206,7 @@ impl ConsulCoordinator {
     #[cfg(test)]
     pub(crate) fn lease_shared(&self, key: &LockKey) -> Option<Arc<LeaseShared>> {
         let kv_key = self.inner.config.kv_key(key);
-        let lease = self.inner.sessions.peek()?.lease_on(&kv_key)?;
+        let lease = self.inner.sessions.peek()?.leases_on(&kv_key).pop()?;
         lease.as_any().downcast().ok()
     }
 
@@ -462,8 +462,14 @@ impl ConsulCoordinator {
             {
                 Err(_) => return Ok(false),
                 Ok(Ok((new_index, entry))) => {
-                    // An index that went backwards (a restore) restarts the watch.
-                    *index = if new_index < *index { 0 } else { new_index };
+                    // An index that went backwards (a restore) restarts the watch. At least 1,
+                    // as the monitor's: an answer without `X-Consul-Index` (a proxy that drops
+                    // it) would otherwise make every later query return at once.
+                    *index = if new_index < *index {
+                        0
+                    } else {
+                        new_index.max(1)
+                    };
                     if entry.as_ref().and_then(KvEntry::holder).is_none() {
                         return Ok(true);
                     }

@@ -22,9 +22,12 @@ pub const CONSUL_SESSION_TTL_MAX: Duration = Duration::from_secs(24 * 3600);
 pub const CONSUL_MAX_LOCK_DELAY: Duration = Duration::from_secs(60);
 /// The default session lock-delay. After a session is invalidated out of band (destroyed by an
 /// operator, its node deregistered), Consul refuses its keys to every other session for this
-/// long; the old holders' monitors see the change within one round trip, so a second is ample
-/// for them to mark their leases lost before a new holder can start (Consul's own default of
-/// 15 s serves locks without fencing tokens, which must cover a whole pause).
+/// long. It gives the old holders' monitors a head start, not a guarantee: a monitor's query
+/// answers within a round trip of the change when it is parked, but a busy prefix spaces its
+/// queries up to 2 s apart, a failing one backs off, and a holder cut off from its agent only
+/// puts its leases in doubt. The fencing token, not this delay, keeps a late holder's writes
+/// out (Consul's own default of 15 s serves locks without fencing tokens, which must cover a
+/// whole pause).
 pub const DEFAULT_LOCK_DELAY: Duration = Duration::from_secs(1);
 /// The default bound on one request's answer (blocking queries add their wait to it).
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(2);

@@ -324,6 +324,10 @@ impl SessionLease for LeaseShared {
         &self.kv_key
     }
 
+    fn token(&self) -> Token {
+        self.token
+    }
+
     fn session_confirmed(self: Arc<Self>, until: Instant) {
         LeaseShared::session_confirmed(&self, until);
     }

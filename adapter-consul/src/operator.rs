@@ -83,12 +83,14 @@ impl ConsulCoordinator {
             {
                 TxnOutcome::Committed(_) => {
                     // A lease of this very client learns of it at once (the key was locked by
-                    // its session, and the local slot admits one lease per key).
+                    // its session): the one with the removed token, never a later lease of
+                    // the same key granted while this answer was on its way.
                     if let Some(lease) = inner
                         .sessions
                         .peek()
                         .filter(|s| entry.as_ref().and_then(KvEntry::holder) == Some(s.id.as_str()))
-                        .and_then(|s| s.lease_on(&kv_key))
+                        .zip(info.as_ref())
+                        .and_then(|(s, removed)| s.lease_on(&kv_key, removed.token))
                     {
                         lease.revoked();
                     }

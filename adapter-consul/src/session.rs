@@ -28,6 +28,8 @@ use crate::client::Http;
 pub(crate) trait SessionLease: Send + Sync {
     /// The lease's Consul key.
     fn kv_key(&self) -> &str;
+    /// The lease's token (its key's `CreateIndex`).
+    fn token(&self) -> lease_core::Token;
     /// A renewal confirmed the session until `until`.
     fn session_confirmed(self: Arc<Self>, until: Instant);
     /// A renewal failed for a transient reason: in doubt until one is confirmed.
@@ -223,12 +225,25 @@ impl Session {
         self.leases.remove(id);
     }
 
-    /// The live lease of this session on `kv_key`, if any.
-    pub(crate) fn lease_on(&self, kv_key: &str) -> Option<Arc<dyn SessionLease>> {
+    /// The live lease of this session on `kv_key` with `token`, if any (a lease released or
+    /// revoked a moment ago may still be listed beside the next one on the same key).
+    pub(crate) fn lease_on(
+        &self,
+        kv_key: &str,
+        token: lease_core::Token,
+    ) -> Option<Arc<dyn SessionLease>> {
         self.leases
             .live()
             .into_iter()
-            .find(|l| l.kv_key() == kv_key)
+            .find(|l| l.kv_key() == kv_key && l.token() == token)
+    }
+
+    /// The live leases of this session on `kv_key` (for the crate's tests).
+    #[cfg(test)]
+    pub(crate) fn leases_on(&self, kv_key: &str) -> Vec<Arc<dyn SessionLease>> {
+        let mut leases = self.leases.live();
+        leases.retain(|l| l.kv_key() == kv_key);
+        leases
     }
 
     fn ended_signal(&self) -> watch::Receiver<bool> {
