@@ -75,13 +75,26 @@ struct ConnState {
 struct Touches {
     /// The send time of the latest.
     confirmed: Instant,
-    /// Those answered less than a tick before `confirmed`, as `(sent, answered)` in the order
-    /// answered; one answered within a 64th of a tick of the one before replaces it (its later
-    /// answer only makes it count later), and one sent no later than the one before is left out.
-    recent: VecDeque<(Instant, Instant)>,
+    /// Those answered less than a tick before `confirmed`, in the order answered. Those
+    /// answered within a 64th of a tick of the first of a group are merged into it (its latest
+    /// send, counted from its latest answer: later than each alone, never sooner), so a tick
+    /// holds about 64 at most; one sent no later than the last is left out.
+    recent: VecDeque<Touch>,
     /// The latest send among the others: the leader has heard of a touch at least this late.
     settled: Instant,
     tick: Duration,
+}
+
+/// One confirmation, or a group of them answered close together ([`Touches::recent`]).
+#[derive(Debug, Clone, Copy)]
+struct Touch {
+    /// The latest send.
+    sent: Instant,
+    /// The latest answer.
+    answered: Instant,
+    /// The first answer of the group: what later answers are compared with, so a steady stream
+    /// of answers makes new groups rather than one that never ages.
+    opened: Instant,
 }
 
 impl Touches {
@@ -100,20 +113,25 @@ impl Touches {
     fn confirm(&mut self, sent: Instant, answered: Instant) {
         self.confirmed = self.confirmed.max(sent);
         match self.recent.back_mut() {
-            Some(back) if sent <= back.0 => {}
-            Some(back) if answered.saturating_duration_since(back.1) < self.tick / 64 => {
-                *back = (sent, answered);
+            Some(back) if sent <= back.sent => {}
+            Some(back) if answered.saturating_duration_since(back.opened) < self.tick / 64 => {
+                back.sent = sent;
+                back.answered = answered;
             }
-            _ => self.recent.push_back((sent, answered)),
+            _ => self.recent.push_back(Touch {
+                sent,
+                answered,
+                opened: answered,
+            }),
         }
         let Some(horizon) = self.confirmed.checked_sub(self.tick) else {
             return;
         };
-        while let Some(&(sent, answered)) = self.recent.front() {
-            if answered > horizon {
+        while let Some(&touch) = self.recent.front() {
+            if touch.answered > horizon {
                 break;
             }
-            self.settled = self.settled.max(sent);
+            self.settled = self.settled.max(touch.sent);
             self.recent.pop_front();
         }
     }
@@ -392,7 +410,7 @@ impl Session {
         }))
     }
 
-    /// Runs `f` with the session bound (`confirmed + T − margin`) if the connection is up and still in
+    /// Runs `f` with the session bound ([`Touches::bound`]) if the connection is up and still in
     /// `epoch`; `None` otherwise.
     pub(crate) fn with_epoch<R>(&self, epoch: u64, f: impl FnOnce(Instant) -> R) -> Option<R> {
         let c = self.conn();
@@ -712,14 +730,34 @@ mod tests {
         }
     }
 
-    /// Thousands of renewals' syncs answered within a tick keep a few entries, not one each.
+    /// A steady stream of confirmations (renewals' syncs, every 10 ms here) keeps about 64
+    /// entries a tick, not one each, and the bound moves with it: merging never makes a group
+    /// that keeps growing and so never ages past a tick.
     #[test]
-    fn a_burst_of_confirmations_keeps_few_entries() {
+    fn a_steady_stream_of_confirmations_keeps_few_entries_and_the_bound_moving() {
         let start = Instant::now();
         let mut touches = Touches::new(start, TICK);
-        for i in 0..10_000u32 {
-            let sent = start + Duration::from_micros(u64::from(i) * 100);
+        let step = Duration::from_millis(10);
+        let mut sent = start;
+        let mut most = 0;
+        while sent < start + 3 * T {
             touches.confirm(sent, sent + RTT);
+            most = most.max(touches.recent.len());
+            if sent > start + TICK {
+                let left = touches.bound(T, margin()) - sent;
+                assert!(
+                    left + TICK / 64 + step + RTT >= T - margin(),
+                    "{left:?} left at {:?}",
+                    sent - start
+                );
+            }
+            sent += step;
+        }
+        assert!(most <= 70, "{most} entries");
+        // A burst: 10,000 answers 100 µs apart.
+        for i in 0..10_000u32 {
+            let at = sent + Duration::from_micros(u64::from(i) * 100);
+            touches.confirm(at, at + RTT);
         }
         assert!(touches.recent.len() <= 70, "{}", touches.recent.len());
     }
