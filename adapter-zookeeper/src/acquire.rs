@@ -122,6 +122,9 @@ impl ZkCoordinator {
         };
         let data = HolderRecord::new(options, &self.inner.owner).to_json();
         let mut restarts = 0;
+        // Whether a listing showed the key busy: only then is `Timeout` the answer at the wait
+        // bound (decision 0036).
+        let mut seen_busy = false;
         loop {
             let s = self.session().await?;
             if !s.is_connected() {
@@ -142,7 +145,15 @@ impl ZkCoordinator {
                 .await?;
             tracing::debug!(%key, node = %node.path, "zookeeper contender node created: in the queue");
             let turn = self
-                .wait_turn(&s, &dir, &prefix, &node, &mode, options.ttl_value())
+                .wait_turn(
+                    &s,
+                    &dir,
+                    &prefix,
+                    &node,
+                    &mode,
+                    options.ttl_value(),
+                    &mut seen_busy,
+                )
                 .await?;
             // `None`: our node is gone (deleted by someone, or the lock node was removed) before
             // the grant; start over.
@@ -188,7 +199,17 @@ impl ZkCoordinator {
                     ));
                 }
                 if mode.expired() {
-                    return Err(busy(key, &mode, start));
+                    if seen_busy {
+                        return Err(busy(key, &mode, start));
+                    }
+                    return Err(Error::unavailable(
+                        BACKEND,
+                        format!(
+                            "acquire: the wait ended after {:?} with our contender node under \
+                             {dir} gone before its grant; the key was not seen busy",
+                            start.elapsed()
+                        ),
+                    ));
                 }
                 tracing::debug!(key = %key, node = %node.path, "contender node gone before its grant; starting over");
                 continue;
@@ -376,7 +397,9 @@ impl ZkCoordinator {
     /// (not when one transaction deletes both, the holder's first: decision 0028's limit).
     /// That turn is taken without listing again (one round trip less on every hand-off) while
     /// the connection is the one the watches were set on and at least half of `ttl` is left
-    /// since they were sent; otherwise the waiter lists again.
+    /// since they were sent; otherwise the waiter lists again. `ever_busy` is set once a
+    /// listing shows a contender ahead of ours.
+    #[allow(clippy::too_many_arguments)]
     async fn wait_turn(
         &self,
         s: &Session,
@@ -385,8 +408,10 @@ impl ZkCoordinator {
         node: &Node,
         mode: &Mode,
         ttl: Duration,
+        ever_busy: &mut bool,
     ) -> Result<Turn> {
-        // Whether a listing showed another contender ahead of our node: the key was seen busy.
+        // Whether a listing showed another contender ahead of our node: the key was seen busy
+        // (also kept in `ever_busy`, across the call's restarts).
         let mut seen_busy = false;
         loop {
             let deadline = match mode {
@@ -465,6 +490,7 @@ impl ZkCoordinator {
                 });
             }
             seen_busy = true;
+            *ever_busy = true;
             let Some(deadline) = deadline.filter(|d| Instant::now() < *d) else {
                 return Ok(Turn::Busy);
             };
