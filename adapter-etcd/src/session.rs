@@ -208,6 +208,11 @@ impl Session {
             // break after the insert finds this one too), held again once an acknowledgement
             // comes and our key is read back.
             tracker.in_doubt();
+            if self.stream_up() {
+                // The acknowledgement that reopened the stream came between the two readings
+                // and looked for leases in doubt before this one was: ask for another.
+                self.probe();
+            }
         }
         slot
     }
