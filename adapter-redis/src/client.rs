@@ -100,6 +100,9 @@ struct Shared {
     /// server`, read as each connection opens): keys of different locks are then in different
     /// hash slots, which one script cannot touch.
     cluster: AtomicBool,
+    /// The server refused this user `WAIT` (`NOPERM`, answered to the `WAIT 0 0` sent as each
+    /// connection opens): a write that must wait for replicas is refused before it is sent.
+    wait_refused: AtomicBool,
 }
 
 /// One multiplexed connection, opened lazily again after it broke.
@@ -168,6 +171,7 @@ impl Connection {
             warned_unsettled: AtomicBool::new(false),
             opens: AtomicU64::new(0),
             cluster: AtomicBool::new(false),
+            wait_refused: AtomicBool::new(false),
         });
         let conn = Connection {
             main: Lane::new(&shared),
@@ -212,11 +216,25 @@ impl Connection {
     /// [`Self::acks_known`], for a write about to be sent: under `auto`, while no replica was
     /// seen, the replicas are counted again first when the last count is [`REPLICA_RECHECK`]
     /// old (one caller at a time; the others use the count they find).
+    ///
+    /// `Misconfigured`, before anything is sent, when the write must wait for replicas and the
+    /// user may not run `WAIT`: the write would apply on the primary alone, and be given back.
     pub(crate) async fn acks_for(&self, asked: ReplicaAcks) -> Result<usize> {
         if asked == ReplicaAcks::Auto && self.replicas() == 0 && self.main.shared.recheck_due() {
             self.recheck_replicas().await?;
         }
-        Ok(self.acks_known(asked))
+        let acks = self.acks_known(asked);
+        if acks > 0 && self.main.shared.wait_refused.load(Ordering::Relaxed) {
+            return Err(Error::misconfigured(
+                BACKEND,
+                format!(
+                    "the Redis user may not run WAIT, which replica_acks needs to have {acks} \
+                     replica(s) acknowledge each write: grant it WAIT, or set replica_acks=0 \
+                     (a failover may then lose grants and fence writes); nothing was sent"
+                ),
+            ));
+        }
+        Ok(acks)
     }
 
     /// Counts the streaming replicas again (`INFO replication`, one round trip on the shared
@@ -1090,15 +1108,22 @@ async fn server_side(
         .arg("INFO")
         .cmd("INFO")
         .arg("server")
+        // Returns at once; refused to a user without it.
+        .cmd("WAIT")
+        .arg(0)
+        .arg(0)
         .ignore_errors();
-    let answers: (RedisResult<String>, RedisResult<String>) = match pipe.query_async(conn).await {
-        Ok(v) => v,
-        Err(e) if unanswered(&e) => return Err(error::from_redis(ops::CHECK, e)),
-        Err(e) => {
-            shared.warn_unsettled(&e);
-            return Ok(None);
-        }
-    };
+    let answers: (RedisResult<String>, RedisResult<String>, RedisResult<i64>) =
+        match pipe.query_async(conn).await {
+            Ok(v) => v,
+            Err(e) if unanswered(&e) => return Err(error::from_redis(ops::CHECK, e)),
+            Err(e) => {
+                shared.warn_unsettled(&e);
+                return Ok(None);
+            }
+        };
+    let refused = matches!(&answers.2, Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm));
+    shared.wait_refused.store(refused, Ordering::Relaxed);
     let server = match answers.1 {
         Ok(server) => server,
         Err(e) => {

@@ -265,11 +265,14 @@ async fn grants_wait_for_replica_acknowledgements_and_are_undone_without_them() 
     );
 }
 
-/// A `WAIT` refused after the grant's script ran (here: a user without `WAIT`; a failover that
-/// demotes the primary answers a blocked `WAIT` `UNBLOCKED` the same way) counts no replica: the
-/// grant is undone as one too few replicas acknowledged, and the key is not left locked. Before,
-/// the pipeline's error hid the script's answer and was taken for "nothing applied"
-/// (`Misconfigured`), leaving the lock the script wrote for its whole TTL.
+/// A `WAIT` refused after the grant's script ran (here: `WAIT` taken from the user after the
+/// coordinator connected; a failover that demotes the primary answers a blocked `WAIT`
+/// `UNBLOCKED` the same way) counts no replica: the grant is undone as one too few replicas
+/// acknowledged, and the key is not left locked. Before, the pipeline's error hid the script's
+/// answer and was taken for "nothing applied" (`Misconfigured`), leaving the lock the script
+/// wrote for its whole TTL. A coordinator that connects once `WAIT` is refused learns it at
+/// the connection's check, and a write that must wait for replicas is refused `Misconfigured`
+/// before anything is sent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_wait_after_the_script_leaves_nothing_locked() {
     let Some((primary, _replica)) = primary_with_replica("a_refused_wait_after_the_script").await
@@ -277,26 +280,24 @@ async fn a_refused_wait_after_the_script_leaves_nothing_locked() {
         return;
     };
     let mut admin = raw(&primary).await;
-    let _: () = redis::cmd("ACL")
-        .arg(&[
-            "SETUSER",
-            "nowait",
-            "on",
-            ">pw-nowait",
-            "~*",
-            "&*",
-            "+@all",
-            "-wait",
-        ])
-        .query_async(&mut admin)
-        .await
-        .unwrap();
-    let config = RedisConfig::from_url(&format!(
+    let setuser = |rules: &'static [&'static str]| {
+        let mut admin = admin.clone();
+        async move {
+            let mut cmd = redis::cmd("ACL");
+            cmd.arg(&["SETUSER", "nowait", "on", ">pw-nowait", "~*", "&*", "+@all"])
+                .arg(rules);
+            let _: () = cmd.query_async(&mut admin).await.unwrap();
+        }
+    };
+    setuser(&[]).await;
+    let url = format!(
         "redis://nowait:pw-nowait@{}/?request_timeout_ms=1000",
         primary.addr()
-    ))
-    .unwrap();
-    let c = RedisCoordinator::connect(config).await.unwrap();
+    );
+    let c = RedisCoordinator::connect(RedisConfig::from_url(&url).unwrap())
+        .await
+        .unwrap();
+    setuser(&["-wait"]).await;
     let k = key("refused-wait");
     let ttl = Duration::from_secs(30);
     match c.try_acquire(&k, &LeaseOptions::new(ttl)).await {
@@ -310,6 +311,34 @@ async fn a_refused_wait_after_the_script_leaves_nothing_locked() {
         admin_coordinator.inspect(&k).await.unwrap().is_none(),
         "the key was left locked"
     );
+
+    // Connected with `WAIT` refused: refused before anything is sent.
+    let before: i64 = redis::cmd("GET")
+        .arg(&adapter_redis::storage_keys(admin_coordinator.config(), &k)[1])
+        .query_async::<Option<i64>>(&mut admin)
+        .await
+        .unwrap()
+        .unwrap_or(0);
+    let late = RedisCoordinator::connect(RedisConfig::from_url(&url).unwrap())
+        .await
+        .unwrap();
+    match late.try_acquire(&k, &LeaseOptions::new(ttl)).await {
+        Err(Error::Misconfigured { problems, .. }) => {
+            assert!(problems.iter().any(|p| p.contains("WAIT")), "{problems:?}")
+        }
+        other => panic!("expected Misconfigured (WAIT refused), got {other:?}"),
+    }
+    let after: i64 = redis::cmd("GET")
+        .arg(&adapter_redis::storage_keys(admin_coordinator.config(), &k)[1])
+        .query_async::<Option<i64>>(&mut admin)
+        .await
+        .unwrap()
+        .unwrap_or(0);
+    assert_eq!(
+        after, before,
+        "the grant script ran: the token counter moved"
+    );
+    assert!(admin_coordinator.inspect(&k).await.unwrap().is_none());
 }
 
 /// With replicas, a renewal is acknowledged by them as a grant is: a primary cut off from its
